@@ -1,0 +1,1 @@
+"""Small helpers every stage may import: structured logging, atomic file writes, errors."""

@@ -1,0 +1,41 @@
+"""The error types the CLI turns into one line and a non-zero exit.
+
+Each stage raises a subclass of :class:`IpuStackError` whose message names the problem; the
+CLI prints ``error: <message>`` and exits 2 (usage/compile), or as the subclass says.
+"""
+
+from __future__ import annotations
+
+
+class IpuStackError(Exception):
+    """Base of every error the CLI reports as one line."""
+
+    exit_code = 2
+
+
+class UsageError(IpuStackError):
+    """Bad command-line input: unknown workload, impossible sizes, missing files."""
+
+
+class CompileError(IpuStackError):
+    """The compiler cannot build the workload (does not fit, no valid plan)."""
+
+
+class PlacementError(CompileError):
+    """A value does not fit in its tile's memory class; ``details`` holds the debug dump."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class PackageError(IpuStackError):
+    """A package file is missing, corrupt, from another version or target, or malicious."""
+
+
+class DeviceError(IpuStackError):
+    """The device cannot be used (owned by another process) or faulted while running."""
+
+
+class DeviceFault(DeviceError):
+    """The simulator caught what hardware would punish: out-of-bounds access, port clash."""

@@ -1,0 +1,89 @@
+"""Structured logging in the reference format: ``LEVEL target: message key=value ...``.
+
+Every stage logs through :func:`event` so that the lines look like the reference logs
+(``INFO ipu_stack.exchange: optimized physical exchange schedule phase=3 ...``).  Values are
+rendered the way the reference renders them: strings quoted, numbers bare, lists as ``[...]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def format_value(value: Any) -> str:
+    """Render one field value: strings in double quotes, everything else as ``str``."""
+    if isinstance(value, str):
+        if value and all(ch.isalnum() or ch in "._/-:" for ch in value):
+            return value
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def format_fields(fields: dict[str, Any]) -> str:
+    """Render ``key=value`` pairs in insertion order."""
+    return " ".join(f"{key}={format_value(value)}" for key, value in fields.items())
+
+
+def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log ``message key=value ...`` at ``level`` (cheap when the level is disabled)."""
+    if logger.isEnabledFor(level):
+        text = message if not fields else f"{message} {format_fields(fields)}"
+        logger.log(level, text)
+
+
+class ReferenceFormatter(logging.Formatter):
+    """``LEVEL target: message`` with the level left-padded like the reference logs."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.levelname:>5} {record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure(level: int = logging.INFO) -> None:
+    """Send ``ipu_stack.*`` logs to stderr in the reference format (idempotent)."""
+    root = logging.getLogger("ipu_stack")
+    root.setLevel(level)
+    for handler in list(root.handlers):
+        if getattr(handler, "_ipu_stack", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(ReferenceFormatter())
+    handler._ipu_stack = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.propagate = False
+
+
+@contextmanager
+def phase(logger: logging.Logger, name: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    """Time a build phase and log ``package build phase finished phase=... elapsed_ms=...``.
+
+    The yielded dict collects extra fields the phase wants on its closing line.
+    """
+    extra: dict[str, Any] = {}
+    start = time.perf_counter()
+    success = False
+    try:
+        yield extra
+        success = True
+    finally:
+        elapsed_ms = int(round((time.perf_counter() - start) * 1000))
+        event(
+            logger,
+            "package build phase finished",
+            phase=name,
+            elapsed_ms=elapsed_ms,
+            success=success,
+            **fields,
+            **extra,
+        )
