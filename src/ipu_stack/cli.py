@@ -1,0 +1,241 @@
+"""The ``ipu-stack`` command line: compile, run, bench, inspect, workloads, exchange.
+
+Errors the user can fix print one line (``error: ...``) and exit non-zero: 2 for usage and
+compile errors, 1 for a numerical FAIL.  ``--debug`` shows tracebacks and debug logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack import __version__
+from ipu_stack.device import DEFAULT_LOCK
+from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.util import log
+from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
+from ipu_stack.util.files import write_atomic
+from ipu_stack.workloads import REGISTRY, get_workload
+
+LOG = logging.getLogger("ipu_stack.cli")
+
+
+def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`)")
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--tokens", type=int)
+    parser.add_argument("--dim", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--blocks", type=int)
+    parser.add_argument("--precision", choices=("fp8", "f16"))
+    parser.add_argument("--biases", action="store_true", default=None)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--target", default="ipu21")
+    parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
+    parser.add_argument("--no-wait", action="store_true", help="fail if the device is owned")
+    parser.add_argument("--lock", default=str(DEFAULT_LOCK), help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ipu-stack", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logs")
+    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a workload into DIR/model.ipuexe")
+    _add_workload_options(p)
+    p.add_argument("-o", "--out", required=True)
+
+    p = sub.add_parser("bench", help="compile, run, check and print the benchmark line")
+    _add_workload_options(p)
+    p.add_argument("--out", help="package and reports folder (default artifacts/<workload>/)")
+    _add_run_options(p)
+
+    p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
+    p.add_argument("package")
+    _add_run_options(p)
+
+    p = sub.add_parser("inspect", help="summarise a package")
+    p.add_argument("package")
+    p.add_argument("--json", action="store_true")
+
+    sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
+
+    p = sub.add_parser("exchange", help="schedule or verify exchange instances")
+    esub = p.add_subparsers(dest="exchange_command", required=True)
+    q = esub.add_parser("schedule")
+    q.add_argument("instance")
+    q.add_argument("-o", "--out", required=True)
+    q = esub.add_parser("verify")
+    q.add_argument("instance")
+    q.add_argument("schedule")
+    return parser
+
+
+def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    workload = get_workload(args.workload)
+    overrides = {
+        k: getattr(args, k)
+        for k in ("batch", "tokens", "dim", "hidden", "blocks", "precision", "biases", "seed")
+    }
+    known = {p.name for p in workload.parameters}
+    for key, value in overrides.items():
+        if value is not None and key not in known:
+            raise UsageError(f"workload {workload.name} has no parameter --{key}")
+    return workload, workload.resolve({k: v for k, v in overrides.items() if k in known})
+
+
+def _options(args: argparse.Namespace) -> CompileOptions:
+    if args.finalists < 1:
+        raise UsageError("--finalists must be at least 1")
+    defaults = CompileOptions()
+    return CompileOptions(
+        target=args.target, finalists=args.finalists,
+        cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
+    )
+
+
+def _save_tensors(folder: str, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def dump(name: str, data: dict[str, np.ndarray]) -> None:
+        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in data.items()}
+        write_atomic(out / name, lambda handle: np.savez(handle, **arrays))
+
+    dump("inputs_weights.npz", tensors)
+    dump("outputs.npz", outputs)
+
+
+def _print_record(record: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(record))
+    else:
+        print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
+
+
+def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
+                    compile_seconds: float | None) -> int:
+    package = load_package(package_path)
+    result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait)
+    record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
+                              compile_seconds)
+    if args.save_tensors:
+        _save_tensors(args.save_tensors, tensors, result.outputs)
+    _print_record(record, args.json)
+    return 0 if result.passed else 1
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    workload, params = _params(args)
+    result = compile_workload(workload, params, Path(args.out), _options(args))
+    print(f"package={result.package} estimatedCycles={result.estimate['cycles']} "
+          f"compileSeconds={result.timings['compile']:.2f}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    workload, params = _params(args)
+    out = Path(args.out) if args.out else Path("artifacts") / workload.identifier(params)
+    result = compile_workload(workload, params, out, _options(args))
+    return _run_and_report(args, result.package, result.graph, result.tensors, workload, params,
+                           result.timings["compile"])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    path = Path(args.package)
+    package = load_package(path)
+    info = package.manifest.get("workload", {})
+    workload = get_workload(str(info.get("name")))
+    params = workload.resolve(dict(info.get("params", {})))
+    graph, tensors = workload.build(params)
+    return _run_and_report(args, path, graph, tensors, workload, params, None)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    package = load_package(Path(args.package))
+    m = package.manifest
+    summary = {
+        "workload": m["workload"]["identifier"],
+        "target": package.target,
+        "compiler": package.compiler_version,
+        "sha256": package.sha256,
+        "kernels": [k["name"] for k in m["kernels"]],
+        "initialize_steps": len(m["programs"]["initialize"]),
+        "run_steps": len(m["programs"]["run"]),
+        "exchange_phases": sum(1 for s in m["programs"]["run"] if s["kind"] == "exchange"),
+        "estimate": m["estimate"],
+        "plans": m["plans"],
+        "memory": m["memory"],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    for name in sorted(REGISTRY):
+        w = REGISTRY[name]
+        print(f"{name}: {w.description}")
+        for p in w.parameters:
+            choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
+            print(f"  --{p.name:<10} default {p.default!s:<6} {p.help}{choices}")
+    return 0
+
+
+def cmd_exchange(args: argparse.Namespace) -> int:
+    from ipu_stack.exchange import schedule_command, verify_command
+
+    if args.exchange_command == "schedule":
+        return schedule_command(args.instance, args.out)
+    return verify_command(args.instance, args.schedule)
+
+
+COMMANDS = {
+    "compile": cmd_compile,
+    "bench": cmd_bench,
+    "run": cmd_run,
+    "inspect": cmd_inspect,
+    "workloads": cmd_workloads,
+    "exchange": cmd_exchange,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.debug else (logging.WARNING if args.quiet else logging.INFO)
+    log.configure(level)
+    try:
+        return COMMANDS[args.command](args)
+    except IpuStackError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, PlacementError) and exc.details:
+            LOG.debug("placement details: %s", exc.details)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

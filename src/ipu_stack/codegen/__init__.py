@@ -1,0 +1,1 @@
+"""Code generation: resolve addresses and emit the package's manifest and arrays."""

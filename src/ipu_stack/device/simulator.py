@@ -1,0 +1,272 @@
+"""The simulated ipu21: real bytes in real tile memories, cycles from the program that ran.
+
+The device knows only the package: kernel instances (family + parameters), per-call tiles and
+operand addresses, exchange transfers with their schedule, and host streams.  It checks the
+package against the machine before running (tiles exist, every access inside tile memory,
+every exchange schedule valid), then executes supersteps:
+
+* compute: identical kernel calls across tiles run as one batched numpy call; each tile's
+  cycles come from the kernel's cost function; the superstep takes the busiest tile;
+* exchange: one gather/scatter of words; cycles are the schedule's horizon (the last chunk's
+  end, recomputed here) plus the fixed exchange overhead;
+* every superstep ends with a sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.exchange import Schedule, Transfers, verify_schedule
+from ipu_stack.exchange.model import ScheduleError
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.precision import Precision
+from ipu_stack.kernels.base import FAMILIES, KernelInstance
+from ipu_stack.package import Package
+from ipu_stack.target import Target
+from ipu_stack.util.errors import DeviceFault, PackageError
+from ipu_stack.util.log import event
+
+LOG = logging.getLogger("ipu_stack.device")
+WORD = 4
+
+
+@dataclass
+class CallReport:
+    """What one host call cost: totals and per-tile busy cycles."""
+
+    program: str
+    cycles: int = 0
+    compute_cycles: int = 0
+    exchange_cycles: int = 0
+    sync_cycles: int = 0
+    host_bytes: int = 0
+    supersteps: int = 0
+    phases: int = 0
+    tile_busy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
+    lay = entry["layout"]
+    return BlockLayout(
+        int(lay["rows"]), int(lay["cols"]), Precision.from_json(lay["precision"]),
+        int(lay["row_block"]), int(lay["col_block"]), tiles,
+    )
+
+
+class SimulatedIpu:
+    """A loaded package on a simulated chip."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.base = target.memory_base
+        self.size = target.memory_end - target.memory_base
+        self.memory = np.zeros((target.tiles, self.size), dtype=np.uint8)
+        self.package: Package | None = None
+        self.kernels: list[KernelInstance] = []
+
+    # ------------------------------------------------------------------ loading
+    def load(self, package: Package) -> None:
+        """Check the package against this machine, then hold it for calls."""
+        manifest = package.manifest
+        try:
+            self.kernels = [KernelInstance(k["family"], k["params"]) for k in manifest["kernels"]]
+            for kernel in self.kernels:
+                if kernel.family not in FAMILIES:
+                    raise PackageError(f"package uses unknown kernel family {kernel.family!r}")
+            self.package = package
+            for program in ("initialize", "run"):
+                for index, step in enumerate(manifest["programs"][program]):
+                    self._check_step(program, index, step)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise PackageError(f"package program is malformed: {exc!r}") from None
+        event(LOG, "loading application", tile_count=self.target.tiles,
+              final_mark=sum(len(p) for p in manifest["programs"].values()))
+
+    def _array(self, name: str) -> np.ndarray:
+        assert self.package is not None
+        if name not in self.package.arrays:
+            raise PackageError(f"package is missing array {name!r}")
+        return self.package.arrays[name]
+
+    def _check_tiles(self, tiles: np.ndarray, where: str) -> None:
+        if tiles.size and (tiles.min() < 0 or tiles.max() >= self.target.tiles):
+            bad = int(tiles[(tiles < 0) | (tiles >= self.target.tiles)][0])
+            raise PackageError(f"{where} names tile {bad}, which does not exist on ipu21")
+
+    def _check_range(self, addr: np.ndarray, nbytes: np.ndarray | int, where: str) -> None:
+        addr = np.asarray(addr, dtype=np.int64)
+        end = addr + nbytes
+        bad = (addr < self.base) | (end > self.target.memory_end)
+        if np.any(bad):
+            first = int(np.flatnonzero(bad.ravel())[0])
+            raise PackageError(
+                f"{where} accesses address {int(addr.ravel()[first])} outside tile memory "
+                f"[{self.base}, {self.target.memory_end})"
+            )
+
+    def _check_step(self, program: str, index: int, step: dict) -> None:
+        where = f"{program} step {index} ({step['kind']})"
+        if step["kind"] in ("host_write", "host_read"):
+            tiles = self._array(step["tiles"])
+            addresses = self._array(step["addresses"])
+            layout = _layout(step, tiles)
+            self._check_tiles(tiles[tiles >= 0], where)
+            self._check_range(addresses[tiles >= 0], layout.block_bytes, where)
+        elif step["kind"] == "compute":
+            for call in step["calls"]:
+                kernel = self.kernels[call["kernel"]]
+                tiles = self._array(call["tiles"])
+                addresses = self._array(call["addresses"])
+                self._check_tiles(tiles, where)
+                for operand, length, _ in kernel.impl.accesses(kernel.params):
+                    self._check_range(addresses[:, operand], length, f"{where} {kernel.name}")
+        elif step["kind"] == "exchange":
+            transfers, schedule = self._exchange(step)
+            self._check_tiles(transfers.src, where)
+            self._check_tiles(transfers.dst, where)
+            words = self._array(step["words"]) * WORD
+            self._check_range(self._array(step["src_addr"]), words, where)
+            self._check_range(self._array(step["dst_addr"]), np.repeat(words, transfers.fanout),
+                              where)
+            try:
+                verify_schedule(transfers, schedule)
+            except ScheduleError as exc:
+                raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
+        else:
+            raise PackageError(f"{where}: unknown step kind")
+
+    def _exchange(self, step: dict) -> tuple[Transfers, Schedule]:
+        transfers = Transfers(
+            self.target.tiles,
+            self._array(step["src_tile"]),
+            self._array(step["dst_offsets"]),
+            self._array(step["dst_tile"]),
+            self._array(step["words"]),
+        )
+        starts = self._array(step["chunk_start"])
+        words = self._array(step["chunk_words"])
+        horizon = int((starts + words).max()) if len(starts) else 0
+        schedule = Schedule(horizon, int(step.get("lower_bound", 0)), str(step["kind_selected"]),
+                            self._array(step["chunk_transfer"]), starts, words)
+        return transfers, schedule
+
+    # ------------------------------------------------------------------ running
+    def call(self, program: str, tensors: dict[str, np.ndarray]) -> CallReport:
+        """Run ``initialize`` or ``run`` with host tensors; return outputs and cycles."""
+        if self.package is None:
+            raise DeviceFault("no application loaded")
+        steps = self.package.manifest["programs"][program]
+        report = CallReport(program, tile_busy=np.zeros(self.target.tiles, dtype=np.int64))
+        event(LOG, "invoking host exchange call", call=program, command=0,
+              phases=sum(1 for s in steps if s["kind"] == "exchange"))
+        sync = int(self.target.sync_cycles)
+        for step in steps:
+            kind = step["kind"]
+            if kind == "host_write":
+                report.host_bytes += self._host_write(step, tensors)
+            elif kind == "host_read":
+                report.outputs[step["tensor"]] = self._host_read(step)
+            elif kind == "compute":
+                busy = self._compute(step)
+                report.compute_cycles += int(busy.max()) if busy.size else 0
+                report.tile_busy += busy
+                report.cycles += (int(busy.max()) if busy.size else 0) + sync
+                report.sync_cycles += sync
+                report.supersteps += 1
+            elif kind == "exchange":
+                cycles, ports = self._exchange_step(step)
+                report.exchange_cycles += cycles
+                report.tile_busy += ports
+                report.cycles += cycles + sync
+                report.sync_cycles += sync
+                report.supersteps += 1
+                report.phases += 1
+        report.tile_busy += report.sync_cycles
+        return report
+
+    def _host_write(self, step: dict, tensors: dict[str, np.ndarray]) -> int:
+        name = step["tensor"]
+        if name not in tensors:
+            raise DeviceFault(f"host call is missing tensor {name!r}")
+        tiles = self._array(step["tiles"])
+        addresses = self._array(step["addresses"])
+        layout = _layout(step, tiles)
+        stored = layout.precision.quantize(np.asarray(tensors[name]))
+        blocks = layout.to_blocks(stored.reshape(layout.rows, layout.cols))
+        nbytes = layout.block_bytes
+        valid = tiles >= 0
+        block_index = np.broadcast_to(
+            np.arange(tiles.shape[0] * tiles.shape[1]).reshape(tiles.shape[:2] + (1,)), tiles.shape
+        )
+        flat_blocks = blocks.reshape(-1, nbytes)
+        t, a, b = tiles[valid], addresses[valid] - self.base, block_index[valid]
+        for address in np.unique(a):
+            sel = a == address
+            self.memory[t[sel], address : address + nbytes] = flat_blocks[b[sel]]
+        return int(valid.sum()) * nbytes
+
+    def _host_read(self, step: dict) -> np.ndarray:
+        tiles = self._array(step["tiles"])[:, :, :1]
+        addresses = self._array(step["addresses"])[:, :, :1]
+        layout = _layout(step, tiles)
+        nbytes = layout.block_bytes
+        blocks = np.zeros((tiles.shape[0] * tiles.shape[1], nbytes), dtype=np.uint8)
+        flat_t, flat_a = tiles.ravel(), addresses.ravel() - self.base
+        for address in np.unique(flat_a[flat_t >= 0]):
+            sel = (flat_a == address) & (flat_t >= 0)
+            blocks[sel] = self.memory[flat_t[sel], address : address + nbytes]
+        stored = layout.from_blocks(blocks)
+        return layout.precision.dequantize(stored)
+
+    def _compute(self, step: dict) -> np.ndarray:
+        busy = np.zeros(self.target.tiles, dtype=np.int64)
+        for call in step["calls"]:
+            kernel = self.kernels[call["kernel"]]
+            tiles = self._array(call["tiles"])
+            addresses = self._array(call["addresses"]) - self.base
+            unique, inverse = np.unique(addresses, axis=0, return_inverse=True)
+            inverse = inverse.ravel()
+            for group, row in enumerate(unique):
+                kernel.impl.run(kernel.params, self.memory, tiles[inverse == group], row.tolist())
+            busy[tiles] += kernel.cost(self.target)
+        return busy
+
+    def _exchange_step(self, step: dict) -> tuple[int, np.ndarray]:
+        transfers, schedule = self._exchange(step)
+        words = transfers.words
+        ports = np.zeros(self.target.tiles, dtype=np.int64)
+        if transfers.count == 0:
+            return 0, ports
+        fanout = transfers.fanout
+        per_tile = self.size // WORD
+        mem32 = self.memory.reshape(-1).view(np.uint32)
+        src_word = (transfers.src.astype(np.int64) * per_tile
+                    + (self._array(step["src_addr"]) - self.base) // WORD)
+        dst_word = (transfers.dst.astype(np.int64) * per_tile
+                    + (self._array(step["dst_addr"]) - self.base) // WORD)
+        total = int(words.sum())
+        starts = np.zeros(len(words), dtype=np.int64)
+        np.cumsum(words[:-1], out=starts[1:])
+        within = np.arange(total, dtype=np.int64) - np.repeat(starts, words)
+        values = mem32[np.repeat(src_word, words) + within]
+        dst_words = np.repeat(words, fanout)
+        dst_starts = np.repeat(starts, fanout)
+        d_total = int(dst_words.sum())
+        d_within = np.arange(d_total, dtype=np.int64) - np.repeat(
+            np.cumsum(dst_words) - dst_words, dst_words
+        )
+        mem32[np.repeat(dst_word, dst_words) + d_within] = values[
+            np.repeat(dst_starts, dst_words) + d_within
+        ]
+        np.add.at(ports, transfers.src, words)
+        recv = np.zeros(self.target.tiles, dtype=np.int64)
+        np.add.at(recv, transfers.dst, dst_words)
+        ports = np.maximum(ports, recv)
+        cycles = schedule.horizon + int(self.target.exchange_fixed_cycles)
+        return cycles, ports

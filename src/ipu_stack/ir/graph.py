@@ -1,0 +1,168 @@
+"""The dataflow graph: values (inputs, weights, intermediates) and operations.
+
+A graph is built with :class:`GraphBuilder`, checked by :func:`verify_graph` and printed by
+:meth:`Graph.dump`.  Operation kinds and their typing rules live in ``OPERATION_RULES`` so
+the verifier and the builder agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.types import TensorType
+from ipu_stack.util.errors import CompileError
+
+ROLES = ("input", "weight", "intermediate", "output")
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor in the graph; ``role`` says where its bytes come from or go."""
+
+    id: int
+    name: str
+    type: TensorType
+    role: str
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation: ``kind`` applied to ``inputs`` producing ``outputs`` (value ids)."""
+
+    id: int
+    kind: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+def _matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    a, b = inputs
+    if len(b.shape) != 2 or a.cols != b.shape[0]:
+        raise CompileError(f"matmul depth mismatch: {list(a.shape)} x {list(b.shape)}")
+    return (*a.shape[:-1], b.shape[1])
+
+
+def _same_shape_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    return inputs[0].shape
+
+
+def _bias_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    x, bias = inputs
+    if bias.shape != (x.cols,):
+        raise CompileError(f"bias shape {list(bias.shape)} does not match columns {x.cols}")
+    return x.shape
+
+
+OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]], tuple]]] = {
+    "matmul": (2, _matmul_rule),
+    "bias_add": (2, _bias_rule),
+    "gelu": (1, _same_shape_rule),
+    "cast": (1, _same_shape_rule),
+}
+
+
+@dataclass
+class Graph:
+    """Values and operations in topological order."""
+
+    name: str
+    values: list[Value] = field(default_factory=list)
+    operations: list[Operation] = field(default_factory=list)
+
+    def value(self, value_id: int) -> Value:
+        return self.values[value_id]
+
+    def by_role(self, role: str) -> list[Value]:
+        return [v for v in self.values if v.role == role]
+
+    def producer(self, value_id: int) -> Operation | None:
+        for op in self.operations:
+            if value_id in op.outputs:
+                return op
+        return None
+
+    def consumers(self, value_id: int) -> list[Operation]:
+        return [op for op in self.operations if value_id in op.inputs]
+
+    def dump(self) -> str:
+        """A readable text form: one line per value and operation."""
+        lines = [f"graph {self.name}"]
+        for v in self.values:
+            lines.append(f"  %{v.id} {v.name}: {v.role} {v.type}")
+        for op in self.operations:
+            ins = ", ".join(f"%{i}" for i in op.inputs)
+            outs = ", ".join(f"%{o}" for o in op.outputs)
+            attrs = "".join(f" {k}={v}" for k, v in sorted(op.attrs.items()))
+            lines.append(f"  {outs} = {op.kind}({ins}){attrs}")
+        return "\n".join(lines)
+
+
+class GraphBuilder:
+    """Builds a graph op by op, inferring output shapes from ``OPERATION_RULES``."""
+
+    def __init__(self, name: str) -> None:
+        self.graph = Graph(name)
+
+    def _add_value(self, name: str, ttype: TensorType, role: str) -> int:
+        value = Value(len(self.graph.values), name, ttype, role)
+        self.graph.values.append(value)
+        return value.id
+
+    def input(self, name: str, ttype: TensorType) -> int:
+        return self._add_value(name, ttype, "input")
+
+    def weight(self, name: str, ttype: TensorType) -> int:
+        return self._add_value(name, ttype, "weight")
+
+    def op(self, kind: str, inputs: list[int], precision: Precision, name: str, **attrs: Any) -> int:
+        if kind not in OPERATION_RULES:
+            raise CompileError(f"unknown operation kind {kind!r}")
+        arity, rule = OPERATION_RULES[kind]
+        if len(inputs) != arity:
+            raise CompileError(f"{kind} takes {arity} inputs, got {len(inputs)}")
+        shape = rule([self.graph.values[i].type for i in inputs], attrs)
+        out = self._add_value(name, TensorType(tuple(shape), precision), "intermediate")
+        self.graph.operations.append(
+            Operation(len(self.graph.operations), kind, tuple(inputs), (out,), dict(attrs))
+        )
+        return out
+
+    def output(self, value_id: int) -> None:
+        v = self.graph.values[value_id]
+        self.graph.values[value_id] = Value(v.id, v.name, v.type, "output")
+
+    def build(self) -> Graph:
+        verify_graph(self.graph)
+        return self.graph
+
+
+def verify_graph(graph: Graph) -> None:
+    """Check ids, topological order, single definition, arities and shapes."""
+    defined = {v.id for v in graph.values if v.role in ("input", "weight")}
+    for index, v in enumerate(graph.values):
+        if v.id != index:
+            raise CompileError(f"value {v.name} has id {v.id} at position {index}")
+        if v.role not in ROLES:
+            raise CompileError(f"value {v.name} has unknown role {v.role!r}")
+    for op in graph.operations:
+        arity, rule = OPERATION_RULES.get(op.kind, (None, None))
+        if rule is None:
+            raise CompileError(f"operation {op.id} has unknown kind {op.kind!r}")
+        if len(op.inputs) != arity:
+            raise CompileError(f"operation {op.id} ({op.kind}) takes {arity} inputs")
+        for i in op.inputs:
+            if i not in defined:
+                raise CompileError(f"operation {op.id} ({op.kind}) reads %{i} before it is defined")
+        shape = rule([graph.values[i].type for i in op.inputs], op.attrs)
+        for o in op.outputs:
+            if o in defined:
+                raise CompileError(f"value %{o} is defined twice")
+            if graph.values[o].type.shape != tuple(shape):
+                raise CompileError(f"operation {op.id} ({op.kind}) output shape mismatch")
+            defined.add(o)
+    if not graph.by_role("output"):
+        raise CompileError(f"graph {graph.name} has no outputs")

@@ -1,0 +1,115 @@
+"""The kernel contract: a specialised instance with a name, a cycle cost and tile-byte semantics.
+
+A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is hashed
+into the content address of the kernel cache, so equal parameters give the same kernel.
+Semantics run on the simulated tile memory (``uint8 [tiles, bytes]``) for a batch of tiles
+at once: every tile of the batch runs the same instance with the same operand addresses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.target import Target
+
+CostFn = Callable[[dict[str, Any], Target], int]
+RunFn = Callable[[dict[str, Any], np.ndarray, np.ndarray, list[int]], None]
+NameFn = Callable[[dict[str, Any]], str]
+AccessFn = Callable[[dict[str, Any]], list[tuple[int, int, bool]]]
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """One kernel family: how to name, cost, run and bound the accesses of its instances."""
+
+    name: str
+    source: str
+    code_bytes: int
+    make_name: NameFn
+    cost: CostFn
+    run: RunFn
+    accesses: AccessFn  # per operand: (operand index, byte length, writes)
+
+
+FAMILIES: dict[str, KernelFamily] = {}
+
+
+def register(family: KernelFamily) -> KernelFamily:
+    FAMILIES[family.name] = family
+    return family
+
+
+@dataclass(frozen=True)
+class KernelInstance:
+    """A family with frozen parameters; ``key`` is the sha256 of its canonical JSON."""
+
+    family: str
+    params: dict[str, Any] = field(hash=False, compare=False)
+    canonical: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        text = json.dumps({"family": self.family, "params": self.params}, sort_keys=True)
+        object.__setattr__(self, "canonical", text)
+
+    def __hash__(self) -> int:
+        return hash(self.canonical)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KernelInstance) and other.canonical == self.canonical
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
+
+    @property
+    def impl(self) -> KernelFamily:
+        return FAMILIES[self.family]
+
+    @property
+    def name(self) -> str:
+        return self.impl.make_name(self.params)
+
+    def cost(self, target: Target) -> int:
+        return self.impl.cost(self.params, target)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"family": self.family, "params": self.params}
+
+
+def read_region(mem: np.ndarray, tiles: np.ndarray, address: int, nbytes: int) -> np.ndarray:
+    """Bytes ``[address, address + nbytes)`` of each tile: ``uint8 [len(tiles), nbytes]``."""
+    return mem[tiles, address : address + nbytes]
+
+
+def write_rows(
+    mem: np.ndarray, tiles: np.ndarray, address: int, pitch: int, data: np.ndarray
+) -> None:
+    """Write ``data`` (``[T, rows, row_bytes]`` uint8) as rows of ``pitch`` bytes at ``address``.
+
+    Only the first ``row_bytes`` of each row are written, so row padding keeps its contents.
+    """
+    t, rows, row_bytes = data.shape
+    region = mem[tiles, address : address + rows * pitch].reshape(t, rows, pitch)
+    region[:, :, :row_bytes] = data
+    mem[tiles, address : address + rows * pitch] = region.reshape(t, rows * pitch)
+
+
+def read_matrix(
+    mem: np.ndarray,
+    tiles: np.ndarray,
+    address: int,
+    rows: int,
+    cols: int,
+    pitch: int,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """A ``[T, rows, cols]`` matrix of ``dtype`` stored with row ``pitch`` at ``address``."""
+    item = np.dtype(dtype).itemsize
+    raw = read_region(mem, tiles, address, rows * pitch).reshape(len(tiles), rows, pitch)
+    return np.ascontiguousarray(raw[:, :, : cols * item]).view(dtype)

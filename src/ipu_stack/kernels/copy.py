@@ -1,0 +1,67 @@
+"""On-tile copies: ``rows`` rows of ``row_bytes`` from one buffer to another on the same tile.
+
+Used where a layout conversion keeps data on its tile (a tile cannot send to itself).
+Cost: 8 bytes per worker cycle (ld64/st64 pairs, assumed), rows spread over the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.kernels.base import KernelFamily, register
+from ipu_stack.target import Target
+from ipu_stack.target.machine import VECTOR_COSTS
+
+
+def _name(p: dict[str, Any]) -> str:
+    return f"copy_r{p['rows']}_b{p['row_bytes']}"
+
+
+def _cost(p: dict[str, Any], target: Target) -> int:
+    workers = target.workers
+    worker_rows = -(-p["rows"] // workers)
+    worker = (
+        int(target.worker_entry_cycles)
+        + worker_rows * (-(-p["row_bytes"] // 8))
+        + int(worker_rows * VECTOR_COSTS["row_overhead"].value)
+    )
+    return int(target.amp_supervisor_cycles) + workers * worker
+
+
+def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> None:
+    src, dst = addresses
+    rows, row_bytes = p["rows"], p["row_bytes"]
+    src_idx = src + np.arange(rows)[:, None] * p["src_pitch"] + np.arange(row_bytes)[None, :]
+    dst_idx = dst + np.arange(rows)[:, None] * p["dst_pitch"] + np.arange(row_bytes)[None, :]
+    mem[tiles[:, None], dst_idx.ravel()[None, :]] = mem[tiles[:, None], src_idx.ravel()[None, :]]
+
+
+def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    return [
+        (0, (p["rows"] - 1) * p["src_pitch"] + p["row_bytes"], False),
+        (1, (p["rows"] - 1) * p["dst_pitch"] + p["row_bytes"], True),
+    ]
+
+
+COPY = register(
+    KernelFamily(
+        name="copy",
+        source="kernels/copy.py (ld64/st64 loop)",
+        code_bytes=96,
+        make_name=_name,
+        cost=_cost,
+        run=_run,
+        accesses=_accesses,
+    )
+)
+
+
+def copy_params(rows: int, row_bytes: int, src_pitch: int, dst_pitch: int) -> dict[str, Any]:
+    return {
+        "rows": int(rows),
+        "row_bytes": int(row_bytes),
+        "src_pitch": int(src_pitch),
+        "dst_pitch": int(dst_pitch),
+    }

@@ -1,0 +1,144 @@
+"""The lowered program: per-tile buffers, compute sets, exchange phases and host streams.
+
+This is the contract between lowering and the later stages (placement, scheduling, codegen).
+Offsets are bytes from a buffer's start; placement turns ``(buffer, tile)`` into an address.
+Steps are numbered globally (``initialize`` first, then ``run``) and buffer lifetimes are
+inclusive step ranges, so placement may reuse a byte once its value is dead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.target import MemoryClass
+
+
+@dataclass
+class Buffer:
+    """Storage of ``nbytes`` on each of ``tiles`` in ``memory_class``, live in [first, last]."""
+
+    id: int
+    name: str
+    tiles: np.ndarray
+    nbytes: int
+    memory_class: MemoryClass
+    description: str
+    first: int = -1
+    last: int = -1
+
+    def touch(self, step: int) -> None:
+        self.first = step if self.first < 0 else min(self.first, step)
+        self.last = max(self.last, step)
+
+
+@dataclass
+class Call:
+    """One kernel instance run on ``tiles``; operand ``k`` is ``(buffer id, offsets[T])``."""
+
+    instance: KernelInstance
+    tiles: np.ndarray
+    operands: list[tuple[int, np.ndarray]]
+
+
+@dataclass
+class ComputeSet:
+    name: str
+    calls: list[Call] = field(default_factory=list)
+
+
+@dataclass
+class Exchange:
+    """One exchange phase: ``src_*`` per transfer, ``dst_*`` in CSR order (``dst_offsets``)."""
+
+    name: str
+    src_tile: np.ndarray
+    src_buf: np.ndarray
+    src_off: np.ndarray
+    words: np.ndarray
+    dst_offsets: np.ndarray
+    dst_tile: np.ndarray
+    dst_buf: np.ndarray
+    dst_off: np.ndarray
+
+    @property
+    def transfers(self) -> int:
+        return int(len(self.src_tile))
+
+
+@dataclass
+class HostWrite:
+    """The host writes every block of ``tensor`` to all its replicas (``layout``) in ``buffer``."""
+
+    tensor: str
+    layout: BlockLayout
+    buffer: int
+
+
+@dataclass
+class HostRead:
+    """The host reads ``tensor`` back from one replica of each block of ``layout``."""
+
+    tensor: str
+    layout: BlockLayout
+    buffer: int
+
+
+Step = ComputeSet | Exchange | HostWrite | HostRead
+
+
+@dataclass
+class Program:
+    """Buffers and the two host-callable programs, ``initialize`` and ``run``."""
+
+    buffers: list[Buffer] = field(default_factory=list)
+    initialize: list[Step] = field(default_factory=list)
+    run: list[Step] = field(default_factory=list)
+    tensors: dict[str, dict] = field(default_factory=dict)
+
+    def steps(self) -> list[tuple[str, int, Step]]:
+        """All steps with their global index: ``(program, index, step)``."""
+        out = [("initialize", i, s) for i, s in enumerate(self.initialize)]
+        base = len(self.initialize)
+        out += [("run", base + i, s) for i, s in enumerate(self.run)]
+        return out
+
+    def exchanges(self) -> list[Exchange]:
+        return [s for _, _, s in self.steps() if isinstance(s, Exchange)]
+
+    def compute_sets(self) -> list[ComputeSet]:
+        return [s for _, _, s in self.steps() if isinstance(s, ComputeSet)]
+
+    def add_buffer(
+        self, name: str, tiles: np.ndarray, nbytes: int, memory_class: MemoryClass, description: str
+    ) -> int:
+        buffer = Buffer(
+            len(self.buffers),
+            name,
+            np.unique(np.asarray(tiles, dtype=np.int32)),
+            int(nbytes),
+            memory_class,
+            description,
+        )
+        self.buffers.append(buffer)
+        return buffer.id
+
+    def compute_lifetimes(self) -> None:
+        """Set each buffer's [first, last] from the steps that touch it."""
+        for buffer in self.buffers:
+            buffer.first = buffer.last = -1
+        for _, index, step in self.steps():
+            for buffer_id in step_buffers(step):
+                self.buffers[buffer_id].touch(index)
+
+
+def step_buffers(step: Step) -> set[int]:
+    """Buffers a step reads or writes."""
+    if isinstance(step, ComputeSet):
+        return {b for call in step.calls for b, _ in call.operands if b >= 0}
+    if isinstance(step, Exchange):
+        return set(np.unique(step.src_buf).tolist()) | set(np.unique(step.dst_buf).tolist())
+    return {step.buffer}

@@ -1,0 +1,172 @@
+"""Exchange transfers that move a tensor from one block layout to another.
+
+For every destination block and every source block it overlaps, the overlap rectangle is
+copied row by row; rows that are whole stored rows in both layouts merge into one transfer
+(``merge_copies``).  All replicas of a destination block receive the same bytes at the same
+offset, so they become the destinations of one multicast transfer.  Column offsets and
+lengths must be whole words: layouts are built so they are, and a violation is a compile
+error rather than a silent overwrite of a neighbouring element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipu_stack.ir.layout import WORD, BlockLayout, round_up
+from ipu_stack.lowering.program import Exchange
+from ipu_stack.util.errors import CompileError
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """Rows a tile copies from one of its buffers to another (it cannot send to itself)."""
+
+    tile: int
+    src_buf: int
+    src_off: int
+    src_pitch: int
+    dst_buf: int
+    dst_off: int
+    dst_pitch: int
+    rows: int
+    row_bytes: int
+
+
+class TransferBuilder:
+    """Accumulates transfers for one exchange phase as arrays (and on-tile copies)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.local: list[LocalCopy] = []
+        self.src: list[np.ndarray] = []
+        self.words: list[np.ndarray] = []
+        self.dst_count: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+
+    def add(
+        self,
+        src_tile: np.ndarray,
+        src_buf: int,
+        src_off: np.ndarray,
+        words: np.ndarray,
+        dst_tiles: np.ndarray,
+        dst_buf: int,
+        dst_off: np.ndarray,
+    ) -> None:
+        """Add ``n`` transfers, each to the same ``len(dst_tiles)`` tiles.
+
+        ``src_tile``, ``src_off``, ``words``, ``dst_off`` have length ``n`` (or broadcast);
+        ``dst_tiles`` is ``[n, k]`` or ``[k]`` (the same destinations for every transfer).
+        """
+        words = np.atleast_1d(np.asarray(words, dtype=np.int64))
+        n = max(len(words), len(np.atleast_1d(src_off)), len(np.atleast_1d(dst_off)))
+        words = np.broadcast_to(words, (n,))
+        dst_tiles = np.asarray(dst_tiles, dtype=np.int32)
+        if dst_tiles.ndim == 1:
+            dst_tiles = np.broadcast_to(dst_tiles, (n, len(dst_tiles)))
+        k = dst_tiles.shape[1]
+        src = np.stack(
+            [
+                np.broadcast_to(np.asarray(src_tile, dtype=np.int64), (n,)),
+                np.full(n, src_buf, dtype=np.int64),
+                np.broadcast_to(np.asarray(src_off, dtype=np.int64), (n,)),
+            ],
+            axis=1,
+        )
+        dst = np.stack(
+            [
+                dst_tiles.astype(np.int64).ravel(),
+                np.full(n * k, dst_buf, dtype=np.int64),
+                np.repeat(np.broadcast_to(np.asarray(dst_off, dtype=np.int64), (n,)), k),
+            ],
+            axis=1,
+        )
+        self.src.append(src)
+        self.words.append(np.array(words))
+        self.dst_count.append(np.full(n, k, dtype=np.int64))
+        self.dst.append(dst)
+
+    def build(self) -> Exchange:
+        if not self.src:
+            empty = np.zeros(0, dtype=np.int64)
+            return Exchange(self.name, empty.astype(np.int32), empty, empty, empty,
+                            np.zeros(1, dtype=np.int64), empty.astype(np.int32), empty, empty)
+        src = np.concatenate(self.src)
+        dst = np.concatenate(self.dst)
+        counts = np.concatenate(self.dst_count)
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return Exchange(
+            self.name,
+            src_tile=src[:, 0].astype(np.int32),
+            src_buf=src[:, 1],
+            src_off=src[:, 2],
+            words=np.concatenate(self.words),
+            dst_offsets=offsets,
+            dst_tile=dst[:, 0].astype(np.int32),
+            dst_buf=dst[:, 1],
+            dst_off=dst[:, 2],
+        )
+
+
+def _check_aligned(byte_offset: int, what: str) -> None:
+    if byte_offset % WORD:
+        raise CompileError(f"layout conversion of {what} is not word aligned (offset {byte_offset})")
+
+
+def add_layout_transfers(
+    builder: TransferBuilder,
+    what: str,
+    src: BlockLayout,
+    src_buf: int,
+    dst: BlockLayout,
+    dst_buf: int,
+) -> None:
+    """Transfers that fill every replica of every block of ``dst`` from ``src``."""
+    if (src.rows, src.cols) != (dst.rows, dst.cols) or src.precision != dst.precision:
+        raise CompileError(f"layout conversion of {what} changes shape or precision")
+    item = src.precision.itemsize
+    s_rb, s_cb = src.row_block, src.col_block
+    d_rows, d_cols = dst.grid
+    for i in range(d_rows):
+        for j in range(d_cols):
+            r0, r1, c0, c1 = dst.block_extent(i, j)
+            if r0 >= r1 or c0 >= c1:
+                continue
+            replicas = dst.tiles[i, j]
+            replicas = replicas[replicas >= 0]
+            for si in range(r0 // s_rb, (r1 - 1) // s_rb + 1):
+                for sj in range(c0 // s_cb, (c1 - 1) // s_cb + 1):
+                    rr0, rr1 = max(r0, si * s_rb), min(r1, (si + 1) * s_rb)
+                    cc0, cc1 = max(c0, sj * s_cb), min(c1, (sj + 1) * s_cb)
+                    source_replicas = src.tiles[si, sj]
+                    source = int(source_replicas[(i + j) % len(source_replicas)])
+                    s_col = (cc0 - sj * s_cb) * item
+                    d_col = (cc0 - j * dst.col_block) * item
+                    _check_aligned(s_col, what)
+                    _check_aligned(d_col, what)
+                    length = (cc1 - cc0) * item
+                    if length % WORD and cc1 != src.cols:
+                        raise CompileError(f"layout conversion of {what} splits a word")
+                    length = round_up(length, WORD)
+                    if length > src.pitch - s_col or length > dst.pitch - d_col:
+                        raise CompileError(f"layout conversion of {what} overruns a row")
+                    rows = np.arange(rr0, rr1, dtype=np.int64)
+                    s_off = (rows - si * s_rb) * src.pitch + s_col
+                    d_off = (rows - i * dst.row_block) * dst.pitch + d_col
+                    if length == src.pitch == dst.pitch:
+                        # whole rows in both layouts: one contiguous transfer (merge_copies)
+                        s_off, d_off = s_off[:1], d_off[:1]
+                        length *= len(rows)
+                    keep = replicas[replicas != source]
+                    if len(keep):
+                        builder.add(source, src_buf, s_off, length // WORD, keep, dst_buf, d_off)
+                    if len(keep) != len(replicas):
+                        # the source tile is itself a destination: an on-tile copy kernel
+                        rows_n = len(s_off)
+                        builder.local.append(
+                            LocalCopy(source, src_buf, int(s_off[0]), src.pitch, dst_buf,
+                                      int(d_off[0]), dst.pitch, rows_n, length // rows_n)
+                        )

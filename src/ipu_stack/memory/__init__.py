@@ -1,0 +1,1 @@
+"""Storage placement: lifetimes, per-tile allocation by memory class, reports."""

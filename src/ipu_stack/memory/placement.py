@@ -1,0 +1,149 @@
+"""Per-tile storage placement by memory class, with lifetimes, around the support memory.
+
+Tiles that hold the same buffers (and the same support size) share one placement, so the
+allocator runs once per distinct tile *signature*, not once per tile.  Within a signature,
+buffers are placed largest first at the lowest aligned address where they overlap no
+placed buffer whose lifetime overlaps theirs (a byte is reused once its value is dead).
+``Ipu21Interleaved`` buffers (AMP operands) go at or above ``0x80000``; ``Ipu21Standard``
+buffers go below it when they fit there, anywhere free otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipu_stack.ir.layout import round_up
+from ipu_stack.lowering.program import Buffer, Program
+from ipu_stack.target import MemoryClass, Target
+from ipu_stack.util.errors import PlacementError
+
+SUPPORT = 0xFFFFFFFF  # the reference's u32::MAX marker for support allocations
+
+
+@dataclass
+class Placement:
+    """``addresses[buffer, tile]`` (-1 where the buffer is not on the tile) and support sizes."""
+
+    addresses: np.ndarray
+    support_bytes: np.ndarray
+    peak_bytes: np.ndarray  # per tile: support + the most bytes live at any step
+    peak_step: np.ndarray
+
+    def address(self, buffer: int, tiles: np.ndarray) -> np.ndarray:
+        if buffer < 0:
+            return np.zeros(len(tiles), dtype=np.int64)
+        return self.addresses[buffer, tiles]
+
+
+def _overlaps(a: Buffer, b: Buffer) -> bool:
+    return a.first <= b.last and b.first <= a.last
+
+
+def _free_ranges(
+    taken: list[tuple[int, int]], start: int, end: int
+) -> list[tuple[int, int]]:
+    free = []
+    cursor = start
+    for lo, hi in sorted(taken):
+        if hi <= cursor:
+            continue
+        if lo > cursor:
+            free.append((cursor, min(lo, end)))
+        cursor = max(cursor, hi)
+    if cursor < end:
+        free.append((cursor, end))
+    return [(lo, hi) for lo, hi in free if lo < hi]
+
+
+def _first_fit(
+    taken: list[tuple[int, int]], start: int, end: int, nbytes: int, align: int
+) -> int | None:
+    for lo, hi in _free_ranges(taken, start, end):
+        address = round_up(lo, align)
+        if address + nbytes <= hi:
+            return address
+    return None
+
+
+def place_signature(
+    buffers: list[Buffer], support: int, target: Target, tile: int
+) -> dict[int, int]:
+    """Addresses for one tile signature; raises :class:`PlacementError` naming the tile."""
+    base = target.memory_base
+    end = target.memory_end
+    support_range = (base, base + support)
+    placed: dict[int, tuple[int, int]] = {}
+    order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))
+    by_id = {b.id: b for b in buffers}
+    for buffer in order:
+        align = target.alignment(buffer.memory_class)
+        taken = [support_range] + [
+            placed[other] for other in placed if _overlaps(by_id[other], buffer)
+        ]
+        class_start, class_end = target.class_range(buffer.memory_class)
+        address = None
+        if buffer.memory_class is MemoryClass.STANDARD:
+            address = _first_fit(taken, class_start, target.interleaved_base, buffer.nbytes, align)
+        if address is None:
+            address = _first_fit(taken, class_start, class_end, buffer.nbytes, align)
+        if address is None:
+            raise PlacementError(
+                f"placement failed: tile {tile} has insufficient {buffer.memory_class.value} "
+                f"SRAM for {buffer.nbytes} bytes",
+                _details(buffer, taken, placed, by_id, support, class_start, class_end, align),
+            )
+        placed[buffer.id] = (address, address + buffer.nbytes)
+    return {bid: lo for bid, (lo, _) in placed.items()}
+
+
+def _details(
+    buffer: Buffer,
+    taken: list[tuple[int, int]],
+    placed: dict[int, tuple[int, int]],
+    by_id: dict[int, Buffer],
+    support: int,
+    start: int,
+    end: int,
+    align: int,
+) -> str:
+    live = [(SUPPORT, start, support)] + [
+        (bid, lo, hi - lo) for bid, (lo, hi) in sorted(placed.items(), key=lambda x: x[1])
+        if _overlaps(by_id[bid], buffer)
+    ]
+    return (
+        f"alignment={align} lifetime=(first={buffer.first}, last={buffer.last}) "
+        f"free_ranges={_free_ranges(taken, start, end)} "
+        f"live_allocations={[(v if v != SUPPORT else 'u32::MAX', a, n) for v, a, n in live]} "
+        f"value={buffer.name!r} type={buffer.description}"
+    )
+
+
+def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -> Placement:
+    """Place every buffer on every tile that holds it."""
+    tiles = target.tiles
+    member = np.zeros((tiles, len(program.buffers)), dtype=bool)
+    for buffer in program.buffers:
+        member[buffer.tiles, buffer.id] = True
+    signature = np.concatenate([member.astype(np.int64), support_bytes[:, None]], axis=1)
+    unique, first_tile, inverse = np.unique(signature, axis=0, return_index=True,
+                                            return_inverse=True)
+    inverse = inverse.ravel()
+    addresses = np.full((len(program.buffers), tiles), -1, dtype=np.int64)
+    steps = len(program.initialize) + len(program.run)
+    peak = np.zeros(tiles, dtype=np.int64)
+    peak_step = np.zeros(tiles, dtype=np.int64)
+    for index, row in enumerate(unique):
+        present = [program.buffers[i] for i in np.flatnonzero(row[:-1])]
+        tile = int(first_tile[index])
+        chosen = place_signature(present, int(row[-1]), target, tile)
+        members = np.flatnonzero(inverse == index)
+        for bid, address in chosen.items():
+            addresses[bid, members] = address
+        live = np.zeros(max(steps, 1), dtype=np.int64)
+        for b in present:
+            live[b.first : b.last + 1] += b.nbytes
+        peak[members] = int(row[-1]) + int(live.max())
+        peak_step[members] = int(live.argmax())
+    return Placement(addresses, support_bytes.astype(np.int64), peak, peak_step)

@@ -1,0 +1,248 @@
+"""The ordered compile phases, each timed and logged in the reference's words.
+
+``compile_workload`` runs: construct_mid (graph, stages, gemm_candidates) -> lower_mid
+(finalists) -> select_finalist (lower and physically schedule each finalist's exchanges,
+keep the cheapest) -> plan_kernels -> compile_kernels -> size_tile_code -> place_storage ->
+emit_tile_code -> write the package.  Only this module chains stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack import __version__
+from ipu_stack.codegen.emit import emit_program
+from ipu_stack.exchange import Schedule, Transfers, schedule_exchange, table_bytes
+from ipu_stack.ir.graph import Graph
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.cache import compile_kernels, default_cache_dir
+from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.program import Exchange, Program
+from ipu_stack.memory.placement import Placement, place_storage
+from ipu_stack.memory.support import support_bytes
+from ipu_stack.package import write_package
+from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_candidates
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.target import Target, get_target
+from ipu_stack.util.errors import CompileError
+from ipu_stack.util.log import event, phase
+from ipu_stack.workloads.base import Workload
+
+LOG = logging.getLogger("ipu_stack.package.build")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Frozen compile options; their JSON is recorded in the package."""
+
+    target: str = "ipu21"
+    finalists: int = 3
+    cache_dir: str | None = str(default_cache_dir())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "finalists": self.finalists}
+
+
+@dataclass
+class CompileResult:
+    package: Path
+    graph: Graph
+    tensors: dict[str, np.ndarray]
+    estimate: dict[str, int]
+    timings: dict[str, float] = field(default_factory=dict)
+    plans: list[str] = field(default_factory=list)
+    peak_bytes: int = 0
+    active_tiles: int = 0
+
+
+def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
+    a = graph.value(stage.a).type
+    b = graph.value(stage.b).type
+    return GemmShape(
+        op=stage.index,
+        rows=a.rows,
+        depth=a.cols,
+        cols=b.shape[1],
+        a_itemsize=a.precision.itemsize,
+        fp8=a.precision.is_fp8 and b.precision.is_fp8,
+        chain=stage.chain,
+        has_bias=stage.bias is not None,
+    )
+
+
+def schedule_program(program: Program, target: Target) -> dict[int, Schedule]:
+    """Schedule every exchange phase; keys are global step indices."""
+    schedules: dict[int, Schedule] = {}
+    phase_index = 0
+    for _, index, step in program.steps():
+        if isinstance(step, Exchange):
+            schedules[index] = schedule_exchange(to_transfers(step, target), phase=phase_index)
+            phase_index += 1
+    return schedules
+
+
+def to_transfers(step: Exchange, target: Target) -> Transfers:
+    return Transfers(target.tiles, step.src_tile, step.dst_offsets, step.dst_tile, step.words)
+
+
+def refined_estimate(
+    plans: list[GemmPlan], program: Program, schedules: dict[int, Schedule], target: Target
+) -> dict[str, int]:
+    """The compiler's cost: analytical compute plus the scheduled exchange horizons."""
+    compute = sum(p.estimated_cycles - p.exchange_cycles for p in plans)
+    analytical_exchange = sum(p.exchange_cycles for p in plans)
+    overhead = int(target.exchange_fixed_cycles) + int(target.sync_cycles)
+    scheduled = sum(s.horizon + overhead for s in schedules.values())
+    return {
+        "analytical_cycles": compute + analytical_exchange,
+        "analytical_exchange_cycles": analytical_exchange,
+        "scheduled_exchange_cycles": scheduled,
+        "cycles": compute + scheduled,
+        "compute_cycles": compute,
+    }
+
+
+def _finalists(candidates: list[list[GemmPlan]], count: int) -> list[list[GemmPlan]]:
+    depth = max(len(c) for c in candidates)
+    out = []
+    for rank in range(min(count, depth)):
+        out.append([c[min(rank, len(c) - 1)] for c in candidates])
+    return out
+
+
+def compile_workload(
+    workload: Workload,
+    params: dict[str, Any],
+    out_dir: Path,
+    options: CompileOptions = CompileOptions(),
+) -> CompileResult:
+    """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``."""
+    target = get_target(options.target)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    with phase(LOG, "compile_runtime"):
+        pass
+    with phase(LOG, "construct_mid"):
+        graph, tensors = workload.build(params)
+        stages = find_stages(graph)
+        candidates = []
+        for stage in stages:
+            with phase(LOG, "gemm_candidates", stage=stage.index):
+                found = gemm_candidates(stage_shape(graph, stage), target, keep=options.finalists)
+            if not found:
+                raise CompileError(f"no GEMM tiling of stage {stage.index} fits {target.name}")
+            candidates.append(found)
+    with phase(LOG, "lower_mid"):
+        finalists = _finalists(candidates, options.finalists)
+        for index, plans in enumerate(finalists):
+            event(
+                LOG, "retained operator-plan finalist", finalist=index,
+                values=len(graph.values), operations=len(graph.operations),
+                estimated_cycles=sum(p.estimated_cycles for p in plans),
+                estimated_exchange_cycles=sum(p.exchange_cycles for p in plans),
+                active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans) + "}",
+                plans="[" + "; ".join(p.describe() for p in plans) + "]",
+            )
+    with phase(LOG, "select_finalist"):
+        best = None
+        for index, plans in enumerate(finalists):
+            program = lower(graph, list(zip(stages, plans, strict=True)), target)
+            schedules = schedule_program(program, target)
+            estimate = refined_estimate(plans, program, schedules, target)
+            event(
+                LOG, "scheduled operator-plan finalist", finalist=index, mapped=False,
+                analytical_cycles=estimate["analytical_cycles"],
+                analytical_exchange_cycles=estimate["analytical_exchange_cycles"],
+                scheduled_exchange_cycles=estimate["scheduled_exchange_cycles"],
+                refined_cycles=estimate["cycles"],
+            )
+            if best is None or estimate["cycles"] < best[3]["cycles"]:
+                best = (index, plans, program, estimate, schedules)
+        assert best is not None
+        selected, plans, program, estimate, schedules = best
+        event(LOG, "selected physically scheduled operator-plan finalist", selected=selected,
+              mapped=False)
+    exchanges = program.exchanges()
+    event(LOG, "lowered graph for package construction",
+          logical_shards=sum(len(b.tiles) for b in program.buffers),
+          exchange_phases=len(exchanges))
+    with phase(LOG, "plan_kernels") as info:
+        instances = sorted(
+            {call.instance for cs in program.compute_sets() for call in cs.calls},
+            key=lambda k: k.name,
+        )
+        info["instances"] = len(instances)
+    with phase(LOG, "compile_kernels") as info:
+        cache = Path(options.cache_dir) if options.cache_dir else None
+        info.update(compile_kernels(instances, target, cache))
+    with phase(LOG, "size_tile_code"):
+        tables = np.zeros(target.tiles, dtype=np.int64)
+        for index, schedule in schedules.items():
+            step = _step_at(program, index)
+            tables += table_bytes(schedule, to_transfers(step, target),
+                                  int(target.exchange_table_bytes_per_chunk))
+        support = support_bytes(program, tables, target)
+    event(LOG, "allocated package support memory",
+          linked_end=target.memory_base + int(target.runtime_support_bytes),
+          exchange_table_bytes=int(tables.max()),
+          generated_code_bytes=int(support["code"].max()),
+          support_bytes=int(support["total"].max()))
+    with phase(LOG, "place_storage"):
+        placement = place_storage(program, support["total"], target)
+    event(LOG, "costed final placed program", final_cycles=estimate["cycles"],
+          final_exchange=estimate["scheduled_exchange_cycles"])
+    with phase(LOG, "emit_tile_code"):
+        fragment, arrays = emit_program(program, placement, schedules)
+    manifest = {
+        "workload": {"name": workload.name, "identifier": workload.identifier(params),
+                     "params": params},
+        "options": options.to_json(),
+        "tensors": program.tensors,
+        "estimate": estimate,
+        "plans": [p.describe() for p in plans],
+        "memory": _memory_summary(placement, support, target),
+        **fragment,
+    }
+    path = Path(out_dir) / "model.ipuexe"
+    event(LOG, "writing application package", tiles=target.tiles)
+    write_package(path, target=target.name, compiler_version=__version__, manifest=manifest,
+                  arrays=arrays)
+    event(LOG, "application package written", path=str(path))
+    timings["compile"] = time.perf_counter() - start
+    active = np.unique(np.concatenate([b.tiles for b in program.buffers]))
+    return CompileResult(
+        package=path, graph=graph, tensors=tensors, estimate=estimate, timings=timings,
+        plans=[p.describe() for p in plans], peak_bytes=int(placement.peak_bytes.max()),
+        active_tiles=len(active),
+    )
+
+
+def _step_at(program: Program, index: int) -> Exchange:
+    for _, i, step in program.steps():
+        if i == index and isinstance(step, Exchange):
+            return step
+    raise KeyError(index)
+
+
+def _memory_summary(placement: Placement, support: dict, target: Target) -> dict[str, Any]:
+    peak = placement.peak_bytes
+    busiest = int(np.argmax(peak))
+    return {
+        "memory_base": target.memory_base,
+        "memory_end": target.memory_end,
+        "support_bytes_max": int(support["total"].max()),
+        "peak_tile": busiest,
+        "peak_bytes": int(peak[busiest]),
+        "peak_step": int(placement.peak_step[busiest]),
+    }
+
+
+def kernel_instances(program: Program) -> list[KernelInstance]:
+    return sorted({c.instance for cs in program.compute_sets() for c in cs.calls},
+                  key=lambda k: k.name)

@@ -1,0 +1,148 @@
+"""GEMM tilings: split rows (R), columns (C) and depth (D) of ``[M, K] x [K, N]`` over tiles.
+
+Tile ``(r, c, d)`` holds an A block ``[br, bk]`` (broadcast to the C column groups), a
+resident weight block ``[bk, bn]`` and computes an F32 partial ``[br, bn]``.  With D > 1 the
+partials are reduce-scattered: tile ``(r, c, d)`` finishes rows ``[d * br/D, (d+1) * br/D)``
+of its block.  The analytical cost adds, for the busiest tile, the A exchange (receive
+words), the GEMM kernel, the reduction exchange and the epilogue kernel, each phase with its
+exchange overhead and sync (``target``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ipu_stack.ir.layout import WORD, round_up
+from ipu_stack.kernels.epilogue import EPILOGUE
+from ipu_stack.kernels.gemm import best_split, gemm_cycles
+from ipu_stack.target import Target
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """What the planner needs to know of one fused GEMM stage."""
+
+    op: int
+    rows: int
+    depth: int
+    cols: int
+    a_itemsize: int
+    fp8: bool
+    chain: tuple = ()
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """One tiling of a GEMM stage and its analytical cost breakdown (busiest tile)."""
+
+    shape: GemmShape
+    row_splits: int
+    col_splits: int
+    depth_splits: int
+    row_block: int
+    depth_block: int
+    col_block: int
+    split: str
+    costs: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def tiles_used(self) -> int:
+        return self.row_splits * self.col_splits * self.depth_splits
+
+    @property
+    def sub_rows(self) -> int:
+        return self.row_block // self.depth_splits
+
+    @property
+    def estimated_cycles(self) -> int:
+        return sum(self.costs.values())
+
+    @property
+    def exchange_cycles(self) -> int:
+        return self.costs.get("a_exchange", 0) + self.costs.get("reduce_exchange", 0)
+
+    def tile(self, r: int, c: int, d: int) -> int:
+        """Tile of block ``(r, c, d)``: depth groups adjacent so reductions stay local."""
+        return (r * self.col_splits + c) * self.depth_splits + d
+
+    def describe(self) -> str:
+        return (
+            f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
+            f"blocks {self.row_block}x{self.depth_block}x{self.col_block} split={self.split}"
+        )
+
+
+def _phase_overhead(target: Target) -> int:
+    return int(target.exchange_fixed_cycles) + int(target.sync_cycles)
+
+
+def cost_plan(shape: GemmShape, r: int, c: int, d: int, target: Target) -> GemmPlan | None:
+    """Build and cost the plan with R=r, C=c, D=d splits, or None if it is not valid."""
+    step = int(target.amp_f8_depth if shape.fp8 else target.amp_f16_depth)
+    br = round_up(-(-shape.rows // r), d)
+    bk = round_up(-(-shape.depth // d), step)
+    bn = round_up(-(-shape.cols // c), int(target.amp_out_columns))
+    if (r - 1) * br >= shape.rows or (d - 1) * bk >= shape.depth or (c - 1) * bn >= shape.cols:
+        return None
+    split = best_split(br, bk, bn, shape.fp8, target)
+    words = WORD
+    a_words = br * round_up(bk * shape.a_itemsize, words) // words
+    costs = {
+        "a_exchange": a_words + _phase_overhead(target),
+        "gemm": gemm_cycles(br, bk, bn, shape.fp8, split, target) + int(target.sync_cycles),
+    }
+    sub = br // d
+    if d > 1:
+        costs["reduce_exchange"] = (d - 1) * sub * bn + _phase_overhead(target)
+    chain = [list(step_) for step_ in shape.chain]
+    epilogue = EPILOGUE.cost(
+        {
+            "parts": d,
+            "rows": sub,
+            "cols": bn,
+            "chain": chain,
+        },
+        target,
+    )
+    costs["epilogue"] = epilogue + int(target.sync_cycles)
+    return GemmPlan(shape, r, c, d, br, bk, bn, split, costs)
+
+
+def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[GemmPlan]:
+    """Enumerate tilings that use most of the machine; return the ``keep`` cheapest.
+
+    For each row and depth split, the column split is the largest that the tiles allow
+    (more columns only shrink the per-tile work); ties break towards fewer tiles.
+    """
+    tiles = target.tiles
+    step = int(target.amp_f8_depth if shape.fp8 else target.amp_f16_depth)
+    col_groups = -(-shape.cols // int(target.amp_out_columns))
+    max_depth = -(-shape.depth // step)
+    plans: dict[tuple[int, int, int], GemmPlan] = {}
+    for d in range(1, min(max_depth, tiles) + 1):
+        for r in range(1, min(shape.rows, tiles // d) + 1):
+            c = min(tiles // (r * d), col_groups)
+            if c < 1:
+                continue
+            plan = cost_plan(shape, r, c, d, target)
+            if plan is None:
+                continue
+            # shrink C to what the column block needs
+            c_needed = -(-shape.cols // plan.col_block)
+            if c_needed != c:
+                plan = cost_plan(shape, r, c_needed, d, target) or plan
+            key = (plan.row_block, plan.depth_block, plan.col_block)
+            best = plans.get(key)
+            if best is None or (plan.estimated_cycles, plan.tiles_used) < (
+                best.estimated_cycles,
+                best.tiles_used,
+            ):
+                plans[key] = plan
+    if not plans:
+        return []
+    ranked = sorted(
+        plans.values(),
+        key=lambda p: (p.estimated_cycles, p.tiles_used, p.row_splits, p.depth_splits),
+    )
+    return ranked[:keep]

@@ -1,0 +1,165 @@
+"""The ipu21 (and ipu2) machine descriptions.
+
+Each :class:`Fact` carries its value and its source, so ``ipu-stack inspect --target`` and the
+docs can print where every number comes from.  Values marked ``assumed`` have no primary source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ipu_stack.util.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One machine number and where it comes from."""
+
+    value: int | float
+    source: str
+
+
+class MemoryClass(str, Enum):
+    """Tile memory classes as the reference names them."""
+
+    STANDARD = "Ipu21Standard"
+    INTERLEAVED = "Ipu21Interleaved"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A tile machine: sizes, rates and overheads, each with its source."""
+
+    name: str
+    facts: dict[str, Fact] = field(repr=False)
+
+    def __getattr__(self, key: str) -> int | float:
+        facts = object.__getattribute__(self, "facts")
+        if key in facts:
+            return facts[key].value
+        raise AttributeError(key)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    # Convenience accessors with precise types -------------------------------------------
+    @property
+    def tiles(self) -> int:
+        return int(self.facts["tiles"].value)
+
+    @property
+    def memory_base(self) -> int:
+        return int(self.facts["memory_base"].value)
+
+    @property
+    def tile_bytes(self) -> int:
+        return int(self.facts["tile_bytes"].value)
+
+    @property
+    def memory_end(self) -> int:
+        """One past the highest usable tile address."""
+        return int(self.facts["memory_end"].value)
+
+    @property
+    def interleaved_base(self) -> int:
+        return int(self.facts["interleaved_base"].value)
+
+    @property
+    def workers(self) -> int:
+        return int(self.facts["workers"].value)
+
+    @property
+    def clock_hz(self) -> float:
+        return float(self.facts["clock_hz"].value)
+
+    def alignment(self, memory_class: MemoryClass) -> int:
+        key = "interleaved_alignment" if memory_class is MemoryClass.INTERLEAVED else "standard_alignment"
+        return int(self.facts[key].value)
+
+    def class_range(self, memory_class: MemoryClass) -> tuple[int, int]:
+        """Addresses a value of ``memory_class`` may occupy: ``[start, end)``."""
+        if memory_class is MemoryClass.INTERLEAVED:
+            return self.interleaved_base, self.memory_end
+        return self.memory_base, self.memory_end
+
+    def peak_flops(self) -> float:
+        """Peak FP16 FLOP/s: tiles x clock x 2 x FP16 MACs per cycle."""
+        return self.tiles * self.clock_hz * 2 * float(self.facts["amp_f16_macs_per_cycle"].value)
+
+    def cycles_to_us(self, cycles: int) -> float:
+        return cycles / (self.clock_hz / 1e6)
+
+
+_LOG004 = "reference log 004"
+_POPLIBS_EST = "PopLibs PerformanceEstimation.hpp (convPartial1x1 / quarter estimators)"
+
+_IPU21_FACTS: dict[str, Fact] = {
+    "tiles": Fact(1472, "reference logs (tile_count=1472); GC200/C600 datasheets"),
+    "clock_hz": Fact(1.5e9, f"{_LOG004}: 204006 cycles = 136.004 us"),
+    "workers": Fact(6, "Graphcore assembly programming guide; PopLibs numWorkerContexts"),
+    "amp_f16_macs_per_cycle": Fact(
+        64, "peak 282.624 TFLOPS = 1472 x 1.5e9 x 128 (log 004); PopLibs maxMACsPerCyclePerTile"
+    ),
+    "amp_f8_macs_per_cycle": Fact(128, "C600: 560 TFLOPS FP8; PopLibs quarter vertex types"),
+    "amp_out_columns": Fact(16, "16 AMP conv units per tile (PopLibs convUnits)"),
+    "amp_f16_depth": Fact(16, "assumed: one AMP work item = 16 columns x 16 FP16 depth (4 elems x 4 cycles)"),
+    "amp_f8_depth": Fact(32, "assumed: one AMP work item = 16 columns x 32 FP8 depth (8 elems x 4 cycles)"),
+    "amp_cycles_per_row": Fact(4, f"{_POPLIBS_EST}: 4 cycles per inner step"),
+    "amp_supervisor_cycles": Fact(50, f"{_POPLIBS_EST}: supervisor ~50 cycles per call"),
+    "worker_entry_cycles": Fact(17, f"{_POPLIBS_EST}: worker entry ~17 cycles"),
+    "amp_item_cycles": Fact(27, f"{_POPLIBS_EST}: per work item 27-46 cycles (low end)"),
+    "vector_f32_per_cycle": Fact(2, "assumed: f32v2 ALU ops, one per worker cycle"),
+    "vector_f16_per_cycle": Fact(4, "assumed: f16v4 ALU ops, one per worker cycle"),
+    "tile_bytes": Fact(638976, "624 KiB: 900 MB per chip / 1472"),
+    "memory_base": Fact(0x4C000, "assumed (unverified third-party linker note)"),
+    "memory_end": Fact(949168, "reference logs: tile addresses run to 949168"),
+    "interleaved_base": Fact(0x80000, "reference logs (Ipu21Interleaved >= 524288); Poplar IPUModel docs"),
+    "standard_alignment": Fact(8, "reference log 000 (alignment 8)"),
+    "interleaved_alignment": Fact(32, "reference log 000 (alignment 32)"),
+    "runtime_support_bytes": Fact(
+        7680, f"{_LOG004}: linked_end=318984 - memory_base 311296 = 7688 bytes of runtime"
+    ),
+    "exchange_bytes_per_cycle": Fact(4, "PopLibs exchangeBytesPerCycle; reference endpoint_lower_bound in words"),
+    "exchange_fixed_cycles": Fact(100, "PopLibs fixedOverheadExchangeCycles = 100"),
+    "sync_cycles": Fact(90, "PopLibs syncCycles = 90"),
+    "exchange_table_bytes_per_chunk": Fact(
+        8, "assumed: one exchange instruction (address + count) per chunk, 2 words"
+    ),
+    "host_link_bytes_per_second": Fact(32e9, "C600 datasheet: PCIe Gen4 x16, 32 GB/s"),
+    "host_bytes_per_cycle": Fact(16, "assumed: 32 GB/s at 1.5 GHz is 21 B/cycle; 16 after protocol"),
+}
+
+IPU21 = Target("ipu21", _IPU21_FACTS)
+IPU2 = Target(
+    "ipu2",
+    {
+        **_IPU21_FACTS,
+        "clock_hz": Fact(1.33e9, "GC200 datasheet: 250 TFLOPS FP16 / (1472 x 128)"),
+        "amp_f8_macs_per_cycle": Fact(64, "GC200 has no FP8 AMP: FP8 runs at the FP16 rate"),
+    },
+)
+
+_TARGETS = {t.name: t for t in (IPU21, IPU2)}
+
+
+def get_target(name: str) -> Target:
+    """Look a target up by name, with a one-line error naming the known ones."""
+    try:
+        return _TARGETS[name]
+    except KeyError:
+        raise UsageError(f"unknown target {name!r}; known targets: {', '.join(_TARGETS)}") from None
+
+
+# Per-element worker-cycle costs of the vector (non-AMP) kernels.  None of these has a
+# published source; they are assumed from the instruction mix each kernel needs on f32v2 /
+# f16v4 ALUs (one instruction per worker cycle) and are kept here so every benchmark that
+# depends on them changes together.
+VECTOR_COSTS: dict[str, Fact] = {
+    "add_f32": Fact(0.5, "assumed: f32v2add, 2 elements per worker cycle"),
+    "load_store": Fact(0.5, "assumed: ld64/st64 pairs, 2 f32 elements per worker cycle"),
+    "convert": Fact(0.5, "assumed: f32v2tof16 / f32 -> FP8 conversion, 2 per worker cycle"),
+    "gelu_tanh": Fact(4.0, "assumed: 8 f32v2 instructions per pair (mul, mul, fma, tanh, ...)"),
+    "gelu_erf": Fact(6.0, "assumed: erf by polynomial, 12 f32v2 instructions per pair"),
+    "row_overhead": Fact(4.0, "assumed: pointer setup per row of a worker's slice"),
+}

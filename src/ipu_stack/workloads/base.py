@@ -1,0 +1,86 @@
+"""Builtin workloads: a parameterised graph plus deterministic inputs and weights.
+
+A workload turns its parameters into an :class:`ipu_stack.ir.Graph` and, from a seed, into
+the host tensors (inputs and weights as float32 values exactly representable in their
+precision).  FP8 scale exponents of inputs and weights are fitted to the data; those of
+FP8 activations are static, fitted on a *calibration* input drawn from a different seed, so
+the test data never tunes its own scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.util.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One workload option: name, type, default and help text."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: int | None = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A builtin workload: how to build its graph and tensors from parameters."""
+
+    name: str
+    description: str
+    parameters: tuple[Parameter, ...]
+    build: Callable[[dict[str, Any]], tuple[Graph, dict[str, np.ndarray]]]
+    identifier: Callable[[dict[str, Any]], str]
+    benchmark_fields: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda p: {})
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.parameters}
+
+    def resolve(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Defaults updated by ``overrides`` (``None`` means default), each checked."""
+        params = self.defaults()
+        known = {p.name: p for p in self.parameters}
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key not in known:
+                raise UsageError(f"workload {self.name} has no parameter --{key}")
+            params[key] = value
+        for p in self.parameters:
+            value = params[p.name]
+            if p.choices is not None and value not in p.choices:
+                raise UsageError(
+                    f"--{p.name} {value!r} is not one of {', '.join(map(str, p.choices))}"
+                )
+            if p.kind is int and p.minimum is not None and value < p.minimum:
+                raise UsageError(f"--{p.name} must be at least {p.minimum}, got {value}")
+        return params
+
+
+REGISTRY: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    REGISTRY[workload.name] = workload
+    return workload
+
+
+def get_workload(name: str) -> Workload:
+    if name not in REGISTRY:
+        raise UsageError(f"unknown workload {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def rng_for(seed: int, stream: str) -> np.random.Generator:
+    """A generator per named tensor, so adding a tensor never changes the others."""
+    digest = sum((i + 1) * ord(ch) for i, ch in enumerate(stream))
+    return np.random.default_rng([seed, digest])
