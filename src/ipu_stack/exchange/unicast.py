@@ -57,7 +57,7 @@ class _Peeler:
         self.parent = np.full(t.tiles, -1, dtype=np.int64)
         self.scratch = np.zeros(t.tiles, dtype=np.int64)
         self.live = int(np.count_nonzero(self.rem))
-        self.fill_rounds = 1
+        self.fill_rounds = 2
         self.out_edge: list[np.ndarray] = []
         self.out_start: list[np.ndarray] = []
         self.out_end: list[np.ndarray] = []
@@ -69,6 +69,7 @@ class _Peeler:
         """(Re)build both adjacencies (CSR per side) from live edges, largest weight first."""
         live = np.flatnonzero(self.rem > 0)
         self.adj: list[np.ndarray] = []
+        self.adj_other: list[np.ndarray] = []
         self.ptr: list[np.ndarray] = []
         for side in (0, 1):
             order = np.lexsort((-self.rem[live], self.end[side][live]))
@@ -76,6 +77,7 @@ class _Peeler:
             ptr = np.zeros(self.tiles + 1, dtype=np.int64)
             ptr[1:] = np.cumsum(np.bincount(self.end[side][adj], minlength=self.tiles))
             self.adj.append(adj)
+            self.adj_other.append(self.end[1 - side][adj].astype(np.int32))
             self.ptr.append(ptr)
         self.live_at_rebuild = live.size
 
@@ -118,8 +120,9 @@ class _Peeler:
                 ports[side] = ports[side][self.match[side][ports[side]] < 0]
                 ptr = self.ptr[side]
                 starts, stops = ptr[ports[side]], ptr[ports[side] + 1]
-                edges = self.adj[side][gather_ranges(starts, stops - starts)]
-                found.append(edges[self.match[1 - side][self.end[1 - side][edges]] < 0])
+                idx = gather_ranges(starts, stops - starts)
+                idx = idx[self.match[1 - side][self.adj_other[side][idx]] < 0]
+                found.append(self.adj[side][idx])
             edges = np.concatenate(found)
             edges = edges[self.rem[edges] > 0]
             if edges.size == 0:
@@ -213,7 +216,7 @@ class _Peeler:
                     if self.match[side][root] < 0:
                         self._repair(side, root)
             self._fill((self.end[0][done], self.end[1][done]))
-            if 3 * self.live_at_rebuild > 4 * self.live + 4096:
+            if 7 * self.live_at_rebuild > 8 * self.live + 4096:
                 self._rebuild()
         if np.any(self.rem != 0):
             raise AssertionError("scheduler ended with unsent words")

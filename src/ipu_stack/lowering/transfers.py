@@ -165,8 +165,7 @@ def add_layout_transfers(
                         builder.add(source, src_buf, s_off, length // WORD, keep, dst_buf, d_off)
                     if len(keep) != len(replicas):
                         # the source tile is itself a destination: an on-tile copy kernel
-                        rows_n = len(s_off)
                         builder.local.append(
                             LocalCopy(source, src_buf, int(s_off[0]), src.pitch, dst_buf,
-                                      int(d_off[0]), dst.pitch, rows_n, length // rows_n)
+                                      int(d_off[0]), dst.pitch, len(s_off), length)
                         )
