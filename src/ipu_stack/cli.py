@@ -17,6 +17,7 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.device import DEFAULT_LOCK
+from ipu_stack.ir.graph import Graph
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.util import log
@@ -109,16 +110,25 @@ def _options(args: argparse.Namespace) -> CompileOptions:
     )
 
 
-def _save_tensors(folder: str, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+def save_tensors(
+    folder: str, graph: Graph, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+) -> None:
+    """Write ``inputs_weights.npz`` (float32 values, plus every value's precision as JSON in
+    ``__precisions__``) and ``outputs.npz``, so anyone can check the run with plain numpy."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    precisions = {v.name: v.type.precision.to_json() for v in graph.values}
 
-    def dump(name: str, data: dict[str, np.ndarray]) -> None:
-        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in data.items()}
+    def dump(name: str, data: dict[str, np.ndarray], meta: bool) -> None:
+        arrays: dict[str, np.ndarray] = {
+            k: np.asarray(v, dtype=np.float32) for k, v in data.items()
+        }
+        if meta:
+            arrays["__precisions__"] = np.array(json.dumps(precisions, sort_keys=True))
         write_atomic(out / name, lambda handle: np.savez(handle, **arrays))
 
-    dump("inputs_weights.npz", tensors)
-    dump("outputs.npz", outputs)
+    dump("inputs_weights.npz", tensors, True)
+    dump("outputs.npz", outputs, False)
 
 
 def _print_record(record: dict[str, Any], as_json: bool) -> None:
@@ -135,7 +145,7 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
                               compile_seconds)
     if args.save_tensors:
-        _save_tensors(args.save_tensors, tensors, result.outputs)
+        save_tensors(args.save_tensors, graph, tensors, result.outputs)
     _print_record(record, args.json)
     return 0 if result.passed else 1
 

@@ -56,6 +56,7 @@ class _Peeler:
         self.visited = (np.zeros(t.tiles, dtype=bool), np.zeros(t.tiles, dtype=bool))
         self.parent = np.full(t.tiles, -1, dtype=np.int64)
         self.scratch = np.zeros(t.tiles, dtype=np.int64)
+        self.best = np.zeros(t.tiles, dtype=np.int64)
         self.live = int(np.count_nonzero(self.rem))
         self.fill_rounds = 2
         self.out_edge: list[np.ndarray] = []
@@ -66,20 +67,35 @@ class _Peeler:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        """(Re)build both adjacencies (CSR per side) from live edges, largest weight first."""
-        live = np.flatnonzero(self.rem > 0)
-        self.adj: list[np.ndarray] = []
-        self.adj_other: list[np.ndarray] = []
-        self.ptr: list[np.ndarray] = []
+        """(Re)build both adjacencies (CSR per side) from live edges.
+
+        The first build sorts (largest weight first); later ones only drop spent edges,
+        which keeps the order and costs one linear pass."""
+        if not hasattr(self, "adj"):
+            live = np.flatnonzero(self.rem > 0)
+            self.adj = []
+            for side in (0, 1):
+                order = np.lexsort((-self.rem[live], self.end[side][live]))
+                self.adj.append(live[order])
+        else:
+            self.adj = [adj[self.rem[adj] > 0] for adj in self.adj]
+        self.adj_other = []
+        self.ptr = []
         for side in (0, 1):
-            order = np.lexsort((-self.rem[live], self.end[side][live]))
-            adj = live[order]
+            adj = self.adj[side]
             ptr = np.zeros(self.tiles + 1, dtype=np.int64)
             ptr[1:] = np.cumsum(np.bincount(self.end[side][adj], minlength=self.tiles))
-            self.adj.append(adj)
             self.adj_other.append(self.end[1 - side][adj].astype(np.int32))
             self.ptr.append(ptr)
-        self.live_at_rebuild = live.size
+        self.live_at_rebuild = self.adj[0].size
+
+    def _best_per(self, groups: np.ndarray, key: np.ndarray) -> np.ndarray:
+        """Mask choosing one entry of largest ``key`` per group (no full sort needed)."""
+        best = self.best
+        best[groups] = -1
+        np.maximum.at(best, groups, key)
+        top = np.flatnonzero(key == best[groups])
+        return top[self._one_per(groups[top])]
 
     def _one_per(self, keys: np.ndarray) -> np.ndarray:
         """Mask choosing exactly one entry per distinct key (the last, in practice the first of
@@ -129,11 +145,11 @@ class _Peeler:
                 break
             senders, receivers = self.end[0][edges], self.end[1][edges]
             key = self.load[0][senders] + self.load[1][receivers]
-            order = np.argsort(-key, kind="stable")
-            edges, senders, receivers = edges[order], senders[order], receivers[order]
-            keep = self._one_per(receivers)
-            edges, senders = edges[keep], senders[keep]
-            self._set(edges[self._one_per(senders)])
+            keep = self._best_per(receivers, key)
+            chosen = keep[self._best_per(senders[keep], key[keep])]
+            self._set(edges[chosen])
+            # only ports that lost a conflict can still find a partner in the next round
+            ports = [senders, receivers]
 
     def _repair(self, side: int, root: int) -> None:
         """Cover tight free port ``root`` by an alternating path (BFS, vectorised per level)."""
@@ -216,7 +232,7 @@ class _Peeler:
                     if self.match[side][root] < 0:
                         self._repair(side, root)
             self._fill((self.end[0][done], self.end[1][done]))
-            if 7 * self.live_at_rebuild > 8 * self.live + 4096:
+            if 4 * self.live_at_rebuild > 5 * self.live + 4096:
                 self._rebuild()
         if np.any(self.rem != 0):
             raise AssertionError("scheduler ended with unsent words")

@@ -88,7 +88,6 @@ class Lowering:
         self.program.run.append(compute)
 
     def stage(self, stage: GemmStage, plan: GemmPlan) -> None:
-        t = self.target
         g = self.graph
         m, k, a_prec = self._matrix(stage.a)
         _, n, b_prec = self._matrix(stage.b)

@@ -72,7 +72,6 @@ def place_signature(
 ) -> dict[int, int]:
     """Addresses for one tile signature; raises :class:`PlacementError` naming the tile."""
     base = target.memory_base
-    end = target.memory_end
     support_range = (base, base + support)
     placed: dict[int, tuple[int, int]] = {}
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))

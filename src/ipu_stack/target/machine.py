@@ -118,9 +118,11 @@ _IPU21_FACTS: dict[str, Fact] = {
     "standard_alignment": Fact(8, "reference log 000 (alignment 8)"),
     "interleaved_alignment": Fact(32, "reference log 000 (alignment 32)"),
     "runtime_support_bytes": Fact(
-        7680, f"{_LOG004}: linked_end=318984 - memory_base 311296 = 7688 bytes of runtime"
+        7688, f"{_LOG004}: linked_end=318984 - memory_base 311296 = 7688 bytes of runtime"
     ),
-    "exchange_bytes_per_cycle": Fact(4, "PopLibs exchangeBytesPerCycle; reference endpoint_lower_bound in words"),
+    "exchange_bytes_per_cycle": Fact(
+        4, "PopLibs exchangeBytesPerCycle; reference endpoint_lower_bound in words"
+    ),
     "exchange_fixed_cycles": Fact(100, "PopLibs fixedOverheadExchangeCycles = 100"),
     "sync_cycles": Fact(90, "PopLibs syncCycles = 90"),
     "exchange_table_bytes_per_chunk": Fact(

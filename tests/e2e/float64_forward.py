@@ -1,0 +1,65 @@
+"""An independent float64 forward pass of the SigLIP MLP from saved tensors.
+
+Written against the saved ``.npz`` files only (no ipu_stack imports beyond ml_dtypes), so it
+checks the device result the way a user with plain numpy would.  ``round_to`` applies the
+stored precisions (from the saved metadata) at the same points the graph stores values.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {
+    "F16": np.float16,
+    "F8F143": ml_dtypes.float8_e4m3fnuz,
+    "F8F152": ml_dtypes.float8_e5m2fnuz,
+}
+
+
+def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
+    kind, scale = precision["kind"], precision.get("scale_exponent", 0)
+    if kind == "F32":
+        return values.astype(np.float32).astype(np.float64)
+    dtype = DTYPES[kind]
+    scaled = values * 2.0**-scale
+    if kind.startswith("F8"):
+        limit = float(ml_dtypes.finfo(dtype).max)
+        scaled = np.clip(scaled, -limit, limit)
+    return scaled.astype(dtype).astype(np.float64) * 2.0**scale
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def mlp_forward(saved: dict[str, np.ndarray], rounded: bool) -> np.ndarray:
+    """``fc2(gelu(fc1(x)))`` per block in float64; ``rounded`` applies stored precisions."""
+    meta = json.loads(str(saved["__precisions__"]))
+    x = saved["x"].astype(np.float64).reshape(-1, saved["x"].shape[-1])
+    block = 0
+    while f"w1.{block}" in saved:
+        h = x @ saved[f"w1.{block}"].astype(np.float64)
+        if rounded:
+            h = round_to(h, meta[f"fc1.{block}"])
+        if f"b1.{block}" in saved:
+            h = h + saved[f"b1.{block}"]
+            if rounded:
+                h = round_to(h, meta[f"fc1_bias.{block}"])
+        g = gelu_tanh(h)
+        if rounded:
+            g = round_to(g, meta[f"gelu.{block}"])
+        y = g @ saved[f"w2.{block}"].astype(np.float64)
+        if rounded:
+            y = round_to(y, meta[f"fc2.{block}"])
+        if f"b2.{block}" in saved:
+            y = y + saved[f"b2.{block}"]
+            if rounded:
+                y = round_to(y, meta[f"fc2_bias.{block}"])
+        if f"cast.{block}" in meta and rounded:
+            y = round_to(y, meta[f"cast.{block}"])
+        x = y
+        block += 1
+    return x

@@ -1,0 +1,112 @@
+"""Bad input: one line naming the problem, a non-zero exit, no traceback, nothing half-written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ipu_stack.cli import main
+
+SMALL = ["--tokens", "16", "--dim", "64", "--hidden", "64"]
+
+
+def _error(capsys, argv: list[str]) -> tuple[int, str]:
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return code, lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compile", "no-such-model", "-o", "X"], "unknown workload 'no-such-model'"),
+        (["compile", "siglip-mlp", "--tokens", "0", "-o", "X"], "--tokens must be at least 1"),
+        (["compile", "siglip-mlp", "--dim", "-3", "-o", "X"], "--dim must be at least 1"),
+        (["compile", "siglip-mlp", "--finalists", "0", "-o", "X"], "--finalists must be"),
+        (["compile", "siglip-mlp", "--target", "ipu9", "-o", "X"], "unknown target 'ipu9'"),
+    ],
+)
+def test_usage_errors(tmp_path, capsys, argv, message):
+    argv = [a if a != "X" else str(tmp_path / "out") for a in argv]
+    code, line = _error(capsys, argv)
+    assert code == 2
+    assert message in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_workload_that_does_not_fit(tmp_path, capsys, cache_dir):
+    code, line = _error(capsys, [
+        "compile", "siglip-mlp", "--tokens", "8", "--dim", "16384", "--hidden", "32768",
+        "-o", str(tmp_path / "out"), "--cache-dir", str(cache_dir),
+    ])
+    assert code == 2
+    assert "placement failed: tile" in line and "SRAM for" in line
+    assert not (tmp_path / "out" / "model.ipuexe").exists()
+
+
+def test_missing_package(tmp_path, capsys):
+    code, line = _error(capsys, ["run", str(tmp_path / "nothing.ipuexe")])
+    assert code == 2 and "nothing.ipuexe" in line
+
+
+def test_corrupted_package(tmp_path, capsys, cache_dir, lock_path):
+    assert main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path),
+                 "--cache-dir", str(cache_dir)]) == 0
+    capsys.readouterr()
+    path = tmp_path / "model.ipuexe"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, line = _error(capsys, ["run", str(path), "--lock", str(lock_path)])
+    assert code == 2 and "corrupt" in line
+
+
+def test_device_owned_by_another_process(tmp_path, capsys, cache_dir, lock_path):
+    assert main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path),
+                 "--cache-dir", str(cache_dir)]) == 0
+    capsys.readouterr()
+    holder = subprocess.Popen([
+        sys.executable, "-c",
+        "import sys, time; from pathlib import Path;"
+        "from ipu_stack.device import HardwareLock\n"
+        f"with HardwareLock(Path({str(lock_path)!r})):\n"
+        "    print('held', flush=True); time.sleep(60)",
+    ], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, line = _error(capsys, ["run", str(tmp_path / "model.ipuexe"), "--no-wait",
+                                     "--lock", str(lock_path)])
+        assert code == 2
+        assert f"pid {holder.pid}" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    # the dead owner's lock is recovered
+    assert main(["run", str(tmp_path / "model.ipuexe"), "--no-wait", "--lock",
+                 str(lock_path)]) == 0
+
+
+def test_interrupted_compile_leaves_no_package(tmp_path, cache_dir, monkeypatch):
+    """Ctrl-C half way through writing the package: no file under the final name, no temp."""
+    from ipu_stack.package import writer
+    from ipu_stack.util.files import write_atomic
+
+    def half_then_interrupt(path, write):
+        def partial(handle):
+            handle.write(b"PK\x03\x04 half a package")
+            raise KeyboardInterrupt
+
+        write_atomic(path, partial)
+
+    monkeypatch.setattr(writer, "write_atomic", half_then_interrupt)
+    code = main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path), "--cache-dir",
+                 str(cache_dir)])
+    assert code == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -1,0 +1,96 @@
+"""End to end: compile -> package -> read -> simulate -> compare, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipu_stack.cli import main
+from ipu_stack.runtime.tolerance import compare
+from tests.e2e.float64_forward import mlp_forward
+
+SMALL = ["--tokens", "40", "--dim", "96", "--hidden", "160"]
+
+
+def _bench(tmp_path: Path, lock_path: Path, cache_dir: Path, capsys, *extra: str) -> dict:
+    code = main([
+        "bench", "siglip-mlp", *extra, "--out", str(tmp_path / "pkg"), "--json",
+        "--save-tensors", str(tmp_path / "tensors"), "--lock", str(lock_path),
+        "--cache-dir", str(cache_dir), "--finalists", "2",
+    ])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == (0 if record["numericalTest"] == "PASS" else 1)
+    return record
+
+
+def _check_against_float64(tmp_path: Path) -> float:
+    saved = dict(np.load(tmp_path / "tensors" / "inputs_weights.npz"))
+    outputs = dict(np.load(tmp_path / "tensors" / "outputs.npz"))
+    (name,) = outputs
+    device = outputs[name].reshape(-1, outputs[name].shape[-1])
+    expected = mlp_forward(saved, rounded=True)
+    result = compare(device, expected)
+    assert result.passed, result
+    return result.max_abs_error
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--precision", "f16"],
+        ["--biases"],
+        ["--blocks", "2", "--batch", "2"],
+    ],
+    ids=["fp8", "f16", "biases", "two-blocks-batch2"],
+)
+def test_small_mlp_passes_and_matches_float64(tmp_path, lock_path, cache_dir, capsys, extra):
+    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL, *extra)
+    assert record["numericalTest"] == "PASS"
+    assert record["cycles"] > 0 and record["estimatedCycles"] > 0
+    assert record["exchangeCycles"] + record["computeCycles"] + record["syncCycles"] == record[
+        "cycles"
+    ]
+    _check_against_float64(tmp_path)
+
+
+def test_package_round_trip_through_run_command(tmp_path, lock_path, cache_dir, capsys):
+    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL)
+    code = main(["run", record["package"], "--json", "--lock", str(lock_path)])
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert again["cycles"] == record["cycles"]
+    assert again["maximumAbsoluteError"] == record["maximumAbsoluteError"]
+
+
+def test_corrupted_weight_block_fails_numerical_test(tmp_path, lock_path, cache_dir, monkeypatch,
+                                                     capsys):
+    """The comparison must be able to fail: flip the device's fc2 weights by hand."""
+    from ipu_stack.device import simulator
+
+    original = simulator.SimulatedIpu._host_write
+
+    def corrupt(self, step, tensors):
+        written = original(self, step, tensors)
+        if step["tensor"].startswith("w2"):
+            tiles = self._array(step["tiles"]).ravel()
+            addresses = self._array(step["addresses"]).ravel() - self.base
+            self.memory[tiles[0], addresses[0] : addresses[0] + 64] ^= 0x11
+        return written
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", corrupt)
+    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL)
+    assert record["numericalTest"] == "FAIL"
+
+
+@pytest.mark.slow
+def test_full_size_siglip_mlp(tmp_path, lock_path, cache_dir, capsys):
+    record = _bench(tmp_path, lock_path, cache_dir, capsys)
+    assert record["numericalTest"] == "PASS"
+    assert record["workload"] == "siglip-mlp-fp8-b1-t729-d1152-h4304-n1"
+    assert record["cycles"] <= 204006
+    assert record["inputBytes"] == 839808
+    _check_against_float64(tmp_path)
