@@ -57,6 +57,7 @@ class _Peeler:
         self.parent = np.full(t.tiles, -1, dtype=np.int64)
         self.scratch = np.zeros(t.tiles, dtype=np.int64)
         self.best = np.zeros(t.tiles, dtype=np.int64)
+        self.seen = (np.zeros(t.tiles, dtype=bool), np.zeros(t.tiles, dtype=bool))
         self.live = int(np.count_nonzero(self.rem))
         self.fill_rounds = 2
         self.out_edge: list[np.ndarray] = []
@@ -149,7 +150,12 @@ class _Peeler:
             chosen = keep[self._best_per(senders[keep], key[keep])]
             self._set(edges[chosen])
             # only ports that lost a conflict can still find a partner in the next round
-            ports = [senders, receivers]
+            for side, ends in ((0, senders), (1, receivers)):
+                seen = self.seen[side]
+                seen[ends] = True
+                mine = ports[side][seen[ports[side]]]
+                seen[ends] = False
+                ports[side] = mine
 
     def _repair(self, side: int, root: int) -> None:
         """Cover tight free port ``root`` by an alternating path (BFS, vectorised per level)."""

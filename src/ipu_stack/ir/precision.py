@@ -72,8 +72,8 @@ class Precision:
     def dequantize(self, stored: np.ndarray) -> np.ndarray:
         """Exact float32 values of stored elements (FP8: times 2^scale)."""
         data = np.asarray(stored).astype(np.float32)
-        if self.is_fp8:
-            return np.ldexp(data, self.scale_exponent).astype(np.float32)
+        if self.is_fp8 and self.scale_exponent:
+            data *= np.float32(2.0**self.scale_exponent)  # exact: a power of two
         return data
 
     def round_trip(self, values: np.ndarray) -> np.ndarray:

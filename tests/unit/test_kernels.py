@@ -1,0 +1,343 @@
+"""Kernel semantics on a fake tile memory, cycle costs, names and the kernel cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.cache import compile_kernels
+from ipu_stack.kernels.copy import copy_params
+from ipu_stack.kernels.epilogue import epilogue_params
+from ipu_stack.kernels.gemm import gemm_cycles, gemm_params
+from ipu_stack.target import IPU21
+
+SENTINEL = 0xA5
+MEM_BYTES = 8192
+
+
+def fake_memory(tiles: int) -> np.ndarray:
+    return np.full((tiles, MEM_BYTES), SENTINEL, dtype=np.uint8)
+
+
+def put_matrix(mem: np.ndarray, tile: int, address: int, pitch: int, stored: np.ndarray) -> None:
+    """Write a stored-dtype matrix row by row at ``address`` with ``pitch`` (independent code)."""
+    raw = np.ascontiguousarray(stored).view(np.uint8)
+    for r in range(raw.shape[0]):
+        start = address + r * pitch
+        mem[tile, start : start + raw.shape[1]] = raw[r]
+
+
+def get_matrix(
+    mem: np.ndarray, tile: int, address: int, pitch: int, rows: int, cols: int, dtype
+) -> np.ndarray:
+    item = np.dtype(dtype).itemsize
+    out = [mem[tile, address + r * pitch : address + r * pitch + cols * item] for r in range(rows)]
+    return np.stack(out).copy().view(dtype)
+
+
+def touched_mask(address: int, pitch: int, rows: int, row_bytes: int) -> np.ndarray:
+    mask = np.zeros(MEM_BYTES, dtype=bool)
+    for r in range(rows):
+        mask[address + r * pitch : address + r * pitch + row_bytes] = True
+    return mask
+
+
+def random_stored(rng: np.random.Generator, p: Precision, shape: tuple[int, int]) -> np.ndarray:
+    if p.is_fp8:
+        raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        raw[raw == 0x80] = 0  # no NaN operands
+        return raw.view(p.dtype)
+    return (rng.standard_normal(shape) * 2).astype(p.dtype)
+
+
+def decode(p: Precision, stored: np.ndarray, fp8) -> np.ndarray:
+    """float64 values of stored elements without ipu_stack's dequantize."""
+    if p.is_fp8:
+        return fp8.decode(p.kind)[stored.view(np.uint8)] * 2.0**p.scale_exponent
+    return stored.astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------- GEMM
+
+
+@pytest.mark.parametrize(
+    ("pa", "pb", "rows", "depth", "cols"),
+    [
+        (f143(-3), f143(-5), 7, 40, 19),
+        (f143(2), f152(-1), 12, 64, 32),
+        (F16, F16, 5, 24, 9),
+    ],
+    ids=["f143xf143", "f143xf152", "f16xf16"],
+)
+def test_gemm_matches_float64_matmul_and_writes_only_its_output(
+    fp8, pa: Precision, pb: Precision, rows: int, depth: int, cols: int
+) -> None:
+    rng = np.random.default_rng(rows * depth + cols)
+    tiles = np.array([1, 3, 4], dtype=np.int64)
+    a_pitch = -(-depth * pa.itemsize // 4) * 4 + 4  # one spare word per row
+    b_pitch = -(-cols * pb.itemsize // 4) * 4
+    out_pitch = cols * 4 + 8
+    a_addr, b_addr, out_addr = 64, 64 + rows * a_pitch + 32, 4096
+    mem = fake_memory(6)
+    expected = {}
+    for t in tiles:
+        a = random_stored(rng, pa, (rows, depth))
+        b = random_stored(rng, pb, (depth, cols))
+        put_matrix(mem, t, a_addr, a_pitch, a)
+        put_matrix(mem, t, b_addr, b_pitch, b)
+        av, bv = decode(pa, a, fp8), decode(pb, b, fp8)
+        expected[int(t)] = (av @ bv, np.abs(av) @ np.abs(bv))
+    before = mem.copy()
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "rows")
+    inst = KernelInstance("gemm", params)
+    inst.impl.run(params, mem, tiles, [a_addr, b_addr, out_addr])
+    written = touched_mask(out_addr, out_pitch, rows, cols * 4)
+    for t in range(mem.shape[0]):
+        if t not in expected:
+            np.testing.assert_array_equal(mem[t], before[t])
+            continue
+        got = get_matrix(mem, t, out_addr, out_pitch, rows, cols, np.float32).astype(np.float64)
+        want, magnitude = expected[t]
+        # F32 accumulation: error bounded by depth x eps32 x sum|a||b|
+        assert np.all(np.abs(got - want) <= 4 * depth * 2.0**-24 * magnitude + 1e-30)
+        np.testing.assert_array_equal(mem[t, ~written], before[t, ~written])
+
+
+def test_gemm_cycles_hand_computed() -> None:
+    # FP8, rows split: 1 column group x 1 depth group, 2 rows per worker:
+    # worker = 17 + 1 x (27 + 4 x 2) = 52; tile = 50 + 6 x 52 = 362
+    assert gemm_cycles(12, 32, 16, True, "rows", IPU21) == 362
+    # F16 depth 32 is two depth groups: worker = 17 + 2 x (27 + 8) = 87; tile = 50 + 522
+    assert gemm_cycles(12, 32, 16, False, "rows", IPU21) == 572
+    # columns split: 7 groups over 6 workers -> 2 groups, all 3 rows: 17 + 2 x (27 + 12)
+    assert gemm_cycles(3, 32, 100, True, "cols", IPU21) == 50 + 6 * (17 + 2 * 39)
+    assert gemm_cycles(0, 32, 16, True, "rows", IPU21) == 0
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("split", ["rows", "cols"])
+def test_gemm_cost_grows_with_each_dimension(fp8: bool, split: str) -> None:
+    base = (60, 128, 96)
+    c0 = gemm_cycles(*base, fp8, split, IPU21)
+    for axis in range(3):
+        previous = c0
+        for factor in (2, 4, 8):
+            dims = list(base)
+            dims[axis] *= factor
+            cost = gemm_cycles(*dims, fp8, split, IPU21)
+            assert cost > previous, (axis, factor)
+            previous = cost
+
+
+@pytest.mark.parametrize(("fp8", "peak"), [(True, 128), (False, 64)])
+def test_gemm_approaches_amp_peak_at_large_sizes(fp8: bool, peak: int) -> None:
+    rows, depth, cols = 6000, 512, 256
+    macs = rows * depth * cols
+    ratio = macs / gemm_cycles(rows, depth, cols, fp8, "rows", IPU21)
+    assert 0.97 * peak < ratio <= peak
+    small = 6 * 3 * 32 * 16 / gemm_cycles(6 * 3, 32, 16, fp8, "rows", IPU21)
+    assert small < 0.5 * peak  # overheads dominate small calls
+
+
+def test_gemm_names() -> None:
+    p = gemm_params(f143(), f143(), 13, 32, 16, 32, 16, 64, "rows")
+    assert KernelInstance("gemm", p).name == "gemm_f8_interleaved_k32_c16_r2_r3"
+    p = gemm_params(F16, F16, 5, 16, 100, 32, 200, 400, "cols")
+    assert KernelInstance("gemm", p).name == "gemm_f16_interleaved_k16_c100_r5_g1_g2"
+
+
+def test_kernel_instance_key_is_canonical() -> None:
+    a = KernelInstance("copy", {"rows": 2, "row_bytes": 8, "src_pitch": 8, "dst_pitch": 8})
+    b = KernelInstance("copy", {"dst_pitch": 8, "src_pitch": 8, "row_bytes": 8, "rows": 2})
+    c = KernelInstance("copy", {"rows": 3, "row_bytes": 8, "src_pitch": 8, "dst_pitch": 8})
+    assert a == b and hash(a) == hash(b) and a.key == b.key
+    assert a != c and a.key != c.key
+    text = json.dumps({"family": "copy", "params": a.params}, sort_keys=True)
+    assert a.key == hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- reduce / epilogue
+
+
+def gelu_tanh64(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def write_partials(
+    mem, rng, tiles, own, recv, parts, rows, cols, pitch
+) -> dict[int, np.ndarray]:
+    total = {}
+    for t in tiles:
+        slices = [(rng.standard_normal((rows, cols)) * 1.5).astype(np.float32) for _ in range(parts)]
+        put_matrix(mem, t, own, pitch, slices[0])
+        for k in range(1, parts):
+            put_matrix(mem, t, recv + (k - 1) * rows * pitch, pitch, slices[k])
+        total[int(t)] = np.sum([s.astype(np.float64) for s in slices], axis=0)
+    return total
+
+
+def test_reduce_sums_parts_adds_bias_applies_gelu_and_casts() -> None:
+    rng = np.random.default_rng(3)
+    parts, rows, cols = 3, 5, 7
+    pitch, out_pitch = 32, 16  # partial rows 28 bytes + padding; F16 rows 14 bytes + padding
+    own, recv, bias_addr, out = 0, 512, 1536, 2048
+    tiles = np.array([0, 2], dtype=np.int64)
+    mem = fake_memory(3)
+    totals = write_partials(mem, rng, tiles, own, recv, parts, rows, cols, pitch)
+    bias = {}
+    for t in tiles:
+        b = rng.standard_normal(cols).astype(np.float16)
+        mem[t, bias_addr : bias_addr + 2 * cols] = b.view(np.uint8)
+        bias[int(t)] = b.astype(np.float64)
+    before = mem.copy()
+    chain = [
+        ["round", F32.to_json()],
+        ["bias", F32.to_json()],
+        ["gelu_tanh", F32.to_json()],
+        ["cast", F16.to_json()],
+    ]
+    params = epilogue_params(parts, rows, cols, pitch, chain, F16, F16, out_pitch)
+    inst = KernelInstance("reduce", params)
+    assert inst.name == "reduce3_round_bias_gelu_tanh_cast_f16_r5_c7"
+    inst.impl.run(params, mem, tiles, [own, recv, bias_addr, out])
+    written = touched_mask(out, out_pitch, rows, cols * 2)
+    for t in tiles:
+        want = gelu_tanh64(totals[int(t)] + bias[int(t)][None, :])
+        got = get_matrix(mem, t, out, out_pitch, rows, cols, np.float16).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=2.0**-10, atol=2.0**-20)
+        np.testing.assert_array_equal(mem[t, ~written], before[t, ~written])
+    np.testing.assert_array_equal(mem[1], before[1])
+
+
+def test_reduce_rounds_where_the_chain_says_and_casts_to_fp8_exactly(fp8) -> None:
+    """Dyadic partials sum exactly; the only roundings are F16 (after bias) and the FP8 cast."""
+    rng = np.random.default_rng(9)
+    parts, rows, cols = 2, 4, 6
+    pitch, out_pitch = 24, 8
+    own, recv, bias_addr, out = 0, 256, 1024, 1536
+    tiles = np.array([0], dtype=np.int64)
+    mem = fake_memory(1)
+    a = (rng.integers(-4000, 4000, (rows, cols)) / 64.0).astype(np.float32)
+    b = (rng.integers(-4000, 4000, (rows, cols)) / 64.0).astype(np.float32)
+    put_matrix(mem, 0, own, pitch, a)
+    put_matrix(mem, 0, recv, pitch, b)
+    bias_prec = f152(-3)
+    table = fp8.decode("F8F152") / 8.0
+    choices = np.flatnonzero((np.abs(table) >= 0.125) & (np.abs(table) <= 16))
+    bias_bytes = rng.choice(choices, cols).astype(np.uint8)
+    bias = table[bias_bytes]  # F32 sums of these with the partials stay exact
+    mem[0, bias_addr : bias_addr + cols] = bias_bytes
+    out_prec = f143(-3)  # max 30: the larger sums saturate
+    chain = [["round", F32.to_json()], ["bias", F16.to_json()], ["cast", out_prec.to_json()]]
+    params = epilogue_params(parts, rows, cols, pitch, chain, bias_prec, out_prec, out_pitch)
+    KernelInstance("reduce", params).impl.run(params, mem, tiles, [own, recv, bias_addr, out])
+    exact = a.astype(np.float64) + b + bias[None, :]
+    f16 = exact.astype(np.float16).astype(np.float64)
+    want = fp8.nearest("F8F143", f16, -3)
+    got = get_matrix(mem, 0, out, out_pitch, rows, cols, np.uint8)
+    np.testing.assert_array_equal(got, want)
+    assert np.any(np.abs(exact) > 30) and np.any(np.abs(exact) < 30)  # saturates some
+
+
+def test_reduce_single_part_without_bias_reads_no_received_slot() -> None:
+    rng = np.random.default_rng(4)
+    rows, cols, pitch = 3, 4, 16
+    mem = fake_memory(1)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    put_matrix(mem, 0, 100 * 4, pitch, x)
+    params = epilogue_params(1, rows, cols, pitch, [["round", F32.to_json()]], None, F32, 16)
+    KernelInstance("reduce", params).impl.run(params, mem, np.array([0]), [400, 0, 0, 4000])
+    np.testing.assert_array_equal(get_matrix(mem, 0, 4000, 16, rows, cols, np.float32), x)
+
+
+def test_reduce_cost_counts_parts_and_chain() -> None:
+    def cost(parts: int, chain: list) -> int:
+        p = epilogue_params(parts, 6, 16, 64, chain, None, F16, 32)
+        return KernelInstance("reduce", p).cost(IPU21)
+
+    plain = cost(1, [["round", F16.to_json()]])
+    # 96 elements / 6 workers = 16 per worker; 1 row per worker; per element:
+    # load_store 0.5 + convert 0.5 = 1.0 -> 17 + 16 + 4 = 37 per worker; 50 + 6 x 37
+    assert plain == 50 + 6 * 37
+    assert cost(4, [["round", F16.to_json()]]) == 50 + 6 * (37 + 3 * 8)  # 3 adds x 0.5 x 16
+    gelu = [["round", F16.to_json()], ["gelu_tanh", F16.to_json()]]
+    assert cost(1, gelu) == 50 + 6 * (37 + 16 * 4 + 8)  # gelu 4.0 + convert 0.5 per element
+
+
+# ---------------------------------------------------------------------------------- copy
+
+
+def test_copy_moves_rows_between_pitches_and_nothing_else() -> None:
+    rng = np.random.default_rng(8)
+    mem = fake_memory(4)
+    mem[:] = rng.integers(0, 256, mem.shape, dtype=np.uint8)
+    before = mem.copy()
+    rows, row_bytes, src_pitch, dst_pitch = 5, 12, 20, 16
+    src, dst = 100, 3000
+    tiles = np.array([0, 3], dtype=np.int64)
+    params = copy_params(rows, row_bytes, src_pitch, dst_pitch)
+    inst = KernelInstance("copy", params)
+    assert inst.name == "copy_r5_b12"
+    inst.impl.run(params, mem, tiles, [src, dst])
+    written = touched_mask(dst, dst_pitch, rows, row_bytes)
+    for t in range(4):
+        if t in (0, 3):
+            for r in range(rows):
+                s = before[t, src + r * src_pitch : src + r * src_pitch + row_bytes]
+                np.testing.assert_array_equal(
+                    mem[t, dst + r * dst_pitch : dst + r * dst_pitch + row_bytes], s
+                )
+            np.testing.assert_array_equal(mem[t, ~written], before[t, ~written])
+        else:
+            np.testing.assert_array_equal(mem[t], before[t])
+    assert inst.impl.accesses(params) == [(0, 4 * 20 + 12, False), (1, 4 * 16 + 12, True)]
+
+
+# --------------------------------------------------------------------------------- cache
+
+
+def _instances() -> list[KernelInstance]:
+    return [
+        KernelInstance("copy", copy_params(2, 8, 8, 8)),
+        KernelInstance("gemm", gemm_params(f143(), f143(), 8, 32, 16, 32, 16, 64, "rows")),
+    ]
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted((cache / "kernels").glob("*/kernel.json"))
+
+
+def test_cache_builds_then_hits(tmp_path: Path) -> None:
+    instances = _instances()
+    assert compile_kernels(instances, IPU21, tmp_path) == {"hits": 0, "built": 2, "rebuilt": 0}
+    entries = _entries(tmp_path)
+    assert len(entries) == 2
+    for path in entries:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.parent.name
+        assert json.loads(path.read_bytes())["target"] == "ipu21"
+    names = {json.loads(p.read_bytes())["name"] for p in entries}
+    assert names == {"copy_r2_b8", "gemm_f8_interleaved_k32_c16_r1_r2"}
+    assert compile_kernels(instances, IPU21, tmp_path) == {"hits": 2, "built": 0, "rebuilt": 0}
+    assert compile_kernels(instances, IPU21, None) == {"hits": 0, "built": 0, "rebuilt": 0}
+
+
+def test_cache_rebuilds_a_corrupt_entry(tmp_path: Path) -> None:
+    instances = _instances()
+    compile_kernels(instances, IPU21, tmp_path)
+    victim = _entries(tmp_path)[0]
+    good = victim.read_bytes()
+    victim.write_bytes(good.replace(b'"target"', b'"tarqet"'))
+    counts = compile_kernels(instances, IPU21, tmp_path)
+    assert counts == {"hits": 1, "built": 0, "rebuilt": 1}
+    assert victim.read_bytes() == good
+    assert hashlib.sha256(victim.read_bytes()).hexdigest() == victim.parent.name
+    victim.write_bytes(b"")  # truncated
+    assert compile_kernels(instances, IPU21, tmp_path)["rebuilt"] == 1
+    assert victim.read_bytes() == good

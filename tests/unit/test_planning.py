@@ -1,0 +1,145 @@
+"""Planning: GEMM tiling candidates and fusion of elementwise chains into GEMM stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipu_stack.ir.graph import GraphBuilder
+from ipu_stack.ir.precision import F16, F32, f143
+from ipu_stack.ir.types import TensorType
+from ipu_stack.planning.gemm import GemmShape, cost_plan, gemm_candidates
+from ipu_stack.planning.stages import find_stages
+from ipu_stack.target import IPU21
+from ipu_stack.util.errors import CompileError
+
+SHAPES = [
+    GemmShape(0, 1024, 1152, 4304, 1, True),
+    GemmShape(0, 64, 768, 768, 2, False),
+    GemmShape(0, 7, 100, 33, 1, True),
+    GemmShape(0, 3000, 64, 16, 1, True, (("round", {"kind": "F16"}),), False),
+    GemmShape(0, 1, 4096, 1, 2, False),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.rows}x{s.depth}x{s.cols}")
+def test_every_candidate_covers_the_matrix_and_fits_the_chip(shape: GemmShape) -> None:
+    plans = gemm_candidates(shape, IPU21, keep=8)
+    assert plans, "no candidate"
+    step = 32 if shape.fp8 else 16
+    for p in plans:
+        r, c, d = p.row_splits, p.col_splits, p.depth_splits
+        assert p.tiles_used == r * c * d <= 1472
+        assert r * p.row_block >= shape.rows
+        assert c * p.col_block >= shape.cols
+        assert d * p.depth_block >= shape.depth
+        # no empty split: the last block of each axis still holds data
+        assert (r - 1) * p.row_block < shape.rows
+        assert (c - 1) * p.col_block < shape.cols
+        assert (d - 1) * p.depth_block < shape.depth
+        assert p.row_block % d == 0 and p.sub_rows * d == p.row_block
+        assert p.depth_block % step == 0 and p.col_block % 16 == 0
+        assert p.split in ("rows", "cols")
+        assert p.estimated_cycles == sum(p.costs.values()) > 0
+        assert ("reduce_exchange" in p.costs) == (d > 1)
+        tiles = {p.tile(i, j, k) for i in range(r) for j in range(c) for k in range(d)}
+        assert tiles == set(range(p.tiles_used))
+    cycles = [p.estimated_cycles for p in plans]
+    assert cycles == sorted(cycles)
+
+
+def test_cost_plan_rejects_empty_splits_and_rounds_blocks() -> None:
+    shape = GemmShape(0, 10, 64, 32, 1, True)
+    assert cost_plan(shape, 20, 1, 1, IPU21) is None  # 20 row splits of 1 leave 10 empty
+    assert cost_plan(shape, 1, 1, 4, IPU21) is None  # depth blocks of 32: only 2 needed
+    plan = cost_plan(shape, 3, 2, 2, IPU21)
+    assert plan is not None
+    assert (plan.row_block, plan.depth_block, plan.col_block) == (4, 32, 16)
+    assert plan.describe() == "R3xC2xD2 blocks 4x32x16 split=" + plan.split
+    # A exchange: 4 rows x 32 FP8 bytes = 32 words, plus fixed exchange 100 and sync 90
+    assert plan.costs["a_exchange"] == 32 + 190
+    # reduce exchange: (D-1) x sub rows 2 x 16 columns, plus 190
+    assert plan.costs["reduce_exchange"] == 1 * 2 * 16 + 190
+
+
+def test_more_tiles_make_a_big_gemm_cheaper_than_one_tile() -> None:
+    shape = GemmShape(0, 512, 1024, 1024, 1, True)
+    one = cost_plan(shape, 1, 1, 1, IPU21)
+    best = gemm_candidates(shape, IPU21)[0]
+    assert one is not None
+    assert best.estimated_cycles * 50 < one.estimated_cycles
+    assert best.tiles_used > 700
+
+
+def _mlp(with_output_mid: bool = False):
+    b = GraphBuilder("mlp")
+    x = b.input("x", TensorType((4, 32), f143(-1)))
+    w1 = b.weight("w1", TensorType((32, 48), f143(-3)))
+    bias = b.weight("b1", TensorType((48,), F16))
+    w2 = b.weight("w2", TensorType((48, 32), f143(-3)))
+    h = b.op("matmul", [x, w1], F16, "fc1")
+    h = b.op("bias_add", [h, bias], F16, "fc1.b")
+    g = b.op("gelu", [h], F32, "act")
+    c = b.op("cast", [g], f143(0), "act.q")
+    y = b.op("matmul", [c, w2], F16, "fc2")
+    if with_output_mid:
+        b.output(g)
+    b.output(y)
+    return b.build()
+
+
+def test_find_stages_fuses_bias_gelu_and_cast_into_the_matmul() -> None:
+    g = _mlp()
+    stages = find_stages(g)
+    assert len(stages) == 2
+    first, second = stages
+    names = {v.id: v.name for v in g.values}
+    assert (names[first.a], names[first.b], names[first.bias], names[first.out]) == (
+        "x", "w1", "b1", "act.q"
+    )
+    assert [step[0] for step in first.chain] == ["round", "bias", "gelu_tanh", "cast"]
+    assert [step[1]["kind"] for step in first.chain] == ["F16", "F16", "F32", "F8F143"]
+    assert first.operations == (0, 1, 2, 3)
+    assert (names[second.a], names[second.out], second.bias) == ("act.q", "fc2", None)
+    assert second.chain == (("round", F16.to_json()),)
+
+
+def test_a_graph_output_ends_the_chain() -> None:
+    # "act" is an output: the chain stops there, so the cast after it cannot be fused
+    with pytest.raises(CompileError, match=r"operation 3 \(cast\) does not follow a matmul"):
+        find_stages(_mlp(with_output_mid=True))
+
+    b = GraphBuilder("g")
+    x = b.input("x", TensorType((4, 32), F16))
+    w1 = b.weight("w1", TensorType((32, 32), F16))
+    w2 = b.weight("w2", TensorType((32, 16), F16))
+    act = b.op("gelu", [b.op("matmul", [x, w1], F16, "mm1")], F16, "act", approximate="none")
+    b.output(act)
+    b.output(b.op("matmul", [act, w2], F32, "mm2"))
+    first, second = find_stages(b.build())
+    assert [s[0] for s in first.chain] == ["round", "gelu_erf"]
+    assert first.out == act and second.a == act
+
+
+def test_unfusable_graphs_name_the_operation() -> None:
+    b = GraphBuilder("g")
+    x = b.input("x", TensorType((4, 32), F16))
+    w = b.weight("w", TensorType((32, 16), F16))
+    y = b.op("gelu", [x], F16, "pre")
+    b.output(b.op("matmul", [y, w], F16, "mm"))
+    with pytest.raises(CompileError, match=r"operation 0 \(gelu\) does not follow a matmul"):
+        find_stages(b.build())
+
+    b = GraphBuilder("g")
+    x = b.input("x", TensorType((4, 32), F16))
+    w = b.input("w", TensorType((32, 16), F16))
+    b.output(b.op("matmul", [x, w], F16, "mm"))
+    with pytest.raises(CompileError, match="matmul 0: right operand must be a weight"):
+        find_stages(b.build())
+
+    b = GraphBuilder("g")
+    x = b.input("x", TensorType((4, 32), F16))
+    w = b.weight("w", TensorType((32, 16), F16))
+    m = b.op("matmul", [x, w], F16, "mm")
+    b.output(b.op("gelu", [m], F16, "act", approximate="sigmoid"))
+    with pytest.raises(CompileError, match="gelu approximate='sigmoid' is not tanh or none"):
+        find_stages(b.build())
