@@ -30,14 +30,11 @@ LOG = logging.getLogger("ipu_stack.cli")
 
 def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`)")
-    parser.add_argument("--batch", type=int)
-    parser.add_argument("--tokens", type=int)
-    parser.add_argument("--dim", type=int)
-    parser.add_argument("--hidden", type=int)
-    parser.add_argument("--blocks", type=int)
-    parser.add_argument("--precision", choices=("fp8", "f16"))
-    parser.add_argument("--biases", action="store_true", default=None)
-    parser.add_argument("--seed", type=int)
+    for name, (kind, help_text) in sorted(workload_parameters().items()):
+        if kind is bool:
+            parser.add_argument(f"--{name}", action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(f"--{name}", type=kind, default=None, help=help_text)
     parser.add_argument("--target", default="ipu21")
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
@@ -87,12 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def workload_parameters() -> dict[str, tuple[type, str]]:
+    """Every parameter any builtin workload takes: name -> (type, help)."""
+    found: dict[str, tuple[type, str]] = {}
+    for workload in REGISTRY.values():
+        for p in workload.parameters:
+            found.setdefault(p.name, (p.kind, p.help))
+    return found
+
+
 def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     workload = get_workload(args.workload)
-    overrides = {
-        k: getattr(args, k)
-        for k in ("batch", "tokens", "dim", "hidden", "blocks", "precision", "biases", "seed")
-    }
+    overrides = {k: getattr(args, k) for k in workload_parameters()}
     known = {p.name for p in workload.parameters}
     for key, value in overrides.items():
         if value is not None and key not in known:

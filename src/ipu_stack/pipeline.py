@@ -25,6 +25,7 @@ from ipu_stack.kernels.cache import compile_kernels, default_cache_dir
 from ipu_stack.lowering.lower import lower
 from ipu_stack.lowering.program import Exchange, Program
 from ipu_stack.memory.placement import Placement, place_storage
+from ipu_stack.memory.report import write_memory_profile, write_placement_html
 from ipu_stack.memory.support import support_bytes
 from ipu_stack.package import write_package
 from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_candidates
@@ -62,17 +63,29 @@ class CompileResult:
 
 
 def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
+    """The per-group GEMM a stage computes (``head_matmul``: one image and head)."""
     a = graph.value(stage.a).type
     b = graph.value(stage.b).type
+    groups = 1
+    rows, depth, cols = a.rows, a.cols, b.cols
+    if stage.kind == "head_matmul":
+        heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
+        groups = (b.rows // tokens) * heads
+        head_dim = b.cols // heads
+        if stage.attrs["mode"] == "qk":
+            rows, depth, cols = tokens, head_dim, tokens
+        else:
+            rows, depth, cols = tokens, tokens, head_dim
     return GemmShape(
         op=stage.index,
-        rows=a.rows,
-        depth=a.cols,
-        cols=b.shape[1],
+        rows=rows,
+        depth=depth,
+        cols=cols,
         a_itemsize=a.precision.itemsize,
         fp8=a.precision.is_fp8 and b.precision.is_fp8,
         chain=stage.chain,
         has_bias=stage.bias is not None,
+        groups=groups,
     )
 
 
@@ -91,12 +104,25 @@ def to_transfers(step: Exchange, target: Target) -> Transfers:
     return Transfers(target.tiles, step.src_tile, step.dst_offsets, step.dst_tile, step.words)
 
 
+def row_stage_cycles(program: Program, target: Target) -> int:
+    """The analytical cost of row and copy compute sets: the busiest call plus a sync."""
+    total = 0
+    for step in program.compute_sets():
+        families = {call.instance.family for call in step.calls}
+        if families & {"row", "copy"}:
+            total += max(call.instance.cost(target) for call in step.calls)
+            total += int(target.sync_cycles)
+    return total
+
+
 def refined_estimate(
-    plans: list[GemmPlan], program: Program, schedules: dict[int, Schedule], target: Target
+    plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule], target: Target
 ) -> dict[str, int]:
     """The compiler's cost: analytical compute plus the scheduled exchange horizons."""
-    compute = sum(p.estimated_cycles - p.exchange_cycles for p in plans)
-    analytical_exchange = sum(p.exchange_cycles for p in plans)
+    gemms = [p for p in plans if p is not None]
+    compute = sum(p.estimated_cycles - p.exchange_cycles for p in gemms)
+    compute += row_stage_cycles(program, target)
+    analytical_exchange = sum(p.exchange_cycles for p in gemms)
     overhead = int(target.exchange_fixed_cycles) + int(target.sync_cycles)
     scheduled = sum(s.horizon + overhead for s in schedules.values())
     return {
@@ -108,7 +134,9 @@ def refined_estimate(
     }
 
 
-def _finalists(candidates: list[list[GemmPlan]], count: int) -> list[list[GemmPlan]]:
+def _finalists(
+    candidates: list[list[GemmPlan | None]], count: int
+) -> list[list[GemmPlan | None]]:
     depth = max(len(c) for c in candidates)
     out = []
     for rank in range(min(count, depth)):
@@ -131,23 +159,26 @@ def compile_workload(
     with phase(LOG, "construct_mid"):
         graph, tensors = workload.build(params)
         stages = find_stages(graph)
-        candidates = []
+        candidates: list[list[GemmPlan | None]] = []
         for stage in stages:
+            if not isinstance(stage, GemmStage):
+                candidates.append([None])
+                continue
             with phase(LOG, "gemm_candidates", stage=stage.index):
                 found = gemm_candidates(stage_shape(graph, stage), target, keep=options.finalists)
             if not found:
                 raise CompileError(f"no GEMM tiling of stage {stage.index} fits {target.name}")
-            candidates.append(found)
+            candidates.append(list(found))
     with phase(LOG, "lower_mid"):
         finalists = _finalists(candidates, options.finalists)
         for index, plans in enumerate(finalists):
             event(
                 LOG, "retained operator-plan finalist", finalist=index,
                 values=len(graph.values), operations=len(graph.operations),
-                estimated_cycles=sum(p.estimated_cycles for p in plans),
-                estimated_exchange_cycles=sum(p.exchange_cycles for p in plans),
-                active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans) + "}",
-                plans="[" + "; ".join(p.describe() for p in plans) + "]",
+                estimated_cycles=sum(p.estimated_cycles for p in plans if p),
+                estimated_exchange_cycles=sum(p.exchange_cycles for p in plans if p),
+                active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans if p) + "}",
+                plans="[" + "; ".join(p.describe() for p in plans if p) + "]",
             )
     with phase(LOG, "select_finalist"):
         best = None
@@ -195,6 +226,12 @@ def compile_workload(
           support_bytes=int(support["total"].max()))
     with phase(LOG, "place_storage"):
         placement = place_storage(program, support["total"], target)
+    with phase(LOG, "write_memory_reports"):
+        reports = Path(out_dir) / "memory"
+        profile = write_memory_profile(reports / "memory-profile.json", program, placement,
+                                       target, scope="final")
+        write_placement_html(reports / "placement.html", program, placement, support, target,
+                             title=f"{workload.identifier(params)} tile placement")
     event(LOG, "costed final placed program", final_cycles=estimate["cycles"],
           final_exchange=estimate["scheduled_exchange_cycles"])
     with phase(LOG, "emit_tile_code"):
@@ -205,8 +242,9 @@ def compile_workload(
         "options": options.to_json(),
         "tensors": program.tensors,
         "estimate": estimate,
-        "plans": [p.describe() for p in plans],
-        "memory": _memory_summary(placement, support, target),
+        "plans": [p.describe() for p in plans if p],
+        "memory": {**_memory_summary(placement, support, target),
+                   "effective_peak_bytes": int(profile["effective_peak_bytes"])},
         **fragment,
     }
     path = Path(out_dir) / "model.ipuexe"
@@ -218,7 +256,7 @@ def compile_workload(
     active = np.unique(np.concatenate([b.tiles for b in program.buffers]))
     return CompileResult(
         package=path, graph=graph, tensors=tensors, estimate=estimate, timings=timings,
-        plans=[p.describe() for p in plans], peak_bytes=int(placement.peak_bytes.max()),
+        plans=[p.describe() for p in plans if p], peak_bytes=int(placement.peak_bytes.max()),
         active_tiles=len(active),
     )
 

@@ -110,6 +110,33 @@ def test_gemm_matches_float64_matmul_and_writes_only_its_output(
         np.testing.assert_array_equal(mem[t, ~written], before[t, ~written])
 
 
+def test_gemm_with_b_stored_transposed(fp8) -> None:
+    """``b_transposed``: B is stored [cols, depth] (keys of Q.K^T); the result is A @ B^T."""
+    rng = np.random.default_rng(17)
+    pa, pb = f143(-4), f143(-6)
+    rows, depth, cols = 6, 40, 10
+    a_pitch, b_pitch, out_pitch = 40, 40, 40
+    mem = fake_memory(2)
+    a = random_stored(rng, pa, (rows, depth))
+    bt = random_stored(rng, pb, (cols, depth))
+    put_matrix(mem, 1, 0, a_pitch, a)
+    put_matrix(mem, 1, 1024, b_pitch, bt)
+    before = mem.copy()
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "rows",
+                         b_transposed=True)
+    inst = KernelInstance("gemm", params)
+    assert inst.name == "gemm_f8_interleaved_bt_k40_c10_r1_r1"
+    assert (1, cols * b_pitch, False) in inst.impl.accesses(params)
+    inst.impl.run(params, mem, np.array([1]), [0, 1024, 4096])
+    av, bv = decode(pa, a, fp8), decode(pb, bt, fp8)
+    want = av @ bv.T
+    got = get_matrix(mem, 1, 4096, out_pitch, rows, cols, np.float32).astype(np.float64)
+    assert np.all(np.abs(got - want) <= 4 * depth * 2.0**-24 * (np.abs(av) @ np.abs(bv).T))
+    written = touched_mask(4096, out_pitch, rows, cols * 4)
+    np.testing.assert_array_equal(mem[1, ~written], before[1, ~written])
+    np.testing.assert_array_equal(mem[0], before[0])
+
+
 def test_gemm_cycles_hand_computed() -> None:
     # FP8, rows split: 1 column group x 1 depth group, 2 rows per worker:
     # worker = 17 + 1 x (27 + 4 x 2) = 52; tile = 50 + 6 x 52 = 362
@@ -175,7 +202,9 @@ def write_partials(
 ) -> dict[int, np.ndarray]:
     total = {}
     for t in tiles:
-        slices = [(rng.standard_normal((rows, cols)) * 1.5).astype(np.float32) for _ in range(parts)]
+        slices = [
+            (rng.standard_normal((rows, cols)) * 1.5).astype(np.float32) for _ in range(parts)
+        ]
         put_matrix(mem, t, own, pitch, slices[0])
         for k in range(1, parts):
             put_matrix(mem, t, recv + (k - 1) * rows * pitch, pitch, slices[k])
@@ -255,6 +284,19 @@ def test_reduce_single_part_without_bias_reads_no_received_slot() -> None:
     params = epilogue_params(1, rows, cols, pitch, [["round", F32.to_json()]], None, F32, 16)
     KernelInstance("reduce", params).impl.run(params, mem, np.array([0]), [400, 0, 0, 4000])
     np.testing.assert_array_equal(get_matrix(mem, 0, 4000, 16, rows, cols, np.float32), x)
+
+
+def test_reduce_scale_step_multiplies_then_rounds() -> None:
+    rows, cols, pitch = 2, 4, 16
+    mem = fake_memory(1)
+    x = np.array([[1.0, -2.5, 3.0, 0.1], [1000.0, 7.0, -0.3, 2.0]], dtype=np.float32)
+    put_matrix(mem, 0, 0, pitch, x)
+    chain = [["round", F32.to_json()], ["scale", F16.to_json(), 0.125]]
+    params = epilogue_params(1, rows, cols, pitch, chain, None, F16, 8)
+    assert KernelInstance("reduce", params).name == "reduce1_round_scale_f16_r2_c4"
+    KernelInstance("reduce", params).impl.run(params, mem, np.array([0]), [0, 0, 0, 512])
+    got = get_matrix(mem, 0, 512, 8, rows, cols, np.float16)
+    np.testing.assert_array_equal(got, (x.astype(np.float64) * 0.125).astype(np.float16))
 
 
 def test_reduce_cost_counts_parts_and_chain() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ipu_stack.ir.graph import GraphBuilder
+from ipu_stack.ir.graph import GraphBuilder, Operation
 from ipu_stack.ir.precision import F16, F32, f143
 from ipu_stack.ir.types import TensorType
 from ipu_stack.planning.gemm import GemmShape, cost_plan, gemm_candidates
-from ipu_stack.planning.stages import find_stages
+from ipu_stack.planning.stages import GemmStage, RowStage, find_stages
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import CompileError
 
@@ -104,9 +104,12 @@ def test_find_stages_fuses_bias_gelu_and_cast_into_the_matmul() -> None:
 
 
 def test_a_graph_output_ends_the_chain() -> None:
-    # "act" is an output: the chain stops there, so the cast after it cannot be fused
-    with pytest.raises(CompileError, match=r"operation 3 \(cast\) does not follow a matmul"):
-        find_stages(_mlp(with_output_mid=True))
+    # "act" is an output: the chain stops there, and the cast after it is a row stage
+    first, cast, second = find_stages(_mlp(with_output_mid=True))
+    assert isinstance(first, GemmStage) and isinstance(second, GemmStage)
+    assert [s[0] for s in first.chain] == ["round", "bias", "gelu_tanh"]
+    assert isinstance(cast, RowStage)
+    assert (cast.kind, cast.op, cast.inputs, cast.out) == ("cast", 3, (first.out,), second.a)
 
     b = GraphBuilder("g")
     x = b.input("x", TensorType((4, 32), F16))
@@ -120,15 +123,18 @@ def test_a_graph_output_ends_the_chain() -> None:
     assert first.out == act and second.a == act
 
 
-def test_unfusable_graphs_name_the_operation() -> None:
+def test_leading_elementwise_operation_is_a_row_stage() -> None:
     b = GraphBuilder("g")
     x = b.input("x", TensorType((4, 32), F16))
     w = b.weight("w", TensorType((32, 16), F16))
     y = b.op("gelu", [x], F16, "pre")
     b.output(b.op("matmul", [y, w], F16, "mm"))
-    with pytest.raises(CompileError, match=r"operation 0 \(gelu\) does not follow a matmul"):
-        find_stages(b.build())
+    row, gemm = find_stages(b.build())
+    assert isinstance(row, RowStage) and (row.kind, row.inputs, row.out) == ("gelu", (x,), y)
+    assert isinstance(gemm, GemmStage) and gemm.a == y and gemm.chain == (("round", F16.to_json()),)
 
+
+def test_unfusable_graphs_name_the_operation() -> None:
     b = GraphBuilder("g")
     x = b.input("x", TensorType((4, 32), F16))
     w = b.input("w", TensorType((32, 16), F16))
@@ -143,3 +149,8 @@ def test_unfusable_graphs_name_the_operation() -> None:
     b.output(b.op("gelu", [m], F16, "act", approximate="sigmoid"))
     with pytest.raises(CompileError, match="gelu approximate='sigmoid' is not tanh or none"):
         find_stages(b.build())
+
+    g = b.build()
+    g.operations[1] = Operation(1, "fft", (m,), g.operations[1].outputs)
+    with pytest.raises(CompileError, match=r"operation 1 \(fft\) has no lowering"):
+        find_stages(g)

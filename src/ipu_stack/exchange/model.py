@@ -82,8 +82,7 @@ class Transfers:
         """Build from Python lists (convenient for tests and small phases)."""
         if not (len(src) == len(dsts) == len(words)):
             raise ExchangeError(
-                f"transfer lists differ in length: src={len(src)} dst={len(dsts)} "
-                f"words={len(words)}"
+                f"transfer lists differ in length: src={len(src)} dst={len(dsts)} words={len(words)}"
             )
         offsets = np.zeros(len(dsts) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(d) for d in dsts], dtype=np.int64)

@@ -61,8 +61,7 @@ def _check_coverage(t: Transfers, transfer: np.ndarray, start: np.ndarray, words
     if short.size and (not over.size or short[0] < over[0]):
         i = int(short[0])
         raise ScheduleError(
-            f"uncovered word: transfer {i} word {int(covered[i])} of {int(t.words[i])} is "
-            "never sent"
+            f"uncovered word: transfer {i} word {int(covered[i])} of {int(t.words[i])} is never sent"
         )
     if over.size:
         i = int(over[0])

@@ -57,11 +57,62 @@ def _bias_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
     return x.shape
 
 
+def _layer_norm_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    x, gamma, beta = inputs
+    if gamma.shape != (x.cols,) or beta.shape != (x.cols,):
+        raise CompileError(f"layer_norm scale/shift must be [{x.cols}]")
+    if float(attrs.get("eps", 0)) <= 0:
+        raise CompileError("layer_norm needs a positive eps")
+    return x.shape
+
+
+def _add_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    x, y = inputs
+    if (x.rows, x.cols) != (y.rows, y.cols):
+        raise CompileError(f"add of {list(x.shape)} and {list(y.shape)}")
+    return x.shape
+
+
+def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    x, cos, sin = inputs
+    head_dim = int(attrs.get("head_dim", 0))
+    if head_dim <= 0 or head_dim % 2 or x.cols % head_dim:
+        raise CompileError(f"rope head_dim {head_dim} does not divide {x.cols} into pairs")
+    if cos.shape != (x.rows, head_dim // 2) or sin.shape != cos.shape:
+        raise CompileError(f"rope tables must be [{x.rows}, {head_dim // 2}]")
+    return x.shape
+
+
+def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``qk``: [B*T, H*d] x [B*T, H*d] -> [B*H*T, T]; ``pv``: [B*H*T, T] x [B*T, H*d] -> [B*T, H*d]."""
+    a, b = inputs
+    heads, tokens = int(attrs.get("heads", 0)), int(attrs.get("tokens", 0))
+    mode = attrs.get("mode")
+    if heads <= 0 or tokens <= 0 or b.rows % tokens or b.cols % heads:
+        raise CompileError("head_matmul needs heads and tokens that divide its operands")
+    batch = b.rows // tokens
+    if mode == "qk":
+        if a.rows != b.rows or a.cols != b.cols:
+            raise CompileError("head_matmul qk operands differ in shape")
+        return (batch * heads * tokens, tokens)
+    if mode == "pv":
+        if a.rows != batch * heads * tokens or a.cols != tokens:
+            raise CompileError("head_matmul pv probabilities have the wrong shape")
+        return (b.rows, b.cols)
+    raise CompileError(f"head_matmul mode {mode!r} is not qk or pv")
+
+
 OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]], tuple]]] = {
     "matmul": (2, _matmul_rule),
+    "head_matmul": (2, _head_matmul_rule),
     "bias_add": (2, _bias_rule),
     "gelu": (1, _same_shape_rule),
     "cast": (1, _same_shape_rule),
+    "scale": (1, _same_shape_rule),
+    "softmax": (1, _same_shape_rule),
+    "layer_norm": (3, _layer_norm_rule),
+    "add": (2, _add_rule),
+    "rope": (3, _rope_rule),
 }
 
 

@@ -38,9 +38,11 @@ def apply_chain(
 ) -> np.ndarray:
     """Apply the chain to F32 ``values`` (bias broadcast over rows), rounding after each step."""
     out = values.astype(np.float32, copy=False)
-    for kind, precision_json in chain:
-        precision = Precision.from_json(precision_json)
-        if kind == "bias":
+    for step in chain:
+        kind, precision = step[0], Precision.from_json(step[1])
+        if kind == "scale":
+            out = out * np.float32(step[2])
+        elif kind == "bias":
             if bias is None:
                 raise ValueError("bias step without a bias operand")
             out = out + bias.astype(np.float32)
@@ -57,8 +59,9 @@ def apply_chain(
 def chain_cost_per_element(chain: list[list[Any]]) -> float:
     """Worker cycles per element of a chain (each step ends with a conversion)."""
     cost = 0.0
-    for kind, _ in chain:
-        if kind == "bias":
+    for step in chain:
+        kind = step[0]
+        if kind in ("bias", "scale"):
             cost += VECTOR_COSTS["add_f32"].value
         elif kind in ("gelu_tanh", "gelu_erf"):
             cost += VECTOR_COSTS[kind].value

@@ -71,7 +71,8 @@ def _name(p: dict[str, Any]) -> str:
     else:
         lo, hi = _split(-(-p["cols"] // 16), workers)
         tail = f"r{p['rows']}_g{lo}_g{hi}"
-    return f"gemm_{kind}_interleaved_k{p['depth']}_c{p['cols']}_{tail}"
+    order = "_bt" if p.get("b_transposed") else ""
+    return f"gemm_{kind}_interleaved{order}_k{p['depth']}_c{p['cols']}_{tail}"
 
 
 def _cost(p: dict[str, Any], target: Target) -> int:
@@ -91,15 +92,20 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     for start in range(0, len(tiles), step):
         chunk = tiles[start : start + step]
         a = read_matrix(mem, chunk, a_addr, rows, depth, p["a_pitch"], pa.dtype)
-        b = read_matrix(mem, chunk, b_addr, depth, cols, p["b_pitch"], pb.dtype)
-        partial = np.matmul(pa.dequantize(a), pb.dequantize(b))
+        if p.get("b_transposed"):
+            b = read_matrix(mem, chunk, b_addr, cols, depth, p["b_pitch"], pb.dtype)
+            b_values = pb.dequantize(b).transpose(0, 2, 1)
+        else:
+            b = read_matrix(mem, chunk, b_addr, depth, cols, p["b_pitch"], pb.dtype)
+            b_values = pb.dequantize(b)
+        partial = np.matmul(pa.dequantize(a), b_values)
         write_rows(mem, chunk, out_addr, p["out_pitch"], partial.astype(np.float32).view(np.uint8))
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     return [
         (0, p["rows"] * p["a_pitch"], False),
-        (1, p["depth"] * p["b_pitch"], False),
+        (1, (p["cols"] if p.get("b_transposed") else p["depth"]) * p["b_pitch"], False),
         (2, p["rows"] * p["out_pitch"], True),
     ]
 
@@ -127,9 +133,14 @@ def gemm_params(
     b_pitch: int,
     out_pitch: int,
     split: str,
+    b_transposed: bool = False,
 ) -> dict[str, Any]:
-    """Parameters of one GEMM instance (valid extents and the pitches of the stored blocks)."""
+    """Parameters of one GEMM instance (valid extents and the pitches of the stored blocks).
+
+    ``b_transposed``: B is stored as ``[cols, depth]`` (the keys of ``Q.K^T``).
+    """
     return {
+        "b_transposed": bool(b_transposed),
         "a": a.to_json(),
         "b": b.to_json(),
         "rows": int(rows),

@@ -1,15 +1,21 @@
-"""Lower planned GEMM stages into buffers, compute sets, exchange phases and host streams.
+"""Lower planned stages into buffers, compute sets, exchange phases and host streams.
 
-Per stage (see ``planning.gemm``):
-1. exchange ``A`` from where its producer left it into ``[br, bk]`` blocks replicated over the
-   column groups (interleaved memory: an AMP operand);
+A tensor on the machine is a list of :class:`Piece` s, each a block layout of a rectangle of
+the tensor in one buffer (attention heads give one piece per head).  A GEMM stage of G
+groups (``head_matmul``: one group per image and head) runs every group on its own tiles:
+1. one exchange phase gathers every group's ``A`` blocks (replicated over column groups, in
+   interleaved memory: an AMP operand) and, when ``B`` is an activation, its ``B`` blocks;
 2. compute set ``gemm``: one AMP call per tile into an F32 partial;
 3. with depth splits, exchange ``reduce``: each tile sends the rows the other depth tiles
    finish; 4. compute set ``reduce``: sum, then the fused chain, into the stage output.
-Weights and biases are written by the host in ``initialize`` straight into their blocks.
+A row stage gathers its inputs into a row layout (whole rows spread over the tiles) unless
+they are already there, and runs one row kernel.  Weights are written by the host in
+``initialize`` straight into the blocks that use them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,15 +26,37 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.epilogue import epilogue_params
 from ipu_stack.kernels.gemm import gemm_params
+from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
 from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
 from ipu_stack.planning.gemm import GemmPlan
-from ipu_stack.planning.stages import GemmStage
+from ipu_stack.planning.stages import GemmStage, RowStage, Stage, chain_step
 from ipu_stack.target import MemoryClass, Target
+from ipu_stack.util.errors import CompileError
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The rectangle of a tensor at ``(row0, col0)`` held in ``layout`` in ``buffer``."""
+
+    row0: int
+    col0: int
+    layout: BlockLayout
+    buffer: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """One independent GEMM of a stage: where its operands and result sit in the tensors."""
+
+    a_origin: tuple[int, int]
+    b_origin: tuple[int, int]
+    out_origin: tuple[int, int]
+    tile_base: int
 
 
 def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -> BlockLayout:
-    """Where the host lands an input: whole rows spread evenly over the tiles."""
+    """Whole rows spread evenly over the tiles (host landing and row stages)."""
     row_block = -(-rows // target.tiles)
     blocks = -(-rows // row_block)
     spread = (np.arange(blocks, dtype=np.int64) * target.tiles) // blocks
@@ -39,6 +67,27 @@ def _group_calls(keys: dict[tuple, list[int]]) -> list[tuple[tuple, np.ndarray]]
     return [(key, np.array(sorted(tiles), dtype=np.int32)) for key, tiles in sorted(keys.items())]
 
 
+def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan) -> list[Group]:
+    """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``)."""
+    if stage.kind == "matmul":
+        return [Group((0, 0), (0, 0), (0, 0), 0)]
+    heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
+    value = graph.value(stage.b).type
+    batch, head_dim = value.rows // tokens, value.cols // heads
+    groups = []
+    for b in range(batch):
+        for h in range(heads):
+            g = b * heads + h
+            base = g * plan.tiles_used
+            if stage.attrs["mode"] == "qk":
+                groups.append(Group((b * tokens, h * head_dim), (b * tokens, h * head_dim),
+                                    (g * tokens, 0), base))
+            else:
+                groups.append(Group((g * tokens, 0), (b * tokens, h * head_dim),
+                                    (b * tokens, h * head_dim), base))
+    return groups
+
+
 class Lowering:
     """Builds a :class:`Program` stage by stage."""
 
@@ -46,27 +95,37 @@ class Lowering:
         self.graph = graph
         self.target = target
         self.program = Program()
-        self.where: dict[int, tuple[BlockLayout, int]] = {}
+        self.where: dict[int, list[Piece]] = {}
         for value in graph.values:
-            self.program.tensors[value.name] = {
-                "role": value.role,
-                **value.type.to_json(),
-            }
+            self.program.tensors[value.name] = {"role": value.role, **value.type.to_json()}
 
     def _matrix(self, value_id: int) -> tuple[int, int, Precision]:
         ttype = self.graph.value(value_id).type
         return ttype.rows, ttype.cols, ttype.precision
 
-    def land_inputs(self) -> None:
-        for value in self.graph.by_role("input"):
-            rows, cols, precision = self._matrix(value.id)
-            layout = landing_layout(rows, cols, precision, self.target)
-            buffer = self.program.add_buffer(
-                value.name, layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
-                f"input {value.name}: {value.type}",
-            )
-            self.program.run.append(HostWrite(value.name, layout, buffer))
-            self.where[value.id] = (layout, buffer)
+    def _name(self, value_id: int) -> str:
+        return self.graph.value(value_id).name
+
+    # ------------------------------------------------------------------ helpers
+    def gather(
+        self, builder: TransferBuilder, value_id: int, dst: BlockLayout, dst_buf: int,
+        origin: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Transfers filling ``dst`` (a window of the value at ``origin``) from its pieces."""
+        r0, c0 = origin
+        for piece in self.where[value_id]:
+            lay = piece.layout
+            if (piece.row0 >= r0 + dst.rows or r0 >= piece.row0 + lay.rows
+                    or piece.col0 >= c0 + dst.cols or c0 >= piece.col0 + lay.cols):
+                continue
+            add_layout_transfers(builder, self._name(value_id), lay, piece.buffer, dst, dst_buf,
+                                 (piece.row0, piece.col0), origin)
+
+    def emit_exchange(self, builder: TransferBuilder) -> None:
+        exchange = builder.build()
+        if exchange.transfers:
+            self.program.run.append(exchange)
+        self._local_copies(f"{builder.name}.copy", builder.local)
 
     def _local_copies(self, name: str, copies: list[LocalCopy]) -> None:
         if not copies:
@@ -87,62 +146,92 @@ class Lowering:
             )
         self.program.run.append(compute)
 
-    def stage(self, stage: GemmStage, plan: GemmPlan) -> None:
+    def _host_weight(self, value_id: int, layout: BlockLayout, memory_class: MemoryClass) -> int:
+        name = self._name(value_id)
+        buffer = self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
+                                         memory_class, f"weight {name}: {layout.describe()}")
+        self.program.initialize.append(HostWrite(name, layout, buffer))
+        return buffer
+
+    def land_inputs(self) -> None:
+        for value in self.graph.by_role("input"):
+            rows, cols, precision = self._matrix(value.id)
+            layout = landing_layout(rows, cols, precision, self.target)
+            buffer = self.program.add_buffer(
+                value.name, layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+                f"input {value.name}: {value.type}",
+            )
+            self.program.run.append(HostWrite(value.name, layout, buffer))
+            self.where[value.id] = [Piece(0, 0, layout, buffer)]
+
+    # ------------------------------------------------------------------ GEMM stages
+    def gemm_stage(self, stage: GemmStage, plan: GemmPlan) -> None:
         g = self.graph
-        m, k, a_prec = self._matrix(stage.a)
-        _, n, b_prec = self._matrix(stage.b)
+        a_prec = g.value(stage.a).type.precision
+        b_prec = g.value(stage.b).type.precision
         out_prec = g.value(stage.out).type.precision
+        m, k, n = plan.shape.rows, plan.shape.depth, plan.shape.cols
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         br, bk, bn, sub = plan.row_block, plan.depth_block, plan.col_block, plan.sub_rows
-        grid = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
+        transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+        groups = stage_groups(g, stage, plan)
+        local = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
+        grids = [local + group.tile_base for group in groups]
+        all_tiles = np.concatenate([grid.ravel() for grid in grids])
+        if all_tiles.max() >= self.target.tiles:
+            raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
         name = f"stage{stage.index}"
 
-        # 1. A operand: blocks (r, d) replicated over c, in interleaved memory.
-        a_layout = BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
+        # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
+        a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
+                     for grid in grids]
         a_buf = self.program.add_buffer(
-            f"{name}.a", a_layout.used_tiles(), a_layout.block_bytes, MemoryClass.INTERLEAVED,
-            f"{g.value(stage.a).name} as AMP left operand: {a_layout.describe()}",
+            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
+            f"{self._name(stage.a)} as AMP left operand: {a_layouts[0].describe()}",
         )
-        src_layout, src_buf = self.where[stage.a]
-        builder = TransferBuilder(f"{name}.a")
-        add_layout_transfers(builder, g.value(stage.a).name, src_layout, src_buf, a_layout, a_buf)
-        self.program.run.append(builder.build())
-        self._local_copies(f"{name}.a.copy", builder.local)
-
-        # Weights: blocks (d, c) replicated over r, written by the host once.
-        b_layout = BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
-        b_buf = self.program.add_buffer(
-            g.value(stage.b).name, b_layout.used_tiles(), b_layout.block_bytes,
-            MemoryClass.INTERLEAVED, f"weight {g.value(stage.b).name}: {b_layout.describe()}",
-        )
-        self.program.initialize.append(HostWrite(g.value(stage.b).name, b_layout, b_buf))
+        if transposed:
+            b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
+                         for grid in grids]
+        else:
+            b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
+                         for grid in grids]
+        builder = TransferBuilder(f"{name}.operands")
+        for group, a_layout in zip(groups, a_layouts, strict=True):
+            self.gather(builder, stage.a, a_layout, a_buf, group.a_origin)
+        if g.value(stage.b).role == "weight":
+            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.INTERLEAVED)
+        else:
+            b_buf = self.program.add_buffer(
+                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
+                f"{self._name(stage.b)} as AMP right operand: {b_layouts[0].describe()}",
+            )
+            for group, b_layout in zip(groups, b_layouts, strict=True):
+                self.gather(builder, stage.b, b_layout, b_buf, group.b_origin)
+        self.emit_exchange(builder)
 
         # 2. GEMM into F32 partials.
-        partial_pitch = round_up(bn * 4, 4)
+        partial_pitch = bn * 4
         p_buf = self.program.add_buffer(
-            f"{name}.partial", grid.ravel(), br * partial_pitch, MemoryClass.STANDARD,
-            f"F32 partial [{br}, {bn}] of {g.value(stage.out).name}",
+            f"{name}.partial", all_tiles, br * partial_pitch, MemoryClass.STANDARD,
+            f"F32 partial [{br}, {bn}] of {self._name(stage.out)}",
         )
-        rows_valid = a_layout.valid_rows()
-        depth_valid = a_layout.valid_cols()
-        cols_valid = b_layout.valid_cols()
-        groups: dict[tuple, list[int]] = {}
-        for r in range(r_n):
-            for c in range(c_n):
-                for d in range(d_n):
-                    key = (int(rows_valid[r]), int(depth_valid[d]), int(cols_valid[c]))
-                    groups.setdefault(key, []).append(int(grid[r, c, d]))
+        rows_valid = a_layouts[0].valid_rows()
+        depth_valid = a_layouts[0].valid_cols()
+        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
+        calls: dict[tuple, list[int]] = {}
+        for grid in grids:
+            for (r, c, d), tile in np.ndenumerate(grid):
+                key = (int(rows_valid[r]), int(depth_valid[d]), int(cols_valid[c]))
+                calls.setdefault(key, []).append(int(tile))
         compute = ComputeSet(f"{name}.gemm")
-        for (rows, depth, cols), tiles in _group_calls(groups):
+        for (rows, depth, cols), tiles in _group_calls(calls):
             if rows == 0:
                 continue
-            params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layout.pitch,
-                                 b_layout.pitch, partial_pitch, plan.split)
+            params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layouts[0].pitch,
+                                 b_layouts[0].pitch, partial_pitch, plan.split, transposed)
             zero = np.zeros(len(tiles), dtype=np.int64)
-            compute.calls.append(
-                Call(KernelInstance("gemm", params), tiles, [(a_buf, zero), (b_buf, zero),
-                                                             (p_buf, zero)])
-            )
+            compute.calls.append(Call(KernelInstance("gemm", params), tiles,
+                                      [(a_buf, zero), (b_buf, zero), (p_buf, zero)]))
         self.program.run.append(compute)
 
         # 3. Reduce-scatter of the partials over the depth tiles.
@@ -150,7 +239,7 @@ class Lowering:
         if d_n > 1:
             slot = sub * partial_pitch
             recv_buf = self.program.add_buffer(
-                f"{name}.received", grid.ravel(), (d_n - 1) * slot, MemoryClass.STANDARD,
+                f"{name}.received", all_tiles, (d_n - 1) * slot, MemoryClass.STANDARD,
                 f"{d_n - 1} received F32 partial slices [{sub}, {bn}]",
             )
             d_src, d_dst = np.meshgrid(np.arange(d_n), np.arange(d_n), indexing="ij")
@@ -158,71 +247,151 @@ class Lowering:
             d_src, d_dst = d_src[mask], d_dst[mask]
             slot_index = d_src - (d_src > d_dst)
             builder = TransferBuilder(f"{name}.reduce")
-            src_tiles = grid[:, :, d_src].reshape(-1)
-            dst_tiles = grid[:, :, d_dst].reshape(-1, 1)
             count = r_n * c_n
-            builder.add(src_tiles, p_buf, np.tile(d_dst * slot, count), slot // 4, dst_tiles,
-                        recv_buf, np.tile(slot_index * slot, count))
-            self.program.run.append(builder.build())
+            for grid in grids:
+                builder.add(grid[:, :, d_src].reshape(-1), p_buf, np.tile(d_dst * slot, count),
+                            slot // 4, grid[:, :, d_dst].reshape(-1, 1), recv_buf,
+                            np.tile(slot_index * slot, count))
+            self.emit_exchange(builder)
 
         # 4. Reduce + fused chain into the stage output.
-        out_layout = BlockLayout(
-            m, n, out_prec, sub, bn, grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy()
-        )
+        out_layouts = [
+            BlockLayout(m, n, out_prec, sub, bn,
+                        grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy())
+            for grid in grids
+        ]
         out_buf = self.program.add_buffer(
-            g.value(stage.out).name, out_layout.used_tiles(), out_layout.block_bytes,
-            MemoryClass.STANDARD, f"{g.value(stage.out).name}: {out_layout.describe()}",
+            self._name(stage.out), all_tiles, out_layouts[0].block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.out)}: {out_layouts[0].describe()}",
         )
         bias_buf, bias_prec = -1, None
         if stage.bias is not None:
             bias_prec = g.value(stage.bias).type.precision
-            bias_layout = BlockLayout(1, n, bias_prec, 1, bn,
-                                      grid.transpose(1, 0, 2).reshape(1, c_n, r_n * d_n).copy())
-            bias_buf = self.program.add_buffer(
-                g.value(stage.bias).name, bias_layout.used_tiles(), bias_layout.block_bytes,
-                MemoryClass.STANDARD, f"bias {g.value(stage.bias).name}",
+            bias_layout = BlockLayout(
+                1, n, bias_prec, 1, bn,
+                grids[0].transpose(1, 0, 2).reshape(1, c_n, r_n * d_n).copy(),
             )
-            self.program.initialize.append(
-                HostWrite(g.value(stage.bias).name, bias_layout, bias_buf)
-            )
-        sub_valid = out_layout.valid_rows()
-        groups = {}
-        for r in range(r_n):
-            for d in range(d_n):
-                for c in range(c_n):
-                    key = (int(sub_valid[r * d_n + d]), int(cols_valid[c]), d)
-                    groups.setdefault(key, []).append(int(grid[r, c, d]))
+            bias_buf = self._host_weight(stage.bias, bias_layout, MemoryClass.STANDARD)
+        sub_valid = out_layouts[0].valid_rows()
+        calls = {}
+        for grid in grids:
+            for (r, c, d), tile in np.ndenumerate(grid):
+                key = (int(sub_valid[r * d_n + d]), int(cols_valid[c]), d)
+                calls.setdefault(key, []).append(int(tile))
         compute = ComputeSet(f"{name}.reduce")
-        chain = [[kind, prec] for kind, prec in stage.chain]
-        for (rows, cols, d), tiles in _group_calls(groups):
+        chain = [list(step) for step in stage.chain]
+        for (rows, cols, d), tiles in _group_calls(calls):
             if rows == 0:
                 continue
             params = epilogue_params(d_n, rows, cols, partial_pitch, chain, bias_prec, out_prec,
-                                     out_layout.pitch)
+                                     out_layouts[0].pitch)
             ones = np.ones(len(tiles), dtype=np.int64)
-            compute.calls.append(
-                Call(KernelInstance("reduce", params), tiles, [
-                    (p_buf, ones * d * sub * partial_pitch),
-                    (recv_buf, ones * 0),
-                    (bias_buf, ones * 0),
-                    (out_buf, ones * 0),
-                ])
-            )
+            compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
+                (p_buf, ones * d * sub * partial_pitch), (recv_buf, ones * 0),
+                (bias_buf, ones * 0), (out_buf, ones * 0),
+            ]))
         self.program.run.append(compute)
-        self.where[stage.out] = (out_layout, out_buf)
+        self.where[stage.out] = [
+            Piece(group.out_origin[0], group.out_origin[1], layout, out_buf)
+            for group, layout in zip(groups, out_layouts, strict=True)
+        ]
+
+    # ------------------------------------------------------------------ row stages
+    def _in_row_layout(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
+                       what: str) -> int:
+        """A buffer holding ``value_id`` in ``layout``: reused if it is already there."""
+        pieces = self.where[value_id]
+        if len(pieces) == 1 and pieces[0].row0 == pieces[0].col0 == 0:
+            held = pieces[0].layout
+            if (held.row_block, held.col_block, held.precision) == (
+                layout.row_block, layout.col_block, layout.precision
+            ) and np.array_equal(held.tiles, layout.tiles):
+                return pieces[0].buffer
+        buffer = self.program.add_buffer(
+            f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(value_id)} in rows: {layout.describe()}",
+        )
+        self.gather(builder, value_id, layout, buffer)
+        return buffer
+
+    def row_stage(self, stage: RowStage) -> None:
+        g = self.graph
+        rows, cols, out_prec = self._matrix(stage.out)
+        x_prec = g.value(stage.inputs[0]).type.precision
+        base = landing_layout(rows, cols, x_prec, self.target)
+        name = f"stage{stage.index}"
+        builder = TransferBuilder(f"{name}.rows")
+        x_buf = self._in_row_layout(builder, stage.inputs[0], base, name)
+        aux = [-1, -1]
+        aux_prec, aux_pitch, extra = None, 0, {}
+        op = stage.kind
+        spread = base.tiles.reshape(1, 1, -1)
+        if op == "layer_norm":
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+            aux = [self._host_weight(i, shared, MemoryClass.STANDARD) for i in stage.inputs[1:]]
+            aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
+        elif op == "add":
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
+            aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")
+            aux_pitch = layout.pitch
+        elif op == "rope":
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            half = int(stage.attrs["head_dim"]) // 2
+            table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
+            aux = [self._host_weight(i, table, MemoryClass.STANDARD) for i in stage.inputs[1:]]
+            aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
+        elif op == "softmax":
+            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
+        else:
+            op_node = g.operations[stage.op]
+            extra = {"chain": [list(chain_step(g, op_node))]}
+            if op_node.kind == "bias_add":
+                aux_prec = g.value(stage.inputs[1]).type.precision
+                shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+                aux[0] = self._host_weight(stage.inputs[1], shared, MemoryClass.STANDARD)
+                aux_pitch = shared.pitch
+            op = "chain"
+        self.emit_exchange(builder)
+        out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
+        out_buf = self.program.add_buffer(
+            self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
+            MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
+        )
+        valid = base.valid_rows()
+        calls: dict[tuple, list[int]] = {}
+        for i, tile in enumerate(base.tiles.ravel()):
+            calls.setdefault((int(valid[i]),), []).append(int(tile))
+        compute = ComputeSet(f"{name}.{stage.kind}")
+        for (valid_rows,), tiles in _group_calls(calls):
+            params = row_params(op, valid_rows, cols, x_prec, base.pitch, out_prec,
+                                out_layout.pitch, aux_prec, aux_pitch, **extra)
+            zero = np.zeros(len(tiles), dtype=np.int64)
+            compute.calls.append(Call(KernelInstance("row", params), tiles,
+                                      [(x_buf, zero), (aux[0], zero), (aux[1], zero),
+                                       (out_buf, zero)]))
+        self.program.run.append(compute)
+        self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
 
     def read_outputs(self) -> None:
         for value in self.graph.by_role("output"):
-            layout, buffer = self.where[value.id]
-            self.program.run.append(HostRead(value.name, layout, buffer))
+            for piece in self.where[value.id]:
+                if (piece.row0, piece.col0) != (0, 0) or len(self.where[value.id]) != 1:
+                    raise CompileError(f"output {value.name} is split into pieces")
+                self.program.run.append(HostRead(value.name, piece.layout, piece.buffer))
 
 
-def lower(graph: Graph, plans: list[tuple[GemmStage, GemmPlan]], target: Target) -> Program:
+def lower(graph: Graph, plans: list[tuple[Stage, GemmPlan | None]], target: Target) -> Program:
     """The whole program for ``graph`` under the chosen stage plans."""
     lowering = Lowering(graph, target)
     lowering.land_inputs()
     for stage, plan in plans:
-        lowering.stage(stage, plan)
+        if isinstance(stage, GemmStage):
+            assert plan is not None
+            lowering.gemm_stage(stage, plan)
+        else:
+            lowering.row_stage(stage)
     lowering.read_outputs()
     program = lowering.program
     program.compute_lifetimes()

@@ -123,20 +123,32 @@ def add_layout_transfers(
     src_buf: int,
     dst: BlockLayout,
     dst_buf: int,
+    src_origin: tuple[int, int] = (0, 0),
+    dst_origin: tuple[int, int] = (0, 0),
 ) -> None:
-    """Transfers that fill every replica of every block of ``dst`` from ``src``."""
-    if (src.rows, src.cols) != (dst.rows, dst.cols) or src.precision != dst.precision:
-        raise CompileError(f"layout conversion of {what} changes shape or precision")
+    """Transfers that fill ``dst`` (every replica) with what ``src`` holds of it.
+
+    Both layouts cover windows of one tensor: ``src`` the rectangle at ``src_origin``,
+    ``dst`` the one at ``dst_origin`` (tensor coordinates).  Only the overlap is moved, so a
+    destination assembled from several source pieces takes one call per piece.
+    """
+    if src.precision != dst.precision:
+        raise CompileError(f"layout conversion of {what} changes precision")
     item = src.precision.itemsize
     s_rb, s_cb = src.row_block, src.col_block
+    (sr, sc), (dr, dc) = src_origin, dst_origin
     d_rows, d_cols = dst.grid
     for i in range(d_rows):
         for j in range(d_cols):
             r0, r1, c0, c1 = dst.block_extent(i, j)
+            # the block in source-local coordinates, clipped to the source window
+            r0, r1 = max(r0 + dr - sr, 0), min(r1 + dr - sr, src.rows)
+            c0, c1 = max(c0 + dc - sc, 0), min(c1 + dc - sc, src.cols)
             if r0 >= r1 or c0 >= c1:
                 continue
             replicas = dst.tiles[i, j]
             replicas = replicas[replicas >= 0]
+            block_col_end = min((j + 1) * dst.col_block, dst.cols) + dc - sc
             for si in range(r0 // s_rb, (r1 - 1) // s_rb + 1):
                 for sj in range(c0 // s_cb, (c1 - 1) // s_cb + 1):
                     rr0, rr1 = max(r0, si * s_rb), min(r1, (si + 1) * s_rb)
@@ -144,18 +156,18 @@ def add_layout_transfers(
                     source_replicas = src.tiles[si, sj]
                     source = int(source_replicas[(i + j) % len(source_replicas)])
                     s_col = (cc0 - sj * s_cb) * item
-                    d_col = (cc0 - j * dst.col_block) * item
+                    d_col = (cc0 + sc - dc - j * dst.col_block) * item
                     _check_aligned(s_col, what)
                     _check_aligned(d_col, what)
                     length = (cc1 - cc0) * item
-                    if length % WORD and cc1 != src.cols:
+                    if length % WORD and (cc1 != src.cols or cc1 != block_col_end):
                         raise CompileError(f"layout conversion of {what} splits a word")
                     length = round_up(length, WORD)
                     if length > src.pitch - s_col or length > dst.pitch - d_col:
                         raise CompileError(f"layout conversion of {what} overruns a row")
                     rows = np.arange(rr0, rr1, dtype=np.int64)
                     s_off = (rows - si * s_rb) * src.pitch + s_col
-                    d_off = (rows - i * dst.row_block) * dst.pitch + d_col
+                    d_off = (rows + sr - dr - i * dst.row_block) * dst.pitch + d_col
                     if length == src.pitch == dst.pitch:
                         # whole rows in both layouts: one contiguous transfer (merge_copies)
                         s_off, d_off = s_off[:1], d_off[:1]

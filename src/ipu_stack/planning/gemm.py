@@ -30,6 +30,7 @@ class GemmShape:
     fp8: bool
     chain: tuple = ()
     has_bias: bool = False
+    groups: int = 1
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,12 @@ def cost_plan(shape: GemmShape, r: int, c: int, d: int, target: Target) -> GemmP
 def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[GemmPlan]:
     """Enumerate tilings that use most of the machine; return the ``keep`` cheapest.
 
-    For each row and depth split, the column split is the largest that the tiles allow
-    (more columns only shrink the per-tile work); ties break towards fewer tiles.
+    A stage of ``groups`` independent GEMMs (attention heads) gives each group an equal
+    share of the tiles.  For each row and depth split, the column split is the largest that
+    the tiles allow (more columns only shrink the per-tile work); ties break towards fewer
+    tiles.
     """
-    tiles = target.tiles
+    tiles = target.tiles // shape.groups
     step = int(target.amp_f8_depth if shape.fp8 else target.amp_f16_depth)
     col_groups = -(-shape.cols // int(target.amp_out_columns))
     max_depth = -(-shape.depth // step)

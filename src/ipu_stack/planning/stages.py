@@ -1,9 +1,11 @@
-"""Fusion into stages: a matmul and the elementwise operations that follow it.
+"""Fusion into stages: GEMM stages (a matmul and the elementwise chain after it) and row stages.
 
-A GEMM stage is ``matmul`` followed by a chain of single-consumer elementwise operations
-(``bias_add`` with a weight bias, ``gelu``, ``cast``) that the reduce kernel applies while it
-finishes the partial sums.  Each fused operation keeps its own output precision: the chain
-rounds to it exactly where the graph does.
+A GEMM stage is ``matmul`` or ``head_matmul`` followed by single-consumer elementwise
+operations (``bias_add`` with a weight bias, ``gelu``, ``cast``, ``scale``) that the reduce
+kernel applies while it finishes the partial sums; each keeps its own output precision, so
+the chain rounds exactly where the graph does.  Every other operation (``layer_norm``,
+``softmax``, ``add``, ``rope`` and unfused elementwise operations) is a row stage: it needs
+whole rows, so its inputs are exchanged into a row layout first.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 from ipu_stack.ir.graph import Graph, Operation
 from ipu_stack.util.errors import CompileError
 
-ELEMENTWISE = ("bias_add", "gelu", "cast")
+ELEMENTWISE = ("bias_add", "gelu", "cast", "scale")
+ROW_OPS = ("layer_norm", "softmax", "add", "rope", *ELEMENTWISE)
 
 
 @dataclass(frozen=True)
@@ -26,11 +29,29 @@ class GemmStage:
     b: int
     bias: int | None
     out: int
-    chain: tuple[tuple[str, dict[str, Any]], ...]
+    chain: tuple[tuple[Any, ...], ...]
     operations: tuple[int, ...] = field(default=())
+    kind: str = "matmul"
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
-def _chain_step(graph: Graph, op: Operation) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class RowStage:
+    """One row-local operation on whole rows."""
+
+    index: int
+    op: int
+    kind: str
+    inputs: tuple[int, ...]
+    out: int
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+Stage = GemmStage | RowStage
+
+
+def chain_step(graph: Graph, op: Operation) -> tuple[Any, ...]:
+    """The epilogue/row-kernel step for one elementwise operation."""
     precision = graph.value(op.outputs[0]).type.precision.to_json()
     if op.kind == "bias_add":
         return ("bias", precision)
@@ -39,40 +60,50 @@ def _chain_step(graph: Graph, op: Operation) -> tuple[str, dict[str, Any]]:
         if approximate not in ("tanh", "none"):
             raise CompileError(f"gelu approximate={approximate!r} is not tanh or none")
         return ("gelu_tanh" if approximate == "tanh" else "gelu_erf", precision)
+    if op.kind == "scale":
+        return ("scale", precision, float(op.attrs["factor"]))
     return ("cast", precision)
 
 
-def find_stages(graph: Graph) -> list[GemmStage]:
-    """Group every operation into a GEMM stage, or say which one cannot be."""
+def _fuse_chain(graph: Graph, op: Operation, allow_bias: bool) -> tuple[list, list[int], int | None, int]:
+    chain: list[tuple[Any, ...]] = [("round", graph.value(op.outputs[0]).type.precision.to_json())]
+    ops = [op.id]
+    bias = None
+    current = op.outputs[0]
+    while graph.value(current).role != "output":
+        users = graph.consumers(current)
+        if len(users) != 1 or users[0].kind not in ELEMENTWISE:
+            break
+        user = users[0]
+        if user.kind == "bias_add":
+            if not allow_bias or bias is not None or graph.value(user.inputs[1]).role != "weight":
+                break
+            bias = user.inputs[1]
+        chain.append(chain_step(graph, user))
+        ops.append(user.id)
+        current = user.outputs[0]
+    return chain, ops, bias, current
+
+
+def find_stages(graph: Graph) -> list[Stage]:
+    """Group every operation into a stage, or say which one cannot be."""
     covered: set[int] = set()
-    stages: list[GemmStage] = []
+    stages: list[Stage] = []
     for op in graph.operations:
         if op.id in covered:
             continue
-        if op.kind != "matmul":
-            raise CompileError(
-                f"operation {op.id} ({op.kind}) does not follow a matmul; "
-                "standalone elementwise operations are not supported yet"
-            )
-        a, b = op.inputs
-        if graph.value(b).role != "weight":
-            raise CompileError(f"matmul {op.id}: right operand must be a weight")
-        chain = [("round", graph.value(op.outputs[0]).type.precision.to_json())]
-        ops = [op.id]
-        bias = None
-        current = op.outputs[0]
-        while graph.value(current).role != "output":
-            users = graph.consumers(current)
-            if len(users) != 1 or users[0].kind not in ELEMENTWISE:
-                break
-            user = users[0]
-            if user.kind == "bias_add":
-                if bias is not None or graph.value(user.inputs[1]).role != "weight":
-                    break
-                bias = user.inputs[1]
-            chain.append(_chain_step(graph, user))
-            ops.append(user.id)
-            current = user.outputs[0]
-        covered.update(ops)
-        stages.append(GemmStage(len(stages), a, b, bias, current, tuple(chain), tuple(ops)))
+        if op.kind in ("matmul", "head_matmul"):
+            a, b = op.inputs
+            if op.kind == "matmul" and graph.value(b).role != "weight":
+                raise CompileError(f"matmul {op.id}: right operand must be a weight")
+            chain, ops, bias, out = _fuse_chain(graph, op, allow_bias=op.kind == "matmul")
+            covered.update(ops)
+            stages.append(GemmStage(len(stages), a, b, bias, out, tuple(chain), tuple(ops),
+                                    op.kind, dict(op.attrs)))
+        elif op.kind in ROW_OPS:
+            covered.add(op.id)
+            stages.append(RowStage(len(stages), op.id, op.kind, op.inputs, op.outputs[0],
+                                   dict(op.attrs)))
+        else:
+            raise CompileError(f"operation {op.id} ({op.kind}) has no lowering")
     return stages

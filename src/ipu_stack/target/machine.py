@@ -164,4 +164,8 @@ VECTOR_COSTS: dict[str, Fact] = {
     "gelu_tanh": Fact(4.0, "assumed: 8 f32v2 instructions per pair (mul, mul, fma, tanh, ...)"),
     "gelu_erf": Fact(6.0, "assumed: erf by polynomial, 12 f32v2 instructions per pair"),
     "row_overhead": Fact(4.0, "assumed: pointer setup per row of a worker's slice"),
+    "layer_norm": Fact(3.0, "assumed: sum and sum of squares pass (1), normalise + affine (2)"),
+    "softmax": Fact(4.0, "assumed: max (0.5), exp (2.5), sum (0.5), scale (0.5)"),
+    "rope": Fact(2.0, "assumed: 2 f32v2 multiplies + 1 add per rotated pair"),
+    "add": Fact(1.0, "assumed: two loads, one f32v2 add, one store per pair"),
 }

@@ -1,0 +1,141 @@
+"""JSON instance/schedule files and the ``ipu-stack exchange`` commands.
+
+The formats are stable (other tools read them):
+``INSTANCE.json`` ``{"tiles": 1472, "transfers": [{"src": 3, "dst": [5, 9], "words": 12}]}``
+and ``SCHEDULE.json`` ``{"horizon": H, "lower_bound": L, "kind": "...", "chunks":
+[{"transfer": i, "start": c, "words": w}]}``.  Writes are atomic so a crashed run never leaves
+a half-written file that a later ``verify`` would misread; every malformed input becomes one
+:class:`ExchangeError` line naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.exchange.model import ExchangeError, Schedule, Transfers
+from ipu_stack.exchange.scheduler import schedule_exchange
+from ipu_stack.exchange.verify import verify_schedule
+from ipu_stack.util.files import write_text_atomic
+
+PathLike = str | os.PathLike[str]
+
+
+def _read_json(path: PathLike, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except OSError as exc:
+        raise ExchangeError(f"cannot read {what} {os.fspath(path)}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ExchangeError(f"malformed {what} JSON in {os.fspath(path)}: {exc}") from None
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ExchangeError(f"{where} must be an integer, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _field(obj: Any, key: str, where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise ExchangeError(f"{where} must be an object")
+    if key not in obj:
+        raise ExchangeError(f"{where} is missing field '{key}'")
+    return obj[key]
+
+
+def load_instance(path: PathLike) -> Transfers:
+    """Read and validate an INSTANCE.json."""
+    data = _read_json(path, "instance")
+    tiles = _int(_field(data, "tiles", "instance"), "tiles")
+    rows = _field(data, "transfers", "instance")
+    if not isinstance(rows, list):
+        raise ExchangeError("instance field 'transfers' must be a list")
+    src, dsts, words = [], [], []
+    for i, row in enumerate(rows):
+        where = f"transfer {i}"
+        src.append(_int(_field(row, "src", where), f"{where} src"))
+        dst = _field(row, "dst", where)
+        if not isinstance(dst, list):
+            raise ExchangeError(f"{where} dst must be a list of tiles")
+        dsts.append([_int(d, f"{where} dst") for d in dst])
+        words.append(_int(_field(row, "words", where), f"{where} words"))
+    t = Transfers.from_lists(tiles, src, dsts, words)
+    t.validate()
+    return t
+
+
+def save_instance(path: PathLike, t: Transfers) -> None:
+    """Write an INSTANCE.json atomically."""
+    offsets = t.dst_offsets.tolist()
+    dst = t.dst.tolist()
+    rows = [
+        {"src": s, "dst": dst[offsets[i] : offsets[i + 1]], "words": w}
+        for i, (s, w) in enumerate(zip(t.src.tolist(), t.words.tolist(), strict=True))
+    ]
+    write_text_atomic(path, json.dumps({"tiles": t.tiles, "transfers": rows}) + "\n")
+
+
+def load_schedule(path: PathLike) -> Schedule:
+    """Read a SCHEDULE.json (structure only; ``verify_schedule`` judges it)."""
+    data = _read_json(path, "schedule")
+    horizon = _int(_field(data, "horizon", "schedule"), "horizon")
+    bound = _int(_field(data, "lower_bound", "schedule"), "lower_bound")
+    kind = _field(data, "kind", "schedule")
+    if not isinstance(kind, str):
+        raise ExchangeError("schedule field 'kind' must be a string")
+    chunks = _field(data, "chunks", "schedule")
+    if not isinstance(chunks, list):
+        raise ExchangeError("schedule field 'chunks' must be a list")
+    cols: dict[str, list[int]] = {"transfer": [], "start": [], "words": []}
+    for k, chunk in enumerate(chunks):
+        for key, col in cols.items():
+            col.append(_int(_field(chunk, key, f"chunk {k}"), f"chunk {k} {key}"))
+    return Schedule(
+        horizon=horizon,
+        lower_bound=bound,
+        kind=kind,
+        chunk_transfer=np.asarray(cols["transfer"], dtype=np.int64),
+        chunk_start=np.asarray(cols["start"], dtype=np.int64),
+        chunk_words=np.asarray(cols["words"], dtype=np.int64),
+    )
+
+
+def save_schedule(path: PathLike, s: Schedule) -> None:
+    """Write a SCHEDULE.json atomically."""
+    chunks = [
+        {"transfer": i, "start": c, "words": w}
+        for i, c, w in zip(
+            s.chunk_transfer.tolist(), s.chunk_start.tolist(), s.chunk_words.tolist(), strict=True
+        )
+    ]
+    data = {"horizon": s.horizon, "lower_bound": s.lower_bound, "kind": s.kind, "chunks": chunks}
+    write_text_atomic(path, json.dumps(data) + "\n")
+
+
+def schedule_command(instance_path: str, out_path: str) -> int:
+    """``ipu-stack exchange schedule INSTANCE.json -o SCHEDULE.json``: one summary line."""
+    t = load_instance(instance_path)
+    began = time.perf_counter()
+    s = schedule_exchange(t)
+    seconds = time.perf_counter() - began
+    save_schedule(out_path, s)
+    print(
+        f"scheduled horizon={s.horizon} lower_bound={s.lower_bound} ratio={s.ratio:.4f} "
+        f"chunks={s.chunks} kind={s.kind} seconds={seconds:.3f}"
+    )
+    return 0
+
+
+def verify_command(instance_path: str, schedule_path: str) -> int:
+    """``ipu-stack exchange verify INSTANCE.json SCHEDULE.json``: raises ScheduleError."""
+    t = load_instance(instance_path)
+    s = load_schedule(schedule_path)
+    verify_schedule(t, s)
+    print(f"valid horizon={s.horizon} lower_bound={s.lower_bound}")
+    return 0

@@ -1,0 +1,147 @@
+"""Strategy selection, schedule reuse and the reference log lines for one exchange phase.
+
+Unicast phases go to the exact scheduler (``full-duplex``: every port sends and receives at
+once, finishing at the endpoint bound).  Phases with multicasts are list scheduled with two
+priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the count
+of candidates that beat the first is logged as ``neighborhood_improvements``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound
+from ipu_stack.exchange.multicast import schedule_multicast
+from ipu_stack.exchange.unicast import schedule_unicast
+from ipu_stack.util.log import event
+
+logger = logging.getLogger("ipu_stack.exchange")
+
+LARGE_PHASE = 1000
+BALANCED_LIMIT = 200_000  # run the second multicast priority only below this many transfers
+
+
+def _level(t: Transfers) -> int:
+    return logging.INFO if t.count >= LARGE_PHASE else logging.DEBUG
+
+
+def _candidates(t: Transfers, bound: int) -> list[Schedule]:
+    if t.is_unicast():
+        transfer, start, words, _ = schedule_unicast(t, bound)
+        return [Schedule.from_chunks(bound, "full-duplex", transfer, start, words)]
+    out = []
+    for kind, balanced in (("compact-streams", False), ("balanced-compact-streams", True)):
+        if balanced and t.count > BALANCED_LIMIT:
+            break
+        transfer, start, words = schedule_multicast(t, balanced)
+        out.append(Schedule.from_chunks(bound, kind, transfer, start, words))
+    return out
+
+
+def _paired_candidate(t: Transfers, bound: int) -> Schedule:
+    """List schedule with multicasts that reach both tiles of a pair ``{2k, 2k+1}`` first.
+
+    Paired tiles share an exchange bus, so receptions both halves of a pair take are best
+    kept together; this candidate breaks priority ties in their favour.  The port model is
+    unchanged, so the result is verified exactly like any other schedule.
+    """
+    owner = t.dst_transfer()
+    key = owner * np.int64(t.tiles) + (t.dst // 2)
+    order = np.sort(key)
+    both = np.zeros(t.count, dtype=np.int64)
+    np.add.at(both, order[1:][order[1:] == order[:-1]] // t.tiles, 1)
+    perm = np.argsort(-both, kind="stable")
+    fan = t.fanout[perm]
+    offsets = np.zeros(t.count + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(fan)
+    idx = np.repeat(t.dst_offsets[perm] - offsets[:-1], fan) + np.arange(offsets[-1])
+    view = Transfers(t.tiles, t.src[perm], offsets, t.dst[idx], t.words[perm])
+    best = min(_candidates(view, bound), key=lambda s: (s.horizon, s.chunks))
+    return Schedule.from_chunks(
+        bound, "paired", perm[best.chunk_transfer], best.chunk_start, best.chunk_words
+    )
+
+
+def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = False) -> Schedule:
+    """Schedule one phase (validated first); the result always passes ``verify_schedule``."""
+    t.validate()
+    bound = endpoint_lower_bound(t)
+    level = _level(t)
+    if phase is not None and t.count >= LARGE_PHASE:
+        event(
+            logger,
+            "prepared large physical exchange phase",
+            level,
+            phase=phase,
+            transfers=t.count,
+            maximum_identical_destinations=int(t.fanout.max()),
+        )
+    candidates = _candidates(t, bound)
+    initial = candidates[0]
+    best = min(candidates, key=lambda s: (s.horizon, s.chunks))
+    improvements = sum(1 for s in candidates[1:] if s.horizon < initial.horizon)
+    if paired and not t.is_unicast():
+        paired_best = _paired_candidate(t, bound)
+        use_paired = paired_best.horizon < best.horizon
+        if phase is not None:
+            event(
+                logger,
+                "compared ordinary and paired exchange schedules",
+                level,
+                phase=phase,
+                candidates=len(candidates) + 1,
+                ordinary_horizon=best.horizon,
+                paired_horizon=paired_best.horizon,
+                use_paired=use_paired,
+            )
+        if use_paired:
+            best = paired_best
+    if phase is not None:
+        event(
+            logger,
+            "optimized physical exchange schedule",
+            level,
+            phase=phase,
+            initial_horizon=initial.horizon,
+            selected_horizon=best.horizon,
+            endpoint_lower_bound=bound,
+            lower_bound_gap=best.horizon - bound,
+            selected_kind=best.kind,
+            neighborhood_improvements=improvements,
+        )
+    return best
+
+
+def _same_shape(a: Transfers, b: Transfers) -> bool:
+    """Same transfers in the same order: source, destination set and words (addresses may
+    differ, and destinations may be listed in another order)."""
+    if a.tiles != b.tiles or a.count != b.count:
+        return False
+    if not (np.array_equal(a.src, b.src) and np.array_equal(a.words, b.words)):
+        return False
+    if not np.array_equal(a.dst_offsets, b.dst_offsets):
+        return False
+    owner = a.dst_transfer()
+    return bool(np.array_equal(a.dst[np.lexsort((a.dst, owner))], b.dst[np.lexsort((b.dst, owner))]))
+
+
+def reuse_schedule(
+    old_t: Transfers, old_s: Schedule, new_t: Transfers, *, phase: int | None = None
+) -> Schedule | None:
+    """Reuse ``old_s`` for relocated rows: same transfers, only addresses changed.
+
+    Port occupancy depends only on (source, destination set, words) per transfer, so when
+    those match the old schedule is valid as it stands and rescheduling would be wasted work.
+    """
+    if not _same_shape(old_t, new_t):
+        return None
+    if phase is not None:
+        event(
+            logger,
+            "reused exchange optimization after validating relocated rows",
+            _level(new_t),
+            phase=phase,
+        )
+    return old_s.with_kind("reused")

@@ -1,0 +1,161 @@
+"""Row kernels: operations that need whole rows (layer norm, softmax) or pair rows of two
+tensors (residual add, RoPE), plus unfused elementwise chains, on a tile's block of rows.
+
+Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
+``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile);
+``add``: the second addend (same block shape as ``x``); ``rope``: cos and sin tables
+(``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
+chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
+precision once (the chain rounds after each of its steps).
+Cost: worker cycles per element from ``target.VECTOR_COSTS`` (assumed, see there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.precision import Precision
+from ipu_stack.kernels.base import KernelFamily, read_matrix, register, write_rows
+from ipu_stack.kernels.elementwise import apply_chain, chain_cost_per_element
+from ipu_stack.target import Target
+from ipu_stack.target.machine import VECTOR_COSTS
+
+
+def _name(p: dict[str, Any]) -> str:
+    op = p["op"] if p["op"] != "chain" else "_".join(s[0] for s in p["chain"])
+    return f"row_{op}_r{p['rows']}_c{p['cols']}"
+
+
+def _per_element(p: dict[str, Any]) -> float:
+    base = VECTOR_COSTS["load_store"].value + VECTOR_COSTS["convert"].value
+    if p["op"] == "chain":
+        return base + chain_cost_per_element(p["chain"])
+    return base + VECTOR_COSTS[p["op"]].value
+
+
+def _cost(p: dict[str, Any], target: Target) -> int:
+    elements = p["rows"] * p["cols"]
+    if elements == 0:
+        return 0
+    workers = target.workers
+    worker_rows = -(-p["rows"] // workers)
+    worker = (
+        int(target.worker_entry_cycles)
+        + int(np.ceil(worker_rows * p["cols"] * _per_element(p)))
+        + int(worker_rows * VECTOR_COSTS["row_overhead"].value)
+    )
+    return int(target.amp_supervisor_cycles) + workers * worker
+
+
+def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarray:
+    precision = Precision.from_json(precision_json)
+    stored = read_matrix(mem, tiles, address, rows, cols, pitch, precision.dtype)
+    return precision.dequantize(stored)
+
+
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
+    """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``)."""
+    shape = x.shape
+    pairs = x.reshape(*shape[:-1], shape[-1] // head_dim, head_dim // 2, 2)
+    c = cos[..., None, :]
+    s = sin[..., None, :]
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = np.stack([even * c - odd * s, even * s + odd * c], axis=-1)
+    return out.reshape(shape).astype(np.float32)
+
+
+def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> None:
+    x_addr, aux0, aux1, out_addr = addresses
+    rows, cols, op = p["rows"], p["cols"], p["op"]
+    x = _matrix(mem, tiles, x_addr, rows, cols, p["x_pitch"], p["x"])
+    if op == "layer_norm":
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        beta = _matrix(mem, tiles, aux1, 1, cols, p["aux_pitch"], p["aux"])
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        result = (x - mean) / np.sqrt(var + np.float32(p["eps"])) * gamma + beta
+    elif op == "softmax":
+        shifted = x * np.float32(p["scale"])
+        shifted = shifted - shifted.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        result = e / e.sum(axis=-1, keepdims=True)
+    elif op == "add":
+        y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
+        result = x + y
+    elif op == "rope":
+        half = p["head_dim"] // 2
+        cos = _matrix(mem, tiles, aux0, rows, half, p["aux_pitch"], p["aux"])
+        sin = _matrix(mem, tiles, aux1, rows, half, p["aux_pitch"], p["aux"])
+        result = rope_rotate(x, cos, sin, p["head_dim"])
+    elif op == "chain":
+        bias = None
+        if p.get("aux") is not None:
+            bias = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        result = apply_chain(x, p["chain"], bias)
+    else:
+        raise ValueError(f"unknown row operation {op!r}")
+    out = Precision.from_json(p["out"])
+    write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
+
+
+def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    x = Precision.from_json(p["x"])
+    out = Precision.from_json(p["out"])
+    rows, cols = p["rows"], p["cols"]
+    result = [
+        (0, (rows - 1) * p["x_pitch"] + cols * x.itemsize, False),
+        (3, (rows - 1) * p["out_pitch"] + cols * out.itemsize, True),
+    ]
+    if p.get("aux") is not None:
+        item = Precision.from_json(p["aux"]).itemsize
+        if p["op"] in ("layer_norm", "chain"):
+            extent = cols * item
+        elif p["op"] == "rope":
+            extent = (rows - 1) * p["aux_pitch"] + p["head_dim"] // 2 * item
+        else:
+            extent = (rows - 1) * p["aux_pitch"] + cols * item
+        result.append((1, extent, False))
+        if p["op"] in ("layer_norm", "rope"):
+            result.append((2, extent, False))
+    return result
+
+
+ROWWISE = register(
+    KernelFamily(
+        name="row",
+        source="kernels/rowwise.py (f32v2 row loops)",
+        code_bytes=640,
+        make_name=_name,
+        cost=_cost,
+        run=_run,
+        accesses=_accesses,
+    )
+)
+
+
+def row_params(
+    op: str,
+    rows: int,
+    cols: int,
+    x: Precision,
+    x_pitch: int,
+    out: Precision,
+    out_pitch: int,
+    aux: Precision | None = None,
+    aux_pitch: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "op": op,
+        "rows": int(rows),
+        "cols": int(cols),
+        "x": x.to_json(),
+        "x_pitch": int(x_pitch),
+        "out": out.to_json(),
+        "out_pitch": int(out_pitch),
+        "aux": None if aux is None else aux.to_json(),
+        "aux_pitch": int(aux_pitch),
+        **extra,
+    }

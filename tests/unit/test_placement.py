@@ -1,0 +1,137 @@
+"""Storage placement: no live overlap, memory classes, alignment, support region, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipu_stack.lowering.program import Program
+from ipu_stack.memory.placement import place_storage
+from ipu_stack.target import IPU21, MemoryClass
+from ipu_stack.util.errors import PlacementError
+
+BASE = 0x4C000
+END = 949168
+INTERLEAVED = 0x80000
+STD, ILV = MemoryClass.STANDARD, MemoryClass.INTERLEAVED
+
+
+def program_with(buffers: list[tuple[list[int], int, MemoryClass, int, int]]) -> Program:
+    program = Program()
+    for n, (tiles, nbytes, cls, first, last) in enumerate(buffers):
+        bid = program.add_buffer(f"buf{n}", np.array(tiles), nbytes, cls, f"test buffer {n}")
+        program.buffers[bid].first, program.buffers[bid].last = first, last
+    return program
+
+
+def check_invariants(program: Program, placement, support: np.ndarray) -> None:
+    addresses = placement.addresses
+    for b in program.buffers:
+        on = np.zeros(IPU21.tiles, dtype=bool)
+        on[b.tiles] = True
+        assert np.all(addresses[b.id, ~on] == -1), f"{b.name} placed on a tile it is not on"
+        assert np.all(addresses[b.id, on] >= 0), f"{b.name} not placed"
+    for tile in np.unique(np.concatenate([b.tiles for b in program.buffers])):
+        here = [b for b in program.buffers if addresses[b.id, tile] >= 0]
+        for b in here:
+            lo = int(addresses[b.id, tile])
+            hi = lo + b.nbytes
+            assert lo >= BASE + support[tile], "overlaps the support region"
+            assert hi <= END, "runs past the end of tile memory"
+            if b.memory_class is ILV:
+                assert lo >= INTERLEAVED and lo % 32 == 0
+            else:
+                assert lo % 8 == 0
+        for x in here:
+            for y in here:
+                if x.id >= y.id or not (x.first <= y.last and y.first <= x.last):
+                    continue
+                xl, yl = int(addresses[x.id, tile]), int(addresses[y.id, tile])
+                assert xl + x.nbytes <= yl or yl + y.nbytes <= xl, (
+                    f"tile {tile}: live {x.name} and {y.name} overlap"
+                )
+
+
+def test_random_programs_place_without_live_overlap() -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(4):
+        specs = []
+        for _ in range(int(rng.integers(5, 14))):
+            tiles = sorted(rng.choice(24, size=int(rng.integers(1, 8)), replace=False).tolist())
+            first = int(rng.integers(0, 10))
+            last = first + int(rng.integers(0, 5))
+            cls = ILV if rng.random() < 0.4 else STD
+            specs.append((tiles, int(rng.integers(1, 30000)), cls, first, last))
+        program = program_with(specs)
+        support = np.zeros(IPU21.tiles, dtype=np.int64)
+        support[:24] = rng.integers(1, 40, 24) * 32
+        placement = place_storage(program, support, IPU21)
+        check_invariants(program, placement, support)
+
+
+def test_standard_below_interleaved_and_dead_bytes_are_reused() -> None:
+    support = np.full(IPU21.tiles, 8192, dtype=np.int64)
+    program = program_with(
+        [
+            ([7], 150_000, STD, 0, 1),
+            ([7], 150_000, STD, 2, 3),  # dead while the first is live: may share its bytes
+            ([7], 40_000, ILV, 0, 3),
+            ([7, 8], 1000, STD, 0, 3),
+        ]
+    )
+    placement = place_storage(program, support, IPU21)
+    check_invariants(program, placement, support)
+    a = placement.addresses[:, 7]
+    assert a[0] == a[1] == BASE + 8192  # lowest free aligned address, reused
+    assert a[2] == INTERLEAVED
+    assert BASE + 8192 + 150_000 <= a[3] < INTERLEAVED
+    assert placement.addresses[3, 8] == BASE + 8192  # tile 8 has a different signature
+    # peak: support + the most bytes live at once (150000 + 40000 + 1000)
+    assert placement.peak_bytes[7] == 8192 + 191_000
+    assert placement.peak_bytes[8] == 8192 + 1000
+    np.testing.assert_array_equal(placement.address(-1, np.array([7, 8])), [0, 0])
+
+
+def test_standard_buffer_spills_above_interleaved_base_when_it_must() -> None:
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    program = program_with([([0], 200_000, STD, 0, 0), ([0], 100_000, STD, 0, 0)])
+    placement = place_storage(program, support, IPU21)
+    check_invariants(program, placement, support)
+    assert placement.addresses[0, 0] == BASE
+    # only 12992 bytes remain below 0x80000: the second goes to the first free place anywhere
+    assert placement.addresses[1, 0] == BASE + 200_000
+    assert placement.addresses[1, 0] + 100_000 > INTERLEAVED
+
+
+def test_placement_failure_names_tile_class_and_size() -> None:
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    program = program_with([([736, 737], 700_000, STD, 0, 0)])
+    with pytest.raises(
+        PlacementError,
+        match="placement failed: tile 736 has insufficient Ipu21Standard SRAM for 700000 bytes",
+    ) as info:
+        place_storage(program, support, IPU21)
+    assert "value='buf0'" in info.value.details
+    assert "type=test buffer 0" in info.value.details
+    assert "alignment=8" in info.value.details
+
+
+def test_interleaved_failure_when_only_standard_memory_is_free() -> None:
+    support = np.full(IPU21.tiles, 1024, dtype=np.int64)
+    # 424880 bytes exist at or above 0x80000; 500000 would fit overall but not there
+    program = program_with([([3], 500_000, ILV, 0, 0)])
+    with pytest.raises(
+        PlacementError,
+        match="placement failed: tile 3 has insufficient Ipu21Interleaved SRAM for 500000 bytes",
+    ):
+        place_storage(program, support, IPU21)
+
+
+def test_live_buffers_that_together_overflow_fail_but_fit_when_lifetimes_split() -> None:
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    both_live = program_with([([9], 400_000, STD, 0, 2), ([9], 300_000, STD, 1, 3)])
+    with pytest.raises(PlacementError, match="tile 9 has insufficient Ipu21Standard SRAM"):
+        place_storage(both_live, support, IPU21)
+    disjoint = program_with([([9], 400_000, STD, 0, 1), ([9], 300_000, STD, 2, 3)])
+    placement = place_storage(disjoint, support, IPU21)
+    check_invariants(disjoint, placement, support)
