@@ -37,6 +37,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{name}", type=kind, default=None, help=help_text)
     parser.add_argument("--target", default="ipu21")
     parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="checkpoint every intermediate stage result (256 samples each)")
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
 
 
@@ -108,7 +110,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         raise UsageError("--finalists must be at least 1")
     defaults = CompileOptions()
     return CompileOptions(
-        target=args.target, finalists=args.finalists,
+        target=args.target, finalists=args.finalists, diagnostics=args.diagnostics,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
     )
 

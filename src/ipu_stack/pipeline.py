@@ -45,9 +45,11 @@ class CompileOptions:
     target: str = "ipu21"
     finalists: int = 3
     cache_dir: str | None = str(default_cache_dir())
+    diagnostics: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "finalists": self.finalists}
+        return {"target": self.target, "finalists": self.finalists,
+                "diagnostics": self.diagnostics}
 
 
 @dataclass
@@ -183,7 +185,8 @@ def compile_workload(
     with phase(LOG, "select_finalist"):
         best = None
         for index, plans in enumerate(finalists):
-            program = lower(graph, list(zip(stages, plans, strict=True)), target)
+            program = lower(graph, list(zip(stages, plans, strict=True)), target,
+                            diagnostics=options.diagnostics)
             schedules = schedule_program(program, target)
             estimate = refined_estimate(plans, program, schedules, target)
             event(

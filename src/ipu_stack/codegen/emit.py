@@ -43,7 +43,12 @@ def _host_step(
     tiles = step.layout.tiles
     flat = tiles.ravel()
     addresses = np.where(flat >= 0, placement.addresses[step.buffer, np.maximum(flat, 0)], -1)
+    extra = {}
+    if isinstance(step, HostRead):
+        extra = {"origin": list(step.origin), "checkpoint": step.checkpoint,
+                 "operation": step.operation}
     return {
+        **extra,
         "kind": "host_write" if isinstance(step, HostWrite) else "host_read",
         "tensor": step.tensor,
         "layout": step.layout.to_json(),

@@ -48,7 +48,7 @@ class CallReport:
     phases: int = 0
     tile_busy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
@@ -173,7 +173,7 @@ class SimulatedIpu:
             if kind == "host_write":
                 report.host_bytes += self._host_write(step, tensors)
             elif kind == "host_read":
-                report.outputs[step["tensor"]] = self._host_read(step)
+                self._collect(report, step, self._host_read(step))
             elif kind == "compute":
                 busy = self._compute(step)
                 report.compute_cycles += int(busy.max()) if busy.size else 0
@@ -212,6 +212,28 @@ class SimulatedIpu:
             sel = a == address
             self.memory[t[sel], address : address + nbytes] = flat_blocks[b[sel]]
         return int(valid.sum()) * nbytes
+
+    def _collect(self, report: CallReport, step: dict, piece: np.ndarray) -> None:
+        """Place a read piece into its tensor (outputs and checkpoints may come in pieces)."""
+        assert self.package is not None
+        name = step["tensor"]
+        info = self.package.manifest["tensors"][name]
+        shape = info["shape"]
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        cols = int(shape[-1])
+        checkpoint = step.get("checkpoint")
+        if checkpoint is None:
+            target = report.outputs.setdefault(name, np.full((rows, cols), np.nan, np.float32))
+        else:
+            entry = report.checkpoints.setdefault(int(checkpoint), {
+                "tensor": name, "operation": step.get("operation"),
+                "values": np.full((rows, cols), np.nan, np.float32),
+            })
+            target = entry["values"]
+        r0, c0 = (int(v) for v in step.get("origin", [0, 0]))
+        if r0 < 0 or c0 < 0 or r0 + piece.shape[0] > rows or c0 + piece.shape[1] > cols:
+            raise PackageError(f"host read of {name} at {r0},{c0} lies outside the tensor")
+        target[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] = piece
 
     def _host_read(self, step: dict) -> np.ndarray:
         tiles = self._array(step["tiles"])[:, :, :1]

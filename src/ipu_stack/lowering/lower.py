@@ -183,6 +183,8 @@ class Lowering:
         name = f"stage{stage.index}"
 
         # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
+        # Only A, the operand the AMP streams with 128-bit loads, needs interleaved memory;
+        # B is loaded into the AMP engines with 64-bit loads from anywhere (target.py).
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
         a_buf = self.program.add_buffer(
@@ -199,10 +201,10 @@ class Lowering:
         for group, a_layout in zip(groups, a_layouts, strict=True):
             self.gather(builder, stage.a, a_layout, a_buf, group.a_origin)
         if g.value(stage.b).role == "weight":
-            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.INTERLEAVED)
+            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.STANDARD)
         else:
             b_buf = self.program.add_buffer(
-                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
+                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.STANDARD,
                 f"{self._name(stage.b)} as AMP right operand: {b_layouts[0].describe()}",
             )
             for group, b_layout in zip(groups, b_layouts, strict=True):
@@ -377,21 +379,39 @@ class Lowering:
     def read_outputs(self) -> None:
         for value in self.graph.by_role("output"):
             for piece in self.where[value.id]:
-                if (piece.row0, piece.col0) != (0, 0) or len(self.where[value.id]) != 1:
-                    raise CompileError(f"output {value.name} is split into pieces")
-                self.program.run.append(HostRead(value.name, piece.layout, piece.buffer))
+                self.program.run.append(HostRead(value.name, piece.layout, piece.buffer,
+                                                 (piece.row0, piece.col0)))
+
+    def checkpoint(self, stage: Stage, index: int) -> None:
+        """Diagnostic read of a stage's result (``--diagnostics``)."""
+        value = self.graph.value(stage.out)
+        if value.role == "output":
+            return
+        operation = stage.operations[-1] if isinstance(stage, GemmStage) else stage.op
+        for piece in self.where[stage.out]:
+            self.program.run.append(HostRead(value.name, piece.layout, piece.buffer,
+                                             (piece.row0, piece.col0), index, operation))
 
 
-def lower(graph: Graph, plans: list[tuple[Stage, GemmPlan | None]], target: Target) -> Program:
+def lower(
+    graph: Graph,
+    plans: list[tuple[Stage, GemmPlan | None]],
+    target: Target,
+    diagnostics: bool = False,
+) -> Program:
     """The whole program for ``graph`` under the chosen stage plans."""
     lowering = Lowering(graph, target)
     lowering.land_inputs()
+    checkpoints = 0
     for stage, plan in plans:
         if isinstance(stage, GemmStage):
             assert plan is not None
             lowering.gemm_stage(stage, plan)
         else:
             lowering.row_stage(stage)
+        if diagnostics and graph.value(stage.out).role != "output":
+            lowering.checkpoint(stage, checkpoints)
+            checkpoints += 1
     lowering.read_outputs()
     program = lowering.program
     program.compute_lifetimes()

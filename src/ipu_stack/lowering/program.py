@@ -80,11 +80,18 @@ class HostWrite:
 
 @dataclass
 class HostRead:
-    """The host reads ``tensor`` back from one replica of each block of ``layout``."""
+    """The host reads a piece of ``tensor`` (at ``origin``) from one replica of each block.
+
+    ``checkpoint`` marks a diagnostic read of an intermediate value produced by graph
+    operation ``operation`` (``--diagnostics``); plain reads return graph outputs.
+    """
 
     tensor: str
     layout: BlockLayout
     buffer: int
+    origin: tuple[int, int] = (0, 0)
+    checkpoint: int | None = None
+    operation: int | None = None
 
 
 Step = ComputeSet | Exchange | HostWrite | HostRead

@@ -40,11 +40,13 @@ class RunResult:
     initialize: CallReport
     run: CallReport
     simulate_seconds: float
-    fields: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[int, Comparison] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.comparisons.values())
+        return all(c.passed for c in self.comparisons.values()) and all(
+            c.passed for c in self.checkpoints.values()
+        )
 
 
 def load_package(path: Path, target_name: str = "ipu21") -> Package:
@@ -99,7 +101,34 @@ def run_package(
         outputs[value.name] = out
         comparisons[value.name] = compare(out, reference[value.name])
     del start
-    return RunResult(package, outputs, reference, comparisons, init_report, run_report, simulate)
+    result = RunResult(package, outputs, reference, comparisons, init_report, run_report,
+                       simulate)
+    result.checkpoints = check_checkpoints(run_report, reference)
+    return result
+
+
+SAMPLE_LIMIT = 256
+
+
+def check_checkpoints(report: CallReport, reference: dict[str, np.ndarray]) -> dict[int, Comparison]:
+    """Compare up to 256 evenly spaced samples of each checkpointed value with the reference."""
+    results: dict[int, Comparison] = {}
+    for index in sorted(report.checkpoints):
+        entry = report.checkpoints[index]
+        device = entry["values"].ravel()
+        expected = np.asarray(reference[entry["tensor"]], dtype=np.float32).ravel()
+        picks = np.unique(np.linspace(0, device.size - 1, SAMPLE_LIMIT).astype(np.int64))
+        scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+        result = compare(device[picks], expected[picks], scale=scale)
+        results[index] = result
+        event(LOG, "diagnostic checkpoint", checkpoint=index, operation=entry["operation"],
+              tensors=1, samples=len(picks), maximumAbsoluteError=round(result.max_abs_error, 6),
+              tensor=entry["tensor"], passed=result.passed)
+    if results:
+        event(LOG, "diagnostic checkpoints checked", diagnosticCheckpoints=len(results),
+              sampleLimit=SAMPLE_LIMIT,
+              numericalTest="PASS" if all(r.passed for r in results.values()) else "FAIL")
+    return results
 
 
 def gemm_flops(graph: Graph) -> int:
@@ -144,6 +173,7 @@ def benchmark_fields(
         "peakTflops": round(peak, 3),
         "efficiencyPercent": round(100 * tflops / peak, 2),
         "maximumAbsoluteError": round(max_error, 6),
+        "diagnosticCheckpoints": len(result.checkpoints),
         "package": str(package_path),
         "estimatedCycles": int(manifest["estimate"]["cycles"]),
         "exchangeCycles": run.exchange_cycles,

@@ -115,6 +115,10 @@ _IPU21_FACTS: dict[str, Fact] = {
     "memory_base": Fact(0x4C000, "assumed (unverified third-party linker note)"),
     "memory_end": Fact(949168, "reference logs: tile addresses run to 949168"),
     "interleaved_base": Fact(0x80000, "reference logs (Ipu21Interleaved >= 524288); Poplar IPUModel docs"),
+    "amp_weights_any_memory": Fact(
+        1, "assumed: only the streamed AMP operand needs interleaved memory (ld128); the "
+        "weights are loaded into the AMP engines with 64-bit loads from either class"
+    ),
     "standard_alignment": Fact(8, "reference log 000 (alignment 8)"),
     "interleaved_alignment": Fact(32, "reference log 000 (alignment 32)"),
     "runtime_support_bytes": Fact(
