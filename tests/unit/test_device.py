@@ -41,6 +41,10 @@ def host_step(kind: str, tensor: str, layout: BlockLayout, addresses, arrays: di
     }
 
 
+def tensor_entry(role: str, shape: list[int], precision: Precision) -> dict:
+    return {"role": role, "shape": shape, "precision": precision.to_json()}
+
+
 def gemm_package() -> tuple[dict, dict]:
     """Write A and B to tiles 10 and 11, GEMM on both, move tile 11's result to 20, read it."""
     arrays: dict[str, np.ndarray] = {}
@@ -73,6 +77,11 @@ def gemm_package() -> tuple[dict, dict]:
     manifest = {
         "kernels": [{"family": "gemm", "params": params}],
         "programs": {"initialize": [], "run": run},
+        "tensors": {
+            "a": tensor_entry("input", [ROWS, DEPTH], PA),
+            "b": tensor_entry("input", [DEPTH, COLS], PB),
+            "out": tensor_entry("output", [ROWS, COLS], F32),
+        },
     }
     return manifest, arrays
 
@@ -125,7 +134,11 @@ def test_host_write_read_round_trip_with_replicas_and_ragged_blocks(ipu: Simulat
     addr = BASE + 0x100 + 8 * np.arange(tiles.size)  # every block at its own address
     write = host_step("host_write", "x", layout, addr, arrays)
     read = host_step("host_read", "x", layout, addr, arrays)
-    manifest = {"kernels": [], "programs": {"initialize": [write], "run": [read]}}
+    manifest = {
+        "kernels": [],
+        "programs": {"initialize": [write], "run": [read]},
+        "tensors": {"x": tensor_entry("output", [rows, cols], F16)},
+    }
     ipu.load(package(manifest, arrays))
     x = rng.standard_normal((rows, cols)).astype(np.float32) * 3
     init = ipu.call("initialize", {"x": x})

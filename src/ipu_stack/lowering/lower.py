@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.layout import BlockLayout, round_up
+from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
