@@ -1,8 +1,10 @@
 """Strategy selection, schedule reuse and the reference log lines for one exchange phase.
 
 Unicast phases go to the exact scheduler (``full-duplex``: every port sends and receives at
-once, finishing at the endpoint bound).  Phases with multicasts are list scheduled with two
-priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the count
+once, finishing at the endpoint bound).  Multicast phases whose destination sets are
+disjoint groups (replica broadcasts, the common case in compiled plans) reduce exactly to
+unicast over one virtual receiver per group (``groups.py``) and also meet the bound.  Other
+multicast phases are list scheduled with two priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the count
 of candidates that beat the first is logged as ``neighborhood_improvements``.
 """
 
@@ -12,6 +14,7 @@ import logging
 
 import numpy as np
 
+from ipu_stack.exchange.groups import group_reduction
 from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound
 from ipu_stack.exchange.multicast import schedule_multicast
 from ipu_stack.exchange.unicast import schedule_unicast
@@ -31,7 +34,15 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
     if t.is_unicast():
         transfer, start, words, _ = schedule_unicast(t, bound)
         return [Schedule.from_chunks(bound, "full-duplex", transfer, start, words)]
-    out = []
+    grouped = group_reduction(t)
+    if grouped is not None and endpoint_lower_bound(grouped) > bound:
+        grouped = None  # some group has no member that receives all of it: list schedule
+    if grouped is not None:
+        transfer, start, words, _ = schedule_unicast(grouped, bound)
+        schedule = Schedule.from_chunks(bound, "compact-streams", transfer, start, words)
+        if schedule.horizon <= bound:
+            return [schedule]  # at the bound: nothing can beat it
+    out = [] if grouped is None else [schedule]
     for kind, balanced in (("compact-streams", False), ("balanced-compact-streams", True)):
         if balanced and t.count > BALANCED_LIMIT:
             break

@@ -207,6 +207,10 @@ class Lowering:
                 f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.STANDARD,
                 f"{self._name(stage.b)} as AMP right operand: {b_layouts[0].describe()}",
             )
+            # a phase of its own: a tile's A and B blocks come from different replica
+            # groups, and one group per phase lets the scheduler meet the bound exactly
+            self.emit_exchange(builder)
+            builder = TransferBuilder(f"{name}.right")
             for group, b_layout in zip(groups, b_layouts, strict=True):
                 self.gather(builder, stage.b, b_layout, b_buf, group.b_origin)
         self.emit_exchange(builder)
