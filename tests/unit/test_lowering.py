@@ -229,11 +229,6 @@ def test_empty_builder_builds_an_empty_phase() -> None:
     assert ex.transfers == 0 and list(ex.dst_offsets) == [0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: add_layout_transfers picks a source replica without skipping -1 entries "
-    "(src/ipu_stack/lowering/transfers.py, source_replicas[(i + j) % len(...)])",
-)
 def test_missing_source_replica_is_never_chosen_as_sender() -> None:
     # Block (0, 0) has one real replica (tile 2) and an absent one (-1), which BlockLayout
     # allows (used_tiles and host streams skip -1).  Destination block (0, 1) picks replica

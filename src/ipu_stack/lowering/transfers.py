@@ -154,6 +154,10 @@ def add_layout_transfers(
                     rr0, rr1 = max(r0, si * s_rb), min(r1, (si + 1) * s_rb)
                     cc0, cc1 = max(c0, sj * s_cb), min(c1, (sj + 1) * s_cb)
                     source_replicas = src.tiles[si, sj]
+                    source_replicas = source_replicas[source_replicas >= 0]
+                    if len(source_replicas) == 0:
+                        raise CompileError(f"layout conversion of {what}: block {si},{sj} "
+                                           "is stored nowhere")
                     source = int(source_replicas[(i + j) % len(source_replicas)])
                     s_col = (cc0 - sj * s_cb) * item
                     d_col = (cc0 + sc - dc - j * dst.col_block) * item

@@ -16,6 +16,7 @@ from ipu_stack.ir.layout import WORD, round_up
 from ipu_stack.kernels.epilogue import EPILOGUE
 from ipu_stack.kernels.gemm import best_split, gemm_cycles
 from ipu_stack.target import Target
+from ipu_stack.util.errors import CompileError
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,17 @@ def cost_plan(shape: GemmShape, r: int, c: int, d: int, target: Target) -> GemmP
     return GemmPlan(shape, r, c, d, br, bk, bn, split, costs)
 
 
+def plan_tile_bytes(plan: GemmPlan, out_itemsize: int = 2) -> int:
+    """Bytes one tile of the plan holds while the stage runs (operands, partials, result)."""
+    s = plan.shape
+    a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
+    b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    partial = plan.row_block * plan.col_block * 4
+    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * 4
+    out = plan.sub_rows * round_up(plan.col_block * out_itemsize, WORD)
+    return a + b + partial + received + out
+
+
 def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[GemmPlan]:
     """Enumerate tilings that use most of the machine; return the ``keep`` cheapest.
 
@@ -123,6 +135,8 @@ def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[Gem
     col_groups = -(-shape.cols // int(target.amp_out_columns))
     max_depth = -(-shape.depth // step)
     plans: dict[tuple[int, int, int], GemmPlan] = {}
+    budget = target.memory_end - target.memory_base - int(target.runtime_support_bytes)
+    smallest = 1 << 62
     for d in range(1, min(max_depth, tiles) + 1):
         for r in range(1, min(shape.rows, tiles // d) + 1):
             c = min(tiles // (r * d), col_groups)
@@ -135,6 +149,9 @@ def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[Gem
             c_needed = -(-shape.cols // plan.col_block)
             if c_needed != c:
                 plan = cost_plan(shape, r, c_needed, d, target) or plan
+            if plan_tile_bytes(plan) > budget:
+                smallest = min(smallest, plan_tile_bytes(plan))
+                continue
             key = (plan.row_block, plan.depth_block, plan.col_block)
             best = plans.get(key)
             if best is None or (plan.estimated_cycles, plan.tiles_used) < (
@@ -143,6 +160,11 @@ def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[Gem
             ):
                 plans[key] = plan
     if not plans:
+        if smallest < 1 << 62:
+            raise CompileError(
+                f"stage {shape.op} does not fit: its smallest tiling needs {smallest} bytes "
+                f"per tile, a tile has {budget}"
+            )
         return []
     ranked = sorted(
         plans.values(),

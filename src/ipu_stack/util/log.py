@@ -50,18 +50,31 @@ class ReferenceFormatter(logging.Formatter):
         return text
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record (test captures swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # the base class assigns it; we always use sys.stderr
+        pass
+
+
 def configure(level: int = logging.INFO) -> None:
     """Send ``ipu_stack.*`` logs to stderr in the reference format (idempotent)."""
     root = logging.getLogger("ipu_stack")
     root.setLevel(level)
     for handler in list(root.handlers):
-        if getattr(handler, "_ipu_stack", False):
+        if isinstance(handler, _StderrHandler):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(ReferenceFormatter())
-    handler._ipu_stack = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.propagate = False
 
 
 @contextmanager
