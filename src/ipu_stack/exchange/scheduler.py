@@ -1,11 +1,12 @@
 """Strategy selection, schedule reuse and the reference log lines for one exchange phase.
 
 Unicast phases go to the exact scheduler (``full-duplex``: every port sends and receives at
-once, finishing at the endpoint bound).  Multicast phases whose destination sets are
-disjoint groups (replica broadcasts, the common case in compiled plans) reduce exactly to
-unicast over one virtual receiver per group (``groups.py``) and also meet the bound.  Other
-multicast phases are list scheduled with two priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the count
-of candidates that beat the first is logged as ``neighborhood_improvements``.
+once, finishing at the endpoint bound).  Multicast phases whose destinations fall into
+replica groups (the common case in compiled plans) reduce to unicast over one virtual
+receiver per group (``groups.py``) and meet the bound when some member of each group
+receives all of the group's words.  Other multicast phases are list scheduled with two
+priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the
+count of candidates that beat the first is logged as ``neighborhood_improvements``.
 """
 
 from __future__ import annotations
