@@ -37,6 +37,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{name}", type=kind, default=None, help=help_text)
     parser.add_argument("--target", default="ipu21")
     parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--memory-proportion", type=float, default=0.9,
+                        help="share of tile memory the planner may plan for (0-1]")
     parser.add_argument("--diagnostics", action="store_true",
                         help="checkpoint every intermediate stage result (256 samples each)")
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
@@ -108,9 +110,12 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 def _options(args: argparse.Namespace) -> CompileOptions:
     if args.finalists < 1:
         raise UsageError("--finalists must be at least 1")
+    if not 0 < args.memory_proportion <= 1:
+        raise UsageError("--memory-proportion must be in (0, 1]")
     defaults = CompileOptions()
     return CompileOptions(
         target=args.target, finalists=args.finalists, diagnostics=args.diagnostics,
+        memory_proportion=args.memory_proportion,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
     )
 
@@ -241,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except IpuStackError as exc:
+        if isinstance(exc, PlacementError) and exc.details:
+            LOG.debug("placement failure details: %s", exc.details)
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
-        if isinstance(exc, PlacementError) and exc.details:
-            LOG.debug("placement details: %s", exc.details)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ emit_tile_code -> write the package.  Only this module chains stages.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,10 +29,11 @@ from ipu_stack.memory.placement import Placement, place_storage
 from ipu_stack.memory.report import write_memory_profile, write_placement_html
 from ipu_stack.memory.support import support_bytes
 from ipu_stack.package import write_package
-from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_candidates
+from ipu_stack.planning.fit import MemoryBudget, fit_plans, need
+from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_search
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import Target, get_target
-from ipu_stack.util.errors import CompileError
+from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.base import Workload
 
@@ -46,10 +48,11 @@ class CompileOptions:
     finalists: int = 3
     cache_dir: str | None = str(default_cache_dir())
     diagnostics: bool = False
+    memory_proportion: float = 0.9
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
-                "diagnostics": self.diagnostics}
+                "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion}
 
 
 @dataclass
@@ -88,6 +91,8 @@ def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
         chain=stage.chain,
         has_bias=stage.bias is not None,
         groups=groups,
+        b_resident=graph.value(stage.b).role == "weight",
+        out_itemsize=graph.value(stage.out).type.precision.itemsize,
     )
 
 
@@ -162,17 +167,33 @@ def compile_workload(
         graph, tensors = workload.build(params)
         stages = find_stages(graph)
         candidates: list[list[GemmPlan | None]] = []
+        fronts: list[list[GemmPlan]] = []
+        searched: dict[str, tuple[list[GemmPlan], list[GemmPlan]]] = {}
         for stage in stages:
             if not isinstance(stage, GemmStage):
                 candidates.append([None])
+                fronts.append([])
                 continue
-            with phase(LOG, "gemm_candidates", stage=stage.index):
-                found = gemm_candidates(stage_shape(graph, stage), target, keep=options.finalists)
+            shape = stage_shape(graph, stage)
+            key = repr(dataclasses.replace(shape, op=0))  # repeated layers search once
+            if key not in searched:
+                with phase(LOG, "gemm_candidates", stage=stage.index):
+                    searched[key] = gemm_search(shape, target, keep=options.finalists)
+            found, front = searched[key]
             if not found:
                 raise CompileError(f"no GEMM tiling of stage {stage.index} fits {target.name}")
-            candidates.append(list(found))
+            candidates.append([dataclasses.replace(p, shape=shape) for p in found])
+            fronts.append([dataclasses.replace(p, shape=shape) for p in front])
     with phase(LOG, "lower_mid"):
-        finalists = _finalists(candidates, options.finalists)
+        budget = MemoryBudget.for_target(target, options.memory_proportion)
+        finalists = []
+        for plans in _finalists(candidates, options.finalists):
+            fitted, moves = fit_plans(plans, fronts, budget)
+            if moves:
+                event(LOG, "traded cycles for memory", moves=moves, budget_bytes=budget.bytes,
+                      estimated_bytes=need(fitted))
+            if fitted not in finalists:
+                finalists.append(fitted)
         for index, plans in enumerate(finalists):
             event(
                 LOG, "retained operator-plan finalist", finalist=index,
@@ -227,14 +248,24 @@ def compile_workload(
           exchange_table_bytes=int(tables.max()),
           generated_code_bytes=int(support["code"].max()),
           support_bytes=int(support["total"].max()))
-    with phase(LOG, "place_storage"):
-        placement = place_storage(program, support["total"], target)
+    reports = Path(out_dir) / "memory"
+    title = f"{workload.identifier(params)} tile placement"
+    try:
+        with phase(LOG, "place_storage"):
+            placement = place_storage(program, support["total"], target)
+    except PlacementError as failure:
+        if isinstance(failure.placement, Placement):
+            # still write the reports, so the user can see why it does not fit
+            write_memory_profile(reports / "memory-profile.json", program, failure.placement,
+                                 target, scope="failed")
+            write_placement_html(reports / "placement.html", program, failure.placement,
+                                 support, target, title=f"{title} (failed: {failure})")
+        raise
     with phase(LOG, "write_memory_reports"):
-        reports = Path(out_dir) / "memory"
         profile = write_memory_profile(reports / "memory-profile.json", program, placement,
                                        target, scope="final")
         write_placement_html(reports / "placement.html", program, placement, support, target,
-                             title=f"{workload.identifier(params)} tile placement")
+                             title=title)
     event(LOG, "costed final placed program", final_cycles=estimate["cycles"],
           final_exchange=estimate["scheduled_exchange_cycles"])
     with phase(LOG, "emit_tile_code"):

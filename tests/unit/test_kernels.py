@@ -232,7 +232,7 @@ def test_reduce_sums_parts_adds_bias_applies_gelu_and_casts() -> None:
         ["gelu_tanh", F32.to_json()],
         ["cast", F16.to_json()],
     ]
-    params = epilogue_params(parts, rows, cols, pitch, chain, F16, F16, out_pitch)
+    params = epilogue_params(parts, rows, cols, pitch, rows, chain, F16, F16, out_pitch)
     inst = KernelInstance("reduce", params)
     assert inst.name == "reduce3_round_bias_gelu_tanh_cast_f16_r5_c7"
     inst.impl.run(params, mem, tiles, [own, recv, bias_addr, out])
@@ -265,7 +265,7 @@ def test_reduce_rounds_where_the_chain_says_and_casts_to_fp8_exactly(fp8) -> Non
     mem[0, bias_addr : bias_addr + cols] = bias_bytes
     out_prec = f143(-3)  # max 30: the larger sums saturate
     chain = [["round", F32.to_json()], ["bias", F16.to_json()], ["cast", out_prec.to_json()]]
-    params = epilogue_params(parts, rows, cols, pitch, chain, bias_prec, out_prec, out_pitch)
+    params = epilogue_params(parts, rows, cols, pitch, rows, chain, bias_prec, out_prec, out_pitch)
     KernelInstance("reduce", params).impl.run(params, mem, tiles, [own, recv, bias_addr, out])
     exact = a.astype(np.float64) + b + bias[None, :]
     f16 = exact.astype(np.float16).astype(np.float64)
@@ -281,7 +281,7 @@ def test_reduce_single_part_without_bias_reads_no_received_slot() -> None:
     mem = fake_memory(1)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     put_matrix(mem, 0, 100 * 4, pitch, x)
-    params = epilogue_params(1, rows, cols, pitch, [["round", F32.to_json()]], None, F32, 16)
+    params = epilogue_params(1, rows, cols, pitch, rows, [["round", F32.to_json()]], None, F32, 16)
     KernelInstance("reduce", params).impl.run(params, mem, np.array([0]), [400, 0, 0, 4000])
     np.testing.assert_array_equal(get_matrix(mem, 0, 4000, 16, rows, cols, np.float32), x)
 
@@ -292,7 +292,7 @@ def test_reduce_scale_step_multiplies_then_rounds() -> None:
     x = np.array([[1.0, -2.5, 3.0, 0.1], [1000.0, 7.0, -0.3, 2.0]], dtype=np.float32)
     put_matrix(mem, 0, 0, pitch, x)
     chain = [["round", F32.to_json()], ["scale", F16.to_json(), 0.125]]
-    params = epilogue_params(1, rows, cols, pitch, chain, None, F16, 8)
+    params = epilogue_params(1, rows, cols, pitch, rows, chain, None, F16, 8)
     assert KernelInstance("reduce", params).name == "reduce1_round_scale_f16_r2_c4"
     KernelInstance("reduce", params).impl.run(params, mem, np.array([0]), [0, 0, 0, 512])
     got = get_matrix(mem, 0, 512, 8, rows, cols, np.float16)
@@ -301,7 +301,7 @@ def test_reduce_scale_step_multiplies_then_rounds() -> None:
 
 def test_reduce_cost_counts_parts_and_chain() -> None:
     def cost(parts: int, chain: list) -> int:
-        p = epilogue_params(parts, 6, 16, 64, chain, None, F16, 32)
+        p = epilogue_params(parts, 6, 16, 64, 6, chain, None, F16, 32)
         return KernelInstance("reduce", p).cost(IPU21)
 
     plain = cost(1, [["round", F16.to_json()]])

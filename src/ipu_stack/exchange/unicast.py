@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ipu_stack.exchange.dense import dense_size, schedule_dense
 from ipu_stack.exchange.model import Transfers, port_loads
+
+DENSE_LIMIT = 4_000_000  # pair-matrix cells up to which the dense scheduler is used
 
 
 def gather_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -246,10 +249,15 @@ class _Peeler:
 
 def schedule_unicast(t: Transfers, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Chunks ``(transfer, start, words)`` finishing exactly at ``bound`` (the endpoint lower
-    bound), plus the number of repair paths used."""
+    bound), plus the number of repair paths used.
+
+    The dense pair-matrix scheduler (``dense.py``) is used whenever its matrix is small
+    (always at 1472 tiles); this sparse one only for phases over very many distinct tiles."""
     empty = np.zeros(0, dtype=np.int64)
     if t.count == 0:
         return empty, empty, empty, 0
+    if dense_size(t) <= DENSE_LIMIT:
+        return schedule_dense(t, bound)
     peeler = _Peeler(t, bound)
     peeler.run()
     edge = np.concatenate(peeler.out_edge)

@@ -53,7 +53,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     own_addr, recv_addr, bias_addr, out_addr = addresses
     rows, cols, parts = p["rows"], p["cols"], p["parts"]
     total = read_matrix(mem, tiles, own_addr, rows, cols, p["partial_pitch"], np.float32).copy()
-    slot = rows * p["partial_pitch"]
+    slot = p["slot_rows"] * p["partial_pitch"]  # received slices are full sub-blocks
     for k in range(parts - 1):
         total += read_matrix(
             mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"], np.float32
@@ -73,7 +73,7 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     out = Precision.from_json(p["out"])
     result = [
         (0, p["rows"] * p["partial_pitch"], False),
-        (1, (p["parts"] - 1) * p["rows"] * p["partial_pitch"], False),
+        (1, (p["parts"] - 1) * p["slot_rows"] * p["partial_pitch"], False),
         (3, (p["rows"] - 1) * p["out_pitch"] + p["cols"] * out.itemsize, True),
     ]
     if p["bias"] is not None:
@@ -99,6 +99,7 @@ def epilogue_params(
     rows: int,
     cols: int,
     partial_pitch: int,
+    slot_rows: int,
     chain: list[list[Any]],
     bias: Precision | None,
     out: Precision,
@@ -109,6 +110,7 @@ def epilogue_params(
         "rows": int(rows),
         "cols": int(cols),
         "partial_pitch": int(partial_pitch),
+        "slot_rows": int(slot_rows),
         "chain": chain,
         "bias": None if bias is None else bias.to_json(),
         "out": out.to_json(),

@@ -289,8 +289,8 @@ class Lowering:
         for (rows, cols, d), tiles in _group_calls(calls):
             if rows == 0:
                 continue
-            params = epilogue_params(d_n, rows, cols, partial_pitch, chain, bias_prec, out_prec,
-                                     out_layouts[0].pitch)
+            params = epilogue_params(d_n, rows, cols, partial_pitch, sub, chain, bias_prec,
+                                     out_prec, out_layouts[0].pitch)
             ones = np.ones(len(tiles), dtype=np.int64)
             compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
                 (p_buf, ones * d * sub * partial_pitch), (recv_buf, ones * 0),

@@ -69,11 +69,16 @@ def _first_fit(
 
 def place_signature(
     buffers: list[Buffer], support: int, target: Target, tile: int
-) -> dict[int, int]:
-    """Addresses for one tile signature; raises :class:`PlacementError` naming the tile."""
+) -> tuple[dict[int, int], PlacementError | None]:
+    """Addresses for one tile signature, and the first failure (naming the tile), if any.
+
+    A buffer that does not fit is left unplaced and the rest are still placed, so the
+    reports written after a failure show as much of the tile as possible.
+    """
     base = target.memory_base
     support_range = (base, base + support)
     placed: dict[int, tuple[int, int]] = {}
+    failure: PlacementError | None = None
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))
     by_id = {b.id: b for b in buffers}
     for buffer in order:
@@ -88,13 +93,16 @@ def place_signature(
         if address is None:
             address = _first_fit(taken, class_start, class_end, buffer.nbytes, align)
         if address is None:
-            raise PlacementError(
-                f"placement failed: tile {tile} has insufficient {buffer.memory_class.value} "
-                f"SRAM for {buffer.nbytes} bytes",
-                _details(buffer, taken, placed, by_id, support, class_start, class_end, align),
-            )
+            if failure is None:
+                failure = PlacementError(
+                    f"placement failed: tile {tile} has insufficient "
+                    f"{buffer.memory_class.value} SRAM for {buffer.nbytes} bytes",
+                    _details(buffer, taken, placed, by_id, support, class_start, class_end,
+                             align),
+                )
+            continue
         placed[buffer.id] = (address, address + buffer.nbytes)
-    return {bid: lo for bid, (lo, _) in placed.items()}
+    return {bid: lo for bid, (lo, _) in placed.items()}, failure
 
 
 def _details(
@@ -133,10 +141,13 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
     steps = len(program.initialize) + len(program.run)
     peak = np.zeros(tiles, dtype=np.int64)
     peak_step = np.zeros(tiles, dtype=np.int64)
+    first_failure: PlacementError | None = None
     for index, row in enumerate(unique):
         present = [program.buffers[i] for i in np.flatnonzero(row[:-1])]
         tile = int(first_tile[index])
-        chosen = place_signature(present, int(row[-1]), target, tile)
+        chosen, failure = place_signature(present, int(row[-1]), target, tile)
+        if failure is not None and first_failure is None:
+            first_failure = failure
         members = np.flatnonzero(inverse == index)
         for bid, address in chosen.items():
             addresses[bid, members] = address
@@ -145,4 +156,8 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
             live[b.first : b.last + 1] += b.nbytes
         peak[members] = int(row[-1]) + int(live.max())
         peak_step[members] = int(live.argmax())
-    return Placement(addresses, support_bytes.astype(np.int64), peak, peak_step)
+    placement = Placement(addresses, support_bytes.astype(np.int64), peak, peak_step)
+    if first_failure is not None:
+        first_failure.placement = placement  # the partial placement, for the reports
+        raise first_failure
+    return placement

@@ -32,6 +32,8 @@ class GemmShape:
     chain: tuple = ()
     has_bias: bool = False
     groups: int = 1
+    b_resident: bool = True
+    out_itemsize: int = 2
 
 
 @dataclass(frozen=True)
@@ -111,19 +113,52 @@ def cost_plan(shape: GemmShape, r: int, c: int, d: int, target: Target) -> GemmP
     return GemmPlan(shape, r, c, d, br, bk, bn, split, costs)
 
 
-def plan_tile_bytes(plan: GemmPlan, out_itemsize: int = 2) -> int:
-    """Bytes one tile of the plan holds while the stage runs (operands, partials, result)."""
+def resident_bytes(plan: GemmPlan) -> int:
+    """Bytes a tile keeps for the whole program: its weight block (and bias slice)."""
+    s = plan.shape
+    if not s.b_resident:
+        return 0
+    weight = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    bias = round_up(plan.col_block * 2, WORD) if s.has_bias else 0
+    return weight + bias
+
+
+def transient_bytes(plan: GemmPlan) -> int:
+    """Bytes a tile holds only while the stage runs (operands, partials, result)."""
     s = plan.shape
     a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
-    b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
     partial = plan.row_block * plan.col_block * 4
     received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * 4
-    out = plan.sub_rows * round_up(plan.col_block * out_itemsize, WORD)
+    out = plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
     return a + b + partial + received + out
 
 
+def plan_tile_bytes(plan: GemmPlan) -> int:
+    """Bytes one tile of the plan holds while the stage runs."""
+    return resident_bytes(plan) + transient_bytes(plan)
+
+
+def pareto(plans: list[GemmPlan]) -> list[GemmPlan]:
+    """Plans no other plan beats on both cycles and resident bytes, fewest bytes last."""
+    ordered = sorted(plans, key=lambda p: (p.estimated_cycles, resident_bytes(p)))
+    front: list[GemmPlan] = []
+    for plan in ordered:
+        if not front or resident_bytes(plan) < resident_bytes(front[-1]):
+            front.append(plan)
+    return front
+
+
 def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[GemmPlan]:
-    """Enumerate tilings that use most of the machine; return the ``keep`` cheapest.
+    """The ``keep`` fastest tilings (see :func:`gemm_search`)."""
+    return gemm_search(shape, target, keep)[0]
+
+
+def gemm_search(
+    shape: GemmShape, target: Target, keep: int = 4
+) -> tuple[list[GemmPlan], list[GemmPlan]]:
+    """Enumerate tilings that use most of the machine: the ``keep`` fastest, and the Pareto
+    front of cycles against resident bytes (what the memory fitter trades along).
 
     A stage of ``groups`` independent GEMMs (attention heads) gives each group an equal
     share of the tiles.  For each row and depth split, the column split is the largest that
@@ -165,9 +200,9 @@ def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[Gem
                 f"stage {shape.op} does not fit: its smallest tiling needs {smallest} bytes "
                 f"per tile, a tile has {budget}"
             )
-        return []
+        return [], []
     ranked = sorted(
         plans.values(),
         key=lambda p: (p.estimated_cycles, p.tiles_used, p.row_splits, p.depth_splits),
     )
-    return ranked[:keep]
+    return ranked[:keep], pareto(ranked)

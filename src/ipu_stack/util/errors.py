@@ -27,6 +27,7 @@ class PlacementError(CompileError):
     def __init__(self, message: str, details: str = "") -> None:
         super().__init__(message)
         self.details = details
+        self.placement: object | None = None  # the partial placement, when there is one
 
 
 class PackageError(IpuStackError):

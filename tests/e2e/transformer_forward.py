@@ -1,0 +1,147 @@
+"""An independent float64 forward pass of the transformer workloads from saved tensors.
+
+Written against the saved ``.npz`` files only (no ipu_stack imports; ml_dtypes for the
+storage formats), so it checks the device result the way a user with plain numpy would.
+With ``rounded=True`` every value is rounded to the precision the saved ``__precisions__``
+metadata gives it, at the same points the graph stores values (GEMM results, bias sums,
+RoPE outputs, scores, probabilities, contexts, layer norms, GELU, residuals); with
+``rounded=False`` it is the ideal float64 answer from the same (already rounded) inputs and
+weights.
+
+What the npz files do not hold is passed in: ``heads``, ``eps`` and the GELU form.  The
+layout of the workload is read from the tensor names: ``attn.*`` (the bare attention
+block, no norm, biases or residual) or ``layer{i}.*`` (pre-norm layers; ``.rope.cos``
+means 2D RoPE on queries and keys, ``fc1.w`` means an MLP after the attention).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from tests.e2e.float64_forward import round_to
+
+
+class Forward:
+    """One pass over the saved tensors; ``store`` rounds a value the graph stores by name."""
+
+    def __init__(self, saved: dict[str, np.ndarray], heads: int, eps: float, gelu: str,
+                 rounded: bool) -> None:
+        self.saved = saved
+        self.meta = json.loads(str(saved["__precisions__"]))
+        self.heads = heads
+        self.eps = eps
+        self.gelu_form = gelu
+        self.rounded = rounded
+        batch, tokens, dim = saved["x"].shape
+        self.batch, self.tokens, self.dim = batch, tokens, dim
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not a multiple of heads {heads}")
+        self.head_dim = dim // heads
+
+    def w(self, name: str) -> np.ndarray:
+        return self.saved[name].astype(np.float64)
+
+    def has(self, name: str) -> bool:
+        return name in self.saved
+
+    def store(self, values: np.ndarray, name: str) -> np.ndarray:
+        """The value ``name`` as the graph stores it (rounded mode) or as is (ideal mode)."""
+        if not self.rounded:
+            return values
+        if name not in self.meta:
+            raise KeyError(f"no stored precision for value {name!r}")
+        return round_to(values, self.meta[name])
+
+    # ------------------------------------------------------------------ operations
+    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = self.store(x @ self.w(f"{name}.w"), f"{name}.mm")
+        if self.has(f"{name}.b"):
+            y = self.store(y + self.w(f"{name}.b")[None, :], f"{name}.out")
+        return y
+
+    def layer_norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        mean = x.sum(axis=1, keepdims=True) / x.shape[1]
+        centred = x - mean
+        var = (centred * centred).sum(axis=1, keepdims=True) / x.shape[1]
+        y = centred / np.sqrt(var + self.eps) * self.w(f"{name}.gamma")[None, :]
+        return self.store(y + self.w(f"{name}.beta")[None, :], f"{name}.out")
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, name: str) -> np.ndarray:
+        """Rotate pairs ``(2i, 2i+1)`` of each head by row angle ``i`` of the tables."""
+        out = np.empty_like(x)
+        for h in range(self.heads):
+            for i in range(self.head_dim // 2):
+                e = h * self.head_dim + 2 * i
+                a, b = x[:, e], x[:, e + 1]
+                out[:, e] = a * cos[:, i] - b * sin[:, i]
+                out[:, e + 1] = a * sin[:, i] + b * cos[:, i]
+        return self.store(out, name)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        if self.gelu_form == "tanh":
+            return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+        erf = np.array([math.erf(v / math.sqrt(2.0)) for v in x.ravel()]).reshape(x.shape)
+        return 0.5 * x * (1.0 + erf)
+
+    def attention(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        q = self.linear(x, f"{prefix}.q")
+        k = self.linear(x, f"{prefix}.k")
+        v = self.linear(x, f"{prefix}.v")
+        if self.has(f"{prefix}.rope.cos"):
+            cos, sin = self.w(f"{prefix}.rope.cos"), self.w(f"{prefix}.rope.sin")
+            q = self.rope(q, cos, sin, f"{prefix}.q.rope")
+            k = self.rope(k, cos, sin, f"{prefix}.k.rope")
+        t, d, hd = self.tokens, self.dim, self.head_dim
+        scores = np.empty((self.batch * self.heads * t, t))
+        for b in range(self.batch):
+            for h in range(self.heads):
+                rows = slice((b * self.heads + h) * t, (b * self.heads + h + 1) * t)
+                qh = q[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
+                kh = k[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
+                scores[rows] = qh @ kh.T
+        scores = self.store(scores, f"{prefix}.scores")
+        logits = scores / math.sqrt(hd)
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = self.store(e / e.sum(axis=1, keepdims=True), f"{prefix}.probs")
+        context = np.empty((self.batch * t, d))
+        for b in range(self.batch):
+            for h in range(self.heads):
+                p = probs[(b * self.heads + h) * t : (b * self.heads + h + 1) * t]
+                vh = v[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
+                context[b * t : (b + 1) * t, h * hd : (h + 1) * hd] = p @ vh
+        context = self.store(context, f"{prefix}.context")
+        if f"{prefix}.context8" in self.meta:
+            context = self.store(context, f"{prefix}.context8")
+        return self.linear(context, f"{prefix}.o")
+
+    def layer(self, x: np.ndarray, index: int) -> np.ndarray:
+        p = f"layer{index}"
+        a = self.attention(self.layer_norm(x, f"{p}.ln1"), f"{p}.attn")
+        x = self.store(x + a, f"{p}.residual1")
+        if not self.has(f"{p}.fc1.w"):
+            return x
+        h = self.linear(self.layer_norm(x, f"{p}.ln2"), f"{p}.fc1")
+        g = self.store(self.gelu(h), f"{p}.gelu")
+        m = self.linear(g, f"{p}.fc2")
+        return self.store(x + m, f"{p}.residual2")
+
+    def run(self) -> np.ndarray:
+        x = self.w("x").reshape(self.batch * self.tokens, self.dim)
+        if self.has("attn.q.w"):
+            return self.attention(x, "attn")
+        index = 0
+        while self.has(f"layer{index}.attn.q.w"):
+            x = self.layer(x, index)
+            index += 1
+        if index == 0:
+            raise ValueError("saved tensors hold neither attn.* nor layer0.* weights")
+        return x
+
+
+def transformer_forward(saved: dict[str, np.ndarray], heads: int, eps: float,
+                        gelu: str = "tanh", rounded: bool = True) -> np.ndarray:
+    """The workload's output as ``[batch * tokens, dim]`` float64."""
+    return Forward(saved, heads, eps, gelu, rounded).run()
