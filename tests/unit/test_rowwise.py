@@ -310,11 +310,6 @@ def test_declared_accesses_cover_every_operand() -> None:
     assert {op for op, _, _ in KernelInstance("row", soft).impl.accesses(soft)} == {0, 3}
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BUG: row kernel reads x and read-modify-writes out over rows * pitch bytes "
-    "(read_matrix/write_rows), beyond the extent its accesses() declares "
-    "((rows - 1) * pitch + cols * itemsize); with an operand ending exactly at the declared "
-    "extent the kernel crashes (reshape of a short slice) instead of running"))
 def test_operands_ending_at_their_declared_extent() -> None:
     """Place x and out so that each ends exactly where ``accesses`` says it does."""
     rng = np.random.default_rng(7)

@@ -59,13 +59,22 @@ class _DensePeeler:
         self.pid.flat[self.pair_key] = np.arange(self.pair_key.size)
         self.live = self.rem > 0
         self.live_t = np.ascontiguousarray(self.live.T)  # receiver rows, for row slices
+        self.pair_count = self.pair_key.size
         self.load = (self.rem.sum(axis=1), self.rem.sum(axis=0))
         self.match = (np.full(ns, -1, dtype=np.int64), np.full(nr, -1, dtype=np.int64))
         self.enter = np.zeros(ns, dtype=np.int64)  # per sender: when its edge started
         self.fin = np.full(ns, INF, dtype=np.int64)
         self.due = np.full(ns, INF, dtype=np.int64)  # latest event time once the edge ends
         self.dirty = (np.ones(ns, dtype=bool), np.ones(nr, dtype=bool))  # freed since last fill
-        self.modulus = int(max(self.s_tile.max(), self.r_tile.max())) + 1
+        self.modulus = m = int(max(self.s_tile.max(), self.r_tile.max())) + 1
+        # tie-break matrix (cyclic distance receiver - sender), dead pairs set to ``dead`` so
+        # that ``load * m - tie`` is a candidate score that is negative exactly for them
+        big = (bound + 1) * m
+        self.dtype = np.int32 if 2 * big < np.iinfo(np.int32).max else np.int64
+        self.dead = 2 * big
+        tie = ((self.r_tile[None, :] - self.s_tile[:, None]) % m).astype(self.dtype)
+        tie[~self.live] = self.dead
+        self.tie = (tie, np.ascontiguousarray(tie.T))
         self.out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.repairs = 0
         self.now = 0
@@ -85,6 +94,10 @@ class _DensePeeler:
         alive = self.rem[senders, receivers] > 0
         self.live[senders, receivers] = alive
         self.live_t[receivers, senders] = alive
+        gone = ~alive
+        if gone.any():
+            self.tie[0][senders[gone], receivers[gone]] = self.dead
+            self.tie[1][receivers[gone], senders[gone]] = self.dead
         self.load[0][senders] -= ran
         self.load[1][receivers] -= ran
         self.match[0][senders] = -1
@@ -127,11 +140,9 @@ class _DensePeeler:
             targets = np.flatnonzero(free[1 - side])
             if props.size == 0 or targets.size == 0:
                 continue
-            cand = (self.live if side == 0 else self.live_t)[props][:, targets]
-            tiles = (self.s_tile, self.r_tile)
-            dist = tiles[1 - side][targets][None, :] - tiles[side][props][:, None]
-            dist = (dist if side == 0 else -dist) % m  # always (receiver - sender) mod m
-            i, j = _greedy(cand, dist, self.load[side][props], self.load[1 - side][targets], m)
+            loads = self.load[1 - side][targets].astype(self.dtype) * self.dtype(m)
+            score = loads[None, :] - self.tie[side][props][:, targets]
+            i, j = _greedy(score, self.load[side][props], loads, m)
             if i.size:
                 ends = (props[i], targets[j]) if side == 0 else (targets[j], props[i])
                 self._set(*ends)
@@ -240,29 +251,28 @@ class _DensePeeler:
 
 
 def _greedy(
-    cand: np.ndarray, dist: np.ndarray, row_load: np.ndarray, col_load: np.ndarray, m: int
+    score: np.ndarray, row_load: np.ndarray, col_base: np.ndarray, m: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Greedy matching on a candidate block by rounds of proposals.
 
-    Every row proposes to its most loaded candidate column (ties: smallest cyclic distance),
-    every column accepts its most loaded proposer; matched rows and columns leave and the
-    next round runs on what is left.  Returns matched (row, column) positions."""
-    if cand.shape[0] <= SEQUENTIAL:
-        return _sequential(cand, dist, row_load, col_load, m)
-    score = np.where(cand, col_load[None, :] * m - dist, -1)
-    active = np.flatnonzero(cand.any(axis=1))
+    ``score[i, j]`` is column ``j``'s load times ``m`` minus the tie-break distance (negative
+    for no edge); ``col_base`` is the load part alone.  Every row proposes to its best
+    column, every column accepts its most loaded proposer (same tie-break); matched rows
+    and columns leave and the next round runs on what is left.  Returns (rows, columns)."""
+    if score.shape[0] <= SEQUENTIAL:
+        return _sequential(score, row_load)
+    active = np.arange(score.shape[0])
     out_r: list[np.ndarray] = []
     out_c: list[np.ndarray] = []
     for _ in range(ROUNDS):
-        if active.size == 0:
-            break
         sub = score[active]
         pick = sub.argmax(axis=1)
-        ok = sub[np.arange(active.size), pick] >= 0
+        best = sub[np.arange(active.size), pick]
+        ok = best >= 0
         i, j = active[ok], pick[ok]
         if i.size == 0:
             break
-        key = row_load[i] * m - dist[i, j]
+        key = row_load[i] * m - (col_base[j] - best[ok])
         order = np.lexsort((-key, j))
         first = np.ones(order.size, dtype=bool)
         first[1:] = j[order[1:]] != j[order[:-1]]
@@ -273,19 +283,18 @@ def _greedy(
         left = ok.copy()
         left[np.searchsorted(active, i)] = False
         active = active[left]
+        if active.size == 0:
+            break
     if not out_r:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty
     return np.concatenate(out_r), np.concatenate(out_c)
 
 
-def _sequential(
-    cand: np.ndarray, dist: np.ndarray, row_load: np.ndarray, col_load: np.ndarray, m: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _sequential(score: np.ndarray, row_load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sequential greedy for a block with few rows: most loaded row first takes its best
     free column.  Priority proposals herd (every row wants the same most loaded column) and
     would need one round per row anyway."""
-    score = np.where(cand, col_load[None, :] * m - dist, -1)
     out_r: list[int] = []
     out_c: list[int] = []
     for i in np.argsort(-row_load, kind="stable").tolist():

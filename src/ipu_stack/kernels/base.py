@@ -92,12 +92,18 @@ def write_rows(
 ) -> None:
     """Write ``data`` (``[T, rows, row_bytes]`` uint8) as rows of ``pitch`` bytes at ``address``.
 
-    Only the first ``row_bytes`` of each row are written, so row padding keeps its contents.
+    Only the first ``row_bytes`` of each row are touched (the last row ends exactly there),
+    so row padding and whatever follows the operand keep their contents.
     """
     t, rows, row_bytes = data.shape
-    region = mem[tiles, address : address + rows * pitch].reshape(t, rows, pitch)
-    region[:, :, :row_bytes] = data
-    mem[tiles, address : address + rows * pitch] = region.reshape(t, rows * pitch)
+    if rows == 0:
+        return
+    extent = (rows - 1) * pitch + row_bytes
+    region = np.zeros((t, rows * pitch), dtype=np.uint8)
+    region[:, :extent] = mem[tiles, address : address + extent]
+    shaped = region.reshape(t, rows, pitch)
+    shaped[:, :, :row_bytes] = data
+    mem[tiles, address : address + extent] = region[:, :extent]
 
 
 def read_matrix(
@@ -109,7 +115,16 @@ def read_matrix(
     pitch: int,
     dtype: np.dtype,
 ) -> np.ndarray:
-    """A ``[T, rows, cols]`` matrix of ``dtype`` stored with row ``pitch`` at ``address``."""
+    """A ``[T, rows, cols]`` matrix of ``dtype`` stored with row ``pitch`` at ``address``.
+
+    Reads exactly ``(rows - 1) * pitch + cols * itemsize`` bytes: the operand's extent.
+    """
     item = np.dtype(dtype).itemsize
-    raw = read_region(mem, tiles, address, rows * pitch).reshape(len(tiles), rows, pitch)
-    return np.ascontiguousarray(raw[:, :, : cols * item]).view(dtype)
+    row_bytes = cols * item
+    if rows == 0:
+        return np.zeros((len(tiles), 0, cols), dtype=dtype)
+    extent = (rows - 1) * pitch + row_bytes
+    region = np.zeros((len(tiles), rows * pitch), dtype=np.uint8)
+    region[:, :extent] = read_region(mem, tiles, address, extent)
+    raw = region.reshape(len(tiles), rows, pitch)
+    return np.ascontiguousarray(raw[:, :, :row_bytes]).view(dtype)
