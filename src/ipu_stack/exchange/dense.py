@@ -15,10 +15,12 @@ instead of a rescan of each freed port's adjacency:
   matched port's slack does not change while it runs, an idle port's load does not change,
   so the next event is ``min(finish times, L - idle loads)`` over tile-sized arrays.
 
-The greedy fill proposes, per free sender, the most loaded free receiver, ties broken by the
-cyclic distance ``(receiver - sender) mod M``; receivers accept the most loaded proposer with
-the same tie-break.  On all-to-all and other regular patterns this yields Latin-square
-rounds (a perfect matching every round) so repairs, the only Python-level loop, stay rare.
+The greedy fill lets the ports freed since the last event propose to their most loaded free
+partner, ties broken by the cyclic distance ``(receiver - sender) mod M``; partners accept
+the most loaded proposer with the same tie-break (few proposers: a sequential greedy).  On
+all-to-all and other regular patterns this yields Latin-square rounds (a perfect matching
+every round) so repairs, the only Python-level loop, stay rare.  An edge's end may be
+handled up to ``DEFER`` cycles late (never past a freed port turning tight) to batch events.
 
 Events fall on integer cycles and each ends a pair or tightens a port: at most
 ``min(L, pairs + 2 * tiles)`` events.  Memory is ``senders x receivers`` (about 20 MB at
@@ -32,7 +34,7 @@ import numpy as np
 from ipu_stack.exchange.model import Transfers
 
 INF = np.iinfo(np.int64).max // 4
-DEFER = 4  # cycles an edge's end may wait for the next event
+DEFER = 2  # cycles an edge's end may wait for the next event
 ROUNDS = 16  # proposal rounds per fill
 SEQUENTIAL = 32  # at most this many proposers left: finish with the sequential greedy
 
@@ -59,7 +61,6 @@ class _DensePeeler:
         self.pid.flat[self.pair_key] = np.arange(self.pair_key.size)
         self.live = self.rem > 0
         self.live_t = np.ascontiguousarray(self.live.T)  # receiver rows, for row slices
-        self.pair_count = self.pair_key.size
         self.load = (self.rem.sum(axis=1), self.rem.sum(axis=0))
         self.match = (np.full(ns, -1, dtype=np.int64), np.full(nr, -1, dtype=np.int64))
         self.enter = np.zeros(ns, dtype=np.int64)  # per sender: when its edge started
@@ -261,6 +262,14 @@ def _greedy(
     and columns leave and the next round runs on what is left.  Returns (rows, columns)."""
     if score.shape[0] <= SEQUENTIAL:
         return _sequential(score, row_load)
+    cols = np.flatnonzero((score >= 0).any(axis=0))
+    if cols.size <= SEQUENTIAL:  # few columns: they choose, most loaded first
+        sub = score[:, cols]
+        flipped = (row_load.astype(score.dtype) * score.dtype.type(m))[None, :] - (
+            col_base[cols][:, None] - sub.T
+        )
+        c, r = _sequential(flipped, col_base[cols])
+        return r, cols[c]
     active = np.arange(score.shape[0])
     out_r: list[np.ndarray] = []
     out_c: list[np.ndarray] = []

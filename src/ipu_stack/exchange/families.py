@@ -73,6 +73,32 @@ def gemm_broadcast(n: int, tiles: int = TILES, seed: int = 0) -> Transfers:
     return Transfers.from_arrays(tiles, src, offsets, dst, rng.integers(8, 65, count))
 
 
+def gemm_operands(n: int, tiles: int = TILES, seed: int = 0) -> Transfers:
+    """Both GEMM operands in one phase, as compiled plans gather them: tiles form an
+    ``R x C`` grid; A blocks are multicast to every tile of a grid row (replicated over the
+    C column groups) and B blocks to every tile of a grid column (replicated over the R
+    row groups), each from a storage tile outside the receiving group.  Every tile receives
+    from two overlapping replica groups, so the phase splits into two layers."""
+    rng = np.random.default_rng(seed)
+    rows = max(r for r in range(2, int(tiles**0.5) + 1) if tiles % r == 0) if tiles > 3 else 0
+    if rows < 2:
+        raise ValueError(f"gemm_operands needs a tile count with a grid factor, got {tiles}")
+    cols = tiles // rows
+    grid = np.arange(rows * cols).reshape(rows, cols)
+    half = max(1, n // 2)
+    a_group = np.sort(rng.integers(0, rows, half))
+    b_group = np.sort(rng.integers(0, cols, n - half))
+    dst = np.concatenate((grid[a_group].reshape(-1), grid[:, b_group].T.reshape(-1)))
+    fan = np.concatenate((np.full(half, cols), np.full(n - half, rows)))
+    # a source outside its group: another row (A) or another column (B) of the grid
+    a_src = grid[(a_group + rng.integers(1, rows, half)) % rows, rng.integers(0, cols, half)]
+    b_src = grid[rng.integers(0, rows, n - half), (b_group + rng.integers(1, cols, n - half)) % cols]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(fan)
+    words = rng.integers(8, 65, n)
+    return Transfers.from_arrays(tiles, np.concatenate((a_src, b_src)), offsets, dst, words)
+
+
 def random_multicast(n: int, tiles: int = TILES, seed: int = 0) -> Transfers:
     """Random source, 1..8 distinct random destinations, 1..40 words."""
     rng = np.random.default_rng(seed)
@@ -95,5 +121,6 @@ FAMILIES: dict[str, Callable[..., Transfers]] = {
     "gather": gather,
     "reduction": reduction,
     "gemm-broadcast": gemm_broadcast,
+    "gemm-operands": gemm_operands,
     "random-multicast": random_multicast,
 }

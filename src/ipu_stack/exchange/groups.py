@@ -8,6 +8,13 @@ chunks in a cycle), and the phase becomes a unicast phase that the exact schedul
 at its own bound.  That bound is the real endpoint bound whenever some member of each group
 receives every word sent to the group, which is the case for replica broadcasts; the caller
 checks, and falls back to list scheduling otherwise.
+
+When a tile belongs to several replica groups (a GEMM phase gathering A blocks over grid
+rows and B blocks over grid columns at once) the groups overlap and the reduction does not
+apply to the whole phase.  ``layers`` then splits the phase into layers in which distinct
+destination sets never overlap (a greedy colouring of the overlap graph of the sets); each
+layer reduces on its own, and running the layers one after another is exact when every
+tile receives from one group per layer, as on a grid (the bound is then a sum over layers).
 """
 
 from __future__ import annotations
@@ -43,3 +50,52 @@ def group_reduction(t: Transfers) -> Transfers | None:
         t.tiles + len(groups), t.src, np.arange(t.count + 1, dtype=np.int64),
         t.tiles + virtual.ravel(), t.words,
     )
+
+
+MAX_SETS = 4096  # beyond this many distinct destination sets the phase is not replica-shaped
+MAX_LAYERS = 4
+
+
+def layers(t: Transfers) -> list[np.ndarray] | None:
+    """Transfer indices per layer, or None when the phase does not split into a few layers of
+    replica groups (too many distinct destination sets, or too many overlaps)."""
+    if t.count == 0:
+        return None
+    owner = t.dst_transfer()
+    salt = np.random.default_rng(12345).integers(1, 2**62, t.tiles, dtype=np.int64)
+    digest = np.zeros(t.count, dtype=np.int64)
+    np.add.at(digest, owner, salt[t.dst])  # order-free fingerprint of the destination set
+    sets, set_of = np.unique(digest, return_inverse=True)
+    set_of = set_of.ravel()
+    if sets.size > MAX_SETS:
+        return None
+    # sets containing each tile (distinct (tile, set) pairs), then overlapping set pairs
+    pair = np.unique(t.dst.astype(np.int64) * sets.size + set_of[owner])
+    tile, member = pair // sets.size, pair % sets.size
+    starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
+    width = np.diff(np.r_[starts, tile.size])
+    if int(width.max()) > MAX_LAYERS:
+        return None
+    colour = np.full(sets.size, -1, dtype=np.int64)
+    conflicts: list[set[int]] = [set() for _ in range(sets.size)]
+    for k in np.flatnonzero(width > 1).tolist():
+        group = member[starts[k] : starts[k] + width[k]].tolist()
+        for a in group:
+            conflicts[a].update(group)
+    for a in range(sets.size):
+        used = {int(colour[b]) for b in conflicts[a] if b != a}
+        free = [c for c in range(MAX_LAYERS) if c not in used]
+        if not free:
+            return None  # more than MAX_LAYERS mutually overlapping sets: not replica-shaped
+        colour[a] = free[0]
+    layer = colour[set_of]
+    return [np.flatnonzero(layer == c) for c in range(int(colour.max()) + 1)]
+
+
+def subset(t: Transfers, rows: np.ndarray) -> Transfers:
+    """The phase restricted to transfers ``rows`` (in that order)."""
+    fan = t.fanout[rows]
+    offsets = np.zeros(rows.size + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(fan)
+    idx = np.repeat(t.dst_offsets[rows] - offsets[:-1], fan) + np.arange(offsets[-1])
+    return Transfers(t.tiles, t.src[rows], offsets, t.dst[idx], t.words[rows])

@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from ipu_stack.exchange.groups import group_reduction
+from ipu_stack.exchange.groups import group_reduction, layers, subset
 from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound
 from ipu_stack.exchange.multicast import schedule_multicast
 from ipu_stack.exchange.unicast import schedule_unicast
@@ -31,19 +31,45 @@ def _level(t: Transfers) -> int:
     return logging.INFO if t.count >= LARGE_PHASE else logging.DEBUG
 
 
+def _grouped(t: Transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Chunks via the replica-group reduction, exact at ``t``'s own bound, or None when some
+    group has no member that receives all of it (the reduction would lose)."""
+    grouped = group_reduction(t)
+    bound = endpoint_lower_bound(t)
+    if grouped is None or endpoint_lower_bound(grouped) > bound:
+        return None
+    transfer, start, words, _ = schedule_unicast(grouped, bound)
+    return transfer, start, words
+
+
+def _layered(t: Transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Layers of non-overlapping replica groups, each reduced, run one after another."""
+    split = layers(t)
+    if split is None or len(split) < 2:
+        return None
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    offset = 0
+    for rows in split:
+        chunks = _grouped(subset(t, rows))
+        if chunks is None:
+            return None
+        transfer, start, words = chunks
+        parts.append((rows[transfer], start + offset, words))
+        offset += int((start + words).max())
+    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
+
+
 def _candidates(t: Transfers, bound: int) -> list[Schedule]:
     if t.is_unicast():
         transfer, start, words, _ = schedule_unicast(t, bound)
         return [Schedule.from_chunks(bound, "full-duplex", transfer, start, words)]
-    grouped = group_reduction(t)
-    if grouped is not None and endpoint_lower_bound(grouped) > bound:
-        grouped = None  # some group has no member that receives all of it: list schedule
-    if grouped is not None:
-        transfer, start, words, _ = schedule_unicast(grouped, bound)
-        schedule = Schedule.from_chunks(bound, "compact-streams", transfer, start, words)
-        if schedule.horizon <= bound:
-            return [schedule]  # at the bound: nothing can beat it
-    out = [] if grouped is None else [schedule]
+    out: list[Schedule] = []
+    for make in (_grouped, _layered):
+        chunks = make(t)
+        if chunks is not None:
+            out.append(Schedule.from_chunks(bound, "compact-streams", *chunks))
+            if out[-1].horizon <= bound:
+                return out[-1:]  # at the bound: nothing can beat it
     for kind, balanced in (("compact-streams", False), ("balanced-compact-streams", True)):
         if balanced and t.count > BALANCED_LIMIT:
             break

@@ -1,18 +1,23 @@
 """Fit a choice of stage plans into tile memory, trading cycles for bytes.
 
 Weights stay resident for the whole program, so every GEMM stage's weight block adds up on a
-tile, while operands, partials and results only live during their stage.  The estimate of a
-tile's need is ``sum(resident) + max(transient) + reserve`` (support memory and activations
+tile, while operands, partials and results only live during their stage.  A tile's need is
+estimated as ``sum(resident) + max(transient) + reserve`` (support memory and activations
 carried between stages are covered by the reserve and by ``memory_proportion``, the share of
 tile memory the planner may plan for, like Poplar's available-memory proportion).
 
-When the fastest plans do not fit, the fitter repeatedly moves one stage along its Pareto
-front (fewer resident bytes, more cycles), always taking the move that costs the fewest
-cycles per byte saved, until the estimate fits or no stage can shrink further.
+The fitter tries every cap on the transient bytes (the distinct transient sizes on the
+stages' Pareto fronts).  Under a cap each stage may only use plans within it, and resident
+bytes must fit in what the cap leaves; starting from each stage's fastest allowed plan it
+repeatedly takes the move along a front that costs the fewest cycles per resident byte
+saved.  The cheapest fitting choice over all caps wins.  A single greedy over ``need`` would
+stall here: moving one stage to a lean plan can raise the shared transient peak even though
+moving all of them fits.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from ipu_stack.planning.gemm import GemmPlan, resident_bytes, transient_bytes
@@ -42,40 +47,83 @@ def need(plans: list[GemmPlan | None]) -> int:
     return sum(resident_bytes(p) for p in chosen) + max(transient_bytes(p) for p in chosen)
 
 
+def _fit_under_cap(
+    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, limit: int
+) -> list[GemmPlan | None] | None:
+    """Fastest choice with every transient <= cap and resident sum <= limit, greedily."""
+    options: list[list[GemmPlan]] = []
+    current: list[GemmPlan | None] = []
+    for plan, front in zip(plans, fronts, strict=True):
+        if plan is None:
+            options.append([])
+            current.append(None)
+            continue
+        allowed = [p for p in [plan, *front] if transient_bytes(p) <= cap]
+        allowed.sort(key=lambda p: (p.estimated_cycles, -resident_bytes(p)))
+        lean: list[GemmPlan] = []
+        for p in allowed:  # strictly decreasing resident bytes as cycles grow
+            if not lean or resident_bytes(p) < resident_bytes(lean[-1]):
+                lean.append(p)
+        if not lean:
+            return None
+        options.append(lean)
+        current.append(lean[0])
+    position = [0] * len(current)
+    total = sum(resident_bytes(p) for p in current if p is not None)
+    heap: list[tuple[float, int, int]] = []
+
+    def push(index: int) -> None:
+        k = position[index]
+        if k + 1 < len(options[index]):
+            here, there = options[index][k], options[index][k + 1]
+            saved = resident_bytes(here) - resident_bytes(there)
+            ratio = max(there.estimated_cycles - here.estimated_cycles, 0) / saved
+            heapq.heappush(heap, (ratio, index, k))
+
+    for index, plan in enumerate(current):
+        if plan is not None:
+            push(index)
+    while total > limit:
+        if not heap:
+            return None
+        _, index, k = heapq.heappop(heap)
+        if position[index] != k:
+            continue
+        total -= resident_bytes(options[index][k]) - resident_bytes(options[index][k + 1])
+        position[index] = k + 1
+        current[index] = options[index][k + 1]
+        push(index)
+    return current
+
+
 def fit_plans(
     plans: list[GemmPlan | None],
     fronts: list[list[GemmPlan]],
     budget: MemoryBudget,
 ) -> tuple[list[GemmPlan | None], int]:
-    """Shrink plans along their fronts until they fit; return them and the moves made."""
-    current = list(plans)
-    moves = 0
-    while (now := need(current)) > budget.bytes:
-        resident = [resident_bytes(p) if p else 0 for p in current]
-        transient = sorted(((transient_bytes(p), i) for i, p in enumerate(current) if p),
-                           reverse=True)
-        total = sum(resident)
-        best: tuple[float, int, GemmPlan] | None = None
-        for index, plan in enumerate(current):
-            if plan is None:
-                continue
-            others = next((t for t, i in transient if i != index), 0)
-            for option in fronts[index]:
-                trial = (total - resident[index] + resident_bytes(option)
-                         + max(others, transient_bytes(option)))
-                saved = now - trial  # strictly positive: the loop always terminates
-                if saved <= 0:
-                    continue
-                cost = max(option.estimated_cycles - plan.estimated_cycles, 0) / saved
-                if best is None or cost < best[0]:
-                    best = (cost, index, option)
-        if best is None:
-            raise CompileError(
-                f"does not fit: the leanest plans need about {need(current)} bytes per tile, "
-                f"the planner may use {budget.bytes} (raise --memory-proportion or use fewer "
-                "blocks or a smaller batch)"
-            )
-        _, index, option = best
-        current[index] = option
-        moves += 1
-    return current, moves
+    """The cheapest choice that fits; also how many stages changed plan."""
+    if need(plans) <= budget.bytes:
+        return list(plans), 0
+    caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
+                   for p in ([plan] if plan else []) + front})
+    best: list[GemmPlan | None] | None = None
+    best_cycles = None
+    for cap in caps:
+        if cap >= budget.bytes:
+            break
+        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap)
+        if choice is None:
+            continue
+        cycles = sum(p.estimated_cycles for p in choice if p is not None)
+        if best_cycles is None or cycles < best_cycles:
+            best, best_cycles = choice, cycles
+    if best is None:
+        leanest = [min([p, *f], key=resident_bytes) if p else None
+                   for p, f in zip(plans, fronts, strict=True)]
+        raise CompileError(
+            f"does not fit: the leanest plans need about {need(leanest)} bytes per tile, "
+            f"the planner may use {budget.bytes} (raise --memory-proportion or use fewer "
+            "blocks or a smaller batch)"
+        )
+    moves = sum(1 for a, b in zip(plans, best, strict=True) if a is not b)
+    return best, moves
