@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack import __version__
+from ipu_stack.capacity import capacity_options, probe_capacity
 from ipu_stack.device import DEFAULT_LOCK
 from ipu_stack.ir.graph import Graph
 from ipu_stack.pipeline import CompileOptions, compile_workload
@@ -66,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_options(p)
     p.add_argument("--out", help="package and reports folder (default artifacts/<workload>/)")
     _add_run_options(p)
+
+    p = sub.add_parser("capacity", help="largest batch or number of layers that compiles")
+    _add_workload_options(p)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--max-batch", type=int, help="search batch sizes up to N")
+    group.add_argument("--max-blocks", type=int, help="search layer counts up to N")
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
     p.add_argument("package")
@@ -176,6 +184,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            result.timings["compile"])
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    workload, params = _params(args)
+    parameter, limit = ("batch", args.max_batch) if args.max_batch is not None else (
+        "blocks", args.max_blocks)
+    result = probe_capacity(workload, params, parameter, limit, capacity_options(_options(args)))
+    key = "maximumBatch" if parameter == "batch" else "maximumBlocks"
+    record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
+              "compiles": len(result.tried), "seconds": round(result.seconds, 1),
+              "tried": {str(k): v for k, v in sorted(result.tried.items())}}
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(f"{key}={result.maximum} reason={log.format_value(result.reason)} "
+              f"compiles={len(result.tried)} seconds={record['seconds']}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.package)
     package = load_package(path)
@@ -232,6 +257,7 @@ COMMANDS = {
     "compile": cmd_compile,
     "bench": cmd_bench,
     "run": cmd_run,
+    "capacity": cmd_capacity,
     "inspect": cmd_inspect,
     "workloads": cmd_workloads,
     "exchange": cmd_exchange,

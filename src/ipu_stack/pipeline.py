@@ -151,13 +151,41 @@ def _finalists(
     return out
 
 
+MIN_PROPORTION = 0.45
+
+
 def compile_workload(
     workload: Workload,
     params: dict[str, Any],
     out_dir: Path,
     options: CompileOptions = CompileOptions(),
 ) -> CompileResult:
-    """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``."""
+    """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``.
+
+    The planner's memory estimate cannot see support memory (exchange tables grow with the
+    program) or fragmentation exactly, so when placement fails the compile is planned again
+    with 0.1 less of tile memory, down to ``MIN_PROPORTION``.
+    """
+    proportion = options.memory_proportion
+    while True:
+        try:
+            return _compile_once(workload, params, out_dir,
+                                 dataclasses.replace(options, memory_proportion=proportion))
+        except PlacementError as failure:
+            if proportion - 0.1 < MIN_PROPORTION:
+                raise
+            proportion = round(proportion - 0.1, 2)
+            event(LOG, "placement failed, planning again with less memory", level=logging.WARNING,
+                  reason=str(failure), memory_proportion=proportion)
+
+
+def _compile_once(
+    workload: Workload,
+    params: dict[str, Any],
+    out_dir: Path,
+    options: CompileOptions,
+) -> CompileResult:
+    """One attempt at the whole compile under ``options.memory_proportion``."""
     target = get_target(options.target)
     timings: dict[str, float] = {}
     start = time.perf_counter()

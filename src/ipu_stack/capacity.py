@@ -1,0 +1,99 @@
+"""Capacity probes: the largest batch (or number of layers) of a workload that compiles.
+
+A size *fits* when the whole compile succeeds (planning, placement, package) on the target;
+nothing is simulated.  The search doubles the size until a compile fails or the limit is
+reached, then bisects between the last size that fit and the first that did not, so it
+compiles about ``2 log2(limit)`` sizes instead of all of them.  Fitting is monotone in
+practice (a larger batch or more layers never needs less memory), which bisection assumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.log import event
+from ipu_stack.workloads.base import Workload
+
+LOG = logging.getLogger("ipu_stack.capacity")
+
+
+@dataclass
+class CapacityResult:
+    """The largest size that fits, why the next one does not, and every size tried."""
+
+    parameter: str
+    maximum: int
+    reason: str
+    tried: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _fits(workload: Workload, params: dict[str, Any], options: CompileOptions) -> str:
+    """'' when the workload compiles, else the one-line reason it does not."""
+    with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
+        try:
+            compile_workload(workload, params, Path(out), options)
+        except CompileError as failure:
+            return str(failure)
+    return ""
+
+
+def probe_capacity(
+    workload: Workload,
+    params: dict[str, Any],
+    parameter: str,
+    limit: int,
+    options: CompileOptions,
+) -> CapacityResult:
+    """Search ``parameter`` (``batch`` or ``blocks``) in ``[1, limit]``."""
+    if parameter not in params:
+        raise UsageError(f"workload {workload.name} has no parameter --{parameter}")
+    if limit < 1:
+        raise UsageError(f"--max-{parameter} must be at least 1")
+    start = time.perf_counter()
+    tried: dict[int, str] = {}
+
+    def attempt(size: int) -> bool:
+        reason = _fits(workload, workload.resolve({**params, parameter: size}), options)
+        tried[size] = reason or "fits"
+        event(LOG, "capacity probe", parameter=parameter, size=size, fits=not reason,
+              reason=reason or None)
+        return not reason
+
+    good, bad = 0, None
+    size = 1
+    while size <= limit:
+        if attempt(size):
+            good = size
+            size *= 2
+        else:
+            bad = size
+            break
+    if bad is None and good < limit:
+        if attempt(limit):
+            good = limit
+        else:
+            bad = limit
+    if bad is not None:
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if attempt(middle):
+                good = middle
+            else:
+                bad = middle
+        reason = f"{parameter}={bad}: {tried[bad]}"
+    else:
+        reason = f"reached --max-{parameter} {limit}"
+    return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start)
+
+
+def capacity_options(options: CompileOptions) -> CompileOptions:
+    """Probes plan with one finalist: the question is whether it fits, not how fast."""
+    return replace(options, finalists=1)
