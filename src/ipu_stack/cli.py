@@ -17,12 +17,15 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity
-from ipu_stack.device import DEFAULT_LOCK
+from ipu_stack.device import DEFAULT_LOCK, SimulatedIpu
+from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.ir.graph import Graph
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.util import log
-from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
+from ipu_stack.package import Package
+from ipu_stack.target import get_target
+from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
 from ipu_stack.util.files import write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload
 
@@ -201,18 +204,41 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:
+    """Rebuild the workload a package was compiled from and check it matches the program."""
+    validate_metadata(package.manifest)
+    validate_manifest(package.manifest, package.arrays, get_target(package.target))
+    info = package.manifest["workload"]
+    try:
+        workload = get_workload(info["name"])
+        params = workload.resolve(dict(info["params"]))
+    except UsageError as exc:
+        raise PackageError(f"package names a workload this build cannot make: {exc}") from None
+    graph, tensors = workload.build(params)
+    recorded = package.manifest["tensors"]
+    for value in graph.values:
+        entry = recorded.get(value.name)
+        if entry is None or entry.get("shape") != list(value.type.shape) or entry.get(
+            "precision"
+        ) != value.type.precision.to_json():
+            raise PackageError(
+                f"package does not match its workload: tensor {value.name} is "
+                f"{value.type} for {info['name']} with the recorded parameters"
+            )
+    return workload, params, graph, tensors
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.package)
     package = load_package(path)
-    info = package.manifest.get("workload", {})
-    workload = get_workload(str(info.get("name")))
-    params = workload.resolve(dict(info.get("params", {})))
-    graph, tensors = workload.build(params)
+    workload, params, graph, tensors = _package_workload(package)
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
+    validate_metadata(package.manifest)
+    SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
     m = package.manifest
     summary = {
         "workload": m["workload"]["identifier"],

@@ -424,8 +424,8 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
      {}),
 ]
 
-# Hand-crafted packages that ``ipu-stack run`` does NOT refuse cleanly today (bugs found by this
-# suite): name, edit, what happens.  tests/reliability/test_package_attacks.py holds each as a
+# Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by this
+# suite, since fixed by device/validate.py): name, edit, what used to happen.  tests/reliability/test_package_attacks.py holds each as a
 # strict xfail, benchmarks/fuzz.py counts them separately.
 KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("manifest workload is a string", _manifest(lambda m: m.update(workload="siglip-mlp")),

@@ -5,8 +5,9 @@
 CLI.  Every malformed package must give exactly one ``error:`` line on stderr (``--quiet``:
 nothing else), exit code 2, no traceback, and nothing written anywhere.
 
-Cases the stack does not refuse cleanly today are strict xfails (``KNOWN_BUGS``,
-``INSPECT_BUGS`` in ``tests/reliability/__init__.py``): when one is fixed, its xfail turns into
+Cases that once crashed the stack (``KNOWN_BUGS``, ``INSPECT_BUGS`` in
+``tests/reliability/__init__.py``, found by this suite and fixed by the package validator in
+``device/validate.py``) are kept as regression tests; when one is fixed, its xfail turns into
 a failure and must be moved to the passing tables.
 """
 
@@ -126,7 +127,7 @@ def test_content_attack_is_refused_by_run(arena: Path, original: bytes, index: i
 def test_inspect_never_crashes_on_hostile_content(arena: Path, original: bytes) -> None:
     """``inspect`` summarises without loading; on hostile content it may succeed or refuse,
     but never raise (the cases where it does today are in ``INSPECT_BUGS``)."""
-    broken = {name for name, _, _ in INSPECT_BUGS}
+    broken: set[str] = set()  # INSPECT_BUGS are all fixed: every attack must be refused
     for name, data in content_attacks(original, arena / "craft"):
         if name in broken:
             continue
@@ -141,10 +142,11 @@ def test_inspect_never_crashes_on_hostile_content(arena: Path, original: bytes) 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the NaNs of "gemm with -5 rows"
 @pytest.mark.parametrize(
     "index",
-    [pytest.param(i, id=name, marks=pytest.mark.xfail(strict=True, reason=reason))
-     for i, (name, _, reason) in enumerate(KNOWN_BUGS)],
+    [pytest.param(i, id=name) for i, (name, _, _) in enumerate(KNOWN_BUGS)],
 )
-def test_known_bug_run_does_not_refuse_cleanly(arena: Path, original: bytes, index: int) -> None:
+def test_formerly_crashing_package_is_refused_by_run(arena: Path, original: bytes,
+                                                     index: int) -> None:
+    """Each of these once crashed ``run`` (the reason in ``KNOWN_BUGS`` says how)."""
     name, edit, _ = KNOWN_BUGS[index]
     ((_, data),) = content_attacks(original, arena / "craft", [(name, edit, {})])
     refused(arena, data, "run")
@@ -152,17 +154,16 @@ def test_known_bug_run_does_not_refuse_cleanly(arena: Path, original: bytes, ind
 
 @pytest.mark.parametrize(
     "index",
-    [pytest.param(i, id=name, marks=pytest.mark.xfail(strict=True, reason=reason))
-     for i, (name, _, reason) in enumerate(INSPECT_BUGS)],
+    [pytest.param(i, id=name) for i, (name, _, _) in enumerate(INSPECT_BUGS)],
 )
-def test_known_bug_inspect_crashes(arena: Path, original: bytes, index: int) -> None:
+def test_formerly_crashing_package_is_refused_by_inspect(arena: Path, original: bytes,
+                                                         index: int) -> None:
+    """Each of these once crashed ``inspect`` (the reason in ``INSPECT_BUGS`` says how)."""
     name, edit, _ = INSPECT_BUGS[index]
     ((_, data),) = content_attacks(original, arena / "craft", [(name, edit, {})])
     refused(arena, data, "inspect")
 
 
-@pytest.mark.xfail(strict=True, reason="cmd_inspect never checks the program against the machine "
-                   "(SimulatedIpu.load does), so it summarises a package naming tile 5000 with exit 0")
 def test_inspect_refuses_a_package_naming_tile_5000(arena: Path, original: bytes) -> None:
     ((_, data),) = content_attacks(original, arena / "craft", [CONTENT_ATTACKS[1]])
     assert CONTENT_ATTACKS[1][0] == "compute call on tile 5000"

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.device.validate import validate_manifest
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.exchange.model import ScheduleError
 from ipu_stack.ir.layout import BlockLayout
@@ -74,6 +75,7 @@ class SimulatedIpu:
     def load(self, package: Package) -> None:
         """Check the package against this machine, then hold it for calls."""
         manifest = package.manifest
+        validate_manifest(manifest, package.arrays, self.target)
         try:
             self.kernels = [KernelInstance(k["family"], k["params"]) for k in manifest["kernels"]]
             for kernel in self.kernels:

@@ -57,6 +57,10 @@ class Workload:
             params[key] = value
         for p in self.parameters:
             value = params[p.name]
+            if p.kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = params[p.name] = float(value)
+            if not isinstance(value, p.kind) or (p.kind is int and isinstance(value, bool)):
+                raise UsageError(f"--{p.name} must be {p.kind.__name__}, got {value!r}")
             if p.choices is not None and value not in p.choices:
                 raise UsageError(
                     f"--{p.name} {value!r} is not one of {', '.join(map(str, p.choices))}"
