@@ -20,11 +20,11 @@ from ipu_stack.capacity import capacity_options, probe_capacity
 from ipu_stack.device import DEFAULT_LOCK, SimulatedIpu
 from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.ir.graph import Graph
+from ipu_stack.package import Package
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
-from ipu_stack.util import log
-from ipu_stack.package import Package
 from ipu_stack.target import get_target
+from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
 from ipu_stack.util.files import write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload

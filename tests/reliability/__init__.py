@@ -424,9 +424,9 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
      {}),
 ]
 
-# Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by this
-# suite, since fixed by device/validate.py): name, edit, what used to happen.  tests/reliability/test_package_attacks.py holds each as a
-# strict xfail, benchmarks/fuzz.py counts them separately.
+# Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by
+# this suite, since fixed by device/validate.py): name, edit, what used to happen.
+# tests/reliability/test_package_attacks.py keeps each as a regression test.
 KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("manifest workload is a string", _manifest(lambda m: m.update(workload="siglip-mlp")),
      "cli.cmd_run: AttributeError 'str' object has no attribute 'get'"),
