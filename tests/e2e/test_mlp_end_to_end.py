@@ -86,7 +86,6 @@ def test_corrupted_weight_block_fails_numerical_test(tmp_path, lock_path, cache_
     assert record["numericalTest"] == "FAIL"
 
 
-@pytest.mark.slow
 def test_full_size_siglip_mlp(tmp_path, lock_path, cache_dir, capsys):
     record = _bench(tmp_path, lock_path, cache_dir, capsys)
     assert record["numericalTest"] == "PASS"

@@ -74,8 +74,6 @@ def test_entry_symlinked_outside_the_cache_is_replaced_not_written_through(tmp_p
     assert not victim.is_symlink() and victim.read_bytes() == good
 
 
-@pytest.mark.xfail(strict=True, reason="kernels/cache.py compile_kernels: path.exists() is true for "
-                   "a directory, read_bytes() raises IsADirectoryError -> traceback, not a rebuild")
 def test_entry_that_is_a_directory_is_rebuilt(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     assert _compile(cache, tmp_path / "a")[0] == 0
@@ -86,8 +84,6 @@ def test_entry_that_is_a_directory_is_rebuilt(tmp_path: Path) -> None:
     assert code == 0, err
 
 
-@pytest.mark.xfail(strict=True, reason="--cache-dir naming a regular file: write_atomic's mkdir "
-                   "raises NotADirectoryError -> traceback instead of one error: line (exit 2)")
 def test_cache_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.write_text("not a folder\n")

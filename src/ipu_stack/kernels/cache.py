@@ -14,10 +14,12 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.target import Target
+from ipu_stack.util.errors import CompileError
 from ipu_stack.util.files import write_bytes_atomic
 from ipu_stack.util.log import event
 
@@ -55,21 +57,33 @@ def compile_kernels(
     counts = {"hits": 0, "built": 0, "rebuilt": 0}
     if cache_dir is None:
         return counts
+    try:
+        _compile_into(instances, target, Path(cache_dir), counts)
+    except OSError as exc:
+        raise CompileError(f"kernel cache {cache_dir} is not usable: {exc.strerror or exc}") from None
+    return counts
+
+
+def _compile_into(
+    instances: list[KernelInstance], target: Target, cache_dir: Path, counts: dict[str, int]
+) -> None:
     for instance in instances:
         data = artifact_bytes(instance, target)
         key = hashlib.sha256(data).hexdigest()
-        path = Path(cache_dir) / "kernels" / key / "kernel.json"
-        if path.exists():
+        path = cache_dir / "kernels" / key / "kernel.json"
+        if path.is_file() and not path.is_symlink():
             if hashlib.sha256(path.read_bytes()).hexdigest() == key:
                 counts["hits"] += 1
                 continue
+        if path.exists() or path.is_symlink():
             event(LOG, "kernel cache entry corrupt, rebuilding", level=logging.WARNING,
                   path=str(path))
             counts["rebuilt"] += 1
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
         else:
             counts["built"] += 1
         event(LOG, "compiling kernel", level=logging.DEBUG, name=instance.name,
               target=target.name)
         write_bytes_atomic(path, data)
         event(LOG, "kernel artifact created", level=logging.DEBUG, metadata=str(path))
-    return counts
