@@ -34,7 +34,7 @@ from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_search
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import Target, get_target
 from ipu_stack.util.errors import CompileError, PlacementError
-from ipu_stack.util.log import event, phase
+from ipu_stack.util.log import Progress, event, phase
 from ipu_stack.workloads.base import Workload
 
 LOG = logging.getLogger("ipu_stack.package.build")
@@ -100,10 +100,14 @@ def schedule_program(program: Program, target: Target) -> dict[int, Schedule]:
     """Schedule every exchange phase; keys are global step indices."""
     schedules: dict[int, Schedule] = {}
     phase_index = 0
-    for _, index, step in program.steps():
-        if isinstance(step, Exchange):
-            schedules[index] = schedule_exchange(to_transfers(step, target), phase=phase_index)
-            phase_index += 1
+    exchanges = [(index, step) for _, index, step in program.steps()
+                 if isinstance(step, Exchange)]
+    progress = Progress("scheduling exchange phases", len(exchanges))
+    for index, step in exchanges:
+        schedules[index] = schedule_exchange(to_transfers(step, target), phase=phase_index)
+        phase_index += 1
+        progress.step(step.name)
+    progress.close()
     return schedules
 
 

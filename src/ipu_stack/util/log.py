@@ -100,3 +100,28 @@ def phase(logger: logging.Logger, name: str, **fields: Any) -> Iterator[dict[str
             **fields,
             **extra,
         )
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal.
+
+    Logs stay the record; this is for the person watching a long phase, so it draws nothing
+    when output is piped or captured (CI, tests, ``2> file``).
+    """
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label = label
+        self.total = max(total, 1)
+        self.done = 0
+        self.enabled = sys.stderr.isatty()
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        if self.enabled:
+            sys.stderr.write(f"\r\033[K{self.label} {self.done}/{self.total} {what}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
