@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.reliability import cli
 
 SMALL = ["siglip-mlp", "--tokens", "16", "--dim", "64", "--hidden", "64", "--finalists", "1"]
