@@ -52,6 +52,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
     parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
     parser.add_argument("--no-wait", action="store_true", help="fail if the device is owned")
+    parser.add_argument("--poison", action="store_true",
+                        help="fault on any read of memory that was never written")
     parser.add_argument("--lock", default=str(DEFAULT_LOCK), help=argparse.SUPPRESS)
 
 
@@ -162,7 +164,8 @@ def _print_record(record: dict[str, Any], as_json: bool) -> None:
 def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
                     compile_seconds: float | None) -> int:
     package = load_package(package_path)
-    result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait)
+    result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait,
+                         poison=args.poison)
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
                               compile_seconds)
     if args.save_tensors:

@@ -63,11 +63,13 @@ def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
 class SimulatedIpu:
     """A loaded package on a simulated chip."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, poison: bool = False) -> None:
         self.target = target
         self.base = target.memory_base
         self.size = target.memory_end - target.memory_base
         self.memory = np.zeros((target.tiles, self.size), dtype=np.uint8)
+        # poison mode: which bytes have been written; reading any other byte is a fault
+        self.written = np.zeros_like(self.memory, dtype=bool) if poison else None
         self.package: Package | None = None
         self.kernels: list[KernelInstance] = []
 
@@ -213,6 +215,8 @@ class SimulatedIpu:
         for address in np.unique(a):
             sel = a == address
             self.memory[t[sel], address : address + nbytes] = flat_blocks[b[sel]]
+            if self.written is not None:
+                self.written[t[sel], address : address + nbytes] = True
         return int(valid.sum()) * nbytes
 
     def _collect(self, report: CallReport, step: dict, piece: np.ndarray) -> None:
@@ -259,9 +263,33 @@ class SimulatedIpu:
             unique, inverse = np.unique(addresses, axis=0, return_inverse=True)
             inverse = inverse.ravel()
             for group, row in enumerate(unique):
-                kernel.impl.run(kernel.params, self.memory, tiles[inverse == group], row.tolist())
+                members = tiles[inverse == group]
+                if self.written is not None:
+                    self._poison_check(kernel, members, row, step.get("name", "compute"))
+                kernel.impl.run(kernel.params, self.memory, members, row.tolist())
+                if self.written is not None:
+                    for region in kernel.impl.regions(kernel.params):
+                        if region.writes:
+                            where = int(row[region.operand]) + region.byte_offsets()
+                            self.written[members[:, None], where[None, :]] = True
             busy[tiles] += kernel.cost(self.target)
         return busy
+
+    def _poison_check(self, kernel: KernelInstance, tiles: np.ndarray, row: np.ndarray,
+                      step: str) -> None:
+        """Fault if the kernel is about to read a byte nothing has written."""
+        assert self.written is not None
+        for region in kernel.impl.regions(kernel.params):
+            if region.writes or region.rows * region.row_bytes == 0:
+                continue
+            where = int(row[region.operand]) + region.byte_offsets()
+            unset = ~self.written[tiles[:, None], where[None, :]]
+            if unset.any():
+                t, b = np.argwhere(unset)[0]
+                raise DeviceFault(
+                    f"poison: {kernel.name} in {step} on tile {int(tiles[t])} reads address "
+                    f"{int(where[b]) + self.base}, which was never written"
+                )
 
     def _exchange_step(self, step: dict) -> tuple[int, np.ndarray]:
         transfers, schedule = self._exchange(step)
@@ -280,16 +308,29 @@ class SimulatedIpu:
         starts = np.zeros(len(words), dtype=np.int64)
         np.cumsum(words[:-1], out=starts[1:])
         within = np.arange(total, dtype=np.int64) - np.repeat(starts, words)
-        values = mem32[np.repeat(src_word, words) + within]
+        gather = np.repeat(src_word, words) + within
+        if self.written is not None:
+            # word granularity: a word the producer partly wrote (a row's last, padded word)
+            # counts as written; a word nothing wrote is a fault
+            done = self.written.reshape(-1, WORD)[gather].any(axis=1)
+            if not done.all():
+                word = int(gather[np.argmin(done)])
+                tile, offset = divmod(word, per_tile)
+                raise DeviceFault(
+                    f"poison: exchange {step.get('name')} sends from tile {tile} address "
+                    f"{offset * WORD + self.base}, which was never written"
+                )
+        values = mem32[gather]
         dst_words = np.repeat(words, fanout)
         dst_starts = np.repeat(starts, fanout)
         d_total = int(dst_words.sum())
         d_within = np.arange(d_total, dtype=np.int64) - np.repeat(
             np.cumsum(dst_words) - dst_words, dst_words
         )
-        mem32[np.repeat(dst_word, dst_words) + d_within] = values[
-            np.repeat(dst_starts, dst_words) + d_within
-        ]
+        scatter = np.repeat(dst_word, dst_words) + d_within
+        mem32[scatter] = values[np.repeat(dst_starts, dst_words) + d_within]
+        if self.written is not None:
+            self.written.reshape(-1, WORD)[scatter] = True
         np.add.at(ports, transfers.src, words)
         recv = np.zeros(self.target.tiles, dtype=np.int64)
         np.add.at(recv, transfers.dst, dst_words)

@@ -25,6 +25,27 @@ AccessFn = Callable[[dict[str, Any]], list[tuple[int, int, bool]]]
 
 
 @dataclass(frozen=True)
+class Region:
+    """Bytes a kernel touches in one operand: ``rows`` rows of ``row_bytes`` every ``pitch``
+    bytes from ``offset``.  Exact, unlike an extent: row padding is not part of it, which is
+    what poison mode needs to tell a read of never-written memory from padding."""
+
+    operand: int
+    offset: int
+    rows: int
+    row_bytes: int
+    pitch: int
+    writes: bool
+
+    def byte_offsets(self) -> np.ndarray:
+        rows = np.arange(self.rows, dtype=np.int64)[:, None] * self.pitch
+        return (self.offset + rows + np.arange(self.row_bytes, dtype=np.int64)[None, :]).ravel()
+
+
+RegionFn = Callable[[dict[str, Any]], list[Region]]
+
+
+@dataclass(frozen=True)
 class KernelFamily:
     """One kernel family: how to name, cost, run and bound the accesses of its instances."""
 
@@ -35,6 +56,7 @@ class KernelFamily:
     cost: CostFn
     run: RunFn
     accesses: AccessFn  # per operand: (operand index, byte length, writes)
+    regions: RegionFn  # the exact bytes read and written
 
 
 FAMILIES: dict[str, KernelFamily] = {}

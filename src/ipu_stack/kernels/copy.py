@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.kernels.base import KernelFamily, register
+from ipu_stack.kernels.base import KernelFamily, Region, register
 from ipu_stack.target import Target
 from ipu_stack.target.machine import VECTOR_COSTS
 
@@ -45,6 +45,13 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     ]
 
 
+def _regions(p: dict[str, Any]) -> list[Region]:
+    return [
+        Region(0, 0, p["rows"], p["row_bytes"], p["src_pitch"], False),
+        Region(1, 0, p["rows"], p["row_bytes"], p["dst_pitch"], True),
+    ]
+
+
 COPY = register(
     KernelFamily(
         name="copy",
@@ -54,6 +61,7 @@ COPY = register(
         cost=_cost,
         run=_run,
         accesses=_accesses,
+        regions=_regions,
     )
 )
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.kernels.base import KernelFamily, read_matrix, register, write_rows
+from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
 from ipu_stack.kernels.elementwise import apply_chain, chain_cost_per_element
 from ipu_stack.target import Target
 from ipu_stack.target.machine import VECTOR_COSTS
@@ -81,6 +81,18 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     return result
 
 
+def _regions(p: dict[str, Any]) -> list[Region]:
+    out = Precision.from_json(p["out"])
+    rows, cols, pitch = p["rows"], p["cols"], p["partial_pitch"]
+    slot = p["slot_rows"] * pitch
+    result = [Region(0, 0, rows, cols * 4, pitch, False)]
+    result += [Region(1, k * slot, rows, cols * 4, pitch, False) for k in range(p["parts"] - 1)]
+    if p["bias"] is not None:
+        result.append(Region(2, 0, 1, cols * Precision.from_json(p["bias"]).itemsize, 0, False))
+    result.append(Region(3, 0, rows, cols * out.itemsize, p["out_pitch"], True))
+    return result
+
+
 EPILOGUE = register(
     KernelFamily(
         name="reduce",
@@ -90,6 +102,7 @@ EPILOGUE = register(
         cost=_cost,
         run=_run,
         accesses=_accesses,
+        regions=_regions,
     )
 )
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.kernels.base import KernelFamily, read_matrix, register, write_rows
+from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
 from ipu_stack.target import Target
 
 
@@ -110,6 +110,17 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     ]
 
 
+def _regions(p: dict[str, Any]) -> list[Region]:
+    a = Precision.from_json(p["a"]).itemsize
+    b = Precision.from_json(p["b"]).itemsize
+    b_rows, b_cols = (p["cols"], p["depth"]) if p.get("b_transposed") else (p["depth"], p["cols"])
+    return [
+        Region(0, 0, p["rows"], p["depth"] * a, p["a_pitch"], False),
+        Region(1, 0, b_rows, b_cols * b, p["b_pitch"], False),
+        Region(2, 0, p["rows"], p["cols"] * 4, p["out_pitch"], True),
+    ]
+
+
 GEMM = register(
     KernelFamily(
         name="gemm",
@@ -119,6 +130,7 @@ GEMM = register(
         cost=_cost,
         run=_run,
         accesses=_accesses,
+        regions=_regions,
     )
 )
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.kernels.base import KernelFamily, read_matrix, register, write_rows
+from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
 from ipu_stack.kernels.elementwise import apply_chain, chain_cost_per_element
 from ipu_stack.target import Target
 from ipu_stack.target.machine import VECTOR_COSTS
@@ -122,6 +122,26 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     return result
 
 
+def _regions(p: dict[str, Any]) -> list[Region]:
+    x = Precision.from_json(p["x"]).itemsize
+    out = Precision.from_json(p["out"]).itemsize
+    rows, cols = p["rows"], p["cols"]
+    result = [Region(0, 0, rows, cols * x, p["x_pitch"], False)]
+    if p.get("aux") is not None:
+        item = Precision.from_json(p["aux"]).itemsize
+        if p["op"] in ("layer_norm", "chain"):
+            shape = (1, cols * item)
+        elif p["op"] == "rope":
+            shape = (rows, p["head_dim"] // 2 * item)
+        else:
+            shape = (rows, cols * item)
+        result.append(Region(1, 0, shape[0], shape[1], p["aux_pitch"], False))
+        if p["op"] in ("layer_norm", "rope"):
+            result.append(Region(2, 0, shape[0], shape[1], p["aux_pitch"], False))
+    result.append(Region(3, 0, rows, cols * out, p["out_pitch"], True))
+    return result
+
+
 ROWWISE = register(
     KernelFamily(
         name="row",
@@ -131,6 +151,7 @@ ROWWISE = register(
         cost=_cost,
         run=_run,
         accesses=_accesses,
+        regions=_regions,
     )
 )
 

@@ -253,11 +253,23 @@ class Lowering:
             d_src, d_dst = d_src[mask], d_dst[mask]
             slot_index = d_src - (d_src > d_dst)
             builder = TransferBuilder(f"{name}.reduce")
-            count = r_n * c_n
+            # only the valid rows of each slice move (a ragged last row block holds fewer)
+            valid = np.clip(m - (np.arange(r_n)[:, None] * br + np.arange(d_n)[None, :] * sub),
+                            0, sub)  # [r, d_dst]
             for grid in grids:
-                builder.add(grid[:, :, d_src].reshape(-1), p_buf, np.tile(d_dst * slot, count),
-                            slot // 4, grid[:, :, d_dst].reshape(-1, 1), recv_buf,
-                            np.tile(slot_index * slot, count))
+                for r in range(r_n):
+                    rows = valid[r, d_dst]
+                    keep = rows > 0
+                    if not keep.any():
+                        continue
+                    count = c_n
+                    builder.add(
+                        grid[r, :, d_src[keep]].T.reshape(-1), p_buf,
+                        np.tile(d_dst[keep] * slot, count),
+                        np.tile(rows[keep] * partial_pitch // 4, count),
+                        grid[r, :, d_dst[keep]].T.reshape(-1, 1), recv_buf,
+                        np.tile(slot_index[keep] * slot, count),
+                    )
             self.emit_exchange(builder)
 
         # 4. Reduce + fused chain into the stage output.

@@ -63,13 +63,14 @@ def run_package(
     tensors: dict[str, np.ndarray],
     lock_path: Path = DEFAULT_LOCK,
     wait: bool = True,
+    poison: bool = False,
 ) -> RunResult:
     """Load ``package`` on a fresh simulated device, run it and compare with the reference."""
     target = get_target(package.target)
     start = time.perf_counter()
     with HardwareLock(lock_path, wait=wait):
         event(LOG, "opening IPU device", path="sim://ipu0")
-        device = SimulatedIpu(target)
+        device = SimulatedIpu(target, poison=poison)
         event(LOG, "IPU device attached", path="sim://ipu0")
         event(LOG, "initializing IPU device")
         event(LOG, "IPU device initialized")

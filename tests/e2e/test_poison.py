@@ -1,0 +1,60 @@
+"""Poison mode: reading memory that nothing wrote is a fault naming tile, address and phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ipu_stack.device import simulator
+from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.util.errors import DeviceFault
+from ipu_stack.workloads import get_workload
+
+
+def _compiled(tmp_path: Path, cache_dir: Path, name: str, **params):
+    workload = get_workload(name)
+    resolved = workload.resolve(params)
+    result = compile_workload(workload, resolved, tmp_path, CompileOptions(cache_dir=str(cache_dir)))
+    return load_package(result.package), result.graph, result.tensors
+
+
+@pytest.mark.parametrize("name", ["siglip-mlp", "siglip-layer", "pe-block"])
+def test_compiled_programs_never_read_unwritten_memory(tmp_path, cache_dir, lock_path, name):
+    package, graph, tensors = _compiled(tmp_path, cache_dir, name, tokens=17, dim=64, hidden=96,
+                                        **({} if name == "siglip-mlp" else {"heads": 4}))
+    assert run_package(package, graph, tensors, lock_path, poison=True).passed
+
+
+def test_missing_input_is_a_poison_fault(tmp_path, cache_dir, lock_path, monkeypatch):
+    package, graph, tensors = _compiled(tmp_path, cache_dir, "siglip-mlp", tokens=17, dim=64,
+                                        hidden=96)
+    original = simulator.SimulatedIpu._host_write
+
+    def forget_input(self, step, host):
+        if step["tensor"] == "x":
+            return 0  # the host never sends the input
+        return original(self, step, host)
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", forget_input)
+    with pytest.raises(DeviceFault, match=r"poison: exchange stage0.operands sends from tile \d+ "
+                                          r"address \d+, which was never written"):
+        run_package(package, graph, tensors, lock_path, poison=True)
+
+
+def test_kernel_reading_unwritten_weights_is_a_poison_fault(tmp_path, cache_dir, lock_path,
+                                                             monkeypatch):
+    package, graph, tensors = _compiled(tmp_path, cache_dir, "siglip-mlp", tokens=17, dim=64,
+                                        hidden=96)
+    original = simulator.SimulatedIpu._host_write
+
+    def forget_weight(self, step, host):
+        if step["tensor"] == "w1.0":
+            return 0
+        return original(self, step, host)
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", forget_weight)
+    with pytest.raises(DeviceFault, match=r"poison: gemm_f8\w* in stage0.gemm on tile \d+ reads "
+                                          r"address \d+, which was never written"):
+        run_package(package, graph, tensors, lock_path, poison=True)
