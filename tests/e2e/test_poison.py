@@ -58,3 +58,43 @@ def test_kernel_reading_unwritten_weights_is_a_poison_fault(tmp_path, cache_dir,
     with pytest.raises(DeviceFault, match=r"poison: gemm_f8\w* in stage0.gemm on tile \d+ reads "
                                           r"address \d+, which was never written"):
         run_package(package, graph, tensors, lock_path, poison=True)
+
+
+def _tampered(package, edit):
+    from ipu_stack.package import Package
+
+    arrays = {k: v.copy() for k, v in package.arrays.items()}
+    edit(package.manifest, arrays)
+    return Package(package.manifest, arrays, package.sha256, package.target,
+                   package.compiler_version)
+
+
+def test_kernel_straying_outside_its_operand_is_a_fault(tmp_path, cache_dir):
+    from ipu_stack.device import SimulatedIpu
+    from ipu_stack.target import IPU21
+
+    package, _, _ = _compiled(tmp_path, cache_dir, "siglip-mlp", tokens=17, dim=64, hidden=96)
+
+    def shift_gemm_output(manifest, arrays):
+        gemm = next(s for s in manifest["programs"]["run"] if s.get("name") == "stage0.gemm")
+        arrays[gemm["calls"][0]["addresses"]][0, 2] += 8  # partial written 8 bytes too far
+
+    bad = _tampered(package, shift_gemm_output)
+    with pytest.raises(DeviceFault, match=r"kernel gemm_f8\w* in stage0.gemm on tile \d+ touches "
+                                          r"\[\d+, \d+\) at step \d+, outside every operand"):
+        SimulatedIpu(IPU21).load(bad)
+
+
+def test_transfer_landing_outside_its_operand_is_a_fault(tmp_path, cache_dir):
+    from ipu_stack.device import SimulatedIpu
+    from ipu_stack.target import IPU21
+
+    package, _, _ = _compiled(tmp_path, cache_dir, "siglip-mlp", tokens=17, dim=64, hidden=96)
+
+    def shift_destination(manifest, arrays):
+        step = next(s for s in manifest["programs"]["run"] if s["kind"] == "exchange")
+        arrays[step["dst_addr"]][0] -= 4096  # into memory no live value owns
+
+    with pytest.raises(DeviceFault, match=r"exchange stage0.operands destination on tile \d+ "
+                                          r"touches \[\d+, \d+\) at step \d+, outside every"):
+        SimulatedIpu(IPU21).load(_tampered(package, shift_destination))

@@ -113,4 +113,16 @@ def emit_program(
     kernels = [
         {"name": k.name, "key": k.key, **k.to_json()} for k in emitter.kernels
     ]
-    return {"kernels": kernels, "programs": programs}, emitter.arrays
+    # the allocation map: lets the device check every access lies inside a live operand
+    buffer_ids, tiles = np.nonzero(placement.addresses >= 0)
+    first = np.array([b.first for b in program.buffers], dtype=np.int64)
+    last = np.array([b.last for b in program.buffers], dtype=np.int64)
+    nbytes = np.array([b.nbytes for b in program.buffers], dtype=np.int64)
+    allocations = {
+        "tile": emitter.put("alloc/tile", tiles, np.int32),
+        "address": emitter.put("alloc/address", placement.addresses[buffer_ids, tiles], np.int64),
+        "bytes": emitter.put("alloc/bytes", nbytes[buffer_ids], np.int64),
+        "first": emitter.put("alloc/first", first[buffer_ids], np.int64),
+        "last": emitter.put("alloc/last", last[buffer_ids], np.int64),
+    }
+    return {"kernels": kernels, "programs": programs, "allocations": allocations}, emitter.arrays

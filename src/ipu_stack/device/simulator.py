@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.device.operands import AllocationMap, check_call
 from ipu_stack.device.validate import validate_manifest
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.exchange.model import ScheduleError
@@ -84,9 +85,17 @@ class SimulatedIpu:
                 if kernel.family not in FAMILIES:
                     raise PackageError(f"package uses unknown kernel family {kernel.family!r}")
             self.package = package
+            self.allocations = None
+            if "allocations" in manifest:
+                self.allocations = AllocationMap(package.arrays, manifest["allocations"],
+                                                 self.target.tiles)
+            offset = 0
             for program in ("initialize", "run"):
                 for index, step in enumerate(manifest["programs"][program]):
                     self._check_step(program, index, step)
+                    if self.allocations is not None:
+                        self._check_operands(offset + index, step)
+                offset += len(manifest["programs"][program])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PackageError(f"package program is malformed: {exc!r}") from None
         event(LOG, "loading application", tile_count=self.target.tiles,
@@ -146,6 +155,24 @@ class SimulatedIpu:
                 raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
         else:
             raise PackageError(f"{where}: unknown step kind")
+
+    def _check_operands(self, index: int, step: dict) -> None:
+        """Every access of this step inside an allocation live at this step."""
+        assert self.allocations is not None
+        if step["kind"] == "compute":
+            for call in step["calls"]:
+                check_call(self.allocations, index, step["name"], self.kernels[call["kernel"]],
+                           self._array(call["tiles"]), self._array(call["addresses"]))
+        elif step["kind"] == "exchange":
+            words = self._array(step["words"]) * WORD
+            src = self._array(step["src_addr"])
+            self.allocations.check(index, self._array(step["src_tile"]), src, src + words,
+                                   f"exchange {step['name']} source")
+            fanout = np.diff(self._array(step["dst_offsets"]))
+            dst = self._array(step["dst_addr"])
+            self.allocations.check(index, self._array(step["dst_tile"]), dst,
+                                   dst + np.repeat(words, fanout),
+                                   f"exchange {step['name']} destination")
 
     def _exchange(self, step: dict) -> tuple[Transfers, Schedule]:
         transfers = Transfers(
