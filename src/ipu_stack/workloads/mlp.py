@@ -39,6 +39,18 @@ def _gelu_tanh64(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
+def _add_bias(
+    b: GraphBuilder, tensors: dict[str, np.ndarray], seed: int, name: str, out: str,
+    value: int, calibration: np.ndarray,
+) -> tuple[int, np.ndarray]:
+    """An F16 bias weight added to ``value``; the calibration activations follow it."""
+    size = calibration.shape[-1]
+    bias = (rng_for(seed, name).standard_normal(size) * 0.1).astype(np.float32)
+    tensors[name] = F16.round_trip(bias)
+    weight = b.weight(name, TensorType((size,), F16))
+    return b.op("bias_add", [value, weight], F16, out), calibration + tensors[name]
+
+
 def build_mlp(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """The graph and its host tensors (float32 values exactly representable on the device)."""
     seed, kind = params["seed"], params["precision"]
@@ -63,11 +75,7 @@ def build_mlp(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
         h = b.op("matmul", [current, ids["w1"]], F16, f"fc1.{block}")
         calib_h = calib @ tensors[f"w1.{block}"].astype(np.float64)
         if params["biases"]:
-            b1 = (rng_for(seed, f"b1.{block}").standard_normal(hidden) * 0.1).astype(np.float32)
-            tensors[f"b1.{block}"] = F16.round_trip(b1)
-            bias = b.weight(f"b1.{block}", TensorType((hidden,), F16))
-            h = b.op("bias_add", [h, bias], F16, f"fc1_bias.{block}")
-            calib_h = calib_h + tensors[f"b1.{block}"]
+            h, calib_h = _add_bias(b, tensors, seed, f"b1.{block}", f"fc1_bias.{block}", h, calib_h)
         calib_g = _gelu_tanh64(calib_h)
         g_prec = _storage(kind, calib_g, headroom=2.0)
         g = b.op("gelu", [h], g_prec, f"gelu.{block}", approximate="tanh")
@@ -76,11 +84,7 @@ def build_mlp(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
             f"w2.{block}"
         ].astype(np.float64)
         if params["biases"]:
-            b2 = (rng_for(seed, f"b2.{block}").standard_normal(dim) * 0.1).astype(np.float32)
-            tensors[f"b2.{block}"] = F16.round_trip(b2)
-            bias = b.weight(f"b2.{block}", TensorType((dim,), F16))
-            y = b.op("bias_add", [y, bias], F16, f"fc2_bias.{block}")
-            calib_y = calib_y + tensors[f"b2.{block}"]
+            y, calib_y = _add_bias(b, tensors, seed, f"b2.{block}", f"fc2_bias.{block}", y, calib_y)
         if block + 1 < params["blocks"] and kind == "fp8":
             y_prec = _storage(kind, calib_y, headroom=2.0)
             y = b.op("cast", [y], y_prec, f"cast.{block}")
