@@ -99,8 +99,9 @@ def validate_params(family: str, params: Any, where: str) -> None:
             if not isinstance(value, str):
                 raise _fail(here, f"expected a name, found {value!r}")
         else:
-            positive = key == "parts" or (key.endswith("pitch") and key != "aux_pitch")
-            _count(value, here, 1 if positive else 0)
+            # every extent and pitch of an emitted kernel is at least 1 (the compiler never
+            # emits an empty call); only a row kernel without aux operands has pitch 0 there
+            _count(value, here, 0 if key == "aux_pitch" else 1)
     for pitch, rows_key, width in (("a_pitch", "depth", "a"), ("out_pitch", "cols", None),
                                    ("x_pitch", "cols", "x")):
         if pitch in params and width and width in params and rows_key in params:
@@ -170,7 +171,7 @@ def validate_manifest(manifest: Any, arrays: dict[str, np.ndarray], target: Targ
             where = f"{program} step {index}"
             step = _dict(step, where)
             kind = step.get("kind")
-            if kind not in KIND_FIELDS:
+            if not isinstance(kind, str) or kind not in KIND_FIELDS:
                 raise _fail(where, f"unknown step kind {kind!r}")
             for field in KIND_FIELDS[kind]:
                 if field not in step:
