@@ -20,6 +20,7 @@ from ipu_stack import __version__
 from ipu_stack.device import DEFAULT_LOCK, HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.precision import Precision
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.reference import evaluate
 from ipu_stack.runtime.tolerance import Comparison, compare
@@ -100,18 +101,22 @@ def run_package(
     for value in graph.by_role("output"):
         out = run_report.outputs[value.name].reshape(value.type.shape)
         outputs[value.name] = out
-        comparisons[value.name] = compare(out, reference[value.name])
+        comparisons[value.name] = compare(out, reference[value.name],
+                                          precision=value.type.precision)
     del start
     result = RunResult(package, outputs, reference, comparisons, init_report, run_report,
                        simulate)
-    result.checkpoints = check_checkpoints(run_report, reference)
+    precisions = {v.name: v.type.precision for v in graph.values}
+    result.checkpoints = check_checkpoints(run_report, reference, precisions)
     return result
 
 
 SAMPLE_LIMIT = 256
 
 
-def check_checkpoints(report: CallReport, reference: dict[str, np.ndarray]) -> dict[int, Comparison]:
+def check_checkpoints(
+    report: CallReport, reference: dict[str, np.ndarray], precisions: dict[str, Precision]
+) -> dict[int, Comparison]:
     """Compare up to 256 evenly spaced samples of each checkpointed value with the reference."""
     results: dict[int, Comparison] = {}
     for index in sorted(report.checkpoints):
@@ -120,7 +125,8 @@ def check_checkpoints(report: CallReport, reference: dict[str, np.ndarray]) -> d
         expected = np.asarray(reference[entry["tensor"]], dtype=np.float32).ravel()
         picks = np.unique(np.linspace(0, device.size - 1, SAMPLE_LIMIT).astype(np.int64))
         scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-        result = compare(device[picks], expected[picks], scale=scale)
+        result = compare(device[picks], expected[picks], scale=scale,
+                         precision=precisions.get(entry["tensor"]))
         results[index] = result
         event(LOG, "diagnostic checkpoint", checkpoint=index, operation=entry["operation"],
               tensors=1, samples=len(picks), maximumAbsoluteError=round(result.max_abs_error, 6),
