@@ -1,0 +1,48 @@
+"""The capacity probe: the largest size that compiles, found without compiling every size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ipu_stack import capacity
+from ipu_stack.cli import main
+from ipu_stack.pipeline import CompileOptions
+from ipu_stack.workloads import get_workload
+
+
+@pytest.mark.parametrize("fits_up_to", [0, 1, 2, 37, 63, 64])
+def test_search_finds_the_boundary_in_few_compiles(monkeypatch, fits_up_to):
+    tried: list[int] = []
+
+    def fake_fits(workload, params, options):
+        tried.append(params["batch"])
+        return "" if params["batch"] <= fits_up_to else f"batch {params['batch']} is too big"
+
+    monkeypatch.setattr(capacity, "_fits", fake_fits)
+    workload = get_workload("siglip-mlp")
+    result = capacity.probe_capacity(workload, workload.defaults(), "batch", 64, CompileOptions())
+    assert result.maximum == fits_up_to
+    assert len(tried) == len(set(tried)) <= 2 * 6 + 2  # about 2 log2(64), never all 64
+    if fits_up_to < 64:
+        assert result.reason.startswith(f"batch={fits_up_to + 1}: batch {fits_up_to + 1} is")
+    else:
+        assert result.reason == "reached --max-batch 64"
+
+
+def test_capacity_of_the_siglip_mlp(capsys, cache_dir):
+    code = main(["--quiet", "capacity", "siglip-mlp", "--max-batch", "64", "--json",
+                 "--cache-dir", str(cache_dir)])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert record["maximumBatch"] >= 1
+    nxt = record["maximumBatch"] + 1
+    assert record["tried"][str(record["maximumBatch"])] == "fits"
+    assert record["reason"].startswith(f"batch={nxt}: ") and "does not fit" in record["reason"]
+    assert record["compiles"] < 64
+
+
+def test_capacity_rejects_a_bad_limit(capsys):
+    assert main(["capacity", "siglip-mlp", "--max-batch", "0"]) == 2
+    assert "--max-batch must be at least 1" in capsys.readouterr().err
