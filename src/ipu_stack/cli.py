@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ipu-stack workloads | head`: the reader left, nothing to say
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ DEFAULT_PHASES = ["stage0.operands", "stage1.operands", "stage2.operands", "stag
 
 def build(batch: int, precision: str = "fp8"):
     workload = get_workload("attention")
-    params = workload.resolve({"tokens": TOKENS, "dim": DIM, "heads": HEADS, "hidden": 96,
+    params = workload.resolve({"tokens": TOKENS, "dim": DIM, "heads": HEADS,
                                "batch": batch, "precision": precision})
     graph, _ = workload.build(params)
     return graph, find_stages(graph)

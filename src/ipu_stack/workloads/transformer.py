@@ -192,6 +192,9 @@ def build_transformer(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[st
 
 def _identifier(kind: str):
     def make(p: dict[str, Any]) -> str:
+        if kind == "attention":
+            return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-d{p['dim']}"
+                    f"-h{p['heads']}")
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-d{p['dim']}"
                 f"-h{p['heads']}-f{p['hidden']}-n{p['blocks']}")
     return make
@@ -201,8 +204,8 @@ def _fields(kind: str):
     def make(p: dict[str, Any]) -> dict[str, Any]:
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "tokens": p["tokens"], "rows": p["batch"] * p["tokens"], "dimension": p["dim"],
-                "heads": p["heads"], "hiddenDimension": p["hidden"], "blocks": p["blocks"],
-                "biases": kind != "attention"}
+                "heads": p["heads"], "hiddenDimension": p.get("hidden", 0),
+                "blocks": p.get("blocks", 1), "biases": kind != "attention"}
     return make
 
 
@@ -221,7 +224,8 @@ _register("pe-block", "Perception Encoder L/14-336 layer with 2D RoPE (eps 1e-5)
 _register("siglip-attention", "SigLIP attention sub-layer: norm, q/k/v, attention, out, residual",
           _common(729, 1152, 16, 4304, 1e-6))
 _register("attention", "diagnostic attention block of reference log 001 (7 operations)",
-          _common(197, 768, 12, 3072, 1e-6))
+          tuple(p for p in _common(197, 768, 12, 3072, 1e-6)
+                if p.name not in ("hidden", "blocks", "eps")))
 _register("vit-layer", "generic pre-norm ViT layer",
           (*_common(197, 768, 12, 3072, 1e-6),
            Parameter("gelu", str, "tanh", "GELU form", choices=("tanh", "none"))))
