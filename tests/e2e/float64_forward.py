@@ -38,26 +38,20 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 def mlp_forward(saved: dict[str, np.ndarray], rounded: bool) -> np.ndarray:
     """``fc2(gelu(fc1(x)))`` per block in float64; ``rounded`` applies stored precisions."""
     meta = json.loads(str(saved["__precisions__"]))
+
+    def store(values: np.ndarray, name: str) -> np.ndarray:
+        return round_to(values, meta[name]) if rounded else values
+
+    def linear(x: np.ndarray, weight: str, bias: str, mm: str, added: str) -> np.ndarray:
+        y = store(x @ saved[weight].astype(np.float64), mm)
+        return store(y + saved[bias], added) if bias in saved else y
+
     x = saved["x"].astype(np.float64).reshape(-1, saved["x"].shape[-1])
     block = 0
     while f"w1.{block}" in saved:
-        h = x @ saved[f"w1.{block}"].astype(np.float64)
-        if rounded:
-            h = round_to(h, meta[f"fc1.{block}"])
-        if f"b1.{block}" in saved:
-            h = h + saved[f"b1.{block}"]
-            if rounded:
-                h = round_to(h, meta[f"fc1_bias.{block}"])
-        g = gelu_tanh(h)
-        if rounded:
-            g = round_to(g, meta[f"gelu.{block}"])
-        y = g @ saved[f"w2.{block}"].astype(np.float64)
-        if rounded:
-            y = round_to(y, meta[f"fc2.{block}"])
-        if f"b2.{block}" in saved:
-            y = y + saved[f"b2.{block}"]
-            if rounded:
-                y = round_to(y, meta[f"fc2_bias.{block}"])
+        h = linear(x, f"w1.{block}", f"b1.{block}", f"fc1.{block}", f"fc1_bias.{block}")
+        g = store(gelu_tanh(h), f"gelu.{block}")
+        y = linear(g, f"w2.{block}", f"b2.{block}", f"fc2.{block}", f"fc2_bias.{block}")
         if f"cast.{block}" in meta and rounded:
             y = round_to(y, meta[f"cast.{block}"])
         x = y
