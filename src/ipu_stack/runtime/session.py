@@ -68,7 +68,6 @@ def run_package(
 ) -> RunResult:
     """Load ``package`` on a fresh simulated device, run it and compare with the reference."""
     target = get_target(package.target)
-    start = time.perf_counter()
     with HardwareLock(lock_path, wait=wait):
         event(LOG, "opening IPU device", path="sim://ipu0")
         device = SimulatedIpu(target, poison=poison)
@@ -103,7 +102,6 @@ def run_package(
         outputs[value.name] = out
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
-    del start
     result = RunResult(package, outputs, reference, comparisons, init_report, run_report,
                        simulate)
     precisions = {v.name: v.type.precision for v in graph.values}
