@@ -30,7 +30,13 @@ from ipu_stack.memory.report import write_memory_profile, write_placement_html
 from ipu_stack.memory.support import support_bytes
 from ipu_stack.package import write_package
 from ipu_stack.planning.fit import MemoryBudget, fit_plans, need
-from ipu_stack.planning.gemm import GemmPlan, GemmShape, gemm_search
+from ipu_stack.planning.gemm import (
+    GemmPlan,
+    GemmShape,
+    gemm_search,
+    resident_bytes,
+    transient_bytes,
+)
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import Target, get_target
 from ipu_stack.util.errors import CompileError, PlacementError
@@ -232,6 +238,9 @@ def _compile_once(
                 values=len(graph.values), operations=len(graph.operations),
                 estimated_cycles=sum(p.estimated_cycles for p in plans if p),
                 estimated_exchange_cycles=sum(p.exchange_cycles for p in plans if p),
+                resident_bytes=sum(resident_bytes(p) for p in plans if p),
+                peak_transient_bytes=max((transient_bytes(p) for p in plans if p), default=0),
+                peak_total_bytes=need(plans),
                 active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans if p) + "}",
                 plans="[" + "; ".join(p.describe() for p in plans if p) + "]",
             )
