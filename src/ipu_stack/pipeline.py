@@ -25,7 +25,7 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.cache import compile_kernels, default_cache_dir
 from ipu_stack.lowering.lower import lower
 from ipu_stack.lowering.program import Exchange, Program
-from ipu_stack.memory.placement import Placement, place_storage
+from ipu_stack.memory.placement import Placement, fragmentation, place_storage
 from ipu_stack.memory.report import write_memory_profile, write_placement_html
 from ipu_stack.memory.support import support_bytes
 from ipu_stack.package import write_package
@@ -302,6 +302,10 @@ def _compile_once(
             write_placement_html(reports / "placement.html", program, failure.placement,
                                  support, target, title=f"{title} (failed: {failure})")
         raise
+    event(LOG, "placed storage", peak_tile=int(np.argmax(placement.peak_bytes)),
+          peak_bytes=int(placement.peak_bytes.max()),
+          **{f"fragmentation_{k}": v for k, v in
+             fragmentation(placement, program, target).items()})
     with phase(LOG, "write_memory_reports"):
         profile = write_memory_profile(reports / "memory-profile.json", program, placement,
                                        target, scope="final")
@@ -318,7 +322,7 @@ def _compile_once(
         "tensors": program.tensors,
         "estimate": estimate,
         "plans": [p.describe() for p in plans if p],
-        "memory": {**_memory_summary(placement, support, target),
+        "memory": {**_memory_summary(placement, support, target, program),
                    "effective_peak_bytes": int(profile["effective_peak_bytes"])},
         **fragment,
     }
@@ -343,10 +347,13 @@ def _step_at(program: Program, index: int) -> Exchange:
     raise KeyError(index)
 
 
-def _memory_summary(placement: Placement, support: dict, target: Target) -> dict[str, Any]:
+def _memory_summary(
+    placement: Placement, support: dict, target: Target, program: Program
+) -> dict[str, Any]:
     peak = placement.peak_bytes
     busiest = int(np.argmax(peak))
     return {
+        "fragmentation": fragmentation(placement, program, target),
         "memory_base": target.memory_base,
         "memory_end": target.memory_end,
         "support_bytes_max": int(support["total"].max()),

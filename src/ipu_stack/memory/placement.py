@@ -161,3 +161,23 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
         first_failure.placement = placement  # the partial placement, for the reports
         raise first_failure
     return placement
+
+
+def fragmentation(placement: Placement, program: Program, target: Target) -> dict[str, float]:
+    """How much address range placement used beyond the bytes ever live at once.
+
+    Per tile, ``extent`` is the highest byte any buffer (or support) occupies, from the
+    memory base; ``peak`` is support plus the most bytes live at one step.  The wasted share
+    ``1 - peak / extent`` is 0 for a perfect packing; it is reported for the busiest tile and
+    as the worst over all tiles (interleaved buffers sit above 0x80000 by rule, which a tile
+    with little standard data pays for as a gap; the busiest-tile figure is the one that
+    decides what fits).
+    """
+    nbytes = np.array([b.nbytes for b in program.buffers], dtype=np.int64)[:, None]
+    ends = np.where(placement.addresses >= 0, placement.addresses + nbytes, 0).max(axis=0)
+    extent = np.maximum(ends - target.memory_base, placement.support_bytes)
+    waste = 1.0 - placement.peak_bytes / np.maximum(extent, 1)
+    busiest = int(np.argmax(placement.peak_bytes))
+    return {"busiest_tile": round(float(waste[busiest]), 4),
+            "worst_tile": round(float(waste.max()), 4),
+            "busiest_extent_bytes": int(extent[busiest])}
