@@ -269,19 +269,16 @@ def _compile_once(
           logical_shards=sum(len(b.tiles) for b in program.buffers),
           exchange_phases=len(exchanges))
     with phase(LOG, "plan_kernels") as info:
-        instances = sorted(
-            {call.instance for cs in program.compute_sets() for call in cs.calls},
-            key=lambda k: k.name,
-        )
+        instances = kernel_instances(program)
         info["instances"] = len(instances)
     with phase(LOG, "compile_kernels") as info:
         cache = Path(options.cache_dir) if options.cache_dir else None
         info.update(compile_kernels(instances, target, cache))
     with phase(LOG, "size_tile_code"):
         tables = np.zeros(target.tiles, dtype=np.int64)
+        by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
         for index, schedule in schedules.items():
-            step = _step_at(program, index)
-            tables += table_bytes(schedule, to_transfers(step, target),
+            tables += table_bytes(schedule, to_transfers(by_index[index], target),
                                   int(target.exchange_table_bytes_per_chunk))
         support = support_bytes(program, tables, target)
     event(LOG, "allocated package support memory",
@@ -302,10 +299,10 @@ def _compile_once(
             write_placement_html(reports / "placement.html", program, failure.placement,
                                  support, target, title=f"{title} (failed: {failure})")
         raise
+    waste = fragmentation(placement, program, target)
     event(LOG, "placed storage", peak_tile=int(np.argmax(placement.peak_bytes)),
           peak_bytes=int(placement.peak_bytes.max()),
-          **{f"fragmentation_{k}": v for k, v in
-             fragmentation(placement, program, target).items()})
+          **{f"fragmentation_{k}": v for k, v in waste.items()})
     with phase(LOG, "write_memory_reports"):
         profile = write_memory_profile(reports / "memory-profile.json", program, placement,
                                        target, scope="final")
@@ -322,7 +319,7 @@ def _compile_once(
         "tensors": program.tensors,
         "estimate": estimate,
         "plans": [p.describe() for p in plans if p],
-        "memory": {**_memory_summary(placement, support, target, program),
+        "memory": {**_memory_summary(placement, support, target, waste),
                    "effective_peak_bytes": int(profile["effective_peak_bytes"])},
         **fragment,
     }
@@ -340,20 +337,13 @@ def _compile_once(
     )
 
 
-def _step_at(program: Program, index: int) -> Exchange:
-    for _, i, step in program.steps():
-        if i == index and isinstance(step, Exchange):
-            return step
-    raise KeyError(index)
-
-
 def _memory_summary(
-    placement: Placement, support: dict, target: Target, program: Program
+    placement: Placement, support: dict, target: Target, waste: dict[str, float]
 ) -> dict[str, Any]:
     peak = placement.peak_bytes
     busiest = int(np.argmax(peak))
     return {
-        "fragmentation": fragmentation(placement, program, target),
+        "fragmentation": waste,
         "memory_base": target.memory_base,
         "memory_end": target.memory_end,
         "support_bytes_max": int(support["total"].max()),
@@ -364,5 +354,6 @@ def _memory_summary(
 
 
 def kernel_instances(program: Program) -> list[KernelInstance]:
+    """Every distinct kernel instance the program calls, in name order (deterministic)."""
     return sorted({c.instance for cs in program.compute_sets() for c in cs.calls},
                   key=lambda k: k.name)
