@@ -4,9 +4,10 @@ Unicast phases go to the exact scheduler (``full-duplex``: every port sends and 
 once, finishing at the endpoint bound).  Multicast phases whose destinations fall into
 replica groups (the common case in compiled plans) reduce to unicast over one virtual
 receiver per group (``groups.py``) and meet the bound when some member of each group
-receives all of the group's words.  Other multicast phases are list scheduled with two
-priorities (``compact-streams``, ``balanced-compact-streams``); the shorter wins and the
-count of candidates that beat the first is logged as ``neighborhood_improvements``.
+receives all of the group's words.  Other multicast phases are scheduled by rounds of global
+rematching (``multicast.py``) with two priorities (``compact-streams``,
+``balanced-compact-streams``); the shorter wins and the count of candidates that beat the
+first is logged as ``neighborhood_improvements``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from ipu_stack.util.log import event
 logger = logging.getLogger("ipu_stack.exchange")
 
 LARGE_PHASE = 1000
-BALANCED_LIMIT = 200_000  # run the second multicast priority only below this many transfers
+SECOND_PRIORITY_LIMIT = 200_000  # try the second multicast priority only below this many transfers
+COMPACT_BALANCE = 0.3  # weight of the summed port loads in the plain priority (1.0: balanced)
+CHUNK_BUDGET = 2  # chunks per transfer beyond which a single-chunk schedule is also tried
+NO_ROUNDS = 2**40  # a round length no phase reaches: plain list scheduling, one chunk each
 
 
 def _level(t: Transfers) -> int:
@@ -70,11 +74,14 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
             out.append(Schedule.from_chunks(bound, "compact-streams", *chunks))
             if out[-1].horizon <= bound:
                 return out[-1:]  # at the bound: nothing can beat it
-    for kind, balanced in (("compact-streams", False), ("balanced-compact-streams", True)):
-        if balanced and t.count > BALANCED_LIMIT:
-            break
-        transfer, start, words = schedule_multicast(t, balanced)
-        out.append(Schedule.from_chunks(bound, kind, transfer, start, words))
+    for kind, balance in (("compact-streams", COMPACT_BALANCE), ("balanced-compact-streams", 1.0)):
+        if balance != 1.0 and t.count > SECOND_PRIORITY_LIMIT:
+            continue
+        out.append(Schedule.from_chunks(bound, kind, *schedule_multicast(t, balance)))
+    if min(s.chunks for s in out) > CHUNK_BUDGET * t.count:
+        # rounds cut too often: one chunk per transfer (no rematching) keeps tables small
+        chunks = schedule_multicast(t, 1.0, round_cycles=NO_ROUNDS)
+        out.append(Schedule.from_chunks(bound, "compact-streams", *chunks))
     return out
 
 
