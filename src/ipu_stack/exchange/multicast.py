@@ -71,44 +71,16 @@ def _heap_pop(heap: np.ndarray, size: int) -> int:
     return size
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _port(i: int, q: int, tiles: int, src: np.ndarray, doff: np.ndarray, dst: np.ndarray) -> int:
-    """Port ``q`` of transfer ``i``: 0 is the send port, 1.. the receive ports (tiles + dst)."""
-    if q == 0:
-        return src[i]
-    return tiles + dst[doff[i] + q - 1]
-
-
 @numba.njit(cache=True, nogil=True)
-def _priority(i: int, tiles: int, src, doff, dst, load, balance: float) -> float:
-    top = load[src[i]]
+def _priority(i: int, poff, pl, load, balance: float) -> float:
+    top = 0
     total = 0
-    for j in range(doff[i], doff[i + 1]):
-        value = load[tiles + dst[j]]
+    for e in range(poff[i], poff[i + 1]):
+        value = load[pl[e]]
         total += value
         if value > top:
             top = value
     return top + balance * total
-
-
-@numba.njit(cache=True, nogil=True)
-def _all_unclaimed(i: int, tiles: int, src, doff, dst, taken) -> bool:
-    if taken[src[i]]:
-        return False
-    for j in range(doff[i], doff[i + 1]):
-        if taken[tiles + dst[j]]:
-            return False
-    return True
-
-
-@numba.njit(cache=True, nogil=True)
-def _all_idle(i: int, tiles: int, src, doff, dst, runner) -> bool:
-    if runner[src[i]] >= 0:
-        return False
-    for j in range(doff[i], doff[i + 1]):
-        if runner[tiles + dst[j]] >= 0:
-            return False
-    return True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -119,23 +91,22 @@ def _grow(array: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _set_ports(i: int, tiles: int, src, doff, dst, array, value) -> None:
-    array[src[i]] = value
-    for j in range(doff[i], doff[i + 1]):
-        array[tiles + dst[j]] = value
+def _set_ports(i: int, poff, pl, array, value) -> None:
+    for e in range(poff[i], poff[i + 1]):
+        array[pl[e]] = value
 
 
-# Per-port lists of pending transfers with O(1) removal (swap with the last entry):
-# ``item[ptr[p] : ptr[p] + count[p]]`` holds entry ids (one entry per transfer and port,
-# ``base[i] + q``) and ``where[e]`` is an entry's slot.  Starting a transfer and returning a
-# cut one touch only its own ports, so no scan ever visits finished or running work.
+# Per-port lists of pending tasks with O(1) removal (swap with the last entry):
+# ``item[ptr[p] : ptr[p] + count[p]]`` holds entry ids (entry ``poff[i] + q`` is task i's
+# q-th port) and ``where[e]`` is an entry's slot; ``item_rec`` carries the task's packed
+# record offset alongside.  Starting a task and returning a cut one touch only its own
+# ports, so no scan ever visits finished or running work.
 
 
 @numba.njit(cache=True, nogil=True)
-def _pending_remove(i, tiles, src, doff, dst, ptr, count, item, item_rec, where, base) -> None:
-    for q in range(doff[i + 1] - doff[i] + 1):
-        entry = base[i] + q
-        port = _port(i, q, tiles, src, doff, dst)
+def _pending_remove(i, poff, pl, ptr, count, item, item_rec, where) -> None:
+    for entry in range(poff[i], poff[i + 1]):
+        port = pl[entry]
         slot = where[entry]
         last = ptr[port] + count[port] - 1
         moved = item[last]
@@ -147,20 +118,19 @@ def _pending_remove(i, tiles, src, doff, dst, ptr, count, item, item_rec, where,
 
 
 @numba.njit(cache=True, nogil=True)
-def _pending_add(i, tiles, src, doff, dst, ptr, count, item, item_rec, where, base) -> None:
-    for q in range(doff[i + 1] - doff[i] + 1):
-        entry = base[i] + q
-        port = _port(i, q, tiles, src, doff, dst)
+def _pending_add(i, poff, pl, ptr, count, item, item_rec, where) -> None:
+    for entry in range(poff[i], poff[i + 1]):
+        port = pl[entry]
         slot = ptr[port] + count[port]
         item[slot] = entry
-        item_rec[slot] = base[i] + 2 * i
+        item_rec[slot] = poff[i] + 2 * i
         where[entry] = slot
         count[port] += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _resort(order, n_order, state, tiles, src, doff, dst, load, balance, seq_off, seq_ports) -> int:
-    """Drop finished transfers, sort the rest by priority and pack their ports in that order,
+def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports) -> int:
+    """Drop finished tasks, sort the rest by priority and pack their ports in that order,
     so that the rematch scan reads memory sequentially (it is memory-bound otherwise)."""
     kept = 0
     for a in range(n_order):
@@ -169,58 +139,51 @@ def _resort(order, n_order, state, tiles, src, doff, dst, load, balance, seq_off
             kept += 1
     keys = np.empty(kept, np.float64)
     for a in range(kept):
-        keys[a] = -_priority(order[a], tiles, src, doff, dst, load, balance)
+        keys[a] = -_priority(order[a], poff, pl, load, balance)
     order[:kept] = order[:kept][np.argsort(keys, kind="mergesort")]
     e = 0
     for a in range(kept):
         i = order[a]
         seq_off[a] = e
-        seq_ports[e] = src[i]
-        e += 1
-        for j in range(doff[i], doff[i + 1]):
-            seq_ports[e] = tiles + dst[j]
+        for f in range(poff[i], poff[i + 1]):
+            seq_ports[e] = pl[f]
             e += 1
     seq_off[kept] = e
     return kept
 
 
 @numba.njit(cache=True, nogil=True)
-def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fill_ratio,
+def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ratio,
               resort_rounds, stop_after, seed):
+    """Chunks ``(task, start, cycles)`` for tasks that each hold ports ``pl[poff[i]:poff[i+1]]``
+    for ``cycles[i]`` cycles (in pieces; a port serves one task per cycle)."""
     np.random.seed(seed)
-    n = src.shape[0]
-    ports = 2 * tiles
-    base = np.empty(n, np.int64)
-    owner = np.empty(n + doff[n], np.int64)
+    n = poff.shape[0] - 1
+    entries = poff[n]
     sizes = np.zeros(ports + 1, np.int64)
     load = np.zeros(ports, np.int64)
-    entries = 0
     for i in range(n):
-        base[i] = entries
-        for q in range(doff[i + 1] - doff[i] + 1):
-            owner[entries + q] = i
-            port = _port(i, q, tiles, src, doff, dst)
-            sizes[port + 1] += 1
-            load[port] += words[i]
-        entries += doff[i + 1] - doff[i] + 1
+        for e in range(poff[i], poff[i + 1]):
+            sizes[pl[e] + 1] += 1
+            load[pl[e]] += cycles[i]
     ptr = np.cumsum(sizes)
     count = np.zeros(ports, np.int64)
     item = np.empty(entries, np.int64)
     item_rec = np.empty(entries, np.int64)
     where = np.empty(entries, np.int64)
-    # packed records [transfer, port count, ports...] at base[i] + 2 * i: a fill candidate
-    # is checked from one or two cache lines instead of four scattered arrays
+    # packed records [task, port count, ports...] at poff[i] + 2 * i: a fill candidate is
+    # checked from one or two cache lines instead of three scattered arrays
     rec = np.empty(entries + 2 * n, np.int32)
     for i in range(n):
-        r = base[i] + 2 * i
+        r = poff[i] + 2 * i
         rec[r] = i
-        rec[r + 1] = doff[i + 1] - doff[i] + 1
-        for q in range(doff[i + 1] - doff[i] + 1):
-            rec[r + 2 + q] = _port(i, q, tiles, src, doff, dst)
+        rec[r + 1] = poff[i + 1] - poff[i]
+        for e in range(poff[i], poff[i + 1]):
+            rec[r + 2 + e - poff[i]] = pl[e]
     for i in range(n):
-        _pending_add(i, tiles, src, doff, dst, ptr, count, item, item_rec, where, base)
+        _pending_add(i, poff, pl, ptr, count, item, item_rec, where)
 
-    left = words.copy()  # words not yet sent
+    left = cycles.copy()  # cycles not yet run
     state = np.zeros(n, np.int8)  # 0 pending, 1 running, 2 done, 3 re-chosen this round
     began = np.zeros(n, np.int64)
     ends = np.full(n, -1, np.int64)
@@ -231,7 +194,7 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
     out_s = np.empty(capacity, np.int64)
     out_w = np.empty(capacity, np.int64)
     chunks = 0
-    heap = np.empty(capacity, np.int64)  # live entries of running transfers and stale ones
+    heap = np.empty(capacity, np.int64)  # live entries of running tasks and stale ones
     heap_size = 0
     stride = np.int64(n + 1)
     freed = np.empty(8 * ports + 8, np.int64)
@@ -250,8 +213,8 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
         if now >= next_round:
             next_round = now + round_cycles
             if rounds % resort_rounds == 0:
-                n_order = _resort(order, n_order, state, tiles, src, doff, dst, load, balance,
-                                  seq_off, seq_ports)
+                n_order = _resort(order, n_order, state, poff, pl, load, balance, seq_off,
+                                  seq_ports)
             rounds += 1
             taken[:] = False
             n_chosen = 0
@@ -277,7 +240,7 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                 n_chosen += 1
                 if state[i] == 1:
                     state[i] = 3
-            for p in range(ports):  # cut running transfers that were not re-chosen
+            for p in range(ports):  # cut running tasks that were not re-chosen
                 y = runner[p]
                 if y < 0 or state[y] != 1:
                     continue
@@ -290,12 +253,12 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                     out_w[chunks] = sent
                     chunks += 1
                     left[y] -= sent
-                    for q in range(doff[y + 1] - doff[y] + 1):
-                        load[_port(y, q, tiles, src, doff, dst)] -= sent
+                    for e in range(poff[y], poff[y + 1]):
+                        load[pl[e]] -= sent
                 state[y] = 0
                 ends[y] = -1
-                _set_ports(y, tiles, src, doff, dst, runner, -1)
-                _pending_add(y, tiles, src, doff, dst, ptr, count, item, item_rec, where, base)
+                _set_ports(y, poff, pl, runner, -1)
+                _pending_add(y, poff, pl, ptr, count, item, item_rec, where)
             for k in range(n_chosen):
                 i = chosen[k]
                 if state[i] == 3:
@@ -304,8 +267,8 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                 state[i] = 1
                 began[i] = now
                 ends[i] = now + left[i]
-                _pending_remove(i, tiles, src, doff, dst, ptr, count, item, item_rec, where, base)
-                _set_ports(i, tiles, src, doff, dst, runner, i)
+                _pending_remove(i, poff, pl, ptr, count, item, item_rec, where)
+                _set_ports(i, poff, pl, runner, i)
                 if heap_size == heap.shape[0]:
                     heap = _grow(heap)
                 heap_size = _heap_push(heap, heap_size, ends[i] * stride + i)
@@ -314,6 +277,7 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                 if runner[p] < 0 and count[p] > 0:
                     freed[n_freed] = p
                     n_freed += 1
+
         # fill freed ports from their pending lists
         for k in range(n_freed):
             p = freed[k]
@@ -333,7 +297,7 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                         break
                 if idle:
                     i = rec[r]
-                    key = _priority(i, tiles, src, doff, dst, load, balance)
+                    key = _priority(i, poff, pl, load, balance)
                     if key > best_key:
                         best = i
                         best_key = key
@@ -341,8 +305,8 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
                 state[best] = 1
                 began[best] = now
                 ends[best] = now + left[best]
-                _pending_remove(best, tiles, src, doff, dst, ptr, count, item, item_rec, where, base)
-                _set_ports(best, tiles, src, doff, dst, runner, best)
+                _pending_remove(best, poff, pl, ptr, count, item, item_rec, where)
+                _set_ports(best, poff, pl, runner, best)
                 if heap_size == heap.shape[0]:
                     heap = _grow(heap)
                 heap_size = _heap_push(heap, heap_size, ends[best] * stride + best)
@@ -376,8 +340,8 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
             left[i] = 0
             state[i] = 2
             done += 1
-            for q in range(doff[i + 1] - doff[i] + 1):
-                port = _port(i, q, tiles, src, doff, dst)
+            for e in range(poff[i], poff[i + 1]):
+                port = pl[e]
                 load[port] -= sent
                 runner[port] = -1
                 freed[n_freed] = port
@@ -385,17 +349,48 @@ def _schedule(tiles, src, doff, dst, words, round_cycles, balance, fill_scan, fi
     return out_t[:chunks], out_s[:chunks], out_w[:chunks]
 
 
+def port_lists(t: Transfers, paired: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each transfer's ports in CSR form: its send port ``src``, then (for ``paired`` rows)
+    the send port of the source's pair partner ``src ^ 1``, then receive ports
+    ``tiles + dst``."""
+    n = t.count
+    extra = np.zeros(n, dtype=np.int64) if paired is None else paired.astype(np.int64)
+    per = t.fanout + 1 + extra
+    poff = np.zeros(n + 1, dtype=np.int64)
+    poff[1:] = np.cumsum(per)
+    pl = np.empty(int(poff[-1]), dtype=np.int64)
+    src = t.src.astype(np.int64)
+    pl[poff[:-1]] = src
+    pl[(poff[:-1] + 1)[extra > 0]] = src[extra > 0] ^ 1
+    owner = t.dst_transfer()
+    rank = np.arange(t.dst.shape[0], dtype=np.int64) - t.dst_offsets[owner]
+    pl[poff[owner] + 1 + extra[owner] + rank] = t.tiles + t.dst.astype(np.int64)
+    return poff, pl
+
+
+def schedule_tasks(
+    ports: int, poff: np.ndarray, pl: np.ndarray, cycles: np.ndarray, balance: float = 1.0,
+    *, round_cycles: int | None = None, seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chunks ``(task, start, cycles)`` for tasks holding port lists ``pl[poff[i]:poff[i+1]]``
+    for ``cycles[i]`` cycles; ports are numbered ``0 .. ports - 1``."""
+    if cycles.shape[0] == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    if round_cycles is None:
+        round_cycles = max(4, int(round(ROUNDS_PER_MEAN_WORDS * float(cycles.mean()))))
+    return _schedule(
+        np.int64(ports), np.ascontiguousarray(poff, dtype=np.int64),
+        np.ascontiguousarray(pl, dtype=np.int64), np.ascontiguousarray(cycles, dtype=np.int64),
+        np.int64(round_cycles), float(balance), np.int64(FILL_SCAN), FILL_RATIO,
+        np.int64(RESORT_ROUNDS), np.int64(STOP_AFTER * ports // 2), np.int64(seed),
+    )
+
+
 def schedule_multicast(
     t: Transfers, balance: float = 1.0, *, round_cycles: int | None = None, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Chunks ``(transfer, start, words)`` by rounds of global rematching."""
-    if t.count == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty
-    if round_cycles is None:
-        mean = float(t.words.mean())
-        round_cycles = max(4, int(round(ROUNDS_PER_MEAN_WORDS * mean)))
-    as64 = [np.ascontiguousarray(a, dtype=np.int64) for a in (t.src, t.dst_offsets, t.dst, t.words)]
-    return _schedule(np.int64(t.tiles), *as64, np.int64(round_cycles), float(balance),
-                     np.int64(FILL_SCAN), FILL_RATIO, np.int64(RESORT_ROUNDS),
-                     np.int64(STOP_AFTER * t.tiles), np.int64(seed))
+    poff, pl = port_lists(t)
+    return schedule_tasks(2 * t.tiles, poff, pl, t.words.astype(np.int64), balance,
+                          round_cycles=round_cycles, seed=seed)

@@ -1,0 +1,108 @@
+"""The compiled schedulers: multicast rounds (multicast.py), the exact unicast loop (peel.py)
+and paired-tile eligibility and bounds (paired.py), checked against brute-force occupancy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipu_stack.exchange import Transfers, endpoint_lower_bound, schedule_exchange, verify_schedule
+from ipu_stack.exchange.families import random_multicast, random_unicast
+from ipu_stack.exchange.multicast import port_lists, schedule_multicast, schedule_tasks
+from ipu_stack.exchange.paired import pair_eligible, paired_lower_bound, schedule_paired
+from ipu_stack.exchange.scheduler import NO_ROUNDS
+
+
+def occupancy_ok(ports: int, poff, pl, task, start, cycles) -> bool:
+    """Independent check: paint every chunk's cycles on a ports x time grid."""
+    horizon = int((start + cycles).max())
+    grid = np.zeros((ports, horizon), dtype=np.int64)
+    for k in range(task.size):
+        for p in pl[poff[task[k]] : poff[task[k] + 1]]:
+            grid[p, start[k] : start[k] + cycles[k]] += 1
+    return bool(grid.max() <= 1)
+
+
+@pytest.mark.parametrize("n", [300, 2000])
+def test_tasks_never_share_a_port(n: int) -> None:
+    t = random_multicast(n, tiles=64, seed=n)
+    poff, pl = port_lists(t)
+    task, start, cycles = schedule_tasks(128, poff, pl, t.words.astype(np.int64))
+    assert occupancy_ok(128, poff, pl, task, start, cycles)
+    assert np.array_equal(np.bincount(task, weights=cycles, minlength=n), t.words)
+
+
+def test_port_lists_layout() -> None:
+    t = Transfers.from_lists(8, [3, 4], [[5, 6], [1]], [7, 2])
+    poff, pl = port_lists(t, np.array([True, False]))
+    assert poff.tolist() == [0, 4, 6]
+    assert pl.tolist() == [3, 2, 8 + 5, 8 + 6, 4, 8 + 1]
+
+
+@pytest.mark.parametrize("n", [1000, 5000, 20000])
+def test_random_multicast_within_target(n: int) -> None:
+    t = random_multicast(n)
+    s = schedule_exchange(t)
+    verify_schedule(t, s)
+    assert s.horizon <= 1.15 * s.lower_bound, (s.horizon, s.lower_bound)
+    assert s.chunks <= 2 * n
+
+
+def test_multicast_is_deterministic() -> None:
+    t = random_multicast(3000, seed=5)
+    a, b = schedule_multicast(t), schedule_multicast(t)
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x, y)
+
+
+def test_no_rounds_gives_one_chunk_per_transfer() -> None:
+    t = random_multicast(2000, seed=2)
+    transfer, start, words = schedule_multicast(t, round_cycles=NO_ROUNDS)
+    assert np.array_equal(np.sort(transfer), np.arange(t.count))
+    assert np.array_equal(words, t.words[transfer])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_unicast_loop_exact_on_small_random_phases(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tiles = int(rng.integers(3, 40))
+    t = random_unicast(int(rng.integers(1, 400)), tiles=tiles, seed=seed, max_words=9)
+    s = schedule_exchange(t)
+    verify_schedule(t, s)
+    assert s.horizon == endpoint_lower_bound(t)
+
+
+def test_pair_eligibility() -> None:
+    # 0: whole pair {4,5}; 1: half a pair; 2: two whole pairs; 3: a pair listed out of order
+    t = Transfers.from_lists(8, [0, 0, 1, 2], [[4, 5], [4], [2, 3, 6, 7], [7, 6]], [4, 4, 4, 4])
+    assert pair_eligible(t).tolist() == [True, False, True, True]
+    odd = Transfers.from_lists(7, [0], [[4, 5]], [4])
+    assert pair_eligible(odd).tolist() == [False]
+
+
+def test_paired_lower_bound_by_hand() -> None:
+    # tile 0 sends 10 words to pair {2,3} (eligible: 5 cycles) and 3 words to tile 4 alone
+    t = Transfers.from_lists(8, [0, 0], [[2, 3], [4]], [10, 3])
+    assert endpoint_lower_bound(t) == 13
+    # send port 0: 3 + ceil(10 / 2) = 8; source pair {0,1}: ceil(13 / 2) = 7
+    assert paired_lower_bound(t) == 8
+
+
+def test_paired_chunks_cover_words_and_respect_ports() -> None:
+    t = random_multicast(1500, tiles=32, seed=3)
+    # make every transfer pair-closed by adding each destination's partner
+    dsts = [sorted(({int(d) ^ 1 for d in t.dst[a:b]} | set(t.dst[a:b].tolist())) - {int(s), int(s) ^ 1})
+            for s, a, b in zip(t.src, t.dst_offsets[:-1], t.dst_offsets[1:], strict=True)]
+    keep = [k for k, d in enumerate(dsts) if d]
+    t = Transfers.from_lists(32, [int(t.src[k]) for k in keep], [dsts[k] for k in keep],
+                             [int(t.words[k]) for k in keep])
+    assert pair_eligible(t).all()
+    task, start, words, lanes = schedule_paired(t)
+    assert np.array_equal(np.bincount(task, weights=words, minlength=t.count), t.words)
+    assert (lanes == 2).all()
+    poff, pl = port_lists(t, pair_eligible(t))
+    cycles = -(-words // lanes)
+    assert occupancy_ok(64, poff, pl, task, start, cycles)
+    horizon = int((start + cycles).max())
+    assert paired_lower_bound(t) <= horizon <= 1.3 * paired_lower_bound(t)
+    assert horizon < endpoint_lower_bound(t)
