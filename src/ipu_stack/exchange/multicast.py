@@ -35,7 +35,7 @@ from ipu_stack.exchange.model import Transfers
 ROUNDS_PER_MEAN_WORDS = 2  # a round lasts about two average transfers
 FILL_SCAN = 128  # pending transfers a freed port examines (32: 1.23x the bound, 128: 1.13x)
 FILL_RATIO = 0.0  # fill only ports whose load is at least this share of the time to the bound
-RESORT_ROUNDS = 16  # priorities are recomputed every this many rounds (loads drift slowly)
+RESORT_ROUNDS = 32  # priorities are recomputed every this many rounds (loads drift slowly)
 STOP_AFTER = 2  # a rematch stops after this many times `tiles` rejections in a row
 
 
@@ -99,12 +99,14 @@ def _set_ports(i: int, poff, pl, array, value) -> None:
 # Per-port lists of pending tasks with O(1) removal (swap with the last entry):
 # ``item[ptr[p] : ptr[p] + count[p]]`` holds entry ids (entry ``poff[i] + q`` is task i's
 # q-th port) and ``where[e]`` is an entry's slot; ``item_rec`` carries the task's packed
-# record offset alongside.  Starting a task and returning a cut one touch only its own
+# record offset and ``item_hint`` two other ports of the task (receive ports when there are
+# any), checked inline from the list itself: they reject most busy candidates without a
+# cache miss on the record.  Starting a task and returning a cut one touch only its own
 # ports, so no scan ever visits finished or running work.
 
 
 @numba.njit(cache=True, nogil=True)
-def _pending_remove(i, poff, pl, ptr, count, item, item_rec, where) -> None:
+def _pending_remove(i, poff, pl, ptr, count, item, item_rec, item_hint, where) -> None:
     for entry in range(poff[i], poff[i + 1]):
         port = pl[entry]
         slot = where[entry]
@@ -112,18 +114,25 @@ def _pending_remove(i, poff, pl, ptr, count, item, item_rec, where) -> None:
         moved = item[last]
         item[slot] = moved
         item_rec[slot] = item_rec[last]
+        item_hint[slot, 0] = item_hint[last, 0]
+        item_hint[slot, 1] = item_hint[last, 1]
         where[moved] = slot
         count[port] -= 1
         where[entry] = -1
 
 
 @numba.njit(cache=True, nogil=True)
-def _pending_add(i, poff, pl, ptr, count, item, item_rec, where) -> None:
+def _pending_add(i, poff, pl, ptr, count, item, item_rec, item_hint, where) -> None:
     for entry in range(poff[i], poff[i + 1]):
         port = pl[entry]
         slot = ptr[port] + count[port]
         item[slot] = entry
         item_rec[slot] = poff[i] + 2 * i
+        last = poff[i + 1] - 1  # hints: the last two ports other than this one
+        first = last if entry != last else last - 1
+        second = first - 1 if first - 1 != entry else first - 2
+        item_hint[slot, 0] = pl[first]
+        item_hint[slot, 1] = pl[max(second, poff[i])]
         where[entry] = slot
         count[port] += 1
 
@@ -140,7 +149,7 @@ def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports) 
     keys = np.empty(kept, np.float64)
     for a in range(kept):
         keys[a] = -_priority(order[a], poff, pl, load, balance)
-    order[:kept] = order[:kept][np.argsort(keys, kind="mergesort")]
+    order[:kept] = order[:kept][np.argsort(keys)]
     e = 0
     for a in range(kept):
         i = order[a]
@@ -170,6 +179,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
     count = np.zeros(ports, np.int64)
     item = np.empty(entries, np.int64)
     item_rec = np.empty(entries, np.int64)
+    item_hint = np.empty((entries, 2), np.int64)
     where = np.empty(entries, np.int64)
     # packed records [task, port count, ports...] at poff[i] + 2 * i: a fill candidate is
     # checked from one or two cache lines instead of three scattered arrays
@@ -181,7 +191,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
         for e in range(poff[i], poff[i + 1]):
             rec[r + 2 + e - poff[i]] = pl[e]
     for i in range(n):
-        _pending_add(i, poff, pl, ptr, count, item, item_rec, where)
+        _pending_add(i, poff, pl, ptr, count, item, item_rec, item_hint, where)
 
     left = cycles.copy()  # cycles not yet run
     state = np.zeros(n, np.int8)  # 0 pending, 1 running, 2 done, 3 re-chosen this round
@@ -258,7 +268,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
                 state[y] = 0
                 ends[y] = -1
                 _set_ports(y, poff, pl, runner, -1)
-                _pending_add(y, poff, pl, ptr, count, item, item_rec, where)
+                _pending_add(y, poff, pl, ptr, count, item, item_rec, item_hint, where)
             for k in range(n_chosen):
                 i = chosen[k]
                 if state[i] == 3:
@@ -267,7 +277,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
                 state[i] = 1
                 began[i] = now
                 ends[i] = now + left[i]
-                _pending_remove(i, poff, pl, ptr, count, item, item_rec, where)
+                _pending_remove(i, poff, pl, ptr, count, item, item_rec, item_hint, where)
                 _set_ports(i, poff, pl, runner, i)
                 if heap_size == heap.shape[0]:
                     heap = _grow(heap)
@@ -288,8 +298,16 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
             offset = 0 if scan == c else np.random.randint(0, c)
             best = -1
             best_key = -1.0
-            for s in range(scan):
-                r = item_rec[ptr[p] + (offset + s) % c]
+            slot = ptr[p] + offset
+            wrap = ptr[p] + c
+            for _ in range(scan):
+                hint_a, hint_b = item_hint[slot, 0], item_hint[slot, 1]
+                r = item_rec[slot]
+                slot += 1
+                if slot == wrap:  # rotate without a division per step
+                    slot = ptr[p]
+                if runner[hint_a] >= 0 or runner[hint_b] >= 0:
+                    continue
                 idle = True
                 for e in range(r + 2, r + 2 + rec[r + 1]):
                     if runner[rec[e]] >= 0:
@@ -305,7 +323,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
                 state[best] = 1
                 began[best] = now
                 ends[best] = now + left[best]
-                _pending_remove(best, poff, pl, ptr, count, item, item_rec, where)
+                _pending_remove(best, poff, pl, ptr, count, item, item_rec, item_hint, where)
                 _set_ports(best, poff, pl, runner, best)
                 if heap_size == heap.shape[0]:
                     heap = _grow(heap)
