@@ -129,6 +129,11 @@ _IPU21_FACTS: dict[str, Fact] = {
     ),
     "exchange_fixed_cycles": Fact(100, "PopLibs fixedOverheadExchangeCycles = 100"),
     "sync_cycles": Fact(90, "PopLibs syncCycles = 90"),
+    "tiles_per_shared_exchange_bus": Fact(
+        2, "PopLibs getTilesPerSharedExchangeBus() == 2 and supportsSuperTileSendReceive: a "
+        "tile pair sends 64 bits per cycle and both tiles of a pair take 64 bits per cycle "
+        "of data both receive (used only with the paired-exchange option)"
+    ),
     "exchange_table_bytes_per_chunk": Fact(
         8, "assumed: one exchange instruction (address + count) per chunk, 2 words"
     ),
