@@ -11,6 +11,7 @@ offsets are implied and a chunk never needs to carry them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,26 +118,14 @@ class Transfers:
         offsets = self.dst_offsets
         if offsets[0] != 0 or offsets[-1] != self.dst.shape[0] or np.any(np.diff(offsets) < 0):
             raise ExchangeError("dst_offsets is not a valid CSR offset array")
-        checks: list[tuple[np.ndarray, str]] = []
-        checks.append(((self.src < 0) | (self.src >= self.tiles), "source tile out of range"))
-        checks.append((self.words < 1, "words must be >= 1"))
-        checks.append((self.fanout < 1, "no destination"))
-        owner = self.dst_transfer()
-        bad_dst = (self.dst < 0) | (self.dst >= self.tiles)
-        checks.append((_any_per_transfer(bad_dst, owner, n), "destination tile out of range"))
-        self_send = self.dst == self.src[owner]
-        checks.append((_any_per_transfer(self_send, owner, n), "source among its destinations"))
-        key = owner * np.int64(self.tiles) + self.dst.astype(np.int64)
-        order = np.argsort(key, kind="stable")
-        dup = np.zeros(self.dst.shape[0], dtype=bool)
-        dup[order[1:]] = key[order[1:]] == key[order[:-1]]
-        checks.append((_any_per_transfer(dup, owner, n), "duplicate destination"))
-        first = n
-        reason = ""
-        for bad, text in checks:
-            hits = np.flatnonzero(bad)
-            if hits.size and hits[0] < first:
-                first, reason = int(hits[0]), text
+        # Checks in priority order; each sees only the transfers before the first violation
+        # found so far (a later one cannot be first, one at the same transfer loses the
+        # tie), which also keeps out-of-range tiles away from the later entry checks.
+        first, reason = n, ""
+        for check, text in _VALIDITY_CHECKS:
+            hit = check(self, first)
+            if hit < first:
+                first, reason = hit, text
         if first < n:
             dsts = self.dst[offsets[first] : offsets[first + 1]].tolist()
             raise ExchangeError(
@@ -145,11 +134,107 @@ class Transfers:
             )
 
 
-def _any_per_transfer(flags: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
-    """OR the per-destination ``flags`` into one flag per transfer."""
-    out = np.zeros(n, dtype=bool)
-    out[owner[flags]] = True
-    return out
+def _first_flag(flags: np.ndarray, limit: int) -> int:
+    """Index of the first True in ``flags``, or ``limit`` when there is none."""
+    if flags.size == 0:
+        return limit
+    hit = int(np.argmax(flags))
+    return hit if flags[hit] else limit
+
+
+def _entry_owner(t: Transfers, position: int) -> int:
+    """The transfer whose destination list holds entry ``position``."""
+    return int(np.searchsorted(t.dst_offsets, position, side="right")) - 1
+
+
+def _first_flagged_entry(t: Transfers, flags: np.ndarray, limit: int) -> int:
+    """The first transfer with a flagged destination entry, or ``limit``.  Entries are
+    stored transfer after transfer, so that is the owner of the first flagged entry."""
+    hit = _first_flag(flags, -1)
+    return limit if hit < 0 else _entry_owner(t, hit)
+
+
+def _bad_source(t: Transfers, limit: int) -> int:
+    """Source tile outside ``0..tiles-1``."""
+    src = t.src[:limit]
+    return _first_flag((src < 0) | (src >= t.tiles), limit)
+
+
+def _bad_words(t: Transfers, limit: int) -> int:
+    """``words < 1``: an empty transfer occupies no cycle, so no schedule can place it."""
+    return _first_flag(t.words[:limit] < 1, limit)
+
+
+def _no_destination(t: Transfers, limit: int) -> int:
+    """An empty destination list."""
+    return _first_flag(t.fanout[:limit] < 1, limit)
+
+
+def _bad_destination(t: Transfers, limit: int) -> int:
+    """Range check with a fast path: two reductions clear an all-valid prefix."""
+    dst = t.dst[: t.dst_offsets[limit]]
+    if dst.size == 0 or (int(dst.min()) >= 0 and int(dst.max()) < t.tiles):
+        return limit
+    return _first_flagged_entry(t, (dst < 0) | (dst >= t.tiles), limit)
+
+
+def _self_send(t: Transfers, limit: int) -> int:
+    """Source among its own destinations (compared against the source repeated per entry)."""
+    dst = t.dst[: t.dst_offsets[limit]]
+    return _first_flagged_entry(t, dst == np.repeat(t.src[:limit], t.fanout[:limit]), limit)
+
+
+def _duplicate(t: Transfers, limit: int) -> int:
+    """First transfer below ``limit`` listing a destination twice, or ``limit``.
+
+    Fast path: a strictly increasing destination list has no duplicate, and most phases
+    list destinations in order, so one comparison of neighbours clears them; only the lists
+    that are not increasing are gathered and checked by a sort (exact either way).  Callers
+    guarantee that the lists below ``limit`` are non-empty and in range.
+    """
+    end = int(t.dst_offsets[limit])
+    dst = t.dst[:end]
+    unsorted = np.zeros(end, dtype=bool)  # [p]: p, p + 1 in one list and not increasing
+    np.less_equal(dst[1:], dst[:-1], out=unsorted[:-1])
+    unsorted[t.dst_offsets[1:limit] - 1] = False
+    if not unsorted.any():
+        return limit
+    flags = np.logical_or.reduceat(unsorted, t.dst_offsets[:limit])
+    rows = np.flatnonzero(flags)
+    picked = np.repeat(flags, t.fanout[:limit])
+    hit = _first_duplicate_list(dst[picked], t.fanout[rows], t.tiles)
+    return limit if hit < 0 else int(rows[hit])
+
+
+def _first_duplicate_list(dst: np.ndarray, fan: np.ndarray, tiles: int) -> int:
+    """Index of the first list (CSR: ``dst`` split by ``fan``) with a repeated tile, or -1.
+
+    Linear: a stable sort by tile (a radix sort for 16-bit tiles) groups equal tiles with
+    their entries in storage order, so two entries of one list with the same tile are
+    neighbours (anything stored between them belongs to the same list).  Neighbours are in
+    one list iff the second lies before the end of the first's list; pairs straddling two
+    tiles are dropped by comparing tiles for those candidates only.
+    """
+    ends = np.cumsum(fan)
+    tile = dst.astype(np.uint16 if tiles <= 1 << 16 else np.int64)
+    perm = np.argsort(tile, kind="stable")
+    candidates = np.flatnonzero(perm[1:] < np.repeat(ends, fan)[perm[:-1]])
+    pairs = candidates[tile[perm[candidates]] == tile[perm[candidates + 1]]]
+    if pairs.size == 0:
+        return -1
+    return int(np.searchsorted(ends, int(perm[pairs].min()), side="right"))
+
+
+_VALIDITY_CHECKS: tuple[tuple[Callable[[Transfers, int], int], str], ...] = (
+    (_bad_source, "source tile out of range"),
+    (_bad_words, "words must be >= 1"),
+    (_no_destination, "no destination"),
+    (_bad_destination, "destination tile out of range"),
+    (_self_send, "source among its destinations"),
+    (_duplicate, "duplicate destination"),
+)
+"""``validate``'s checks in priority order: ``check(t, limit)`` returns the first bad
+transfer below ``limit``, or ``limit``."""
 
 
 @dataclass(frozen=True)
