@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = esub.add_parser("schedule")
     q.add_argument("instance")
     q.add_argument("-o", "--out", required=True)
+    q.add_argument("--paired", action="store_true",
+                   help="paired-tiles option: transfers to whole tile pairs may use two lanes")
     q = esub.add_parser("verify")
     q.add_argument("instance")
     q.add_argument("schedule")
@@ -278,7 +280,7 @@ def cmd_exchange(args: argparse.Namespace) -> int:
     from ipu_stack.exchange import schedule_command, verify_command
 
     if args.exchange_command == "schedule":
-        return schedule_command(args.instance, args.out)
+        return schedule_command(args.instance, args.out, paired=args.paired)
     return verify_command(args.instance, args.schedule)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from ipu_stack.exchange import Transfers, endpoint_lower_bound, schedule_exchange, verify_schedule
 from ipu_stack.exchange.families import random_multicast, random_unicast
+from ipu_stack.exchange.model import pair_eligible, paired_lower_bound
 from ipu_stack.exchange.multicast import port_lists, schedule_multicast, schedule_tasks
-from ipu_stack.exchange.paired import pair_eligible, paired_lower_bound, schedule_paired
+from ipu_stack.exchange.paired import schedule_paired
 from ipu_stack.exchange.scheduler import NO_ROUNDS
 
 
@@ -106,3 +107,61 @@ def test_paired_chunks_cover_words_and_respect_ports() -> None:
     horizon = int((start + cycles).max())
     assert paired_lower_bound(t) <= horizon <= 1.3 * paired_lower_bound(t)
     assert horizon < endpoint_lower_bound(t)
+
+
+# -- paired schedules through the verifier and the JSON files -------------------------------
+
+def _paired_phase(second_source: int = 5) -> Transfers:
+    # 0: tile 0 -> pair {2,3}, 10 words (eligible); 1: -> tile 4, 6 words (not eligible)
+    return Transfers.from_lists(8, [0, second_source], [[2, 3], [4]], [10, 6])
+
+
+def test_paired_schedule_verifies_and_beats_plain_bound() -> None:
+    t = _paired_phase()
+    s = schedule_exchange(t, paired=True)
+    verify_schedule(t, s)
+    assert s.paired and s.lower_bound == paired_lower_bound(t) == 6
+    assert s.horizon < endpoint_lower_bound(t) == 10
+
+
+@pytest.mark.parametrize(
+    ("source", "lanes", "starts", "message"),
+    [
+        (5, [2, 2], [0, 0], "two-lane chunk of transfer 1, whose destinations are not whole tile pairs"),
+        (1, [2, 1], [0, 0], "send port overlap: tile 1 cycle 0"),  # tile 0's partner is busy
+        (5, [3, 1], [0, 5], "lanes must be 1 or 2, got 3"),
+    ],
+)
+def test_verifier_rejects_bad_lanes(source: int, lanes: list[int], starts: list[int], message: str) -> None:
+    from ipu_stack.exchange import Schedule, ScheduleError
+
+    t = _paired_phase(source)
+    s = Schedule.from_chunks(paired_lower_bound(t), "paired", np.array([0, 1]), np.array(starts),
+                             np.array([10, 6]), np.array(lanes))
+    with pytest.raises(ScheduleError, match=message):
+        verify_schedule(t, s)
+
+
+def test_two_lane_chunks_need_the_paired_bound() -> None:
+    from ipu_stack.exchange import Schedule, ScheduleError
+
+    t = _paired_phase()
+    s = Schedule.from_chunks(endpoint_lower_bound(t), "paired", np.array([0, 1]), np.array([0, 0]),
+                             np.array([10, 6]), np.array([2, 1]))
+    with pytest.raises(ScheduleError, match="lower bound mismatch: recorded 10, instance 6"):
+        verify_schedule(t, s)
+
+
+def test_paired_schedule_json_round_trip(tmp_path) -> None:
+    from ipu_stack.exchange import ExchangeError, load_schedule, save_schedule
+
+    t = _paired_phase()
+    s = schedule_exchange(t, paired=True)
+    save_schedule(tmp_path / "s.json", s)
+    back = load_schedule(tmp_path / "s.json")
+    assert back.paired and np.array_equal(back.chunk_lanes, s.chunk_lanes)
+    verify_schedule(t, back)
+    (tmp_path / "bad.json").write_text('{"horizon": 1, "lower_bound": 1, "kind": "x", '
+                                       '"paired": 1, "chunks": []}')
+    with pytest.raises(ExchangeError, match="'paired' must be true or false"):
+        load_schedule(tmp_path / "bad.json")

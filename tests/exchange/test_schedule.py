@@ -98,8 +98,20 @@ def test_logs_and_paired(caplog: pytest.LogCaptureFixture) -> None:
     assert "prepared large physical exchange phase phase=7 transfers=1200" in text
     assert "maximum_identical_destinations=8" in text
     assert "compared ordinary and paired exchange schedules phase=7" in text
+    assert "eligible_transfers=0" in text and "use_paired=false" in text
     assert "optimized physical exchange schedule phase=7" in text
     assert f"endpoint_lower_bound={s.lower_bound}" in text
+
+
+def test_paired_wins_on_pair_aligned_broadcasts(caplog: pytest.LogCaptureFixture) -> None:
+    t = FAMILIES["gemm-broadcast"](3000)
+    with caplog.at_level(logging.DEBUG, logger="ipu_stack.exchange"):
+        s = schedule_exchange(t, phase=3, paired=True)
+    verify_schedule(t, s)
+    assert s.kind == "paired" and "use_paired=true" in caplog.text
+    assert f"eligible_transfers={t.count}" in caplog.text
+    plain = schedule_exchange(t)
+    assert s.horizon < 0.55 * plain.horizon  # two lanes: about half the cycles
 
 
 def test_reuse_and_table_bytes(caplog: pytest.LogCaptureFixture) -> None:

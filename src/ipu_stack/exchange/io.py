@@ -3,9 +3,12 @@
 The formats are stable (other tools read them):
 ``INSTANCE.json`` ``{"tiles": 1472, "transfers": [{"src": 3, "dst": [5, 9], "words": 12}]}``
 and ``SCHEDULE.json`` ``{"horizon": H, "lower_bound": L, "kind": "...", "chunks":
-[{"transfer": i, "start": c, "words": w}]}``.  Writes are atomic so a crashed run never leaves
-a half-written file that a later ``verify`` would misread; every malformed input becomes one
-:class:`ExchangeError` line naming the problem.
+[{"transfer": i, "start": c, "words": w}]}``.  A schedule made with the paired-tiles option
+adds ``"paired": true`` and a ``"lanes"`` field (1 or 2) to every chunk; plain readers that
+ignore unknown fields still see a well-formed schedule, and the verifier checks the lanes.
+Writes are atomic so a crashed run never leaves a half-written file that a later ``verify``
+would misread; every malformed input becomes one :class:`ExchangeError` line naming the
+problem.
 """
 
 from __future__ import annotations
@@ -92,7 +95,12 @@ def load_schedule(path: PathLike) -> Schedule:
     chunks = _field(data, "chunks", "schedule")
     if not isinstance(chunks, list):
         raise ExchangeError("schedule field 'chunks' must be a list")
+    paired = data.get("paired", False)
+    if not isinstance(paired, bool):
+        raise ExchangeError("schedule field 'paired' must be true or false")
     cols: dict[str, list[int]] = {"transfer": [], "start": [], "words": []}
+    if paired:
+        cols["lanes"] = []
     for k, chunk in enumerate(chunks):
         for key, col in cols.items():
             col.append(_int(_field(chunk, key, f"chunk {k}"), f"chunk {k} {key}"))
@@ -103,26 +111,31 @@ def load_schedule(path: PathLike) -> Schedule:
         chunk_transfer=np.asarray(cols["transfer"], dtype=np.int64),
         chunk_start=np.asarray(cols["start"], dtype=np.int64),
         chunk_words=np.asarray(cols["words"], dtype=np.int64),
+        chunk_lanes=np.asarray(cols["lanes"], dtype=np.int64) if paired else None,
     )
 
 
 def save_schedule(path: PathLike, s: Schedule) -> None:
     """Write a SCHEDULE.json atomically."""
-    chunks = [
-        {"transfer": i, "start": c, "words": w}
-        for i, c, w in zip(
-            s.chunk_transfer.tolist(), s.chunk_start.tolist(), s.chunk_words.tolist(), strict=True
-        )
-    ]
-    data = {"horizon": s.horizon, "lower_bound": s.lower_bound, "kind": s.kind, "chunks": chunks}
+    columns = {"transfer": s.chunk_transfer, "start": s.chunk_start, "words": s.chunk_words}
+    if s.chunk_lanes is not None:
+        columns["lanes"] = s.chunk_lanes
+    names = list(columns)
+    chunks = [dict(zip(names, row, strict=True))
+              for row in zip(*(c.tolist() for c in columns.values()), strict=True)]
+    data: dict[str, Any] = {"horizon": s.horizon, "lower_bound": s.lower_bound, "kind": s.kind}
+    if s.paired:
+        data["paired"] = True
+    data["chunks"] = chunks
     write_text_atomic(path, json.dumps(data) + "\n")
 
 
-def schedule_command(instance_path: str, out_path: str) -> int:
-    """``ipu-stack exchange schedule INSTANCE.json -o SCHEDULE.json``: one summary line."""
+def schedule_command(instance_path: str, out_path: str, paired: bool = False) -> int:
+    """``ipu-stack exchange schedule INSTANCE.json -o SCHEDULE.json [--paired]``: one
+    summary line."""
     t = load_instance(instance_path)
     began = time.perf_counter()
-    s = schedule_exchange(t)
+    s = schedule_exchange(t, paired=paired)
     seconds = time.perf_counter() - began
     save_schedule(out_path, s)
     print(

@@ -239,8 +239,10 @@ transfer below ``limit``, or ``limit``."""
 
 @dataclass(frozen=True)
 class Schedule:
-    """A chunked schedule: chunk ``k`` runs transfer ``chunk_transfer[k]`` for
-    ``chunk_words[k]`` cycles from ``chunk_start[k]``."""
+    """A chunked schedule: chunk ``k`` sends ``chunk_words[k]`` words of transfer
+    ``chunk_transfer[k]`` from cycle ``chunk_start[k]``, in ``chunk_lanes[k]`` lanes
+    (``ceil(words / lanes)`` cycles).  ``chunk_lanes`` is None in the plain model (one lane,
+    one word per cycle); a schedule made with the paired-tiles option carries it."""
 
     horizon: int
     lower_bound: int
@@ -248,6 +250,7 @@ class Schedule:
     chunk_transfer: np.ndarray
     chunk_start: np.ndarray
     chunk_words: np.ndarray
+    chunk_lanes: np.ndarray | None = None
 
     @property
     def chunks(self) -> int:
@@ -255,9 +258,21 @@ class Schedule:
         return int(self.chunk_transfer.shape[0])
 
     @property
+    def paired(self) -> bool:
+        """Made under the paired-tiles option (its lower bound is the paired bound)."""
+        return self.chunk_lanes is not None
+
+    @property
     def ratio(self) -> float:
         """Horizon over the endpoint lower bound (1.0 for an empty phase)."""
         return self.horizon / self.lower_bound if self.lower_bound else 1.0
+
+    def durations(self) -> np.ndarray:
+        """Cycles each chunk occupies its ports: ``ceil(words / lanes)``."""
+        words = np.asarray(self.chunk_words, dtype=np.int64)
+        if self.chunk_lanes is None:
+            return words
+        return -(-words // np.asarray(self.chunk_lanes, dtype=np.int64))
 
     @staticmethod
     def from_chunks(
@@ -266,13 +281,15 @@ class Schedule:
         transfer: np.ndarray,
         start: np.ndarray,
         words: np.ndarray,
+        lanes: np.ndarray | None = None,
     ) -> Schedule:
         """Build a schedule with chunks in (start, transfer) order and the horizon computed."""
         transfer = np.asarray(transfer, dtype=np.int64)
         start = np.asarray(start, dtype=np.int64)
         words = np.asarray(words, dtype=np.int64)
         order = np.lexsort((transfer, start))
-        horizon = int((start + words).max()) if start.size else 0
+        cycles = words if lanes is None else -(-words // np.asarray(lanes, dtype=np.int64))
+        horizon = int((start + cycles).max()) if start.size else 0
         return Schedule(
             horizon=horizon,
             lower_bound=int(lower_bound),
@@ -280,18 +297,20 @@ class Schedule:
             chunk_transfer=transfer[order],
             chunk_start=start[order],
             chunk_words=words[order],
+            chunk_lanes=None if lanes is None else np.asarray(lanes, dtype=np.int64)[order],
         )
 
     def with_kind(self, kind: str) -> Schedule:
         """The same chunks under another strategy name (used for reuse)."""
-        return Schedule(
-            self.horizon,
-            self.lower_bound,
-            kind,
-            self.chunk_transfer,
-            self.chunk_start,
-            self.chunk_words,
-        )
+        return Schedule(self.horizon, self.lower_bound, kind, self.chunk_transfer,
+                        self.chunk_start, self.chunk_words, self.chunk_lanes)
+
+    def as_paired(self, lower_bound: int) -> Schedule:
+        """This (one-lane) schedule stated under the paired option: same chunks, one lane
+        each, against the paired lower bound."""
+        lanes = np.ones(self.chunks, dtype=np.int64) if self.chunk_lanes is None else self.chunk_lanes
+        return Schedule(self.horizon, lower_bound, self.kind, self.chunk_transfer,
+                        self.chunk_start, self.chunk_words, lanes)
 
 
 def port_loads(t: Transfers) -> tuple[np.ndarray, np.ndarray]:
@@ -302,13 +321,61 @@ def port_loads(t: Transfers) -> tuple[np.ndarray, np.ndarray]:
     return send, recv
 
 
-def endpoint_lower_bound(t: Transfers) -> int:
+PAIR_LANES = 2  # tiles per shared exchange bus (target fact tiles_per_shared_exchange_bus)
+
+
+def endpoint_lower_bound(t: Transfers, paired: bool = False) -> int:
     """Max over tiles of words sent or received: no schedule can be shorter (one word per
-    cycle per port), and for unicast phases the exact scheduler always meets it."""
+    cycle per port), and for unicast phases the exact scheduler always meets it.  With
+    ``paired``, the bound of the paired-tiles model (``paired_lower_bound``)."""
     if t.count == 0:
         return 0
+    if paired:
+        return paired_lower_bound(t)
     send, recv = port_loads(t)
     return int(max(send.max(), recv.max()))
+
+
+def pair_eligible(t: Transfers) -> np.ndarray:
+    """Per transfer: True when its destinations are whole tile pairs ``{2k, 2k + 1}`` (data
+    both tiles of every receiving pair take), so it may be sent in two lanes."""
+    if t.count == 0 or t.tiles % PAIR_LANES:
+        return np.zeros(t.count, dtype=bool)
+    owner = t.dst_transfer()
+    dst = t.dst.astype(np.int64)
+    present = np.sort(owner * t.tiles + dst)
+    partner = owner * t.tiles + (dst ^ 1)
+    hit = present[np.minimum(np.searchsorted(present, partner), present.size - 1)] == partner
+    eligible = np.ones(t.count, dtype=bool)
+    eligible[owner[~hit]] = False
+    return eligible
+
+
+def paired_lower_bound(t: Transfers) -> int:
+    """A lower bound on any schedule that may send eligible transfers in two lanes.
+
+    Per receive and per send port: the one-lane words plus half (rounded up) of the
+    eligible words; per source pair: half the pair's sent words (a pair sends at most two
+    words per cycle).  Each is necessary, so their maximum is a lower bound."""
+    if t.count == 0:
+        return 0
+    eligible = pair_eligible(t)
+    words = t.words.astype(np.int64)
+    one, two = np.where(eligible, 0, words), np.where(eligible, words, 0)
+    owner = t.dst_transfer()
+
+    def tally(ports: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return np.bincount(ports, weights=weights, minlength=t.tiles).astype(np.int64)
+
+    def half(x: np.ndarray) -> np.ndarray:
+        return -(-x // PAIR_LANES)
+
+    send_one, send_two = tally(t.src, one), tally(t.src, two)
+    recv_one, recv_two = tally(t.dst, one[owner]), tally(t.dst, two[owner])
+    bounds = [(send_one + half(send_two)).max(), (recv_one + half(recv_two)).max()]
+    if t.tiles % PAIR_LANES == 0:
+        bounds.append(half((send_one + send_two).reshape(-1, PAIR_LANES).sum(axis=1)).max())
+    return int(max(bounds))
 
 
 def table_bytes(s: Schedule, t: Transfers, bytes_per_chunk: int = 8) -> np.ndarray:

@@ -9,60 +9,16 @@ its ports for ``ceil(w / 2)`` cycles instead of ``w``.  Everything else is the p
 one lane, one word per cycle per port.
 
 The verifier checks lanes like any other field (``verify.py``): a two-lane chunk needs a
-paired schedule, an eligible transfer, and both source send ports free.  The paired lower
-bound relaxes the endpoint bound accordingly (see ``paired_lower_bound``).
+paired schedule, an eligible transfer, and both source send ports free.  Eligibility and
+the paired lower bound (``pair_eligible``, ``paired_lower_bound``) live in ``model.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ipu_stack.exchange.model import Transfers
+from ipu_stack.exchange.model import PAIR_LANES, Transfers, pair_eligible
 from ipu_stack.exchange.multicast import port_lists, schedule_tasks
-
-LANES = 2  # tiles per shared exchange bus on ipu21 (target/machine.py)
-
-
-def pair_eligible(t: Transfers) -> np.ndarray:
-    """Per transfer: True when its destinations are whole tile pairs (and tiles pair up)."""
-    if t.count == 0 or t.tiles % LANES:
-        return np.zeros(t.count, dtype=bool)
-    owner = t.dst_transfer()
-    dst = t.dst.astype(np.int64)
-    key = owner * t.tiles + dst
-    order = np.sort(key)
-    partner = owner * t.tiles + (dst ^ 1)
-    hit = np.searchsorted(order, partner)
-    found = order[np.minimum(hit, order.size - 1)] == partner
-    missing = np.zeros(t.count, dtype=bool)
-    missing[owner[~found]] = True
-    return ~missing
-
-
-def paired_lower_bound(t: Transfers) -> int:
-    """A lower bound on any schedule that may send eligible transfers in two lanes.
-
-    Per receive port and per send port: the one-lane words plus half (rounded up) of the
-    eligible words; per source pair: half the pair's sent words (a pair sends at most two
-    words per cycle).  Each is necessary, so their maximum is a lower bound."""
-    if t.count == 0:
-        return 0
-    eligible = pair_eligible(t)
-    words = t.words.astype(np.int64)
-    one = np.where(eligible, 0, words)
-    two = np.where(eligible, words, 0)
-    src = t.src.astype(np.int64)
-    send_one = np.bincount(src, weights=one, minlength=t.tiles).astype(np.int64)
-    send_two = np.bincount(src, weights=two, minlength=t.tiles).astype(np.int64)
-    owner = t.dst_transfer()
-    recv_one = np.bincount(t.dst, weights=one[owner], minlength=t.tiles).astype(np.int64)
-    recv_two = np.bincount(t.dst, weights=two[owner], minlength=t.tiles).astype(np.int64)
-    send_total = send_one + send_two
-    pair_total = send_total.reshape(-1, LANES).sum(axis=1) if t.tiles % LANES == 0 else send_total
-    half = lambda x: -(-x // LANES)  # noqa: E731 - ceiling halves, used four times
-    return int(max(
-        (send_one + half(send_two)).max(), (recv_one + half(recv_two)).max(), half(pair_total).max()
-    ))
 
 
 def schedule_paired(t: Transfers, balance: float = 1.0) -> tuple[np.ndarray, ...]:
@@ -73,7 +29,7 @@ def schedule_paired(t: Transfers, balance: float = 1.0) -> tuple[np.ndarray, ...
     task's chunks are then given words in start order, two per cycle, the odd word last."""
     eligible = pair_eligible(t)
     poff, pl = port_lists(t, eligible)
-    lanes = np.where(eligible, LANES, 1).astype(np.int64)
+    lanes = np.where(eligible, PAIR_LANES, 1).astype(np.int64)
     words = t.words.astype(np.int64)
     cycles = -(-words // lanes)
     task, start, run = schedule_tasks(2 * t.tiles, poff, pl, cycles, balance)

@@ -17,8 +17,9 @@ import logging
 import numpy as np
 
 from ipu_stack.exchange.groups import group_reduction, layers, subset
-from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound
+from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound, pair_eligible
 from ipu_stack.exchange.multicast import schedule_multicast
+from ipu_stack.exchange.paired import schedule_paired
 from ipu_stack.exchange.unicast import schedule_unicast
 from ipu_stack.util.log import event
 
@@ -86,27 +87,9 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
 
 
 def _paired_candidate(t: Transfers, bound: int) -> Schedule:
-    """List schedule with multicasts that reach both tiles of a pair ``{2k, 2k+1}`` first.
-
-    Paired tiles share an exchange bus, so receptions both halves of a pair take are best
-    kept together; this candidate breaks priority ties in their favour.  The port model is
-    unchanged, so the result is verified exactly like any other schedule.
-    """
-    owner = t.dst_transfer()
-    key = owner * np.int64(t.tiles) + (t.dst // 2)
-    order = np.sort(key)
-    both = np.zeros(t.count, dtype=np.int64)
-    np.add.at(both, order[1:][order[1:] == order[:-1]] // t.tiles, 1)
-    perm = np.argsort(-both, kind="stable")
-    fan = t.fanout[perm]
-    offsets = np.zeros(t.count + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(fan)
-    idx = np.repeat(t.dst_offsets[perm] - offsets[:-1], fan) + np.arange(offsets[-1])
-    view = Transfers(t.tiles, t.src[perm], offsets, t.dst[idx], t.words[perm])
-    best = min(_candidates(view, bound), key=lambda s: (s.horizon, s.chunks))
-    return Schedule.from_chunks(
-        bound, "paired", perm[best.chunk_transfer], best.chunk_start, best.chunk_words
-    )
+    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``)."""
+    transfer, start, words, lanes = schedule_paired(t)
+    return Schedule.from_chunks(bound, "paired", transfer, start, words, lanes)
 
 
 def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = False) -> Schedule:
@@ -127,21 +110,26 @@ def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = 
     initial = candidates[0]
     best = min(candidates, key=lambda s: (s.horizon, s.chunks))
     improvements = sum(1 for s in candidates[1:] if s.horizon < initial.horizon)
-    if paired and not t.is_unicast():
-        paired_best = _paired_candidate(t, bound)
-        use_paired = paired_best.horizon < best.horizon
+    if paired:
+        # the paired model has its own (lower) bound; ordinary schedules stay valid in it
+        bound = endpoint_lower_bound(t, paired=True)
+        best = best.as_paired(bound)
+        eligible = int(pair_eligible(t).sum())
+        paired_best = _paired_candidate(t, bound) if eligible else None
+        use_paired = paired_best is not None and paired_best.horizon < best.horizon
         if phase is not None:
             event(
                 logger,
                 "compared ordinary and paired exchange schedules",
                 level,
                 phase=phase,
-                candidates=len(candidates) + 1,
+                candidates=len(candidates) + (paired_best is not None),
+                eligible_transfers=eligible,
                 ordinary_horizon=best.horizon,
-                paired_horizon=paired_best.horizon,
+                paired_horizon=best.horizon if paired_best is None else paired_best.horizon,
                 use_paired=use_paired,
             )
-        if use_paired:
+        if use_paired and paired_best is not None:
             best = paired_best
     if phase is not None:
         event(

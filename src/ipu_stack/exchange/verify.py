@@ -5,6 +5,9 @@ of a real build, half a million transfers and ~20 M destination entries in about
 Checks, in order, each raising :class:`ScheduleError` that names the first violation:
 
 1. chunk fields: equal lengths, transfer index in range, ``start >= 0``, ``words >= 1``;
+   lanes (paired-tiles option only) 1 or 2, two only for transfers to whole tile pairs, a
+   chunk then lasting ``ceil(words / 2)`` cycles and also holding the send port of the
+   source's pair partner;
 2. per transfer (chunks sorted by start): no chunk starts before the previous one ends
    (chunks out of order / overlapping), the chunks cover exactly the transfer's words;
 3. per send port and per receive port: intervals sorted by start never overlap;
@@ -29,7 +32,14 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ipu_stack.exchange.model import Schedule, ScheduleError, Transfers, endpoint_lower_bound
+from ipu_stack.exchange.model import (
+    PAIR_LANES,
+    Schedule,
+    ScheduleError,
+    Transfers,
+    endpoint_lower_bound,
+    pair_eligible,
+)
 
 
 def _check_fields(t: Transfers, s: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,7 +65,34 @@ def _check_fields(t: Transfers, s: Schedule) -> tuple[np.ndarray, np.ndarray, np
     return transfer, start, words
 
 
-def _check_chunk_order(transfer: np.ndarray, start: np.ndarray, words: np.ndarray) -> None:
+def _check_lanes(t: Transfers, s: Schedule, transfer: np.ndarray) -> np.ndarray:
+    """Lanes per chunk (ones in the plain model); a two-lane chunk needs an eligible
+    transfer (destinations whole tile pairs, see ``pair_eligible``)."""
+    if s.chunk_lanes is None:
+        return np.ones(transfer.shape[0], dtype=np.int64)
+    lanes = np.asarray(s.chunk_lanes)
+    if lanes.ndim != 1 or lanes.shape[0] != transfer.shape[0]:
+        raise ScheduleError("chunk lanes must be one-dimensional, one per chunk")
+    if not np.issubdtype(lanes.dtype, np.integer):
+        raise ScheduleError("chunk lanes must hold integers")
+    lanes = lanes.astype(np.int64)
+    bad = np.flatnonzero((lanes != 1) & (lanes != PAIR_LANES))
+    if bad.size:
+        k = int(bad[0])
+        raise ScheduleError(f"chunk {k}: lanes must be 1 or {PAIR_LANES}, got {int(lanes[k])}")
+    two = np.flatnonzero(lanes == PAIR_LANES)
+    if two.size:
+        ineligible = two[~pair_eligible(t)[transfer[two]]]
+        if ineligible.size:
+            k = int(ineligible[0])
+            raise ScheduleError(
+                f"chunk {k}: two-lane chunk of transfer {int(transfer[k])}, whose destinations "
+                f"are not whole tile pairs (tiles={t.tiles})"
+            )
+    return lanes
+
+
+def _check_chunk_order(transfer: np.ndarray, start: np.ndarray, cycles: np.ndarray) -> None:
     """Per transfer, in start order, no chunk starts before the previous one ends.
 
     Called with the chunks of split transfers only (a transfer sent as one chunk cannot be
@@ -63,7 +100,7 @@ def _check_chunk_order(transfer: np.ndarray, start: np.ndarray, words: np.ndarra
     sort and the first violation are the same as over all chunks.
     """
     order = np.lexsort((start, transfer))
-    tr, st, wd = transfer[order], start[order], words[order]
+    tr, st, wd = transfer[order], start[order], cycles[order]
     same = tr[1:] == tr[:-1]
     early = np.flatnonzero(same & (st[1:] < st[:-1] + wd[:-1]))
     if early.size:
@@ -74,11 +111,13 @@ def _check_chunk_order(transfer: np.ndarray, start: np.ndarray, words: np.ndarra
         )
 
 
-def _check_coverage(t: Transfers, transfer: np.ndarray, start: np.ndarray, words: np.ndarray):
+def _check_coverage(
+    t: Transfers, transfer: np.ndarray, start: np.ndarray, words: np.ndarray, cycles: np.ndarray
+) -> None:
     """Chunks of one transfer in order and covering exactly its words (first bad transfer)."""
     split = np.bincount(transfer, minlength=t.count)[transfer] > 1
     if split.any():
-        _check_chunk_order(transfer[split], start[split], words[split])
+        _check_chunk_order(transfer[split], start[split], cycles[split])
     covered = np.bincount(transfer, weights=words, minlength=t.count).astype(np.int64)
     short = np.flatnonzero(covered < t.words)
     over = np.flatnonzero(covered > t.words)
@@ -131,9 +170,19 @@ class _Layout(NamedTuple):
         return self.owner[position]
 
 
-def _send_layout(t: Transfers, transfer: np.ndarray) -> _Layout:
-    """One entry per chunk: its source tile."""
-    return _Layout(_narrow_tiles(t.src[transfer]), 1, transfer.shape[0])
+def _send_layout(t: Transfers, transfer: np.ndarray, lanes: np.ndarray) -> _Layout:
+    """One entry per chunk: its source tile; a two-lane chunk also holds the send port of
+    the source's pair partner (super-tile send), listed right after it."""
+    src = t.src[transfer].astype(np.int64)
+    two = lanes == PAIR_LANES
+    if not two.any():
+        return _Layout(_narrow_tiles(src), 1, transfer.shape[0])
+    ports = 1 + two.astype(np.int64)
+    owner = np.repeat(np.arange(transfer.shape[0], dtype=np.int64), ports)
+    tile = src[owner]
+    second = np.flatnonzero(np.r_[False, owner[1:] == owner[:-1]])
+    tile[second] ^= 1
+    return _Layout(_narrow_tiles(tile), owner, tile.shape[0])
 
 
 def _receive_layout(t: Transfers, transfer: np.ndarray) -> _Layout:
@@ -202,14 +251,16 @@ def _check_port(
 def verify_schedule(t: Transfers, s: Schedule) -> None:
     """Raise :class:`ScheduleError` naming the first violation; return None if valid."""
     transfer, start, words = _check_fields(t, s)
-    _check_coverage(t, transfer, start, words)
+    lanes = _check_lanes(t, s, transfer)
+    cycles = -(-words // lanes)
+    _check_coverage(t, transfer, start, words, cycles)
     order = np.argsort(start, kind="stable")
-    transfer, start, end = transfer[order], start[order], start[order] + words[order]
-    _check_port("send", _send_layout(t, transfer), transfer, start, end)
+    transfer, start, end, lanes = transfer[order], start[order], start[order] + cycles[order], lanes[order]
+    _check_port("send", _send_layout(t, transfer, lanes), transfer, start, end)
     _check_port("receive", _receive_layout(t, transfer), transfer, start, end)
     horizon = int(end.max()) if end.size else 0
     if horizon != s.horizon:
         raise ScheduleError(f"horizon mismatch: recorded {s.horizon}, chunks end at {horizon}")
-    bound = endpoint_lower_bound(t)
+    bound = endpoint_lower_bound(t, paired=s.paired)
     if bound != s.lower_bound:
         raise ScheduleError(f"lower bound mismatch: recorded {s.lower_bound}, instance {bound}")
