@@ -96,7 +96,7 @@ def emit_program(
                 "kind_selected": schedule.kind,
                 "lower_bound": int(schedule.lower_bound),
             }
-            for key, array, dtype in (
+            columns = [
                 ("src_tile", step.src_tile, np.int32),
                 ("src_addr", src_addr, np.int64),
                 ("words", step.words, np.int64),
@@ -106,7 +106,10 @@ def emit_program(
                 ("chunk_transfer", schedule.chunk_transfer, np.int64),
                 ("chunk_start", schedule.chunk_start, np.int64),
                 ("chunk_words", schedule.chunk_words, np.int64),
-            ):
+            ]
+            if schedule.chunk_lanes is not None:  # paired-tiles option: two-lane chunks
+                columns.append(("chunk_lanes", schedule.chunk_lanes, np.int64))
+            for key, array, dtype in columns:
                 entry[key] = emitter.put(f"{prefix}/{key}", array, dtype)
             programs[name].append(entry)
             phase += 1

@@ -184,9 +184,11 @@ class SimulatedIpu:
         )
         starts = self._array(step["chunk_start"])
         words = self._array(step["chunk_words"])
-        horizon = int((starts + words).max()) if len(starts) else 0
+        lanes = self._array(step["chunk_lanes"]) if "chunk_lanes" in step else None
+        cycles = words if lanes is None else -(-words // np.maximum(lanes, 1))
+        horizon = int((starts + cycles).max()) if len(starts) else 0
         schedule = Schedule(horizon, int(step.get("lower_bound", 0)), str(step["kind_selected"]),
-                            self._array(step["chunk_transfer"]), starts, words)
+                            self._array(step["chunk_transfer"]), starts, words, lanes)
         return transfers, schedule
 
     # ------------------------------------------------------------------ running

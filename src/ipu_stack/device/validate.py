@@ -214,7 +214,8 @@ def _validate_step(kind: str, step: dict, arrays: dict[str, np.ndarray], where: 
         if _array(arrays, step["dst_addr"], where, 1).shape[0] != m:
             raise _fail(where, "dst_addr has the wrong length")
         chunks = _array(arrays, step["chunk_transfer"], where, 1).shape[0]
-        for field in ("chunk_start", "chunk_words"):
+        lanes = ("chunk_lanes",) if "chunk_lanes" in step else ()  # paired-tiles option only
+        for field in ("chunk_start", "chunk_words", *lanes):
             if _array(arrays, step[field], where, 1).shape[0] != chunks:
                 raise _fail(where, f"{field} has the wrong length")
         for field in ("src_addr", "dst_addr"):

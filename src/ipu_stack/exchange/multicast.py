@@ -37,6 +37,7 @@ FILL_SCAN = 128  # pending transfers a freed port examines (32: 1.23x the bound,
 FILL_RATIO = 0.0  # fill only ports whose load is at least this share of the time to the bound
 RESORT_ROUNDS = 32  # priorities are recomputed every this many rounds (loads drift slowly)
 STOP_AFTER = 2  # a rematch stops after this many times `tiles` rejections in a row
+SORT_HEAD = 64  # a resort orders only the best SORT_HEAD x tiles tasks (rematches scan ~20 x)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -138,7 +139,7 @@ def _pending_add(i, poff, pl, ptr, count, item, item_rec, item_hint, where) -> N
 
 
 @numba.njit(cache=True, nogil=True)
-def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports) -> int:
+def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports, head) -> int:
     """Drop finished tasks, sort the rest by priority and pack their ports in that order,
     so that the rematch scan reads memory sequentially (it is memory-bound otherwise)."""
     kept = 0
@@ -149,7 +150,15 @@ def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports) 
     keys = np.empty(kept, np.float64)
     for a in range(kept):
         keys[a] = -_priority(order[a], poff, pl, load, balance)
-    order[:kept] = order[:kept][np.argsort(keys)]
+    if kept > 2 * head:
+        # a rematch stops long before the end of the order: sort only the ``head`` best
+        # (found by an O(n) partition), keep the rest in their previous order behind them
+        threshold = np.partition(keys, head)[head]
+        top = np.flatnonzero(keys < threshold)
+        rest = np.flatnonzero(keys >= threshold)
+        order[:kept] = np.concatenate((order[top[np.argsort(keys[top])]], order[rest]))
+    else:
+        order[:kept] = order[:kept][np.argsort(keys)]
     e = 0
     for a in range(kept):
         i = order[a]
@@ -163,7 +172,7 @@ def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports) 
 
 @numba.njit(cache=True, nogil=True)
 def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ratio,
-              resort_rounds, stop_after, seed):
+              resort_rounds, stop_after, sort_head, seed):
     """Chunks ``(task, start, cycles)`` for tasks that each hold ports ``pl[poff[i]:poff[i+1]]``
     for ``cycles[i]`` cycles (in pieces; a port serves one task per cycle)."""
     np.random.seed(seed)
@@ -178,8 +187,8 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
     ptr = np.cumsum(sizes)
     count = np.zeros(ports, np.int64)
     item = np.empty(entries, np.int64)
-    item_rec = np.empty(entries, np.int64)
-    item_hint = np.empty((entries, 2), np.int64)
+    item_rec = np.empty(entries, np.int32)  # narrow: the fill scan is memory-bound
+    item_hint = np.empty((entries, 2), np.int32)
     where = np.empty(entries, np.int64)
     # packed records [task, port count, ports...] at poff[i] + 2 * i: a fill candidate is
     # checked from one or two cache lines instead of three scattered arrays
@@ -224,7 +233,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
             next_round = now + round_cycles
             if rounds % resort_rounds == 0:
                 n_order = _resort(order, n_order, state, poff, pl, load, balance, seq_off,
-                                  seq_ports)
+                                  seq_ports, sort_head)
             rounds += 1
             taken[:] = False
             n_chosen = 0
@@ -397,11 +406,14 @@ def schedule_tasks(
         return empty, empty, empty
     if round_cycles is None:
         round_cycles = max(4, int(round(ROUNDS_PER_MEAN_WORDS * float(cycles.mean()))))
+    if int(poff[-1]) + 2 * cycles.shape[0] >= 2**31 or ports >= 2**31:
+        raise ValueError("phase too large for the multicast scheduler's 32-bit records")
     return _schedule(
         np.int64(ports), np.ascontiguousarray(poff, dtype=np.int64),
         np.ascontiguousarray(pl, dtype=np.int64), np.ascontiguousarray(cycles, dtype=np.int64),
         np.int64(round_cycles), float(balance), np.int64(FILL_SCAN), FILL_RATIO,
-        np.int64(RESORT_ROUNDS), np.int64(STOP_AFTER * ports // 2), np.int64(seed),
+        np.int64(RESORT_ROUNDS), np.int64(STOP_AFTER * ports // 2),
+        np.int64(SORT_HEAD * ports // 2), np.int64(seed),
     )
 
 
