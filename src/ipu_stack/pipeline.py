@@ -19,7 +19,14 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.codegen.emit import emit_program
-from ipu_stack.exchange import Schedule, Transfers, schedule_exchange, table_bytes
+from ipu_stack.exchange import (
+    Schedule,
+    ScheduleMemo,
+    ScheduleStore,
+    Transfers,
+    schedule_exchange,
+    table_bytes,
+)
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.cache import compile_kernels, default_cache_dir
@@ -55,6 +62,10 @@ class CompileOptions:
     cache_dir: str | None = str(default_cache_dir())
     diagnostics: bool = False
     memory_proportion: float = 0.9
+    # Neither changes the package (a reused or cached schedule is the one scheduling gives),
+    # so neither is recorded in it.
+    reuse_schedules: bool = True
+    exchange_cache: bool = False  # also keep schedules on disk under cache_dir/exchange
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
@@ -102,15 +113,25 @@ def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
     )
 
 
-def schedule_program(program: Program, target: Target) -> dict[int, Schedule]:
-    """Schedule every exchange phase; keys are global step indices."""
+def schedule_program(
+    program: Program, target: Target, memo: ScheduleMemo | None = None
+) -> dict[int, Schedule]:
+    """Schedule every exchange phase; keys are global step indices.
+
+    With ``memo``, a phase identical to one scheduled before (in this program, another
+    finalist's or an earlier placement attempt's) reuses that schedule.
+    """
     schedules: dict[int, Schedule] = {}
     phase_index = 0
     exchanges = [(index, step) for _, index, step in program.steps()
                  if isinstance(step, Exchange)]
     progress = Progress("scheduling exchange phases", len(exchanges))
     for index, step in exchanges:
-        schedules[index] = schedule_exchange(to_transfers(step, target), phase=phase_index)
+        transfers = to_transfers(step, target)
+        if memo is None:
+            schedules[index] = schedule_exchange(transfers, phase=phase_index)
+        else:
+            schedules[index] = memo.schedule(transfers, phase=phase_index)
         phase_index += 1
         progress.step(step.name)
     progress.close()
@@ -174,13 +195,21 @@ def compile_workload(
 
     The planner's memory estimate cannot see support memory (exchange tables grow with the
     program) or fragmentation exactly, so when placement fails the compile is planned again
-    with 0.1 less of tile memory, down to ``MIN_PROPORTION``.
+    with 0.1 less of tile memory, down to ``MIN_PROPORTION``.  One schedule memo serves every
+    attempt: most phases of a retry are the ones the failed attempt already scheduled.
     """
+    memo = None
+    if options.reuse_schedules:
+        store = None
+        if options.exchange_cache and options.cache_dir:
+            store = ScheduleStore(Path(options.cache_dir))
+        memo = ScheduleMemo(store)
     proportion = options.memory_proportion
     while True:
         try:
             return _compile_once(workload, params, out_dir,
-                                 dataclasses.replace(options, memory_proportion=proportion))
+                                 dataclasses.replace(options, memory_proportion=proportion),
+                                 memo)
         except PlacementError as failure:
             if proportion - 0.1 < MIN_PROPORTION:
                 raise
@@ -194,6 +223,7 @@ def _compile_once(
     params: dict[str, Any],
     out_dir: Path,
     options: CompileOptions,
+    memo: ScheduleMemo | None = None,
 ) -> CompileResult:
     """One attempt at the whole compile under ``options.memory_proportion``."""
     target = get_target(options.target)
@@ -244,12 +274,15 @@ def _compile_once(
                 active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans if p) + "}",
                 plans="[" + "; ".join(p.describe() for p in plans if p) + "]",
             )
-    with phase(LOG, "select_finalist"):
+    with phase(LOG, "select_finalist") as info:
         best = None
+        before = memo.counts() if memo is not None else {}
+        phases = 0
         for index, plans in enumerate(finalists):
             program = lower(graph, list(zip(stages, plans, strict=True)), target,
                             diagnostics=options.diagnostics)
-            schedules = schedule_program(program, target)
+            schedules = schedule_program(program, target, memo)
+            phases += len(schedules)
             estimate = refined_estimate(plans, program, schedules, target)
             event(
                 LOG, "scheduled operator-plan finalist", finalist=index, mapped=False,
@@ -262,6 +295,7 @@ def _compile_once(
                 best = (index, plans, program, estimate, schedules)
         assert best is not None
         selected, plans, program, estimate, schedules = best
+        info.update(_reuse_fields(phases, before, memo))
         event(LOG, "selected physically scheduled operator-plan finalist", selected=selected,
               mapped=False)
     exchanges = program.exchanges()
@@ -335,6 +369,21 @@ def _compile_once(
         plans=[p.describe() for p in plans if p], peak_bytes=int(placement.peak_bytes.max()),
         active_tiles=len(active),
     )
+
+
+def _reuse_fields(
+    phases: int, before: dict[str, int], memo: ScheduleMemo | None
+) -> dict[str, int]:
+    """This attempt's exchange phases by origin, for the ``select_finalist`` log line."""
+    if memo is None:
+        return {"exchange_phases": phases, "scheduled_phases": phases, "reused_phases": 0}
+    delta = {k: v - before[k] for k, v in memo.counts().items()}
+    fields = {"exchange_phases": phases, "scheduled_phases": delta["scheduled"],
+              "reused_phases": delta["reused"]}
+    if memo.store is not None:
+        fields["cached_phases"] = delta["loaded"]
+        fields["rejected_cache_entries"] = delta["rejected"]
+    return fields
 
 
 def _memory_summary(

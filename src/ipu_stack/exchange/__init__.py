@@ -11,6 +11,7 @@ from ipu_stack.exchange.io import (
     schedule_command,
     verify_command,
 )
+from ipu_stack.exchange.memo import ScheduleMemo, ScheduleStore, phase_digest
 from ipu_stack.exchange.model import (
     ExchangeError,
     Schedule,
@@ -26,10 +27,13 @@ __all__ = [
     "ExchangeError",
     "Schedule",
     "ScheduleError",
+    "ScheduleMemo",
+    "ScheduleStore",
     "Transfers",
     "endpoint_lower_bound",
     "load_instance",
     "load_schedule",
+    "phase_digest",
     "reuse_schedule",
     "save_instance",
     "save_schedule",
