@@ -46,6 +46,11 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diagnostics", action="store_true",
                         help="checkpoint every intermediate stage result (256 samples each)")
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
+    parser.add_argument("--paired-exchange", action="store_true",
+                        help="target option: paired tiles share an exchange bus (two-lane "
+                        "transfers to whole tile pairs)")
+    parser.add_argument("--exchange-cache", action="store_true",
+                        help="also keep verified exchange schedules on disk under the cache dir")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +137,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         target=args.target, finalists=args.finalists, diagnostics=args.diagnostics,
         memory_proportion=args.memory_proportion,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
+        paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
     )
 
 

@@ -62,6 +62,7 @@ class CompileOptions:
     cache_dir: str | None = str(default_cache_dir())
     diagnostics: bool = False
     memory_proportion: float = 0.9
+    paired_exchange: bool = False  # target option: tile pairs share an exchange bus
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -69,7 +70,8 @@ class CompileOptions:
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
-                "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion}
+                "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
+                "paired_exchange": self.paired_exchange}
 
 
 @dataclass
@@ -114,7 +116,7 @@ def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
 
 
 def schedule_program(
-    program: Program, target: Target, memo: ScheduleMemo | None = None
+    program: Program, target: Target, memo: ScheduleMemo | None = None, paired: bool = False
 ) -> dict[int, Schedule]:
     """Schedule every exchange phase; keys are global step indices.
 
@@ -129,9 +131,9 @@ def schedule_program(
     for index, step in exchanges:
         transfers = to_transfers(step, target)
         if memo is None:
-            schedules[index] = schedule_exchange(transfers, phase=phase_index)
+            schedules[index] = schedule_exchange(transfers, phase=phase_index, paired=paired)
         else:
-            schedules[index] = memo.schedule(transfers, phase=phase_index)
+            schedules[index] = memo.schedule(transfers, phase=phase_index, paired=paired)
         phase_index += 1
         progress.step(step.name)
     progress.close()
@@ -280,8 +282,8 @@ def _compile_once(
         phases = 0
         for index, plans in enumerate(finalists):
             program = lower(graph, list(zip(stages, plans, strict=True)), target,
-                            diagnostics=options.diagnostics)
-            schedules = schedule_program(program, target, memo)
+                            diagnostics=options.diagnostics, paired=options.paired_exchange)
+            schedules = schedule_program(program, target, memo, options.paired_exchange)
             phases += len(schedules)
             estimate = refined_estimate(plans, program, schedules, target)
             event(

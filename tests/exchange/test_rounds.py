@@ -79,6 +79,9 @@ def test_pair_eligibility() -> None:
     assert pair_eligible(t).tolist() == [True, False, True, True]
     odd = Transfers.from_lists(7, [0], [[4, 5]], [4])
     assert pair_eligible(odd).tolist() == [False]
+    # a replica group {4,5,6,7} fed by its member 4: the partner 5 receives without 4
+    group = Transfers.from_lists(8, [4, 4], [[5, 6, 7], [6, 7, 1]], [4, 4])
+    assert pair_eligible(group).tolist() == [True, False]
 
 
 def test_paired_lower_bound_by_hand() -> None:
@@ -112,8 +115,8 @@ def test_paired_chunks_cover_words_and_respect_ports() -> None:
 # -- paired schedules through the verifier and the JSON files -------------------------------
 
 def _paired_phase(second_source: int = 5) -> Transfers:
-    # 0: tile 0 -> pair {2,3}, 10 words (eligible); 1: -> tile 4, 6 words (not eligible)
-    return Transfers.from_lists(8, [0, second_source], [[2, 3], [4]], [10, 6])
+    # 0: tile 0 -> pair {2,3}, 10 words (eligible); 1: -> tile 6, 6 words (not eligible)
+    return Transfers.from_lists(8, [0, second_source], [[2, 3], [6]], [10, 6])
 
 
 def test_paired_schedule_verifies_and_beats_plain_bound() -> None:

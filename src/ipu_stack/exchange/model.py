@@ -338,7 +338,10 @@ def endpoint_lower_bound(t: Transfers, paired: bool = False) -> int:
 
 def pair_eligible(t: Transfers) -> np.ndarray:
     """Per transfer: True when its destinations are whole tile pairs ``{2k, 2k + 1}`` (data
-    both tiles of every receiving pair take), so it may be sent in two lanes."""
+    both tiles of every receiving pair take), so it may be sent in two lanes.  The source's
+    own partner may be a destination without the source when the transfer is a multicast (a
+    replica group that holds the data already: the source pair's bus carries it to the
+    partner); a unicast is never eligible, as only one tile takes its data."""
     if t.count == 0 or t.tiles % PAIR_LANES:
         return np.zeros(t.count, dtype=bool)
     owner = t.dst_transfer()
@@ -346,6 +349,7 @@ def pair_eligible(t: Transfers) -> np.ndarray:
     present = np.sort(owner * t.tiles + dst)
     partner = owner * t.tiles + (dst ^ 1)
     hit = present[np.minimum(np.searchsorted(present, partner), present.size - 1)] == partner
+    hit |= ((dst ^ 1) == t.src.astype(np.int64)[owner]) & (t.fanout[owner] > 1)
     eligible = np.ones(t.count, dtype=bool)
     eligible[owner[~hit]] = False
     return eligible

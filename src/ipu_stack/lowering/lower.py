@@ -91,9 +91,10 @@ def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan) -> list[Group]:
 class Lowering:
     """Builds a :class:`Program` stage by stage."""
 
-    def __init__(self, graph: Graph, target: Target) -> None:
+    def __init__(self, graph: Graph, target: Target, paired: bool = False) -> None:
         self.graph = graph
         self.target = target
+        self.paired = paired
         self.program = Program()
         self.where: dict[int, list[Piece]] = {}
         for value in graph.values:
@@ -175,7 +176,13 @@ class Lowering:
         br, bk, bn, sub = plan.row_block, plan.depth_block, plan.col_block, plan.sub_rows
         transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
         groups = stage_groups(g, stage, plan)
-        local = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
+        if self.paired:
+            # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
+            # tiles and its broadcasts reach whole tile pairs (two-lane transfers)
+            local = np.arange(r_n * d_n * c_n, dtype=np.int32).reshape(r_n, d_n, c_n)
+            local = local.transpose(0, 2, 1).copy()
+        else:  # depth blocks innermost: the reduce-scatter stays between neighbours
+            local = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
         grids = [local + group.tile_base for group in groups]
         all_tiles = np.concatenate([grid.ravel() for grid in grids])
         if all_tiles.max() >= self.target.tiles:
@@ -414,9 +421,11 @@ def lower(
     plans: list[tuple[Stage, GemmPlan | None]],
     target: Target,
     diagnostics: bool = False,
+    paired: bool = False,
 ) -> Program:
-    """The whole program for ``graph`` under the chosen stage plans."""
-    lowering = Lowering(graph, target)
+    """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
+    grids out for the paired-tiles exchange option)."""
+    lowering = Lowering(graph, target, paired)
     lowering.land_inputs()
     checkpoints = 0
     for stage, plan in plans:
