@@ -24,13 +24,39 @@ import numpy as np
 from ipu_stack.exchange.model import Transfers
 
 
-def _components(t: Transfers, owner: np.ndarray) -> np.ndarray:
-    """Label each tile with the smallest tile it shares a transfer's destinations with."""
+def _set_digests(t: Transfers) -> np.ndarray:
+    """An order-free fingerprint of each transfer's destination set: a sum of per-tile random
+    salts (wrapping int64), by ``add.reduceat`` over the contiguous destination lists."""
+    salt = np.random.default_rng(12345).integers(1, 2**62, t.tiles, dtype=np.int64)
+    return np.add.reduceat(salt[t.dst], t.dst_offsets[:-1])
+
+
+def _distinct_sets(t: Transfers) -> tuple[np.ndarray, np.ndarray]:
+    """``(set_of, representative)``: each transfer's destination-set index, and one transfer
+    holding each distinct set.  Components and layers depend only on the distinct sets,
+    which compiled phases have a few thousand of among half a million transfers."""
+    _, representative, set_of = np.unique(_set_digests(t), return_index=True,
+                                          return_inverse=True)
+    return set_of.ravel(), representative
+
+
+def _set_members(t: Transfers, representative: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The distinct sets' tiles in CSR form: ``(tiles, offsets, set of each entry)``."""
+    fan = t.fanout[representative]
+    offsets = np.zeros(fan.size + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(fan)
+    index = np.repeat(t.dst_offsets[representative] - offsets[:-1], fan) + np.arange(offsets[-1])
+    owner = np.repeat(np.arange(fan.size, dtype=np.int64), fan)
+    return t.dst[index].astype(np.int64), offsets, owner
+
+
+def _components(t: Transfers, representative: np.ndarray) -> np.ndarray:
+    """Label each tile with the smallest tile it shares a destination set with (label
+    propagation over the distinct sets only)."""
+    dst, offsets, owner = _set_members(t, representative)
     label = np.arange(t.tiles, dtype=np.int64)
-    dst = t.dst.astype(np.int64)
     while True:
-        low = np.full(t.count, t.tiles, dtype=np.int64)
-        np.minimum.at(low, owner, label[dst])
+        low = np.minimum.reduceat(label[dst], offsets[:-1])
         before = label.copy()
         np.minimum.at(label, dst, low[owner])
         label = label[label]  # path halving
@@ -42,8 +68,8 @@ def group_reduction(t: Transfers) -> Transfers | None:
     """The unicast phase over virtual group receivers (None for a phase with no transfers)."""
     if t.count == 0:
         return None
-    owner = t.dst_transfer()
-    label = _components(t, owner)
+    _, representative = _distinct_sets(t)
+    label = _components(t, representative)
     first = t.dst[t.dst_offsets[:-1]]
     groups, virtual = np.unique(label[first], return_inverse=True)
     return Transfers.from_arrays(
@@ -61,16 +87,13 @@ def layers(t: Transfers) -> list[np.ndarray] | None:
     replica groups (too many distinct destination sets, or too many overlaps)."""
     if t.count == 0:
         return None
-    owner = t.dst_transfer()
-    salt = np.random.default_rng(12345).integers(1, 2**62, t.tiles, dtype=np.int64)
-    digest = np.zeros(t.count, dtype=np.int64)
-    np.add.at(digest, owner, salt[t.dst])  # order-free fingerprint of the destination set
-    sets, set_of = np.unique(digest, return_inverse=True)
-    set_of = set_of.ravel()
+    set_of, representative = _distinct_sets(t)
+    sets = representative
     if sets.size > MAX_SETS:
         return None
     # sets containing each tile (distinct (tile, set) pairs), then overlapping set pairs
-    pair = np.unique(t.dst.astype(np.int64) * sets.size + set_of[owner])
+    dst, _, members = _set_members(t, representative)
+    pair = np.unique(dst * sets.size + members)
     tile, member = pair // sets.size, pair % sets.size
     starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
     width = np.diff(np.r_[starts, tile.size])

@@ -36,20 +36,23 @@ def _level(t: Transfers) -> int:
     return logging.INFO if t.count >= LARGE_PHASE else logging.DEBUG
 
 
-def _grouped(t: Transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Chunks via the replica-group reduction, exact at ``t``'s own bound, or None when some
-    group has no member that receives all of it (the reduction would lose)."""
+def _grouped(t: Transfers, bound: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Chunks via the replica-group reduction, exact at ``t``'s own bound (computed unless
+    given), or None when some group has no member that receives all of it (the reduction
+    would lose)."""
     grouped = group_reduction(t)
-    bound = endpoint_lower_bound(t)
+    bound = endpoint_lower_bound(t) if bound is None else bound
     if grouped is None or endpoint_lower_bound(grouped) > bound:
         return None
     transfer, start, words, _ = schedule_unicast(grouped, bound)
     return transfer, start, words
 
 
-def _layered(t: Transfers) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Layers of non-overlapping replica groups, each reduced, run one after another."""
-    split = layers(t)
+def _layered(
+    t: Transfers, split: list[np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Layers of non-overlapping replica groups (``split``, from ``layers``), each reduced,
+    run one after another."""
     if split is None or len(split) < 2:
         return None
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -69,8 +72,8 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
         transfer, start, words, _ = schedule_unicast(t, bound)
         return [Schedule.from_chunks(bound, "full-duplex", transfer, start, words)]
     out: list[Schedule] = []
-    for make in (_grouped, _layered):
-        chunks = make(t)
+    for make in (lambda: _grouped(t, bound), lambda: _layered(t, layers(t))):
+        chunks = make()
         if chunks is not None:
             out.append(Schedule.from_chunks(bound, "compact-streams", *chunks))
             if out[-1].horizon <= bound:
