@@ -172,7 +172,7 @@ def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports, 
 
 @numba.njit(cache=True, nogil=True)
 def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ratio,
-              resort_rounds, stop_after, sort_head, seed):
+              resort_rounds, stop_after, sort_head, seed, hint_dtype):
     """Chunks ``(task, start, cycles)`` for tasks that each hold ports ``pl[poff[i]:poff[i+1]]``
     for ``cycles[i]`` cycles (in pieces; a port serves one task per cycle)."""
     np.random.seed(seed)
@@ -188,7 +188,7 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
     count = np.zeros(ports, np.int64)
     item = np.empty(entries, np.int64)
     item_rec = np.empty(entries, np.int32)  # narrow: the fill scan is memory-bound
-    item_hint = np.empty((entries, 2), np.int32)
+    item_hint = np.empty((entries, 2), hint_dtype)
     where = np.empty(entries, np.int64)
     # packed records [task, port count, ports...] at poff[i] + 2 * i: a fill candidate is
     # checked from one or two cache lines instead of three scattered arrays
@@ -310,13 +310,13 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
             slot = ptr[p] + offset
             wrap = ptr[p] + c
             for _ in range(scan):
-                hint_a, hint_b = item_hint[slot, 0], item_hint[slot, 1]
-                r = item_rec[slot]
+                here = slot
                 slot += 1
                 if slot == wrap:  # rotate without a division per step
                     slot = ptr[p]
-                if runner[hint_a] >= 0 or runner[hint_b] >= 0:
+                if runner[item_hint[here, 0]] >= 0 or runner[item_hint[here, 1]] >= 0:
                     continue
+                r = item_rec[here]  # read only for candidates the hints let through
                 idle = True
                 for e in range(r + 2, r + 2 + rec[r + 1]):
                     if runner[rec[e]] >= 0:
@@ -414,6 +414,7 @@ def schedule_tasks(
         np.int64(round_cycles), float(balance), np.int64(FILL_SCAN), FILL_RATIO,
         np.int64(RESORT_ROUNDS), np.int64(STOP_AFTER * ports // 2),
         np.int64(SORT_HEAD * ports // 2), np.int64(seed),
+        np.uint16 if ports <= 2**16 else np.int32,  # narrow hints: the fill scan is memory-bound
     )
 
 
