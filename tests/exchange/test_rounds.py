@@ -168,3 +168,21 @@ def test_paired_schedule_json_round_trip(tmp_path) -> None:
                                        '"paired": 1, "chunks": []}')
     with pytest.raises(ExchangeError, match="'paired' must be true or false"):
         load_schedule(tmp_path / "bad.json")
+
+
+def test_pair_eligibility_matches_a_set_reference() -> None:
+    """The vectorised rule (sorted-list fast path, sorting fallback) against plain sets."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        tiles = int(rng.integers(2, 12))
+        n = int(rng.integers(1, 30))
+        src = rng.integers(0, tiles, n).tolist()
+        dsts = []
+        for s in src:
+            others = [x for x in range(tiles) if x != s]
+            d = rng.choice(others, int(rng.integers(1, len(others) + 1)), replace=False).tolist()
+            dsts.append(sorted(d) if rng.random() < 0.5 else d)
+        t = Transfers.from_lists(tiles, src, dsts, [1] * n)
+        expect = [tiles % 2 == 0 and all((x ^ 1) in set(d) or ((x ^ 1) == s and len(d) > 1)
+                                         for x in d) for s, d in zip(src, dsts, strict=True)]
+        assert pair_eligible(t).tolist() == expect

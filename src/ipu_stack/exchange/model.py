@@ -341,18 +341,30 @@ def pair_eligible(t: Transfers) -> np.ndarray:
     both tiles of every receiving pair take), so it may be sent in two lanes.  The source's
     own partner may be a destination without the source when the transfer is a multicast (a
     replica group that holds the data already: the source pair's bus carries it to the
-    partner); a unicast is never eligible, as only one tile takes its data."""
+    partner); a unicast is never eligible, as only one tile takes its data.
+
+    Linear when destination lists are increasing (as compiled phases list them): a tile's
+    partner is then its neighbour in the list; other lists are sorted first."""
     if t.count == 0 or t.tiles % PAIR_LANES:
         return np.zeros(t.count, dtype=bool)
-    owner = t.dst_transfer()
-    dst = t.dst.astype(np.int64)
-    present = np.sort(owner * t.tiles + dst)
-    partner = owner * t.tiles + (dst ^ 1)
-    hit = present[np.minimum(np.searchsorted(present, partner), present.size - 1)] == partner
-    hit |= ((dst ^ 1) == t.src.astype(np.int64)[owner]) & (t.fanout[owner] > 1)
-    eligible = np.ones(t.count, dtype=bool)
-    eligible[owner[~hit]] = False
-    return eligible
+    dst = np.ascontiguousarray(t.dst, dtype=np.int32)
+    starts, ends = t.dst_offsets[:-1], t.dst_offsets[1:]
+    falling = np.flatnonzero(dst[1:] <= dst[:-1]) + 1
+    falling = falling[np.isin(falling, starts, invert=True)]  # not a list's first entry
+    if falling.size:  # sort the lists that are not increasing, within themselves
+        rows = np.unique(np.searchsorted(ends, falling, side="right"))
+        owner = np.repeat(np.arange(t.count, dtype=np.int64), t.fanout)
+        dst = dst[np.lexsort((np.where(np.isin(owner, rows), dst, 0), owner))]
+    after = np.full(dst.size, -1, dtype=np.int32)  # the next entry of the same list
+    after[:-1] = dst[1:]
+    after[ends - 1] = -1
+    before = np.full(dst.size, -1, dtype=np.int32)  # the previous entry of the same list
+    before[1:] = dst[:-1]
+    before[starts] = -1
+    hit = np.where(dst & 1, before == dst - 1, after == dst + 1)
+    src = np.repeat(t.src.astype(np.int32), t.fanout)
+    hit |= ((dst ^ 1) == src) & np.repeat(t.fanout > 1, t.fanout)
+    return np.logical_and.reduceat(hit, starts)
 
 
 def paired_lower_bound(t: Transfers) -> int:
