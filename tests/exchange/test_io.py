@@ -46,7 +46,10 @@ def test_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         )
     )
     assert schedule_command(str(inst), str(tmp_path / "s.json")) == 0
-    assert "horizon=3 lower_bound=3 ratio=1.0000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "horizon=3 lower_bound=3 ratio=1.0000" in out
+    # 8 bytes per chunk on its source and on each destination: tiles 0 and 1 hold 16
+    assert "chunks=2 table_bytes_max=16 table_bytes_total=40" in out
     assert verify_command(str(inst), str(tmp_path / "s.json")) == 0
     assert "valid horizon=3 lower_bound=3" in capsys.readouterr().out
     bad = json.loads((tmp_path / "s.json").read_text())

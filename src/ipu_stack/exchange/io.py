@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.exchange.model import ExchangeError, Schedule, Transfers
+from ipu_stack.exchange.model import ExchangeError, Schedule, Transfers, table_bytes
 from ipu_stack.exchange.scheduler import schedule_exchange
 from ipu_stack.exchange.verify import verify_schedule
 from ipu_stack.util.files import write_text_atomic
@@ -138,9 +138,11 @@ def schedule_command(instance_path: str, out_path: str, paired: bool = False) ->
     s = schedule_exchange(t, paired=paired)
     seconds = time.perf_counter() - began
     save_schedule(out_path, s)
+    tables = table_bytes(s, t)
     print(
         f"scheduled horizon={s.horizon} lower_bound={s.lower_bound} ratio={s.ratio:.4f} "
-        f"chunks={s.chunks} kind={s.kind} seconds={seconds:.3f}"
+        f"chunks={s.chunks} table_bytes_max={int(tables.max(initial=0))} "
+        f"table_bytes_total={int(tables.sum())} kind={s.kind} seconds={seconds:.3f}"
     )
     return 0
 
