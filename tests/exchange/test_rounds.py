@@ -186,3 +186,33 @@ def test_pair_eligibility_matches_a_set_reference() -> None:
         expect = [tiles % 2 == 0 and all((x ^ 1) in set(d) or ((x ^ 1) == s and len(d) > 1)
                                          for x in d) for s, d in zip(src, dsts, strict=True)]
         assert pair_eligible(t).tolist() == expect
+
+
+def test_all_eligible_phases_are_exact_on_the_pair_machine() -> None:
+    """Pair-aligned replica broadcasts (every transfer eligible) are scheduled on the pair
+    machine by the exact strategies: the horizon is that instance's own bound, with one
+    chunk per transfer, and it verifies as a two-lane schedule of the tile phase."""
+    from ipu_stack.exchange.families import gemm_broadcast
+    from ipu_stack.exchange.paired import pair_level
+
+    t = gemm_broadcast(3000)
+    assert pair_eligible(t).all()
+    s = schedule_exchange(t, paired=True)
+    verify_schedule(t, s)
+    pairs = pair_level(t)
+    assert pairs.tiles == t.tiles // 2 and np.array_equal(pairs.words, -(-t.words // 2))
+    assert s.kind == "paired" and s.chunks == t.count and (s.chunk_lanes == 2).all()
+    assert s.horizon == endpoint_lower_bound(pairs)
+    assert paired_lower_bound(t) <= s.horizon <= 1.02 * paired_lower_bound(t)
+
+
+def test_pair_level_merges_destination_pairs() -> None:
+    from ipu_stack.exchange.paired import pair_level
+
+    # sorted rows and an unsorted one; transfer 1 includes its source's partner (tile 3)
+    t = Transfers.from_lists(8, [0, 2, 5], [[2, 3, 6, 7], [3, 4, 5], [1, 0, 3, 2]], [5, 4, 3])
+    pairs = pair_level(t)
+    rows = [pairs.dst[a:b].tolist() for a, b in zip(pairs.dst_offsets[:-1], pairs.dst_offsets[1:],
+                                                     strict=True)]
+    assert rows == [[1, 3], [1, 2], [0, 1]]
+    assert pairs.src.tolist() == [0, 1, 2] and pairs.words.tolist() == [3, 2, 2]

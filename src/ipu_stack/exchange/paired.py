@@ -21,26 +21,56 @@ from ipu_stack.exchange.model import PAIR_LANES, Transfers, pair_eligible
 from ipu_stack.exchange.multicast import port_lists, schedule_tasks
 
 
+def chunk_words(
+    task: np.ndarray, start: np.ndarray, run: np.ndarray, lanes: np.ndarray, words: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """Chunks of tasks (``run`` cycles each) as chunks of transfers: in start order, each
+    chunk moves ``lanes`` words per cycle, the transfer's odd word last.  Returns
+    ``(transfer, start, words, lanes)``."""
+    order = np.lexsort((start, task))
+    task, start, run = task[order], start[order], run[order]
+    moved = run * lanes[task]
+    head = np.r_[True, task[1:] != task[:-1]]
+    before = np.cumsum(moved) - moved
+    before -= np.repeat(before[head], np.diff(np.r_[np.flatnonzero(head), task.size]))
+    cap = words[task]
+    sent = np.minimum(before + moved, cap) - np.minimum(before, cap)
+    return task, start, sent, lanes[task]
+
+
 def schedule_paired(t: Transfers, balance: float = 1.0) -> tuple[np.ndarray, ...]:
     """Chunks ``(transfer, start, words, lanes)``: eligible transfers in two lanes.
 
     Each transfer becomes a task over its ports (two send ports for two-lane transfers)
-    lasting ``ceil(words / lanes)`` cycles, scheduled by rounds of global rematching; a
-    task's chunks are then given words in start order, two per cycle, the odd word last."""
+    lasting ``ceil(words / lanes)`` cycles, scheduled by rounds of global rematching."""
     eligible = pair_eligible(t)
     poff, pl = port_lists(t, eligible)
     lanes = np.where(eligible, PAIR_LANES, 1).astype(np.int64)
     words = t.words.astype(np.int64)
-    cycles = -(-words // lanes)
-    task, start, run = schedule_tasks(2 * t.tiles, poff, pl, cycles, balance)
-    order = np.lexsort((start, task))
-    task, start, run = task[order], start[order], run[order]
-    carried = np.cumsum(run * lanes[task])
-    head = np.r_[True, task[1:] != task[:-1]]
-    before = carried - run * lanes[task]
-    before -= np.repeat(before[head], np.diff(np.r_[np.flatnonzero(head), task.size]))
-    after = before + run * lanes[task]
-    cap = words[task]
-    sent = np.minimum(after, cap) - np.minimum(before, cap)
-    return task, start, sent, lanes[task]
+    task, start, run = schedule_tasks(2 * t.tiles, poff, pl, -(-words // lanes), balance)
+    return chunk_words(task, start, run, lanes, words)
 
+
+def pair_level(t: Transfers) -> Transfers:
+    """The phase on the pair machine, for phases whose transfers are all eligible: one node
+    per tile pair (its two send ports act as one send port, its two receive ports as one
+    receive port), each transfer from its source's pair to its destinations' pairs in
+    ``ceil(words / 2)`` cycles.  Any schedule of it is a two-lane schedule of ``t``, so the
+    exact unicast scheduler and the replica-group reduction apply unchanged.
+
+    A transfer whose destinations include its source's partner keeps that pair among its
+    destinations (the pair node then sends and receives, which separate ports allow; the
+    source's own receive port is reserved too, which is conservative).  Not validated as a
+    phase for that reason."""
+    owner = t.dst_transfer()
+    pair = (t.dst // PAIR_LANES).astype(np.int32)
+    if np.all((pair[1:] >= pair[:-1]) | (owner[1:] != owner[:-1])):  # rows ascend
+        keep = np.r_[True, (pair[1:] != pair[:-1]) | (owner[1:] != owner[:-1])]
+        kept_owner, kept_pair = owner[keep], pair[keep]
+    else:
+        key = np.unique(owner * (t.tiles // PAIR_LANES) + pair)
+        kept_owner, kept_pair = key // (t.tiles // PAIR_LANES), key % (t.tiles // PAIR_LANES)
+    offsets = np.zeros(t.count + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(np.bincount(kept_owner, minlength=t.count))
+    return Transfers.from_arrays(t.tiles // PAIR_LANES, t.src // PAIR_LANES, offsets, kept_pair,
+                                 -(-t.words.astype(np.int64) // PAIR_LANES))

@@ -17,9 +17,15 @@ import logging
 import numpy as np
 
 from ipu_stack.exchange.groups import group_reduction, layers, subset
-from ipu_stack.exchange.model import Schedule, Transfers, endpoint_lower_bound, pair_eligible
+from ipu_stack.exchange.model import (
+    PAIR_LANES,
+    Schedule,
+    Transfers,
+    endpoint_lower_bound,
+    pair_eligible,
+)
 from ipu_stack.exchange.multicast import schedule_multicast
-from ipu_stack.exchange.paired import schedule_paired
+from ipu_stack.exchange.paired import chunk_words, pair_level, schedule_paired
 from ipu_stack.exchange.unicast import schedule_unicast
 from ipu_stack.util.log import event
 
@@ -89,10 +95,20 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
     return out
 
 
-def _paired_candidate(t: Transfers, bound: int) -> Schedule:
-    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``)."""
-    transfer, start, words, lanes = schedule_paired(t)
-    return Schedule.from_chunks(bound, "paired", transfer, start, words, lanes)
+def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
+    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
+
+    When ``everyone`` is eligible, the phase is scheduled on the pair machine by the
+    ordinary strategies (exact unicast, replica groups, rounds) and mapped back; otherwise
+    the two kinds of transfer share the rounds kernel."""
+    if not everyone:
+        return Schedule.from_chunks(bound, "paired", *schedule_paired(t))
+    pairs = pair_level(t)
+    best = min(_candidates(pairs, endpoint_lower_bound(pairs)), key=lambda s: (s.horizon, s.chunks))
+    lanes = np.full(t.count, PAIR_LANES, dtype=np.int64)
+    chunks = chunk_words(best.chunk_transfer, best.chunk_start, best.chunk_words, lanes,
+                         t.words.astype(np.int64))
+    return Schedule.from_chunks(bound, "paired", *chunks)
 
 
 def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = False) -> Schedule:
@@ -118,7 +134,7 @@ def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = 
         bound = endpoint_lower_bound(t, paired=True)
         best = best.as_paired(bound)
         eligible = int(pair_eligible(t).sum())
-        paired_best = _paired_candidate(t, bound) if eligible else None
+        paired_best = _paired_candidate(t, bound, eligible == t.count) if eligible else None
         use_paired = paired_best is not None and paired_best.horizon < best.horizon
         if phase is not None:
             event(
