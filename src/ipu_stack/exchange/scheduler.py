@@ -98,17 +98,24 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
 def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
     """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
 
-    When ``everyone`` is eligible, the phase is scheduled on the pair machine by the
-    ordinary strategies (exact unicast, replica groups, rounds) and mapped back; otherwise
-    the two kinds of transfer share the rounds kernel."""
-    if not everyone:
-        return Schedule.from_chunks(bound, "paired", *schedule_paired(t))
+    When ``everyone`` is eligible, the phase is also scheduled on the pair machine by the
+    ordinary strategies (exact unicast, replica groups, rounds) and mapped back, and the
+    shorter wins (large phases: the pair machine only); otherwise the two kinds of transfer
+    share the rounds kernel."""
+    rounds = None
+    if not everyone or t.count <= SECOND_PRIORITY_LIMIT:
+        rounds = Schedule.from_chunks(bound, "paired", *schedule_paired(t))
+        if not everyone:
+            return rounds
     pairs = pair_level(t)
     best = min(_candidates(pairs, endpoint_lower_bound(pairs)), key=lambda s: (s.horizon, s.chunks))
     lanes = np.full(t.count, PAIR_LANES, dtype=np.int64)
     chunks = chunk_words(best.chunk_transfer, best.chunk_start, best.chunk_words, lanes,
                          t.words.astype(np.int64))
-    return Schedule.from_chunks(bound, "paired", *chunks)
+    exact = Schedule.from_chunks(bound, "paired", *chunks)
+    if rounds is not None and rounds.horizon < exact.horizon:
+        return rounds  # the pair machine reserves a source's own receive port; rounds do not
+    return exact
 
 
 def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = False) -> Schedule:
