@@ -20,7 +20,9 @@ pool, so a transfer may be several chunks (1.6 per transfer on random phases; th
 Priority (higher first): the largest remaining load among the transfer's ports plus
 ``balance`` times the sum of its ports' remaining loads, so wide multicasts to busy ports go
 first.  The kernel is compiled with numba (an event loop with per-port pending lists; numpy
-whole-array steps cost too much per event at half a million transfers).  Deterministic:
+whole-array steps cost too much per event at half a million transfers).  It schedules
+generic *tasks* (a list of ports held together for a number of cycles), so the paired-tiles
+model (two send ports, half the cycles; ``paired.py``) uses it unchanged.  Deterministic:
 the only randomness is numba's generator seeded with ``seed``.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from ipu_stack.exchange.model import Transfers
 
-# Tuned on the random-multicast family (docs/exchange.md has the sweep's figures).
+# Tuned on the random-multicast family (docs/exchange.md, "Tuning", has the sweep's figures).
 ROUNDS_PER_MEAN_WORDS = 2  # a round lasts about two average transfers
 FILL_SCAN = 128  # pending transfers a freed port examines (32: 1.23x the bound, 128: 1.13x)
 FILL_RATIO = 0.0  # fill only ports whose load is at least this share of the time to the bound
