@@ -141,35 +141,39 @@ def _pending_add(i, poff, pl, ptr, count, item, item_rec, item_hint, where) -> N
 
 
 @numba.njit(cache=True, nogil=True)
-def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports, head) -> int:
-    """Drop finished tasks, sort the rest by priority and pack their ports in that order,
-    so that the rematch scan reads memory sequentially (it is memory-bound otherwise)."""
+def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports, head, prio):
+    """Drop finished tasks, sort the rest by priority and pack the ports of the first
+    ``2 * head`` in that order, so that the rematch scan reads memory sequentially (it is
+    memory-bound otherwise).  Returns ``(kept, packed)``: a rematch scans the packed head
+    only, since it stops long before the end of a large order."""
     kept = 0
     for a in range(n_order):
         if state[order[a]] != 2:
             order[kept] = order[a]
             kept += 1
-    keys = np.empty(kept, np.float64)
-    for a in range(kept):
-        keys[a] = -_priority(order[a], poff, pl, load, balance)
+    for i in range(prio.shape[0]):  # in task order: the port lists are read sequentially
+        if state[i] != 2:
+            prio[i] = -_priority(i, poff, pl, load, balance)
+    keys = prio[order[:kept]]
     if kept > 2 * head:
-        # a rematch stops long before the end of the order: sort only the ``head`` best
-        # (found by an O(n) partition), keep the rest in their previous order behind them
+        # sort only the ``head`` best (found by an O(n) partition), keep the rest in their
+        # previous order behind them
         threshold = np.partition(keys, head)[head]
         top = np.flatnonzero(keys < threshold)
         rest = np.flatnonzero(keys >= threshold)
         order[:kept] = np.concatenate((order[top[np.argsort(keys[top])]], order[rest]))
     else:
         order[:kept] = order[:kept][np.argsort(keys)]
+    packed = min(kept, 2 * head)
     e = 0
-    for a in range(kept):
+    for a in range(packed):
         i = order[a]
         seq_off[a] = e
         for f in range(poff[i], poff[i + 1]):
             seq_ports[e] = pl[f]
             e += 1
-    seq_off[kept] = e
-    return kept
+    seq_off[packed] = e
+    return kept, packed
 
 
 @numba.njit(cache=True, nogil=True)
@@ -223,6 +227,8 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
     chosen = np.empty(ports, np.int64)
     order = np.arange(n)
     n_order = n
+    n_packed = 0
+    prio = np.zeros(n, np.float64)
     seq_off = np.zeros(n + 1, np.int64)  # ports of order[a], packed in priority order
     seq_ports = np.empty(entries, np.int64)
     bound = load.max()
@@ -234,13 +240,13 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
         if now >= next_round:
             next_round = now + round_cycles
             if rounds % resort_rounds == 0:
-                n_order = _resort(order, n_order, state, poff, pl, load, balance, seq_off,
-                                  seq_ports, sort_head)
+                n_order, n_packed = _resort(order, n_order, state, poff, pl, load, balance,
+                                            seq_off, seq_ports, sort_head, prio)
             rounds += 1
             taken[:] = False
             n_chosen = 0
             misses = 0
-            for a in range(n_order):
+            for a in range(n_packed):
                 i = order[a]
                 if state[i] == 2:
                     continue
