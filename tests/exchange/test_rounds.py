@@ -216,3 +216,23 @@ def test_pair_level_merges_destination_pairs() -> None:
                                                      strict=True)]
     assert rows == [[1, 3], [1, 2], [0, 1]]
     assert pairs.src.tolist() == [0, 1, 2] and pairs.words.tolist() == [3, 2, 2]
+
+
+def test_grid_phases_are_exact_layer_by_layer_when_paired() -> None:
+    """GEMM operand phases (pair-aligned row groups, strided column groups) split into two
+    replica layers: the row layer runs on the pair machine, the column layer in one lane,
+    each exactly, so the horizon is the sum of the two layers' own bounds."""
+    from ipu_stack.exchange.families import gemm_operands
+    from ipu_stack.exchange.groups import layers, subset
+    from ipu_stack.exchange.paired import pair_level
+
+    t = gemm_operands(4000)
+    s = schedule_exchange(t, paired=True)
+    verify_schedule(t, s)
+    expected = 0
+    for rows in layers(t):
+        part = subset(t, rows)
+        expected += endpoint_lower_bound(pair_level(part) if pair_eligible(part).all() else part)
+    assert s.horizon == expected and s.chunks == t.count
+    assert set(np.unique(s.chunk_lanes).tolist()) == {1, 2}
+    assert s.horizon < 0.8 * endpoint_lower_bound(t)

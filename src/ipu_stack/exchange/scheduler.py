@@ -95,27 +95,57 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
     return out
 
 
-def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
-    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
-
-    When ``everyone`` is eligible, the phase is also scheduled on the pair machine by the
-    ordinary strategies (exact unicast, replica groups, rounds) and mapped back, and the
-    shorter wins (large phases: the pair machine only); otherwise the two kinds of transfer
-    share the rounds kernel."""
-    rounds = None
-    if not everyone or t.count <= SECOND_PRIORITY_LIMIT:
-        rounds = Schedule.from_chunks(bound, "paired", *schedule_paired(t))
-        if not everyone:
-            return rounds
+def _on_pair_machine(t: Transfers) -> tuple[np.ndarray, ...]:
+    """Two-lane chunks ``(transfer, start, words, lanes)`` for a phase whose transfers are all
+    eligible: scheduled on the pair machine by the ordinary strategies and mapped back."""
     pairs = pair_level(t)
     best = min(_candidates(pairs, endpoint_lower_bound(pairs)), key=lambda s: (s.horizon, s.chunks))
     lanes = np.full(t.count, PAIR_LANES, dtype=np.int64)
-    chunks = chunk_words(best.chunk_transfer, best.chunk_start, best.chunk_words, lanes,
-                         t.words.astype(np.int64))
-    exact = Schedule.from_chunks(bound, "paired", *chunks)
-    if rounds is not None and rounds.horizon < exact.horizon:
-        return rounds  # the pair machine reserves a source's own receive port; rounds do not
-    return exact
+    return chunk_words(best.chunk_transfer, best.chunk_start, best.chunk_words, lanes,
+                       t.words.astype(np.int64))
+
+
+def _paired_layers(t: Transfers) -> tuple[np.ndarray, ...] | None:
+    """Layers of non-overlapping replica groups (as ``_layered``), each on the pair machine
+    when all its transfers are eligible and by the exact group reduction otherwise, run one
+    after another; None when the phase has no such layers.  On a GEMM grid whose row groups
+    are pair-aligned and column groups are not, every tile receives one group per layer, so
+    the paired bound is the sum over layers and this meets it up to rounding."""
+    split = layers(t)
+    if split is None or len(split) < 2:
+        return None
+    parts: list[tuple[np.ndarray, ...]] = []
+    offset = 0
+    for rows in split:
+        part = subset(t, rows)
+        if pair_eligible(part).all():
+            transfer, start, words, lanes = _on_pair_machine(part)
+        else:
+            chunks = _grouped(part)
+            if chunks is None:
+                return None
+            transfer, start, words = chunks
+            lanes = np.ones(transfer.size, dtype=np.int64)
+        parts.append((rows[transfer], start + offset, words, lanes))
+        offset += int((start + -(-words // lanes)).max())
+    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+
+
+def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
+    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
+
+    Exact strategies first: a phase whose transfers are all eligible runs on the pair
+    machine; one that splits into replica layers runs each layer exactly.  The rounds
+    kernel (both kinds of transfer as tasks) is tried too below 200 000 transfers, or when
+    neither exact strategy applies; the shorter wins."""
+    found: list[Schedule] = []
+    exact = _on_pair_machine(t) if everyone else _paired_layers(t)
+    if exact is not None:
+        found.append(Schedule.from_chunks(bound, "paired", *exact))
+    if not found or t.count <= SECOND_PRIORITY_LIMIT:
+        # (the pair machine reserves a source's own receive port; the rounds kernel does not)
+        found.append(Schedule.from_chunks(bound, "paired", *schedule_paired(t)))
+    return min(found, key=lambda s: (s.horizon, s.chunks))
 
 
 def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = False) -> Schedule:
