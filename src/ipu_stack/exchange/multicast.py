@@ -37,7 +37,8 @@ from ipu_stack.exchange.model import Transfers
 ROUNDS_PER_MEAN_WORDS = 2  # a round lasts about two average transfers
 FILL_SCAN = 128  # pending transfers a freed port examines (32: 1.23x the bound, 128: 1.13x)
 FILL_RATIO = 0.0  # fill only ports whose load is at least this share of the time to the bound
-RESORT_ROUNDS = 32  # priorities are recomputed every this many rounds (loads drift slowly)
+RESORT_ROUNDS = 32  # priorities are recomputed every this many rounds (loads drift slowly),
+RESORTS_PER_PHASE = 8  # or less often on long phases: at most about this many per phase
 STOP_AFTER = 2  # a rematch stops after this many times `tiles` rejections in a row
 SORT_HEAD = 64  # a resort orders only the best SORT_HEAD x tiles tasks (rematches scan ~20 x)
 HINTS = 4  # other ports of a task kept inline in its list entries (the fill check unrolls 4)
@@ -422,11 +423,14 @@ def schedule_tasks(
         round_cycles = max(4, int(round(ROUNDS_PER_MEAN_WORDS * float(cycles.mean()))))
     if int(poff[-1]) + 2 * cycles.shape[0] >= 2**31 or ports >= 2**31:
         raise ValueError("phase too large for the multicast scheduler's 32-bit records")
+    # a resort is O(n): a bounded number of them per phase keeps the whole O(n log n)
+    busiest = int(np.bincount(pl, weights=np.repeat(cycles, np.diff(poff)), minlength=ports).max())
+    resort_rounds = max(RESORT_ROUNDS, busiest // round_cycles // RESORTS_PER_PHASE)
     return _schedule(
         np.int64(ports), np.ascontiguousarray(poff, dtype=np.int64),
         np.ascontiguousarray(pl, dtype=np.int64), np.ascontiguousarray(cycles, dtype=np.int64),
         np.int64(round_cycles), float(balance), np.int64(FILL_SCAN), FILL_RATIO,
-        np.int64(RESORT_ROUNDS), np.int64(STOP_AFTER * ports // 2),
+        np.int64(resort_rounds), np.int64(STOP_AFTER * ports // 2),
         np.int64(SORT_HEAD * ports // 2), np.int64(seed),
         np.uint16 if ports <= 2**16 else np.int32,  # narrow hints: the fill scan is memory-bound
     )
