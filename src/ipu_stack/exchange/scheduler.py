@@ -7,7 +7,9 @@ receiver per group (``groups.py``) and meet the bound when some member of each g
 receives all of the group's words.  Other multicast phases are scheduled by rounds of global
 rematching (``multicast.py``) with two priorities (``compact-streams``,
 ``balanced-compact-streams``); the shorter wins and the count of candidates that beat the
-first is logged as ``neighborhood_improvements``.
+first is logged as ``neighborhood_improvements``.  With the paired-tiles option, a ``paired``
+candidate (two-lane chunks, ``paired.py``) is compared with the best ordinary schedule,
+both against the paired lower bound.
 """
 
 from __future__ import annotations
