@@ -15,6 +15,7 @@ both against the paired lower bound.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -86,10 +87,14 @@ def _candidates(t: Transfers, bound: int) -> list[Schedule]:
             out.append(Schedule.from_chunks(bound, "compact-streams", *chunks))
             if out[-1].horizon <= bound:
                 return out[-1:]  # at the bound: nothing can beat it
-    for kind, balance in (("compact-streams", COMPACT_BALANCE), ("balanced-compact-streams", 1.0)):
-        if balance != 1.0 and t.count > SECOND_PRIORITY_LIMIT:
-            continue
-        out.append(Schedule.from_chunks(bound, kind, *schedule_multicast(t, balance)))
+    priorities = [("compact-streams", COMPACT_BALANCE), ("balanced-compact-streams", 1.0)]
+    if t.count > SECOND_PRIORITY_LIMIT:
+        priorities = priorities[1:]
+    # the kernel releases the GIL, so the two priorities run on two cores at once
+    with ThreadPoolExecutor(max_workers=len(priorities)) as pool:
+        runs = list(pool.map(lambda p: schedule_multicast(t, p[1]), priorities))
+    out += [Schedule.from_chunks(bound, kind, *chunks)
+            for (kind, _), chunks in zip(priorities, runs, strict=True)]
     if min(s.chunks for s in out) > CHUNK_BUDGET * t.count:
         # rounds cut too often: one chunk per transfer (no rematching) keeps tables small
         chunks = schedule_multicast(t, 1.0, round_cycles=NO_ROUNDS)
