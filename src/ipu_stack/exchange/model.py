@@ -287,7 +287,12 @@ class Schedule:
         transfer = np.asarray(transfer, dtype=np.int64)
         start = np.asarray(start, dtype=np.int64)
         words = np.asarray(words, dtype=np.int64)
-        order = np.lexsort((transfer, start))
+        if (transfer.size and int(transfer.min()) >= 0 and int(start.min()) >= 0
+                and int(start.max()) < 2**62 // (int(transfer.max()) + 1)):
+            # one int64 key (start, then transfer) sorts faster than a two-key lexsort
+            order = np.argsort(start * (int(transfer.max()) + 1) + transfer, kind="stable")
+        else:
+            order = np.lexsort((transfer, start))
         cycles = words if lanes is None else -(-words // np.asarray(lanes, dtype=np.int64))
         horizon = int((start + cycles).max()) if start.size else 0
         return Schedule(
