@@ -39,6 +39,7 @@ from ipu_stack.exchange.model import (
     Transfers,
     endpoint_lower_bound,
     pair_eligible,
+    paired_lower_bound,
 )
 
 
@@ -65,11 +66,14 @@ def _check_fields(t: Transfers, s: Schedule) -> tuple[np.ndarray, np.ndarray, np
     return transfer, start, words
 
 
-def _check_lanes(t: Transfers, s: Schedule, transfer: np.ndarray) -> np.ndarray:
+def _check_lanes(
+    t: Transfers, s: Schedule, transfer: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Lanes per chunk (ones in the plain model); a two-lane chunk needs an eligible
-    transfer (destinations whole tile pairs, see ``pair_eligible``)."""
+    transfer (destinations whole tile pairs, see ``pair_eligible``).  Returns the lanes and,
+    for a paired schedule, the eligibility of every transfer (the paired bound needs it)."""
     if s.chunk_lanes is None:
-        return np.ones(transfer.shape[0], dtype=np.int64)
+        return np.ones(transfer.shape[0], dtype=np.int64), None
     lanes = np.asarray(s.chunk_lanes)
     if lanes.ndim != 1 or lanes.shape[0] != transfer.shape[0]:
         raise ScheduleError("chunk lanes must be one-dimensional, one per chunk")
@@ -80,16 +84,17 @@ def _check_lanes(t: Transfers, s: Schedule, transfer: np.ndarray) -> np.ndarray:
     if bad.size:
         k = int(bad[0])
         raise ScheduleError(f"chunk {k}: lanes must be 1 or {PAIR_LANES}, got {int(lanes[k])}")
+    eligible = pair_eligible(t)
     two = np.flatnonzero(lanes == PAIR_LANES)
     if two.size:
-        ineligible = two[~pair_eligible(t)[transfer[two]]]
+        ineligible = two[~eligible[transfer[two]]]
         if ineligible.size:
             k = int(ineligible[0])
             raise ScheduleError(
                 f"chunk {k}: two-lane chunk of transfer {int(transfer[k])}, whose destinations "
                 f"are not whole tile pairs (tiles={t.tiles})"
             )
-    return lanes
+    return lanes, eligible
 
 
 def _check_chunk_order(transfer: np.ndarray, start: np.ndarray, cycles: np.ndarray) -> None:
@@ -251,7 +256,7 @@ def _check_port(
 def verify_schedule(t: Transfers, s: Schedule) -> None:
     """Raise :class:`ScheduleError` naming the first violation; return None if valid."""
     transfer, start, words = _check_fields(t, s)
-    lanes = _check_lanes(t, s, transfer)
+    lanes, eligible = _check_lanes(t, s, transfer)
     cycles = -(-words // lanes)
     _check_coverage(t, transfer, start, words, cycles)
     order = np.argsort(start, kind="stable")
@@ -261,6 +266,6 @@ def verify_schedule(t: Transfers, s: Schedule) -> None:
     horizon = int(end.max()) if end.size else 0
     if horizon != s.horizon:
         raise ScheduleError(f"horizon mismatch: recorded {s.horizon}, chunks end at {horizon}")
-    bound = endpoint_lower_bound(t, paired=s.paired)
+    bound = endpoint_lower_bound(t) if eligible is None else paired_lower_bound(t, eligible)
     if bound != s.lower_bound:
         raise ScheduleError(f"lower bound mismatch: recorded {s.lower_bound}, instance {bound}")
