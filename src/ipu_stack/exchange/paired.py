@@ -5,8 +5,13 @@ The target option (off in the plain model) is modelled as follows.  Tiles ``2k``
 both tiles of every receiving pair take) may be sent in *two lanes*: the source pair sends
 64 bits per cycle (super-tile send: the send ports of ``src`` and ``src ^ 1`` are both busy)
 and every receiving pair takes them on its shared bus, so a chunk of ``w`` words occupies
-its ports for ``ceil(w / 2)`` cycles instead of ``w``.  Everything else is the plain model:
-one lane, one word per cycle per port.
+its ports for ``ceil(w / 2)`` cycles instead of ``w``.  For a multicast the source's own
+partner may be a destination without the source (a replica group feeding itself); a unicast
+is never eligible.  Everything else is the plain model: one lane, one word per cycle per port.
+
+Phases whose transfers are all eligible are scheduled exactly on the *pair machine*
+(``pair_level``); the scheduler (``scheduler.py``) also runs replica layers one by one and
+falls back to the rounds kernel over tasks (``schedule_paired``).
 
 The verifier checks lanes like any other field (``verify.py``): a two-lane chunk needs a
 paired schedule, an eligible transfer, and both source send ports free.  Eligibility and

@@ -4,8 +4,8 @@ Rows are senders, columns receivers, ``rem[s, r]`` the words left on the pair ed
 keeps a matching that covers every *tight* port (slack ``bound - now - load == 0``) and runs
 it until an edge is spent or an idle port turns tight; a tight idle port is covered by an
 alternating path (breadth-first search) that ends at a free port or at a port with slack,
-whose edge is dropped.  ``dense.py`` explains why such a path always exists, so the horizon
-is exactly ``bound``.
+whose edge is dropped.  ``unicast.py`` explains why such a path always exists, so the
+horizon is exactly ``bound``.
 
 Loads are updated lazily: a matched port's slack is constant while its edge runs and an idle
 port's load does not change, so only edges leaving the matching touch ``load``.  Between
