@@ -39,8 +39,14 @@ def _record(out: np.ndarray, chunks: int, s: int, r: int, start: int, words: int
 
 
 @numba.njit(cache=True, nogil=True)
-def _release(s, r, ran, rem, rem_t, load_s, load_r, match_s, match_r, fin, dirty_s, dirty_r):
-    """Take edge (s, r) out of the matching after it ran ``ran`` cycles."""
+def _leave(s, r, now, enter, rem, rem_t, load_s, load_r, match_s, match_r, fin, dirty_s,
+           dirty_r, out, chunks):
+    """Take edge (s, r) out of the matching at ``now``, recording the chunk it ran (if any);
+    returns the (possibly grown) chunk buffer and the chunk count."""
+    ran = now - enter[s]
+    if ran > 0:
+        out = _record(out, chunks, s, r, enter[s], ran)
+        chunks += 1
     rem[s, r] -= ran
     rem_t[r, s] -= ran
     load_s[s] -= ran
@@ -50,6 +56,16 @@ def _release(s, r, ran, rem, rem_t, load_s, load_r, match_s, match_r, fin, dirty
     fin[s] = INF
     dirty_s[s] = True
     dirty_r[r] = True
+    return out, chunks
+
+
+@numba.njit(cache=True, nogil=True)
+def _join(s, r, now, rem, match_s, match_r, enter, fin) -> None:
+    """Put edge (s, r) into the matching from ``now`` until its words run out."""
+    match_s[s] = r
+    match_r[r] = s
+    enter[s] = now
+    fin[s] = now + rem[s, r]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -109,10 +125,7 @@ def peel(rem, s_tile, r_tile, modulus, bound):
                         best, best_load, best_tie = q, load_other[q], tie
                 if best >= 0:
                     s, r = (p, best) if side == 0 else (best, p)
-                    match_s[s] = r
-                    match_r[r] = s
-                    enter[s] = now
-                    fin[s] = now + rem[s, r]
+                    _join(s, r, now, rem, match_s, match_r, enter, fin)
         # cover tight idle ports by alternating paths
         for side in range(2):
             load_me = load_s if side == 0 else load_r
@@ -147,12 +160,9 @@ def peel(rem, s_tile, r_tile, modulus, bound):
                         slack = bound - enter[sender] - load_me[partner]
                         if slack > 0:  # drop the partner's edge: q becomes free
                             s, r = (partner, q) if side == 0 else (q, partner)
-                            ran = now - enter[s]
-                            if ran > 0:
-                                out = _record(out, chunks, s, r, enter[s], ran)
-                                chunks += 1
-                            _release(s, r, ran, rem, rem_t, load_s, load_r, match_s, match_r,
-                                     fin, dirty_s, dirty_r)
+                            out, chunks = _leave(s, r, now, enter, rem, rem_t, load_s, load_r,
+                                                 match_s, match_r, fin, dirty_s, dirty_r, out,
+                                                 chunks)
                             stop = q
                             break
                         if not seen_mine[partner]:
@@ -168,17 +178,10 @@ def peel(rem, s_tile, r_tile, modulus, bound):
                     old = match_me[mine]
                     if old >= 0:
                         s, r = (mine, old) if side == 0 else (old, mine)
-                        ran = now - enter[s]
-                        if ran > 0:
-                            out = _record(out, chunks, s, r, enter[s], ran)
-                            chunks += 1
-                        _release(s, r, ran, rem, rem_t, load_s, load_r, match_s, match_r,
-                                 fin, dirty_s, dirty_r)
+                        out, chunks = _leave(s, r, now, enter, rem, rem_t, load_s, load_r,
+                                             match_s, match_r, fin, dirty_s, dirty_r, out, chunks)
                     s, r = (mine, port) if side == 0 else (port, mine)
-                    match_s[s] = r
-                    match_r[r] = s
-                    enter[s] = now
-                    fin[s] = now + rem[s, r]
+                    _join(s, r, now, rem, match_s, match_r, enter, fin)
                     if old < 0:
                         break
                     port = old
@@ -201,11 +204,8 @@ def peel(rem, s_tile, r_tile, modulus, bound):
         for s in range(ns):
             if fin[s] > now:
                 continue
-            r = match_s[s]
-            ran = now - enter[s]
-            out = _record(out, chunks, s, r, enter[s], ran)
-            chunks += 1
-            _release(s, r, ran, rem, rem_t, load_s, load_r, match_s, match_r, fin, dirty_s, dirty_r)
+            out, chunks = _leave(s, match_s[s], now, enter, rem, rem_t, load_s, load_r, match_s,
+                                 match_r, fin, dirty_s, dirty_r, out, chunks)
     for s in range(ns):
         for r in range(nr):
             if rem[s, r] != 0:
