@@ -146,6 +146,21 @@ def _pending_add(i, poff, pl, ptr, count, item, item_rec, item_hint, where) -> N
 
 
 @numba.njit(cache=True, nogil=True)
+def _start(i, now, state, began, ends, left, poff, pl, ptr, count, item, item_rec, item_hint,
+           where, runner, heap, heap_size, stride):
+    """Start pending task ``i`` at ``now``: off the pending lists, onto its ports, its end
+    onto the event heap (grown when full); returns the heap and its size."""
+    state[i] = 1
+    began[i] = now
+    ends[i] = now + left[i]
+    _pending_remove(i, poff, pl, ptr, count, item, item_rec, item_hint, where)
+    _set_ports(i, poff, pl, runner, i)
+    if heap_size == heap.shape[0]:
+        heap = _grow(heap)
+    return heap, _heap_push(heap, heap_size, ends[i] * stride + i)
+
+
+@numba.njit(cache=True, nogil=True)
 def _resort(order, n_order, state, poff, pl, load, balance, seq_off, seq_ports, head, prio):
     """Drop finished tasks, sort the rest by priority and pack the ports of the first
     ``2 * head`` in that order, so that the rematch scan reads memory sequentially (it is
@@ -296,14 +311,9 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
                 if state[i] == 3:
                     state[i] = 1
                     continue
-                state[i] = 1
-                began[i] = now
-                ends[i] = now + left[i]
-                _pending_remove(i, poff, pl, ptr, count, item, item_rec, item_hint, where)
-                _set_ports(i, poff, pl, runner, i)
-                if heap_size == heap.shape[0]:
-                    heap = _grow(heap)
-                heap_size = _heap_push(heap, heap_size, ends[i] * stride + i)
+                heap, heap_size = _start(i, now, state, began, ends, left, poff, pl, ptr, count,
+                                         item, item_rec, item_hint, where, runner, heap,
+                                         heap_size, stride)
             n_freed = 0
             for p in range(ports):
                 if runner[p] < 0 and count[p] > 0:
@@ -344,14 +354,9 @@ def _schedule(ports, poff, pl, cycles, round_cycles, balance, fill_scan, fill_ra
                         best = i
                         best_key = key
             if best >= 0:
-                state[best] = 1
-                began[best] = now
-                ends[best] = now + left[best]
-                _pending_remove(best, poff, pl, ptr, count, item, item_rec, item_hint, where)
-                _set_ports(best, poff, pl, runner, best)
-                if heap_size == heap.shape[0]:
-                    heap = _grow(heap)
-                heap_size = _heap_push(heap, heap_size, ends[best] * stride + best)
+                heap, heap_size = _start(best, now, state, began, ends, left, poff, pl, ptr,
+                                         count, item, item_rec, item_hint, where, runner, heap,
+                                         heap_size, stride)
         n_freed = 0
         # advance to the next chunk end (or the next round boundary)
         while heap_size > 0:
