@@ -23,7 +23,7 @@ import numpy as np
 from ipu_stack.device.operands import AllocationMap, check_call
 from ipu_stack.device.validate import validate_manifest
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
-from ipu_stack.exchange.model import ScheduleError
+from ipu_stack.exchange.model import ScheduleError, chunk_cycles
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import FAMILIES, KernelInstance
@@ -185,7 +185,8 @@ class SimulatedIpu:
         starts = self._array(step["chunk_start"])
         words = self._array(step["chunk_words"])
         lanes = self._array(step["chunk_lanes"]) if "chunk_lanes" in step else None
-        cycles = words if lanes is None else -(-words // np.maximum(lanes, 1))
+        # lanes below 1 (a damaged package) are rejected by the verifier at load
+        cycles = chunk_cycles(words, None if lanes is None else np.maximum(lanes, 1))
         horizon = int((starts + cycles).max()) if len(starts) else 0
         schedule = Schedule(horizon, int(step.get("lower_bound", 0)), str(step["kind_selected"]),
                             self._array(step["chunk_transfer"]), starts, words, lanes)

@@ -238,6 +238,13 @@ _VALIDITY_CHECKS: tuple[tuple[Callable[[Transfers, int], int], str], ...] = (
 transfer below ``limit``, or ``limit``."""
 
 
+def chunk_cycles(words: np.ndarray, lanes: np.ndarray | None) -> np.ndarray:
+    """Cycles a chunk occupies its ports: ``ceil(words / lanes)`` (``words`` with no lanes,
+    the plain model's one word per cycle)."""
+    words = np.asarray(words, dtype=np.int64)
+    return words if lanes is None else -(-words // np.asarray(lanes, dtype=np.int64))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A chunked schedule: chunk ``k`` sends ``chunk_words[k]`` words of transfer
@@ -269,11 +276,8 @@ class Schedule:
         return self.horizon / self.lower_bound if self.lower_bound else 1.0
 
     def durations(self) -> np.ndarray:
-        """Cycles each chunk occupies its ports: ``ceil(words / lanes)``."""
-        words = np.asarray(self.chunk_words, dtype=np.int64)
-        if self.chunk_lanes is None:
-            return words
-        return -(-words // np.asarray(self.chunk_lanes, dtype=np.int64))
+        """Cycles each chunk occupies its ports (``chunk_cycles``)."""
+        return chunk_cycles(self.chunk_words, self.chunk_lanes)
 
     @staticmethod
     def from_chunks(
@@ -294,8 +298,7 @@ class Schedule:
             order = np.argsort(start * (int(transfer.max()) + 1) + transfer, kind="stable")
         else:
             order = np.lexsort((transfer, start))
-        cycles = words if lanes is None else -(-words // np.asarray(lanes, dtype=np.int64))
-        horizon = int((start + cycles).max()) if start.size else 0
+        horizon = int((start + chunk_cycles(words, lanes)).max()) if start.size else 0
         return Schedule(
             horizon=horizon,
             lower_bound=int(lower_bound),

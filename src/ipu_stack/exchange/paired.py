@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ipu_stack.exchange.model import PAIR_LANES, Transfers, pair_eligible
+from ipu_stack.exchange.model import PAIR_LANES, Transfers, chunk_cycles, pair_eligible
 from ipu_stack.exchange.multicast import port_lists, schedule_tasks
 
 
@@ -52,7 +52,7 @@ def schedule_paired(t: Transfers, balance: float = 1.0) -> tuple[np.ndarray, ...
     poff, pl = port_lists(t, eligible)
     lanes = np.where(eligible, PAIR_LANES, 1).astype(np.int64)
     words = t.words.astype(np.int64)
-    task, start, run = schedule_tasks(2 * t.tiles, poff, pl, -(-words // lanes), balance)
+    task, start, run = schedule_tasks(2 * t.tiles, poff, pl, chunk_cycles(words, lanes), balance)
     return chunk_words(task, start, run, lanes, words)
 
 

@@ -24,6 +24,7 @@ from ipu_stack.exchange.model import (
     PAIR_LANES,
     Schedule,
     Transfers,
+    chunk_cycles,
     endpoint_lower_bound,
     pair_eligible,
 )
@@ -58,22 +59,32 @@ def _grouped(t: Transfers, bound: int | None = None) -> tuple[np.ndarray, np.nda
 
 
 def _layered(
-    t: Transfers, split: list[np.ndarray] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    t: Transfers, split: list[np.ndarray] | None, paired: bool = False
+) -> tuple[np.ndarray, ...] | None:
     """Layers of non-overlapping replica groups (``split``, from ``layers``), each reduced,
-    run one after another."""
+    run one after another: chunks ``(transfer, start, words, lanes)``, lanes None unless
+    ``paired``.  With ``paired``, a layer whose transfers are all eligible runs on the pair
+    machine instead; on a GEMM grid whose row groups are pair-aligned and column groups are
+    not, every tile receives one group per layer, so the paired bound is the sum over layers
+    and this meets it up to rounding."""
     if split is None or len(split) < 2:
         return None
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[np.ndarray, ...]] = []
     offset = 0
     for rows in split:
-        chunks = _grouped(subset(t, rows))
-        if chunks is None:
-            return None
-        transfer, start, words = chunks
-        parts.append((rows[transfer], start + offset, words))
-        offset += int((start + words).max())
-    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
+        part = subset(t, rows)
+        if paired and pair_eligible(part).all():
+            transfer, start, words, lanes = _on_pair_machine(part)
+        else:
+            chunks = _grouped(part)
+            if chunks is None:
+                return None
+            transfer, start, words = chunks
+            lanes = np.ones(transfer.size, dtype=np.int64)
+        parts.append((rows[transfer], start + offset, words, lanes))
+        offset += int((start + chunk_cycles(words, lanes)).max())
+    transfer, start, words, lanes = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return transfer, start, words, (lanes if paired else None)
 
 
 def _candidates(t: Transfers, bound: int) -> list[Schedule]:
@@ -112,32 +123,6 @@ def _on_pair_machine(t: Transfers) -> tuple[np.ndarray, ...]:
                        t.words.astype(np.int64))
 
 
-def _paired_layers(t: Transfers) -> tuple[np.ndarray, ...] | None:
-    """Layers of non-overlapping replica groups (as ``_layered``), each on the pair machine
-    when all its transfers are eligible and by the exact group reduction otherwise, run one
-    after another; None when the phase has no such layers.  On a GEMM grid whose row groups
-    are pair-aligned and column groups are not, every tile receives one group per layer, so
-    the paired bound is the sum over layers and this meets it up to rounding."""
-    split = layers(t)
-    if split is None or len(split) < 2:
-        return None
-    parts: list[tuple[np.ndarray, ...]] = []
-    offset = 0
-    for rows in split:
-        part = subset(t, rows)
-        if pair_eligible(part).all():
-            transfer, start, words, lanes = _on_pair_machine(part)
-        else:
-            chunks = _grouped(part)
-            if chunks is None:
-                return None
-            transfer, start, words = chunks
-            lanes = np.ones(transfer.size, dtype=np.int64)
-        parts.append((rows[transfer], start + offset, words, lanes))
-        offset += int((start + -(-words // lanes)).max())
-    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
-
-
 def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
     """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
 
@@ -146,7 +131,7 @@ def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
     kernel (both kinds of transfer as tasks) is tried too below 200 000 transfers, or when
     neither exact strategy applies; the shorter wins."""
     found: list[Schedule] = []
-    exact = _on_pair_machine(t) if everyone else _paired_layers(t)
+    exact = _on_pair_machine(t) if everyone else _layered(t, layers(t), paired=True)
     if exact is not None:
         found.append(Schedule.from_chunks(bound, "paired", *exact))
     if not found or t.count <= SECOND_PRIORITY_LIMIT:

@@ -37,6 +37,7 @@ from ipu_stack.exchange.model import (
     Schedule,
     ScheduleError,
     Transfers,
+    chunk_cycles,
     endpoint_lower_bound,
     pair_eligible,
     paired_lower_bound,
@@ -257,7 +258,7 @@ def verify_schedule(t: Transfers, s: Schedule) -> None:
     """Raise :class:`ScheduleError` naming the first violation; return None if valid."""
     transfer, start, words = _check_fields(t, s)
     lanes, eligible = _check_lanes(t, s, transfer)
-    cycles = -(-words // lanes)
+    cycles = chunk_cycles(words, lanes)
     _check_coverage(t, transfer, start, words, cycles)
     order = np.argsort(start, kind="stable")
     transfer, start, end, lanes = transfer[order], start[order], start[order] + cycles[order], lanes[order]
