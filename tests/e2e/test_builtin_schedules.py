@@ -11,6 +11,7 @@ import pytest
 
 from ipu_stack.exchange import endpoint_lower_bound, verify_schedule
 from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.program import Program
 from ipu_stack.pipeline import schedule_program, stage_shape, to_transfers
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.stages import GemmStage, find_stages
@@ -20,13 +21,12 @@ from ipu_stack.workloads import REGISTRY
 SMALL = {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96}
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
-@pytest.mark.parametrize("rank", [0, 1])
-def test_every_phase_verifies_at_the_bound(name: str, rank: int) -> None:
+def lowered(name: str, sizes: dict, rank: int, paired: bool = False) -> Program:
+    """The program ``compile`` would lower for ``name`` at ``sizes`` (parameters the workload
+    lacks are ignored) with each GEMM stage's ``rank``-th candidate plan (or its last)."""
     workload = REGISTRY[name]
     known = {p.name for p in workload.parameters}
-    params = workload.resolve({k: v for k, v in SMALL.items() if k in known})
-    graph, _ = workload.build(params)
+    graph, _ = workload.build(workload.resolve({k: v for k, v in sizes.items() if k in known}))
     stages = find_stages(graph)
     plans = []
     for stage in stages:
@@ -35,7 +35,13 @@ def test_every_phase_verifies_at_the_bound(name: str, rank: int) -> None:
             plans.append(found[min(rank, len(found) - 1)])
         else:
             plans.append(None)
-    program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+    return lower(graph, list(zip(stages, plans, strict=True)), IPU21, paired=paired)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_phase_verifies_at_the_bound(name: str, rank: int) -> None:
+    program = lowered(name, SMALL, rank)
     schedules = schedule_program(program, IPU21)
     exchanges = {i: s for _, i, s in program.steps() if i in schedules}
     assert exchanges, "every builtin workload exchanges data"
@@ -50,14 +56,7 @@ def test_every_phase_verifies_under_the_paired_option(name: str) -> None:
     """The same with the paired-tiles option: pair-aligned grids, two-lane chunks where
     eligible; every phase verifies against the paired bound and is never longer than the
     plain endpoint bound (the ordinary schedule is always a candidate)."""
-    workload = REGISTRY[name]
-    known = {p.name for p in workload.parameters}
-    params = workload.resolve({k: v for k, v in SMALL.items() if k in known})
-    graph, _ = workload.build(params)
-    stages = find_stages(graph)
-    plans = [gemm_candidates(stage_shape(graph, s), IPU21)[0] if isinstance(s, GemmStage)
-             else None for s in stages]
-    program = lower(graph, list(zip(stages, plans, strict=True)), IPU21, paired=True)
+    program = lowered(name, SMALL, 0, paired=True)
     schedules = schedule_program(program, IPU21, paired=True)
     exchanges = {i: s for _, i, s in program.steps() if i in schedules}
     for index, schedule in schedules.items():

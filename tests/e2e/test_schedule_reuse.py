@@ -27,13 +27,11 @@ from ipu_stack.exchange import (
     schedule_exchange,
     verify_schedule,
 )
-from ipu_stack.lowering.lower import lower
-from ipu_stack.pipeline import CompileOptions, compile_workload, stage_shape, to_transfers
-from ipu_stack.planning.gemm import gemm_candidates
-from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.pipeline import CompileOptions, compile_workload, to_transfers
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.workloads import get_workload
+from tests.e2e.test_builtin_schedules import lowered
 
 ATTENTION = ("attention", {"tokens": 17, "dim": 64, "heads": 4})
 LAYERS = ("siglip-layer", {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96, "blocks": 2})
@@ -90,18 +88,8 @@ def test_package_is_identical_with_and_without_reuse(tmp_path, cache_dir, info_l
 
 def _programs(spec: tuple[str, dict], ranks: tuple[int, ...]):
     """The lowered programs of a few candidate plans, as ``select_finalist`` sees them."""
-    workload = get_workload(spec[0])
-    graph, _ = workload.build(workload.resolve(spec[1]))
-    stages = find_stages(graph)
     for rank in ranks:
-        plans = []
-        for stage in stages:
-            if isinstance(stage, GemmStage):
-                found = gemm_candidates(stage_shape(graph, stage), IPU21)
-                plans.append(found[min(rank, len(found) - 1)])
-            else:
-                plans.append(None)
-        yield lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+        yield lowered(spec[0], spec[1], rank)
 
 
 def test_reused_schedules_verify_and_equal_fresh_ones():
