@@ -43,12 +43,15 @@ def chunk_words(
     return task, start, sent, lanes[task]
 
 
-def schedule_paired(t: Transfers, balance: float = 1.0) -> tuple[np.ndarray, ...]:
+def schedule_paired(
+    t: Transfers, balance: float = 1.0, *, eligible: np.ndarray | None = None
+) -> tuple[np.ndarray, ...]:
     """Chunks ``(transfer, start, words, lanes)``: eligible transfers in two lanes.
 
     Each transfer becomes a task over its ports (two send ports for two-lane transfers)
-    lasting ``ceil(words / lanes)`` cycles, scheduled by rounds of global rematching."""
-    eligible = pair_eligible(t)
+    lasting ``ceil(words / lanes)`` cycles, scheduled by rounds of global rematching.
+    ``eligible`` (``pair_eligible(t)``) may be passed by a caller that has it already."""
+    eligible = pair_eligible(t) if eligible is None else eligible
     poff, pl = port_lists(t, eligible)
     lanes = np.where(eligible, PAIR_LANES, 1).astype(np.int64)
     words = t.words.astype(np.int64)

@@ -27,6 +27,7 @@ from ipu_stack.exchange.model import (
     chunk_cycles,
     endpoint_lower_bound,
     pair_eligible,
+    paired_lower_bound,
 )
 from ipu_stack.exchange.multicast import schedule_multicast
 from ipu_stack.exchange.paired import chunk_words, pair_level, schedule_paired
@@ -123,20 +124,20 @@ def _on_pair_machine(t: Transfers) -> tuple[np.ndarray, ...]:
                        t.words.astype(np.int64))
 
 
-def _paired_candidate(t: Transfers, bound: int, everyone: bool) -> Schedule:
-    """Transfers to whole tile pairs in two lanes, the rest in one (``paired.py``).
+def _paired_candidate(t: Transfers, bound: int, eligible: np.ndarray) -> Schedule:
+    """Transfers to whole tile pairs (``eligible``) in two lanes, the rest in one.
 
     Exact strategies first: a phase whose transfers are all eligible runs on the pair
     machine; one that splits into replica layers runs each layer exactly.  The rounds
     kernel (both kinds of transfer as tasks) is tried too below 200 000 transfers, or when
     neither exact strategy applies; the shorter wins."""
     found: list[Schedule] = []
-    exact = _on_pair_machine(t) if everyone else _layered(t, layers(t), paired=True)
+    exact = _on_pair_machine(t) if eligible.all() else _layered(t, layers(t), paired=True)
     if exact is not None:
         found.append(Schedule.from_chunks(bound, "paired", *exact))
     if not found or t.count <= SECOND_PRIORITY_LIMIT:
         # (the pair machine reserves a source's own receive port; the rounds kernel does not)
-        found.append(Schedule.from_chunks(bound, "paired", *schedule_paired(t)))
+        found.append(Schedule.from_chunks(bound, "paired", *schedule_paired(t, eligible=eligible)))
     return min(found, key=lambda s: (s.horizon, s.chunks))
 
 
@@ -160,10 +161,10 @@ def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = 
     improvements = sum(1 for s in candidates[1:] if s.horizon < initial.horizon)
     if paired:
         # the paired model has its own (lower) bound; ordinary schedules stay valid in it
-        bound = endpoint_lower_bound(t, paired=True)
+        eligible = pair_eligible(t)  # once: the bound and the candidate both need it
+        bound = paired_lower_bound(t, eligible)
         best = best.as_paired(bound)
-        eligible = int(pair_eligible(t).sum())
-        paired_best = _paired_candidate(t, bound, eligible == t.count) if eligible else None
+        paired_best = _paired_candidate(t, bound, eligible) if eligible.any() else None
         use_paired = paired_best is not None and paired_best.horizon < best.horizon
         if phase is not None:
             event(
@@ -172,7 +173,7 @@ def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = 
                 level,
                 phase=phase,
                 candidates=len(candidates) + (paired_best is not None),
-                eligible_transfers=eligible,
+                eligible_transfers=int(eligible.sum()),
                 ordinary_horizon=best.horizon,
                 paired_horizon=best.horizon if paired_best is None else paired_best.horizon,
                 use_paired=use_paired,
