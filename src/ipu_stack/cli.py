@@ -49,6 +49,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paired-exchange", action="store_true",
                         help="target option: paired tiles share an exchange bus (two-lane "
                         "transfers to whole tile pairs)")
+    parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
+                        help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "
+                        "(FP8 data cast first), or auto (the planner picks per stage)")
     parser.add_argument("--exchange-cache", action="store_true",
                         help="also keep verified exchange schedules on disk under the cache dir")
 
@@ -138,17 +141,23 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         memory_proportion=args.memory_proportion,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
+        gemm_mode=args.gemm_mode,
     )
 
 
 def save_tensors(
-    folder: str, graph: Graph, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    folder: str, graph: Graph, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+    gemm_modes: dict[str, dict] | None = None,
 ) -> None:
     """Write ``inputs_weights.npz`` (float32 values, plus every value's precision as JSON in
-    ``__precisions__``) and ``outputs.npz``, so anyone can check the run with plain numpy."""
+    ``__precisions__`` and, by matmul result name, the GEMM mode and depth block the package
+    ran it in, in ``__gemm_modes__``) and ``outputs.npz``, so anyone can check the run with
+    plain numpy."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     precisions = {v.name: v.type.precision.to_json() for v in graph.values}
+    modes = {graph.value(graph.operations[int(op)].outputs[0]).name: mode
+             for op, mode in (gemm_modes or {}).items()}
 
     def dump(name: str, data: dict[str, np.ndarray], meta: bool) -> None:
         arrays: dict[str, np.ndarray] = {
@@ -156,6 +165,7 @@ def save_tensors(
         }
         if meta:
             arrays["__precisions__"] = np.array(json.dumps(precisions, sort_keys=True))
+            arrays["__gemm_modes__"] = np.array(json.dumps(modes, sort_keys=True))
         write_atomic(out / name, lambda handle: np.savez(handle, **arrays))
 
     dump("inputs_weights.npz", tensors, True)
@@ -177,7 +187,8 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
                               compile_seconds)
     if args.save_tensors:
-        save_tensors(args.save_tensors, graph, tensors, result.outputs)
+        save_tensors(args.save_tensors, graph, tensors, result.outputs,
+                     package.manifest.get("gemm_modes"))
     _print_record(record, args.json)
     return 0 if result.passed else 1
 

@@ -27,6 +27,7 @@ from ipu_stack.exchange import (
     schedule_exchange,
     table_bytes,
 )
+from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.cache import compile_kernels, default_cache_dir
@@ -45,7 +46,7 @@ from ipu_stack.planning.gemm import (
     transient_bytes,
 )
 from ipu_stack.planning.stages import GemmStage, find_stages
-from ipu_stack.target import Target, get_target
+from ipu_stack.target import Target, get_target, timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import Progress, event, phase
 from ipu_stack.workloads.base import Workload
@@ -63,6 +64,7 @@ class CompileOptions:
     diagnostics: bool = False
     memory_proportion: float = 0.9
     paired_exchange: bool = False  # target option: tile pairs share an exchange bus
+    gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -71,7 +73,7 @@ class CompileOptions:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
                 "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
-                "paired_exchange": self.paired_exchange}
+                "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode}
 
 
 @dataclass
@@ -151,7 +153,18 @@ def row_stage_cycles(program: Program, target: Target) -> int:
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
             total += max(call.instance.cost(target) for call in step.calls)
-            total += int(target.sync_cycles)
+            total += timing.p("sync")
+    return total
+
+
+def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],
+                              target: Target) -> int:
+    """Every phase at its instruction-level horizon + the measured phase cost + a sync."""
+    by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
+    total = 0
+    for index, schedule in schedules.items():
+        horizon, _ = instruction_horizon(schedule, to_transfers(by_index[index], target))
+        total += timing.estimate_exchange_phase(horizon) + timing.p("sync")
     return total
 
 
@@ -163,8 +176,7 @@ def refined_estimate(
     compute = sum(p.estimated_cycles - p.exchange_cycles for p in gemms)
     compute += row_stage_cycles(program, target)
     analytical_exchange = sum(p.exchange_cycles for p in gemms)
-    overhead = int(target.exchange_fixed_cycles) + int(target.sync_cycles)
-    scheduled = sum(s.horizon + overhead for s in schedules.values())
+    scheduled = scheduled_exchange_cycles(program, schedules, target)
     return {
         "analytical_cycles": compute + analytical_exchange,
         "analytical_exchange_cycles": analytical_exchange,
@@ -231,8 +243,6 @@ def _compile_once(
     target = get_target(options.target)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    with phase(LOG, "compile_runtime"):
-        pass
     with phase(LOG, "construct_mid"):
         graph, tensors = workload.build(params)
         stages = find_stages(graph)
@@ -248,7 +258,8 @@ def _compile_once(
             key = repr(dataclasses.replace(shape, op=0))  # repeated layers search once
             if key not in searched:
                 with phase(LOG, "gemm_candidates", stage=stage.index):
-                    searched[key] = gemm_search(shape, target, keep=options.finalists)
+                    searched[key] = gemm_search(shape, target, keep=options.finalists,
+                                                mode=options.gemm_mode)
             found, front = searched[key]
             if not found:
                 raise CompileError(f"no GEMM tiling of stage {stage.index} fits {target.name}")
@@ -315,7 +326,8 @@ def _compile_once(
         by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
         for index, schedule in schedules.items():
             tables += table_bytes(schedule, to_transfers(by_index[index], target),
-                                  int(target.exchange_table_bytes_per_chunk))
+                                  int(target.exchange_table_bytes_per_send),
+                                  timing.p("send_words"))
         support = support_bytes(program, tables, target)
     event(LOG, "allocated package support memory",
           linked_end=target.memory_base + int(target.runtime_support_bytes),
@@ -355,6 +367,7 @@ def _compile_once(
         "tensors": program.tensors,
         "estimate": estimate,
         "plans": [p.describe() for p in plans if p],
+        "gemm_modes": gemm_modes(stages, plans),
         "memory": {**_memory_summary(placement, support, target, waste),
                    "effective_peak_bytes": int(profile["effective_peak_bytes"])},
         **fragment,
@@ -402,6 +415,17 @@ def _memory_summary(
         "peak_bytes": int(peak[busiest]),
         "peak_step": int(placement.peak_step[busiest]),
     }
+
+
+def gemm_modes(stages: list, plans: list[GemmPlan | None]) -> dict[str, dict[str, Any]]:
+    """Per matmul operation (by id): the GEMM mode its stage runs in and its depth block,
+    which the host reference needs to round where the device rounds."""
+    modes: dict[str, dict[str, Any]] = {}
+    for stage, plan in zip(stages, plans, strict=True):
+        if isinstance(stage, GemmStage) and plan is not None:
+            modes[str(stage.operations[0])] = {"mode": plan.mode,
+                                               "depth_block": plan.depth_block}
+    return modes
 
 
 def kernel_instances(program: Program) -> list[KernelInstance]:

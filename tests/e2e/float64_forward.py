@@ -31,6 +31,28 @@ def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
     return scaled.astype(dtype).astype(np.float64) * 2.0**scale
 
 
+def gemm(x: np.ndarray, w: np.ndarray, mode: dict | None, rounded: bool) -> np.ndarray:
+    """``x @ w`` as the package ran it: in the native FP8 mode the AMP adds each 32-deep pass
+    to an FP16 partial (rounded there), per depth block, and the blocks' partials are then
+    summed; otherwise (F16 mode, or the ideal answer) an exact product."""
+    if not rounded or mode is None or mode["mode"] != "fp8":
+        return x @ w
+    total = np.zeros((x.shape[0], w.shape[1]))
+    block = int(mode["depth_block"])
+    for start in range(0, x.shape[1], block):
+        partial = np.zeros_like(total)
+        for k in range(start, min(start + block, x.shape[1]), 32):
+            end = min(k + 32, start + block, x.shape[1])
+            partial = (partial + x[:, k:end] @ w[k:end]).astype(np.float16).astype(np.float64)
+        total += partial
+    return total
+
+
+def gemm_modes(saved: dict[str, np.ndarray]) -> dict[str, dict]:
+    """The saved GEMM modes by matmul result name (empty for files without them)."""
+    return json.loads(str(saved["__gemm_modes__"])) if "__gemm_modes__" in saved else {}
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
@@ -38,12 +60,13 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 def mlp_forward(saved: dict[str, np.ndarray], rounded: bool) -> np.ndarray:
     """``fc2(gelu(fc1(x)))`` per block in float64; ``rounded`` applies stored precisions."""
     meta = json.loads(str(saved["__precisions__"]))
+    modes = gemm_modes(saved)
 
     def store(values: np.ndarray, name: str) -> np.ndarray:
         return round_to(values, meta[name]) if rounded else values
 
     def linear(x: np.ndarray, weight: str, bias: str, mm: str, added: str) -> np.ndarray:
-        y = store(x @ saved[weight].astype(np.float64), mm)
+        y = store(gemm(x, saved[weight].astype(np.float64), modes.get(mm), rounded), mm)
         return store(y + saved[bias], added) if bias in saved else y
 
     x = saved["x"].astype(np.float64).reshape(-1, saved["x"].shape[-1])

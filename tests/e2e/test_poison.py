@@ -77,7 +77,7 @@ def test_kernel_straying_outside_its_operand_is_a_fault(tmp_path, cache_dir):
 
     def shift_gemm_output(manifest, arrays):
         gemm = next(s for s in manifest["programs"]["run"] if s.get("name") == "stage0.gemm")
-        arrays[gemm["calls"][0]["addresses"]][0, 2] += 8  # partial written 8 bytes too far
+        arrays[gemm["calls"][0]["addresses"]][0, 2] += 64  # partial written 64 bytes too far
 
     bad = _tampered(package, shift_gemm_output)
     with pytest.raises(DeviceFault, match=r"kernel gemm_f8\w* in stage0.gemm on tile \d+ touches "

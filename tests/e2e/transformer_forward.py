@@ -3,7 +3,8 @@
 Written against the saved ``.npz`` files only (no ipu_stack imports; ml_dtypes for the
 storage formats), so it checks the device result the way a user with plain numpy would.
 With ``rounded=True`` every value is rounded to the precision the saved ``__precisions__``
-metadata gives it, at the same points the graph stores values (GEMM results, bias sums,
+metadata gives it, and each FP8 GEMM keeps FP16 partials as the saved ``__gemm_modes__`` say
+(``float64_forward.gemm``), at the same points the graph stores values (GEMM results, bias sums,
 RoPE outputs, scores, probabilities, contexts, layer norms, GELU, residuals); with
 ``rounded=False`` it is the ideal float64 answer from the same (already rounded) inputs and
 weights.
@@ -21,7 +22,7 @@ import math
 
 import numpy as np
 
-from tests.e2e.float64_forward import round_to
+from tests.e2e.float64_forward import gemm, gemm_modes, round_to
 
 
 class Forward:
@@ -31,6 +32,7 @@ class Forward:
                  rounded: bool) -> None:
         self.saved = saved
         self.meta = json.loads(str(saved["__precisions__"]))
+        self.modes = gemm_modes(saved)
         self.heads = heads
         self.eps = eps
         self.gelu_form = gelu
@@ -57,7 +59,8 @@ class Forward:
 
     # ------------------------------------------------------------------ operations
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = self.store(x @ self.w(f"{name}.w"), f"{name}.mm")
+        mm = f"{name}.mm"
+        y = self.store(gemm(x, self.w(f"{name}.w"), self.modes.get(mm), self.rounded), mm)
         if self.has(f"{name}.b"):
             y = self.store(y + self.w(f"{name}.b")[None, :], f"{name}.out")
         return y

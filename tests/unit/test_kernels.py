@@ -15,7 +15,7 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.cache import compile_kernels
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.epilogue import epilogue_params
-from ipu_stack.kernels.gemm import gemm_cycles, gemm_params
+from ipu_stack.kernels.gemm import gemm_params
 from ipu_stack.target import IPU21
 
 SENTINEL = 0xA5
@@ -67,24 +67,35 @@ def decode(p: Precision, stored: np.ndarray, fp8) -> np.ndarray:
 # ---------------------------------------------------------------------------------- GEMM
 
 
+def fp16_pass_accumulate(av: np.ndarray, bv: np.ndarray, step: int = 32) -> np.ndarray:
+    """The FP8 AMP's arithmetic, written out: 32-deep passes, each added to an FP16 partial."""
+    partial = np.zeros((av.shape[0], bv.shape[1]), dtype=np.float64)
+    for start in range(0, av.shape[1], step):
+        dot = av[:, start : start + step] @ bv[start : start + step]
+        partial = (partial + dot).astype(np.float16).astype(np.float64)
+    return partial
+
+
 @pytest.mark.parametrize(
-    ("pa", "pb", "rows", "depth", "cols"),
+    ("pa", "pb", "rows", "depth", "cols", "mode"),
     [
-        (f143(-3), f143(-5), 7, 40, 19),
-        (f143(2), f152(-1), 12, 64, 32),
-        (F16, F16, 5, 24, 9),
+        (f143(-3), f143(-5), 7, 40, 19, "fp8"),
+        (f143(-2), f152(-9), 12, 64, 32, "fp8"),
+        (f143(-3), f143(-5), 7, 40, 19, "f16"),
+        (F16, F16, 5, 24, 9, "f16"),
     ],
-    ids=["f143xf143", "f143xf152", "f16xf16"],
+    ids=["f143xf143-fp8", "f143xf152-fp8", "f143xf143-f16cast", "f16xf16"],
 )
 def test_gemm_matches_float64_matmul_and_writes_only_its_output(
-    fp8, pa: Precision, pb: Precision, rows: int, depth: int, cols: int
+    fp8, pa: Precision, pb: Precision, rows: int, depth: int, cols: int, mode: str
 ) -> None:
     rng = np.random.default_rng(rows * depth + cols)
     tiles = np.array([1, 3, 4], dtype=np.int64)
     a_pitch = -(-depth * pa.itemsize // 4) * 4 + 4  # one spare word per row
     b_pitch = -(-cols * pb.itemsize // 4) * 4
-    out_pitch = cols * 4 + 8
-    a_addr, b_addr, out_addr = 64, 64 + rows * a_pitch + 32, 4096
+    item = 2 if mode == "fp8" else 4
+    out_pitch = cols * item + 8
+    a_addr, b_addr, out_addr, scratch_addr = 64, 64 + rows * a_pitch + 32, 4096, 5120
     mem = fake_memory(6)
     expected = {}
     for t in tiles:
@@ -93,21 +104,108 @@ def test_gemm_matches_float64_matmul_and_writes_only_its_output(
         put_matrix(mem, t, a_addr, a_pitch, a)
         put_matrix(mem, t, b_addr, b_pitch, b)
         av, bv = decode(pa, a, fp8), decode(pb, b, fp8)
-        expected[int(t)] = (av @ bv, np.abs(av) @ np.abs(bv))
+        expected[int(t)] = (av, bv)
     before = mem.copy()
-    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "rows")
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, mode)
     inst = KernelInstance("gemm", params)
-    inst.impl.run(params, mem, tiles, [a_addr, b_addr, out_addr])
-    written = touched_mask(out_addr, out_pitch, rows, cols * 4)
+    work = inst.impl.run(params, mem, tiles, [a_addr, b_addr, out_addr, scratch_addr])
+    passes = -(-depth // (32 if mode == "fp8" else 16)) * -(-cols // 16)
+    assert work[0].kind == "amp" and work[0].counts == {"passes": passes, "rows": rows}
+    cast = mode == "f16" and pa.is_fp8
+    assert [w.kind for w in work[1:]] == (["cast_from_f8"] if cast else [])
+    written = touched_mask(out_addr, out_pitch, rows, cols * item)
+    if cast:  # the F16 copies of both operands, back to back
+        written |= touched_mask(scratch_addr, 0, 1, 2 * (rows * depth + depth * cols))
     for t in range(mem.shape[0]):
         if t not in expected:
             np.testing.assert_array_equal(mem[t], before[t])
             continue
-        got = get_matrix(mem, t, out_addr, out_pitch, rows, cols, np.float32).astype(np.float64)
-        want, magnitude = expected[t]
-        # F32 accumulation: error bounded by depth x eps32 x sum|a||b|
-        assert np.all(np.abs(got - want) <= 4 * depth * 2.0**-24 * magnitude + 1e-30)
+        av, bv = expected[t]
+        if mode == "fp8":  # FP16 partials: the same passes and roundings, up to F32 order
+            got = get_matrix(mem, t, out_addr, out_pitch, rows, cols, np.float16)
+            want = fp16_pass_accumulate(av, bv)
+            np.testing.assert_allclose(got.astype(np.float64), want,
+                                       rtol=2.0**-10, atol=2.0**-24)
+        else:  # F32 accumulation: error bounded by depth x eps32 x sum|a||b|
+            got = get_matrix(mem, t, out_addr, out_pitch, rows, cols, np.float32)
+            magnitude = np.abs(av) @ np.abs(bv)
+            assert np.all(np.abs(got.astype(np.float64) - av @ bv)
+                          <= 4 * depth * 2.0**-24 * magnitude + 1e-30)
         np.testing.assert_array_equal(mem[t, ~written], before[t, ~written])
+
+
+def test_fp8_mode_rounds_partials_to_fp16_after_every_pass(fp8) -> None:
+    """64 deep: two passes.  Pass one leaves 2048 + 1 in the partial, which FP16 stores as
+    2048; pass two adds 1 again: FP16 partials give 2048 (F32 partials would give 2050)."""
+    pa = pb = f143(0)
+    a = np.zeros((1, 64), dtype=np.float32)
+    a[0, 0], a[0, 1], a[0, 32] = 128.0, 1.0, 1.0
+    b = np.zeros((64, 16), dtype=np.float32)
+    b[0, :], b[1, :], b[32, :] = 16.0, 1.0, 1.0
+    mem = fake_memory(1)
+    put_matrix(mem, 0, 0, 64, pa.quantize(a))
+    put_matrix(mem, 0, 256, 16, pb.quantize(b))
+    params = gemm_params(pa, pb, 1, 64, 16, 64, 16, 32, "fp8")
+    KernelInstance("gemm", params).impl.run(params, mem, np.array([0]), [0, 256, 4096, 0])
+    got = get_matrix(mem, 0, 4096, 32, 1, 16, np.float16)
+    assert np.all(got == 2048.0)
+    params = gemm_params(pa, pb, 1, 64, 16, 64, 16, 64, "f16")
+    KernelInstance("gemm", params).impl.run(params, mem, np.array([0]), [0, 256, 4096, 6000])
+    assert np.all(get_matrix(mem, 0, 4096, 64, 1, 16, np.float32) == 2050.0)
+
+
+def test_gemm_modes_are_checked() -> None:
+    with pytest.raises(ValueError, match="FP8 GEMM mode needs FP8 operands"):
+        gemm_params(F16, F16, 4, 16, 16, 32, 32, 32, "fp8")
+    with pytest.raises(ValueError, match="unknown GEMM mode 'f32'"):
+        gemm_params(F16, F16, 4, 16, 16, 32, 32, 32, "f32")
+
+
+def test_gemm_cost_is_the_calibrated_formula_at_awkward_sizes() -> None:
+    def cost(pa, rows, depth, cols, mode) -> int:
+        params = gemm_params(pa, pa, rows, depth, cols, 256, 256, 256, mode)
+        return KernelInstance("gemm", params).cost(IPU21)
+
+    # 13 rows (not a multiple of 6), 40 FP8 deep (2 passes), 20 columns (2 groups):
+    # 294 + 2 x 2 x (4 x 13 + 160)
+    assert cost(f143(), 13, 40, 20, "fp8") == 294 + 4 * 212
+    # F16: 40 deep is 3 passes of 16
+    assert cost(F16, 13, 40, 20, "f16") == 294 + 6 * 212
+    # F16 mode on FP8 data adds the cast of 13 x 40 + 40 x 20 = 1320 elements:
+    # 330 + 24 x ceil(1320 / 48)
+    assert cost(f143(), 13, 40, 20, "f16") == 294 + 6 * 212 + 330 + 24 * 28
+    assert cost(f143(), 0, 40, 20, "fp8") == 0
+
+
+@pytest.mark.parametrize("mode", ["fp8", "f16"])
+def test_gemm_cost_grows_with_each_dimension(mode: str) -> None:
+    pa = f143() if mode == "fp8" else F16
+    base = (60, 128, 96)
+
+    def cost(dims) -> int:
+        return KernelInstance("gemm", gemm_params(pa, pa, *dims, 256, 256, 256, mode)).cost(IPU21)
+
+    c0 = cost(base)
+    for axis in range(3):
+        previous = c0
+        for factor in (2, 4, 8):
+            dims = list(base)
+            dims[axis] *= factor
+            assert cost(dims) > previous, (axis, factor)
+            previous = cost(dims)
+
+
+@pytest.mark.parametrize(("mode", "peak"), [("fp8", 128), ("f16", 64)])
+def test_gemm_approaches_amp_peak_only_with_many_rows(mode: str, peak: int) -> None:
+    pa = f143() if mode == "fp8" else F16
+
+    def macs_per_cycle(rows: int, depth: int, cols: int) -> float:
+        params = gemm_params(pa, pa, rows, depth, cols, 256, 256, 256, mode)
+        return rows * depth * cols / KernelInstance("gemm", params).cost(IPU21)
+
+    assert 0.95 * peak < macs_per_cycle(6000, 512, 256) <= peak
+    # 24 rows: a pass costs 4 x 24 + 160 = 256 cycles for 96 cycles of multiplies
+    assert macs_per_cycle(24, 512, 256) < 0.4 * peak
 
 
 def test_gemm_with_b_stored_transposed(fp8) -> None:
@@ -122,62 +220,27 @@ def test_gemm_with_b_stored_transposed(fp8) -> None:
     put_matrix(mem, 1, 0, a_pitch, a)
     put_matrix(mem, 1, 1024, b_pitch, bt)
     before = mem.copy()
-    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "rows",
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "fp8",
                          b_transposed=True)
     inst = KernelInstance("gemm", params)
     assert inst.name == "gemm_f8_interleaved_bt_k40_c10_r1_r1"
-    assert (1, cols * b_pitch, False) in inst.impl.accesses(params)
-    inst.impl.run(params, mem, np.array([1]), [0, 1024, 4096])
+    assert (1, (cols - 1) * b_pitch + depth, False) in inst.impl.accesses(params)
+    inst.impl.run(params, mem, np.array([1]), [0, 1024, 4096, 0])
     av, bv = decode(pa, a, fp8), decode(pb, bt, fp8)
-    want = av @ bv.T
-    got = get_matrix(mem, 1, 4096, out_pitch, rows, cols, np.float32).astype(np.float64)
-    assert np.all(np.abs(got - want) <= 4 * depth * 2.0**-24 * (np.abs(av) @ np.abs(bv).T))
-    written = touched_mask(4096, out_pitch, rows, cols * 4)
+    got = get_matrix(mem, 1, 4096, out_pitch, rows, cols, np.float16).astype(np.float64)
+    np.testing.assert_allclose(got, fp16_pass_accumulate(av, bv.T), rtol=2.0**-10, atol=2.0**-24)
+    written = touched_mask(4096, out_pitch, rows, cols * 2)
     np.testing.assert_array_equal(mem[1, ~written], before[1, ~written])
     np.testing.assert_array_equal(mem[0], before[0])
 
 
-def test_gemm_cycles_hand_computed() -> None:
-    # FP8, rows split: 1 column group x 1 depth group, 2 rows per worker:
-    # worker = 17 + 1 x (27 + 4 x 2) = 52; tile = 50 + 6 x 52 = 362
-    assert gemm_cycles(12, 32, 16, True, "rows", IPU21) == 362
-    # F16 depth 32 is two depth groups: worker = 17 + 2 x (27 + 8) = 87; tile = 50 + 522
-    assert gemm_cycles(12, 32, 16, False, "rows", IPU21) == 572
-    # columns split: 7 groups over 6 workers -> 2 groups, all 3 rows: 17 + 2 x (27 + 12)
-    assert gemm_cycles(3, 32, 100, True, "cols", IPU21) == 50 + 6 * (17 + 2 * 39)
-    assert gemm_cycles(0, 32, 16, True, "rows", IPU21) == 0
-
-
-@pytest.mark.parametrize("fp8", [True, False])
-@pytest.mark.parametrize("split", ["rows", "cols"])
-def test_gemm_cost_grows_with_each_dimension(fp8: bool, split: str) -> None:
-    base = (60, 128, 96)
-    c0 = gemm_cycles(*base, fp8, split, IPU21)
-    for axis in range(3):
-        previous = c0
-        for factor in (2, 4, 8):
-            dims = list(base)
-            dims[axis] *= factor
-            cost = gemm_cycles(*dims, fp8, split, IPU21)
-            assert cost > previous, (axis, factor)
-            previous = cost
-
-
-@pytest.mark.parametrize(("fp8", "peak"), [(True, 128), (False, 64)])
-def test_gemm_approaches_amp_peak_at_large_sizes(fp8: bool, peak: int) -> None:
-    rows, depth, cols = 6000, 512, 256
-    macs = rows * depth * cols
-    ratio = macs / gemm_cycles(rows, depth, cols, fp8, "rows", IPU21)
-    assert 0.97 * peak < ratio <= peak
-    small = 6 * 3 * 32 * 16 / gemm_cycles(6 * 3, 32, 16, fp8, "rows", IPU21)
-    assert small < 0.5 * peak  # overheads dominate small calls
-
-
 def test_gemm_names() -> None:
-    p = gemm_params(f143(), f143(), 13, 32, 16, 32, 16, 64, "rows")
+    p = gemm_params(f143(), f143(), 13, 32, 16, 32, 16, 32, "fp8")
     assert KernelInstance("gemm", p).name == "gemm_f8_interleaved_k32_c16_r2_r3"
-    p = gemm_params(F16, F16, 5, 16, 100, 32, 200, 400, "cols")
-    assert KernelInstance("gemm", p).name == "gemm_f16_interleaved_k16_c100_r5_g1_g2"
+    p = gemm_params(F16, F16, 5, 16, 100, 32, 200, 400, "f16")
+    assert KernelInstance("gemm", p).name == "gemm_f16_interleaved_k16_c100_r0_r1"
+    p = gemm_params(f143(), f143(), 6, 16, 100, 32, 200, 400, "f16")
+    assert KernelInstance("gemm", p).name == "gemm_f16cast_interleaved_k16_c100_r1_r1"
 
 
 def test_kernel_instance_key_is_canonical() -> None:
@@ -300,17 +363,20 @@ def test_reduce_scale_step_multiplies_then_rounds() -> None:
 
 
 def test_reduce_cost_counts_parts_and_chain() -> None:
-    def cost(parts: int, chain: list) -> int:
-        p = epilogue_params(parts, 6, 16, 64, 6, chain, None, F16, 32)
+    def cost(parts: int, chain: list, partials=F32) -> int:
+        p = epilogue_params(parts, 6, 16, 64, 6, chain, None, F16, 32, partials)
         return KernelInstance("reduce", p).cost(IPU21)
 
-    plain = cost(1, [["round", F16.to_json()]])
-    # 96 elements / 6 workers = 16 per worker; 1 row per worker; per element:
-    # load_store 0.5 + convert 0.5 = 1.0 -> 17 + 16 + 4 = 37 per worker; 50 + 6 x 37
-    assert plain == 50 + 6 * 37
-    assert cost(4, [["round", F16.to_json()]]) == 50 + 6 * (37 + 3 * 8)  # 3 adds x 0.5 x 16
-    gelu = [["round", F16.to_json()], ["gelu_tanh", F16.to_json()]]
-    assert cost(1, gelu) == 50 + 6 * (37 + 16 * 4 + 8)  # gelu 4.0 + convert 0.5 per element
+    # 96 outputs: ceil(96 / 48) = 2 six-worker steps of 8 F16 values:
+    # 282 + 6 x 2 x (11 + 2 (P - 1)) (the reference's measured reduce)
+    f16 = [["round", F16.to_json()]]
+    assert cost(1, f16, F16) == 282 + 12 * 11
+    assert cost(4, f16, F16) == 282 + 12 * (11 + 6)
+    # F32 partials: 4 per worker step (assumed), so 4 steps
+    assert cost(4, f16, F32) == 282 + 24 * (11 + 6)
+    # GELU: 330 + 462 per 96 elements; an FP8 result: a cast pass, 330 + 24 per 48
+    gelu = [["round", F16.to_json()], ["gelu_tanh", f143().to_json()]]
+    assert cost(1, gelu, F16) == 282 + 12 * 11 + 330 + 462 + 330 + 24 * 2
 
 
 # ---------------------------------------------------------------------------------- copy
@@ -348,7 +414,7 @@ def test_copy_moves_rows_between_pitches_and_nothing_else() -> None:
 def _instances() -> list[KernelInstance]:
     return [
         KernelInstance("copy", copy_params(2, 8, 8, 8)),
-        KernelInstance("gemm", gemm_params(f143(), f143(), 8, 32, 16, 32, 16, 64, "rows")),
+        KernelInstance("gemm", gemm_params(f143(), f143(), 8, 32, 16, 32, 16, 64, "fp8")),
     ]
 
 

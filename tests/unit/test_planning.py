@@ -25,8 +25,8 @@ SHAPES = [
 def test_every_candidate_covers_the_matrix_and_fits_the_chip(shape: GemmShape) -> None:
     plans = gemm_candidates(shape, IPU21, keep=8)
     assert plans, "no candidate"
-    step = 32 if shape.fp8 else 16
     for p in plans:
+        step = 32 if p.mode == "fp8" else 16
         r, c, d = p.row_splits, p.col_splits, p.depth_splits
         assert p.tiles_used == r * c * d <= 1472
         assert r * p.row_block >= shape.rows
@@ -38,7 +38,7 @@ def test_every_candidate_covers_the_matrix_and_fits_the_chip(shape: GemmShape) -
         assert (d - 1) * p.depth_block < shape.depth
         assert p.row_block % d == 0 and p.sub_rows * d == p.row_block
         assert p.depth_block % step == 0 and p.col_block % 16 == 0
-        assert p.split in ("rows", "cols")
+        assert p.mode in (("fp8", "f16") if shape.fp8 else ("f16",))
         assert p.estimated_cycles == sum(p.costs.values()) > 0
         assert ("reduce_exchange" in p.costs) == (d > 1)
         tiles = {p.tile(i, j, k) for i in range(r) for j in range(c) for k in range(d)}
@@ -54,11 +54,18 @@ def test_cost_plan_rejects_empty_splits_and_rounds_blocks() -> None:
     plan = cost_plan(shape, 3, 2, 2, IPU21)
     assert plan is not None
     assert (plan.row_block, plan.depth_block, plan.col_block) == (4, 32, 16)
-    assert plan.describe() == "R3xC2xD2 blocks 4x32x16 split=" + plan.split
-    # A exchange: 4 rows x 32 FP8 bytes = 32 words, plus fixed exchange 100 and sync 90
-    assert plan.costs["a_exchange"] == 32 + 190
-    # reduce exchange: (D-1) x sub rows 2 x 16 columns, plus 190
-    assert plan.costs["reduce_exchange"] == 1 * 2 * 16 + 190
+    assert plan.describe() == "R3xC2xD2 blocks 4x32x16 mode=fp8"
+    # A exchange: 4 rows x 32 FP8 bytes = 32 words, plus the measured 237 per phase
+    assert plan.costs["a_exchange"] == 32 + 237
+    # reduce exchange: (D-1) x sub rows 2 x 16 columns of FP16 partials = 16 words, plus 237
+    assert plan.costs["reduce_exchange"] == 1 * 2 * 16 * 2 // 4 + 237
+    # the GEMM: 294 + 1 pass x (4 x 4 rows + 160), plus a 90-cycle sync
+    assert plan.costs["gemm"] == 294 + 4 * 4 + 160 + 90
+    f16 = cost_plan(shape, 3, 2, 2, IPU21, "f16")
+    assert f16 is not None and f16.depth_block == 32  # two F16 passes of 16
+    # F16 mode on FP8 data: 2 passes, plus casting 4 x 32 + 32 x 16 = 640 elements
+    assert f16.costs["gemm"] == 294 + 2 * (4 * 4 + 160) + 330 + 24 * 14 + 90
+    assert f16.costs["reduce_exchange"] == 1 * 2 * 16 * 4 // 4 + 237  # F32 partials
 
 
 def test_more_tiles_make_a_big_gemm_cheaper_than_one_tile() -> None:

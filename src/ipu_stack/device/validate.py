@@ -25,8 +25,9 @@ KIND_FIELDS = {
     "exchange": ("name", "src_tile", "src_addr", "words", "dst_offsets", "dst_tile", "dst_addr",
                  "chunk_transfer", "chunk_start", "chunk_words", "kind_selected"),
 }
-PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias"}
-NAMES = {"name", "op", "split", "family"}
+PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias", "partials"}
+NAMES = {"name", "op", "family"}
+CHOICES = {"mode": ("fp8", "f16")}
 
 
 def _fail(where: str, what: str) -> PackageError:
@@ -95,6 +96,9 @@ def validate_params(family: str, params: Any, where: str) -> None:
         elif key in ("eps", "scale"):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise _fail(here, f"expected a number, found {value!r}")
+        elif key in CHOICES:
+            if value not in CHOICES[key]:
+                raise _fail(here, f"expected one of {', '.join(CHOICES[key])}, found {value!r}")
         elif key in NAMES:
             if not isinstance(value, str):
                 raise _fail(here, f"expected a name, found {value!r}")

@@ -429,12 +429,16 @@ def paired_lower_bound(t: Transfers, eligible: np.ndarray | None = None) -> int:
     return int(max(bounds))
 
 
-def table_bytes(s: Schedule, t: Transfers, bytes_per_chunk: int = 8) -> np.ndarray:
-    """Exchange-table bytes per tile: each chunk costs ``bytes_per_chunk`` on its source and on
-    every destination, which is why the schedulers keep the chunk count low."""
+def table_bytes(s: Schedule, t: Transfers, bytes_per_send: int = 8, send_words: int = 64
+                ) -> np.ndarray:
+    """Exchange-table bytes per tile: a chunk is ``ceil(words / send_words)`` send
+    instructions of ``bytes_per_send`` on its source, and one mux switch entry of
+    ``bytes_per_send`` on every destination; why the schedulers keep the chunk count low."""
     if s.chunks == 0:
         return np.zeros(t.tiles, dtype=np.int64)
+    sends = -(-s.chunk_words.astype(np.int64) // send_words)
+    per_transfer_sends = np.bincount(s.chunk_transfer, weights=sends, minlength=t.count)
     per_transfer = np.bincount(s.chunk_transfer, minlength=t.count).astype(np.int64)
-    send = np.bincount(t.src, weights=per_transfer, minlength=t.tiles)
+    send = np.bincount(t.src, weights=per_transfer_sends, minlength=t.tiles)
     recv = np.bincount(t.dst, weights=np.repeat(per_transfer, t.fanout), minlength=t.tiles)
-    return ((send + recv) * bytes_per_chunk).astype(np.int64)
+    return ((send + recv) * bytes_per_send).astype(np.int64)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ipu_stack.exchange.groups import group_reduction, layers, subset
+from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.exchange.model import (
     PAIR_LANES,
     Schedule,
@@ -188,6 +189,7 @@ def schedule_exchange(t: Transfers, *, phase: int | None = None, paired: bool = 
             phase=phase,
             initial_horizon=initial.horizon,
             selected_horizon=best.horizon,
+            instruction_horizon=instruction_horizon(best, t)[0],
             endpoint_lower_bound=bound,
             lower_bound_gap=best.horizon - bound,
             selected_kind=best.kind,

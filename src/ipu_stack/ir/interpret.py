@@ -2,9 +2,13 @@
 
 Written independently of the device kernels.  ``evaluate`` computes every operation in
 float32 from the exactly dequantised inputs and rounds to its output precision, as the graph
-says; the only freedom the device has is the order of float32 additions inside a matmul,
-which the tolerance policy (``docs/tolerance.md``) accounts for.  ``evaluate_float64`` runs
-the same graph in float64 with no intermediate rounding (the ideal answer, for reports).
+says.  A matmul follows the GEMM mode the compiler chose for it (``gemm_modes``): in the
+native FP8 mode the hardware keeps FP16 partials, so each 32-deep pass of each depth block
+is added to an FP16 partial and rounded there, and the blocks' partials are summed in
+float32; in the F16 mode (and by default) partials are float32.  What is left to the device
+is the order of float32 additions, which the tolerance policy (``docs/tolerance.md``)
+accounts for.  ``evaluate_float64`` runs the same graph in float64 with no intermediate
+rounding (the ideal answer, for reports).
 """
 
 from __future__ import annotations
@@ -46,9 +50,30 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.
     return np.stack([even * c - odd * s, even * s + odd * c], axis=-1).reshape(rows, cols)
 
 
-def _apply(op: Operation, ins: list[np.ndarray], dtype: type) -> np.ndarray:
+FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
+
+
+def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
+    """``a @ b`` as the FP8 AMP computes it: per depth block, 32-deep passes added to an FP16
+    partial (rounded after each pass); the blocks' FP16 partials summed in float32."""
+    total = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    for block in range(0, a.shape[1], depth_block):
+        partial = np.zeros_like(total, dtype=np.float16)
+        end = min(block + depth_block, a.shape[1])
+        for start in range(block, end, FP8_PASS_DEPTH):
+            stop = min(start + FP8_PASS_DEPTH, end)
+            dot = a[:, start:stop].astype(np.float32) @ b[start:stop].astype(np.float32)
+            partial = (partial.astype(np.float32) + dot).astype(np.float16)
+        total += partial.astype(np.float32)
+    return total
+
+
+def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
+           mode: dict | None = None) -> np.ndarray:
     if op.kind == "matmul":
         a = ins[0].reshape(-1, ins[0].shape[-1]).astype(dtype)
+        if mode is not None and mode.get("mode") == "fp8" and dtype is np.float32:
+            return fp16_partial_matmul(a, ins[1], int(mode["depth_block"]))
         return a @ ins[1].astype(dtype)
     if op.kind == "head_matmul":
         return _head_matmul(op, ins[0].astype(dtype), ins[1].astype(dtype))
@@ -76,7 +101,9 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
-         store: Callable[[np.ndarray, object], np.ndarray]) -> dict[str, np.ndarray]:
+         store: Callable[[np.ndarray, object], np.ndarray],
+         gemm_modes: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
+    modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
     for value in graph.values:
         if value.role in ("input", "weight"):
@@ -85,16 +112,21 @@ def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
                 if len(value.type.shape) > 1 else store(data, value.type.precision)
     for op in graph.operations:
         out = graph.value(op.outputs[0])
-        result = _apply(op, [values[i] for i in op.inputs], dtype)
+        result = _apply(op, [values[i] for i in op.inputs], dtype, modes.get(str(op.id)))
         values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
     return {
         graph.value(i).name: v.reshape(graph.value(i).type.shape) for i, v in values.items()
     }
 
 
-def evaluate(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """All values of ``graph`` at device precision (float32 arrays), keyed by value name."""
-    return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data))
+def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
+             gemm_modes: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
+    """All values of ``graph`` at device precision (float32 arrays), keyed by value name.
+
+    ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
+    in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
+    return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
+                gemm_modes)
 
 
 def evaluate_float64(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.target.machine import VECTOR_COSTS
+from ipu_stack.target import timing
+from ipu_stack.target.timing import Work, split_over_workers
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -56,14 +57,58 @@ def apply_chain(
     return out
 
 
-def chain_cost_per_element(chain: list[list[Any]]) -> float:
-    """Worker cycles per element of a chain (each step ends with a conversion)."""
-    cost = 0.0
-    for step in chain:
-        kind = step[0]
-        if kind in ("bias", "scale"):
-            cost += VECTOR_COSTS["add_f32"].value
-        elif kind in ("gelu_tanh", "gelu_erf"):
-            cost += VECTOR_COSTS[kind].value
-        cost += VECTOR_COSTS["convert"].value
-    return cost
+GELUS = ("gelu_tanh", "gelu_erf")
+
+
+def chain_passes(chain: list[list[Any]]) -> list[str]:
+    """The kernel passes a chain takes: ``bias_gelu`` (a bias immediately followed by GELU is
+    one fused pass with its own measured price), ``gelu``, ``elementwise`` (bias, scale),
+    ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to the
+    precision a value already has, or the producing kernel's own store, costs nothing."""
+    passes: list[str] = []
+    previous = "F32"
+    index = 0
+    while index < len(chain):
+        kind = chain[index][0]
+        out = Precision.from_json(chain[index][1])
+        if kind == "bias" and index + 1 < len(chain) and chain[index + 1][0] in GELUS:
+            passes.append("bias_gelu")
+            index += 1
+            out = Precision.from_json(chain[index][1])
+        elif kind in GELUS:
+            passes.append("gelu")
+        elif kind in ("bias", "scale"):
+            passes.append("elementwise")
+        if out.is_fp8:
+            passes.append("cast_f8")
+        elif out.kind == "F16" and previous == "F32" and kind != "round":
+            passes.append("cast_f16")
+        previous = "F32" if out.kind == "F32" else "F16"
+        index += 1
+    return passes
+
+
+def chain_work(chain: list[list[Any]], rows: int, cols: int) -> list[Work]:
+    """The work records of a chain over a ``rows x cols`` block, dealt to the six workers
+    as the kernel deals them (elements, or the columns of each row for the fused pass)."""
+    per_worker = split_over_workers(rows * cols)
+    work = []
+    for kind in chain_passes(chain):
+        if kind == "bias_gelu":
+            work.append(Work(kind, {"rows": rows, "cols_per_worker": split_over_workers(cols)}))
+        else:
+            work.append(Work(kind, {"per_worker": per_worker}))
+    return work
+
+
+def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
+    """The planner's closed form of the same passes."""
+    elements = rows * cols
+    prices = {
+        "bias_gelu": lambda: timing.estimate_bias_gelu(rows, cols),
+        "gelu": lambda: timing.estimate_gelu(elements),
+        "elementwise": lambda: timing.estimate_elementwise(elements),
+        "cast_f8": lambda: timing.estimate_cast(elements, to_fp8=True),
+        "cast_f16": lambda: timing.estimate_cast(elements, to_fp8=False),
+    }
+    return sum(prices[kind]() for kind in chain_passes(chain))

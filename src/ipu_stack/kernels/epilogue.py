@@ -1,12 +1,14 @@
 """Reduce-and-finish kernels: sum depth partials, then bias, activation and casts.
 
-One instance finishes a slice of a GEMM's output: it adds the tile's own F32 partial and the
-``parts - 1`` partials received from the other depth tiles (in that order), then applies the
-fused operation chain of the graph (matmul rounding, bias add, GELU, cast), rounding to each
-operation's output precision exactly where the graph says, and stores the result.
+One instance finishes a slice of a GEMM's output: it adds the tile's own partial and the
+``parts - 1`` partials received from the other depth tiles (in that order, summed in F32),
+then applies the fused operation chain of the graph (matmul rounding, bias add, GELU, cast),
+rounding to each operation's output precision exactly where the graph says, and stores the
+result.  Partials are FP16 (FP8-mode GEMMs) or F32 (F16 mode): ``partials``.
 
 Operands: ``[own_partial, received, bias, out]`` (``bias`` address is 0 when there is none).
-Cost: worker cycles per element from ``target.VECTOR_COSTS`` (assumed, see there).
+Work: one reduce pass (measured price: 282 + 6 ceil(n/48) (11 + 2 (P - 1))) and the chain's
+passes (``elementwise.chain_passes``), priced in ``target.timing``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
-from ipu_stack.kernels.elementwise import apply_chain, chain_cost_per_element
+from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
 from ipu_stack.target import Target
-from ipu_stack.target.machine import VECTOR_COSTS
+from ipu_stack.target.timing import Work, estimate_reduce, split_over_workers
 
 
 def _name(p: dict[str, Any]) -> str:
@@ -29,35 +31,29 @@ def _name(p: dict[str, Any]) -> str:
     return f"reduce{p['parts']}_{ops}_{out_kind}_r{p['rows']}_c{p['cols']}"
 
 
+def _partial(p: dict[str, Any]) -> Precision:
+    return Precision.from_json(p.get("partials", {"kind": "F32"}))
+
+
 def _cost(p: dict[str, Any], target: Target) -> int:
     elements = p["rows"] * p["cols"]
     if elements == 0:
         return 0
-    per_element = (
-        VECTOR_COSTS["load_store"].value
-        + (p["parts"] - 1) * VECTOR_COSTS["add_f32"].value
-        + chain_cost_per_element(p["chain"])
-    )
-    workers = target.workers
-    worker_elements = -(-elements // workers)
-    worker_rows = -(-p["rows"] // workers)
-    worker = (
-        int(target.worker_entry_cycles)
-        + int(np.ceil(worker_elements * per_element))
-        + int(worker_rows * VECTOR_COSTS["row_overhead"].value)
-    )
-    return int(target.amp_supervisor_cycles) + workers * worker
+    f32 = _partial(p).kind == "F32"
+    return estimate_reduce(elements, p["parts"], f32) + estimate_chain(p["chain"], p["rows"],
+                                                                       p["cols"])
 
 
-def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> None:
+def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
     own_addr, recv_addr, bias_addr, out_addr = addresses
     rows, cols, parts = p["rows"], p["cols"], p["parts"]
-    total = read_matrix(mem, tiles, own_addr, rows, cols, p["partial_pitch"], np.float32).copy()
+    partial = _partial(p)
+    total = partial.dequantize(
+        read_matrix(mem, tiles, own_addr, rows, cols, p["partial_pitch"], partial.dtype))
     slot = p["slot_rows"] * p["partial_pitch"]  # received slices are full sub-blocks
     for k in range(parts - 1):
-        total += read_matrix(
-            mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"], np.float32
-        )
+        total += partial.dequantize(read_matrix(
+            mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"], partial.dtype))
     bias = None
     if p["bias"] is not None:
         bp = Precision.from_json(p["bias"])
@@ -67,12 +63,16 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     out = Precision.from_json(p["out"])
     stored = out.quantize(result)
     write_rows(mem, tiles, out_addr, p["out_pitch"], stored.view(np.uint8))
+    reduce = Work("reduce", {"per_worker": split_over_workers(rows * cols), "parts": parts,
+                             "f32_partials": partial.kind == "F32"})
+    return [reduce, *chain_work(p["chain"], rows, cols)]
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     out = Precision.from_json(p["out"])
+    item = _partial(p).itemsize
     result = [
-        (0, p["rows"] * p["partial_pitch"], False),
+        (0, (p["rows"] - 1) * p["partial_pitch"] + p["cols"] * item, False),
         (1, (p["parts"] - 1) * p["slot_rows"] * p["partial_pitch"], False),
         (3, (p["rows"] - 1) * p["out_pitch"] + p["cols"] * out.itemsize, True),
     ]
@@ -85,8 +85,10 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     out = Precision.from_json(p["out"])
     rows, cols, pitch = p["rows"], p["cols"], p["partial_pitch"]
     slot = p["slot_rows"] * pitch
-    result = [Region(0, 0, rows, cols * 4, pitch, False)]
-    result += [Region(1, k * slot, rows, cols * 4, pitch, False) for k in range(p["parts"] - 1)]
+    item = _partial(p).itemsize
+    result = [Region(0, 0, rows, cols * item, pitch, False)]
+    result += [Region(1, k * slot, rows, cols * item, pitch, False)
+               for k in range(p["parts"] - 1)]
     if p["bias"] is not None:
         result.append(Region(2, 0, 1, cols * Precision.from_json(p["bias"]).itemsize, 0, False))
     result.append(Region(3, 0, rows, cols * out.itemsize, p["out_pitch"], True))
@@ -96,7 +98,7 @@ def _regions(p: dict[str, Any]) -> list[Region]:
 EPILOGUE = register(
     KernelFamily(
         name="reduce",
-        source="kernels/epilogue.py (f32v2 reduce + fused elementwise chain)",
+        source="kernels/epilogue.py (reduce of FP16/F32 partials + fused elementwise chain)",
         code_bytes=896,
         make_name=_name,
         cost=_cost,
@@ -117,8 +119,10 @@ def epilogue_params(
     bias: Precision | None,
     out: Precision,
     out_pitch: int,
+    partials: Precision = F32,
 ) -> dict[str, Any]:
     return {
+        "partials": partials.to_json(),
         "parts": int(parts),
         "rows": int(rows),
         "cols": int(cols),

@@ -1,15 +1,21 @@
-"""AMP GEMM worker kernels: ``partial[rows, cols] = A[rows, depth] @ B[depth, cols]`` in F32.
+"""AMP GEMM worker kernels: ``partial[rows, cols] = A[rows, depth] @ B[depth, cols]``.
 
-Names follow the reference: ``gemm_{f8|f16}_interleaved_k{K}_c{C}_r{lo}_r{hi}`` when rows are
-split over the 6 workers (each worker takes ``lo`` or ``hi`` rows) and ``..._g{lo}_g{hi}`` when
-the 16-column AMP groups are split instead (better when a tile holds few rows).
+Names follow the reference: ``gemm_{f8|f16}_interleaved_k{K}_c{C}_r{lo}_r{hi}``: the 6 workers
+split the rows (``lo`` or ``hi`` each).  They cannot split columns: the AMP weight registers
+(CWEI) are one set per tile, shared by all workers, so every pass over a 16-column x depth
+group loads its weights once, syncs the workers and launches them again (poplibs
+``ConvPartial1x1Out``).
 
-Cost (tile cycles), from PopLibs' convPartial1x1 / quarter estimators (``target``):
-a work item is one AMP pass over 16 output columns and 16 (F16) or 32 (FP8) depth elements for
-all of a worker's rows, costing ``item_cycles + 4 x rows``; a worker adds its entry cost;
-workers are interleaved round robin so the tile takes ``6 x`` the slowest worker, plus the
-supervisor's call overhead.  At large row counts this tends to 64 (F16) or 128 (FP8)
-MACs per cycle, the AMP peak.
+Two modes, as the hardware has them:
+
+* ``fp8``: native FP8 operands, **FP16 partials** (``f8v8hihov4amp``).  Each pass adds a
+  32-deep dot product to the stored FP16 partial, so the partial is rounded to FP16 after
+  every pass, exactly as here.
+* ``f16``: F16 operands with F32 partials.  FP8 operands are first cast to F16 into a
+  scratch operand (a real cast, priced), then the F16 AMP runs at 64 MACs per cycle.
+
+A call reports the work it did (passes looped, rows, cast elements); ``target.timing``
+prices it.  The planner prices the same shapes with its own closed form.
 """
 
 from __future__ import annotations
@@ -18,113 +24,133 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.precision import F16, Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
 from ipu_stack.target import Target
+from ipu_stack.target.timing import Work, estimate_gemm, p, split_over_workers
+
+MODES = ("fp8", "f16")
 
 
-def _split(total: int, parts: int) -> tuple[int, int]:
-    """Sizes when ``total`` items are dealt to ``parts`` workers: (smallest, largest)."""
-    return total // parts, -(-total // parts)
+def partial_itemsize(mode: str) -> int:
+    """Bytes of one stored partial: FP16 in FP8 mode, F32 in F16 mode."""
+    return 2 if mode == "fp8" else 4
 
 
-def gemm_worker_cycles(
-    rows: int, depth: int, cols: int, fp8: bool, split: str, target: Target
-) -> int:
-    """Cycles of the slowest worker (in worker cycles) for one call."""
-    depth_step = int(target.amp_f8_depth if fp8 else target.amp_f16_depth)
-    col_groups = -(-cols // int(target.amp_out_columns))
-    depth_groups = -(-depth // depth_step)
-    item = int(target.amp_item_cycles)
-    per_row = int(target.amp_cycles_per_row)
-    workers = target.workers
-    if split == "rows":
-        worker_rows = -(-rows // workers)
-        items = col_groups * depth_groups
-    else:
-        worker_rows = rows
-        items = -(-col_groups // workers) * depth_groups
-    return int(target.worker_entry_cycles) + items * (item + per_row * worker_rows)
+def _fp8_operands(params: dict[str, Any]) -> bool:
+    return Precision.from_json(params["a"]).is_fp8
 
 
-def gemm_cycles(rows: int, depth: int, cols: int, fp8: bool, split: str, target: Target) -> int:
-    """Tile cycles for one GEMM call: supervisor plus 6 x the slowest worker."""
-    if rows == 0 or depth == 0 or cols == 0:
+def _b_shape(params: dict[str, Any]) -> tuple[int, int]:
+    return (params["cols"], params["depth"]) if params.get("b_transposed") else (
+        params["depth"], params["cols"])
+
+
+def scratch_bytes(params: dict[str, Any]) -> int:
+    """F16 copies of FP8 operands an F16-mode call needs (0 otherwise)."""
+    if params["mode"] != "f16" or not _fp8_operands(params):
         return 0
-    worker = gemm_worker_cycles(rows, depth, cols, fp8, split, target)
-    return int(target.amp_supervisor_cycles) + target.workers * worker
+    b_rows, b_cols = _b_shape(params)
+    return 2 * (params["rows"] * params["depth"] + b_rows * b_cols)
 
 
-def best_split(rows: int, depth: int, cols: int, fp8: bool, target: Target) -> str:
-    """The worker split with fewer cycles (rows on ties)."""
-    by_rows = gemm_cycles(rows, depth, cols, fp8, "rows", target)
-    by_cols = gemm_cycles(rows, depth, cols, fp8, "cols", target)
-    return "rows" if by_rows <= by_cols else "cols"
+def _name(params: dict[str, Any]) -> str:
+    lo, hi = min(split_over_workers(params["rows"])), max(split_over_workers(params["rows"]))
+    kind = "f8" if params["mode"] == "fp8" else ("f16cast" if _fp8_operands(params) else "f16")
+    order = "_bt" if params.get("b_transposed") else ""
+    return f"gemm_{kind}_interleaved{order}_k{params['depth']}_c{params['cols']}_r{lo}_r{hi}"
 
 
-def _name(p: dict[str, Any]) -> str:
-    kind = "f16" if p["a"]["kind"] == "F16" else "f8"
-    workers = 6
-    if p["split"] == "rows":
-        lo, hi = _split(p["rows"], workers)
-        tail = f"r{lo}_r{hi}"
-    else:
-        lo, hi = _split(-(-p["cols"] // 16), workers)
-        tail = f"r{p['rows']}_g{lo}_g{hi}"
-    order = "_bt" if p.get("b_transposed") else ""
-    return f"gemm_{kind}_interleaved{order}_k{p['depth']}_c{p['cols']}_{tail}"
-
-
-def _cost(p: dict[str, Any], target: Target) -> int:
-    fp8 = p["a"]["kind"] != "F16"
-    return gemm_cycles(p["rows"], p["depth"], p["cols"], fp8, p["split"], target)
+def _cost(params: dict[str, Any], target: Target) -> int:
+    cast = 0
+    if scratch_bytes(params):
+        b_rows, b_cols = _b_shape(params)
+        cast = params["rows"] * params["depth"] + b_rows * b_cols
+    return estimate_gemm(params["rows"], params["depth"], params["cols"],
+                         params["mode"] == "fp8", cast_elements=cast)
 
 
 CHUNK_BYTES = 32 << 20  # decoded operand bytes per batch: keeps the working set in cache
 
 
-def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> None:
-    a_addr, b_addr, out_addr = addresses
-    pa, pb = Precision.from_json(p["a"]), Precision.from_json(p["b"])
-    rows, depth, cols = p["rows"], p["depth"], p["cols"]
+def _fp16_passes(a: np.ndarray, b: np.ndarray, step: int) -> tuple[np.ndarray, int]:
+    """FP8 mode: one AMP pass per ``step``-deep slice; the partial is stored as FP16 after
+    every pass (the pass's own dot product is summed in F32)."""
+    depth = a.shape[-1]
+    partial = np.zeros((a.shape[0], a.shape[1], b.shape[-1]), dtype=np.float16)
+    passes = 0
+    for start in range(0, depth, step):
+        dot = np.matmul(a[:, :, start : start + step], b[:, start : start + step, :])
+        partial = (partial.astype(np.float32) + dot).astype(np.float16)
+        passes += 1
+    return partial, passes
+
+
+def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
+         addresses: list[int]) -> list[Work]:
+    a_addr, b_addr, out_addr, scratch_addr = addresses
+    pa, pb = Precision.from_json(params["a"]), Precision.from_json(params["b"])
+    rows, depth, cols = params["rows"], params["depth"], params["cols"]
+    b_rows, b_cols = _b_shape(params)
+    mode = params["mode"]
+    cast = scratch_bytes(params) > 0
     per_tile = 4 * (rows * depth + depth * cols + rows * cols)
     step = max(1, CHUNK_BYTES // per_tile)
+    depth_passes = 0
     for start in range(0, len(tiles), step):
         chunk = tiles[start : start + step]
-        a = read_matrix(mem, chunk, a_addr, rows, depth, p["a_pitch"], pa.dtype)
-        if p.get("b_transposed"):
-            b = read_matrix(mem, chunk, b_addr, cols, depth, p["b_pitch"], pb.dtype)
-            b_values = pb.dequantize(b).transpose(0, 2, 1)
+        a = pa.dequantize(read_matrix(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa.dtype))
+        b = pb.dequantize(read_matrix(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"],
+                                      pb.dtype))
+        if cast:  # FP8 -> F16 into the scratch operand, then the F16 AMP reads it back
+            a16, b16 = F16.quantize(a), F16.quantize(b)
+            write_rows(mem, chunk, scratch_addr, depth * 2, a16.view(np.uint8))
+            b_at = scratch_addr + rows * depth * 2
+            write_rows(mem, chunk, b_at, b_cols * 2, b16.view(np.uint8))
+            a = read_matrix(mem, chunk, scratch_addr, rows, depth, depth * 2, np.float16)
+            b = read_matrix(mem, chunk, b_at, b_rows, b_cols, b_cols * 2, np.float16)
+            a, b = a.astype(np.float32), b.astype(np.float32)
+        if params.get("b_transposed"):
+            b = b.transpose(0, 2, 1)
+        if mode == "fp8":
+            partial, depth_passes = _fp16_passes(a, b, p("amp_f8_depth"))
         else:
-            b = read_matrix(mem, chunk, b_addr, depth, cols, p["b_pitch"], pb.dtype)
-            b_values = pb.dequantize(b)
-        partial = np.matmul(pa.dequantize(a), b_values)
-        write_rows(mem, chunk, out_addr, p["out_pitch"], partial.astype(np.float32).view(np.uint8))
+            partial = np.matmul(a, b).astype(np.float32)
+            depth_passes = -(-depth // p("amp_f16_depth"))
+        write_rows(mem, chunk, out_addr, params["out_pitch"], partial.view(np.uint8))
+    col_groups = -(-cols // p("amp_out_columns"))
+    work = [Work("amp", {"passes": depth_passes * col_groups, "rows": rows}, weights=1)]
+    if cast:
+        work.append(Work("cast_from_f8", {"per_worker": split_over_workers(
+            rows * depth + b_rows * b_cols)}))
+    return work
 
 
-def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
-    return [
-        (0, p["rows"] * p["a_pitch"], False),
-        (1, (p["cols"] if p.get("b_transposed") else p["depth"]) * p["b_pitch"], False),
-        (2, p["rows"] * p["out_pitch"], True),
+def _regions(params: dict[str, Any]) -> list[Region]:
+    a = Precision.from_json(params["a"]).itemsize
+    b = Precision.from_json(params["b"]).itemsize
+    b_rows, b_cols = _b_shape(params)
+    out = Region(2, 0, params["rows"], params["cols"] * partial_itemsize(params["mode"]),
+                 params["out_pitch"], True)
+    regions = [
+        Region(0, 0, params["rows"], params["depth"] * a, params["a_pitch"], False),
+        Region(1, 0, b_rows, b_cols * b, params["b_pitch"], False),
+        out,
     ]
+    if scratch_bytes(params):
+        regions.append(Region(3, 0, 1, scratch_bytes(params), 0, True))
+    return regions
 
 
-def _regions(p: dict[str, Any]) -> list[Region]:
-    a = Precision.from_json(p["a"]).itemsize
-    b = Precision.from_json(p["b"]).itemsize
-    b_rows, b_cols = (p["cols"], p["depth"]) if p.get("b_transposed") else (p["depth"], p["cols"])
-    return [
-        Region(0, 0, p["rows"], p["depth"] * a, p["a_pitch"], False),
-        Region(1, 0, b_rows, b_cols * b, p["b_pitch"], False),
-        Region(2, 0, p["rows"], p["cols"] * 4, p["out_pitch"], True),
-    ]
+def _accesses(params: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    return [(r.operand, (r.rows - 1) * r.pitch + r.row_bytes if r.rows else 0, r.writes)
+            for r in _regions(params)]
 
 
 GEMM = register(
     KernelFamily(
         name="gemm",
-        source="kernels/gemm.py (AMP f16v4hihoamp / f8 quarter AMP worker)",
+        source="kernels/gemm.py (AMP f8v8hihov4amp FP16 partials / f16 AMP F32 partials)",
         code_bytes=1168,
         make_name=_name,
         cost=_cost,
@@ -144,13 +170,18 @@ def gemm_params(
     a_pitch: int,
     b_pitch: int,
     out_pitch: int,
-    split: str,
+    mode: str,
     b_transposed: bool = False,
 ) -> dict[str, Any]:
     """Parameters of one GEMM instance (valid extents and the pitches of the stored blocks).
 
     ``b_transposed``: B is stored as ``[cols, depth]`` (the keys of ``Q.K^T``).
+    ``mode``: ``fp8`` (FP8 operands, FP16 partials) or ``f16`` (F32 partials).
     """
+    if mode not in MODES:
+        raise ValueError(f"unknown GEMM mode {mode!r}")
+    if mode == "fp8" and not (a.is_fp8 and b.is_fp8):
+        raise ValueError("FP8 GEMM mode needs FP8 operands")
     return {
         "b_transposed": bool(b_transposed),
         "a": a.to_json(),
@@ -161,5 +192,5 @@ def gemm_params(
         "a_pitch": int(a_pitch),
         "b_pitch": int(b_pitch),
         "out_pitch": int(out_pitch),
-        "split": split,
+        "mode": mode,
     }

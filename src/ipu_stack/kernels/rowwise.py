@@ -7,7 +7,9 @@ Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
 chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
-Cost: worker cycles per element from ``target.VECTOR_COSTS`` (assumed, see there).
+Work and prices: the reference's measured layer norm and softmax kernels, assumed prices for
+the residual add and RoPE, the chain's passes, and a cast pass for an FP8 output
+(``target.timing``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import numpy as np
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
-from ipu_stack.kernels.elementwise import apply_chain, chain_cost_per_element
-from ipu_stack.target import Target
-from ipu_stack.target.machine import VECTOR_COSTS
+from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
+from ipu_stack.target import Target, timing
+from ipu_stack.target.timing import Work, split_over_workers
 
 
 def _name(p: dict[str, Any]) -> str:
@@ -28,25 +30,44 @@ def _name(p: dict[str, Any]) -> str:
     return f"row_{op}_r{p['rows']}_c{p['cols']}"
 
 
-def _per_element(p: dict[str, Any]) -> float:
-    base = VECTOR_COSTS["load_store"].value + VECTOR_COSTS["convert"].value
-    if p["op"] == "chain":
-        return base + chain_cost_per_element(p["chain"])
-    return base + VECTOR_COSTS[p["op"]].value
+def _out_cast(p: dict[str, Any]) -> bool:
+    """Row kernels compute in F16/F32 and store F16; an FP8 output costs a cast pass."""
+    return p["op"] != "chain" and Precision.from_json(p["out"]).is_fp8
 
 
 def _cost(p: dict[str, Any], target: Target) -> int:
-    elements = p["rows"] * p["cols"]
-    if elements == 0:
+    rows, cols, op = p["rows"], p["cols"], p["op"]
+    if rows * cols == 0:
         return 0
-    workers = target.workers
-    worker_rows = -(-p["rows"] // workers)
-    worker = (
-        int(target.worker_entry_cycles)
-        + int(np.ceil(worker_rows * p["cols"] * _per_element(p)))
-        + int(worker_rows * VECTOR_COSTS["row_overhead"].value)
-    )
-    return int(target.amp_supervisor_cycles) + workers * worker
+    if op == "layer_norm":
+        cycles = timing.estimate_layer_norm(rows, cols)
+    elif op == "softmax":
+        cycles = timing.estimate_softmax(rows, cols)
+    elif op == "add":
+        cycles = timing.estimate_binary(rows * cols)
+    elif op == "rope":
+        cycles = timing.estimate_binary(rows * cols, "rope_step")
+    else:
+        cycles = estimate_chain(p["chain"], rows, cols)
+    if _out_cast(p):
+        cycles += timing.estimate_cast(rows * cols, to_fp8=True)
+    return cycles
+
+
+def _work(p: dict[str, Any]) -> list[Work]:
+    rows, cols, op = p["rows"], p["cols"], p["op"]
+    per_worker = split_over_workers(rows * cols)
+    if op == "chain":
+        return chain_work(p["chain"], rows, cols)
+    if op == "layer_norm":
+        work = [Work("layer_norm", {"rows": rows, "width": cols})]
+    elif op == "softmax":
+        work = [Work("softmax", {"rows": rows, "keys": cols})]
+    else:
+        work = [Work(op, {"per_worker": per_worker})]
+    if _out_cast(p):
+        work.append(Work("cast_f8", {"per_worker": per_worker}))
+    return work
 
 
 def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarray:
@@ -66,7 +87,7 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) 
     return out.reshape(shape).astype(np.float32)
 
 
-def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> None:
+def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
     x_addr, aux0, aux1, out_addr = addresses
     rows, cols, op = p["rows"], p["cols"], p["op"]
     x = _matrix(mem, tiles, x_addr, rows, cols, p["x_pitch"], p["x"])
@@ -98,6 +119,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         raise ValueError(f"unknown row operation {op!r}")
     out = Precision.from_json(p["out"])
     write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
+    return _work(p)
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:

@@ -3,9 +3,10 @@
 A tensor on the machine is a list of :class:`Piece` s, each a block layout of a rectangle of
 the tensor in one buffer (attention heads give one piece per head).  A GEMM stage of G
 groups (``head_matmul``: one group per image and head) runs every group on its own tiles:
-1. one exchange phase gathers every group's ``A`` blocks (replicated over column groups, in
-   interleaved memory: an AMP operand) and, when ``B`` is an activation, its ``B`` blocks;
-2. compute set ``gemm``: one AMP call per tile into an F32 partial;
+1. one exchange phase gathers every group's ``A`` blocks (replicated over column groups) and,
+   when ``B`` is an activation, its ``B`` blocks (the AMP weights, in interleaved memory);
+2. compute set ``gemm``: one AMP call per tile into a partial (FP16 in FP8 mode, F32 in F16
+   mode, interleaved);
 3. with depth splits, exchange ``reduce``: each tile sends the rows the other depth tiles
    finish; 4. compute set ``reduce``: sum, then the fused chain, into the stage output.
 A row stage gathers its inputs into a row layout (whole rows spread over the tiles) unless
@@ -21,11 +22,11 @@ import numpy as np
 
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.layout import BlockLayout
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.precision import F16, F32, Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.epilogue import epilogue_params
-from ipu_stack.kernels.gemm import gemm_params
+from ipu_stack.kernels.gemm import gemm_params, scratch_bytes
 from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
 from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
@@ -190,13 +191,13 @@ class Lowering:
         name = f"stage{stage.index}"
 
         # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
-        # Only A, the operand the AMP streams with 128-bit loads, needs interleaved memory;
-        # B is loaded into the AMP engines with 64-bit loads from anywhere (target.py).
+        # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
+        # once per pass; A streams through the workers from standard memory.
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
         a_buf = self.program.add_buffer(
-            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
-            f"{self._name(stage.a)} as AMP left operand: {a_layouts[0].describe()}",
+            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
         )
         if transposed:
             b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
@@ -208,11 +209,11 @@ class Lowering:
         for group, a_layout in zip(groups, a_layouts, strict=True):
             self.gather(builder, stage.a, a_layout, a_buf, group.a_origin)
         if g.value(stage.b).role == "weight":
-            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.STANDARD)
+            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.INTERLEAVED)
         else:
             b_buf = self.program.add_buffer(
-                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.STANDARD,
-                f"{self._name(stage.b)} as AMP right operand: {b_layouts[0].describe()}",
+                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
+                f"{self._name(stage.b)} as AMP weights: {b_layouts[0].describe()}",
             )
             # a phase of its own: a tile's A and B blocks come from different replica
             # groups, and one group per phase lets the scheduler meet the bound exactly
@@ -222,11 +223,13 @@ class Lowering:
                 self.gather(builder, stage.b, b_layout, b_buf, group.b_origin)
         self.emit_exchange(builder)
 
-        # 2. GEMM into F32 partials.
-        partial_pitch = bn * 4
+        # 2. GEMM into partials (FP16 in FP8 mode, F32 in F16 mode), in interleaved memory
+        # where the AMP reads and writes them 128 bits at a time.
+        partial_prec = F16 if plan.mode == "fp8" else F32
+        partial_pitch = bn * partial_prec.itemsize
         p_buf = self.program.add_buffer(
-            f"{name}.partial", all_tiles, br * partial_pitch, MemoryClass.STANDARD,
-            f"F32 partial [{br}, {bn}] of {self._name(stage.out)}",
+            f"{name}.partial", all_tiles, br * partial_pitch, MemoryClass.INTERLEAVED,
+            f"{partial_prec} partial [{br}, {bn}] of {self._name(stage.out)}",
         )
         rows_valid = a_layouts[0].valid_rows()
         depth_valid = a_layouts[0].valid_cols()
@@ -237,14 +240,24 @@ class Lowering:
                 key = (int(rows_valid[r]), int(depth_valid[d]), int(cols_valid[c]))
                 calls.setdefault(key, []).append(int(tile))
         compute = ComputeSet(f"{name}.gemm")
+        instances = []
         for (rows, depth, cols), tiles in _group_calls(calls):
             if rows == 0:
                 continue
             params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layouts[0].pitch,
-                                 b_layouts[0].pitch, partial_pitch, plan.split, transposed)
+                                 b_layouts[0].pitch, partial_pitch, plan.mode, transposed)
+            instances.append((KernelInstance("gemm", params), tiles))
+        scratch = max((scratch_bytes(i.params) for i, _ in instances), default=0)
+        s_buf = -1
+        if scratch:  # F16 mode on FP8 data: the F16 copies of the operands
+            s_buf = self.program.add_buffer(
+                f"{name}.f16", all_tiles, scratch, MemoryClass.INTERLEAVED,
+                f"F16 copies of the FP8 operands of {self._name(stage.out)}",
+            )
+        for instance, tiles in instances:
             zero = np.zeros(len(tiles), dtype=np.int64)
-            compute.calls.append(Call(KernelInstance("gemm", params), tiles,
-                                      [(a_buf, zero), (b_buf, zero), (p_buf, zero)]))
+            compute.calls.append(Call(instance, tiles, [(a_buf, zero), (b_buf, zero),
+                                                        (p_buf, zero), (s_buf, zero)]))
         self.program.run.append(compute)
 
         # 3. Reduce-scatter of the partials over the depth tiles.
@@ -253,7 +266,7 @@ class Lowering:
             slot = sub * partial_pitch
             recv_buf = self.program.add_buffer(
                 f"{name}.received", all_tiles, (d_n - 1) * slot, MemoryClass.STANDARD,
-                f"{d_n - 1} received F32 partial slices [{sub}, {bn}]",
+                f"{d_n - 1} received {partial_prec} partial slices [{sub}, {bn}]",
             )
             d_src, d_dst = np.meshgrid(np.arange(d_n), np.arange(d_n), indexing="ij")
             mask = d_src != d_dst
@@ -273,7 +286,7 @@ class Lowering:
                     builder.add(
                         grid[r, :, d_src[keep]].T.reshape(-1), p_buf,
                         np.tile(d_dst[keep] * slot, count),
-                        np.tile(rows[keep] * partial_pitch // 4, count),
+                        np.tile(-(-rows[keep] * partial_pitch // 4), count),
                         grid[r, :, d_dst[keep]].T.reshape(-1, 1), recv_buf,
                         np.tile(slot_index[keep] * slot, count),
                     )
@@ -309,7 +322,7 @@ class Lowering:
             if rows == 0:
                 continue
             params = epilogue_params(d_n, rows, cols, partial_pitch, sub, chain, bias_prec,
-                                     out_prec, out_layouts[0].pitch)
+                                     out_prec, out_layouts[0].pitch, partial_prec)
             ones = np.ones(len(tiles), dtype=np.int64)
             compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
                 (p_buf, ones * d * sub * partial_pitch), (recv_buf, ones * 0),

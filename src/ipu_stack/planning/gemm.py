@@ -1,11 +1,14 @@
 """GEMM tilings: split rows (R), columns (C) and depth (D) of ``[M, K] x [K, N]`` over tiles.
 
 Tile ``(r, c, d)`` holds an A block ``[br, bk]`` (broadcast to the C column groups), a
-resident weight block ``[bk, bn]`` and computes an F32 partial ``[br, bn]``.  With D > 1 the
-partials are reduce-scattered: tile ``(r, c, d)`` finishes rows ``[d * br/D, (d+1) * br/D)``
-of its block.  The analytical cost adds, for the busiest tile, the A exchange (receive
-words), the GEMM kernel, the reduction exchange and the epilogue kernel, each phase with its
-exchange overhead and sync (``target``).
+resident weight block ``[bk, bn]`` and computes a partial ``[br, bn]``: FP16 in the native
+FP8 mode, F32 in the F16 mode (after an FP8 -> F16 cast when the operands are FP8).  With
+D > 1 the partials are reduce-scattered: tile ``(r, c, d)`` finishes rows
+``[d * br/D, (d+1) * br/D)`` of its block.  The analytical cost adds, for the busiest tile,
+the A exchange (receive words), the GEMM kernel, the reduction exchange and the epilogue
+kernel, each phase with the measured phase cost and each compute set with its sync
+(``target.timing``).  Both modes are searched when the operands are FP8; the planner keeps
+whichever is cheaper (``mode`` forces one).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ipu_stack.ir.layout import WORD, round_up
-from ipu_stack.kernels.epilogue import EPILOGUE
-from ipu_stack.kernels.gemm import best_split, gemm_cycles
+from ipu_stack.kernels.elementwise import estimate_chain
+from ipu_stack.kernels.gemm import partial_itemsize
 from ipu_stack.target import Target
+from ipu_stack.target.timing import estimate_exchange_phase, estimate_gemm, estimate_reduce, p
 from ipu_stack.util.errors import CompileError
 
 
@@ -47,7 +51,7 @@ class GemmPlan:
     row_block: int
     depth_block: int
     col_block: int
-    split: str
+    mode: str
     costs: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -73,44 +77,41 @@ class GemmPlan:
     def describe(self) -> str:
         return (
             f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
-            f"blocks {self.row_block}x{self.depth_block}x{self.col_block} split={self.split}"
+            f"blocks {self.row_block}x{self.depth_block}x{self.col_block} mode={self.mode}"
         )
 
 
-def _phase_overhead(target: Target) -> int:
-    return int(target.exchange_fixed_cycles) + int(target.sync_cycles)
+def cast_elements(shape: GemmShape, mode: str, br: int, bk: int, bn: int) -> int:
+    """Operand elements an F16-mode call casts from FP8 (0 in FP8 mode or on F16 data)."""
+    return br * bk + bk * bn if mode == "f16" and shape.fp8 else 0
 
 
-def cost_plan(shape: GemmShape, r: int, c: int, d: int, target: Target) -> GemmPlan | None:
-    """Build and cost the plan with R=r, C=c, D=d splits, or None if it is not valid."""
-    step = int(target.amp_f8_depth if shape.fp8 else target.amp_f16_depth)
+def cost_plan(
+    shape: GemmShape, r: int, c: int, d: int, target: Target, mode: str = "fp8"
+) -> GemmPlan | None:
+    """Build and cost the plan with R=r, C=c, D=d splits in ``mode``, or None if invalid."""
+    fp8_mode = mode == "fp8"
+    step = p("amp_f8_depth") if fp8_mode else p("amp_f16_depth")
     br = round_up(-(-shape.rows // r), d)
     bk = round_up(-(-shape.depth // d), step)
-    bn = round_up(-(-shape.cols // c), int(target.amp_out_columns))
+    bn = round_up(-(-shape.cols // c), p("amp_out_columns"))
     if (r - 1) * br >= shape.rows or (d - 1) * bk >= shape.depth or (c - 1) * bn >= shape.cols:
         return None
-    split = best_split(br, bk, bn, shape.fp8, target)
-    words = WORD
-    a_words = br * round_up(bk * shape.a_itemsize, words) // words
+    sync = p("sync")
+    a_words = br * round_up(bk * shape.a_itemsize, WORD) // WORD
     costs = {
-        "a_exchange": a_words + _phase_overhead(target),
-        "gemm": gemm_cycles(br, bk, bn, shape.fp8, split, target) + int(target.sync_cycles),
+        "a_exchange": estimate_exchange_phase(a_words),
+        "gemm": estimate_gemm(br, bk, bn, fp8_mode,
+                              cast_elements=cast_elements(shape, mode, br, bk, bn)) + sync,
     }
     sub = br // d
+    item = partial_itemsize(mode)
     if d > 1:
-        costs["reduce_exchange"] = (d - 1) * sub * bn + _phase_overhead(target)
+        costs["reduce_exchange"] = estimate_exchange_phase((d - 1) * sub * bn * item // WORD)
     chain = [list(step_) for step_ in shape.chain]
-    epilogue = EPILOGUE.cost(
-        {
-            "parts": d,
-            "rows": sub,
-            "cols": bn,
-            "chain": chain,
-        },
-        target,
-    )
-    costs["epilogue"] = epilogue + int(target.sync_cycles)
-    return GemmPlan(shape, r, c, d, br, bk, bn, split, costs)
+    costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
+                         + estimate_chain(chain, sub, bn) + sync)
+    return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
 
 
 def resident_bytes(plan: GemmPlan) -> int:
@@ -128,10 +129,12 @@ def transient_bytes(plan: GemmPlan) -> int:
     s = plan.shape
     a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
     b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
-    partial = plan.row_block * plan.col_block * 4
-    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * 4
+    item = partial_itemsize(plan.mode)
+    partial = plan.row_block * plan.col_block * item
+    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * item
+    scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
     out = plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
-    return a + b + partial + received + out
+    return a + b + partial + received + out + scratch
 
 
 def plan_tile_bytes(plan: GemmPlan) -> int:
@@ -149,13 +152,22 @@ def pareto(plans: list[GemmPlan]) -> list[GemmPlan]:
     return front
 
 
+def gemm_modes(shape: GemmShape, requested: str = "auto") -> tuple[str, ...]:
+    """The GEMM modes a stage may use: FP8 operands run natively (FP16 partials) or as F16
+    after a cast; F16 operands only as F16.  ``requested`` (auto, fp8, f16) narrows it."""
+    modes = ("fp8", "f16") if shape.fp8 else ("f16",)
+    if requested == "auto":
+        return modes
+    return tuple(m for m in modes if m == requested) or modes
+
+
 def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[GemmPlan]:
     """The ``keep`` fastest tilings (see :func:`gemm_search`)."""
     return gemm_search(shape, target, keep)[0]
 
 
 def gemm_search(
-    shape: GemmShape, target: Target, keep: int = 4
+    shape: GemmShape, target: Target, keep: int = 4, mode: str = "auto"
 ) -> tuple[list[GemmPlan], list[GemmPlan]]:
     """Enumerate tilings that use most of the machine: the ``keep`` fastest, and the Pareto
     front of cycles against resident bytes (what the memory fitter trades along).
@@ -166,34 +178,29 @@ def gemm_search(
     tiles.
     """
     tiles = target.tiles // shape.groups
-    step = int(target.amp_f8_depth if shape.fp8 else target.amp_f16_depth)
-    col_groups = -(-shape.cols // int(target.amp_out_columns))
-    max_depth = -(-shape.depth // step)
-    plans: dict[tuple[int, int, int], GemmPlan] = {}
+    col_groups = -(-shape.cols // p("amp_out_columns"))
+    plans: dict[tuple[int, int, int, str], GemmPlan] = {}
     budget = target.memory_end - target.memory_base - int(target.runtime_support_bytes)
     smallest = 1 << 62
-    for d in range(1, min(max_depth, tiles) + 1):
-        for r in range(1, min(shape.rows, tiles // d) + 1):
-            c = min(tiles // (r * d), col_groups)
-            if c < 1:
-                continue
-            plan = cost_plan(shape, r, c, d, target)
-            if plan is None:
-                continue
-            # shrink C to what the column block needs
-            c_needed = -(-shape.cols // plan.col_block)
-            if c_needed != c:
-                plan = cost_plan(shape, r, c_needed, d, target) or plan
-            if plan_tile_bytes(plan) > budget:
-                smallest = min(smallest, plan_tile_bytes(plan))
-                continue
-            key = (plan.row_block, plan.depth_block, plan.col_block)
-            best = plans.get(key)
-            if best is None or (plan.estimated_cycles, plan.tiles_used) < (
-                best.estimated_cycles,
-                best.tiles_used,
-            ):
-                plans[key] = plan
+    for gemm_mode in gemm_modes(shape, mode):
+        step = p("amp_f8_depth") if gemm_mode == "fp8" else p("amp_f16_depth")
+        max_depth = -(-shape.depth // step)
+        for d in range(1, min(max_depth, tiles) + 1):
+            for r in range(1, min(shape.rows, tiles // d) + 1):
+                c = min(tiles // (r * d), col_groups)
+                if c < 1:
+                    continue
+                plan = cost_plan(shape, r, c, d, target, gemm_mode)
+                if plan is None:
+                    continue
+                # shrink C to what the column block needs
+                c_needed = -(-shape.cols // plan.col_block)
+                if c_needed != c:
+                    plan = cost_plan(shape, r, c_needed, d, target, gemm_mode) or plan
+                if plan_tile_bytes(plan) > budget:
+                    smallest = min(smallest, plan_tile_bytes(plan))
+                    continue
+                _keep_best(plans, plan)
     if not plans:
         if smallest < 1 << 62:
             raise CompileError(
@@ -203,6 +210,18 @@ def gemm_search(
         return [], []
     ranked = sorted(
         plans.values(),
-        key=lambda p: (p.estimated_cycles, p.tiles_used, p.row_splits, p.depth_splits),
+        key=lambda plan: (plan.estimated_cycles, plan.tiles_used, plan.row_splits,
+                          plan.depth_splits, plan.mode),
     )
     return ranked[:keep], pareto(ranked)
+
+
+def _keep_best(plans: dict[tuple[int, int, int, str], GemmPlan], plan: GemmPlan) -> None:
+    """Keep the cheaper (then smaller) of two plans with the same blocks and mode."""
+    key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode)
+    best = plans.get(key)
+    if best is None or (plan.estimated_cycles, plan.tiles_used) < (
+        best.estimated_cycles,
+        best.tiles_used,
+    ):
+        plans[key] = plan

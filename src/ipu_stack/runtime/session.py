@@ -74,7 +74,6 @@ def run_package(
         event(LOG, "IPU device attached", path="sim://ipu0")
         event(LOG, "initializing IPU device")
         event(LOG, "IPU device initialized")
-        event(LOG, "replaying device configuration", register_writes=0)
         device.load(package)
         event(LOG, "application loaded and initial synchronization completed",
               tile_count=target.tiles)
@@ -85,7 +84,7 @@ def run_package(
         event(LOG, "configured host reference BLAS", threads=os.cpu_count() or 1,
               referencePrecision="device")
         t0 = time.perf_counter()
-        reference = evaluate(graph, tensors)
+        reference = evaluate(graph, tensors, package.manifest.get("gemm_modes"))
         event(LOG, "evaluated host reference", elapsed_ms=int((time.perf_counter() - t0) * 1000))
         marks = sum(len(p) for p in package.manifest["programs"].values())
         event(LOG, "starting host exchange session", startup_mark=marks)
@@ -181,10 +180,16 @@ def benchmark_fields(
         "diagnosticCheckpoints": len(result.checkpoints),
         "package": str(package_path),
         "estimatedCycles": int(manifest["estimate"]["cycles"]),
+        "estimateError": round(abs(int(manifest["estimate"]["cycles"]) - cycles)
+                               / max(cycles, 1), 4),
+        "hostCycles": run.host_cycles,
         "exchangeCycles": run.exchange_cycles,
         "computeCycles": run.compute_cycles,
         "syncCycles": run.sync_cycles,
         "hostBytes": run.host_bytes,
+        **{f"{kind}Cycles": cycles for kind, cycles in sorted(run.breakdown.items())
+           if kind not in ("exchange", "sync", "host", "compute")},
+        "gemmModes": ",".join(sorted({m["mode"] for m in manifest.get("gemm_modes", {}).values()})),
         "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
         "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
         "simulateSeconds": round(result.simulate_seconds, 2),

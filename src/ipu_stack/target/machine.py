@@ -2,6 +2,7 @@
 
 Each :class:`Fact` carries its value and its source, so ``ipu-stack inspect --target`` and the
 docs can print where every number comes from.  Values marked ``assumed`` have no primary source.
+What work costs (kernels, exchange phases, syncs, the host link) is in ``target.timing``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,6 @@ class Target:
 
 
 _LOG004 = "reference log 004"
-_POPLIBS_EST = "PopLibs PerformanceEstimation.hpp (convPartial1x1 / quarter estimators)"
 
 _IPU21_FACTS: dict[str, Fact] = {
     "tiles": Fact(1472, "reference logs (tile_count=1472); GC200/C600 datasheets"),
@@ -102,23 +102,10 @@ _IPU21_FACTS: dict[str, Fact] = {
         64, "peak 282.624 TFLOPS = 1472 x 1.5e9 x 128 (log 004); PopLibs maxMACsPerCyclePerTile"
     ),
     "amp_f8_macs_per_cycle": Fact(128, "C600: 560 TFLOPS FP8; PopLibs quarter vertex types"),
-    "amp_out_columns": Fact(16, "16 AMP conv units per tile (PopLibs convUnits)"),
-    "amp_f16_depth": Fact(16, "assumed: one AMP work item = 16 columns x 16 FP16 depth (4 elems x 4 cycles)"),
-    "amp_f8_depth": Fact(32, "assumed: one AMP work item = 16 columns x 32 FP8 depth (8 elems x 4 cycles)"),
-    "amp_cycles_per_row": Fact(4, f"{_POPLIBS_EST}: 4 cycles per inner step"),
-    "amp_supervisor_cycles": Fact(50, f"{_POPLIBS_EST}: supervisor ~50 cycles per call"),
-    "worker_entry_cycles": Fact(17, f"{_POPLIBS_EST}: worker entry ~17 cycles"),
-    "amp_item_cycles": Fact(27, f"{_POPLIBS_EST}: per work item 27-46 cycles (low end)"),
-    "vector_f32_per_cycle": Fact(2, "assumed: f32v2 ALU ops, one per worker cycle"),
-    "vector_f16_per_cycle": Fact(4, "assumed: f16v4 ALU ops, one per worker cycle"),
     "tile_bytes": Fact(638976, "624 KiB: 900 MB per chip / 1472"),
     "memory_base": Fact(0x4C000, "assumed (unverified third-party linker note)"),
     "memory_end": Fact(949168, "reference logs: tile addresses run to 949168"),
     "interleaved_base": Fact(0x80000, "reference logs (Ipu21Interleaved >= 524288); Poplar IPUModel docs"),
-    "amp_weights_any_memory": Fact(
-        1, "assumed: only the streamed AMP operand needs interleaved memory (ld128); the "
-        "weights are loaded into the AMP engines with 64-bit loads from either class"
-    ),
     "standard_alignment": Fact(8, "reference log 000 (alignment 8)"),
     "interleaved_alignment": Fact(32, "reference log 000 (alignment 32)"),
     "runtime_support_bytes": Fact(
@@ -127,18 +114,16 @@ _IPU21_FACTS: dict[str, Fact] = {
     "exchange_bytes_per_cycle": Fact(
         4, "PopLibs exchangeBytesPerCycle; reference endpoint_lower_bound in words"
     ),
-    "exchange_fixed_cycles": Fact(100, "PopLibs fixedOverheadExchangeCycles = 100"),
-    "sync_cycles": Fact(90, "PopLibs syncCycles = 90"),
     "tiles_per_shared_exchange_bus": Fact(
         2, "PopLibs getTilesPerSharedExchangeBus() == 2 and supportsSuperTileSendReceive: a "
         "tile pair sends 64 bits per cycle and both tiles of a pair take 64 bits per cycle "
         "of data both receive (used only with the paired-exchange option)"
     ),
-    "exchange_table_bytes_per_chunk": Fact(
-        8, "assumed: one exchange instruction (address + count) per chunk, 2 words"
+    "exchange_table_bytes_per_send": Fact(
+        8, "reference (decoded vendor exchange programs): a send (sendpicp) is a two-word "
+        "instruction; a receiver's mux switch is counted at the same size (assumed)"
     ),
     "host_link_bytes_per_second": Fact(32e9, "C600 datasheet: PCIe Gen4 x16, 32 GB/s"),
-    "host_bytes_per_cycle": Fact(16, "assumed: 32 GB/s at 1.5 GHz is 21 B/cycle; 16 after protocol"),
 }
 
 IPU21 = Target("ipu21", _IPU21_FACTS)
@@ -161,20 +146,3 @@ def get_target(name: str) -> Target:
     except KeyError:
         raise UsageError(f"unknown target {name!r}; known targets: {', '.join(_TARGETS)}") from None
 
-
-# Per-element worker-cycle costs of the vector (non-AMP) kernels.  None of these has a
-# published source; they are assumed from the instruction mix each kernel needs on f32v2 /
-# f16v4 ALUs (one instruction per worker cycle) and are kept here so every benchmark that
-# depends on them changes together.
-VECTOR_COSTS: dict[str, Fact] = {
-    "add_f32": Fact(0.5, "assumed: f32v2add, 2 elements per worker cycle"),
-    "load_store": Fact(0.5, "assumed: ld64/st64 pairs, 2 f32 elements per worker cycle"),
-    "convert": Fact(0.5, "assumed: f32v2tof16 / f32 -> FP8 conversion, 2 per worker cycle"),
-    "gelu_tanh": Fact(4.0, "assumed: 8 f32v2 instructions per pair (mul, mul, fma, tanh, ...)"),
-    "gelu_erf": Fact(6.0, "assumed: erf by polynomial, 12 f32v2 instructions per pair"),
-    "row_overhead": Fact(4.0, "assumed: pointer setup per row of a worker's slice"),
-    "layer_norm": Fact(3.0, "assumed: sum and sum of squares pass (1), normalise + affine (2)"),
-    "softmax": Fact(4.0, "assumed: max (0.5), exp (2.5), sum (0.5), scale (0.5)"),
-    "rope": Fact(2.0, "assumed: 2 f32v2 multiplies + 1 add per rotated pair"),
-    "add": Fact(1.0, "assumed: two loads, one f32v2 add, one store per pair"),
-}
