@@ -268,7 +268,7 @@ def test_corrupted_layer_norm_gamma_fails_numerical_test(tmp_path, lock_path, ca
 def test_depth_split_plans_pass(tmp_path, lock_path, cache_dir, capsys, monkeypatch, workload):
     """Force depth-split GEMM plans (reduce exchanges inside the head stages too): the
     result must still pass and match the float64 forward pass."""
-    from ipu_stack import pipeline
+    from ipu_stack.build import stages as pipeline
     from ipu_stack.runtime.session import load_package
 
     def split_first(found):

@@ -175,7 +175,7 @@ def test_phase_digest_is_a_fixed_content_hash():
 
 def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_dir, info_logs,
                                                               monkeypatch):
-    import ipu_stack.pipeline as pipeline
+    import ipu_stack.build.stages as pipeline
 
     original = pipeline.place_storage
     calls = []
