@@ -18,7 +18,8 @@ from ipu_stack.util.errors import DeviceFault, PackageError
 BASE, END = 0x4C000, 949168
 ROWS, DEPTH, COLS = 12, 32, 16
 PA, PB = f143(-2), f152(-12)  # products stay inside the FP16 partial range
-A_ADDR, B_ADDR, OUT_ADDR, MOVED_ADDR = BASE + 0x1000, BASE + 0x2000, BASE + 0x3000, BASE + 0x8000
+A_ADDR, B_ADDR, MOVED_ADDR = BASE + 0x1000, BASE + 0x2000, BASE + 0x8000
+OUT_ADDR = 0x80000 + 0x4000  # AMP partials: interleaved memory only
 OUT_WORDS = ROWS * COLS * 2 // 4  # FP16 partials of the native FP8 AMP
 
 
@@ -188,6 +189,18 @@ def test_kernel_access_outside_tile_memory(ipu: SimulatedIpu, operand: int, addr
         ipu, manifest, arrays,
         rf"run step 2 \(compute\) gemm_f8_interleaved_k32_c16_r2_r2 accesses address "
         rf"{address} outside tile memory \[{BASE}, {END}\)",
+    )
+
+
+def test_amp_partials_outside_interleaved_memory_are_refused(ipu: SimulatedIpu) -> None:
+    """poplibs' ConvPartial1x1Out takes its partials only in interleaved memory."""
+    manifest, arrays = gemm_package()
+    arrays["gemm/addresses"] = arrays["gemm/addresses"].copy()
+    arrays["gemm/addresses"][1, 2] = BASE + 0x3000
+    _expect_rejected(
+        ipu, manifest, arrays,
+        rf"run step 2 \(compute\) gemm_f8_interleaved_k32_c16_r2_r2: operand 2 at address "
+        rf"{BASE + 0x3000} must be in interleaved memory \(>= 524288\)",
     )
 
 

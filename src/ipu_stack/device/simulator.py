@@ -152,6 +152,13 @@ class SimulatedIpu:
                     if length <= 0:
                         continue
                     self._check_range(addresses[:, operand], length, f"{where} {kernel.name}")
+                for operand in kernel.impl.interleaved:
+                    low = addresses[:, operand] < self.target.interleaved_base
+                    if np.any(low):
+                        raise PackageError(
+                            f"{where} {kernel.name}: operand {operand} at address "
+                            f"{int(addresses[np.argmax(low), operand])} must be in interleaved "
+                            f"memory (>= {self.target.interleaved_base})")
         elif step["kind"] == "exchange":
             transfers, schedule = self._exchange(step)
             self._check_tiles(transfers.src, where)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.exchange.model import ExchangeError, Schedule, Transfers, table_bytes
 from ipu_stack.exchange.scheduler import schedule_exchange
 from ipu_stack.exchange.verify import verify_schedule
@@ -139,8 +140,10 @@ def schedule_command(instance_path: str, out_path: str, paired: bool = False) ->
     seconds = time.perf_counter() - began
     save_schedule(out_path, s)
     tables = table_bytes(s, t)
+    instruction, shifted = instruction_horizon(s, t)
     print(
         f"scheduled horizon={s.horizon} lower_bound={s.lower_bound} ratio={s.ratio:.4f} "
+        f"instruction_horizon={instruction} shifted_sends={shifted} "
         f"chunks={s.chunks} table_bytes_max={int(tables.max(initial=0))} "
         f"table_bytes_total={int(tables.sum())} kind={s.kind} seconds={seconds:.3f}"
     )

@@ -57,6 +57,8 @@ class KernelFamily:
     run: RunFn
     accesses: AccessFn  # per operand: (operand index, byte length, writes)
     regions: RegionFn  # the exact bytes read and written
+    # operands the hardware only accepts in interleaved memory (the device refuses others)
+    interleaved: tuple[int, ...] = ()
 
 
 FAMILIES: dict[str, KernelFamily] = {}

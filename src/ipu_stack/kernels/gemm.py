@@ -157,6 +157,8 @@ GEMM = register(
         run=_run,
         accesses=_accesses,
         regions=_regions,
+        # poplibs ConvPartial1x1Out: the partials (`out`) are always interleaved
+        interleaved=(2,),
     )
 )
 

@@ -25,6 +25,7 @@ from typing import Any
 from ipu_stack.target.machine import Fact
 
 _REF = "reference implementation, kernels measured on an ipu21 (2026-09-13)"
+_CODE = "reference implementation (osmarks/ipu-stack, September 2026 sources)"
 _VENDOR = "poplibs"
 
 PRICES: dict[str, Fact] = {
@@ -38,8 +39,9 @@ PRICES: dict[str, Fact] = {
         266, f"{_REF}: IPU21_AMP_KERNEL_COSTS, 1,063 per 4 passes with weights in standard "
         "memory (64-bit loads)"),
     "amp_out_columns": Fact(16, f"{_VENDOR} convUnits: 16 output columns per pass"),
-    "amp_f16_depth": Fact(16, f"{_REF}: a pass covers 16 F16 input channels"),
-    "amp_f8_depth": Fact(32, f"{_REF}: 'FP8 K extents are halved': a pass covers 32 FP8 channels"),
+    "amp_f16_depth": Fact(16, f"{_CODE}: a pass covers 16 F16 input channels (f16v4hihov4amp)"),
+    "amp_f8_depth": Fact(32, f"{_CODE}: 'FP8 K extents are halved': a pass covers 32 FP8 "
+                             "channels (f8v8hihov4amp, GEMM_INNER_MICRO_DIMENSION 32)"),
     # Reduce of depth partials: 282 + 6 ceil(n/48) (11 + 2 (P - 1)).
     "reduce_call": Fact(282, f"{_REF}: reduce F16 partials, (576,15) 3,090; (2208,28) 18,222"),
     "reduce_vector": Fact(8, f"{_REF}: 48 outputs per 6-worker step = 8 F16 per worker"),
@@ -55,9 +57,12 @@ PRICES: dict[str, Fact] = {
                                "(3,2152) 25,206 = rows (450 + 90 ceil(w/24) - 222) + 222"),
     "bias_gelu_step": Fact(90, f"{_REF}: 90 cycles per 24 columns (4 per worker)"),
     "bias_gelu_call": Fact(222, f"{_REF}: bias + GELU call overhead"),
-    "cast_call": Fact(330, f"{_REF}: cast F16 -> FP8, 8,320 elements 2,706"),
+    "cast_call": Fact(330, f"{_REF}: cast F16 -> FP8 linear loop, 330 + 24 ceil(n/48): "
+                           "8,320 elements 4,506 against 4,638 measured (the 2,706 pipelined "
+                           "loop needs operands in separate 32 KiB groups: not assumed)"),
     "cast_f8_step": Fact(24, f"{_REF}: cast F16 -> FP8 24 cycles per 48 elements"),
-    "cast_f16_step": Fact(48, f"{_REF}: cast F32 -> F16 48 cycles per 12 elements"),
+    "cast_f16_step": Fact(48, f"{_CODE}: stream_cycles model, cast F32 -> F16 48 cycles per "
+                              "12 elements (no measured point)"),
     "cast_from_f8_step": Fact(
         24, "assumed: FP8 -> F16 costs what the measured F16 -> FP8 cast costs (same "
         "f8v4 conversion pipe); used only by F16-mode GEMMs on FP8 data"),
@@ -69,12 +74,15 @@ PRICES: dict[str, Fact] = {
     "launch": Fact(11, f"{_VENDOR} basicOpSupervisorOverhead(false): vertex launch"),
     # Exchange, sync and host link.
     "exchange_phase": Fact(
-        237, f"{_REF} profile notes: three attention phases measured at scheduled horizon "
-        "+ 237 (33,542/36,987/37,377 -> 33,780/37,224/37,614); covers the sync, the "
-        "receive-mux latency (52 + 2 x physical row) and the pipeline drain"),
-    "send_words": Fact(64, f"{_REF} PLAN_WORDS: one send moves at most 64 words"),
+        237, "shared/CALIBRATION.md, from the reference's profile notes: three attention "
+        "phases measured at scheduled horizon + 237 (33,542/36,987/37,377 -> "
+        "33,780/37,224/37,614); covers the receive-mux latency (52 + 2 x physical row) and "
+        "the pipeline drain. Unverified: our search did not find the note's text in the code "
+        "index (the reference itself charges + 600 per phase)"),
+    "send_words": Fact(64, f"{_CODE}: the send instruction's 6-bit word count; longer "
+                           "messages continue with sendoff"),
     "send_alignment_events": Fact(
-        2, f"{_REF}: sendpicp is a two-word instruction that starts 8-byte aligned; a send "
+        2, f"{_CODE}: sendpicp is a two-word instruction that starts 8-byte aligned; a send "
         "on an odd event is shifted one event later"),
     "sync": Fact(90, f"{_VENDOR} syncCycles = 90: the sync ending a compute superstep"),
     "host_bytes_per_second": Fact(32e9, "C600 datasheet: PCIe Gen4 x16, 32 GB/s"),
@@ -91,7 +99,9 @@ PRICES.update({
         "kernel's constants are used"),
     "softmax_panel": Fact(43, f"{_REF}: 43 cycles per 48-key panel per row segment"),
     "softmax_segment": Fact(128, f"{_REF}: 128 cycles per row segment"),
-    "softmax_wave": Fact(126, f"{_REF}: 126 cycles per six-row wave"),
+    "softmax_wave": Fact(126, f"{_REF}: 126 cycles per six-row wave (rows over 128 keys "
+                              "use this split kernel; the whole-row kernel for fewer keys is "
+                              "the reference's model, _softmax_whole)"),
     "binary_step": Fact(
         48, "assumed: a residual add (two F16 inputs, one F16 output) streams like the "
         "reference's F32 -> F16 stream, 330 + 48 ceil(n/12); siglip-mlp has none"),
