@@ -4,7 +4,7 @@
 lower_mid (finalists) -> select_finalist (lower and physically schedule each finalist's
 exchanges, keep the cheapest) -> plan_kernels -> compile_kernels -> size_tile_code ->
 place_storage -> write_memory_reports -> emit_tile_code -> write_package.  Each stage is a
-function of the :class:`~ipu_stack.build.state.Build` record (``ipu_stack.build.stages``);
+function of the :class:`~ipu_stack.phases.state.Build` record (``ipu_stack.phases.stages``);
 only this module chains them.
 """
 
@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.build import stages as build_stages
-from ipu_stack.build.costing import (
+from ipu_stack.exchange import ScheduleMemo, ScheduleStore
+from ipu_stack.phases import stages as phases
+from ipu_stack.phases.costing import (
     refined_estimate,
     schedule_program,
     stage_shape,
     to_transfers,
 )
-from ipu_stack.build.state import Build, CompileOptions, CompileResult
-from ipu_stack.exchange import ScheduleMemo, ScheduleStore
+from ipu_stack.phases.state import Build, CompileOptions, CompileResult
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.log import event, phase
@@ -39,16 +39,16 @@ __all__ = ["STAGES", "CompileOptions", "CompileResult", "compile_workload", "ref
 LOG = logging.getLogger("ipu_stack.package.build")
 
 STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
-    ("construct_mid", build_stages.construct_mid),
-    ("lower_mid", build_stages.lower_mid),
-    ("select_finalist", build_stages.select_finalist),
-    ("plan_kernels", build_stages.plan_kernels),
-    ("compile_kernels", build_stages.compile_kernels_stage),
-    ("size_tile_code", build_stages.size_tile_code),
-    ("place_storage", build_stages.place_storage_stage),
-    ("write_memory_reports", build_stages.write_memory_reports),
-    ("emit_tile_code", build_stages.emit_tile_code),
-    ("write_package", build_stages.write_package_stage),
+    ("construct_mid", phases.construct_mid),
+    ("lower_mid", phases.lower_mid),
+    ("select_finalist", phases.select_finalist),
+    ("plan_kernels", phases.plan_kernels),
+    ("compile_kernels", phases.compile_kernels_stage),
+    ("size_tile_code", phases.size_tile_code),
+    ("place_storage", phases.place_storage_stage),
+    ("write_memory_reports", phases.write_memory_reports),
+    ("emit_tile_code", phases.emit_tile_code),
+    ("write_package", phases.write_package_stage),
 )
 
 MIN_PROPORTION = 0.45

@@ -175,9 +175,9 @@ def test_phase_digest_is_a_fixed_content_hash():
 
 def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_dir, info_logs,
                                                               monkeypatch):
-    import ipu_stack.build.stages as pipeline
+    import ipu_stack.phases.stages as stages_module
 
-    original = pipeline.place_storage
+    original = stages_module.place_storage
     calls = []
 
     def fail_once(*args, **kwargs):
@@ -186,14 +186,14 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
             raise PlacementError("test: pretend the first placement does not fit")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "place_storage", fail_once)
+    monkeypatch.setattr(stages_module, "place_storage", fail_once)
     retried = _compile(tmp_path, cache_dir, ATTENTION, "retried")
     first, second = _fields(info_logs, "select_finalist")
     assert int(first["scheduled_phases"]) > 0
     # the retry plans the same finalists at 0.8 (they fit): nothing is scheduled twice
     assert second["scheduled_phases"] == "0"
     assert second["reused_phases"] == second["exchange_phases"]
-    monkeypatch.setattr(pipeline, "place_storage", original)
+    monkeypatch.setattr(stages_module, "place_storage", original)
     direct = _compile(tmp_path, cache_dir, ATTENTION, "direct", memory_proportion=0.8,
                       reuse_schedules=False)
     assert retried == direct

@@ -226,8 +226,9 @@ class SimulatedIpu:
                 report.host_bytes += self._host_write(step, tensors)
             elif kind == "host_read":
                 piece = self._host_read(step)
-                report.host_bytes += int(piece.size) * _layout(step, self._array(
-                    step["tiles"])).precision.itemsize
+                if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
+                    report.host_bytes += int(piece.size) * _layout(step, self._array(
+                        step["tiles"])).precision.itemsize
                 self._collect(report, step, piece)
             elif kind == "compute":
                 busy, by_kind = self._compute(step)

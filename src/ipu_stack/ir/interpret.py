@@ -100,6 +100,34 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     raise ValueError(f"reference has no rule for {op.kind}")
 
 
+def host_values(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
+    """Inputs and weights as the device holds them (float32, matrices as ``[rows, cols]``)."""
+    values: dict[int, np.ndarray] = {}
+    for value in graph.values:
+        if value.role in ("input", "weight"):
+            data = value.type.precision.round_trip(np.asarray(tensors[value.name]))
+            values[value.id] = data.reshape(value.type.rows, -1) \
+                if len(value.type.shape) > 1 else data
+    return values
+
+
+def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np.ndarray],
+                        gemm_modes: dict[str, dict] | None = None) -> dict[int, np.ndarray]:
+    """Run ``operations`` (ids, in order) at device precision from the ``known`` values (by
+    value id, float32 ``[rows, cols]``) and return every value they produce.  The verdict
+    uses it to judge one stage of a run on the device's own inputs to that stage."""
+    modes = gemm_modes or {}
+    values = dict(known)
+    produced: dict[int, np.ndarray] = {}
+    for op_id in operations:
+        op = graph.operations[op_id]
+        out = graph.value(op.outputs[0])
+        result = _apply(op, [values[i] for i in op.inputs], np.float32, modes.get(str(op.id)))
+        stored = out.type.precision.round_trip(result.reshape(out.type.rows, -1))
+        values[out.id] = produced[out.id] = stored
+    return produced
+
+
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
          gemm_modes: dict[str, dict] | None = None) -> dict[str, np.ndarray]:

@@ -419,7 +419,9 @@ class Lowering:
                                                  (piece.row0, piece.col0)))
 
     def checkpoint(self, stage: Stage, index: int) -> None:
-        """Diagnostic read of a stage's result (``--diagnostics``)."""
+        """Probe read of a stage's result, right after the stage: the simulator hands it to
+        the verdict, which judges every stage on the device's own inputs (not device
+        traffic: the device does not count it as host bytes)."""
         value = self.graph.value(stage.out)
         if value.role == "output":
             return
@@ -433,11 +435,11 @@ def lower(
     graph: Graph,
     plans: list[tuple[Stage, GemmPlan | None]],
     target: Target,
-    diagnostics: bool = False,
     paired: bool = False,
 ) -> Program:
     """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
-    grids out for the paired-tiles exchange option)."""
+    grids out for the paired-tiles exchange option), with a probe read of every stage result
+    that is not a graph output."""
     lowering = Lowering(graph, target, paired)
     lowering.land_inputs()
     checkpoints = 0
@@ -447,7 +449,7 @@ def lower(
             lowering.gemm_stage(stage, plan)
         else:
             lowering.row_stage(stage)
-        if diagnostics and graph.value(stage.out).role != "output":
+        if graph.value(stage.out).role != "output":
             lowering.checkpoint(stage, checkpoints)
             checkpoints += 1
     lowering.read_outputs()

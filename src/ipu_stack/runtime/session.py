@@ -20,10 +20,10 @@ from ipu_stack import __version__
 from ipu_stack.device import DEFAULT_LOCK, HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.precision import Precision
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.reference import evaluate
 from ipu_stack.runtime.tolerance import Comparison, compare
+from ipu_stack.runtime.verdict import Verdict, judge, log_verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.log import event
 
@@ -32,7 +32,7 @@ LOG = logging.getLogger("ipu_stack.runtime")
 
 @dataclass
 class RunResult:
-    """Everything a run produced: outputs, cycle reports, the comparison."""
+    """Everything a run produced: outputs, cycle reports, the comparison, the verdict."""
 
     package: Package
     outputs: dict[str, np.ndarray]
@@ -41,13 +41,14 @@ class RunResult:
     initialize: CallReport
     run: CallReport
     simulate_seconds: float
-    checkpoints: dict[int, Comparison] = field(default_factory=dict)
+    verdict: Verdict = field(default_factory=Verdict)
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.comparisons.values()) and all(
-            c.passed for c in self.checkpoints.values()
-        )
+        """PASS only when every stage agrees with the host's rerun of it on the device's own
+        inputs and the outputs are as close to the float64 model as the precision allows
+        (``runtime/verdict.py``)."""
+        return self.verdict.passed
 
 
 def load_package(path: Path, target_name: str = "ipu21") -> Package:
@@ -101,38 +102,31 @@ def run_package(
         outputs[value.name] = out
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
-    result = RunResult(package, outputs, reference, comparisons, init_report, run_report,
-                       simulate)
-    precisions = {v.name: v.type.precision for v in graph.values}
-    result.checkpoints = check_checkpoints(run_report, reference, precisions)
-    return result
+    device_values = {entry["tensor"]: entry["values"] for entry in run_report.checkpoints.values()}
+    device_values.update(run_report.outputs)
+    verdict = judge(graph, tensors, device_values, reference,
+                    package.manifest.get("gemm_modes"))
+    log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")))
+    event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
+          failedParts=",".join(verdict.failed_parts) or "-", elapsed_ms=int(verdict.seconds * 1000))
+    return RunResult(package, outputs, reference, comparisons, init_report, run_report,
+                     simulate, verdict)
 
 
-SAMPLE_LIMIT = 256
-
-
-def check_checkpoints(
-    report: CallReport, reference: dict[str, np.ndarray], precisions: dict[str, Precision]
-) -> dict[int, Comparison]:
-    """Compare up to 256 evenly spaced samples of each checkpointed value with the reference."""
-    results: dict[int, Comparison] = {}
-    for index in sorted(report.checkpoints):
-        entry = report.checkpoints[index]
-        device = entry["values"].ravel()
-        expected = np.asarray(reference[entry["tensor"]], dtype=np.float32).ravel()
-        picks = np.unique(np.linspace(0, device.size - 1, SAMPLE_LIMIT).astype(np.int64))
-        scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-        result = compare(device[picks], expected[picks], scale=scale,
-                         precision=precisions.get(entry["tensor"]))
-        results[index] = result
-        event(LOG, "diagnostic checkpoint", checkpoint=index, operation=entry["operation"],
-              tensors=1, samples=len(picks), maximumAbsoluteError=round(result.max_abs_error, 6),
-              tensor=entry["tensor"], passed=result.passed)
-    if results:
-        event(LOG, "diagnostic checkpoints checked", diagnosticCheckpoints=len(results),
-              sampleLimit=SAMPLE_LIMIT,
-              numericalTest="PASS" if all(r.passed for r in results.values()) else "FAIL")
-    return results
+def verdict_fields(verdict: Verdict) -> dict[str, Any]:
+    """The verdict's part of the record: which part failed and where."""
+    worst = verdict.worst
+    fidelity = verdict.fidelity
+    return {
+        "failedParts": ",".join(verdict.failed_parts) or "none",
+        "stageAgreement": None if worst is None else worst.max_ulps,
+        "stageMismatch": None if worst is None else round(worst.mismatch, 6),
+        "worstStage": None if worst is None else worst.stage,
+        "firstFailingStage": getattr(verdict.first_failure, "stage", None),
+        "noiseRatio": None if fidelity is None else round(fidelity.noise_ratio, 4),
+        "tailRatio": None if fidelity is None else round(fidelity.tail_ratio, 4),
+        "verdictSeconds": round(verdict.seconds, 2),
+    }
 
 
 def gemm_flops(graph: Graph) -> int:
@@ -177,7 +171,9 @@ def benchmark_fields(
         "peakTflops": round(peak, 3),
         "efficiencyPercent": round(100 * tflops / peak, 2),
         "maximumAbsoluteError": round(max_error, 6),
-        "diagnosticCheckpoints": len(result.checkpoints),
+        "diagnosticCheckpoints": len(result.verdict.stages)
+        if manifest.get("options", {}).get("diagnostics") else 0,
+        **verdict_fields(result.verdict),
         "package": str(package_path),
         "estimatedCycles": int(manifest["estimate"]["cycles"]),
         "estimateError": round(abs(int(manifest["estimate"]["cycles"]) - cycles)

@@ -1,0 +1,1 @@
+"""The compile stages and what they hand on; ``ipu_stack.pipeline`` runs them in order."""

@@ -1,0 +1,179 @@
+"""How the compiler costs a lowered program, and the small records its stages log.
+
+The planner's own estimate (``refined_estimate``): analytical compute from the stage plans
+plus every exchange phase at its scheduled, instruction-level horizon and the measured phase
+cost (``target.timing``).  The simulator never calls any of this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.exchange import Schedule, ScheduleMemo, Transfers, schedule_exchange
+from ipu_stack.exchange.instructions import instruction_horizon
+from ipu_stack.ir.graph import Graph
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.lowering.program import Exchange, Program
+from ipu_stack.memory.placement import Placement
+from ipu_stack.planning.gemm import GemmPlan, GemmShape
+from ipu_stack.planning.stages import GemmStage
+from ipu_stack.target import Target, timing
+from ipu_stack.util.log import Progress
+
+
+def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
+    """The per-group GEMM a stage computes (``head_matmul``: one image and head)."""
+    a = graph.value(stage.a).type
+    b = graph.value(stage.b).type
+    groups = 1
+    rows, depth, cols = a.rows, a.cols, b.cols
+    if stage.kind == "head_matmul":
+        heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
+        groups = (b.rows // tokens) * heads
+        head_dim = b.cols // heads
+        if stage.attrs["mode"] == "qk":
+            rows, depth, cols = tokens, head_dim, tokens
+        else:
+            rows, depth, cols = tokens, tokens, head_dim
+    return GemmShape(
+        op=stage.index,
+        rows=rows,
+        depth=depth,
+        cols=cols,
+        a_itemsize=a.precision.itemsize,
+        fp8=a.precision.is_fp8 and b.precision.is_fp8,
+        chain=stage.chain,
+        has_bias=stage.bias is not None,
+        groups=groups,
+        b_resident=graph.value(stage.b).role == "weight",
+        out_itemsize=graph.value(stage.out).type.precision.itemsize,
+    )
+
+
+def schedule_program(
+    program: Program, target: Target, memo: ScheduleMemo | None = None, paired: bool = False
+) -> dict[int, Schedule]:
+    """Schedule every exchange phase; keys are global step indices.
+
+    With ``memo``, a phase identical to one scheduled before (in this program, another
+    finalist's or an earlier placement attempt's) reuses that schedule.
+    """
+    schedules: dict[int, Schedule] = {}
+    phase_index = 0
+    exchanges = [(index, step) for _, index, step in program.steps()
+                 if isinstance(step, Exchange)]
+    progress = Progress("scheduling exchange phases", len(exchanges))
+    for index, step in exchanges:
+        transfers = to_transfers(step, target)
+        if memo is None:
+            schedules[index] = schedule_exchange(transfers, phase=phase_index, paired=paired)
+        else:
+            schedules[index] = memo.schedule(transfers, phase=phase_index, paired=paired)
+        phase_index += 1
+        progress.step(step.name)
+    progress.close()
+    return schedules
+
+
+def to_transfers(step: Exchange, target: Target) -> Transfers:
+    return Transfers(target.tiles, step.src_tile, step.dst_offsets, step.dst_tile, step.words)
+
+
+def row_stage_cycles(program: Program, target: Target) -> int:
+    """The analytical cost of row and copy compute sets: the busiest call plus a sync."""
+    total = 0
+    for step in program.compute_sets():
+        families = {call.instance.family for call in step.calls}
+        if families & {"row", "copy"}:
+            total += max(call.instance.cost(target) for call in step.calls)
+            total += timing.p("sync")
+    return total
+
+
+def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],
+                              target: Target) -> int:
+    """Every phase at its instruction-level horizon + the measured phase cost + a sync."""
+    by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
+    total = 0
+    for index, schedule in schedules.items():
+        horizon, _ = instruction_horizon(schedule, to_transfers(by_index[index], target))
+        total += timing.estimate_exchange_phase(horizon) + timing.p("sync")
+    return total
+
+
+def refined_estimate(
+    plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule], target: Target
+) -> dict[str, int]:
+    """The compiler's cost: analytical compute plus the scheduled exchange horizons."""
+    gemms = [p for p in plans if p is not None]
+    compute = sum(p.estimated_cycles - p.exchange_cycles for p in gemms)
+    compute += row_stage_cycles(program, target)
+    analytical_exchange = sum(p.exchange_cycles for p in gemms)
+    scheduled = scheduled_exchange_cycles(program, schedules, target)
+    return {
+        "analytical_cycles": compute + analytical_exchange,
+        "analytical_exchange_cycles": analytical_exchange,
+        "scheduled_exchange_cycles": scheduled,
+        "cycles": compute + scheduled,
+        "compute_cycles": compute,
+    }
+
+
+def finalist_choices(
+    candidates: list[list[GemmPlan | None]], count: int
+) -> list[list[GemmPlan | None]]:
+    depth = max(len(c) for c in candidates)
+    out = []
+    for rank in range(min(count, depth)):
+        out.append([c[min(rank, len(c) - 1)] for c in candidates])
+    return out
+
+
+def gemm_modes(stages: list, plans: list[GemmPlan | None]) -> dict[str, dict[str, Any]]:
+    """Per matmul operation (by id): the GEMM mode its stage runs in and its depth block,
+    which the host reference needs to round where the device rounds."""
+    modes: dict[str, dict[str, Any]] = {}
+    for stage, plan in zip(stages, plans, strict=True):
+        if isinstance(stage, GemmStage) and plan is not None:
+            modes[str(stage.operations[0])] = {"mode": plan.mode,
+                                               "depth_block": plan.depth_block}
+    return modes
+
+
+def kernel_instances(program: Program) -> list[KernelInstance]:
+    """Every distinct kernel instance the program calls, in name order (deterministic)."""
+    return sorted({c.instance for cs in program.compute_sets() for c in cs.calls},
+                  key=lambda k: k.name)
+
+
+def reuse_fields(
+    phases: int, before: dict[str, int], memo: ScheduleMemo | None
+) -> dict[str, int]:
+    """This attempt's exchange phases by origin, for the ``select_finalist`` log line."""
+    if memo is None:
+        return {"exchange_phases": phases, "scheduled_phases": phases, "reused_phases": 0}
+    delta = {k: v - before[k] for k, v in memo.counts().items()}
+    fields = {"exchange_phases": phases, "scheduled_phases": delta["scheduled"],
+              "reused_phases": delta["reused"]}
+    if memo.store is not None:
+        fields["cached_phases"] = delta["loaded"]
+        fields["rejected_cache_entries"] = delta["rejected"]
+    return fields
+
+
+def memory_summary(
+    placement: Placement, support: dict, target: Target, waste: dict[str, float]
+) -> dict[str, Any]:
+    peak = placement.peak_bytes
+    busiest = int(np.argmax(peak))
+    return {
+        "fragmentation": waste,
+        "memory_base": target.memory_base,
+        "memory_end": target.memory_end,
+        "support_bytes_max": int(support["total"].max()),
+        "peak_tile": busiest,
+        "peak_bytes": int(peak[busiest]),
+        "peak_step": int(placement.peak_step[busiest]),
+    }

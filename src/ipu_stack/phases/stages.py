@@ -1,0 +1,230 @@
+"""The compile stages, one function each, named as the reference logs its phases.
+
+A stage takes the :class:`~ipu_stack.phases.state.Build` record, reads what earlier stages
+left there, sets its own artifact and returns the extra fields for its ``package build phase
+finished`` line.  Only ``ipu_stack.pipeline`` orders and runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack import __version__
+from ipu_stack.codegen.emit import emit_program
+from ipu_stack.exchange import table_bytes
+from ipu_stack.kernels.cache import compile_kernels
+from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.program import Exchange
+from ipu_stack.memory.placement import Placement, fragmentation, place_storage
+from ipu_stack.memory.report import write_memory_profile, write_placement_html
+from ipu_stack.memory.support import support_bytes
+from ipu_stack.package import write_package
+from ipu_stack.phases.costing import (
+    finalist_choices,
+    gemm_modes,
+    kernel_instances,
+    memory_summary,
+    refined_estimate,
+    reuse_fields,
+    schedule_program,
+    stage_shape,
+    to_transfers,
+)
+from ipu_stack.phases.state import Build
+from ipu_stack.planning.fit import MemoryBudget, fit_plans, need
+from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.target import timing
+from ipu_stack.util.errors import CompileError, PlacementError
+from ipu_stack.util.log import event, phase
+
+LOG = logging.getLogger("ipu_stack.package.build")
+Fields = dict[str, Any]
+
+
+def construct_mid(build: Build) -> Fields:
+    """Build the graph, group it into stages and enumerate each GEMM stage's tilings."""
+    graph, tensors = build.workload.build(build.params)
+    build.graph, build.tensors = graph, tensors
+    build.stages = find_stages(graph)
+    searched: dict[str, tuple[list[GemmPlan], list[GemmPlan]]] = {}
+    for stage in build.stages:
+        if not isinstance(stage, GemmStage):
+            build.candidates.append([None])
+            build.fronts.append([])
+            continue
+        shape = stage_shape(graph, stage)
+        key = repr(dataclasses.replace(shape, op=0))  # repeated layers search once
+        if key not in searched:
+            with phase(LOG, "gemm_candidates", stage=stage.index):
+                searched[key] = gemm_search(shape, build.target, keep=build.options.finalists,
+                                            mode=build.options.gemm_mode)
+        found, front = searched[key]
+        if not found:
+            raise CompileError(f"no GEMM tiling of stage {stage.index} fits {build.target.name}")
+        build.candidates.append([dataclasses.replace(p, shape=shape) for p in found])
+        build.fronts.append([dataclasses.replace(p, shape=shape) for p in front])
+    return {"stages": len(build.stages)}
+
+
+def lower_mid(build: Build) -> Fields:
+    """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
+    assert build.graph is not None
+    budget = MemoryBudget.for_target(build.target, build.options.memory_proportion)
+    for plans in finalist_choices(build.candidates, build.options.finalists):
+        fitted, moves = fit_plans(plans, build.fronts, budget)
+        if moves:
+            event(LOG, "traded cycles for memory", moves=moves, budget_bytes=budget.bytes,
+                  estimated_bytes=need(fitted))
+        if fitted not in build.finalists:
+            build.finalists.append(fitted)
+    for index, plans in enumerate(build.finalists):
+        event(
+            LOG, "retained operator-plan finalist", finalist=index,
+            values=len(build.graph.values), operations=len(build.graph.operations),
+            estimated_cycles=sum(p.estimated_cycles for p in plans if p),
+            estimated_exchange_cycles=sum(p.exchange_cycles for p in plans if p),
+            resident_bytes=sum(resident_bytes(p) for p in plans if p),
+            peak_transient_bytes=max((transient_bytes(p) for p in plans if p), default=0),
+            peak_total_bytes=need(plans),
+            active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans if p) + "}",
+            plans="[" + "; ".join(p.describe() for p in plans if p) + "]",
+        )
+    return {"finalists": len(build.finalists)}
+
+
+def select_finalist(build: Build) -> Fields:
+    """Lower every finalist, schedule its exchanges physically, keep the cheapest."""
+    assert build.graph is not None
+    options, memo = build.options, build.memo
+    best = None
+    before = memo.counts() if memo is not None else {}
+    phases = 0
+    for index, plans in enumerate(build.finalists):
+        program = lower(build.graph, list(zip(build.stages, plans, strict=True)), build.target,
+                        paired=options.paired_exchange)
+        schedules = schedule_program(program, build.target, memo, options.paired_exchange)
+        phases += len(schedules)
+        estimate = refined_estimate(plans, program, schedules, build.target)
+        event(
+            LOG, "scheduled operator-plan finalist", finalist=index, mapped=False,
+            analytical_cycles=estimate["analytical_cycles"],
+            analytical_exchange_cycles=estimate["analytical_exchange_cycles"],
+            scheduled_exchange_cycles=estimate["scheduled_exchange_cycles"],
+            refined_cycles=estimate["cycles"],
+        )
+        if best is None or estimate["cycles"] < best[3]["cycles"]:
+            best = (index, plans, program, estimate, schedules)
+    assert best is not None
+    selected, build.plans, build.program, build.estimate, build.schedules = best
+    event(LOG, "selected physically scheduled operator-plan finalist", selected=selected,
+          mapped=False)
+    return reuse_fields(phases, before, memo)
+
+
+def plan_kernels(build: Build) -> Fields:
+    """Every distinct kernel instance the chosen program calls."""
+    assert build.program is not None
+    event(LOG, "lowered graph for package construction",
+          logical_shards=sum(len(b.tiles) for b in build.program.buffers),
+          exchange_phases=len(build.program.exchanges()))
+    build.instances = kernel_instances(build.program)
+    return {"instances": len(build.instances)}
+
+
+def compile_kernels_stage(build: Build) -> Fields:
+    """Put every instance in the content-addressed kernel cache (verified on read)."""
+    cache = Path(build.options.cache_dir) if build.options.cache_dir else None
+    return compile_kernels(build.instances, build.target, cache)
+
+
+def size_tile_code(build: Build) -> Fields:
+    """Support memory per tile: runtime, host code, kernel code and exchange tables."""
+    target, program = build.target, build.program
+    assert program is not None
+    tables = np.zeros(target.tiles, dtype=np.int64)
+    by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
+    for index, schedule in build.schedules.items():
+        tables += table_bytes(schedule, to_transfers(by_index[index], target),
+                              int(target.exchange_table_bytes_per_send), timing.p("send_words"))
+    build.support = support_bytes(program, tables, target)
+    event(LOG, "allocated package support memory",
+          linked_end=target.memory_base + int(target.runtime_support_bytes),
+          exchange_table_bytes=int(tables.max()),
+          generated_code_bytes=int(build.support["code"].max()),
+          support_bytes=int(build.support["total"].max()))
+    return {}
+
+
+def place_storage_stage(build: Build) -> Fields:
+    """Addresses for every buffer by liveness and memory class; on failure the reports are
+    still written, so the user can see why it does not fit."""
+    program, target = build.program, build.target
+    assert program is not None
+    try:
+        build.placement = place_storage(program, build.support["total"], target)
+    except PlacementError as failure:
+        if isinstance(failure.placement, Placement):
+            write_memory_profile(build.reports / "memory-profile.json", program,
+                                 failure.placement, target, scope="failed")
+            write_placement_html(build.reports / "placement.html", program, failure.placement,
+                                 build.support, target,
+                                 title=f"{_title(build)} (failed: {failure})")
+        raise
+    build.waste = fragmentation(build.placement, program, target)
+    event(LOG, "placed storage", peak_tile=int(np.argmax(build.placement.peak_bytes)),
+          peak_bytes=int(build.placement.peak_bytes.max()),
+          **{f"fragmentation_{k}": v for k, v in build.waste.items()})
+    return {}
+
+
+def write_memory_reports(build: Build) -> Fields:
+    """The planner memory profile (JSON) and the exact tile placement (HTML)."""
+    assert build.program is not None and build.placement is not None
+    build.profile = write_memory_profile(build.reports / "memory-profile.json", build.program,
+                                         build.placement, build.target, scope="final")
+    write_placement_html(build.reports / "placement.html", build.program, build.placement,
+                         build.support, build.target, title=_title(build))
+    return {}
+
+
+def emit_tile_code(build: Build) -> Fields:
+    """Tile programs, exchange tables and host streams at their placed addresses."""
+    assert build.program is not None and build.placement is not None
+    event(LOG, "costed final placed program", final_cycles=build.estimate["cycles"],
+          final_exchange=build.estimate["scheduled_exchange_cycles"])
+    build.fragment, build.arrays = emit_program(build.program, build.placement, build.schedules)
+    return {}
+
+
+def write_package_stage(build: Build) -> Fields:
+    """``model.ipuexe``: the manifest (plans, modes, estimate, memory) and the arrays."""
+    assert build.program is not None and build.placement is not None
+    workload, params = build.workload, build.params
+    manifest = {
+        "workload": {"name": workload.name, "identifier": workload.identifier(params),
+                     "params": params},
+        "options": build.options.to_json(),
+        "tensors": build.program.tensors,
+        "estimate": build.estimate,
+        "plans": [p.describe() for p in build.plans if p],
+        "gemm_modes": gemm_modes(build.stages, build.plans),
+        "memory": {**memory_summary(build.placement, build.support, build.target, build.waste),
+                   "effective_peak_bytes": int(build.profile["effective_peak_bytes"])},
+        **build.fragment,
+    }
+    build.package = Path(build.out_dir) / "model.ipuexe"
+    event(LOG, "writing application package", tiles=build.target.tiles)
+    write_package(build.package, target=build.target.name, compiler_version=__version__,
+                  manifest=manifest, arrays=build.arrays)
+    event(LOG, "application package written", path=str(build.package))
+    return {}
+
+
+def _title(build: Build) -> str:
+    return f"{build.workload.identifier(build.params)} tile placement"

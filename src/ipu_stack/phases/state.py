@@ -1,0 +1,102 @@
+"""Compile options (frozen: their JSON goes into the package) and the record the stages fill.
+
+Each stage of ``pipeline.STAGES`` reads fields earlier stages set and sets its own; the
+record is the written contract between them (Triton-style: a stage's artifact is a field,
+and every field has one writer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.exchange import Schedule, ScheduleMemo
+from ipu_stack.ir.graph import Graph
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.cache import default_cache_dir
+from ipu_stack.lowering.program import Program
+from ipu_stack.memory.placement import Placement
+from ipu_stack.planning.gemm import GemmPlan
+from ipu_stack.planning.stages import Stage
+from ipu_stack.target import Target
+from ipu_stack.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Frozen compile options; their JSON is recorded in the package."""
+
+    target: str = "ipu21"
+    finalists: int = 3
+    cache_dir: str | None = str(default_cache_dir())
+    diagnostics: bool = False
+    memory_proportion: float = 0.9
+    paired_exchange: bool = False  # target option: tile pairs share an exchange bus
+    gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
+    # Neither changes the package (a reused or cached schedule is the one scheduling gives),
+    # so neither is recorded in it.
+    reuse_schedules: bool = True
+    exchange_cache: bool = False  # also keep schedules on disk under cache_dir/exchange
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "finalists": self.finalists,
+                "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
+                "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode}
+
+
+@dataclass
+class CompileResult:
+    package: Path
+    graph: Graph
+    tensors: dict[str, np.ndarray]
+    estimate: dict[str, int]
+    timings: dict[str, float] = field(default_factory=dict)
+    plans: list[str] = field(default_factory=list)
+    peak_bytes: int = 0
+    active_tiles: int = 0
+
+
+@dataclass
+class Build:
+    """One compile attempt: its inputs, then each stage's artifact, in stage order."""
+
+    workload: Workload
+    params: dict[str, Any]
+    out_dir: Path
+    options: CompileOptions
+    target: Target
+    memo: ScheduleMemo | None
+    # construct_mid
+    graph: Graph | None = None
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    stages: list[Stage] = field(default_factory=list)
+    candidates: list[list[GemmPlan | None]] = field(default_factory=list)
+    fronts: list[list[GemmPlan]] = field(default_factory=list)
+    # lower_mid
+    finalists: list[list[GemmPlan | None]] = field(default_factory=list)
+    # select_finalist
+    plans: list[GemmPlan | None] = field(default_factory=list)
+    program: Program | None = None
+    schedules: dict[int, Schedule] = field(default_factory=dict)
+    estimate: dict[str, int] = field(default_factory=dict)
+    # plan_kernels
+    instances: list[KernelInstance] = field(default_factory=list)
+    # size_tile_code
+    support: dict[str, np.ndarray] = field(default_factory=dict)
+    # place_storage
+    placement: Placement | None = None
+    waste: dict[str, float] = field(default_factory=dict)
+    # write_memory_reports
+    profile: dict[str, Any] = field(default_factory=dict)
+    # emit_tile_code
+    fragment: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # write_package
+    package: Path | None = None
+
+    @property
+    def reports(self) -> Path:
+        return Path(self.out_dir) / "memory"

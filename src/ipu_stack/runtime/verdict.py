@@ -1,0 +1,220 @@
+"""The numerical verdict, in two parts that hold at any depth.
+
+**Implementation agreement** judges every stage on its own inputs.  The device's value of
+each stage result is read back (every stage of every package has a probe read), and the host
+reruns that stage at device precision from the device's own values of the stage's inputs
+(graph inputs and weights come from the host).  The device and the host then round at the
+same points, so they agree bit for bit except where a float32 summation order differs and
+moves a value across a rounding boundary: a share of elements one unit in the last place
+(ulp) of the stored precision apart.  A kernel, layout or exchange bug moves many elements
+by many ulps, or a large share by one ulp (a 1 % scale on an FP8 output flips about one
+element in twelve).  Because each stage starts from the device's inputs, a rounding flip in
+layer 1 cannot cascade into a failure in layer 4: this part means the same at any depth.
+
+**Fidelity to the model** compares the outputs with the ideal answer, the same graph in
+float64 with no rounding anywhere (``evaluate_float64``), in units of the noise the precision
+path is expected to add.  That noise is measured on the same input: the error of the host's
+device-precision reference (float32, rounding to every stored precision) against the ideal.
+``noiseRatio`` is the device's RMS error over that RMS noise, ``tailRatio`` its largest error
+over the reference's largest.  A correct device lands near 1 on both at any depth (FP8 flips
+cascade differently on the two, but they are the same noise); an error the model does not
+have lifts them.  The limits and the measured distributions are in ``docs/tolerance.md``.
+
+``numericalTest`` is PASS only when both parts pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.interpret import evaluate_float64, evaluate_operations, host_values
+from ipu_stack.ir.precision import Precision
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.util.log import event
+
+LOG = logging.getLogger("ipu_stack.runtime")
+
+# Agreement: at most this share of a stage's elements may differ at all (float32 summation
+# order), and none by more than a few ulps (one for FP8, whose ulp is 1/8 of the value).
+MISMATCH_LIMIT = 2.0**-7
+ULP_LIMIT = {"F32": 64, "F16": 4, "F8F143": 1, "F8F152": 1}
+# Fidelity: RMS and worst error against the ideal answer, in units of the reference's own.
+NOISE_LIMIT = 1.5
+TAIL_LIMIT = 2.0
+FAR = 1 << 30  # the ulp distance reported for a non-finite element
+
+
+def ulp_distance(device: np.ndarray, expected: np.ndarray, precision: Precision) -> np.ndarray:
+    """Units in the last place of ``precision`` between two arrays of values it can hold
+    exactly (their storage codes, ordered as the numbers they mean)."""
+    a = _ordinal(precision.quantize(device), precision)
+    b = _ordinal(precision.quantize(expected), precision)
+    distance = np.abs(a - b)
+    finite = np.isfinite(device) & np.isfinite(expected)
+    return np.where(finite, distance, FAR)
+
+
+def _ordinal(stored: np.ndarray, precision: Precision) -> np.ndarray:
+    """Sign-magnitude storage codes as integers that order like the values (-0 == +0)."""
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[precision.itemsize]
+    raw = np.ascontiguousarray(stored).view(bits).astype(np.int64)
+    sign = 1 << (8 * precision.itemsize - 1)
+    return np.where(raw & sign, -(raw & (sign - 1)), raw)
+
+
+@dataclass(frozen=True)
+class StageAgreement:
+    """One stage's result against the host's rerun of that stage on the device's inputs."""
+
+    stage: str
+    layer: str
+    precision: str
+    max_ulps: int
+    mismatch: float
+    elements: int
+
+    @property
+    def passed(self) -> bool:
+        return self.max_ulps <= ULP_LIMIT[self.precision] and self.mismatch <= MISMATCH_LIMIT
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    noise_ratio: float
+    tail_ratio: float
+    rms_error: float
+    rms_noise: float
+
+    @property
+    def passed(self) -> bool:
+        return self.noise_ratio <= NOISE_LIMIT and self.tail_ratio <= TAIL_LIMIT
+
+
+@dataclass
+class Verdict:
+    stages: list[StageAgreement] = field(default_factory=list)
+    fidelity: Fidelity | None = None
+    seconds: float = 0.0
+
+    @property
+    def agreement_passed(self) -> bool:
+        return all(s.passed for s in self.stages)
+
+    @property
+    def passed(self) -> bool:
+        return self.agreement_passed and (self.fidelity is None or self.fidelity.passed)
+
+    @property
+    def worst(self) -> StageAgreement | None:
+        """The stage furthest outside its limits (or closest to them when all pass)."""
+        def badness(s: StageAgreement) -> float:
+            return max(s.max_ulps / ULP_LIMIT[s.precision], s.mismatch / MISMATCH_LIMIT)
+        return max(self.stages, key=badness, default=None)
+
+    @property
+    def first_failure(self) -> StageAgreement | None:
+        return next((s for s in self.stages if not s.passed), None)
+
+    @property
+    def failed_parts(self) -> list[str]:
+        parts = [] if self.agreement_passed else ["stageAgreement"]
+        if self.fidelity is not None and not self.fidelity.passed:
+            parts.append("fidelity")
+        return parts
+
+
+def layer_of(name: str) -> str:
+    """The layer a value belongs to, from its name (``layer3.attn.probs`` -> ``layer3``)."""
+    head = name.split(".")[0]
+    return head if head.startswith("layer") else ""
+
+
+def judge(
+    graph: Graph,
+    tensors: dict[str, np.ndarray],
+    device_values: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    gemm_modes: dict[str, dict] | None = None,
+) -> Verdict:
+    """Both parts of the verdict for one run.
+
+    ``device_values``: every stage result the device produced (probe reads and outputs, by
+    value name, ``[rows, cols]``); ``reference``: the host's device-precision evaluation of
+    the whole graph (for the noise the precision path adds)."""
+    started = time.perf_counter()
+    verdict = Verdict()
+    host = host_values(graph, tensors)
+    for stage in find_stages(graph):
+        operations = list(stage.operations) if isinstance(stage, GemmStage) else [stage.op]
+        out = graph.value(stage.out)
+        if out.name not in device_values:
+            continue
+        known = dict(host)
+        inputs = {i for op in operations for i in graph.operations[op].inputs}
+        produced = {o for op in operations for o in graph.operations[op].outputs}
+        missing = False
+        for value_id in inputs - produced - set(host):
+            name = graph.value(value_id).name
+            if name not in device_values:
+                missing = True
+                break
+            known[value_id] = device_values[name]
+        if missing:
+            continue
+        expected = evaluate_operations(graph, operations, known, gemm_modes)[stage.out]
+        device = np.asarray(device_values[out.name], dtype=np.float32).reshape(expected.shape)
+        ulps = ulp_distance(device, expected, out.type.precision)
+        verdict.stages.append(StageAgreement(
+            out.name, layer_of(out.name), out.type.precision.kind, int(ulps.max(initial=0)),
+            float(np.mean(ulps > 0)) if ulps.size else 0.0, int(ulps.size)))
+    verdict.fidelity = _fidelity(graph, tensors, device_values, reference)
+    verdict.seconds = time.perf_counter() - started
+    return verdict
+
+
+def _fidelity(graph: Graph, tensors: dict[str, np.ndarray], device_values: dict[str, np.ndarray],
+              reference: dict[str, np.ndarray]) -> Fidelity:
+    ideal = evaluate_float64(graph, tensors)
+    errors, noises, targets = [], [], []
+    for value in graph.by_role("output"):
+        target = ideal[value.name].reshape(-1).astype(np.float64)
+        errors.append(np.asarray(device_values[value.name], np.float64).reshape(-1) - target)
+        noises.append(np.asarray(reference[value.name], np.float64).reshape(-1) - target)
+        targets.append(target)
+    error, noise = np.concatenate(errors), np.concatenate(noises)
+    # the noise is never taken below F16 rounding of the outputs (a graph with no rounding
+    # would otherwise divide by zero)
+    floor = 2.0**-11 * float(np.sqrt(np.mean(np.concatenate(targets) ** 2)))
+    rms_error = float(np.sqrt(np.mean(error**2))) if np.isfinite(error).all() else float("inf")
+    rms_noise = max(float(np.sqrt(np.mean(noise**2))), floor)
+    worst = float(np.abs(error).max()) if np.isfinite(error).all() else float("inf")
+    return Fidelity(rms_error / rms_noise, worst / max(float(np.abs(noise).max()), floor),
+                    rms_error, rms_noise)
+
+
+def log_verdict(verdict: Verdict, per_stage: bool) -> None:
+    """The verdict in the reference's log format; ``per_stage`` (``--diagnostics``) logs
+    every stage, and names the first stage and layer whose agreement breaks."""
+    if per_stage:
+        for index, stage in enumerate(verdict.stages):
+            event(LOG, "diagnostic checkpoint", checkpoint=index, tensor=stage.stage,
+                  layer=stage.layer or "-", ulps=stage.max_ulps,
+                  mismatch=round(stage.mismatch, 6), samples=stage.elements,
+                  passed=stage.passed)
+    if per_stage:
+        event(LOG, "diagnostic checkpoints checked", diagnosticCheckpoints=len(verdict.stages),
+              numericalTest="PASS" if verdict.agreement_passed else "FAIL")
+    first = verdict.first_failure
+    if first is not None:
+        event(LOG, "stage agreement broke", level=logging.WARNING, layer=first.layer or "-",
+              stage=first.stage, ulps=first.max_ulps, mismatch=round(first.mismatch, 6))
+    if verdict.fidelity is not None:
+        f = verdict.fidelity
+        event(LOG, "checked fidelity to the float64 model", noiseRatio=round(f.noise_ratio, 4),
+              tailRatio=round(f.tail_ratio, 4), rmsError=round(f.rms_error, 6),
+              rmsNoise=round(f.rms_noise, 6), passed=f.passed)
