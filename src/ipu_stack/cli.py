@@ -44,7 +44,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-proportion", type=float, default=0.9,
                         help="share of tile memory the planner may plan for (0-1]")
     parser.add_argument("--diagnostics", action="store_true",
-                        help="checkpoint every intermediate stage result (256 samples each)")
+                        help="log every stage's agreement with the host's rerun of it on the "
+                        "device's inputs, by layer")
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
     parser.add_argument("--paired-exchange", action="store_true",
                         help="target option: paired tiles share an exchange bus (two-lane "

@@ -115,7 +115,8 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
                         gemm_modes: dict[str, dict] | None = None) -> dict[int, np.ndarray]:
     """Run ``operations`` (ids, in order) at device precision from the ``known`` values (by
     value id, float32 ``[rows, cols]``) and return every value they produce.  The verdict
-    uses it to judge one stage of a run on the device's own inputs to that stage."""
+    uses it to judge one stage of a run on the device's own inputs to that stage (for
+    row-local operations, on a subset of the rows: results keep the rows they were given)."""
     modes = gemm_modes or {}
     values = dict(known)
     produced: dict[int, np.ndarray] = {}
@@ -123,7 +124,7 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
         op = graph.operations[op_id]
         out = graph.value(op.outputs[0])
         result = _apply(op, [values[i] for i in op.inputs], np.float32, modes.get(str(op.id)))
-        stored = out.type.precision.round_trip(result.reshape(out.type.rows, -1))
+        stored = out.type.precision.round_trip(result.reshape(-1, out.type.cols))
         values[out.id] = produced[out.id] = stored
     return produced
 

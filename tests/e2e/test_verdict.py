@@ -1,0 +1,155 @@
+"""The two-part numerical verdict on stacked layers: correct runs pass at any depth, and
+injected faults fail at 1 and at 4 layers with the part and the stage that broke.
+
+Small sizes (17 tokens, 64 dims, 4 heads of 16, MLP 96) keep each run to a few seconds; the
+faults are the issue's: softmax x 1.01, one head's output dropped, one layer's (square)
+attention output projection transposed, a 1 % scale on one layer's layer-norm gamma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+
+from ipu_stack.cli import main
+
+SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
+
+
+def _bench(tmp_path, lock_path, cache_dir, capsys, *extra: str) -> dict:
+    capsys.readouterr()
+    code = main(["bench", "siglip-layer", *SMALL, *extra, "--out", str(tmp_path / "pkg"),
+                 "--json", "--lock", str(lock_path), "--cache-dir", str(cache_dir),
+                 "--finalists", "1"])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == (0 if record["numericalTest"] == "PASS" else 1)
+    return record
+
+
+@pytest.mark.parametrize("precision", ["fp8", "f16"])
+@pytest.mark.parametrize("blocks", [1, 2, 4])
+def test_correct_stacks_pass_both_parts(tmp_path, lock_path, cache_dir, capsys, blocks,
+                                        precision):
+    record = _bench(tmp_path, lock_path, cache_dir, capsys, "--blocks", str(blocks),
+                    "--precision", precision)
+    assert record["numericalTest"] == "PASS" and record["failedParts"] == "none"
+    assert record["stageAgreement"] <= 4 and record["stageMismatch"] <= 2.0**-7
+    assert record["noiseRatio"] <= 1.5 and record["tailRatio"] <= 2.0
+
+
+# ---------------------------------------------------------------------------- the faults
+def _softmax_times_1_01(monkeypatch, layer: int) -> str:
+    """Every softmax's probabilities scaled by 1.01 (the row kernel is shared by all
+    layers, so the first layer is the first to break)."""
+    from ipu_stack.ir.precision import Precision
+    from ipu_stack.kernels import rowwise
+    from ipu_stack.kernels.base import FAMILIES, write_rows
+
+    original = FAMILIES["row"]
+
+    def run(p, mem, tiles, addresses):
+        work = original.run(p, mem, tiles, addresses)
+        if p["op"] == "softmax":
+            out = rowwise._matrix(mem, tiles, addresses[3], p["rows"], p["cols"],
+                                  p["out_pitch"], p["out"])
+            stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
+            write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
+        return work
+
+    monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
+    return "layer0.attn.probs"
+
+
+def _host_weight(monkeypatch, name: str, change) -> None:
+    """The host writes ``change(weight)`` instead of the weight ``name``."""
+    from ipu_stack.device import simulator
+
+    original = simulator.SimulatedIpu._host_write
+
+    def write(self, step, tensors):
+        if step["tensor"] == name:
+            tensors = {**tensors, name: change(np.asarray(tensors[name]))}
+        return original(self, step, tensors)
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", write)
+
+
+def _o_projection_transposed(monkeypatch, layer: int) -> str:
+    _host_weight(monkeypatch, f"layer{layer}.attn.o.w", lambda w: w.T.copy())
+    return f"layer{layer}.attn.o.out"
+
+
+def _gamma_scaled(monkeypatch, layer: int) -> str:
+    _host_weight(monkeypatch, f"layer{layer}.ln1.gamma", lambda g: g * np.float32(1.01))
+    return f"layer{layer}.ln1.out"
+
+
+def _head_dropped(monkeypatch, layer: int) -> str:
+    """After the P.V GEMM of ``layer``, head 1's partials are zeros (a lost kernel call)."""
+    from ipu_stack.device import simulator
+
+    original = simulator.SimulatedIpu._compute
+
+    def compute(self, step):
+        busy = original(self, step)
+        plans = self.package.manifest["plans"]
+        stage = _pv_stage(self.package.manifest, layer)
+        if step["name"] == f"stage{stage}.gemm":
+            tiles_used = _tiles(plans[_gemm_index(self.package.manifest, stage)])
+            for call in step["calls"]:
+                kernel = self.kernels[call["kernel"]]
+                tiles = self._array(call["tiles"])
+                addresses = self._array(call["addresses"])
+                head = (tiles >= tiles_used) & (tiles < 2 * tiles_used)
+                rows, pitch = kernel.params["rows"], kernel.params["out_pitch"]
+                for tile, address in zip(tiles[head], addresses[head, 2], strict=True):
+                    start = int(address) - self.base
+                    self.memory[tile, start : start + rows * pitch] = 0
+        return busy
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_compute", compute)
+    return f"layer{layer}.attn.context8"
+
+
+def _pv_stage(manifest: dict, layer: int) -> int:
+    """The stage index of ``layer``'s P.V GEMM: the GEMM step after its softmax step."""
+    names = [s["name"] for s in manifest["programs"]["run"] if s["kind"] == "compute"]
+    softmaxes = [n for n in names if n.endswith(".softmax")]
+    after = int(softmaxes[layer].split(".")[0][5:])
+    return min(int(n.split(".")[0][5:]) for n in names
+               if n.endswith(".gemm") and int(n.split(".")[0][5:]) > after)
+
+
+def _gemm_index(manifest: dict, stage: int) -> int:
+    names = [s["name"] for s in manifest["programs"]["run"] if s["kind"] == "compute"]
+    gemms = sorted({int(n.split(".")[0][5:]) for n in names if n.endswith(".gemm")})
+    return gemms.index(stage)
+
+
+def _tiles(plan: str) -> int:
+    r, c, d = (int(x) for x in re.match(r"R(\d+)xC(\d+)xD(\d+)", plan).groups())
+    return r * c * d
+
+
+FAULTS = {
+    "softmax-x1.01": _softmax_times_1_01,
+    "head-dropped": _head_dropped,
+    "o-projection-transposed": _o_projection_transposed,
+    "ln-gamma-1pct": _gamma_scaled,
+}
+
+
+@pytest.mark.parametrize("blocks", [1, 4])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_injected_faults_fail_and_name_the_part_and_stage(tmp_path, lock_path, cache_dir,
+                                                          capsys, monkeypatch, fault, blocks):
+    layer = blocks // 2  # layer 0 of one, layer 2 of four
+    stage = FAULTS[fault](monkeypatch, layer)
+    record = _bench(tmp_path, lock_path, cache_dir, capsys, "--blocks", str(blocks))
+    assert record["numericalTest"] == "FAIL"
+    assert "stageAgreement" in record["failedParts"].split(",")
+    assert record["firstFailingStage"] == stage
