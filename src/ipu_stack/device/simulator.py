@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.device.operands import AllocationMap, check_call
+from ipu_stack.device.record import ComputeTrace, StepRecord
 from ipu_stack.device.validate import validate_manifest
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.exchange.instructions import instruction_horizon
@@ -62,6 +63,7 @@ class CallReport:
     checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
     # the busiest tile's cycles of each compute superstep, by kind of work
     breakdown: dict[str, int] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)  # only when recording
 
 
 def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
@@ -75,7 +77,7 @@ def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
 class SimulatedIpu:
     """A loaded package on a simulated chip."""
 
-    def __init__(self, target: Target, poison: bool = False) -> None:
+    def __init__(self, target: Target, poison: bool = False, record: bool = False) -> None:
         self.target = target
         self.base = target.memory_base
         self.size = target.memory_end - target.memory_base
@@ -83,6 +85,7 @@ class SimulatedIpu:
         # poison mode: which bytes have been written; reading any other byte is a fault
         self.written = np.zeros_like(self.memory, dtype=bool) if poison else None
         self.package: Package | None = None
+        self.record = record  # keep a StepRecord of every superstep (the execution profile)
         self.kernels: list[KernelInstance] = []
 
     # ------------------------------------------------------------------ loading
@@ -220,18 +223,27 @@ class SimulatedIpu:
         event(LOG, "invoking host exchange call", call=program, command=0,
               phases=sum(1 for s in steps if s["kind"] == "exchange"))
         sync = timing.p("sync")
-        for step in steps:
+        for index, step in enumerate(steps):
             kind = step["kind"]
+            record = StepRecord(index, str(step.get("name", step.get("tensor", kind))), kind,
+                                0, 0)
             if kind == "host_write":
-                report.host_bytes += self._host_write(step, tensors)
+                written = self._host_write(step, tensors)
+                report.host_bytes += written
+                record.host = {"tensor": step["tensor"], "bytes": written}
             elif kind == "host_read":
                 piece = self._host_read(step)
+                read = 0
                 if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
-                    report.host_bytes += int(piece.size) * _layout(step, self._array(
+                    read = int(piece.size) * _layout(step, self._array(
                         step["tiles"])).precision.itemsize
+                report.host_bytes += read
+                record.host = {"tensor": step["tensor"], "bytes": read,
+                               "probe": step.get("checkpoint") is not None}
                 self._collect(report, step, piece)
             elif kind == "compute":
-                busy, by_kind = self._compute(step)
+                trace = ComputeTrace() if self.record else None
+                busy, by_kind = self._compute(step, trace)
                 busiest = int(np.argmax(busy)) if busy.size else 0
                 report.compute_cycles += int(busy[busiest]) if busy.size else 0
                 for work_kind, cycles in by_kind.items():
@@ -241,14 +253,23 @@ class SimulatedIpu:
                 report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
                 report.sync_cycles += sync
                 report.supersteps += 1
+                record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
+                record.busiest_tile = busiest
+                record.by_kind = {k: int(v[busiest]) for k, v in by_kind.items()}
+                if trace is not None:
+                    record.calls, record.busiest_work = trace.calls(busy), trace.work_on(busiest)
             elif kind == "exchange":
-                cycles, ports = self._exchange_step(step)
+                cycles, ports, details = self._exchange_step(step)
                 report.exchange_cycles += cycles
                 report.tile_busy += ports
                 report.cycles += cycles + sync
                 report.sync_cycles += sync
                 report.supersteps += 1
                 report.phases += 1
+                record.cycles, record.sync, record.tile_cycles = cycles, sync, ports
+                record.busiest_tile, record.exchange = int(np.argmax(ports)), details
+            if self.record:
+                report.steps.append(record)
         report.tile_busy += report.sync_cycles
         report.host_cycles = timing.host_cycles(report.host_bytes, self.target.clock_hz)
         return report
@@ -311,9 +332,11 @@ class SimulatedIpu:
         stored = layout.from_blocks(blocks)
         return layout.precision.dequantize(stored)
 
-    def _compute(self, step: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _compute(self, step: dict, trace: ComputeTrace | None = None
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run a compute set; per-tile cycles of the work each call reported, and the same
-        split by kind of work (for the benchmark's record of what limits a program)."""
+        split by kind of work (for the benchmark's record of what limits a program).  With a
+        ``trace`` (recording), every tile group's priced work too."""
         busy = np.zeros(self.target.tiles, dtype=np.int64)
         by_kind: dict[str, np.ndarray] = {}
         for call in step["calls"]:
@@ -333,6 +356,7 @@ class SimulatedIpu:
                         if region.writes:
                             where = int(row[region.operand]) + region.byte_offsets()
                             self.written[members[:, None], where[None, :]] = True
+                priced = []
                 for work in works:
                     interleaved = work.weights < 0 or (
                         int(row[work.weights]) + self.base >= self.target.interleaved_base)
@@ -340,6 +364,11 @@ class SimulatedIpu:
                     busy[members] += cycles
                     by_kind.setdefault(_work_class(work.kind), np.zeros_like(busy))[
                         members] += cycles
+                    if trace is not None:
+                        priced.append({"kind": work.kind, "cycles": cycles,
+                                       "counts": _plain(work.counts)})
+                if trace is not None:
+                    trace.add(kernel.name, members, priced)
         return busy, by_kind
 
     def _poison_check(self, kernel: KernelInstance, tiles: np.ndarray, row: np.ndarray,
@@ -358,12 +387,12 @@ class SimulatedIpu:
                     f"{int(where[b]) + self.base}, which was never written"
                 )
 
-    def _exchange_step(self, step: dict) -> tuple[int, np.ndarray]:
+    def _exchange_step(self, step: dict) -> tuple[int, np.ndarray, dict[str, Any]]:
         transfers, schedule = self._exchange(step)
         words = transfers.words
         ports = np.zeros(self.target.tiles, dtype=np.int64)
         if transfers.count == 0:
-            return 0, ports
+            return 0, ports, {}
         fanout = transfers.fanout
         per_tile = self.size // WORD
         mem32 = self.memory.reshape(-1).view(np.uint32)
@@ -401,9 +430,20 @@ class SimulatedIpu:
         np.add.at(ports, transfers.src, words)
         recv = np.zeros(self.target.tiles, dtype=np.int64)
         np.add.at(recv, transfers.dst, dst_words)
+        details = {"horizon": schedule.horizon, "lower_bound": schedule.lower_bound,
+                   "transfers": transfers.count, "chunks": schedule.chunks,
+                   "send_words_max": int(ports.max()), "recv_words_max": int(recv.max()),
+                   "words": int(words.sum()), "kind": schedule.kind}
         ports = np.maximum(ports, recv)
-        horizon, _ = instruction_horizon(schedule, transfers)
-        return timing.estimate_exchange_phase(horizon), ports
+        horizon, shifted = instruction_horizon(schedule, transfers)
+        details.update(instruction_horizon=horizon, shifted_sends=shifted)
+        return timing.estimate_exchange_phase(horizon), ports, details
+
+
+def _plain(counts: dict[str, Any]) -> dict[str, Any]:
+    """Work counts as JSON-ready values (per-worker lists stay lists)."""
+    return {k: (list(map(int, v)) if isinstance(v, (list, tuple)) else
+                v if isinstance(v, bool) else int(v)) for k, v in counts.items()}
 
 
 def _work_class(kind: str) -> str:

@@ -25,7 +25,7 @@ def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
     x = x.astype(dtype)
     if approximate == "tanh":
         c = dtype(np.sqrt(2.0 / np.pi))
-        return dtype(0.5) * x * (dtype(1) + np.tanh(c * (x + dtype(0.044715) * x**3)))
+        return dtype(0.5) * x * (dtype(1) + np.tanh(c * (x + dtype(0.044715) * (x * x * x))))
     return (0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))).astype(dtype)
 
 

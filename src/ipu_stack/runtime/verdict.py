@@ -138,7 +138,8 @@ class Fidelity:
 class Verdict:
     stages: list[StageAgreement] = field(default_factory=list)
     fidelity: Fidelity | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time the verdict added after the device finished
+    ideal_seconds: float = 0.0  # the float64 model's own time (overlapped with the device)
 
     @property
     def agreement_passed(self) -> bool:
@@ -179,15 +180,22 @@ def judge(
     device_values: dict[str, np.ndarray],
     reference: dict[str, np.ndarray],
     gemm_modes: dict[str, dict] | None = None,
+    ideal: dict[str, np.ndarray] | None = None,
 ) -> Verdict:
     """Both parts of the verdict for one run.
 
     ``device_values``: every stage result the device produced (probe reads and outputs, by
     value name, ``[rows, cols]``); ``reference``: the host's device-precision evaluation of
-    the whole graph (for the noise the precision path adds)."""
+    the whole graph (for the noise the precision path adds); ``ideal``: the float64 model
+    (``evaluate_float64``), evaluated here when not given."""
     started = time.perf_counter()
     verdict = Verdict()
-    host = host_values(graph, tensors)
+    # inputs and weights as the device holds them: the reference already rounded them
+    host = {v.id: np.asarray(reference[v.name], np.float32).reshape(v.type.rows, -1)
+            if len(v.type.shape) > 1 else np.asarray(reference[v.name], np.float32)
+            for v in graph.values if v.role in ("input", "weight") and v.name in reference}
+    if len(host) != sum(1 for v in graph.values if v.role in ("input", "weight")):
+        host = host_values(graph, tensors)
     reference_by_id = {v.id: np.asarray(reference[v.name], np.float32).reshape(v.type.rows, -1)
                        for v in graph.values if v.name in reference and v.id not in host
                        and len(v.type.shape) > 1}
@@ -218,7 +226,9 @@ def judge(
             out.name, layer_of(out.name), out.type.precision.kind,
             int(np.ceil(ulps.max(initial=0) - 1e-9)),
             float(np.mean(differ)) if differ.size else 0.0, int(differ.size)))
-    verdict.fidelity = _fidelity(graph, tensors, device_values, reference)
+    if ideal is None:
+        ideal = evaluate_float64(graph, tensors)
+    verdict.fidelity = _fidelity(graph, ideal, device_values, reference)
     verdict.seconds = time.perf_counter() - started
     return verdict
 
@@ -269,9 +279,8 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, n
     return expected
 
 
-def _fidelity(graph: Graph, tensors: dict[str, np.ndarray], device_values: dict[str, np.ndarray],
+def _fidelity(graph: Graph, ideal: dict[str, np.ndarray], device_values: dict[str, np.ndarray],
               reference: dict[str, np.ndarray]) -> Fidelity:
-    ideal = evaluate_float64(graph, tensors)
     errors, noises, targets = [], [], []
     for value in graph.by_role("output"):
         target = ideal[value.name].reshape(-1).astype(np.float64)
