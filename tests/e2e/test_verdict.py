@@ -94,8 +94,8 @@ def _head_dropped(monkeypatch, layer: int) -> str:
 
     original = simulator.SimulatedIpu._compute
 
-    def compute(self, step):
-        busy = original(self, step)
+    def compute(self, step, trace=None):
+        busy = original(self, step, trace)
         plans = self.package.manifest["plans"]
         stage = _pv_stage(self.package.manifest, layer)
         if step["name"] == f"stage{stage}.gemm":
