@@ -22,6 +22,8 @@ from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
+from ipu_stack.profile.capture import profile_of
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.target import get_target
 from ipu_stack.util import log
@@ -61,6 +63,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
     parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
     parser.add_argument("--no-wait", action="store_true", help="fail if the device is owned")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="record the run: DIR/profile.json, trace.json (Perfetto), "
+                        "report.html")
     parser.add_argument("--poison", action="store_true",
                         help="fault on any read of memory that was never written")
     parser.add_argument("--lock", default=str(DEFAULT_LOCK), help=argparse.SUPPRESS)
@@ -96,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a package")
     p.add_argument("package")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
+                       "(PROFILE.json, its folder, or a package to run)")
+    p.add_argument("paths", nargs="+", metavar="PROFILE_OR_PACKAGE")
+    p.add_argument("--lock", default=str(DEFAULT_LOCK), help="hardware-ownership lock file")
 
     sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
 
@@ -184,9 +194,12 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
                     compile_seconds: float | None) -> int:
     package = load_package(package_path)
     result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait,
-                         poison=args.poison)
+                         poison=args.poison, record=bool(args.profile))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
                               compile_seconds)
+    if args.profile:
+        folder = Path(args.profile)
+        write_profile_files(folder, profile_of(result, package_path, record, folder))
     if args.save_tensors:
         save_tensors(args.save_tensors, graph, tensors, result.outputs,
                      package.manifest.get("gemm_modes"))
@@ -258,6 +271,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
+def _load_profile_or_run(path: Path, lock: Path) -> Profile:
+    """A saved profile (``profile.json`` or its folder), or a package run here to get one."""
+    if path.is_dir():
+        path = path / "profile.json"
+    if path.suffix == ".json":
+        return load_profile(path)
+    package = load_package(path)
+    workload, params, graph, tensors = _package_workload(package)
+    result = run_package(package, graph, tensors, lock, record=True)
+    record = benchmark_fields(result, graph, workload.benchmark_fields(params), path, None)
+    return profile_of(result, path, record)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    if len(args.paths) > 2:
+        raise UsageError("profile takes one profile (a summary) or two (a comparison)")
+    profiles = [_load_profile_or_run(Path(p), Path(args.lock)) for p in args.paths]
+    if len(profiles) == 1:
+        print(format_summary(profiles[0]))
+    else:
+        print(format_compare(profiles[0], profiles[1]))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
     validate_metadata(package.manifest)
@@ -308,6 +345,7 @@ COMMANDS = {
     "run": cmd_run,
     "capacity": cmd_capacity,
     "inspect": cmd_inspect,
+    "profile": cmd_profile,
     "workloads": cmd_workloads,
     "exchange": cmd_exchange,
 }

@@ -68,12 +68,14 @@ def run_package(
     lock_path: Path = DEFAULT_LOCK,
     wait: bool = True,
     poison: bool = False,
+    record: bool = False,
 ) -> RunResult:
-    """Load ``package`` on a fresh simulated device, run it and compare with the reference."""
+    """Load ``package`` on a fresh simulated device, run it and compare with the reference
+    (``record``: keep every superstep's record, for an execution profile)."""
     target = get_target(package.target)
     with HardwareLock(lock_path, wait=wait):
         event(LOG, "opening IPU device", path="sim://ipu0")
-        device = SimulatedIpu(target, poison=poison)
+        device = SimulatedIpu(target, poison=poison, record=record)
         event(LOG, "IPU device attached", path="sim://ipu0")
         event(LOG, "initializing IPU device")
         event(LOG, "IPU device initialized")
