@@ -27,6 +27,7 @@ from ipu_stack.lowering.program import ComputeSet, Exchange, Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.html import inert_json, standalone_page
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.memory")
@@ -204,15 +205,9 @@ def placement_html(
 ) -> str:
     """One self-contained page (inline CSS and JS, no network) of the exact tile placement."""
     data = placement_data(program, placement, support, target, title, busiest)
-    text = json.dumps(data, separators=(",", ":"))
-    # Keep the JSON inert inside <script>: no "</script>" or "<!--" can end it early.
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return (
-        _PAGE.replace("@TITLE@", html.escape(title))
-        .replace("@CSS@", _CSS)
-        .replace("@JS@", _JS)
-        .replace("@DATA@", text)
-    )
+    body = (_BODY.replace("@TITLE@", html.escape(title)).replace("@JS@", _JS)
+            .replace("@DATA@", inert_json(data)))
+    return standalone_page(title, _CSS, body)
 
 
 def write_placement_html(
@@ -229,20 +224,7 @@ def write_placement_html(
     event(LOG, "wrote exact tile placement profile", path=str(path), bytes=len(page))
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>@TITLE@</title>
-<style>@CSS@</style>
-<script>
-window.addEventListener("error", function (e) {
-  document.documentElement.setAttribute("data-js-error", String(e.message));
-});
-</script>
-</head>
-<body>
-<h1>@TITLE@</h1>
+_BODY = """<h1>@TITLE@</h1>
 <p id="summary"></p>
 <div id="top">
 <section><h2>Tile map: peak use of tile memory</h2>
@@ -255,8 +237,6 @@ click a tile, or add <code>#tile=N</code> to the address</p></section>
 <section id="address-map" aria-live="polite"></section>
 <script type="application/json" id="placement-data">@DATA@</script>
 <script>@JS@</script>
-</body>
-</html>
 """
 
 _CSS = """

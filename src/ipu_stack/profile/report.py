@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from ipu_stack.profile.record import Profile
 from ipu_stack.profile.summary import summary
 from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.html import inert_json, standalone_page
 
 COLOURS = {"compute": "#3b7dd8", "exchange": "#e08a2c", "sync": "#999999"}
 
@@ -76,7 +76,7 @@ def report_html(profile: Profile) -> str:
                   f"{figures.get('estimatedCycles')} cycles" if figures else "")
     placement = (f'<p><a id="placement-link" href="{html.escape(profile.placement_page)}">'
                  "exact tile placement</a></p>" if profile.placement_page else "")
-    heat = json.dumps(heat_data(profile), separators=(",", ":"))
+    heat = heat_data(profile)
     body = (
         f"<h1>{html.escape(profile.workload)}</h1>"
         f"<p id=\"headline\">{profile.cycles} cycles = "
@@ -96,9 +96,9 @@ def report_html(profile: Profile) -> str:
         + _table(["phase", "horizon", "lower bound", "ratio", "instruction horizon", "chunks",
                   "transfers"], exchanges, "exchanges")
     )
-    inert = heat.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return (_PAGE.replace("@TITLE@", html.escape(profile.workload)).replace("@BODY@", body)
-            .replace("@DATA@", inert).replace("@JS@", _JS))
+    scripts = (f'<script type="application/json" id="heat-data">{inert_json(heat)}</script>'
+               f"<script>{_JS}</script>")
+    return standalone_page(f"{profile.workload} execution profile", _CSS, body + scripts)
 
 
 def write_report(path: Path, profile: Profile) -> int:
@@ -107,29 +107,11 @@ def write_report(path: Path, profile: Profile) -> int:
     return len(page)
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>@TITLE@ execution profile</title>
-<style>
+_CSS = """
 body { font: 14px sans-serif; margin: 16px; color: #222; }
 table { border-collapse: collapse; margin: 8px 0 16px; }
 td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; }
 canvas { border: 1px solid #ccc; image-rendering: pixelated; }
-</style>
-<script>
-window.addEventListener("error", function (e) {
-  document.documentElement.setAttribute("data-js-error", String(e.message));
-});
-</script>
-</head>
-<body>
-@BODY@
-<script type="application/json" id="heat-data">@DATA@</script>
-<script>@JS@</script>
-</body>
-</html>
 """
 
 _JS = """
