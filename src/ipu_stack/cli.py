@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
 from ipu_stack.profile.capture import profile_of
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target import get_target
 from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
@@ -101,6 +103,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a package")
     p.add_argument("package")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("sweep", help="compile and run a grid of points; results.jsonl, "
+                       "results.csv, sweep.html in DIR (resumes where it stopped)")
+    p.add_argument("workload", nargs="?", help="builtin workload (see `ipu-stack workloads`)")
+    for name, (kind, help_text) in sorted(workload_parameters().items()):
+        if kind is bool:
+            p.add_argument(f"--{name}", action="store_true", default=None, help=help_text)
+        else:
+            p.add_argument(f"--{name}", type=kind, default=None, help=help_text)
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a workload parameter or compile option and its values (repeatable)")
+    p.add_argument("-o", "--out", help="the sweep's folder")
+    p.add_argument("--engine", choices=("local", "ray"), default="local")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="local engine: worker processes (default: the number of cores)")
+    p.add_argument("--address", help="ray engine: the cluster (default: a local Ray)")
+    p.add_argument("--summary", metavar="DIR", help="print the table of a sweep and stop")
+    p.add_argument("--finalists", type=int, default=3)
+    p.add_argument("--memory-proportion", type=float, default=0.9)
+    p.add_argument("--cache-dir", default=None)
 
     p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
                        "(PROFILE.json, its folder, or a package to run)")
@@ -284,6 +306,29 @@ def _load_profile_or_run(path: Path, lock: Path) -> Profile:
     return profile_of(result, path, record)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.summary:
+        records = read_results(Path(args.summary) / "results.jsonl")
+        if not records:
+            raise UsageError(f"{args.summary}: no sweep results there")
+        print(format_table(records))
+        return 0 if all(r["status"] == "ok" for r in records) else 1
+    if not args.workload or not args.out:
+        raise UsageError("sweep needs a WORKLOAD and -o DIR (or --summary DIR)")
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    workload, params = _params(args)
+    options = CompileOptions(finalists=args.finalists, memory_proportion=args.memory_proportion,
+                             cache_dir=args.cache_dir or CompileOptions().cache_dir)
+    points = expand(workload.name, parse_grid(args.grid), params, options)
+    result = run_sweep(points, Path(args.out), args.engine, args.workers, args.address,
+                       title=f"sweep of {workload.name}")
+    print(format_table(read_results(Path(args.out) / "results.jsonl")))
+    print(f"points={result.points} ran={result.ran} skipped={result.skipped} "
+          f"failed={result.failed} seconds={result.seconds:.1f}")
+    return 0 if result.failed == 0 else 1
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     if len(args.paths) > 2:
         raise UsageError("profile takes one profile (a summary) or two (a comparison)")
@@ -346,6 +391,7 @@ COMMANDS = {
     "capacity": cmd_capacity,
     "inspect": cmd_inspect,
     "profile": cmd_profile,
+    "sweep": cmd_sweep,
     "workloads": cmd_workloads,
     "exchange": cmd_exchange,
 }

@@ -1,0 +1,117 @@
+"""Sweep points: a grid of workload parameters and compile options, each point with a key.
+
+``--grid NAME=V1,V2`` names either a parameter of the workload (``batch``, ``precision``,
+``tokens``, ...) or a compile option (``memory-proportion``, ``paired-exchange``,
+``gemm-mode``, ``finalists``).  A point's key is the sha256 of its workload, resolved
+parameters, compile options and the compiler version: what resume compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ipu_stack import __version__
+from ipu_stack.phases.state import CompileOptions
+from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads import get_workload
+
+OPTIONS: dict[str, tuple[str, type]] = {
+    "memory-proportion": ("memory_proportion", float),
+    "paired-exchange": ("paired_exchange", bool),
+    "gemm-mode": ("gemm_mode", str),
+    "finalists": ("finalists", int),
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One compile-and-run of a sweep."""
+
+    workload: str
+    params: dict[str, Any]
+    options: dict[str, Any]  # CompileOptions fields
+    grid: dict[str, Any]  # the values this point took on the swept axes
+
+    @property
+    def key(self) -> str:
+        text = json.dumps({"workload": self.workload, "params": self.params,
+                           "options": self.compile_options().to_json(),
+                           "compiler": __version__}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def options_hash(self) -> str:
+        text = json.dumps(self.compile_options().to_json(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def compile_options(self) -> CompileOptions:
+        return CompileOptions(**self.options)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "params": self.params, "options": self.options,
+                "grid": self.grid}
+
+
+def _value(text: str, kind: type, name: str) -> Any:
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "on")
+        return kind(text)
+    except ValueError:
+        raise UsageError(f"--grid {name}: {text!r} is not a {kind.__name__}") from None
+
+
+def parse_grid(specs: list[str]) -> dict[str, list[str]]:
+    """``["batch=1,2", "precision=fp8,f16"]`` -> ``{"batch": ["1", "2"], ...}``."""
+    grid: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip().lstrip("-")
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not name or not items:
+            raise UsageError(f"--grid {spec!r}: expected NAME=V1,V2,...")
+        if name in grid:
+            raise UsageError(f"--grid {name} is given twice")
+        grid[name] = items
+    return grid
+
+
+def expand(workload_name: str, grid: dict[str, list[str]], base_params: dict[str, Any],
+           base_options: CompileOptions) -> list[Point]:
+    """Every combination of the grid's values, in grid order, as resolved points."""
+    workload = get_workload(workload_name)
+    kinds = {p.name: p.kind for p in workload.parameters}
+    axes: list[list[tuple[str, Any]]] = []
+    for name, values in grid.items():
+        key = name.replace("-", "_")
+        if key in kinds:
+            axes.append([(key, _value(v, kinds[key], name)) for v in values])
+        elif name in OPTIONS:
+            field_name, kind = OPTIONS[name]
+            axes.append([(f"option:{field_name}", _value(v, kind, name)) for v in values])
+        else:
+            known = ", ".join(sorted(list(kinds) + list(OPTIONS)))
+            raise UsageError(f"--grid {name}: not a parameter of {workload.name} or a compile "
+                             f"option (known: {known})")
+    points = []
+    for combination in itertools.product(*axes):
+        params = dict(base_params)
+        options = {k: v for k, v in base_options.__dict__.items()}
+        chosen = {}
+        for key, value in combination:
+            if key.startswith("option:"):
+                options[key[7:]] = value
+                chosen[key[7:].replace("_", "-")] = value
+            else:
+                params[key] = value
+                chosen[key] = value
+        if not 0 < float(options["memory_proportion"]) <= 1:
+            raise UsageError("--grid memory-proportion values must be in (0, 1]")
+        points.append(Point(workload.name, workload.resolve(params), options, chosen))
+    return points

@@ -1,0 +1,180 @@
+"""A sweep's results: ``results.jsonl`` (one record a line, appended as points finish, so a
+killed sweep keeps what it did), ``results.csv``, the summary table, the Pareto front and
+``sweep.html``."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ipu_stack.util.errors import UsageError
+from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.html import inert_json, standalone_page
+
+Record = dict[str, Any]
+COLUMNS = ("status", "numericalTest", "cycles", "estimatedCycles", "peakTileBytes",
+           "imagesPerSecond", "efficiencyPercent", "compileSeconds", "simulateSeconds",
+           "error")
+
+
+def read_results(path: Path) -> list[Record]:
+    """The records of ``results.jsonl``; a line cut short by a kill is ignored, anything
+    else unreadable is one line naming the file and line."""
+    if not path.exists():
+        return []
+    records = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last line of a killed sweep
+                continue
+            raise UsageError(f"{path}:{number}: not a sweep record") from None
+        if not isinstance(record, dict) or "key" not in record:
+            raise UsageError(f"{path}:{number}: not a sweep record")
+        records.append(record)
+    return records
+
+
+def append_result(path: Path, record: Record) -> None:
+    """One record as one line, flushed to disk before the next point is counted done."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def table(records: list[Record]) -> tuple[list[str], list[list[Any]]]:
+    """The summary table: the swept values, then the figures that compare points."""
+    axes: list[str] = []
+    for record in records:
+        for name in record.get("point", {}):
+            if name not in axes:
+                axes.append(name)
+    headers = ["key", *axes, *COLUMNS]
+    rows = [[r["key"], *(r.get("point", {}).get(a) for a in axes),
+             *(r.get(c) for c in COLUMNS)] for r in records]
+    return headers, rows
+
+
+def write_csv(path: Path, records: list[Record]) -> None:
+    headers, rows = table(records)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(headers)
+    writer.writerows(rows)
+    write_text_atomic(path, buffer.getvalue())
+
+
+def format_table(records: list[Record]) -> str:
+    headers, rows = table(records)
+    cells = [headers] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def pareto(records: list[Record], objective: str = "cycles") -> list[Record]:
+    """Points that passed and that no other passing point beats on both ``objective`` (lower
+    is better; ``imagesPerSecond``: higher) and peak tile bytes."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    sign = -1 if objective == "imagesPerSecond" else 1
+
+    def dominated(r: Record) -> bool:
+        return any(sign * o[objective] <= sign * r[objective]
+                   and o["peakTileBytes"] <= r["peakTileBytes"]
+                   and (sign * o[objective] < sign * r[objective]
+                        or o["peakTileBytes"] < r["peakTileBytes"]) for o in ok)
+
+    return sorted((r for r in ok if not dominated(r)), key=lambda r: r["peakTileBytes"])
+
+
+def best(records: list[Record]) -> dict[str, Record]:
+    """The best passing point for each objective."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    if not ok:
+        return {}
+    return {"fewest cycles": min(ok, key=lambda r: r["cycles"]),
+            "most images per second": max(ok, key=lambda r: r["imagesPerSecond"]),
+            "least peak tile memory": min(ok, key=lambda r: r["peakTileBytes"])}
+
+
+def write_page(path: Path, records: list[Record], title: str) -> None:
+    """``sweep.html``: the table, the Pareto front of cycles against peak tile bytes (SVG)
+    and the best point for each objective."""
+    headers, rows = table(records)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body_rows = "".join(
+        f'<tr class="{html.escape(str(r[len(headers) - len(COLUMNS)]))}">'
+        + "".join(f"<td>{html.escape('' if v is None else str(v))}</td>" for v in r) + "</tr>"
+        for r in rows)
+    front = pareto(records)
+    data = {"points": [r for r in records if r.get("status") == "ok"],
+            "front": [r["key"] for r in front]}
+    best_rows = "".join(f"<li>{html.escape(k)}: {html.escape(r['key'])} "
+                        f"{html.escape(json.dumps(r.get('point', {})))}</li>"
+                        for k, r in best(records).items())
+    body = (f"<h1>{html.escape(title)}</h1>"
+            f"<p>{len(records)} points, {sum(r.get('status') == 'ok' for r in records)} passed"
+            f"</p><h2>Best points</h2><ul id=\"best\">{best_rows}</ul>"
+            "<h2>Cycles against peak tile bytes (Pareto front joined)</h2>"
+            f'<svg id="pareto" width="640" height="360" data-front="{len(front)}"></svg>'
+            f'<h2>All points</h2><table id="points"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body_rows}</tbody></table>"
+            f'<script type="application/json" id="sweep-data">{inert_json(data)}</script>'
+            f"<script>{_JS}</script>")
+    write_text_atomic(path, standalone_page(title, _CSS, body))
+
+
+_CSS = """
+body { font: 14px sans-serif; margin: 16px; }
+table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 2px 6px; }
+tr.error td, tr.fail td { color: #a00; }
+"""
+
+_JS = """
+(function () {
+  var data = JSON.parse(document.getElementById("sweep-data").textContent);
+  var svg = document.getElementById("pareto"), ns = "http://www.w3.org/2000/svg";
+  var pts = data.points, W = 640, H = 360, m = 40;
+  if (!pts.length) { svg.setAttribute("data-rendered", "1"); return; }
+  var xs = pts.map(function (p) { return p.peakTileBytes; });
+  var ys = pts.map(function (p) { return p.cycles; });
+  var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs) || 1;
+  var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys) || 1;
+  function sx(v) { return m + (W - 2 * m) * (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5); }
+  function sy(v) { return H - m - (H - 2 * m) * (y1 > y0 ? (v - y0) / (y1 - y0) : 0.5); }
+  var front = [];
+  pts.forEach(function (p) {
+    var c = document.createElementNS(ns, "circle");
+    var on = data.front.indexOf(p.key) >= 0;
+    c.setAttribute("cx", sx(p.peakTileBytes)); c.setAttribute("cy", sy(p.cycles));
+    c.setAttribute("r", on ? 6 : 4); c.setAttribute("fill", on ? "#d33" : "#36c");
+    var t = document.createElementNS(ns, "title");
+    t.textContent = p.key + ": " + p.cycles + " cycles, " + p.peakTileBytes + " bytes";
+    c.appendChild(t); svg.appendChild(c);
+    if (on) { front.push([sx(p.peakTileBytes), sy(p.cycles)]); }
+  });
+  front.sort(function (a, b) { return a[0] - b[0]; });
+  if (front.length > 1) {
+    var line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", front.map(function (f) { return f.join(","); }).join(" "));
+    line.setAttribute("fill", "none"); line.setAttribute("stroke", "#d33");
+    svg.appendChild(line);
+  }
+  var label = document.createElementNS(ns, "text");
+  label.setAttribute("x", m); label.setAttribute("y", H - 8);
+  label.textContent = "peak tile bytes " + x0 + " .. " + x1 + "; cycles " + y0 + " .. " + y1;
+  svg.appendChild(label);
+  svg.setAttribute("data-points", String(pts.length));
+  svg.setAttribute("data-rendered", "1");
+})();
+"""

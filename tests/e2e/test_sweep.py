@@ -1,0 +1,133 @@
+"""Sweeps: the 8-point grid of the issue (small layers), resume after a kill, a point that does
+not fit, the summary, the page in headless Chromium, and the Ray engine when Ray installs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ipu_stack.cli import main
+from ipu_stack.sweep import read_results
+
+SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
+GRID = ["--grid", "batch=1,2", "--grid", "precision=fp8,f16",
+        "--grid", "memory-proportion=0.6,0.9"]
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _sweep(out: Path, cache_dir: Path, *extra: str) -> int:
+    return main(["--quiet", "sweep", "siglip-layer", *SMALL, *GRID, "-o", str(out),
+                 "--cache-dir", str(cache_dir), "--finalists", "1", *extra])
+
+
+def _comparable(records: list[dict]) -> dict[str, tuple]:
+    """Each point's results without timings, workers or paths."""
+    keep = ("status", "numericalTest", "cycles", "estimatedCycles", "peakTileBytes",
+            "maximumAbsoluteError", "stageAgreement", "noiseRatio", "point")
+    return {r["key"]: tuple(json.dumps(r.get(k), sort_keys=True) for k in keep)
+            for r in records}
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory, cache_dir) -> Path:
+    out = tmp_path_factory.mktemp("sweep")
+    assert _sweep(out, cache_dir, "--workers", "2") == 0
+    return out
+
+
+def test_eight_points_run_on_the_local_engine(local_sweep: Path, capsys) -> None:
+    records = read_results(local_sweep / "results.jsonl")
+    assert len(records) == 8 and len({r["key"] for r in records}) == 8
+    assert all(r["status"] == "ok" and r["numericalTest"] == "PASS" for r in records)
+    points = {(r["point"]["batch"], r["point"]["precision"], r["point"]["memory-proportion"])
+              for r in records}
+    assert points == {(b, p, m) for b in (1, 2) for p in ("fp8", "f16") for m in (0.6, 0.9)}
+    assert all(r["compilerVersion"] and len(r["optionsHash"]) == 16 for r in records)
+    assert len({r["worker"] for r in records}) >= 1
+    csv_lines = (local_sweep / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 9 and csv_lines[0].startswith("key,batch,")
+    assert main(["sweep", "--summary", str(local_sweep)]) == 0
+    table = capsys.readouterr().out
+    assert len(table.strip().splitlines()) == 9 and "memory-proportion" in table
+
+
+def test_resume_after_a_kill_runs_no_point_twice(tmp_path, cache_dir, local_sweep) -> None:
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "ipu_stack.cli", "--quiet", "sweep", "siglip-layer",
+               *SMALL, *GRID, "-o", str(out), "--cache-dir", str(cache_dir),
+               "--finalists", "1", "--workers", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if results.exists() and len(results.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    first = read_results(results)
+    assert 3 <= len(first) < 8
+    assert main(["--quiet", "sweep", "siglip-layer", *SMALL, *GRID, "-o", str(out),
+                 "--cache-dir", str(cache_dir), "--finalists", "1", "--workers", "1"]) == 0
+    records = read_results(results)
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) == 8  # every point once
+    assert [r["key"] for r in records[: len(first)]] == [r["key"] for r in first]
+    # the same results as the uninterrupted sweep, except timings
+    assert _comparable(records) == _comparable(read_results(local_sweep / "results.jsonl"))
+
+
+def test_a_point_that_does_not_fit_is_recorded_and_fails_the_sweep(tmp_path, cache_dir,
+                                                                     capsys) -> None:
+    out = tmp_path / "tight"
+    code = main(["--quiet", "sweep", "siglip-mlp", "--grid", "memory-proportion=0.9,0.001",
+                 "-o", str(out), "--cache-dir", str(cache_dir), "--workers", "1",
+                 "--tokens", "64"])
+    assert code == 1
+    records = read_results(out / "results.jsonl")
+    by_proportion = {r["point"]["memory-proportion"]: r for r in records}
+    assert by_proportion[0.9]["status"] == "ok"
+    failed = by_proportion[0.001]
+    assert failed["status"] == "error" and "does not fit" in failed["error"]
+    assert "failed=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ("colour=red", "not a parameter of siglip-layer or a compile option"),
+    ("batch", "expected NAME=V1,V2"),
+    ("batch=1,two", "'two' is not a int"),
+])
+def test_bad_grids_are_one_line(tmp_path, capsys, grid, message) -> None:
+    code = main(["sweep", "siglip-layer", "--grid", grid, "-o", str(tmp_path)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and message in err[0]
+
+
+def test_sweep_page_renders_in_headless_chromium(local_sweep, tmp_path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("headless check needs /usr/bin/chromium (apt-get install chromium)")
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom",
+         (local_sweep / "sweep.html").as_uri()],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not re.search(r"<html[^>]*data-js-error", done.stdout)
+    assert 'data-rendered="1"' in done.stdout and 'data-points="8"' in done.stdout
+    assert done.stdout.count("<circle") == 8
+    assert "fewest cycles" in done.stdout and "least peak tile memory" in done.stdout
+
+
+def test_ray_engine_gives_the_same_results(tmp_path, cache_dir, local_sweep) -> None:
+    pytest.importorskip("ray", reason="the ray engine needs the [ray] extra")
+    out = tmp_path / "ray"
+    assert _sweep(out, cache_dir, "--engine", "ray") == 0
+    records = read_results(out / "results.jsonl")
+    assert _comparable(records) == _comparable(read_results(local_sweep / "results.jsonl"))
