@@ -230,6 +230,24 @@ def test_bad_schedule_is_a_device_fault(ipu: SimulatedIpu) -> None:
         ipu.load(package(manifest, arrays))
 
 
+def test_colliding_chunks_are_refused_at_load_as_a_port_overlap(ipu: SimulatedIpu) -> None:
+    """Two transfers from tile 11 scheduled in the same cycles: its one send port cannot."""
+    manifest, arrays = gemm_package()
+    arrays = dict(arrays)
+    for key, value in (("src_tile", [11, 11]), ("src_addr", [OUT_ADDR, OUT_ADDR]),
+                       ("words", [OUT_WORDS, OUT_WORDS]), ("dst_offsets", [0, 1, 2]),
+                       ("dst_tile", [20, 21]), ("dst_addr", [MOVED_ADDR, MOVED_ADDR]),
+                       ("chunk_transfer", [0, 1]), ("chunk_start", [0, 0]),
+                       ("chunk_words", [OUT_WORDS, OUT_WORDS])):
+        arrays[f"move/{key}"] = np.array(value, dtype=arrays[f"move/{key}"].dtype)
+    manifest["programs"]["run"][3]["lower_bound"] = 2 * OUT_WORDS  # tile 11 sends both
+    with pytest.raises(DeviceFault, match=r"run step 3 \(exchange\): exchange schedule fault: "
+                       r"send port overlap: tile 11 cycle 0 used by transfer 0"):
+        ipu.load(package(manifest, arrays))
+    arrays["move/chunk_start"] = np.array([0, OUT_WORDS], dtype=np.int64)  # one after the other
+    ipu.load(package(manifest, arrays))
+
+
 def test_malformed_packages(ipu: SimulatedIpu) -> None:
     manifest, arrays = gemm_package()
     unknown = copy.deepcopy(manifest)
