@@ -1,0 +1,96 @@
+"""Small faults must FAIL in every end-to-end configuration (issue 15's list): softmax x 1.01,
+an output scaled by 1.005, and one output row offset by 1 % of the output's maximum.
+
+The output faults change the values the device hands back, after the last stage ran, so
+only the verdict's judgement of that last stage (on the device's own inputs) stands between
+them and a PASS; the old elementwise band let such errors through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from ipu_stack.cli import main
+from tests.e2e.test_layers import CASES, _small
+
+MLP = {"mlp-fp8": [], "mlp-f16": ["--precision", "f16"], "mlp-biases": ["--biases"],
+       "mlp-two-blocks": ["--blocks", "2"]}
+MLP_SMALL = ["--tokens", "40", "--dim", "96", "--hidden", "160"]
+CONFIGS = {**{k: (w, extra) for k, (w, extra, _) in CASES.items()},
+           **{k: ("siglip-mlp", extra) for k, extra in MLP.items()}}
+
+
+def _bench(tmp_path, cache_dir, capsys, workload: str, extra: list[str]) -> dict:
+    sizes = MLP_SMALL if workload == "siglip-mlp" else _small(workload)
+    capsys.readouterr()
+    code = main(["--quiet", "bench", workload, *sizes, *extra, "--json", "--finalists", "1",
+                 "--out", str(tmp_path / "pkg"), "--lock", str(tmp_path / "lock"),
+                 "--cache-dir", str(cache_dir)])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == (0 if record["numericalTest"] == "PASS" else 1)
+    return record
+
+
+def _change_outputs(monkeypatch, change) -> None:
+    """The device's output reads (not the stage probes) come back changed."""
+    from ipu_stack.device import simulator
+
+    original = simulator.SimulatedIpu._host_read
+
+    def read(self, step):
+        piece = original(self, step)
+        if step.get("checkpoint") is None:
+            piece = change(piece.copy(), step)
+        return piece
+
+    monkeypatch.setattr(simulator.SimulatedIpu, "_host_read", read)
+
+
+def _scaled(monkeypatch) -> None:
+    _change_outputs(monkeypatch, lambda piece, step: piece * np.float32(1.005))
+
+
+def _row_offset(monkeypatch) -> None:
+    def change(piece, step):
+        if step.get("origin", [0, 0])[0] == 0:  # the piece holding row 0
+            piece[0] += np.float32(0.01) * np.abs(piece).max()
+        return piece
+    _change_outputs(monkeypatch, change)
+
+
+def _softmax(monkeypatch) -> None:
+    from ipu_stack.ir.precision import Precision
+    from ipu_stack.kernels import rowwise
+    from ipu_stack.kernels.base import FAMILIES, write_rows
+
+    original = FAMILIES["row"]
+
+    def run(p, mem, tiles, addresses):
+        work = original.run(p, mem, tiles, addresses)
+        if p["op"] == "softmax":
+            out = rowwise._matrix(mem, tiles, addresses[3], p["rows"], p["cols"],
+                                  p["out_pitch"], p["out"])
+            stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
+            write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
+        return work
+
+    monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
+
+
+FAULTS = {"output-x1.005": _scaled, "row-offset-1pct": _row_offset, "softmax-x1.01": _softmax}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_small_faults_fail_everywhere(tmp_path, cache_dir, capsys, monkeypatch, config, fault):
+    workload, extra = CONFIGS[config]
+    if fault == "softmax-x1.01" and workload == "siglip-mlp":
+        pytest.skip("the MLP has no softmax")
+    FAULTS[fault](monkeypatch)
+    record = _bench(tmp_path, cache_dir, capsys, workload, extra)
+    assert record["numericalTest"] == "FAIL", record
+    assert "stageAgreement" in record["failedParts"]
