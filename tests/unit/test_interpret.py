@@ -1,0 +1,147 @@
+"""The oracle behind every verdict, tested on its own: ``ir.interpret`` against formulas
+written out here in float64 numpy, for every operation it evaluates.
+
+Precisions are F32 for the outputs (so the only rounding is float32 arithmetic) unless a
+test is about rounding; the FP8 GEMM mode's FP16 partials get a case of their own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ipu_stack.ir.graph import GraphBuilder
+from ipu_stack.ir.interpret import evaluate, evaluate_float64
+from ipu_stack.ir.precision import F16, F32, f143
+from ipu_stack.ir.types import TensorType
+
+RNG = np.random.default_rng(11)
+
+
+def _run(kind: str, shapes: list[tuple[int, ...]], out_precision=F32, modes=None, **attrs):
+    b = GraphBuilder("one-op")
+    ids, tensors = [], {}
+    for i, shape in enumerate(shapes):
+        name = f"in{i}"
+        value = RNG.standard_normal(shape).astype(np.float32)
+        ids.append(b.input(name, TensorType(shape, F32)) if i == 0 else
+                   b.weight(name, TensorType(shape, F32)))
+        tensors[name] = value
+    out = b.op(kind, ids, out_precision, "out", **attrs)
+    b.output(out)
+    graph = b.build()
+    return evaluate(graph, tensors, modes), evaluate_float64(graph, tensors), tensors
+
+
+def _close(got, want, rtol=1e-5) -> None:
+    np.testing.assert_allclose(np.asarray(got, np.float64).reshape(want.shape), want,
+                               rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+def test_matmul() -> None:
+    got, ideal, t = _run("matmul", [(5, 7), (7, 3)])
+    want = t["in0"].astype(np.float64) @ t["in1"]
+    _close(got["out"], want)
+    _close(ideal["out"], want, 1e-12)
+
+
+def test_matmul_in_fp8_mode_keeps_fp16_partials() -> None:
+    """64 deep: two 32-deep passes.  Pass one gives 128 x 16 + 1 = 2049, which FP16 stores as
+    2048; pass two adds 1 again: 2048 with FP16 partials, 2050 with F32 partials."""
+    b = GraphBuilder("fp8")
+    x = b.input("x", TensorType((1, 64), f143(0)))
+    w = b.weight("w", TensorType((64, 2), f143(0)))
+    b.output(b.op("matmul", [x, w], F32, "out"))
+    graph = b.build()
+    a = np.zeros((1, 64), np.float32)
+    a[0, 0], a[0, 1], a[0, 32] = 128, 1, 1
+    c = np.zeros((64, 2), np.float32)
+    c[0], c[1], c[32] = 16, 1, 1
+    t = {"x": a, "w": c}
+    fp8 = evaluate(graph, t, {"0": {"mode": "fp8", "depth_block": 64}})["out"]
+    np.testing.assert_array_equal(fp8, [[2048, 2048]])
+    f16 = evaluate(graph, t, {"0": {"mode": "f16", "depth_block": 64}})["out"]
+    np.testing.assert_array_equal(f16, [[2050, 2050]])
+    # two depth blocks of 32: each block's own FP16 partial, summed in float32
+    split = evaluate(graph, t, {"0": {"mode": "fp8", "depth_block": 32}})["out"]
+    np.testing.assert_array_equal(split, [[2049, 2049]])
+
+
+@pytest.mark.parametrize("kind", ["add", "bias_add"])
+def test_add_and_bias(kind: str) -> None:
+    shapes = [(4, 6), (4, 6)] if kind == "add" else [(4, 6), (6,)]
+    got, _, t = _run(kind, shapes)
+    _close(got["out"], t["in0"].astype(np.float64) + t["in1"])
+
+
+@pytest.mark.parametrize("form", ["tanh", "none"])
+def test_gelu(form: str) -> None:
+    got, _, t = _run("gelu", [(3, 8)], approximate=form)
+    x = t["in0"].astype(np.float64)
+    if form == "tanh":
+        want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    else:
+        want = np.array([[0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in row] for row in x])
+    _close(got["out"], want)
+
+
+def test_scale_and_cast() -> None:
+    got, _, t = _run("scale", [(2, 5)], factor=0.125)
+    _close(got["out"], t["in0"].astype(np.float64) * 0.125)
+    got, _, t = _run("cast", [(2, 5)], out_precision=F16)
+    np.testing.assert_array_equal(got["out"], t["in0"].astype(np.float16).astype(np.float32))
+
+
+def test_softmax_with_scale() -> None:
+    got, _, t = _run("softmax", [(3, 9)], scale=0.5)
+    x = t["in0"].astype(np.float64) * 0.5
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    _close(got["out"], e / e.sum(axis=1, keepdims=True))
+
+
+def test_layer_norm() -> None:
+    got, _, t = _run("layer_norm", [(4, 16), (16,), (16,)], eps=1e-5)
+    x = t["in0"].astype(np.float64)
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+    _close(got["out"], (x - mean) / np.sqrt(var + 1e-5) * t["in1"] + t["in2"], 1e-4)
+
+
+def test_rope_rotates_pairs_of_every_head() -> None:
+    got, _, t = _run("rope", [(3, 8), (3, 2), (3, 2)], head_dim=4)
+    x, cos, sin = (t[k].astype(np.float64) for k in ("in0", "in1", "in2"))
+    want = np.empty_like(x)
+    for row in range(3):
+        for head in range(2):
+            for i in range(2):
+                a, b = x[row, head * 4 + 2 * i], x[row, head * 4 + 2 * i + 1]
+                want[row, head * 4 + 2 * i] = a * cos[row, i] - b * sin[row, i]
+                want[row, head * 4 + 2 * i + 1] = a * sin[row, i] + b * cos[row, i]
+    _close(got["out"], want)
+
+
+@pytest.mark.parametrize("mode", ["qk", "pv"])
+def test_head_matmul(mode: str) -> None:
+    tokens, heads, head_dim = 5, 2, 3
+    if mode == "qk":
+        shapes = [(tokens, heads * head_dim), (tokens, heads * head_dim)]
+    else:
+        shapes = [(heads * tokens, tokens), (tokens, heads * head_dim)]
+    got, _, t = _run("head_matmul", shapes, mode=mode, heads=heads, tokens=tokens)
+    a, b = t["in0"].astype(np.float64), t["in1"].astype(np.float64)
+    if mode == "qk":
+        want = np.concatenate([a[:, h * 3:(h + 1) * 3] @ b[:, h * 3:(h + 1) * 3].T
+                               for h in range(heads)])
+    else:
+        want = np.concatenate([a[h * tokens:(h + 1) * tokens] @ b[:, h * 3:(h + 1) * 3]
+                               for h in range(heads)], axis=1)
+    _close(got["out"], want)
+
+
+def test_outputs_are_rounded_to_their_precision() -> None:
+    got, ideal, t = _run("scale", [(2, 3)], out_precision=f143(-2), factor=1.0)
+    stored = f143(-2).round_trip(t["in0"])
+    np.testing.assert_array_equal(got["out"], stored)
+    _close(ideal["out"], t["in0"].astype(np.float64), 1e-12)  # the ideal never rounds
