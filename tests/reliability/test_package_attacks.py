@@ -14,6 +14,7 @@ a failure and must be moved to the passing tables.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -124,19 +125,31 @@ def test_content_attack_is_refused_by_run(arena: Path, original: bytes, index: i
     refused(arena, data, "run")
 
 
-def test_inspect_never_crashes_on_hostile_content(arena: Path, original: bytes) -> None:
-    """``inspect`` summarises without loading; on hostile content it may succeed or refuse,
-    but never raise (the cases where it does today are in ``INSPECT_BUGS``)."""
-    broken: set[str] = set()  # INSPECT_BUGS are all fixed: every attack must be refused
+# Attacks that leave a package the device accepts: ``inspect`` summarises them (``run``
+# refuses them, as it cannot rebuild the workload), and its summary must show exactly what
+# the package says, which the test checks.
+INSPECT_SUMMARISES = frozenset({"unknown workload", "workload parameter below its minimum",
+                                "unknown workload parameter"})
+
+
+def test_inspect_refuses_hostile_content_or_reads_it_back(arena: Path, original: bytes) -> None:
+    """``inspect`` makes every check the device makes before summarising: every content
+    attack is refused with one line and exit 2, except the pinned ones above, whose summary
+    must read the hostile value back unchanged.  Never a traceback."""
     for name, data in content_attacks(original, arena / "craft"):
-        if name in broken:
-            continue
         path = arena / "pkg" / "model.ipuexe"
         path.write_bytes(data)
-        code, _, err = cli(["--quiet", "inspect", str(path)])
-        assert code in (0, 2), (name, code, err)
-        if code == 2:
-            assert len(err.splitlines()) == 1 and err.startswith("error: "), (name, err)
+        code, out, err = cli(["--quiet", "inspect", str(path), "--json"])
+        if name in INSPECT_SUMMARISES:
+            assert code == 0, (name, code, err)
+            summary = json.loads(out)
+            manifest = read_package(path).manifest
+            assert summary["workload"] == manifest["workload"]["identifier"], name
+            assert summary["plans"] == manifest["plans"] and summary["estimate"] == (
+                manifest["estimate"]), name
+            continue
+        assert code == 2, (name, code, err)
+        assert len(err.splitlines()) == 1 and err.startswith("error: "), (name, err)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the NaNs of "gemm with -5 rows"

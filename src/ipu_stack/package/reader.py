@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import struct
 import zipfile
 import zlib
 from typing import Any, NoReturn
@@ -189,6 +190,36 @@ class _Reader:
                 )
             self.infos[member] = info
         self._check_layout(archive)
+        for info in self.infos.values():
+            self._check_local_header(info)
+
+    def _check_local_header(self, info: zipfile.ZipInfo) -> None:
+        """The local header must say what the central directory says.
+
+        Pinned policy: name, extra-field length, flags, method, CRC-32 and both sizes must be
+        equal (ipu-stack writes no data descriptors and no extra fields, so nothing may
+        legitimately differ); any difference refuses the package, naming the field.
+        """
+        at = info.header_offset
+        fields = struct.unpack("<4sHHHHHIIIHH", self.data[at : at + _LOCAL_HEADER_BYTES])
+        signature, _, flags, method, _, _, crc, packed, size, name_length, extra_length = fields
+        name = self.data[at + _LOCAL_HEADER_BYTES : at + _LOCAL_HEADER_BYTES + name_length]
+        member = quote(info.filename)
+        expected = {
+            "signature": (signature, b"PK\x03\x04"),
+            "name": (name, info.orig_filename.encode("utf-8" if info.flag_bits & 0x800
+                                                      else "cp437")),
+            "extra length": (extra_length, len(info.extra)),
+            "flags": (flags, info.flag_bits),
+            "method": (method, info.compress_type),
+            "CRC-32": (crc, info.CRC),
+            "compressed size": (packed, info.compress_size),
+            "size": (size, info.file_size),
+        }
+        for field, (local, central) in expected.items():
+            if local != central:
+                self.corrupt(f"member {member}: local header {field} {quote(local)} differs "
+                             f"from the central directory's {quote(central)}")
 
     def _check_layout(self, archive: zipfile.ZipFile) -> None:
         """Member data must not overlap: overlapping entries are how small files expand hugely."""
