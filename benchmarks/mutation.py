@@ -155,8 +155,11 @@ def run(only: set[str] | None, timeout: int) -> list[dict]:
                                       capture_output=True, text=True, timeout=timeout)
                 failed = [line for line in done.stdout.splitlines()
                           if line.startswith(("FAILED", "ERROR"))]
+                why = [line.strip() for line in done.stdout.splitlines()
+                       if line.startswith("E ")][:1]
                 result = "killed" if done.returncode != 0 else "survived"
-                detail = failed[0] if failed else done.stdout.strip().splitlines()[-1:]
+                detail = " | ".join(failed[:1] + why) if failed else (
+                    done.stdout.strip().splitlines()[-1:])
             except subprocess.TimeoutExpired:
                 result, detail = "timeout", f"over {timeout} s"
             finally:

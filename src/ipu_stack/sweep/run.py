@@ -40,7 +40,15 @@ def device_lock() -> Path:
 def run_point(point: dict[str, Any], out_dir: str) -> Record:
     """Compile and run one point (a :meth:`Point.to_json` dict); never raises for the point's
     own failures: they come back as the record's ``status`` and ``error``."""
+    previous = logging.root.manager.disable  # restored: with one worker this runs in-process
     logging.disable(logging.WARNING)
+    try:
+        return _run_point(point, out_dir)
+    finally:
+        logging.disable(previous)
+
+
+def _run_point(point: dict[str, Any], out_dir: str) -> Record:
     p = Point(point["workload"], point["params"], point["options"], point["grid"])
     base = {"key": p.key, "workload": p.workload, "point": p.grid, "params": p.params,
             "compilerVersion": __version__, "optionsHash": p.options_hash,
