@@ -44,3 +44,50 @@ def test_scaled_ulps_measure_small_elements_at_the_tensor_rms() -> None:
     # a large element's own ulps are unchanged
     device[0] = 1.0 + 2**-10 * 5
     assert scaled_ulps(device, expected, F16)[0] == 5
+
+
+def _one_stage(rows: int = 16, cols: int = 16):
+    """x (F16) -> scale by 0.5 -> out (F16): one stage whose rerun is exact."""
+    from ipu_stack.ir.graph import GraphBuilder
+    from ipu_stack.ir.interpret import evaluate
+    from ipu_stack.ir.types import TensorType
+
+    b = GraphBuilder("one")
+    x = b.input("x", TensorType((rows, cols), F16))
+    b.output(b.op("scale", [x], F16, "out", factor=0.5))
+    graph = b.build()
+    tensors = {"x": F16.round_trip(np.random.default_rng(3).standard_normal((rows, cols)))}
+    return graph, tensors, evaluate(graph, tensors)
+
+
+def _judge(graph, tensors, reference, out):
+    from ipu_stack.runtime.verdict import judge
+
+    return judge(graph, tensors, {"out": out}, reference)
+
+
+def test_judge_passes_the_exact_result_and_names_a_wrong_element() -> None:
+    graph, tensors, reference = _one_stage()
+    exact = reference["out"].copy()
+    assert _judge(graph, tensors, reference, exact).passed
+    # the largest element (measured in its own ulps) of 256 (0.4 %, under the 2^-7 share)
+    # five F16 ulps off: too many ulps
+    at = np.unravel_index(np.argmax(np.abs(exact)), exact.shape)
+    wrong = exact.copy()
+    wrong[at] = np.float16(wrong[at]) + 5 * np.spacing(np.float16(wrong[at]))
+    verdict = _judge(graph, tensors, reference, wrong)
+    assert not verdict.passed and "stageAgreement" in verdict.failed_parts
+    assert verdict.first_failure.stage == "out" and verdict.first_failure.max_ulps == 5
+    # one element one ulp off: a float32 summation-order flip, allowed by agreement
+    flip = exact.copy()
+    flip[at] = np.float16(flip[at]) + np.spacing(np.float16(flip[at]))
+    assert _judge(graph, tensors, reference, flip).agreement_passed
+
+
+def test_judge_fails_a_large_share_of_one_ulp_differences() -> None:
+    graph, tensors, reference = _one_stage()
+    many = reference["out"].copy()
+    many[:2] = (np.float16(many[:2]) + np.spacing(np.float16(many[:2]))).astype(np.float32)
+    verdict = _judge(graph, tensors, reference, many)  # 32 of 256 elements: 12.5 %
+    assert not verdict.passed and verdict.first_failure.max_ulps == 1
+    assert verdict.first_failure.mismatch == 32 / 256
