@@ -47,14 +47,14 @@ def test_scaled_ulps_measure_small_elements_at_the_tensor_rms() -> None:
 
 
 def _one_stage(rows: int = 16, cols: int = 16):
-    """x (F16) -> scale by 0.5 -> out (F16): one stage whose rerun is exact."""
+    """x (F16) -> scale by 0.3 -> out (F16, rounded): one stage whose rerun is exact."""
     from ipu_stack.ir.graph import GraphBuilder
     from ipu_stack.ir.interpret import evaluate
     from ipu_stack.ir.types import TensorType
 
     b = GraphBuilder("one")
     x = b.input("x", TensorType((rows, cols), F16))
-    b.output(b.op("scale", [x], F16, "out", factor=0.5))
+    b.output(b.op("scale", [x], F16, "out", factor=0.3))
     graph = b.build()
     tensors = {"x": F16.round_trip(np.random.default_rng(3).standard_normal((rows, cols)))}
     return graph, tensors, evaluate(graph, tensors)
@@ -91,3 +91,18 @@ def test_judge_fails_a_large_share_of_one_ulp_differences() -> None:
     verdict = _judge(graph, tensors, reference, many)  # 32 of 256 elements: 12.5 %
     assert not verdict.passed and verdict.first_failure.max_ulps == 1
     assert verdict.first_failure.mismatch == 32 / 256
+
+
+def test_fidelity_fails_a_device_noisier_than_the_precision_path() -> None:
+    from ipu_stack.ir.interpret import evaluate_float64
+    from ipu_stack.runtime.verdict import _fidelity
+
+    graph, tensors, reference = _one_stage()
+    ideal = evaluate_float64(graph, tensors)
+    noise = reference["out"].astype(np.float64) - ideal["out"]
+    same = _fidelity(graph, ideal, {"out": reference["out"]}, reference)
+    assert same.passed and same.noise_ratio <= 1.0 and same.tail_ratio <= 1.0
+    # ten times the rounding noise (above the F16 floor the noise is never taken below)
+    louder = ideal["out"] + 10 * noise
+    result = _fidelity(graph, ideal, {"out": louder}, reference)
+    assert not result.passed and result.noise_ratio > 1.5 and result.tail_ratio > 2.0
