@@ -8,7 +8,6 @@ them and a PASS; the old elementwise band let such errors through.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 
 from ipu_stack.cli import main
 from tests.e2e.test_layers import CASES, _small
+from tests.e2e.test_verdict import _softmax_times_1_01
 
 MLP = {"mlp-fp8": [], "mlp-f16": ["--precision", "f16"], "mlp-biases": ["--biases"],
        "mlp-two-blocks": ["--blocks", "2"]}
@@ -63,22 +63,7 @@ def _row_offset(monkeypatch) -> None:
 
 
 def _softmax(monkeypatch) -> None:
-    from ipu_stack.ir.precision import Precision
-    from ipu_stack.kernels import rowwise
-    from ipu_stack.kernels.base import FAMILIES, write_rows
-
-    original = FAMILIES["row"]
-
-    def run(p, mem, tiles, addresses):
-        work = original.run(p, mem, tiles, addresses)
-        if p["op"] == "softmax":
-            out = rowwise._matrix(mem, tiles, addresses[3], p["rows"], p["cols"],
-                                  p["out_pitch"], p["out"])
-            stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
-            write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
-        return work
-
-    monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
+    _softmax_times_1_01(monkeypatch, 0)
 
 
 FAULTS = {"output-x1.005": _scaled, "row-offset-1pct": _row_offset, "softmax-x1.01": _softmax}
