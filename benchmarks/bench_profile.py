@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ipu_stack.cli import _params, build_parser
+from ipu_stack.cli import parse_workload
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import write_profile_files
 from ipu_stack.profile.capture import profile_of
@@ -32,7 +32,7 @@ def main() -> None:
     args, rest = parser.parse_known_args()
     name, extra = (rest[0], rest[1:]) if rest else ("siglip-layer", [])
     logging.disable(logging.CRITICAL)
-    workload, params = _params(build_parser().parse_args(["compile", name, "-o", "x", *extra]))
+    workload, params = parse_workload(name, extra)
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(io.StringIO()):
         compiled = compile_workload(workload, params, Path(out), CompileOptions())
         package = load_package(compiled.package)

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ipu_stack.cli import _params, build_parser
+from ipu_stack.cli import parse_workload
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import load_package, run_package
 
 
 def measure(name: str, argv: list[str], mode: str) -> dict[str, float | str]:
-    workload, params = _params(build_parser().parse_args(["compile", name, "-o", "x", *argv]))
+    workload, params = parse_workload(name, argv)
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(io.StringIO()):
         compiled = compile_workload(workload, params, Path(out),
                                     CompileOptions(cache_dir=None, gemm_mode=mode))

@@ -163,6 +163,12 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return workload, workload.resolve({k: v for k, v in overrides.items() if k in known})
 
 
+def parse_workload(name: str, argv: list[str]) -> tuple[Any, dict[str, Any]]:
+    """A workload and its resolved parameters from command-line options (``--tokens 64``),
+    as ``compile`` would take them; for scripts (benchmarks) that drive the stages."""
+    return _params(build_parser().parse_args(["compile", name, "-o", "-", *argv]))
+
+
 def _options(args: argparse.Namespace) -> CompileOptions:
     if args.finalists < 1:
         raise UsageError("--finalists must be at least 1")

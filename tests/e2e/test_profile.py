@@ -4,9 +4,7 @@ the run, a report that renders and draws in headless Chromium, and ``profile A B
 from __future__ import annotations
 
 import json
-import re
 import struct
-import subprocess
 import zlib
 from collections import defaultdict
 from pathlib import Path
@@ -16,9 +14,9 @@ import pytest
 from ipu_stack.cli import main
 from ipu_stack.profile import load_profile
 from ipu_stack.util.errors import UsageError
+from tests.chromium import headless, rendered_dom
 
 SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -132,29 +130,20 @@ def _png_pixels(path: Path) -> tuple[int, int, set[bytes]]:
 
 
 def test_report_renders_and_draws_in_headless_chromium(profiled, tmp_path) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("headless check needs /usr/bin/chromium (apt-get install chromium)")
     folder, record = profiled
     page = folder / "profile" / "report.html"
-    common = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={tmp_path / 'chromium'}"]
-    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                         timeout=60)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert not re.search(r"<html[^>]*data-js-error", dom.stdout), dom.stdout[:500]
+    dom = rendered_dom(tmp_path, page.as_uri())
     profile = load_profile(folder / "profile" / "profile.json")
     steps = len(profile.supersteps)
-    assert 'id="heat-map"' in dom.stdout and 'data-rendered="1"' in dom.stdout
-    assert f'data-cells="{steps * 1472}"' in dom.stdout
-    painted = int(dom.stdout.split('data-painted="')[1].split('"')[0])
+    assert 'id="heat-map"' in dom and 'data-rendered="1"' in dom
+    assert f'data-cells="{steps * 1472}"' in dom
+    painted = int(dom.split('data-painted="')[1].split('"')[0])
     assert painted >= len(profile.active_tiles())  # every active tile is busy somewhere
-    assert f'data-bars="{steps}"' in dom.stdout
-    assert "placement.html" in dom.stdout
+    assert f'data-bars="{steps}"' in dom
+    assert "placement.html" in dom
     shot = tmp_path / "report.png"
-    done = subprocess.run([*common, f"--screenshot={shot}", "--window-size=1400,1200",
-                           page.as_uri()], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    headless(tmp_path, f"--screenshot={shot}", "--window-size=1400,1200", page.as_uri())
+    assert shot.exists()
     width, height, colours = _png_pixels(shot)
     assert (width, height) == (1400, 1200)
     # the bar chart's three colours and the heat map's shades are on screen

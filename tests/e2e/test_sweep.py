@@ -4,7 +4,6 @@ not fit, the summary, the page in headless Chromium, and the Ray engine when Ray
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -14,11 +13,11 @@ import pytest
 
 from ipu_stack.cli import main
 from ipu_stack.sweep import read_results
+from tests.chromium import rendered_dom
 
 SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
 GRID = ["--grid", "batch=1,2", "--grid", "precision=fp8,f16",
         "--grid", "memory-proportion=0.6,0.9"]
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def _sweep(out: Path, cache_dir: Path, *extra: str) -> int:
@@ -110,19 +109,10 @@ def test_bad_grids_are_one_line(tmp_path, capsys, grid, message) -> None:
 
 
 def test_sweep_page_renders_in_headless_chromium(local_sweep, tmp_path) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("headless check needs /usr/bin/chromium (apt-get install chromium)")
-    done = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom",
-         (local_sweep / "sweep.html").as_uri()],
-        capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert not re.search(r"<html[^>]*data-js-error", done.stdout)
-    assert 'data-rendered="1"' in done.stdout and 'data-points="8"' in done.stdout
-    assert done.stdout.count("<circle") == 8
-    assert "fewest cycles" in done.stdout and "least peak tile memory" in done.stdout
+    dom = rendered_dom(tmp_path, (local_sweep / "sweep.html").as_uri())
+    assert 'data-rendered="1"' in dom and 'data-points="8"' in dom
+    assert dom.count("<circle") == 8
+    assert "fewest cycles" in dom and "least peak tile memory" in dom
 
 
 def test_ray_engine_gives_the_same_results(tmp_path, cache_dir, local_sweep) -> None:

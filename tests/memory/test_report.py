@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -32,8 +31,8 @@ from ipu_stack.planning.gemm import GemmShape, gemm_candidates
 from ipu_stack.planning.stages import find_stages
 from ipu_stack.target import IPU21, MemoryClass
 from ipu_stack.workloads.mlp import build_mlp
+from tests.chromium import headless
 
-CHROMIUM = Path("/usr/bin/chromium")
 STD, INT = MemoryClass.STANDARD, MemoryClass.INTERLEAVED
 MLP = {"batch": 1, "tokens": 16, "dim": 64, "hidden": 128, "blocks": 1, "precision": "fp8",
        "biases": False, "seed": 0}
@@ -263,15 +262,7 @@ def test_hostile_descriptions_stay_inert(tmp_path: Path) -> None:
 
 
 def run_chromium(path: Path, tmp_path: Path, fragment: str = "") -> Page:
-    if not CHROMIUM.exists():
-        pytest.skip("headless check needs /usr/bin/chromium (apt-get install chromium)")
-    command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-               "--no-first-run", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom",
-               path.as_uri() + fragment]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-2000:]
-    page = parse(done.stdout)
+    page = parse(headless(tmp_path, "--dump-dom", path.as_uri() + fragment).stdout)
     assert "data-js-error" not in page.root, page.root.get("data-js-error")
     assert page.ids["tile-map"].get("data-rendered") == "1"
     return page
