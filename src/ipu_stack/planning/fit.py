@@ -129,16 +129,32 @@ def fit_plans(
         if best_cycles is None or cycles < best_cycles:
             best, best_cycles = choice, cycles
     if best is None:
-        leanest = [min([p, *f], key=resident_bytes) if p else None
-                   for p, f in zip(plans, fronts, strict=True)]
-        chosen = [(p, n) for p, n in zip(leanest, repeats, strict=True) if p is not None]
-        weights = sum(n * resident_bytes(p) for p, n in chosen)
-        transient = max(transient_bytes(p) for p, _ in chosen)
+        weights, transient = _leanest(plans, fronts, caps, repeats)
         raise CompileError(
-            f"does not fit: the leanest plans need about {need(leanest, repeats)} bytes per tile "
+            f"does not fit: the leanest plans need about {weights + transient} bytes per tile "
             f"(weights {weights}, the largest stage's operands and partials {transient}), "
             f"the planner may use {budget.bytes} (raise --memory-proportion or use fewer "
             "layers or a smaller batch)"
         )
     moves = sum(1 for a, b in zip(plans, best, strict=True) if a is not b)
     return best, moves
+
+
+def _leanest(plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], caps: list[int],
+             repeats: list[int]) -> tuple[int, int]:
+    """The smallest ``weights + transient`` over every cap on the transient bytes: what
+    the leanest choice of plans would need (weights counted once per layer)."""
+    best = (1 << 62, 0)
+    for cap in caps:
+        weights = 0
+        for plan, front, n in zip(plans, fronts, repeats, strict=True):
+            if plan is None:
+                continue
+            allowed = [resident_bytes(p) for p in [plan, *front] if transient_bytes(p) <= cap]
+            if not allowed:
+                break
+            weights += n * min(allowed)
+        else:
+            if weights + cap < sum(best):
+                best = (weights, cap)
+    return best
