@@ -20,7 +20,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ipu_stack.planning.gemm import GemmPlan, resident_bytes, transient_bytes
+from ipu_stack.ir.layout import WORD, round_up
+from ipu_stack.kernels.gemm import partial_itemsize
+from ipu_stack.planning.gemm import GemmPlan, cast_elements, resident_bytes, transient_bytes
 from ipu_stack.target import Target
 from ipu_stack.util.errors import CompileError
 
@@ -29,14 +31,32 @@ SUPPORT_RESERVE = 64 * 1024  # assumed: code, exchange tables and carried activa
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """What the planner may plan for on one tile."""
+    """What the planner may plan for on one tile: in all, and in interleaved memory, where
+    the AMP's weights and partial sums must sit (a tower's weights fill it first)."""
 
     bytes: int
+    interleaved: int = 1 << 62
 
     @staticmethod
     def for_target(target: Target, proportion: float) -> MemoryBudget:
         usable = target.memory_end - target.memory_base - SUPPORT_RESERVE
-        return MemoryBudget(int(usable * proportion))
+        interleaved = target.memory_end - target.interleaved_base
+        return MemoryBudget(int(usable * proportion), int(interleaved * proportion))
+
+
+def interleaved_transient(plan: GemmPlan) -> int:
+    """Transient bytes a stage needs in interleaved memory: an activation B operand, the
+    partial sums and the F16 operand copies (``lowering.lower`` places them there)."""
+    s = plan.shape
+    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
+    scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
+    return b + partial + scratch
+
+
+def _interleaved_limit(budget: MemoryBudget, plans: list[GemmPlan | None]) -> int:
+    """What the weights may take of interleaved memory beside the largest transient."""
+    return budget.interleaved - max((interleaved_transient(p) for p in plans if p), default=0)
 
 
 def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
@@ -52,7 +72,7 @@ def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
 
 def _fit_under_cap(
     plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, limit: int,
-    repeats: list[int],
+    repeats: list[int], interleaved_of=lambda current: 1 << 62,
 ) -> list[GemmPlan | None] | None:
     """Fastest choice with every transient <= cap and resident sum <= limit, greedily."""
     options: list[list[GemmPlan]] = []
@@ -89,7 +109,8 @@ def _fit_under_cap(
     for index, plan in enumerate(current):
         if plan is not None:
             push(index)
-    while total > limit:
+    interleaved = interleaved_of(current)
+    while total > min(limit, interleaved):
         if not heap:
             return None
         _, index, k = heapq.heappop(heap)
@@ -99,6 +120,7 @@ def _fit_under_cap(
                                    - resident_bytes(options[index][k + 1]))
         position[index] = k + 1
         current[index] = options[index][k + 1]
+        interleaved = interleaved_of(current)
         push(index)
     return current
 
@@ -112,7 +134,12 @@ def fit_plans(
     """The cheapest choice that fits; also how many stages changed plan.  ``repeats``:
     how many times each stage runs (a layer loop's body stages: once per layer)."""
     repeats = repeats or [1] * len(plans)
-    if need(plans, repeats) <= budget.bytes:
+
+    def weights(choice: list[GemmPlan | None]) -> int:
+        return sum(n * resident_bytes(p) for p, n in zip(choice, repeats, strict=True) if p)
+
+    if need(plans, repeats) <= budget.bytes and weights(plans) <= _interleaved_limit(
+            budget, plans):
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                    for p in ([plan] if plan else []) + front})
@@ -121,7 +148,8 @@ def fit_plans(
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap, repeats)
+        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap, repeats,
+                                lambda current: _interleaved_limit(budget, current))
         if choice is None:
             continue
         cycles = sum(n * p.estimated_cycles for p, n in zip(choice, repeats, strict=True)
