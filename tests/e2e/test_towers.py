@@ -123,44 +123,41 @@ def _rewrite(path: Path, change) -> None:
                   manifest=package.manifest, arrays=arrays)
 
 
-def test_a_layer_table_pointing_outside_memory_is_refused(tmp_path, lock_path, cache_dir,
-                                                          capsys):
+def _point_outside(manifest, arrays):
+    """Layer 2's address of the first per-layer weight on one tile: far past tile memory."""
+    loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
+    table = arrays[loop["slots"][0]].copy()
+    table[2, int(np.flatnonzero(table[2] >= 0)[0])] = 1 << 40
+    arrays[loop["slots"][0]] = table
+
+
+def _drop_layers(manifest, arrays):
+    """The first slot's table keeps only layer 0's row."""
+    loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
+    arrays[loop["slots"][0]] = arrays[loop["slots"][0]][:1]
+
+
+DAMAGE = {"layer table points outside memory": (_point_outside, "on layer 2", "outside tile memory"),
+          "layer table too short": (_drop_layers, "slot 0 table is [1, 1472], not [3, 1472]")}
+
+
+def test_damaged_layer_tables_are_refused(tmp_path, lock_path, cache_dir, capsys):
+    """A table that moves an operand out of memory, or one with too few layers: ``run``
+    refuses the package at load with one line, naming the layer or the table."""
     code, _, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
                              "--layers", "3")
     assert code == 0
-    path = out / "pkg" / "model.ipuexe"
-
-    def corrupt(manifest, arrays):
-        loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
-        table = arrays[loop["slots"][0]].copy()
-        tile = int(np.flatnonzero(table[2] >= 0)[0])
-        table[2, tile] = 1 << 40
-        arrays[loop["slots"][0]] = table
-
-    _rewrite(path, corrupt)
-    capsys.readouterr()
-    assert main(["--quiet", "run", str(path), "--lock", str(lock_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
-    assert "on layer 2" in err[0] and "outside tile memory" in err[0]
-
-
-def test_a_loop_without_its_tables_is_refused(tmp_path, lock_path, cache_dir, capsys):
-    code, _, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
-                             "--layers", "2")
-    assert code == 0
-    path = out / "pkg" / "model.ipuexe"
-
-    def shorten(manifest, arrays):
-        loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
-        arrays[loop["slots"][0]] = arrays[loop["slots"][0]][:1]
-
-    _rewrite(path, shorten)
-    capsys.readouterr()
-    assert main(["--quiet", "run", str(path), "--lock", str(lock_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "slot 0 table is [1, 1472], not [2, 1472]" in err
-    assert zipfile.is_zipfile(path)
+    good = (out / "pkg" / "model.ipuexe").read_bytes()
+    for name, (damage, *expected) in DAMAGE.items():
+        path = tmp_path / f"{len(expected)}.ipuexe"
+        path.write_bytes(good)
+        _rewrite(path, damage)
+        capsys.readouterr()
+        assert main(["--quiet", "run", str(path), "--lock", str(lock_path)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), name
+        assert all(part in err[0] for part in expected), (name, err[0])
+        assert zipfile.is_zipfile(path)
 
 
 def test_capacity_of_layers(tmp_path, cache_dir, capsys):
