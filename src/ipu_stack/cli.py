@@ -224,6 +224,14 @@ def _print_record(record: dict[str, Any], as_json: bool) -> None:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
 
 
+def _check_output_folders(args: argparse.Namespace) -> None:
+    """``--profile`` and ``--save-tensors`` name folders: refuse a file there before any work."""
+    for option in ("profile", "save_tensors"):
+        folder = getattr(args, option, None)
+        if folder and Path(folder).exists() and not Path(folder).is_dir():
+            raise UsageError(f"--{option.replace('_', '-')} {folder}: exists and is not a folder")
+
+
 def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
                     compile_seconds: float | None) -> int:
     package = load_package(package_path)
@@ -250,6 +258,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    _check_output_folders(args)
     workload, params = _params(args)
     out = Path(args.out) if args.out else Path("artifacts") / workload.identifier(params)
     result = compile_workload(workload, params, out, _options(args))
@@ -301,6 +310,7 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_output_folders(args)
     path = Path(args.package)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)

@@ -112,3 +112,13 @@ def test_interrupted_compile_leaves_no_package(tmp_path, cache_dir, monkeypatch)
     names = [p.name for p in tmp_path.rglob("*")]
     assert "model.ipuexe" not in names
     assert not [n for n in names if n.endswith(".tmp")]
+
+
+def test_profile_folder_that_is_a_file_is_refused_before_work(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    code = main(["--quiet", "bench", "siglip-mlp", "--tokens", "16", "--dim", "64", "--hidden",
+                 "64", "--out", str(tmp_path / "pkg"), "--profile", str(taken)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == f"error: --profile {taken}: exists and is not a folder"
+    assert not (tmp_path / "pkg").exists()  # refused before compiling

@@ -182,3 +182,19 @@ def test_memory_by_category_adds_up(tmp_path, lock_path, cache_dir, capsys):
     # support is rounded up to 32 bytes as a whole
     assert 0 <= memory["peak_bytes"] - (support + live) < 32
     assert filled["weights"] > 0 and filled["layer tables"] >= 0
+
+
+def test_profile_names_every_pass(tmp_path, lock_path, cache_dir, capsys):
+    """The execution profile of a loop has each body superstep once per layer, named by its
+    layer, and the passes add up to the run's cycles with the stem and head."""
+    _, record, _, _ = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
+                             "--layers", "3", "--profile", str(tmp_path / "profile"))
+    profile = json.loads((tmp_path / "profile" / "profile.json").read_text())["profile"]
+    names = [step["name"] for step in profile["steps"] if step["kind"] in ("compute", "exchange")]
+    per_layer = [sorted(n.rsplit(" (", 1)[0] for n in names if n.endswith(f"(layer {k})"))
+                 for k in range(3)]
+    assert per_layer[0] and per_layer[0] == per_layer[1] == per_layer[2]
+    looped = sum(step["cycles"] + step["sync"] for step in profile["steps"]
+                 if step["name"].endswith(")"))
+    assert looped == 3 * record["layerCycles"]
+    assert profile["cycles"] == record["cycles"]

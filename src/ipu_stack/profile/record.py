@@ -111,7 +111,8 @@ def build_profile(records: list[StepRecord], totals: dict[str, int], workload: s
     """Lay the recorded steps out on the run's timeline."""
     steps, now = [], 0
     for record in records:
-        steps.append(Step(record.index, record.name, record.kind, now, record.cycles,
+        name = record.name if record.layer is None else f"{record.name} (layer {record.layer})"
+        steps.append(Step(record.index, name, record.kind, now, record.cycles,
                           record.sync, record.tile_cycles, record.busiest_tile,
                           dict(record.by_kind), list(record.calls), list(record.busiest_work),
                           dict(record.exchange), dict(record.host)))
