@@ -44,6 +44,38 @@ class TransferBuilder:
         self.words: list[np.ndarray] = []
         self.dst_count: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
+        # row-by-row transfers to one replica set, kept as given and turned into arrays in
+        # bulk (a layout conversion adds hundreds of thousands of them)
+        self.rows: list[tuple[int, int, np.ndarray, int, np.ndarray, int, np.ndarray]] = []
+
+    def add_rows(self, src_tile: int, src_buf: int, src_off: np.ndarray, words: int,
+                 dst_tiles: np.ndarray, dst_buf: int, dst_off: np.ndarray) -> None:
+        """:meth:`add` for one source tile, one word count and 1-D destinations."""
+        self.rows.append((src_tile, src_buf, src_off, words, dst_tiles, dst_buf, dst_off))
+
+    def _flush_rows(self) -> None:
+        """Turn the pending :meth:`add_rows` calls into transfer arrays, all at once."""
+        if not self.rows:
+            return
+        rows, self.rows = self.rows, []
+        n = np.array([len(r[2]) for r in rows], dtype=np.int64)
+        k = np.array([len(r[4]) for r in rows], dtype=np.int64)
+        call = np.repeat(np.arange(len(rows)), n)
+        column = np.array([[r[0], r[1], r[3], r[5]] for r in rows], dtype=np.int64)
+        src = np.stack([column[call, 0], column[call, 1],
+                        np.concatenate([np.asarray(r[2], dtype=np.int64) for r in rows])], axis=1)
+        fanout = k[call]
+        tiles = np.concatenate([np.asarray(r[4], dtype=np.int64) for r in rows])
+        starts = (np.cumsum(k) - k)[call]
+        ends = np.cumsum(fanout)
+        within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - fanout, fanout)
+        dst_off = np.concatenate([np.asarray(r[6], dtype=np.int64) for r in rows])
+        dst = np.stack([tiles[np.repeat(starts, fanout) + within],
+                        np.repeat(column[call, 3], fanout), np.repeat(dst_off, fanout)], axis=1)
+        self.src.append(src)
+        self.words.append(column[call, 2])
+        self.dst_count.append(fanout)
+        self.dst.append(dst)
 
     def add(
         self,
@@ -60,6 +92,7 @@ class TransferBuilder:
         ``src_tile``, ``src_off``, ``words``, ``dst_off`` have length ``n`` (or broadcast);
         ``dst_tiles`` is ``[n, k]`` or ``[k]`` (the same destinations for every transfer).
         """
+        self._flush_rows()  # keep the order transfers were added in
         words = np.atleast_1d(np.asarray(words, dtype=np.int64))
         n = max(len(words), len(np.atleast_1d(src_off)), len(np.atleast_1d(dst_off)))
         words = np.broadcast_to(words, (n,))
@@ -90,12 +123,15 @@ class TransferBuilder:
 
     def most_received(self) -> int:
         """The most transfers any one tile receives (each costs it an exchange-table entry)."""
+        self._flush_rows()
         if not self.dst:
             return 0
         return int(np.bincount(np.concatenate(self.dst)[:, 0]).max())
 
     def absorb(self, other: TransferBuilder) -> None:
         """Take over ``other``'s transfers and local copies (a trial built separately)."""
+        self._flush_rows()
+        other._flush_rows()
         self.src += other.src
         self.words += other.words
         self.dst_count += other.dst_count
@@ -103,6 +139,7 @@ class TransferBuilder:
         self.local += other.local
 
     def build(self) -> Exchange:
+        self._flush_rows()
         if not self.src:
             empty = np.zeros(0, dtype=np.int64)
             return Exchange(self.name, empty.astype(np.int32), empty, empty, empty,
@@ -192,7 +229,8 @@ def add_layout_transfers(
                         length *= len(rows)
                     keep = replicas[replicas != source]
                     if len(keep):
-                        builder.add(source, src_buf, s_off, length // WORD, keep, dst_buf, d_off)
+                        builder.add_rows(source, src_buf, s_off, length // WORD, keep, dst_buf,
+                                         d_off)
                     if len(keep) != len(replicas):
                         # the source tile is itself a destination: an on-tile copy kernel
                         builder.local.append(
