@@ -8,6 +8,7 @@ running in parallel on one fresh cache both succeed.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -117,7 +118,11 @@ def test_parallel_compiles_share_one_fresh_cache(tmp_path: Path) -> None:
         (tmp_path / "mlp-2" / "model.ipuexe").read_bytes()
     entries = _entries(cache)
     assert entries and all(_valid(p) for p in entries)
-    assert not [p for p in cache.rglob("*") if p.is_file() and p.name != "kernel.json"]
+    # nothing half-written: kernel entries, and whole calibration entries (workloads.calibration)
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.name != "kernel.json"
+                and p.parent.name != "calibration"]
+    calibrations = list((cache / "calibration").glob("*"))
+    assert all(p.suffix == ".json" and json.loads(p.read_text())["sha256"] for p in calibrations)
     # a later compile finds every kernel it needs already there
     code, err, _ = _compile(cache, tmp_path / "again")
     assert code == 0 and len(_entries(cache)) == len(entries)
