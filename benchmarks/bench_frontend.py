@@ -63,17 +63,33 @@ def export(kind: str, layers: int, seed: int, folder: Path) -> tuple[Path, float
     return path, seconds
 
 
-def bench(path: Path, precision: str, out: Path) -> dict[str, Any]:
-    """``ipu-stack bench MODEL.pt2 --precision P --json``; the parsed record."""
+def bench(path: Path, precision: str, out: Path, seed: int) -> dict[str, Any]:
+    """``ipu-stack bench MODEL.pt2 --precision P --json --save-tensors``; the parsed record
+    plus the device's error against torch's float32 output on the same input."""
+    import numpy as np
+    import torch
+
     from ipu_stack.cli import main
+    from ipu_stack.frontend.workload import random_inputs
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = main(["--quiet", "bench", str(path), "--precision", precision, "--out", str(out),
-                     "--json"])
+                     "--json", "--save-tensors", str(out / "tensors"), "--seed", str(seed)])
     lines = [line for line in buffer.getvalue().splitlines() if line.startswith("{")]
     record = json.loads(lines[-1]) if lines else {"numericalTest": "ERROR"}
     record["exitCode"] = code
+    if lines:
+        program = torch.export.load(str(path))
+        pixels = random_inputs(program, seed)[0]
+        with torch.no_grad():
+            result = program.module()(torch.from_numpy(pixels))
+        expected = (result if isinstance(result, torch.Tensor) else result[0]).numpy()
+        device = next(iter(np.load(out / "tensors" / "outputs.npz").values()))
+        diff = device.reshape(-1).astype(np.float64) - expected.reshape(-1)
+        scale = float(np.sqrt(np.mean(expected.astype(np.float64) ** 2)))
+        record["relativeRmsErrorVsTorch"] = float(f"{np.sqrt(np.mean(diff**2)) / scale:.4g}")
+        record["maxAbsErrorVsTorch"] = float(f"{np.abs(diff).max():.4g}")
     return record
 
 
@@ -97,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for kind, layers, precision in runs:
         path, export_seconds = export(kind, layers, args.seed, folder)
-        record = bench(path, precision, folder / f"{kind}-{layers}l-{precision}")
+        record = bench(path, precision, folder / f"{kind}-{layers}l-{precision}", args.seed)
         summary = {"model": kind, "layers": layers, "precision": precision,
                    "exportSeconds": round(export_seconds, 2),
                    **{k: record.get(k) for k in (
                        "numericalTest", "referenceSource", "cycles", "deviceMicroseconds",
-                       "noiseRatio", "tailRatio", "stageAgreement", "maximumAbsoluteError",
+                       "noiseRatio", "tailRatio", "stageAgreement", "relativeRmsErrorVsTorch",
+                       "maxAbsErrorVsTorch",
                        "conversionError", "gemmModes", "activeTiles", "peakTileBytes",
                        "compileSeconds", "simulateSeconds", "exitCode")}}
         print(json.dumps(summary), flush=True)

@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ipu_stack.frontend import import_program, make_workload  # noqa: E402
 from ipu_stack.frontend import convert as convert_module  # noqa: E402
+from ipu_stack.frontend import import_program, make_workload  # noqa: E402
 from ipu_stack.ir.interpret import evaluate  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.session import benchmark_fields, run_package  # noqa: E402

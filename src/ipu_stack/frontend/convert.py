@@ -49,23 +49,34 @@ def where(node: Any) -> tuple[str, str]:
     module = "<top>"
     if stack:
         path, kind = list(stack.values())[-1]
-        kind = getattr(kind, "__name__", str(kind)).split(".")[-1]
-        module = f"{path or '<top>'} ({kind})"
-    source = "<no source>"
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', node.meta.get("stack_trace")
-                        or "")
-    if frames:
-        file, line, code = frames[-1]
-        source = f"{file.rsplit('/', 1)[-1]}:{line} ({code.strip()[:80]})"
-    return module, source
+        module = module_label(path, getattr(kind, "__name__", str(kind)))
+    return module, source_label(node.meta.get("stack_trace"))
+
+
+def module_label(path: str, kind: str) -> str:
+    """``encoder.layers.0.mlp (SiglipMLP)``: the innermost module and its class."""
+    return f"{path or '<top>'} ({kind.split('.')[-1]})"
+
+
+def source_label(stack_trace: str | None) -> str:
+    """``file.py:12 (code)``: the last frame of a node's recorded stack trace."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', stack_trace or "")
+    if not frames:
+        return "<no source>"
+    file, line, code = frames[-1]
+    return f"{file.rsplit('/', 1)[-1]}:{line} ({code.strip()[:80]})"
+
+
+def unsupported_message(target: str, module: str, source: str, why: str = "") -> str:
+    """The one line every unsupported operation is reported with."""
+    reason = f": {why}" if why else ""
+    return f"unsupported operation {target} in module {module} at {source}{reason}"
 
 
 def unsupported(node: Any, why: str = "") -> CompileError:
     """The standard one-line error for an operation the importer cannot map."""
     module, source = where(node)
-    reason = f": {why}" if why else ""
-    return CompileError(f"unsupported operation {node.target} in module {module} at {source}"
-                        f"{reason}")
+    return CompileError(unsupported_message(str(node.target), module, source, why))
 
 
 @dataclass

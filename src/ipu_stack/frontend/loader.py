@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ipu_stack.util.errors import UsageError
+from ipu_stack.util.errors import CompileError, UsageError
 
 LOG = logging.getLogger("ipu_stack.frontend")
 SUPPORTED_TORCH = ("2.13",)  # the torch.export schema this importer was written against
@@ -84,6 +84,7 @@ def load_program(path: str | Path) -> Any:
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # torch raises many types for one cause: an unreadable archive
+        _raise_unknown_operator(path, torch)
         saved_by, schema = _safe_versions(path)
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if schema is not None and schema != _schema_version(torch):
@@ -95,7 +96,34 @@ def load_program(path: str | Path) -> Any:
         quiet.setLevel(level)
     if not isinstance(program, torch.export.ExportedProgram):
         raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
+    _restore_stack_traces(program, path)
     return program
+
+
+def _restore_stack_traces(program: Any, path: Path) -> None:
+    """Put back the source lines the archive recorded but the loaded nodes lack (torch drops
+    them for custom operators): unsupported-operation errors quote them."""
+    traces: dict[str, str] = {}
+    for node in _archive_nodes(path):
+        trace = (node.get("metadata") or {}).get("stack_trace")
+        for output in node.get("outputs") or []:
+            name = (output.get("as_tensor") or {}).get("name") if isinstance(output, dict) else None
+            if trace and name:
+                traces[name] = trace
+    for node in program.graph.nodes:
+        if not node.meta.get("stack_trace") and node.name in traces:
+            node.meta["stack_trace"] = traces[node.name]
+
+
+def _archive_nodes(path: Path) -> list[dict[str, Any]]:
+    """The graph nodes of a ``.pt2``'s serialized model (empty when unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if "/models/" in n and n.endswith(".json")]
+            model = json.loads(archive.read(names[0])) if names else {}
+        return list(model["graph_module"]["graph"]["nodes"])
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 PYTREE_TYPE = re.compile(r'\\"type\\": \\"([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)\\"')
@@ -122,6 +150,35 @@ def _import_pytree_types(path: Path) -> None:
             importlib.import_module(module)
         except Exception as exc:  # the load below reports what is still missing
             LOG.debug("could not import %s for the program's pytree types: %s", module, exc)
+
+
+def _raise_unknown_operator(path: Path, torch: Any) -> None:
+    """When the archive names an operator this process does not have (a custom op whose
+    library is not imported), raise the importer's standard unsupported-operation line for
+    its first node, from the node metadata the archive keeps."""
+    from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
+
+    for node in _archive_nodes(path):
+        target = str(node.get("target", ""))
+        parts = target.split(".")
+        if len(parts) != 5 or parts[:2] != ["torch", "ops"] or _resolves(torch, parts[2:]):
+            continue
+        meta = node.get("metadata") or {}
+        stack = [entry.split(",") for entry in str(meta.get("nn_module_stack", "")).split(";")
+                 if entry]
+        module = module_label(stack[-1][1], stack[-1][-1]) if stack and len(stack[-1]) >= 3 \
+            else "<top>"
+        raise CompileError(unsupported_message(
+            ".".join(parts[2:]), module, source_label(meta.get("stack_trace")),
+            "a custom operator that is not registered in this process"))
+
+
+def _resolves(torch: Any, parts: list[str]) -> bool:
+    try:
+        getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _safe_versions(path: Path) -> tuple[str | None, str | None]:
