@@ -174,3 +174,25 @@ def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, loc
 def test_builtin_options_are_refused_for_a_program(tiny: Path, tmp_path: Path, capsys) -> None:
     code = main(["--quiet", "compile", str(tiny), "--tokens", "64", "-o", str(tmp_path / "o")])
     assert code == 2 and "takes no --tokens" in capsys.readouterr().err
+
+
+def test_capacity_of_a_dynamic_batch_program(tmp_path: Path, cache_dir: Path, capsys) -> None:
+    torch.manual_seed(9)
+    module = TinyVit(dim=32, heads=2, layers=1, hidden=64, image=16).eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    path = tmp_path / "dynamic.pt2"
+    torch.export.save(torch.export.export(module, (torch.randn(2, 3, 16, 16),),
+                                          dynamic_shapes={"pixels": {0: batch}}), str(path))
+    assert main(["--quiet", "capacity", str(path), "--max-batch", "3", "--json",
+                 "--cache-dir", str(cache_dir)]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["maximumBatch"] == 3 and record["tried"] == {"1": "fits", "2": "fits",
+                                                                "3": "fits"}
+
+
+def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:
+    assert main(["--quiet", "capacity", str(tiny), "--max-batch", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch 2: the program was exported for batch 1 without a dynamic batch" in err
+    assert main(["--quiet", "capacity", str(tiny), "--max-blocks", "4"]) == 2
+    assert "no parameter --blocks" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def _export(module: Any, example_inputs: tuple[Any, ...]) -> Any:
 
 
 def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of each user input of the program, from its example values."""
+    """(name, shape) of each user input of the program (static: see :func:`specialize`)."""
     out = []
     for spec in program.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
@@ -68,8 +68,53 @@ def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
             value = node.meta.get("val")
             if not hasattr(value, "shape"):
                 raise UsageError(f"program input {spec.arg.name} is not a tensor")
+            if not all(isinstance(s, int) for s in value.shape):
+                raise UsageError(f"program input {spec.arg.name} has a dynamic shape "
+                                 f"{list(value.shape)}: specialize it first")
             out.append((spec.arg.name, tuple(int(s) for s in value.shape)))
     return out
+
+
+def _example_shapes(program: Any) -> list[tuple[int, ...]]:
+    """The shapes of the example inputs saved with the program (dynamic dims resolved)."""
+    torch = require_torch()
+    examples = getattr(program, "example_inputs", None)
+    if examples is not None:
+        args, _ = examples
+        leaves = [a for a in args if isinstance(a, torch.Tensor)]
+        if leaves:
+            return [tuple(int(s) for s in leaf.shape) for leaf in leaves]
+    shapes = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+            shapes.append(tuple(s if isinstance(s, int) else 1 for s in node.meta["val"].shape))
+    return shapes
+
+
+def specialize(program: Any, batch: int) -> Any:
+    """``program`` with static shapes and ``batch`` images (0: the exported batch).
+
+    A program exported with a dynamic batch dimension is re-exported from its own module at
+    the size asked for; one exported with static shapes can only run at its own batch."""
+    torch = require_torch()
+    shapes = _example_shapes(program)
+    dynamic = any(not isinstance(s, int) for spec in program.graph_signature.input_specs
+                  if spec.kind.name == "USER_INPUT"
+                  for s in next(n for n in program.graph.nodes
+                                if n.name == spec.arg.name).meta["val"].shape)
+    exported = shapes[0][0] if shapes and shapes[0] else 1
+    if not dynamic and batch in (0, exported):
+        return program
+    size = batch or exported
+    inputs = tuple(torch.zeros((size, *shape[1:])) for shape in shapes)
+    try:
+        return torch.export.export(program.module(), inputs)
+    except Exception as exc:  # torch reports a failed guard in many exception types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--batch {size}: the program was exported for batch {exported} "
+                         f"without a dynamic batch dimension (export with dynamic_shapes="
+                         f"{{input: {{0: Dim('batch')}}}}): {first[:120]}") from None
 
 
 def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
@@ -130,6 +175,7 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
         if example_inputs is None:
             raise UsageError("importing an nn.Module needs example inputs")
         program = _export(program, example_inputs)
+    program = specialize(program, 0)
     if precision not in ("fp8", "f16"):
         raise UsageError(f"precision {precision!r} is not fp8 or f16")
     user = inputs if inputs is not None else random_inputs(program, seed)
@@ -185,6 +231,8 @@ def _parameters() -> tuple[Parameter, ...]:
     return (
         Parameter("model", str, "", "the .pt2 file"),
         Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
+        Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
+                  "dynamic batch dimension in the export)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0),
         Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
@@ -193,12 +241,18 @@ def _parameters() -> tuple[Parameter, ...]:
 
 def make_workload(program: Any, label: str, path: str = "", sha256: str = "") -> ImportedWorkload:
     """Wrap ``program`` as a workload (``label`` names it in identifiers and records)."""
-    shapes = input_shapes(program)
     holder: dict[int, Imported] = {}
+    specialized: dict[int, Any] = {}
+
+    def at_batch(batch: int) -> Any:
+        if batch not in specialized:
+            specialized[batch] = specialize(program, batch)
+        return specialized[batch]
 
     def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-        user = inputs_from_file(program, params["inputs"]) if params["inputs"] else None
-        imported = import_program(program, inputs=user, precision=params["precision"],
+        sized = at_batch(params["batch"])
+        user = inputs_from_file(sized, params["inputs"]) if params["inputs"] else None
+        imported = import_program(sized, inputs=user, precision=params["precision"],
                                   seed=params["seed"], name=label)
         holder.clear()  # one import at a time: the graph the pipeline holds now
         holder[id(imported.graph)] = imported
@@ -206,11 +260,14 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "") ->
 
     def identifier(params: dict[str, Any]) -> str:
         digest = (params["sha256"] or hashlib.sha256(label.encode()).hexdigest())[:8]
-        return f"{label}-{params['precision']}-{digest}"
+        batch = f"-b{params['batch']}" if params["batch"] else ""
+        return f"{label}-{params['precision']}{batch}-{digest}"
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)
+        shapes = input_shapes(at_batch(params["batch"]))
         return {"benchmark": f"{label}-{params['precision']}", "model": params["model"] or label,
+                "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
                 "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
                 "conversionError": None if last is None else float(f"{last.conversion_error:.3g}")}
 
