@@ -29,19 +29,21 @@ def _small(workload: str) -> list[str]:
     return SMALL[:-2] if workload == "attention" else SMALL
 EPS = {"siglip-layer": 1e-6, "pe-block": 1e-5, "siglip-attention": 1e-6, "attention": 1e-6,
        "vit-layer": 1e-6}
+GELU = {"siglip-layer": "tanh", "pe-block": "erf", "siglip-attention": "tanh", "attention": "tanh",
+        "vit-layer": "erf"}  # each workload's default, as its public model defines it
 
 # id -> (workload, extra options, GELU form)
 CASES = {
     "siglip-layer": ("siglip-layer", [], "tanh"),
-    "pe-block": ("pe-block", [], "tanh"),
+    "pe-block": ("pe-block", [], "erf"),
     "siglip-attention": ("siglip-attention", [], "tanh"),
     "attention": ("attention", [], "tanh"),
-    "vit-layer": ("vit-layer", [], "tanh"),
-    "vit-layer-gelu-none": ("vit-layer", ["--gelu", "none"], "none"),
+    "vit-layer": ("vit-layer", [], "erf"),
+    "vit-layer-gelu-tanh": ("vit-layer", ["--gelu", "tanh"], "tanh"),
     "siglip-layer-blocks2": ("siglip-layer", ["--blocks", "2"], "tanh"),
     "siglip-layer-batch2": ("siglip-layer", ["--batch", "2"], "tanh"),
     "siglip-layer-f16": ("siglip-layer", ["--precision", "f16"], "tanh"),
-    "pe-block-batch2": ("pe-block", ["--batch", "2"], "tanh"),
+    "pe-block-batch2": ("pe-block", ["--batch", "2"], "erf"),
     "attention-f16": ("attention", ["--precision", "f16"], "tanh"),
     "siglip-layer-paired": ("siglip-layer", ["--paired-exchange"], "tanh"),
 }
@@ -109,33 +111,44 @@ def test_layer_passes_and_matches_float64(tmp_path, lock_path, cache_dir, capsys
 
 
 def test_rope_tables_and_rope_matter(tmp_path, lock_path, cache_dir, capsys):
-    """The saved 2D RoPE tables follow the documented grid, and the check sees RoPE:
-    the device output does not agree with a forward pass whose RoPE is the identity."""
+    """The saved 2D RoPE tables follow PE's grid (patch positions from 1 after CLS), and the
+    check sees RoPE: the device output does not agree with a forward pass without it."""
     run = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-block")
     saved, device = _load(run)
     cos, sin = saved["layer0.attn.rope.cos"], saved["layer0.attn.rope.sin"]
     head_dim = 64 // HEADS
     pairs, half = head_dim // 2, head_dim // 4
     assert cos.shape == sin.shape == (17, pairs)
-    index = np.arange(17) - 1
-    xs = np.where(index >= 0, index % 4, 0)
-    ys = np.where(index >= 0, index // 4, 0)
+    patch = np.arange(16)
+    xs = np.concatenate([[0], patch % 4 + 1])
+    ys = np.concatenate([[0], patch // 4 + 1])
     angles = np.concatenate([xs[:, None] * 10000.0 ** (-np.arange(half) / half),
                              ys[:, None] * 10000.0 ** (-np.arange(half) / half)], axis=1)
     np.testing.assert_allclose(cos, np.cos(angles), atol=1e-6)
     np.testing.assert_allclose(sin, np.sin(angles), atol=1e-6)
     assert (cos[0] == 1).all() and (sin[0] == 0).all()  # CLS is not rotated
+    assert not (sin[1] == 0).all()  # the first patch is (1, 1), not CLS's zero rotation
 
-    no_rope = {**saved, "layer0.attn.rope.cos": np.ones_like(cos),
-               "layer0.attn.rope.sin": np.zeros_like(sin)}
-    assert not compare(device, transformer_forward(no_rope, HEADS, 1e-5)).passed
+    assert compare(device, transformer_forward(saved, HEADS, 1e-5, "erf")).passed
+    assert not compare(device, transformer_forward(saved, HEADS, 1e-5, "erf", rope=False)).passed
+
+
+@pytest.mark.parametrize("tokens", ["15", "18"])
+def test_pe_block_rejects_token_counts_without_a_grid(tmp_path, capsys, tokens):
+    code = main(["--quiet", "compile", "pe-block", "--tokens", tokens, "--dim", "64", "--heads", "4",
+                 "--hidden", "96", "-o", str(tmp_path / "pkg")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"error: --tokens {tokens} forms no patch grid for 2D RoPE: it must be g*g or "
+                   "1 + g*g (a CLS token and g x g patches), e.g. 576 or 577"]
 
 
 def test_gelu_form_is_visible(tmp_path, lock_path, cache_dir, capsys):
-    """``--gelu none`` (erf) agrees with the erf forward at least as well as the tanh one."""
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "vit-layer", "--gelu", "none")
+    """``--gelu erf`` agrees with the erf forward better than with the tanh one, and the
+    tanh form the other way round: the check tells the two apart."""
+    run = _bench(tmp_path, lock_path, cache_dir, capsys, "vit-layer", "--gelu", "erf")
     saved, device = _load(run)
-    erf = compare(device, transformer_forward(saved, HEADS, 1e-6, "none"))
+    erf = compare(device, transformer_forward(saved, HEADS, 1e-6, "erf"))
     tanh = compare(device, transformer_forward(saved, HEADS, 1e-6, "tanh"))
     assert erf.passed
     assert erf.max_abs_error <= tanh.max_abs_error
@@ -184,7 +197,7 @@ def test_diagnostics_checkpoints(tmp_path, lock_path, cache_dir, capsys, workloa
         assert {"layer0.attn.q.rope", "layer0.attn.k.rope"} <= names
     assert summary == [(str(count), "PASS")]
     saved, device = _load(run)  # diagnostics change nothing about the outputs
-    assert compare(device, transformer_forward(saved, HEADS, EPS[workload])).passed
+    assert compare(device, transformer_forward(saved, HEADS, EPS[workload], GELU[workload])).passed
 
 
 def _corrupt_softmax(monkeypatch) -> None:
@@ -216,7 +229,7 @@ def test_corrupted_softmax_fails_numerical_test(tmp_path, lock_path, cache_dir, 
     assert run.record["numericalTest"] == "FAIL"
     assert run.code == 1
     saved, device = _load(run)
-    assert not compare(device, transformer_forward(saved, HEADS, EPS[workload])).passed
+    assert not compare(device, transformer_forward(saved, HEADS, EPS[workload], GELU[workload])).passed
 
 
 def test_corrupted_softmax_fails_diagnostics(tmp_path, lock_path, cache_dir, capsys,
@@ -291,7 +304,7 @@ def test_depth_split_plans_pass(tmp_path, lock_path, cache_dir, capsys, monkeypa
     plans = load_package(Path(run.record["package"])).manifest["plans"]
     assert any(re.search(r"xD[2-9]", plan) for plan in plans), plans
     saved, device = _load(run)
-    assert compare(device, transformer_forward(saved, HEADS, EPS[workload])).passed
+    assert compare(device, transformer_forward(saved, HEADS, EPS[workload], GELU[workload])).passed
 
 
 def test_paired_exchange_uses_two_lanes_and_fewer_cycles(tmp_path, lock_path, cache_dir, capsys):

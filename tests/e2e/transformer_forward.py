@@ -11,8 +11,10 @@ weights.
 
 What the npz files do not hold is passed in: ``heads``, ``eps`` and the GELU form.  The
 layout of the workload is read from the tensor names: ``attn.*`` (the bare attention
-block, no norm, biases or residual) or ``layer{i}.*`` (pre-norm layers; ``.rope.cos``
-means 2D RoPE on queries and keys, ``fc1.w`` means an MLP after the attention).
+block, no norm, biases or residual) or ``layer{i}.*`` (pre-norm layers; a stored
+``.q.rope`` value means 2D RoPE on queries and keys, ``fc1.w`` means an MLP after the
+attention).  The RoPE angles are computed here from Perception Encoder's definition
+(``rope_2d_angles``), never read from the saved tables, so a wrong table is caught.
 """
 
 from __future__ import annotations
@@ -25,11 +27,28 @@ import numpy as np
 from tests.e2e.float64_forward import gemm, gemm_modes, round_to
 
 
+def rope_2d_angles(tokens: int, head_dim: int) -> np.ndarray:
+    """``[tokens, head_dim / 2]`` rotation angles of PE's ``Rope2D``: a CLS token (when
+    ``tokens`` is ``1 + g*g``) gets angle 0 and the patches of the ``g x g`` grid positions
+    counted from 1; without CLS (``g*g``) from 0.  Pairs ``0 .. P/2`` turn with the column at
+    frequencies ``10000^(-2i/(P))`` per axis of ``P = head_dim / 2`` dims, the rest with the row."""
+    axis_dim = head_dim // 2
+    freqs = 1.0 / 10000.0 ** (np.arange(0, axis_dim, 2) / axis_dim)
+    side = math.isqrt(tokens)
+    cls = side * side != tokens
+    if cls:
+        side = math.isqrt(tokens - 1)
+        assert side * side == tokens - 1, f"{tokens} tokens form no grid"
+    rows, cols = np.divmod(np.arange(side * side), side)
+    angles = np.concatenate([np.outer(cols + cls, freqs), np.outer(rows + cls, freqs)], axis=1)
+    return np.concatenate([np.zeros((1, head_dim // 2)), angles]) if cls else angles
+
+
 class Forward:
     """One pass over the saved tensors; ``store`` rounds a value the graph stores by name."""
 
     def __init__(self, saved: dict[str, np.ndarray], heads: int, eps: float, gelu: str,
-                 rounded: bool) -> None:
+                 rounded: bool, rope: bool | None = None) -> None:
         self.saved = saved
         self.meta = json.loads(str(saved["__precisions__"]))
         self.modes = gemm_modes(saved)
@@ -37,6 +56,7 @@ class Forward:
         self.eps = eps
         self.gelu_form = gelu
         self.rounded = rounded
+        self.rope_enabled = rope
         batch, tokens, dim = saved["x"].shape
         self.batch, self.tokens, self.dim = batch, tokens, dim
         if dim % heads:
@@ -93,8 +113,10 @@ class Forward:
         q = self.linear(x, f"{prefix}.q")
         k = self.linear(x, f"{prefix}.k")
         v = self.linear(x, f"{prefix}.v")
-        if self.has(f"{prefix}.rope.cos"):
-            cos, sin = self.w(f"{prefix}.rope.cos"), self.w(f"{prefix}.rope.sin")
+        uses_rope = f"{prefix}.q.rope" in self.meta
+        if uses_rope if self.rope_enabled is None else self.rope_enabled:
+            angles = np.tile(rope_2d_angles(self.tokens, self.head_dim), (self.batch, 1))
+            cos, sin = np.cos(angles), np.sin(angles)
             q = self.rope(q, cos, sin, f"{prefix}.q.rope")
             k = self.rope(k, cos, sin, f"{prefix}.k.rope")
         t, d, hd = self.tokens, self.dim, self.head_dim
@@ -145,6 +167,8 @@ class Forward:
 
 
 def transformer_forward(saved: dict[str, np.ndarray], heads: int, eps: float,
-                        gelu: str = "tanh", rounded: bool = True) -> np.ndarray:
-    """The workload's output as ``[batch * tokens, dim]`` float64."""
-    return Forward(saved, heads, eps, gelu, rounded).run()
+                        gelu: str = "tanh", rounded: bool = True,
+                        rope: bool | None = None) -> np.ndarray:
+    """The workload's output as ``[batch * tokens, dim]`` float64; ``gelu`` is ``tanh`` or
+    ``erf``; ``rope=False`` leaves queries and keys unrotated (``None``: as the graph did)."""
+    return Forward(saved, heads, eps, gelu, rounded, rope).run()

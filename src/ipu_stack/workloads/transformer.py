@@ -3,12 +3,13 @@
 * ``siglip-layer``: SigLIP-so400m encoder layer (729 tokens, 1152 dims, 16 heads, MLP 4304),
   pre-norm, biases, GELU tanh; ``--blocks N`` stacks layers.
 * ``pe-block``: Perception Encoder L/14-336 layer (577 tokens = CLS + 24 x 24 patches, 1024
-  dims, 16 heads, MLP 4096), layer norm eps 1e-5 and 2D RoPE on queries and keys.
+  dims, 16 heads, MLP 4096), layer norm eps 1e-5, exact GELU and 2D RoPE on queries and keys
+  (patch positions from 1 after the CLS token, as PE's ``Rope2D`` does).
 * ``siglip-attention``: SigLIP's attention sub-layer (norm, q/k/v, attention, output
   projection, residual).
 * ``attention``: the diagnostic attention block of reference log 001 (7 operations:
   q, k, v projections, Q.K^T, softmax, P.V, output projection).
-* ``vit-layer``: a generic pre-norm ViT layer.
+* ``vit-layer``: a generic pre-norm ViT layer with ViT's exact (erf) GELU.
 
 With ``--precision fp8`` GEMM inputs and weights are FP8 F143; activations that feed a GEMM
 are stored in FP8 with a static scale exponent fitted on a calibration input drawn from
@@ -27,6 +28,7 @@ from ipu_stack.ir.graph import Graph, GraphBuilder
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
+from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
 
 
@@ -44,25 +46,39 @@ def _common(tokens: int, dim: int, heads: int, hidden: int, eps: float) -> tuple
     )
 
 
-def rope_2d_tables(tokens: int, head_dim: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """2D RoPE angles for CLS + a square patch grid: half the pairs rotate by the patch's
-    column, half by its row (base 10000); the CLS token (position 0) is not rotated."""
-    pairs = head_dim // 2
+def patch_grid(tokens: int) -> tuple[int, bool]:
+    """The side ``g`` of the square patch grid and whether a CLS token leads: ``tokens`` must
+    be ``g*g`` or ``1 + g*g``; anything else forms no grid, so 2D RoPE has no positions."""
+    side = int(round(np.sqrt(tokens)))
+    if side * side == tokens:
+        return side, False
     side = int(round(np.sqrt(tokens - 1)))
-    if side * side != tokens - 1:
-        side = int(np.ceil(np.sqrt(tokens)))  # no CLS grid: treat every token as a patch
-        index = np.arange(tokens)
-        xs, ys = index % side, index // side
-    else:
-        index = np.arange(tokens) - 1
-        xs = np.where(index >= 0, index % side, 0)
-        ys = np.where(index >= 0, index // side, 0)
+    if tokens > 1 and side * side == tokens - 1:
+        return side, True
+    raise UsageError(f"--tokens {tokens} forms no patch grid for 2D RoPE: it must be g*g or "
+                     f"1 + g*g (a CLS token and g x g patches), e.g. 576 or 577")
+
+
+def rope_2d_tables(tokens: int, head_dim: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """2D RoPE angles as Perception Encoder defines them: the first half of the pairs rotate
+    by the patch's column, the second half by its row, frequencies ``10000^(-i/half)``.  With a
+    CLS token the patch positions start at 1 and the CLS token (first) keeps the zero rotation;
+    without one they start at 0."""
+    pairs = head_dim // 2
+    side, cls = patch_grid(tokens)
+    index = np.arange(side * side)
+    xs, ys = index % side + int(cls), index // side + int(cls)
+    if cls:
+        xs, ys = np.concatenate([[0], xs]), np.concatenate([[0], ys])
     half = pairs // 2
     freq_x = 10000.0 ** (-np.arange(half) / max(half, 1))
     freq_y = 10000.0 ** (-np.arange(pairs - half) / max(pairs - half, 1))
     angles = np.concatenate([xs[:, None] * freq_x, ys[:, None] * freq_y], axis=1)
     angles = np.tile(angles, (batch, 1))
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+GELU_FORMS = {"tanh": "tanh", "erf": "none"}  # option name -> the graph's ``approximate``
 
 
 class LayerBuilder:
@@ -142,7 +158,7 @@ class LayerBuilder:
         h = self.norm(x, f"{prefix}.ln2", self.act(f"{prefix}.ln2.out"))
         f1 = self.linear(h, p["dim"], p["hidden"], f"{prefix}.fc1", F16, True)
         g = self.b.op("gelu", [f1], self.act(f"{prefix}.gelu"), f"{prefix}.gelu",
-                      approximate=p.get("gelu", "tanh"))
+                      approximate=GELU_FORMS[p.get("gelu", "tanh")])
         m = self.linear(g, p["hidden"], p["dim"], f"{prefix}.fc2", F16, True)
         return self.b.op("add", [x, m], F16, f"{prefix}.residual2")
 
@@ -174,8 +190,6 @@ def _build(kind: str, params: dict[str, Any], scales: dict[str, int], seed: int
 def build_transformer(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """Two-pass build: fit FP8 activation scales on a calibration input, then build."""
     if params["dim"] % params["heads"]:
-        from ipu_stack.util.errors import UsageError
-
         raise UsageError(f"--dim {params['dim']} is not a multiple of --heads {params['heads']}")
     scales: dict[str, int] = {}
     if params["precision"] == "fp8":
@@ -209,6 +223,12 @@ def _fields(kind: str):
     return make
 
 
+def GELU_OPTION(default: str) -> Parameter:  # noqa: N802  (reads as a constant)
+    """The ``--gelu`` option: ``erf`` is the exact GELU, ``tanh`` its tanh approximation."""
+    return Parameter("gelu", str, default, "GELU activation: erf (exact) or tanh (approximation)",
+                     choices=tuple(GELU_FORMS))
+
+
 def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) -> None:
     register(Workload(
         name=kind, description=description, parameters=parameters,
@@ -219,13 +239,12 @@ def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) ->
 
 _register("siglip-layer", "SigLIP-so400m encoder layer (pre-norm, biases, GELU tanh)",
           _common(729, 1152, 16, 4304, 1e-6))
-_register("pe-block", "Perception Encoder L/14-336 layer with 2D RoPE (eps 1e-5)",
-          _common(577, 1024, 16, 4096, 1e-5))
+_register("pe-block", "Perception Encoder L/14-336 layer with 2D RoPE (eps 1e-5, exact GELU)",
+          (*_common(577, 1024, 16, 4096, 1e-5), GELU_OPTION("erf")))
 _register("siglip-attention", "SigLIP attention sub-layer: norm, q/k/v, attention, out, residual",
           _common(729, 1152, 16, 4304, 1e-6))
 _register("attention", "diagnostic attention block of reference log 001 (7 operations)",
           tuple(p for p in _common(197, 768, 12, 3072, 1e-6)
                 if p.name not in ("hidden", "blocks", "eps")))
-_register("vit-layer", "generic pre-norm ViT layer",
-          (*_common(197, 768, 12, 3072, 1e-6),
-           Parameter("gelu", str, "tanh", "GELU form", choices=("tanh", "none"))))
+_register("vit-layer", "generic pre-norm ViT layer (exact GELU, as ViT defines it)",
+          (*_common(197, 768, 12, 3072, 1e-6), GELU_OPTION("erf")))
