@@ -29,14 +29,29 @@ def _norm(tensors: dict[str, np.ndarray], prefix: str, eps: float) -> nn.LayerNo
     return norm
 
 
-class AttentionTwin(nn.Module):
-    """The builtins' attention: q/k/v projections, SDPA over heads, output projection."""
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Perception Encoder's ``rotate_half`` on interleaved pairs: (x0, x1) -> (-x1, x0)."""
+    pairs = x.view(*x.shape[:-1], x.shape[-1] // 2, 2)
+    x0, x1 = pairs.unbind(-1)
+    return torch.stack((-x1, x0), dim=-1).view(x.shape)
 
-    def __init__(self, tensors: dict[str, np.ndarray], prefix: str, heads: int, bias: bool):
+
+class AttentionTwin(nn.Module):
+    """The builtins' attention: q/k/v projections, SDPA over heads, output projection; with
+    ``rope`` tables (cos, sin ``[T, d/2]``) PE's rotary embedding on queries and keys."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], prefix: str, heads: int, bias: bool,
+                 rope: bool = False):
         super().__init__()
         self.heads = heads
         self.q, self.k, self.v, self.o = (_linear(tensors, f"{prefix}.{n}", bias)
                                           for n in "qkvo")
+        self.rope = rope
+        if rope:  # PE's freqs are repeated per pair: "... n -> ... (n r)", r=2
+            cos = torch.from_numpy(tensors[f"{prefix}.rope.cos"]).repeat_interleave(2, dim=-1)
+            sin = torch.from_numpy(tensors[f"{prefix}.rope.sin"]).repeat_interleave(2, dim=-1)
+            self.register_buffer("cos", cos)
+            self.register_buffer("sin", sin)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, t, d = h.shape
@@ -44,19 +59,24 @@ class AttentionTwin(nn.Module):
         def split(x: torch.Tensor) -> torch.Tensor:
             return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)
 
-        o = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)))
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        if self.rope:
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
+        o = F.scaled_dot_product_attention(q, k, v)
         return self.o(o.transpose(1, 2).reshape(b, t, d))
 
 
 class LayerTwin(nn.Module):
-    """``siglip-layer`` / ``vit-layer`` / ``siglip-attention``: a pre-norm encoder layer."""
+    """``siglip-layer`` / ``vit-layer`` / ``siglip-attention`` / ``pe-block`` (``rope``): a
+    pre-norm encoder layer."""
 
     def __init__(self, tensors: dict[str, np.ndarray], heads: int, eps: float, blocks: int = 1,
-                 mlp: bool = True, gelu: str = "tanh"):
+                 mlp: bool = True, gelu: str = "tanh", rope: bool = False):
         super().__init__()
         self.mlp, self.gelu = mlp, gelu
         self.ln1 = nn.ModuleList(_norm(tensors, f"layer{i}.ln1", eps) for i in range(blocks))
-        self.attn = nn.ModuleList(AttentionTwin(tensors, f"layer{i}.attn", heads, True)
+        self.attn = nn.ModuleList(AttentionTwin(tensors, f"layer{i}.attn", heads, True, rope)
                                   for i in range(blocks))
         if mlp:
             self.ln2 = nn.ModuleList(_norm(tensors, f"layer{i}.ln2", eps) for i in range(blocks))

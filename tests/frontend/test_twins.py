@@ -83,7 +83,7 @@ def _twin_case(name: str, params: dict[str, Any]):
     else:
         gelu = "tanh" if params.get("gelu", "tanh") == "tanh" else "none"
         module = LayerTwin(tensors, heads, params["eps"], params["blocks"],
-                           mlp=name != "siglip-attention", gelu=gelu)
+                           mlp=name != "siglip-attention", gelu=gelu, rope=name == "pe-block")
     x = np.asarray(tensors["x"], np.float32)
     # the builtins' calibration input: seed + 1, one image, rounded as each builtin's first
     # pass stores it (siglip-mlp: the input's FP8; attention: FP8 at exponent 0, its
@@ -106,6 +106,8 @@ CASES = {
     "siglip-attention": ("siglip-attention", SMALL),
     "vit-layer": ("vit-layer", SMALL),
     "attention": ("attention", {k: v for k, v in SMALL.items() if k != "hidden"}),
+    "pe-block": ("pe-block", {**SMALL, "tokens": 17}),  # CLS + 4 x 4 patches
+    "pe-block-f16": ("pe-block", {**SMALL, "tokens": 17, "precision": "f16"}),
 }
 
 
@@ -132,21 +134,46 @@ def test_twin_imports_to_the_builtin_graph(case: str) -> None:
     assert imported.conversion_error < 1e-5
 
 
-def test_pe_block_twin_is_reported_unsupported() -> None:
-    """pe-block's 2D RoPE has no ATen mapping (see docs/frontend.md): a torch RoPE written
-    with the usual pair rotation is refused with the standard one-line error."""
+def test_a_rotation_that_is_not_rope_is_refused() -> None:
+    """The channel-pair algebra maps only rotations: swapping the sign of one sine term
+    (a reflection, not a rotation) is refused with the standard one-line error."""
 
-    class Rope(torch.nn.Module):
+    class Skewed(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            pairs = x.view(1, 16, 4, 8, 2)
-            angle = torch.arange(16.0).view(1, 16, 1, 1)
-            even, odd = pairs[..., 0], pairs[..., 1]
-            rotated = torch.stack([even * angle.cos() - odd * angle.sin(),
-                                   even * angle.sin() + odd * angle.cos()], dim=-1)
-            return rotated.view(1, 16, 64)
+            q = x.view(1, 16, 4, 16).transpose(1, 2)
+            angle = torch.arange(16.0).view(16, 1).expand(16, 16) * 0.1
+            pairs = q.view(1, 4, 16, 8, 2)
+            even, odd = pairs.unbind(-1)
+            mixed = torch.stack([even * angle[:, ::2].cos() + odd * angle[:, ::2].sin(),
+                                 even * angle[:, ::2].sin() + odd * angle[:, ::2].cos()], -1)
+            return mixed.view(1, 4, 16, 16).transpose(1, 2).reshape(1, 16, 64)
 
     from ipu_stack.util.errors import CompileError
 
-    program = export(Rope(), torch.randn(1, 16, 64))
-    with pytest.raises(CompileError, match=r"unsupported operation aten\.\w+"):
+    program = export(Skewed(), torch.randn(1, 16, 64))
+    with pytest.raises(CompileError, match=r"unsupported operation aten\.transpose\.int .*"
+                       "not a rotation"):
         import_program(program)
+
+
+def test_twin_compiles_to_the_same_program(tmp_path, cache_dir, lock_path) -> None:
+    """Compiled and run both ways, the pe-block twin (RoPE, FP8) and the builtin give the same
+    estimate, the same cycle count and the same output bytes."""
+    from ipu_stack.pipeline import CompileOptions, compile_workload
+    from ipu_stack.runtime.session import load_package, run_package
+    from ipu_stack.workloads.base import Workload
+
+    name, params = CASES["pe-block"]
+    graph, tensors, imported = _twin_case(name, params)
+    builtin = get_workload(name)
+    twin = Workload("twin", "imported twin", (), lambda p: (imported.graph, imported.tensors),
+                    lambda p: "twin")
+    runs = []
+    for workload, resolved in ((builtin, builtin.resolve(params)), (twin, {})):
+        result = compile_workload(workload, resolved, tmp_path / workload.name,
+                                  CompileOptions(cache_dir=str(cache_dir)))
+        run = run_package(load_package(result.package), result.graph, result.tensors, lock_path)
+        assert run.passed
+        runs.append((result.estimate["cycles"], run.run.cycles,
+                     next(iter(run.outputs.values())).tobytes()))
+    assert runs[0] == runs[1]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
-from ipu_stack.ir.precision import F16, Precision, fit_scale_exponent
+from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import CompileError
 
@@ -32,6 +32,11 @@ from ipu_stack.util.errors import CompileError
 TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
                "aten.dropout", "aten.alias", "aten.detach", "aten.to", "aten._to_copy",
                "aten.flatten", "aten.unsqueeze", "aten.squeeze", "aten.type_as"}
+# rules that accept symbolic channel-pair values (RoPE, ``frontend/rope.py``)
+PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
+              "aten.mul", "aten.add", "aten.sub", "aten.neg", "aten.unbind", "aten.select",
+              "aten.stack", "<built-in function getitem>", "aten.flatten", "aten.unflatten",
+              "aten.alias", "aten.to", "aten._to_copy", "aten.detach"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 
@@ -125,7 +130,7 @@ class Converter:
         self.b = GraphBuilder(name)
         self.env: dict[Any, Any] = {}
         self.const_names: dict[int, str] = {}
-        self.weights: dict[str, tuple[int, np.ndarray, bool]] = {}  # name -> (id, raw, matrix)
+        self.weights: dict[str, tuple[int, np.ndarray, str]] = {}  # name -> (id, raw, kind)
         self.inputs: list[InputSpec] = []
         self.input_values: dict[str, np.ndarray] = {}
         self.outputs: list[OutputSpec] = []
@@ -142,6 +147,8 @@ class Converter:
         path = list(stack.values())[-1][0] if stack else ""
         match = LAYER.search(path or "")
         prefix = f"layer{match.group(1)}." if match else ""
+        if not prefix and node.name.startswith("layer"):
+            prefix = "model."  # ``layer_norm`` would read as a layer named so in diagnostics
         return f"{prefix}{node.name}{suffix}"
 
     def act_precision(self, name: str) -> Precision:
@@ -168,15 +175,17 @@ class Converter:
         return True
 
     # ------------------------------------------------------------------ weights and inputs
-    def weight(self, key: str, raw: np.ndarray, matrix: bool) -> int:
-        """An IR weight (precision fixed in :meth:`finish`, after any folding into ``raw``)."""
+    def weight(self, key: str, raw: np.ndarray, matrix: bool, table: bool = False) -> int:
+        """An IR weight (precision fixed in :meth:`finish`, after any folding into ``raw``):
+        a GEMM ``matrix`` (FP8 in fp8 mode), a vector (F16) or a RoPE ``table`` (F32)."""
         if key in self.weights:
             value_id, held, _ = self.weights[key]
             if held.shape == raw.shape and np.array_equal(held, raw):
                 return value_id
             key = f"{key}#{len(self.weights)}"
         value_id = self.b.weight(key, TensorType(tuple(raw.shape), F16))
-        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32).copy(), matrix)
+        kind = "table" if table else ("matrix" if matrix else "vector")
+        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32).copy(), kind)
         return value_id
 
     def const_key(self, tensor: Any, fallback: str) -> str:
@@ -281,9 +290,12 @@ class Converter:
                         self.env[node] = node.target(*args, **kwargs)
                     continue
                 self.dynamic.add(node)
-                handler = HANDLERS.get(op_name(node.target))
+                kind = op_name(node.target)
+                handler = HANDLERS.get(kind)
                 if handler is None:
                     raise unsupported(node)
+                if kind not in PAIR_AWARE:
+                    args, kwargs = self.settle(node, args), self.settle(node, kwargs)
                 try:
                     self.env[node] = handler(self, node, *args, **kwargs)
                 except TypeError as exc:  # a signature this rule was not written for
@@ -295,6 +307,24 @@ class Converter:
         if user_index != len(self.user):
             raise CompileError(f"the program takes {user_index} inputs, {len(self.user)} given")
         return self.finish()
+
+    def settle(self, node: Any, value: Any) -> Any:
+        """Arguments with symbolic channel-pair values (``frontend/rope.py``) made concrete:
+        a rotation becomes one ``rope`` operation; anything else is unsupported."""
+        from ipu_stack.frontend import rope
+
+        if isinstance(value, rope.Pairs):
+            done = rope.materialize(self, node, value)
+            if done is None:
+                raise unsupported(node, "a per-channel-pair mix that is not a rotation (RoPE)")
+            return done
+        if isinstance(value, rope.PairPart):
+            raise unsupported(node, "one component of a (..., d/2, 2) view used on its own")
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.settle(node, v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.settle(node, v) for k, v in value.items()}
+        return value
 
     def _is_dynamic(self, node: Any) -> bool:
         return node in self.dynamic
@@ -321,6 +351,8 @@ class Converter:
             if spec.kind.name != "USER_OUTPUT":
                 continue
             value = self.env.get(arg) if hasattr(arg, "op") else arg
+            if hasattr(arg, "op"):
+                value = self.settle(arg, value)
             if value is None:
                 continue  # None outputs are dropped by torch's pytree too
             if not isinstance(value, Act):
@@ -339,9 +371,9 @@ class Converter:
         graph = self.b.graph
         tensors: dict[str, np.ndarray] = {}
         exact: dict[str, np.ndarray] = {}
-        for name, (value_id, raw, matrix) in self.weights.items():
+        for name, (value_id, raw, kind) in self.weights.items():
             precision = Precision("F8F143", fit_scale_exponent(raw)) if (
-                self.fp8 and matrix) else F16
+                self.fp8 and kind == "matrix") else (F32 if kind == "table" else F16)
             old = graph.values[value_id]
             graph.values[value_id] = Value(value_id, name, TensorType(old.type.shape, precision),
                                            "weight")
@@ -352,6 +384,10 @@ class Converter:
             precision = graph.value(spec.value).type.precision
             tensors[spec.name] = precision.round_trip(data)
             exact[spec.name] = data
+        names = [v.name for v in graph.values]
+        if len(set(names)) != len(names):  # the package and the verdict key values by name
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise CompileError(f"importer bug: value names used twice: {', '.join(twice[:3])}")
         return Converted(self.b.build(), tensors, exact, self.inputs, self.outputs,
                          self.rewrites)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend import forms
+from ipu_stack.frontend import forms, rope
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.precision import F16
@@ -76,10 +76,18 @@ def _dropout(conv: Converter, node: Any, x: Any, p: float = 0.0, train: bool = F
     return x
 
 
-def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Act:
+def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(x, (rope.Pairs, rope.PairPart)):
+        pairs = rope.view(x, forms.resolve_shape(shape, prod(x.shape)))
+        if pairs is None:
+            raise unsupported(node, f"view of a channel-pair value as {list(shape)}")
+        return pairs
     act = _act(conv, node, x)
     total = prod(act.shape)
-    out = forms.reshape(act, forms.resolve_shape(shape, total))
+    resolved = forms.resolve_shape(shape, total)
+    if resolved == (*act.shape[:-1], act.shape[-1] // 2, 2) and rope.start(act) is not None:
+        return rope.view(rope.start(act), resolved)  # type: ignore[arg-type]
+    out = forms.reshape(act, resolved)
     if out is None:
         raise unsupported(node, f"view of a {act.form}-form value {list(act.shape)} as "
                           f"{list(shape)} moves data")
@@ -91,9 +99,13 @@ def _reshape(conv: Converter, node: Any, x: Any, shape: Any) -> Act:
     return _view(conv, node, x, tuple(int(s) for s in shape))
 
 
+def _shaped(conv: Converter, node: Any, x: Any) -> Any:
+    return x if isinstance(x, (rope.Pairs, rope.PairPart)) else _act(conv, node, x)
+
+
 @rule("aten.flatten")
-def _flatten(conv: Converter, node: Any, x: Any, start: int = 0, end: int = -1) -> Act:
-    act = _act(conv, node, x)
+def _flatten(conv: Converter, node: Any, x: Any, start: int = 0, end: int = -1) -> Any:
+    act = _shaped(conv, node, x)
     n = len(act.shape)
     start, end = start % n, end % n
     shape = (*act.shape[:start], prod(act.shape[start:end + 1]), *act.shape[end + 1:])
@@ -101,11 +113,33 @@ def _flatten(conv: Converter, node: Any, x: Any, start: int = 0, end: int = -1) 
 
 
 @rule("aten.unflatten")
-def _unflatten(conv: Converter, node: Any, x: Any, dim: int, sizes: Any) -> Act:
-    act = _act(conv, node, x)
+def _unflatten(conv: Converter, node: Any, x: Any, dim: int, sizes: Any) -> Any:
+    act = _shaped(conv, node, x)
     dim %= len(act.shape)
     sizes = forms.resolve_shape(sizes, act.shape[dim])
     return _view(conv, node, act, (*act.shape[:dim], *sizes, *act.shape[dim + 1:]))
+
+
+@rule("aten.unbind")
+def _unbind(conv: Converter, node: Any, x: Any, dim: int = 0) -> list[Any]:
+    if isinstance(x, rope.Pairs) and x.split and dim % len(x.shape) == len(x.shape) - 1:
+        return [rope.component(x, 0), rope.component(x, 1)]
+    raise unsupported(node, "unbinding an activation (only the pair axis of a RoPE view)")
+
+
+@rule("<built-in function getitem>")
+def _getitem(conv: Converter, node: Any, items: Any, index: int) -> Any:
+    if isinstance(items, (list, tuple)):
+        return items[index]
+    raise unsupported(node, "indexing an activation")
+
+
+@rule("aten.stack")
+def _stack(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
+    pairs = rope.stack(list(parts))
+    if pairs is None or dim % len(pairs.shape) != len(pairs.shape) - 1:
+        raise unsupported(node, "stacking activations (only the two halves of a RoPE pair)")
+    return pairs
 
 
 @rule("aten.unsqueeze")
@@ -166,7 +200,9 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
 
 
 @rule("aten.select")
-def _select(conv: Converter, node: Any, x: Any, dim: int, index: int) -> Act:
+def _select(conv: Converter, node: Any, x: Any, dim: int, index: int) -> Any:
+    if isinstance(x, rope.Pairs) and dim % len(x.shape) == len(x.shape) - 1 and x.split:
+        return rope.component(x, index)
     act = _act(conv, node, x)
     dim %= len(act.shape)
     if act.form == "rows" and len(act.shape) == 3 and dim == 1:
@@ -242,6 +278,12 @@ def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Act:
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
+    symbolic = (rope.Pairs, rope.PairPart)
+    if isinstance(x, symbolic) or isinstance(y, symbolic):
+        summed = rope.add(x, y, sign * alpha)
+        if summed is None:
+            raise unsupported(node, "a sum of channel-pair values of different inputs")
+        return summed
     if isinstance(x, UserInput):
         x = conv.user_act(x, node)
     if isinstance(y, UserInput):
@@ -283,9 +325,13 @@ def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
 
 
 @rule("aten.mul")
-def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
-    if not isinstance(x, (Act, UserInput)):
+def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
+    symbolic = (Act, UserInput, rope.Pairs, rope.PairPart)
+    if not isinstance(x, symbolic):
         x, y = y, x
+    if isinstance(x, (rope.Pairs, rope.PairPart)) or (
+            isinstance(x, Act) and _is_tensor(y) and y.numel() > 1 and rope.start(x) is not None):
+        return _mul_pairs(conv, node, x, y)
     act = _act(conv, node, x)
     if isinstance(y, (Act, UserInput)):
         raise unsupported(node, "product of two activations")
@@ -300,15 +346,29 @@ def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
                       "linear layer's output")
 
 
+def _mul_pairs(conv: Converter, node: Any, x: Any, y: Any) -> Any:
+    """A product on a query/key in heads form: part of a RoPE (``frontend/rope.py``)."""
+    if isinstance(y, (Act, UserInput, rope.Pairs, rope.PairPart)):
+        raise unsupported(node, "product of two activations")
+    value = rope.start(x) if isinstance(x, Act) else x
+    constant = _const_array(y)
+    if constant.size == 1:
+        return rope.scale(value, float(constant.reshape(())))
+    product = rope.multiply(value, constant)
+    if product is None:
+        raise unsupported(node, "a product with a table that differs between images or heads")
+    return product
+
+
 def _fold_column_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) -> Act:
     """``linear(x) * gamma`` (layer scale) is ``x @ (W * gamma) + b * gamma``: folded into
     the weights at compile time."""
     weight_key, bias_key = act.linear  # type: ignore[misc]
-    value_id, raw, matrix = conv.weights[weight_key]
-    conv.weights[weight_key] = (value_id, raw * scale[None, :].astype(np.float32), matrix)
+    value_id, raw, kind = conv.weights[weight_key]
+    conv.weights[weight_key] = (value_id, raw * scale[None, :].astype(np.float32), kind)
     if bias_key is not None:
-        bias_id, bias, bias_matrix = conv.weights[bias_key]
-        conv.weights[bias_key] = (bias_id, bias * scale.astype(np.float32), bias_matrix)
+        bias_id, bias, bias_kind = conv.weights[bias_key]
+        conv.weights[bias_key] = (bias_id, bias * scale.astype(np.float32), bias_kind)
     conv.rewrites.append(f"{node.name}: per-channel scale folded into {weight_key}")
     return act.with_(linear=None)
 
@@ -325,7 +385,9 @@ def _div(conv: Converter, node: Any, x: Any, y: Any, rounding_mode: Any = None) 
 
 
 @rule("aten.neg")
-def _neg(conv: Converter, node: Any, x: Any) -> Act:
+def _neg(conv: Converter, node: Any, x: Any) -> Any:
+    if isinstance(x, (rope.Pairs, rope.PairPart)):
+        return rope.scale(x, -1.0)
     return _scale(_act(conv, node, x), -1.0)
 
 
