@@ -230,10 +230,11 @@ class Converter:
         if not act.lazy:
             return act
         key = (act.value, act.factor, id(act.addend))
-        if key in self.materialized:
-            return self.materialized[key].with_(shape=act.shape)
+        if key in self.materialized:  # the same lazy value seen through another view
+            return act.with_(value=self.materialized[key].value, factor=1.0, addend=None,
+                             linear=None)
         value = act.value
-        base = self.name(node)
+        base = act.origin or self.name(node)
         if act.factor != 1.0:
             value = self.b.op("scale", [value], F16, f"{base}.scaled", factor=float(act.factor))
         if act.addend is not None:

@@ -49,6 +49,7 @@ class Act:
     prefix: int = 0  # channels: zero patch rows per image hidden ahead of the patches
     bias: np.ndarray | None = field(default=None, compare=False)  # what those rows hold
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
+    origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
 
     @property
     def lazy(self) -> bool:

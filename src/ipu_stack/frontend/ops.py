@@ -265,7 +265,8 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Act:
     addend[:, :act.prefix] = head - (act.bias if act.bias is not None else 0.0)
     conv.rewrites.append(f"{node.name}: {act.prefix} constant token(s) as zero patch rows plus "
                          "a corrected addend")
-    return Act(act.value, (b, act.prefix + n, d), addend=addend.reshape(-1, d))
+    return Act(act.value, (b, act.prefix + n, d), addend=addend.reshape(-1, d),
+               origin=conv.name(node))
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -307,7 +308,7 @@ def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) ->
         raise unsupported(node, "a constant that broadcasts the activation to a larger shape")
     rows = forms.broadcast_rows(constant, act)
     addend = rows if act.addend is None else act.addend + rows
-    return act.with_(addend=addend, linear=None)
+    return act.with_(addend=addend, linear=None, origin=conv.name(node))
 
 
 def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:

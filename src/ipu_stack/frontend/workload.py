@@ -16,6 +16,7 @@ shows there at once (relative RMS far above float32's 1e-6), independent of prec
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.ir.precision import fit_scale_exponent
 from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, rng_for
 
+LOG = logging.getLogger("ipu_stack.frontend")
 NAME = IMPORTED
 CONVERSION_LIMIT = 1e-4  # relative RMS of float64 graph vs torch float32 (float32 is ~1e-6)
 
@@ -195,6 +198,11 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
         raise CompileError(f"conversion check failed: the imported graph in float64 differs from "
                            f"torch by {error:.3g} relative RMS (limit {CONVERSION_LIMIT:g}); "
                            "this is an importer bug, please report it with the model")
+    event(LOG, "imported torch program", graph=name, precision=precision,
+          operations=len(converted.graph.operations), rewrites=len(converted.rewrites),
+          conversionError=float(f"{error:.3g}"))
+    for rewrite in converted.rewrites:
+        event(LOG, "import rewrite", level=logging.DEBUG, rewrite=rewrite)
     return Imported(converted, laid_out, error, user)
 
 
