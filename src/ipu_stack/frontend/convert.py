@@ -32,6 +32,9 @@ from ipu_stack.util.errors import CompileError
 TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
                "aten.dropout", "aten.alias", "aten.detach", "aten.to", "aten._to_copy",
                "aten.flatten", "aten.unsqueeze", "aten.squeeze", "aten.type_as"}
+# calls kept even when nothing reads their result (checks that must still hold)
+SIDE_EFFECTS = {"aten._assert_tensor_metadata", "aten._assert_scalar",
+                "aten.sym_constrain_range_for_size"}
 # rules that accept symbolic channel-pair values (RoPE, ``frontend/rope.py``)
 PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
               "aten.mul", "aten.add", "aten.sub", "aten.neg", "aten.unbind", "aten.select",
@@ -284,6 +287,8 @@ class Converter:
                 else:
                     self.env[node] = self._state(spec)
             elif node.op == "call_function":
+                if not node.users and op_name(node.target) not in SIDE_EFFECTS:
+                    continue  # dead: nothing reads it (e.g. attention weights left unused)
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):

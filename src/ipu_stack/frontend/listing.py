@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ipu_stack.frontend.convert import Converter, op_name, where
+from ipu_stack.frontend.convert import SIDE_EFFECTS, Converter, op_name, where
 from ipu_stack.util.errors import CompileError
 
 
@@ -37,6 +37,8 @@ def list_operations(program: Any) -> list[dict[str, Any]]:
         module, source = where(node)
         if failure is not None and node is failure[0]:
             status, supported, reached = "unsupported: " + failure[1], False, False
+        elif reached and not node.users and op_name(node.target) not in SIDE_EFFECTS:
+            status, supported = "dead (nothing reads it)", True
         elif reached:
             folded = node not in converter.dynamic
             status, supported = ("folded (constant)" if folded else "mapped"), True
