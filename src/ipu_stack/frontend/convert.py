@@ -35,11 +35,14 @@ TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguou
 # calls kept even when nothing reads their result (checks that must still hold)
 SIDE_EFFECTS = {"aten._assert_tensor_metadata", "aten._assert_scalar",
                 "aten.sym_constrain_range_for_size"}
-# rules that accept symbolic channel-pair values (RoPE, ``frontend/rope.py``)
+# rules that accept symbolic values: channel pairs (RoPE, ``frontend/rope.py``) and fused
+# projections (``frontend/fused.py``); every other rule gets them made concrete first
 PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
               "aten.mul", "aten.add", "aten.sub", "aten.neg", "aten.unbind", "aten.select",
               "aten.stack", "<built-in function getitem>", "aten.flatten", "aten.unflatten",
-              "aten.alias", "aten.to", "aten._to_copy", "aten.detach"}
+              "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
+              "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
+              "aten.split_with_sizes"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 
@@ -139,6 +142,7 @@ class Converter:
         self.outputs: list[OutputSpec] = []
         self.user_acts: dict[int, Act] = {}
         self.materialized: dict[tuple, Act] = {}
+        self.fused_done: dict[int, tuple[Any, Act]] = {}
         self.rewrites: list[str] = []
         self.dynamic: set[Any] = set()
         self.node: Any = None
@@ -270,6 +274,7 @@ class Converter:
         signature = self.program.graph_signature
         specs = {spec.arg.name: spec for spec in signature.input_specs}
         user_index = 0
+        live = self.live_nodes()
         for node in self.program.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -287,8 +292,8 @@ class Converter:
                 else:
                     self.env[node] = self._state(spec)
             elif node.op == "call_function":
-                if not node.users and op_name(node.target) not in SIDE_EFFECTS:
-                    continue  # dead: nothing reads it (e.g. attention weights left unused)
+                if node not in live and op_name(node.target) not in SIDE_EFFECTS:
+                    continue  # dead: no output depends on it (e.g. unused attention weights)
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
@@ -317,8 +322,18 @@ class Converter:
     def settle(self, node: Any, value: Any) -> Any:
         """Arguments with symbolic channel-pair values (``frontend/rope.py``) made concrete:
         a rotation becomes one ``rope`` operation; anything else is unsupported."""
-        from ipu_stack.frontend import rope
+        from ipu_stack.frontend import fused, rope
 
+        if isinstance(value, fused.Fused):  # used whole: the full GEMM after all
+            if id(value) not in self.fused_done:
+                from ipu_stack.frontend.ops_gemm import emit_linear
+
+                self.fused_done[id(value)] = (value, emit_linear(
+                    self, value.node, value.x, value.weight, value.key, value.bias,
+                    value.bias_key))
+            return self.fused_done[id(value)][1]
+        if isinstance(value, fused.Split):
+            raise unsupported(node, "a fused projection's output used without selecting a part")
         if isinstance(value, rope.Pairs):
             done = rope.materialize(self, node, value)
             if done is None:
@@ -331,6 +346,17 @@ class Converter:
         if isinstance(value, dict):
             return {k: self.settle(node, v) for k, v in value.items()}
         return value
+
+    def live_nodes(self) -> set[Any]:
+        """Nodes some output depends on."""
+        output = next(n for n in self.program.graph.nodes if n.op == "output")
+        live, stack = {output}, [output]
+        while stack:
+            for source in stack.pop().all_input_nodes:
+                if source not in live:
+                    live.add(source)
+                    stack.append(source)
+        return live
 
     def _is_dynamic(self, node: Any) -> bool:
         return node in self.dynamic

@@ -50,6 +50,7 @@ class Act:
     bias: np.ndarray | None = field(default=None, compare=False)  # what those rows hold
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
+    one_query: bool = False  # scores/probs of a single query replicated over the token rows
 
     @property
     def lazy(self) -> bool:
@@ -101,6 +102,11 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         rows = prod(act.shape[:-1])
         if len(shape) == 4 and shape[2] * shape[3] == cols and shape[0] * shape[1] == rows:
             return act.with_(shape=shape, form="heads", dims=shape, linear=None)
+        if len(shape) == 3 and shape[1] * shape[2] == cols and shape[0] == rows and (
+                act.attention is None):
+            batch, tokens = _batch_tokens(act)
+            return act.with_(shape=shape, form="heads", dims=(batch, tokens, *shape[1:]),
+                             linear=None)
         if act.attention is not None:
             b, h, t = act.attention
             if shape in ((b, h, t, t), (b * h, t, t)):
@@ -123,7 +129,24 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         if shape[-1] == act.shape[-1] and prod(shape[:-1]) == prod(act.shape[:-1]):
             return act.with_(shape=shape)
         return None
+    if act.form == "rep_heads":  # one query's attention output, (B*H, 1, d) in some grouping
+        b, t, h, d = act.dims
+        if shape[-1] == h * d and prod(shape[:-1]) == b:
+            return act.with_(shape=shape, form="replicated", dims=(b, t))
+        if shape[-1] == d and prod(shape[:-1]) == b * h:
+            return act.with_(shape=shape)
+        return None
     return None
+
+
+def _batch_tokens(act: Act) -> tuple[int, int]:
+    """(images, tokens) of a rows value ``[B, T, D]``; ``[T, 1, D]`` is read as one image's
+    tokens first (``nn.MultiheadAttention``'s layout), anything else as one image.  A wrong
+    reading cannot pass: the conversion check compares the whole graph with torch."""
+    rows = prod(act.shape[:-1])
+    if len(act.shape) == 3 and not (act.shape[1] == 1 and act.shape[0] > 1):
+        return act.shape[0], act.shape[1]
+    return 1, rows
 
 
 def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
@@ -133,6 +156,8 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
     if perm == tuple(range(n)):
         return act
     new_shape = tuple(act.shape[p] for p in perm)
+    if act.form == "heads" and n == 3 and perm == (1, 0, 2) and act.dims[0] == 1:
+        return act.with_(shape=new_shape, form="heads_major")  # one image: (T,H,d) -> (H,T,d)
     if act.form in ("heads", "heads_major", "keys_t") and n in (3, 4):
         if n == 4:
             moves = {
@@ -157,7 +182,7 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
             return act.with_(shape=new_shape, form="rows", dims=())
         return None
     # a permutation that only moves size-1 dimensions keeps row-major order
-    if act.form in ("rows", "replicated"):
+    if act.form in ("rows", "replicated", "rep_heads"):
         moved = [p for p in perm if act.shape[p] != 1]
         if moved == sorted(moved) and new_shape[-1] == act.shape[-1]:
             return act.with_(shape=new_shape)

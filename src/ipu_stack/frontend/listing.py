@@ -31,13 +31,14 @@ def list_operations(program: Any) -> list[dict[str, Any]]:
         failure = (converter.node, str(exc))
     rows = []
     reached = True
+    live = converter.live_nodes()
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
         module, source = where(node)
         if failure is not None and node is failure[0]:
             status, supported, reached = "unsupported: " + failure[1], False, False
-        elif reached and not node.users and op_name(node.target) not in SIDE_EFFECTS:
+        elif reached and node not in live and op_name(node.target) not in SIDE_EFFECTS:
             status, supported = "dead (nothing reads it)", True
         elif reached:
             folded = node not in converter.dynamic

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend import forms, rope
+from ipu_stack.frontend import forms, fused, rope
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.precision import F16
@@ -80,6 +80,11 @@ def _dropout(conv: Converter, node: Any, x: Any, p: float = 0.0, train: bool = F
 
 
 def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(x, (fused.Fused, fused.Split)):
+        split = fused.view(x, forms.resolve_shape(shape, prod(x.shape)))
+        if split is not None:
+            return split
+        x = conv.settle(node, x)  # a whole fused projection; a Split is refused there
     if isinstance(x, (rope.Pairs, rope.PairPart)):
         pairs = rope.view(x, forms.resolve_shape(shape, prod(x.shape)))
         if pairs is None:
@@ -102,8 +107,12 @@ def _reshape(conv: Converter, node: Any, x: Any, shape: Any) -> Act:
     return _view(conv, node, x, tuple(int(s) for s in shape))
 
 
+SYMBOLIC = (rope.Pairs, rope.PairPart, fused.Fused, fused.Split)
+
+
 def _shaped(conv: Converter, node: Any, x: Any) -> Any:
-    return x if isinstance(x, (rope.Pairs, rope.PairPart)) else _act(conv, node, x)
+    """A value whose shape a view rule may change: symbolic values stay symbolic."""
+    return x if isinstance(x, SYMBOLIC) else _act(conv, node, x)
 
 
 @rule("aten.flatten")
@@ -123,11 +132,39 @@ def _unflatten(conv: Converter, node: Any, x: Any, dim: int, sizes: Any) -> Any:
     return _view(conv, node, act, (*act.shape[:dim], *sizes, *act.shape[dim + 1:]))
 
 
+def _part(conv: Converter, node: Any, x: fused.Split, index: int) -> Act:
+    act = fused.part(conv, node, x, index)
+    if act is None:
+        raise unsupported(node, "a fused projection's part viewed in a way that moves data")
+    return act
+
+
 @rule("aten.unbind")
 def _unbind(conv: Converter, node: Any, x: Any, dim: int = 0) -> list[Any]:
+    if isinstance(x, fused.Split) and dim % len(x.shape) == x.axis:
+        return [_part(conv, node, x, i) for i in range(x.groups)]
     if isinstance(x, rope.Pairs) and x.split and dim % len(x.shape) == len(x.shape) - 1:
         return [rope.component(x, 0), rope.component(x, 1)]
     raise unsupported(node, "unbinding an activation (only the pair axis of a RoPE view)")
+
+
+@rule("aten.chunk", "aten.split", "aten.split_with_sizes")
+def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[Any]:
+    """Equal parts of a fused projection's last dimension: one GEMM each."""
+    if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1:
+        cols = x.shape[-1]
+        if "chunk" in str(node.target):
+            groups = int(size)
+        elif isinstance(size, int):
+            groups = cols // size if cols % size == 0 else 0
+        else:
+            groups = len(size) if len(set(size)) == 1 else 0
+        if groups > 1 and cols % groups == 0:
+            split = fused.view(x, (*x.shape[:-1], groups, cols // groups))
+            if split is not None:
+                return [_part(conv, node, split, i) for i in range(groups)]
+    raise unsupported(node, "splitting an activation (only equal parts of a linear layer's "
+                      "output)")
 
 
 @rule("<built-in function getitem>")
@@ -146,15 +183,15 @@ def _stack(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
 
 
 @rule("aten.unsqueeze")
-def _unsqueeze(conv: Converter, node: Any, x: Any, dim: int) -> Act:
-    act = _act(conv, node, x)
+def _unsqueeze(conv: Converter, node: Any, x: Any, dim: int) -> Any:
+    act = _shaped(conv, node, x)
     dim %= len(act.shape) + 1
     return _view(conv, node, act, (*act.shape[:dim], 1, *act.shape[dim:]))
 
 
 @rule("aten.squeeze")
-def _squeeze(conv: Converter, node: Any, x: Any, dim: Any = None) -> Act:
-    act = _act(conv, node, x)
+def _squeeze(conv: Converter, node: Any, x: Any, dim: Any = None) -> Any:
+    act = _shaped(conv, node, x)
     n = len(act.shape)
     dims = range(n) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
     drop = {d % n for d in dims if act.shape[d % n] == 1}
@@ -162,14 +199,16 @@ def _squeeze(conv: Converter, node: Any, x: Any, dim: Any = None) -> Act:
 
 
 @rule("aten.transpose")
-def _transpose(conv: Converter, node: Any, x: Any, a: int, b: int) -> Act:
-    act = _act(conv, node, x)
+def _transpose(conv: Converter, node: Any, x: Any, a: int, b: int) -> Any:
+    act = _shaped(conv, node, x)
     return _permute(conv, node, act, forms.transpose_perm(len(act.shape), a, b))
 
 
 @rule("aten.permute")
-def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Act:
-    act = _act(conv, node, x)
+def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
+    if isinstance(x, fused.Split):
+        return fused.permute(x, tuple(int(p) for p in perm))
+    act = _act(conv, node, conv.settle(node, x))
     out = forms.permute(act, tuple(int(p) for p in perm))
     if out is None:
         raise unsupported(node, f"permute {list(perm)} of a {act.form}-form value "
@@ -204,10 +243,15 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
 
 @rule("aten.select")
 def _select(conv: Converter, node: Any, x: Any, dim: int, index: int) -> Any:
+    if isinstance(x, fused.Split) and dim % len(x.shape) == x.axis:
+        return _part(conv, node, x, index % x.groups)
+    x = conv.settle(node, x) if isinstance(x, (fused.Fused, fused.Split)) else x
     if isinstance(x, rope.Pairs) and dim % len(x.shape) == len(x.shape) - 1 and x.split:
         return rope.component(x, index)
     act = _act(conv, node, x)
     dim %= len(act.shape)
+    if act.shape[dim] == 1 and act.form in ("rows", "replicated") and act.attention is None:
+        return _view(conv, node, act, act.shape[:dim] + act.shape[dim + 1:])
     if act.form == "rows" and len(act.shape) == 3 and dim == 1:
         return _mix_tokens(conv, node, act, _one_hot(act.shape[1], index % act.shape[1]),
                            keepdim=False)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.frontend import fused
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
@@ -16,27 +17,39 @@ from ipu_stack.ir.precision import F16
 
 
 # ---------------------------------------------------------------- GEMMs
-def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
-                   bias: Any) -> Act:
-    """``x @ weight (+ bias)``: weight ``[in, out]``, FP8 A operand, F16 result."""
+def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
+                bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
+    """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
     act = _rows(conv, node, x)
-    if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
-        raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
-    name = conv.name(node)
+    name = conv.name(node, suffix)
     a = conv.a_operand(act, node)
     w = conv.weight(key, weight, True)
-    bias_key = None
+    bias_name = None
     if bias is None:
         value = conv.b.op("matmul", [a, w], F16, name)
     else:
         mm = conv.b.op("matmul", [a, w], F16, f"{name}.mm")
-        bias_key = conv.const_key(bias, f"{name}.bias")
-        bv = conv.weight(bias_key, _np(bias).reshape(-1), False)
-        bias_key = conv.b.graph.value(bv).name
+        bv = conv.weight(bias_key or f"{name}.bias", bias.reshape(-1), False)
+        bias_name = conv.b.graph.value(bv).name
         value = conv.b.op("bias_add", [mm, bv], F16, name)
-    weight_key = conv.b.graph.value(w).name
     return Act(value, (*act.shape[:-1], weight.shape[1]), act.form, act.dims,
-               linear=(weight_key, bias_key))
+               linear=(conv.b.graph.value(w).name, bias_name))
+
+
+def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
+                   bias: Any) -> Any:
+    """A linear layer: emitted now, or kept as :class:`~ipu_stack.frontend.fused.Fused`
+    when every user splits its output into parts (``frontend/fused.py``)."""
+    act = _rows(conv, node, x)
+    if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
+        raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
+    bias_np = None if bias is None else _np(bias).reshape(-1)
+    bias_key = None if bias is None else conv.const_key(bias, f"{conv.name(node)}.bias")
+    users = list(node.users)
+    if users and all(fused.is_fused_user(u, len(act.shape)) for u in users):
+        return fused.Fused(act, weight, bias_np, key, bias_key,
+                           (*act.shape[:-1], weight.shape[1]), node)
+    return emit_linear(conv, node, act, weight, key, bias_np, bias_key)
 
 
 @rule("aten.linear")
@@ -59,6 +72,8 @@ def _addmm(conv: Converter, node: Any, bias: Any, x: Any, weight: Any, beta: flo
 def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
     if isinstance(x, (Act, UserInput)) and _is_tensor(y) and y.ndim == 2:
         return _linear_weight(conv, node, x, _np(y), f"{conv.name(node)}.weight", None)
+    if _is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
+        return _one_query_scores(conv, node, _np(x), y)
     if not (isinstance(x, Act) and isinstance(y, Act)):
         raise unsupported(node, "a matrix product with a constant on the left")
     if x.form == "heads_major" and y.form == "keys_t" and x.dims == y.dims:
@@ -82,7 +97,26 @@ def _context(conv: Converter, node: Any, probs: Act, v: Act, name: str | None = 
         raise unsupported(node, "attention probabilities and values disagree in shape")
     value = conv.b.op("head_matmul", [probs.value, v.value], F16, name or conv.name(node),
                       mode="pv", heads=h, tokens=t)
+    if probs.one_query:  # every token row holds the one query's output
+        return Act(value, (*probs.shape[:-1], v.dims[3]), "rep_heads", v.dims,
+                   factor=probs.factor * v.factor)
     return Act(value, v.shape, "heads_major", v.dims, factor=probs.factor * v.factor)
+
+
+def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> Act:
+    """``q @ k^T`` for one constant query per image and head (an attention-pooling probe,
+    ``[B*H, 1, d]``): the query is replicated over the token rows as an input, so
+    ``head_matmul qk`` gives every row the probe's scores and the result stays in rows."""
+    b, t, h, d = k.dims
+    if query.size != b * h * d:
+        raise unsupported(node, "a constant query that is not one vector per image and head")
+    rows = np.repeat(query.reshape(b, 1, h * d), t, axis=1).reshape(b * t, h * d)
+    name = conv.name(node)
+    q = conv.constant_input(f"{name}.query", rows, (b * t, h * d))
+    value = conv.b.op("head_matmul", [q, k.value], F16, name, mode="qk", heads=h, tokens=t)
+    conv.rewrites.append(f"{node.name}: constant query replicated over tokens ({name}.query)")
+    return Act(value, (*query.shape[:-1], t), factor=k.factor, attention=(b, h, t),
+               one_query=True)
 
 
 @rule("aten.scaled_dot_product_attention")
@@ -142,7 +176,9 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
                          f"{name} [{b}, {prefix}+{n}, {c * p * q}]")
     wmat = _np(weight).reshape(out_ch, -1).T
     act = Act(value, (b, prefix + n, c * p * q))
-    out = _linear_weight(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"), bias)
+    out = emit_linear(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"),
+                      None if bias is None else _np(bias),
+                      None if bias is None else conv.const_key(bias, f"{name}.bias"))
     return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
                      prefix=prefix, bias=None if bias is None else _np(bias), linear=None)
 
