@@ -366,6 +366,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("sweep needs a WORKLOAD and -o DIR (or --summary DIR)")
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if is_program_path(args.workload):
+        raise UsageError("sweep takes a builtin workload; run `bench MODEL.pt2` per point for "
+                         "a torch program (its workers rebuild workloads by name)")
     workload, params = _params(args)
     options = CompileOptions(finalists=args.finalists, memory_proportion=args.memory_proportion,
                              cache_dir=args.cache_dir or CompileOptions().cache_dir)

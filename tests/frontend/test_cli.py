@@ -196,3 +196,10 @@ def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:
     assert "--batch 2: the program was exported for batch 1 without a dynamic batch" in err
     assert main(["--quiet", "capacity", str(tiny), "--max-blocks", "4"]) == 2
     assert "no parameter --blocks" in capsys.readouterr().err
+
+
+def test_sweep_of_a_program_is_refused_in_one_line(tiny: Path, tmp_path: Path, capsys) -> None:
+    code = main(["--quiet", "sweep", str(tiny), "--grid", "precision=fp8,f16", "-o",
+                 str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1 and "sweep takes a builtin" in err
