@@ -49,7 +49,7 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         help="MODEL.pt2 only: the program's inputs (default: random from --seed)")
     parser.add_argument("--target", default="ipu21")
     parser.add_argument("--finalists", type=int, default=3)
-    parser.add_argument("--memory-proportion", type=float, default=0.9,
+    parser.add_argument("--memory-proportion", type=float, default=1.0,
                         help="share of tile memory the planner may plan for (0-1]")
     parser.add_argument("--diagnostics", action="store_true",
                         help="log every stage's agreement with the host's rerun of it on the "
@@ -63,6 +63,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "(FP8 data cast first), or auto (the planner picks per stage)")
     parser.add_argument("--exchange-cache", action="store_true",
                         help="also keep verified exchange schedules on disk under the cache dir")
+    parser.add_argument("--unroll-layers", action="store_true",
+                        help="plan and lower every layer on its own instead of running "
+                        "identical layers as one loop body")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_options(p)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--max-batch", type=int, help="search batch sizes up to N")
-    group.add_argument("--max-blocks", type=int, help="search layer counts up to N")
+    group.add_argument("--max-blocks", type=int, help="search stacked-layer counts up to N")
+    group.add_argument("--max-layers", type=int, help="search a tower's layer counts up to N")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
@@ -125,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="ray engine: the cluster (default: a local Ray)")
     p.add_argument("--summary", metavar="DIR", help="print the table of a sweep and stop")
     p.add_argument("--finalists", type=int, default=3)
-    p.add_argument("--memory-proportion", type=float, default=0.9)
+    p.add_argument("--memory-proportion", type=float, default=1.0)
     p.add_argument("--cache-dir", default=None)
 
     p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
@@ -209,7 +213,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         memory_proportion=args.memory_proportion,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
-        gemm_mode=args.gemm_mode,
+        gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
     )
 
 
@@ -283,10 +287,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     workload, params = _params(args)
-    parameter, limit = ("batch", args.max_batch) if args.max_batch is not None else (
-        "blocks", args.max_blocks)
+    parameter, limit = next((name, value) for name, value in (
+        ("batch", args.max_batch), ("blocks", args.max_blocks), ("layers", args.max_layers))
+        if value is not None)
     result = probe_capacity(workload, params, parameter, limit, capacity_options(_options(args)))
-    key = "maximumBatch" if parameter == "batch" else "maximumBlocks"
+    key = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers"}[parameter]
     record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
               "compiles": len(result.tried), "seconds": round(result.seconds, 1),
               "tried": {str(k): v for k, v in sorted(result.tried.items())}}

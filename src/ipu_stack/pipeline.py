@@ -52,6 +52,9 @@ STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
 )
 
 MIN_PROPORTION = 0.45
+# a placement failure plans again with this much less of tile memory: small steps, because a
+# whole tower's tiles are full and a coarse step overshoots into "does not fit"
+RETRY_STEP = 0.05
 
 
 def compile_workload(
@@ -64,7 +67,7 @@ def compile_workload(
 
     The planner's memory estimate cannot see support memory (exchange tables grow with the
     program) or fragmentation exactly, so when placement fails the compile is planned again
-    with 0.1 less of tile memory, down to ``MIN_PROPORTION``.  One schedule memo serves every
+    with ``RETRY_STEP`` less of tile memory, down to ``MIN_PROPORTION``.  One schedule memo serves every
     attempt: most phases of a retry are the ones the failed attempt already scheduled.
     """
     options = options or CompileOptions()
@@ -75,15 +78,19 @@ def compile_workload(
             store = ScheduleStore(Path(options.cache_dir))
         memo = ScheduleMemo(store)
     proportion = options.memory_proportion
+    prepared: dict[str, Any] = {}
+    start = time.perf_counter()
     while True:
         try:
-            return _compile_once(workload, params, out_dir,
-                                 dataclasses.replace(options, memory_proportion=proportion),
-                                 memo)
+            result = _compile_once(workload, params, out_dir,
+                                   dataclasses.replace(options, memory_proportion=proportion),
+                                   memo, prepared)
+            result.timings["compile"] = time.perf_counter() - start  # every attempt
+            return result
         except PlacementError as failure:
-            if proportion - 0.1 < MIN_PROPORTION:
+            if proportion - RETRY_STEP < MIN_PROPORTION:
                 raise
-            proportion = round(proportion - 0.1, 2)
+            proportion = round(proportion - RETRY_STEP, 2)
             event(LOG, "placement failed, planning again with less memory", level=logging.WARNING,
                   reason=str(failure), memory_proportion=proportion)
 
@@ -94,11 +101,13 @@ def _compile_once(
     out_dir: Path,
     options: CompileOptions,
     memo: ScheduleMemo | None = None,
+    prepared: dict[str, Any] | None = None,
 ) -> CompileResult:
     """One attempt at the whole compile under ``options.memory_proportion``: every stage of
-    ``STAGES`` in order."""
+    ``STAGES`` in order (``prepared``: the workload's graph and tensors, once built)."""
     start = time.perf_counter()
-    build = Build(workload, params, Path(out_dir), options, get_target(options.target), memo)
+    build = Build(workload, params, Path(out_dir), options, get_target(options.target), memo,
+                  prepared if prepared is not None else {})
     for name, stage in STAGES:
         with phase(LOG, name) as fields:
             fields.update(stage(build))

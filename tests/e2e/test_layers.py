@@ -115,7 +115,7 @@ def test_rope_tables_and_rope_matter(tmp_path, lock_path, cache_dir, capsys):
     check sees RoPE: the device output does not agree with a forward pass without it."""
     run = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-block")
     saved, device = _load(run)
-    cos, sin = saved["layer0.attn.rope.cos"], saved["layer0.attn.rope.sin"]
+    cos, sin = saved["rope.cos"], saved["rope.sin"]
     head_dim = 64 // HEADS
     pairs, half = head_dim // 2, head_dim // 4
     assert cos.shape == sin.shape == (17, pairs)

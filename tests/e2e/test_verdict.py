@@ -89,16 +89,18 @@ def _gamma_scaled(monkeypatch, layer: int) -> str:
 
 
 def _head_dropped(monkeypatch, layer: int) -> str:
-    """After the P.V GEMM of ``layer``, head 1's partials are zeros (a lost kernel call)."""
+    """After the P.V GEMM of ``layer``, head 1's partials are zeros (a lost kernel call); in
+    a layer loop, on that layer's pass only."""
     from ipu_stack.device import simulator
 
     original = simulator.SimulatedIpu._compute
 
-    def compute(self, step, trace=None):
-        busy = original(self, step, trace)
+    def compute(self, step, trace=None, on_pass=0):
+        busy = original(self, step, trace, on_pass)
         plans = self.package.manifest["plans"]
-        stage = _pv_stage(self.package.manifest, layer)
-        if step["name"] == f"stage{stage}.gemm":
+        looped = any(s["kind"] == "loop" for s in self.package.manifest["programs"]["run"])
+        stage = _pv_stage(self.package.manifest, 0 if looped else layer)
+        if step["name"] == f"stage{stage}.gemm" and (not looped or on_pass == layer):
             tiles_used = _tiles(plans[_gemm_index(self.package.manifest, stage)])
             for call in step["calls"]:
                 kernel = self.kernels[call["kernel"]]

@@ -57,7 +57,9 @@ class Forward:
         self.gelu_form = gelu
         self.rounded = rounded
         self.rope_enabled = rope
-        batch, tokens, dim = saved["x"].shape
+        batch, tokens, dim = saved["x"].shape if "x" in saved else saved["patches"].shape
+        if "patch.w" in saved:  # a tower: the model dimension is the patch embedding's width
+            dim = saved["patch.w"].shape[1]
         self.batch, self.tokens, self.dim = batch, tokens, dim
         if dim % heads:
             raise ValueError(f"dim {dim} is not a multiple of heads {heads}")
@@ -172,3 +174,39 @@ def transformer_forward(saved: dict[str, np.ndarray], heads: int, eps: float,
     """The workload's output as ``[batch * tokens, dim]`` float64; ``gelu`` is ``tanh`` or
     ``erf``; ``rope=False`` leaves queries and keys unrotated (``None``: as the graph did)."""
     return Forward(saved, heads, eps, gelu, rounded, rope).run()
+
+
+def patch_rows(pixels: np.ndarray, patch: int, cls: bool) -> np.ndarray:
+    """The convolution's input windows, window by window in raster order, each flattened in
+    (channel, row, column) order like a PyTorch conv weight; an all-zero row first per
+    image with a CLS token (its embedding rides in the saved position table's first row)."""
+    batch, _, height, width = pixels.shape
+    rows = []
+    for b in range(batch):
+        if cls:
+            rows.append(np.zeros(3 * patch * patch))
+        for gy in range(height // patch):
+            for gx in range(width // patch):
+                window = pixels[b, :, gy * patch : (gy + 1) * patch, gx * patch : (gx + 1) * patch]
+                rows.append(window.reshape(-1))
+    return np.array(rows, dtype=np.float64)
+
+
+def tower_forward(saved: dict[str, np.ndarray], heads: int, eps: float, gelu: str, patch: int,
+                  rounded: bool = True) -> np.ndarray:
+    """A vision tower from the saved image: patch convolution, position table, (``ln_pre``),
+    every ``layer{i}``, ``post_ln``; ``[batch * tokens, dim]`` float64."""
+    forward = Forward(saved, heads, eps, gelu, rounded)
+    cls = "ln_pre.gamma" in saved
+    rows = patch_rows(saved["pixels"].astype(np.float64), patch, cls)
+    if rounded:
+        rows = round_to(rows, forward.meta["patches"])
+    x = forward.linear(rows, "patch")
+    x = forward.store(x + forward.w("pos"), "embed")
+    if cls:
+        x = forward.layer_norm(x, "ln_pre")
+    index = 0
+    while forward.has(f"layer{index}.attn.q.w"):
+        x = forward.layer(x, index)
+        index += 1
+    return forward.layer_norm(x, "post_ln")

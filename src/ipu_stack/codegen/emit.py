@@ -14,7 +14,7 @@ import numpy as np
 
 from ipu_stack.exchange import Schedule
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.lowering.program import ComputeSet, Exchange, HostRead, HostWrite, Program
+from ipu_stack.lowering.program import ComputeSet, Exchange, HostRead, HostWrite, Loop, Program
 from ipu_stack.memory.placement import Placement
 
 
@@ -47,6 +47,8 @@ def _host_step(
     if isinstance(step, HostRead):
         extra = {"origin": list(step.origin), "checkpoint": step.checkpoint,
                  "operation": step.operation}
+        if step.passes is not None:  # in a loop body: what this read is on each pass
+            extra["passes"] = [list(p) for p in step.passes]
     return {
         **extra,
         "kind": "host_write" if isinstance(step, HostWrite) else "host_read",
@@ -55,6 +57,17 @@ def _host_step(
         "tiles": emitter.put(f"{prefix}/tiles", tiles, np.int32),
         "addresses": emitter.put(f"{prefix}/addresses", addresses.reshape(tiles.shape), np.int64),
     }
+
+
+def _loop_step(emitter: Emitter, prefix: str, step: Loop, placement: Placement) -> dict:
+    """The loop step: its count, body length and every slot's per-layer address table
+    (``[layers, tiles]``, -1 where the weight is not on the tile)."""
+    slots = []
+    for s, slot in enumerate(step.slots):
+        table = placement.addresses[np.array(slot.buffers)]
+        slots.append(emitter.put(f"{prefix}/slot{s}", table, np.int64))
+    return {"kind": "loop", "name": step.name, "count": step.count, "length": step.length,
+            "slots": slots}
 
 
 def emit_program(
@@ -66,9 +79,13 @@ def emit_program(
     emitter = Emitter()
     programs: dict[str, list[dict]] = {"initialize": [], "run": []}
     phase = 0
+    found = program.loop()
+    slot_of = found[1].slot_of() if found is not None else {}
     for name, index, step in program.steps():
         prefix = f"s{index}"
-        if isinstance(step, (HostWrite, HostRead)):
+        if isinstance(step, Loop):
+            programs[name].append(_loop_step(emitter, prefix, step, placement))
+        elif isinstance(step, (HostWrite, HostRead)):
             programs[name].append(_host_step(emitter, prefix, step, placement))
         elif isinstance(step, ComputeSet):
             calls = []
@@ -77,13 +94,16 @@ def emit_program(
                     [placement.address(buf, call.tiles) + offsets for buf, offsets in call.operands],
                     axis=1,
                 )
-                calls.append(
-                    {
-                        "kernel": emitter.kernel(call.instance),
-                        "tiles": emitter.put(f"{prefix}/c{c}/tiles", call.tiles, np.int32),
-                        "addresses": emitter.put(f"{prefix}/c{c}/addresses", addresses, np.int64),
-                    }
-                )
+                entry = {
+                    "kernel": emitter.kernel(call.instance),
+                    "tiles": emitter.put(f"{prefix}/c{c}/tiles", call.tiles, np.int32),
+                    "addresses": emitter.put(f"{prefix}/c{c}/addresses", addresses, np.int64),
+                }
+                slots = [[k, slot_of[buf]] for k, (buf, _) in enumerate(call.operands)
+                         if buf in slot_of]
+                if slots:  # operand k comes from the per-layer table on each pass
+                    entry["slots"] = slots
+                calls.append(entry)
             programs[name].append({"kind": "compute", "name": step.name, "calls": calls})
         elif isinstance(step, Exchange):
             schedule = schedules[index]
@@ -109,6 +129,12 @@ def emit_program(
             ]
             if schedule.chunk_lanes is not None:  # paired-tiles option: two-lane chunks
                 columns.append(("chunk_lanes", schedule.chunk_lanes, np.int64))
+            if any(int(b) in slot_of for b in np.unique(step.src_buf)):
+                # sends of a per-layer weight: their source address comes from the table
+                src_slot = np.array([slot_of.get(int(b), -1) for b in step.src_buf])
+                columns.append(("src_slot", src_slot, np.int32))
+            if any(int(b) in slot_of for b in np.unique(step.dst_buf)):
+                raise ValueError(f"exchange {step.name} writes a per-layer weight")
             for key, array, dtype in columns:
                 entry[key] = emitter.put(f"{prefix}/{key}", array, dtype)
             programs[name].append(entry)

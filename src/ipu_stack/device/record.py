@@ -30,6 +30,7 @@ class StepRecord:
     busiest_work: list[dict[str, Any]] = field(default_factory=list)  # in the order it ran
     exchange: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
+    layer: int | None = None  # the pass of the layer loop this step ran in
 
 
 @dataclass

@@ -13,7 +13,10 @@ every exchange schedule valid), then executes supersteps and times what it execu
 * exchange: one gather/scatter of words; cycles are the instruction-level horizon of the
   chunks in the package (sends of at most 64 words, aligned starts) plus the measured
   per-phase cost, plus a sync;
-* host streams: bytes over the 32 GB/s link, reported as host cycles beside the device's.
+* host streams: bytes over the 32 GB/s link, reported as host cycles beside the device's;
+* a loop step runs its body once per layer: each operand or send that names a per-layer
+  weight is moved, on pass ``k``, to layer ``k``'s copy through the slot's address table
+  (checked at load for every layer); cycles are also reported per pass.
 
 None of this calls the planner's cost functions: ``estimatedCycles`` and ``cycles`` are two
 code paths, and the benchmark reports their difference.
@@ -64,6 +67,7 @@ class CallReport:
     # the busiest tile's cycles of each compute superstep, by kind of work
     breakdown: dict[str, int] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)  # only when recording
+    layer_cycles: list[int] = field(default_factory=list)  # each pass of the layer loop
 
 
 def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
@@ -103,12 +107,19 @@ class SimulatedIpu:
             if "allocations" in manifest:
                 self.allocations = AllocationMap(package.arrays, manifest["allocations"],
                                                  self.target.tiles)
+            self.slot_tables: list[np.ndarray] = []
             offset = 0
             for program in ("initialize", "run"):
+                layers, body_end = 1, -1
                 for index, step in enumerate(manifest["programs"][program]):
-                    self._check_step(program, index, step)
-                    if self.allocations is not None:
-                        self._check_operands(offset + index, step)
+                    if step["kind"] == "loop":
+                        self.slot_tables = [self._array(name) for name in step["slots"]]
+                        layers, body_end = int(step["count"]), index + int(step["length"])
+                        continue
+                    for layer in range(layers if index <= body_end else 1):
+                        self._check_step(program, index, step, layer)
+                        if self.allocations is not None:
+                            self._check_operands(offset + index, step, layer)
                 offset += len(manifest["programs"][program])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PackageError(f"package program is malformed: {exc!r}") from None
@@ -137,8 +148,38 @@ class SimulatedIpu:
                 f"[{self.base}, {self.target.memory_end})"
             )
 
-    def _check_step(self, program: str, index: int, step: dict) -> None:
-        where = f"{program} step {index} ({step['kind']})"
+    def _call_addresses(self, call: dict, layer: int) -> np.ndarray:
+        """A call's operand addresses on pass ``layer``: per-layer operands moved by their
+        slot's table (layer ``k``'s address minus layer 0's, per tile)."""
+        addresses = self._array(call["addresses"])
+        if "slots" not in call:
+            return addresses
+        tiles = self._array(call["tiles"])
+        addresses = addresses.copy()
+        for operand, slot in call["slots"]:
+            table = self.slot_tables[slot]
+            if np.any(table[0, tiles] < 0):
+                raise PackageError(f"a call names slot {slot} on a tile that does not hold it")
+            addresses[:, operand] += table[layer, tiles] - table[0, tiles]
+        return addresses
+
+    def _src_addr(self, step: dict, layer: int) -> np.ndarray:
+        """An exchange's source addresses on pass ``layer`` (sends of per-layer weights
+        moved by their slot's table)."""
+        src = self._array(step["src_addr"])
+        if "src_slot" not in step or layer == 0:
+            return src
+        slots = self._array(step["src_slot"])
+        tiles = self._array(step["src_tile"])
+        src = src.copy()
+        for slot in np.unique(slots[slots >= 0]):
+            sel = slots == slot
+            table = self.slot_tables[int(slot)]
+            src[sel] += table[layer, tiles[sel]] - table[0, tiles[sel]]
+        return src
+
+    def _check_step(self, program: str, index: int, step: dict, layer: int = 0) -> None:
+        where = f"{program} step {index} ({step['kind']})" + (f" on layer {layer}" if layer else "")
         if step["kind"] in ("host_write", "host_read"):
             tiles = self._array(step["tiles"])
             addresses = self._array(step["addresses"])
@@ -149,7 +190,7 @@ class SimulatedIpu:
             for call in step["calls"]:
                 kernel = self.kernels[call["kernel"]]
                 tiles = self._array(call["tiles"])
-                addresses = self._array(call["addresses"])
+                addresses = self._call_addresses(call, layer)
                 self._check_tiles(tiles, where)
                 for operand, length, _ in kernel.impl.accesses(kernel.params):
                     if length <= 0:
@@ -167,26 +208,27 @@ class SimulatedIpu:
             self._check_tiles(transfers.src, where)
             self._check_tiles(transfers.dst, where)
             words = self._array(step["words"]) * WORD
-            self._check_range(self._array(step["src_addr"]), words, where)
+            self._check_range(self._src_addr(step, layer), words, where)
             self._check_range(self._array(step["dst_addr"]), np.repeat(words, transfers.fanout),
                               where)
-            try:
-                verify_schedule(transfers, schedule)
-            except ScheduleError as exc:
-                raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
+            if layer == 0:  # the schedule is the same on every pass
+                try:
+                    verify_schedule(transfers, schedule)
+                except ScheduleError as exc:
+                    raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
         else:
             raise PackageError(f"{where}: unknown step kind")
 
-    def _check_operands(self, index: int, step: dict) -> None:
+    def _check_operands(self, index: int, step: dict, layer: int = 0) -> None:
         """Every access of this step inside an allocation live at this step."""
         assert self.allocations is not None
         if step["kind"] == "compute":
             for call in step["calls"]:
                 check_call(self.allocations, index, step["name"], self.kernels[call["kernel"]],
-                           self._array(call["tiles"]), self._array(call["addresses"]))
+                           self._array(call["tiles"]), self._call_addresses(call, layer))
         elif step["kind"] == "exchange":
             words = self._array(step["words"]) * WORD
-            src = self._array(step["src_addr"])
+            src = self._src_addr(step, layer)
             self.allocations.check(index, self._array(step["src_tile"]), src, src + words,
                                    f"exchange {step['name']} source")
             fanout = np.diff(self._array(step["dst_offsets"]))
@@ -222,57 +264,79 @@ class SimulatedIpu:
         report = CallReport(program, tile_busy=np.zeros(self.target.tiles, dtype=np.int64))
         event(LOG, "invoking host exchange call", call=program, command=0,
               phases=sum(1 for s in steps if s["kind"] == "exchange"))
-        sync = timing.p("sync")
-        for index, step in enumerate(steps):
-            kind = step["kind"]
-            record = StepRecord(index, str(step.get("name", step.get("tensor", kind))), kind,
-                                0, 0)
-            if kind == "host_write":
-                written = self._host_write(step, tensors)
-                report.host_bytes += written
-                record.host = {"tensor": step["tensor"], "bytes": written}
-            elif kind == "host_read":
-                piece = self._host_read(step)
-                read = 0
-                if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
-                    read = int(piece.size) * _layout(step, self._array(
-                        step["tiles"])).precision.itemsize
-                report.host_bytes += read
-                record.host = {"tensor": step["tensor"], "bytes": read,
-                               "probe": step.get("checkpoint") is not None}
-                self._collect(report, step, piece)
-            elif kind == "compute":
-                trace = ComputeTrace() if self.record else None
-                busy, by_kind = self._compute(step, trace)
-                busiest = int(np.argmax(busy)) if busy.size else 0
-                report.compute_cycles += int(busy[busiest]) if busy.size else 0
-                for work_kind, cycles in by_kind.items():
-                    report.breakdown[work_kind] = (report.breakdown.get(work_kind, 0)
-                                                   + int(cycles[busiest]))
-                report.tile_busy += busy
-                report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
-                report.sync_cycles += sync
-                report.supersteps += 1
-                record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
-                record.busiest_tile = busiest
-                record.by_kind = {k: int(v[busiest]) for k, v in by_kind.items()}
-                if trace is not None:
-                    record.calls, record.busiest_work = trace.calls(busy), trace.work_on(busiest)
-            elif kind == "exchange":
-                cycles, ports, details = self._exchange_step(step)
-                report.exchange_cycles += cycles
-                report.tile_busy += ports
-                report.cycles += cycles + sync
-                report.sync_cycles += sync
-                report.supersteps += 1
-                report.phases += 1
-                record.cycles, record.sync, record.tile_cycles = cycles, sync, ports
-                record.busiest_tile, record.exchange = int(np.argmax(ports)), details
-            if self.record:
-                report.steps.append(record)
+        index = 0
+        while index < len(steps):
+            step = steps[index]
+            if step["kind"] != "loop":
+                self._run_step(report, index, step, tensors, None)
+                index += 1
+                continue
+            body = range(index + 1, index + 1 + int(step["length"]))
+            for layer in range(int(step["count"])):
+                before = report.cycles
+                for at in body:
+                    self._run_step(report, at, steps[at], tensors, layer)
+                report.layer_cycles.append(report.cycles - before)
+            index = body.stop
         report.tile_busy += report.sync_cycles
         report.host_cycles = timing.host_cycles(report.host_bytes, self.target.clock_hz)
         return report
+
+    def _run_step(self, report: CallReport, index: int, step: dict,
+                  tensors: dict[str, np.ndarray], layer: int | None) -> None:
+        """One step (on pass ``layer`` of the loop, if inside it), added to ``report``."""
+        kind = step["kind"]
+        if kind == "host_read" and layer is not None and "passes" in step:
+            tensor, checkpoint, operation = step["passes"][layer]
+            if tensor is None:
+                return  # this pass's value is a graph output, read as one
+            step = {**step, "tensor": tensor, "checkpoint": checkpoint, "operation": operation}
+        sync = timing.p("sync")
+        record = StepRecord(index, str(step.get("name", step.get("tensor", kind))), kind, 0, 0,
+                            layer=layer)
+        if kind == "host_write":
+            written = self._host_write(step, tensors)
+            report.host_bytes += written
+            record.host = {"tensor": step["tensor"], "bytes": written}
+        elif kind == "host_read":
+            piece = self._host_read(step)
+            read = 0
+            if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
+                read = int(piece.size) * _layout(step, self._array(
+                    step["tiles"])).precision.itemsize
+            report.host_bytes += read
+            record.host = {"tensor": step["tensor"], "bytes": read,
+                           "probe": step.get("checkpoint") is not None}
+            self._collect(report, step, piece)
+        elif kind == "compute":
+            trace = ComputeTrace() if self.record else None
+            busy, by_kind = self._compute(step, trace, layer or 0)
+            busiest = int(np.argmax(busy)) if busy.size else 0
+            report.compute_cycles += int(busy[busiest]) if busy.size else 0
+            for work_kind, cycles in by_kind.items():
+                report.breakdown[work_kind] = (report.breakdown.get(work_kind, 0)
+                                               + int(cycles[busiest]))
+            report.tile_busy += busy
+            report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
+            report.sync_cycles += sync
+            report.supersteps += 1
+            record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
+            record.busiest_tile = busiest
+            record.by_kind = {k: int(v[busiest]) for k, v in by_kind.items()}
+            if trace is not None:
+                record.calls, record.busiest_work = trace.calls(busy), trace.work_on(busiest)
+        elif kind == "exchange":
+            cycles, ports, details = self._exchange_step(step, layer or 0)
+            report.exchange_cycles += cycles
+            report.tile_busy += ports
+            report.cycles += cycles + sync
+            report.sync_cycles += sync
+            report.supersteps += 1
+            report.phases += 1
+            record.cycles, record.sync, record.tile_cycles = cycles, sync, ports
+            record.busiest_tile, record.exchange = int(np.argmax(ports)), details
+        if self.record:
+            report.steps.append(record)
 
     def _host_write(self, step: dict, tensors: dict[str, np.ndarray]) -> int:
         name = step["tensor"]
@@ -332,7 +396,7 @@ class SimulatedIpu:
         stored = layout.from_blocks(blocks)
         return layout.precision.dequantize(stored)
 
-    def _compute(self, step: dict, trace: ComputeTrace | None = None
+    def _compute(self, step: dict, trace: ComputeTrace | None = None, layer: int = 0
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run a compute set; per-tile cycles of the work each call reported, and the same
         split by kind of work (for the benchmark's record of what limits a program).  With a
@@ -342,7 +406,7 @@ class SimulatedIpu:
         for call in step["calls"]:
             kernel = self.kernels[call["kernel"]]
             tiles = self._array(call["tiles"])
-            addresses = self._array(call["addresses"]) - self.base
+            addresses = self._call_addresses(call, layer) - self.base
             unique, inverse = np.unique(addresses, axis=0, return_inverse=True)
             inverse = inverse.ravel()
             for group, row in enumerate(unique):
@@ -387,7 +451,8 @@ class SimulatedIpu:
                     f"{int(where[b]) + self.base}, which was never written"
                 )
 
-    def _exchange_step(self, step: dict) -> tuple[int, np.ndarray, dict[str, Any]]:
+    def _exchange_step(self, step: dict, layer: int = 0
+                       ) -> tuple[int, np.ndarray, dict[str, Any]]:
         transfers, schedule = self._exchange(step)
         words = transfers.words
         ports = np.zeros(self.target.tiles, dtype=np.int64)
@@ -397,7 +462,7 @@ class SimulatedIpu:
         per_tile = self.size // WORD
         mem32 = self.memory.reshape(-1).view(np.uint32)
         src_word = (transfers.src.astype(np.int64) * per_tile
-                    + (self._array(step["src_addr"]) - self.base) // WORD)
+                    + (self._src_addr(step, layer) - self.base) // WORD)
         dst_word = (transfers.dst.astype(np.int64) * per_tile
                     + (self._array(step["dst_addr"]) - self.base) // WORD)
         total = int(words.sum())

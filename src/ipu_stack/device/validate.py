@@ -24,6 +24,7 @@ KIND_FIELDS = {
     "compute": ("name", "calls"),
     "exchange": ("name", "src_tile", "src_addr", "words", "dst_offsets", "dst_tile", "dst_addr",
                  "chunk_transfer", "chunk_start", "chunk_words", "kind_selected"),
+    "loop": ("name", "count", "length", "slots"),
 }
 PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias", "partials"}
 NAMES = {"name", "op", "family"}
@@ -171,6 +172,7 @@ def validate_manifest(manifest: Any, arrays: dict[str, np.ndarray], target: Targ
     programs = _dict(manifest["programs"], "programs")
     for program in ("initialize", "run"):
         steps = _list(programs.get(program), f"program {program}")
+        loop: tuple[int, int, int] | None = None  # (count, slots, last body step)
         for index, step in enumerate(steps):
             where = f"{program} step {index}"
             step = _dict(step, where)
@@ -180,7 +182,65 @@ def validate_manifest(manifest: Any, arrays: dict[str, np.ndarray], target: Targ
             for field in KIND_FIELDS[kind]:
                 if field not in step:
                     raise _fail(where, f"has no {field!r}")
+            if loop is not None and index > loop[2]:
+                loop = None
+            if kind == "loop":
+                if program != "run" or loop is not None:
+                    raise _fail(where, "a loop may only stand in run, and not in a loop")
+                loop = _validate_loop(step, arrays, where, len(steps) - index - 1, target)
+                loop = (loop[0], loop[1], index + step["length"])
+                continue
             _validate_step(kind, step, arrays, where, tensors, len(kernels), target)
+            _validate_passes(kind, step, arrays, where, tensors, loop)
+
+
+def _validate_loop(step: dict, arrays: dict[str, np.ndarray], where: str, after: int,
+                   target: Target) -> tuple[int, int]:
+    """A loop's count, body length (within the program) and per-layer address tables."""
+    count = _count(step["count"], f"{where} count", 1)
+    length = _count(step["length"], f"{where} length", 1)
+    if length > after:
+        raise _fail(where, f"body of {length} steps runs past the program's end")
+    slots = _list(step["slots"], f"{where} slots")
+    for number, name in enumerate(slots):
+        table = _array(arrays, name, f"{where} slot {number}", 2)
+        if table.shape != (count, target.tiles):
+            raise _fail(where, f"slot {number} table is {list(table.shape)}, not "
+                        f"[{count}, {target.tiles}]")
+        if np.any((table[0] < 0) != (table < 0)):
+            raise _fail(where, f"slot {number} is not on the same tiles in every layer")
+    return count, len(slots)
+
+
+def _validate_passes(kind: str, step: dict, arrays: dict[str, np.ndarray], where: str,
+                     tensors: dict, loop: tuple[int, int, int] | None) -> None:
+    """Per-layer fields of a loop body's steps, and none outside a loop."""
+    count, slots = (loop[0], loop[1]) if loop is not None else (0, 0)
+    uses = {"compute": any("slots" in c for c in step.get("calls", []) if isinstance(c, dict)),
+            "exchange": "src_slot" in step, "host_read": "passes" in step}.get(kind, False)
+    if uses and loop is None:
+        raise _fail(where, "names per-layer tables outside a loop")
+    if kind == "compute":
+        for number, call in enumerate(step["calls"]):
+            for pair in _list(call.get("slots", []), f"{where} call {number} slots"):
+                operands = arrays[call["addresses"]].shape[1]
+                if (not isinstance(pair, list) or len(pair) != 2 or not all(map(_is_int, pair))
+                        or not 0 <= pair[0] < operands or not 0 <= pair[1] < slots):
+                    raise _fail(f"{where} call {number}", f"bad slot operand {pair!r}")
+    elif kind == "exchange" and "src_slot" in step:
+        src_slot = _array(arrays, step["src_slot"], where, 1)
+        if src_slot.shape[0] != arrays[step["src_tile"]].shape[0] or np.any(
+                (src_slot < -1) | (src_slot >= slots)):
+            raise _fail(where, "src_slot is malformed")
+    elif kind == "host_read" and "passes" in step:
+        passes = _list(step["passes"], f"{where} passes")
+        if len(passes) != count:
+            raise _fail(where, f"has {len(passes)} passes for a loop of {count}")
+        for entry in passes:
+            if not isinstance(entry, list) or len(entry) != 3 or (
+                    entry[0] is not None and entry[0] not in tensors) or any(
+                    e is not None and (not _is_int(e) or e < 0) for e in entry[1:]):
+                raise _fail(where, f"bad pass {entry!r}")
 
 
 def _validate_step(kind: str, step: dict, arrays: dict[str, np.ndarray], where: str,

@@ -14,28 +14,30 @@ rounding (the ideal answer, for reports).
 from __future__ import annotations
 
 from collections.abc import Callable
-from math import erf
 
 import numpy as np
+from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
-    x = x.astype(dtype)
+    x = x.astype(dtype, copy=False)
     if approximate == "tanh":
         c = dtype(np.sqrt(2.0 / np.pi))
         return dtype(0.5) * x * (dtype(1) + np.tanh(c * (x + dtype(0.044715) * (x * x * x))))
-    return (0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))).astype(dtype)
+    erf = special.erf(x.astype(np.float64) / np.sqrt(2.0))
+    return (0.5 * x * (1.0 + erf)).astype(dtype, copy=False)
 
 
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
     batch = b.shape[0] // tokens
     head_dim = b.shape[1] // heads
-    bh = b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3)  # [B, H, T, d]
+    # contiguous per-head operands: a batched matmul over strided views is several times slower
+    bh = np.ascontiguousarray(b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
     if op.attrs["mode"] == "qk":
-        ah = a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3)
+        ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
         return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens, tokens)
     p = a.reshape(batch, heads, tokens, tokens)
     o = np.matmul(p, bh)  # [B, H, T, d]
@@ -71,32 +73,32 @@ def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.nd
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
            mode: dict | None = None) -> np.ndarray:
     if op.kind == "matmul":
-        a = ins[0].reshape(-1, ins[0].shape[-1]).astype(dtype)
+        a = ins[0].reshape(-1, ins[0].shape[-1]).astype(dtype, copy=False)
         if mode is not None and mode.get("mode") == "fp8" and dtype is np.float32:
             return fp16_partial_matmul(a, ins[1], int(mode["depth_block"]))
-        return a @ ins[1].astype(dtype)
+        return a @ ins[1].astype(dtype, copy=False)
     if op.kind == "head_matmul":
-        return _head_matmul(op, ins[0].astype(dtype), ins[1].astype(dtype))
+        return _head_matmul(op, ins[0].astype(dtype, copy=False), ins[1].astype(dtype, copy=False))
     if op.kind in ("bias_add", "add"):
-        return ins[0].astype(dtype) + ins[1].astype(dtype)
+        return ins[0].astype(dtype, copy=False) + ins[1].astype(dtype, copy=False)
     if op.kind == "gelu":
         return _gelu(ins[0], op.attrs.get("approximate", "tanh"), dtype)
     if op.kind == "scale":
-        return ins[0].astype(dtype) * dtype(op.attrs["factor"])
+        return ins[0].astype(dtype, copy=False) * dtype(op.attrs["factor"])
     if op.kind == "cast":
-        return ins[0].astype(dtype)
+        return ins[0].astype(dtype, copy=False)
     if op.kind == "softmax":
-        x = ins[0].astype(dtype) * dtype(op.attrs.get("scale", 1.0))
+        x = ins[0].astype(dtype, copy=False) * dtype(op.attrs.get("scale", 1.0))
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
     if op.kind == "layer_norm":
-        x = ins[0].astype(dtype)
+        x = ins[0].astype(dtype, copy=False)
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         return (x - mean) / np.sqrt(var + dtype(op.attrs["eps"])) * ins[1] + ins[2]
     if op.kind == "rope":
-        return _rope(ins[0].astype(dtype), ins[1].astype(dtype), ins[2].astype(dtype),
-                     int(op.attrs["head_dim"]))
+        x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
+        return _rope(x, cos, sin, int(op.attrs["head_dim"]))
     raise ValueError(f"reference has no rule for {op.kind}")
 
 
@@ -131,17 +133,26 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
 
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
-         gemm_modes: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
+         gemm_modes: dict[str, dict] | None = None,
+         keep_weights: bool = True) -> dict[str, np.ndarray]:
+    """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
+    operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
+    would be 3 GB held for nothing)."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
+
+    def load(value_id: int) -> np.ndarray:
+        value = graph.value(value_id)
+        data = store(np.asarray(tensors[value.name]), value.type.precision)
+        return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
+
     for value in graph.values:
-        if value.role in ("input", "weight"):
-            data = np.asarray(tensors[value.name])
-            values[value.id] = store(data, value.type.precision).reshape(value.type.rows, -1) \
-                if len(value.type.shape) > 1 else store(data, value.type.precision)
+        if value.role == "input" or (value.role == "weight" and keep_weights):
+            values[value.id] = load(value.id)
     for op in graph.operations:
         out = graph.value(op.outputs[0])
-        result = _apply(op, [values[i] for i in op.inputs], dtype, modes.get(str(op.id)))
+        ins = [values[i] if i in values else load(i) for i in op.inputs]
+        result = _apply(op, ins, dtype, modes.get(str(op.id)))
         values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
     return {
         graph.value(i).name: v.reshape(graph.value(i).type.shape) for i, v in values.items()
@@ -158,7 +169,16 @@ def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
                 gemm_modes)
 
 
+def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
+                       dtype: type = np.float32) -> dict[str, np.ndarray]:
+    """The graph with no intermediate rounding at ``dtype``: what fitting FP8 scale
+    exponents needs (a power of two per tensor), at half the float64 model's cost."""
+    return _run(graph, tensors, dtype, lambda data, precision: np.asarray(data, dtype=dtype),
+                keep_weights=False)
+
+
 def evaluate_float64(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same graph in float64 with no intermediate rounding (the ideal answer)."""
+    """The same graph in float64 with no intermediate rounding (the ideal answer); inputs
+    and every computed value, not the weights."""
     return _run(graph, tensors, np.float64,
-                lambda data, precision: np.asarray(data, dtype=np.float64))
+                lambda data, precision: np.asarray(data, dtype=np.float64), keep_weights=False)

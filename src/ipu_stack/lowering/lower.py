@@ -16,7 +16,7 @@ they are already there, and runs one row kernel.  Weights are written by the hos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,9 +31,15 @@ from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
 from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
 from ipu_stack.planning.gemm import GemmPlan
+from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage, RowStage, Stage, chain_step
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.errors import CompileError
+
+PARAM_BLOCK = 64  # columns per holder tile of a per-layer row parameter inside a loop
+# transfers one tile may receive in one gather before the value goes through whole rows
+# first (8 bytes of exchange table each: 1024 is 8 KB of one tile's memory for one phase)
+FRAGMENT_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,17 @@ class Piece:
     col0: int
     layout: BlockLayout
     buffer: int
+
+
+@dataclass
+class BodyState:
+    """What lowering a loop body records: per-layer weights written so far, and the carried
+    values (``lowering.loop`` reads it back)."""
+
+    slot_weights: frozenset[int]
+    carried_in: int
+    carried_out: int
+    weights: list[tuple[int, BlockLayout, MemoryClass, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,8 @@ class Lowering:
         self.paired = paired
         self.program = Program()
         self.where: dict[int, list[Piece]] = {}
+        # set while the body of a layer loop is lowered (``lowering.loop``)
+        self.body: BodyState | None = None
         for value in graph.values:
             self.program.tensors[value.name] = {"role": value.role, **value.type.to_json()}
 
@@ -122,6 +141,31 @@ class Lowering:
                 continue
             add_layout_transfers(builder, self._name(value_id), lay, piece.buffer, dst, dst_buf,
                                  (piece.row0, piece.col0), origin)
+
+    def gather_whole(self, builder: TransferBuilder, value_id: int,
+                     targets: list[tuple[BlockLayout, int, tuple[int, int]]], stage: str) -> None:
+        """Gather ``value_id`` into every ``(layout, buffer, origin)`` of ``targets``; when
+        that would land more than ``FRAGMENT_LIMIT`` transfers on one tile (a block of
+        many rows assembled from narrow column blocks, row by row), move the value into
+        whole rows first (one extra phase) and gather from those: each transfer then
+        carries a whole row's share, and every transfer costs its receiver an
+        exchange-table entry."""
+        trial = TransferBuilder(builder.name)
+        for layout, buffer, origin in targets:
+            self.gather(trial, value_id, layout, buffer, origin)
+        pieces = self.where[value_id]
+        in_rows = len(pieces) == 1 and pieces[0].layout.col_block == pieces[0].layout.cols
+        if trial.most_received() <= FRAGMENT_LIMIT or in_rows:
+            builder.absorb(trial)
+            return
+        rows, cols, precision = self._matrix(value_id)
+        layout = landing_layout(rows, cols, precision, self.target)
+        staging = TransferBuilder(f"{stage}.rows")
+        buffer = self._in_row_layout(staging, value_id, layout, f"{stage}.whole")
+        self.emit_exchange(staging)
+        self.where[value_id] = [Piece(0, 0, layout, buffer)]
+        for layout, target, origin in targets:
+            self.gather(builder, value_id, layout, target, origin)
 
     def emit_exchange(self, builder: TransferBuilder) -> None:
         exchange = builder.build()
@@ -153,7 +197,32 @@ class Lowering:
         buffer = self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
                                          memory_class, f"weight {name}: {layout.describe()}")
         self.program.initialize.append(HostWrite(name, layout, buffer))
+        if self.body is not None and value_id in self.body.slot_weights:
+            self.body.weights.append((value_id, layout, memory_class, buffer))
         return buffer
+
+    def _row_param(self, builder: TransferBuilder, value_id: int, shared: BlockLayout,
+                   stage: int) -> int:
+        """A ``[1, cols]`` parameter (layer-norm scale or shift) on every row tile.
+
+        Outside a loop it is written there by the host.  A per-layer parameter inside a
+        loop body would cost its full size on every row tile for every layer, so it is kept
+        in column blocks on a few holder tiles instead and gathered into a row buffer by the
+        stage's exchange (the per-layer address table points the sends at layer ``k``'s
+        blocks)."""
+        if self.body is None or value_id not in self.body.slot_weights:
+            return self._host_weight(value_id, shared, MemoryClass.STANDARD)
+        cols = shared.cols
+        block = min(cols, PARAM_BLOCK)
+        blocks = -(-cols // block)
+        stride = max(self.target.tiles // blocks, 1)
+        offset = (stage * 7 + len(self.body.weights) * 3) % stride
+        holders = (np.arange(blocks) * stride + offset) % self.target.tiles
+        held = BlockLayout(1, cols, shared.precision, 1, block,
+                           holders.reshape(1, blocks, 1).astype(np.int32))
+        buffer = self._host_weight(value_id, held, MemoryClass.STANDARD)
+        self.where[value_id] = [Piece(0, 0, held, buffer)]
+        return self._in_row_layout(builder, value_id, shared, f"stage{stage}.{self._name(value_id)}")
 
     def land_inputs(self) -> None:
         for value in self.graph.by_role("input"):
@@ -206,8 +275,8 @@ class Lowering:
             b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
                          for grid in grids]
         builder = TransferBuilder(f"{name}.operands")
-        for group, a_layout in zip(groups, a_layouts, strict=True):
-            self.gather(builder, stage.a, a_layout, a_buf, group.a_origin)
+        self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
+                                             zip(a_layouts, groups, strict=True)], name)
         if g.value(stage.b).role == "weight":
             b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.INTERLEAVED)
         else:
@@ -219,8 +288,8 @@ class Lowering:
             # groups, and one group per phase lets the scheduler meet the bound exactly
             self.emit_exchange(builder)
             builder = TransferBuilder(f"{name}.right")
-            for group, b_layout in zip(groups, b_layouts, strict=True):
-                self.gather(builder, stage.b, b_layout, b_buf, group.b_origin)
+            self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
+                                                 zip(b_layouts, groups, strict=True)], name)
         self.emit_exchange(builder)
 
         # 2. GEMM into partials (FP16 in FP8 mode, F32 in F16 mode), in interleaved memory
@@ -367,12 +436,15 @@ class Lowering:
         if op == "layer_norm":
             aux_prec = g.value(stage.inputs[1]).type.precision
             shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
-            aux = [self._host_weight(i, shared, MemoryClass.STANDARD) for i in stage.inputs[1:]]
+            aux = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
         elif op == "add":
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
-            aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")
+            if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)
+                aux[0] = self._host_weight(stage.inputs[1], layout, MemoryClass.STANDARD)
+            else:
+                aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")
             aux_pitch = layout.pitch
         elif op == "rope":
             aux_prec = g.value(stage.inputs[1]).type.precision
@@ -388,15 +460,17 @@ class Lowering:
             if op_node.kind == "bias_add":
                 aux_prec = g.value(stage.inputs[1]).type.precision
                 shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
-                aux[0] = self._host_weight(stage.inputs[1], shared, MemoryClass.STANDARD)
+                aux[0] = self._row_param(builder, stage.inputs[1], shared, stage.index)
                 aux_pitch = shared.pitch
             op = "chain"
         self.emit_exchange(builder)
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
-        out_buf = self.program.add_buffer(
-            self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
-            MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
-        )
+        out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)
+        if out_buf < 0:
+            out_buf = self.program.add_buffer(
+                self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
+                MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
+            )
         valid = base.valid_rows()
         calls: dict[tuple, list[int]] = {}
         for i, tile in enumerate(base.tiles.ravel()):
@@ -411,6 +485,21 @@ class Lowering:
                                        (out_buf, zero)]))
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
+
+    def _carried_buffer(self, value_id: int, layout: BlockLayout, inputs: tuple[int, ...]) -> int:
+        """The loop's carried input buffer, when this stage makes the carried output in the
+        same layout and does not read the carried input: the next pass then finds its input
+        where the first pass did, with no copy.  -1 otherwise."""
+        body = self.body
+        if body is None or value_id != body.carried_out or body.carried_in in inputs:
+            return -1
+        pieces = self.where[body.carried_in]
+        if len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:
+            return -1
+        held = pieces[0].layout
+        same = (held.rows, held.cols, held.precision, held.row_block, held.col_block) == (
+            layout.rows, layout.cols, layout.precision, layout.row_block, layout.col_block)
+        return pieces[0].buffer if same and np.array_equal(held.tiles, layout.tiles) else -1
 
     def read_outputs(self) -> None:
         for value in self.graph.by_role("output"):
@@ -436,14 +525,21 @@ def lower(
     plans: list[tuple[Stage, GemmPlan | None]],
     target: Target,
     paired: bool = False,
+    loop: LayerLoop | None = None,
 ) -> Program:
     """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
     grids out for the paired-tiles exchange option), with a probe read of every stage result
-    that is not a graph output."""
+    that is not a graph output.  With ``loop``, ``plans`` are the compact stages
+    (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``)."""
+    from ipu_stack.lowering.loop import LoopLowering
+
     lowering = Lowering(graph, target, paired)
     lowering.land_inputs()
+    looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
-    for stage, plan in plans:
+    for position, (stage, plan) in enumerate(plans):
+        if looping is not None and position == looping.loop.start:
+            looping.begin(checkpoints)
         if isinstance(stage, GemmStage):
             assert plan is not None
             lowering.gemm_stage(stage, plan)
@@ -452,6 +548,8 @@ def lower(
         if graph.value(stage.out).role != "output":
             lowering.checkpoint(stage, checkpoints)
             checkpoints += 1
+        if looping is not None and position == looping.loop.start + looping.loop.length - 1:
+            checkpoints = looping.end(checkpoints)
     lowering.read_outputs()
     program = lowering.program
     program.compute_lifetimes()

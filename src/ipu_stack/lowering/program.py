@@ -4,6 +4,13 @@ This is the contract between lowering and the later stages (placement, schedulin
 Offsets are bytes from a buffer's start; placement turns ``(buffer, tile)`` into an address.
 Steps are numbered globally (``initialize`` first, then ``run``) and buffer lifetimes are
 inclusive step ranges, so placement may reuse a byte once its value is dead.
+
+A :class:`Loop` step runs the ``length`` steps after it ``count`` times (identical layers):
+the body is lowered once, its activations sit at the same addresses on every pass, and each
+per-layer weight has one buffer per layer (a :class:`Slot`); every operand in a slot's first
+buffer is resolved, on pass ``k``, to its ``k``-th buffer through the per-layer address table.
+A body buffer's lifetime counts body steps once; a buffer that lives across passes (the
+carried activations, values from before the loop) is kept live over the whole body.
 """
 
 from __future__ import annotations
@@ -79,6 +86,28 @@ class HostWrite:
 
 
 @dataclass
+class Slot:
+    """A per-layer weight: ``buffers[k]`` holds layer ``k``'s value; the body names
+    ``buffers[0]``."""
+
+    buffers: list[int]
+
+
+@dataclass
+class Loop:
+    """Run the next ``length`` steps ``count`` times; ``slots`` are the per-layer weights."""
+
+    name: str
+    count: int
+    length: int
+    slots: list[Slot] = field(default_factory=list)
+
+    def slot_of(self) -> dict[int, int]:
+        """First buffer of each slot -> slot index (what the body's operands name)."""
+        return {slot.buffers[0]: index for index, slot in enumerate(self.slots)}
+
+
+@dataclass
 class HostRead:
     """The host reads a piece of ``tensor`` (at ``origin``) from one replica of each block.
 
@@ -92,9 +121,11 @@ class HostRead:
     origin: tuple[int, int] = (0, 0)
     checkpoint: int | None = None
     operation: int | None = None
+    # inside a loop body: (tensor, checkpoint, operation) on each pass
+    passes: list[tuple[str, int | None, int | None]] | None = None
 
 
-Step = ComputeSet | Exchange | HostWrite | HostRead
+Step = ComputeSet | Exchange | HostWrite | HostRead | Loop
 
 
 @dataclass
@@ -119,6 +150,22 @@ class Program:
     def compute_sets(self) -> list[ComputeSet]:
         return [s for _, _, s in self.steps() if isinstance(s, ComputeSet)]
 
+    def loop(self) -> tuple[int, Loop] | None:
+        """The loop step's global index and the step, if the program has one."""
+        for _, index, step in self.steps():
+            if isinstance(step, Loop):
+                return index, step
+        return None
+
+    def repeats(self) -> np.ndarray:
+        """How many times each global step runs per call (``count`` inside the loop body)."""
+        times = np.ones(len(self.initialize) + len(self.run), dtype=np.int64)
+        found = self.loop()
+        if found is not None:
+            index, loop = found
+            times[index + 1 : index + 1 + loop.length] = loop.count
+        return times
+
     def add_buffer(
         self, name: str, tiles: np.ndarray, nbytes: int, memory_class: MemoryClass, description: str
     ) -> int:
@@ -140,6 +187,14 @@ class Program:
         for _, index, step in self.steps():
             for buffer_id in step_buffers(step):
                 self.buffers[buffer_id].touch(index)
+        found = self.loop()
+        if found is None:
+            return
+        index, loop = found
+        lo, hi = index + 1, index + loop.length
+        for buffer in self.buffers:  # live across passes: keep it over the whole body
+            if buffer.first <= hi and buffer.last >= lo and (buffer.first < lo or buffer.last > hi):
+                buffer.first, buffer.last = min(buffer.first, index), max(buffer.last, hi)
 
 
 def step_buffers(step: Step) -> set[int]:
@@ -148,4 +203,6 @@ def step_buffers(step: Step) -> set[int]:
         return {b for call in step.calls for b, _ in call.operands if b >= 0}
     if isinstance(step, Exchange):
         return set(np.unique(step.src_buf).tolist()) | set(np.unique(step.dst_buf).tolist())
+    if isinstance(step, Loop):
+        return set()
     return {step.buffer}

@@ -88,6 +88,20 @@ class TransferBuilder:
         self.dst_count.append(np.full(n, k, dtype=np.int64))
         self.dst.append(dst)
 
+    def most_received(self) -> int:
+        """The most transfers any one tile receives (each costs it an exchange-table entry)."""
+        if not self.dst:
+            return 0
+        return int(np.bincount(np.concatenate(self.dst)[:, 0]).max())
+
+    def absorb(self, other: TransferBuilder) -> None:
+        """Take over ``other``'s transfers and local copies (a trial built separately)."""
+        self.src += other.src
+        self.words += other.words
+        self.dst_count += other.dst_count
+        self.dst += other.dst
+        self.local += other.local
+
     def build(self) -> Exchange:
         if not self.src:
             empty = np.zeros(0, dtype=np.int64)

@@ -100,6 +100,7 @@ def place_signature(
                     _details(buffer, taken, placed, by_id, support, class_start, class_end,
                              align),
                 )
+                failure.tile = tile
             continue
         placed[buffer.id] = (address, address + buffer.nbytes)
     return {bid: lo for bid, (lo, _) in placed.items()}, failure

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.lowering.program import ComputeSet, Exchange, Program
+from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.files import write_text_atomic
@@ -39,7 +39,7 @@ def step_names(program: Program) -> list[str]:
     """``"<program>/<global step> <kind> <name>"``, indexed like buffer lifetimes."""
     names = []
     for prog, index, step in program.steps():
-        label = step.name if isinstance(step, ComputeSet | Exchange) else step.tensor
+        label = step.name if isinstance(step, ComputeSet | Exchange | Loop) else step.tensor
         names.append(f"{prog}/{index} {type(step).__name__} {label}")
     return names
 

@@ -15,9 +15,11 @@ from ipu_stack.exchange import Schedule, ScheduleMemo, Transfers, schedule_excha
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.lowering.program import Exchange, Program
+from ipu_stack.lowering.program import ComputeSet, Exchange, Program
 from ipu_stack.memory.placement import Placement
+from ipu_stack.memory.support import LAYER_ADDRESS_BYTES
 from ipu_stack.planning.gemm import GemmPlan, GemmShape
+from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage
 from ipu_stack.target import Target, timing
 from ipu_stack.util.log import Progress
@@ -82,13 +84,17 @@ def to_transfers(step: Exchange, target: Target) -> Transfers:
 
 
 def row_stage_cycles(program: Program, target: Target) -> int:
-    """The analytical cost of row and copy compute sets: the busiest call plus a sync."""
+    """The analytical cost of row and copy compute sets: the busiest call plus a sync, as
+    many times as each runs (a loop body's once per layer)."""
     total = 0
-    for step in program.compute_sets():
+    times = program.repeats()
+    for _, index, step in program.steps():
+        if not isinstance(step, ComputeSet):
+            continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            total += max(call.instance.cost(target) for call in step.calls)
-            total += timing.p("sync")
+            cost = max(call.instance.cost(target) for call in step.calls) + timing.p("sync")
+            total += int(times[index]) * cost
     return total
 
 
@@ -96,21 +102,25 @@ def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],
                               target: Target) -> int:
     """Every phase at its instruction-level horizon + the measured phase cost + a sync."""
     by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
+    times = program.repeats()
     total = 0
     for index, schedule in schedules.items():
         horizon, _ = instruction_horizon(schedule, to_transfers(by_index[index], target))
-        total += timing.estimate_exchange_phase(horizon) + timing.p("sync")
+        total += int(times[index]) * (timing.estimate_exchange_phase(horizon) + timing.p("sync"))
     return total
 
 
 def refined_estimate(
-    plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule], target: Target
+    plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule],
+    target: Target, repeats: list[int] | None = None,
 ) -> dict[str, int]:
-    """The compiler's cost: analytical compute plus the scheduled exchange horizons."""
-    gemms = [p for p in plans if p is not None]
-    compute = sum(p.estimated_cycles - p.exchange_cycles for p in gemms)
+    """The compiler's cost: analytical compute plus the scheduled exchange horizons
+    (``repeats``: how many times each planned stage runs)."""
+    repeats = repeats or [1] * len(plans)
+    gemms = [(p, n) for p, n in zip(plans, repeats, strict=True) if p is not None]
+    compute = sum(n * (p.estimated_cycles - p.exchange_cycles) for p, n in gemms)
     compute += row_stage_cycles(program, target)
-    analytical_exchange = sum(p.exchange_cycles for p in gemms)
+    analytical_exchange = sum(n * p.exchange_cycles for p, n in gemms)
     scheduled = scheduled_exchange_cycles(program, schedules, target)
     return {
         "analytical_cycles": compute + analytical_exchange,
@@ -131,15 +141,19 @@ def finalist_choices(
     return out
 
 
-def gemm_modes(stages: list, plans: list[GemmPlan | None]) -> dict[str, dict[str, Any]]:
+def gemm_modes(stages: list, plans: list[GemmPlan | None],
+               loop: LayerLoop | None = None) -> dict[str, dict[str, Any]]:
     """Per matmul operation (by id): the GEMM mode its stage runs in and its depth block,
-    which the host reference needs to round where the device rounds."""
+    which the host reference needs to round where the device rounds (every layer of a
+    loop runs its body's plan)."""
     modes: dict[str, dict[str, Any]] = {}
     for stage, plan in zip(stages, plans, strict=True):
         if isinstance(stage, GemmStage) and plan is not None:
-            modes[str(stage.operations[0])] = {"mode": plan.mode,
-                                               "depth_block": plan.depth_block}
-    return modes
+            mode = {"mode": plan.mode, "depth_block": plan.depth_block}
+            op = stage.operations[0]
+            for ops in (loop.operations if loop is not None else ({},)):
+                modes[str(ops.get(op, op))] = mode
+    return dict(sorted(modes.items(), key=lambda item: int(item[0])))
 
 
 def kernel_instances(program: Program) -> list[KernelInstance]:
@@ -161,6 +175,32 @@ def reuse_fields(
         fields["cached_phases"] = delta["loaded"]
         fields["rejected_cache_entries"] = delta["rejected"]
     return fields
+
+
+def layer_bytes(program: Program) -> np.ndarray:
+    """Bytes each tile gives one more layer of a layer loop: a copy of every per-layer
+    weight it holds, and that layer's address-table words (0 without a loop)."""
+    tiles = max((int(b.tiles.max()) + 1 for b in program.buffers if len(b.tiles)), default=0)
+    extra = np.zeros(tiles, dtype=np.int64)
+    found = program.loop()
+    if found is not None:
+        for slot in found[1].slots:
+            buffer = program.buffers[slot.buffers[0]]
+            extra[buffer.tiles] += buffer.nbytes + LAYER_ADDRESS_BYTES
+    return extra
+
+
+def loop_summary(program: Program, placement: Placement) -> dict[str, int]:
+    """The layer loop's shape and what one more layer costs per tile."""
+    found = program.loop()
+    if found is None:
+        return {"layers": 0}
+    _, loop = found
+    extra = layer_bytes(program)
+    peak_tile = int(np.argmax(placement.peak_bytes))
+    return {"layers": loop.count, "body_steps": loop.length, "per_layer_weights": len(loop.slots),
+            "bytes_per_layer_max": int(extra.max()),
+            "bytes_per_layer_peak_tile": int(extra[peak_tile]) if peak_tile < len(extra) else 0}
 
 
 def memory_summary(

@@ -20,6 +20,7 @@ from ipu_stack.exchange import table_bytes
 from ipu_stack.kernels.cache import compile_kernels
 from ipu_stack.lowering.lower import lower
 from ipu_stack.lowering.program import Exchange
+from ipu_stack.memory.categories import describe, tile_categories
 from ipu_stack.memory.placement import Placement, fragmentation, place_storage
 from ipu_stack.memory.report import write_memory_profile, write_placement_html
 from ipu_stack.memory.support import support_bytes
@@ -28,6 +29,7 @@ from ipu_stack.phases.costing import (
     finalist_choices,
     gemm_modes,
     kernel_instances,
+    loop_summary,
     memory_summary,
     refined_estimate,
     reuse_fields,
@@ -38,6 +40,7 @@ from ipu_stack.phases.costing import (
 from ipu_stack.phases.state import Build
 from ipu_stack.planning.fit import MemoryBudget, fit_plans, need
 from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
+from ipu_stack.planning.repeat import find_layer_loop, loop_fields
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
@@ -49,9 +52,18 @@ Fields = dict[str, Any]
 
 def construct_mid(build: Build) -> Fields:
     """Build the graph, group it into stages and enumerate each GEMM stage's tilings."""
-    graph, tensors = build.workload.build(build.params)
+    if "graph" not in build.prepared:
+        build.prepared["graph"], build.prepared["tensors"] = build.workload.build(build.params)
+    graph, tensors = build.prepared["graph"], build.prepared["tensors"]
     build.graph, build.tensors = graph, tensors
-    build.stages = find_stages(graph)
+    build.all_stages = find_stages(graph)
+    build.stages = build.all_stages
+    if build.options.share_layers:
+        build.loop = find_layer_loop(graph, build.all_stages)
+        if build.loop is not None:
+            build.stages = build.loop.compact(build.all_stages)
+            event(LOG, "found identical layers", **loop_fields(build.loop),
+                  planned_stages=len(build.stages), graph_stages=len(build.all_stages))
     searched: dict[str, tuple[list[GemmPlan], list[GemmPlan]]] = {}
     for stage in build.stages:
         if not isinstance(stage, GemmStage):
@@ -72,26 +84,35 @@ def construct_mid(build: Build) -> Fields:
     return {"stages": len(build.stages)}
 
 
+def repeats(build: Build) -> list[int]:
+    """How many times each planned stage runs (the loop body's once per layer)."""
+    if build.loop is None:
+        return [1] * len(build.stages)
+    return [build.loop.multiplicity(i) for i in range(len(build.stages))]
+
+
 def lower_mid(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
     budget = MemoryBudget.for_target(build.target, build.options.memory_proportion)
+    times = repeats(build)
     for plans in finalist_choices(build.candidates, build.options.finalists):
-        fitted, moves = fit_plans(plans, build.fronts, budget)
+        fitted, moves = fit_plans(plans, build.fronts, budget, times)
         if moves:
             event(LOG, "traded cycles for memory", moves=moves, budget_bytes=budget.bytes,
-                  estimated_bytes=need(fitted))
+                  estimated_bytes=need(fitted, times))
         if fitted not in build.finalists:
             build.finalists.append(fitted)
     for index, plans in enumerate(build.finalists):
         event(
             LOG, "retained operator-plan finalist", finalist=index,
             values=len(build.graph.values), operations=len(build.graph.operations),
-            estimated_cycles=sum(p.estimated_cycles for p in plans if p),
-            estimated_exchange_cycles=sum(p.exchange_cycles for p in plans if p),
-            resident_bytes=sum(resident_bytes(p) for p in plans if p),
+            estimated_cycles=sum(n * p.estimated_cycles for p, n in zip(plans, times, strict=True) if p),
+            estimated_exchange_cycles=sum(n * p.exchange_cycles for p, n in zip(plans, times, strict=True)
+                                          if p),
+            resident_bytes=sum(n * resident_bytes(p) for p, n in zip(plans, times, strict=True) if p),
             peak_transient_bytes=max((transient_bytes(p) for p in plans if p), default=0),
-            peak_total_bytes=need(plans),
+            peak_total_bytes=need(plans, times),
             active_tile_counts="{" + ", ".join(str(p.tiles_used) for p in plans if p) + "}",
             plans="[" + "; ".join(p.describe() for p in plans if p) + "]",
         )
@@ -107,10 +128,10 @@ def select_finalist(build: Build) -> Fields:
     phases = 0
     for index, plans in enumerate(build.finalists):
         program = lower(build.graph, list(zip(build.stages, plans, strict=True)), build.target,
-                        paired=options.paired_exchange)
+                        paired=options.paired_exchange, loop=build.loop)
         schedules = schedule_program(program, build.target, memo, options.paired_exchange)
         phases += len(schedules)
-        estimate = refined_estimate(plans, program, schedules, build.target)
+        estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))
         event(
             LOG, "scheduled operator-plan finalist", finalist=index, mapped=False,
             analytical_cycles=estimate["analytical_cycles"],
@@ -169,6 +190,10 @@ def place_storage_stage(build: Build) -> Fields:
     try:
         build.placement = place_storage(program, build.support["total"], target)
     except PlacementError as failure:
+        if isinstance(failure.placement, Placement) and failure.tile is not None:
+            filled = tile_categories(program, failure.placement, build.support, failure.tile)
+            failure.args = (f"{failure} (tile {failure.tile} holds {describe(filled)} bytes)",)
+            build.filled = filled
         if isinstance(failure.placement, Placement):
             write_memory_profile(build.reports / "memory-profile.json", program,
                                  failure.placement, target, scope="failed")
@@ -177,6 +202,8 @@ def place_storage_stage(build: Build) -> Fields:
                                  title=f"{_title(build)} (failed: {failure})")
         raise
     build.waste = fragmentation(build.placement, program, target)
+    build.filled = tile_categories(program, build.placement, build.support,
+                                   int(np.argmax(build.placement.peak_bytes)))
     event(LOG, "placed storage", peak_tile=int(np.argmax(build.placement.peak_bytes)),
           peak_bytes=int(build.placement.peak_bytes.max()),
           **{f"fragmentation_{k}": v for k, v in build.waste.items()})
@@ -213,9 +240,11 @@ def write_package_stage(build: Build) -> Fields:
         "tensors": build.program.tensors,
         "estimate": build.estimate,
         "plans": [p.describe() for p in build.plans if p],
-        "gemm_modes": gemm_modes(build.stages, build.plans),
+        "gemm_modes": gemm_modes(build.stages, build.plans, build.loop),
+        "layer_loop": loop_summary(build.program, build.placement),
         "memory": {**memory_summary(build.placement, build.support, build.target, build.waste),
-                   "effective_peak_bytes": int(build.profile["effective_peak_bytes"])},
+                   "effective_peak_bytes": int(build.profile["effective_peak_bytes"]),
+                   "peak_tile_by_category": build.filled},
         **build.fragment,
     }
     build.package = Path(build.out_dir) / "model.ipuexe"

@@ -20,6 +20,7 @@ from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.planning.gemm import GemmPlan
+from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
 from ipu_stack.target import Target
 from ipu_stack.workloads.base import Workload
@@ -33,9 +34,10 @@ class CompileOptions:
     finalists: int = 3
     cache_dir: str | None = str(default_cache_dir())
     diagnostics: bool = False
-    memory_proportion: float = 0.9
+    memory_proportion: float = 1.0  # retried lower when placement fails
     paired_exchange: bool = False  # target option: tile pairs share an exchange bus
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
+    share_layers: bool = True  # identical consecutive layers run as one loop body
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -44,7 +46,8 @@ class CompileOptions:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
                 "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
-                "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode}
+                "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode,
+                "share_layers": self.share_layers}
 
 
 @dataclass
@@ -69,10 +72,15 @@ class Build:
     options: CompileOptions
     target: Target
     memo: ScheduleMemo | None
+    # the workload's graph and tensors, kept by ``compile_workload`` across placement
+    # retries (building a 27-layer tower's weights again would cost tens of seconds)
+    prepared: dict[str, Any] = field(default_factory=dict)
     # construct_mid
     graph: Graph | None = None
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    stages: list[Stage] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)  # compact: one pass of a layer loop
+    all_stages: list[Stage] = field(default_factory=list)
+    loop: LayerLoop | None = None
     candidates: list[list[GemmPlan | None]] = field(default_factory=list)
     fronts: list[list[GemmPlan]] = field(default_factory=list)
     # lower_mid
@@ -89,6 +97,7 @@ class Build:
     # place_storage
     placement: Placement | None = None
     waste: dict[str, float] = field(default_factory=dict)
+    filled: dict[str, int] = field(default_factory=dict)  # peak (or failing) tile by category
     # write_memory_reports
     profile: dict[str, Any] = field(default_factory=dict)
     # emit_tile_code

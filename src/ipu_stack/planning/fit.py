@@ -39,16 +39,20 @@ class MemoryBudget:
         return MemoryBudget(int(usable * proportion))
 
 
-def need(plans: list[GemmPlan | None]) -> int:
-    """Estimated bytes per tile for a choice of plans."""
-    chosen = [p for p in plans if p is not None]
+def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
+    """Estimated bytes per tile for a choice of plans; a stage that ``repeats`` (a layer
+    loop's body) keeps one weight block per layer but its transients once."""
+    repeats = repeats or [1] * len(plans)
+    chosen = [(p, n) for p, n in zip(plans, repeats, strict=True) if p is not None]
     if not chosen:
         return 0
-    return sum(resident_bytes(p) for p in chosen) + max(transient_bytes(p) for p in chosen)
+    return (sum(n * resident_bytes(p) for p, n in chosen)
+            + max(transient_bytes(p) for p, _ in chosen))
 
 
 def _fit_under_cap(
-    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, limit: int
+    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, limit: int,
+    repeats: list[int],
 ) -> list[GemmPlan | None] | None:
     """Fastest choice with every transient <= cap and resident sum <= limit, greedily."""
     options: list[list[GemmPlan]] = []
@@ -69,7 +73,8 @@ def _fit_under_cap(
         options.append(lean)
         current.append(lean[0])
     position = [0] * len(current)
-    total = sum(resident_bytes(p) for p in current if p is not None)
+    total = sum(n * resident_bytes(p) for p, n in zip(current, repeats, strict=True)
+                if p is not None)
     heap: list[tuple[float, int, int]] = []
 
     def push(index: int) -> None:
@@ -78,6 +83,7 @@ def _fit_under_cap(
             here, there = options[index][k], options[index][k + 1]
             saved = resident_bytes(here) - resident_bytes(there)
             ratio = max(there.estimated_cycles - here.estimated_cycles, 0) / saved
+            # per byte of the whole program: cycles and weights both repeat with the body
             heapq.heappush(heap, (ratio, index, k))
 
     for index, plan in enumerate(current):
@@ -89,7 +95,8 @@ def _fit_under_cap(
         _, index, k = heapq.heappop(heap)
         if position[index] != k:
             continue
-        total -= resident_bytes(options[index][k]) - resident_bytes(options[index][k + 1])
+        total -= repeats[index] * (resident_bytes(options[index][k])
+                                   - resident_bytes(options[index][k + 1]))
         position[index] = k + 1
         current[index] = options[index][k + 1]
         push(index)
@@ -100,9 +107,12 @@ def fit_plans(
     plans: list[GemmPlan | None],
     fronts: list[list[GemmPlan]],
     budget: MemoryBudget,
+    repeats: list[int] | None = None,
 ) -> tuple[list[GemmPlan | None], int]:
-    """The cheapest choice that fits; also how many stages changed plan."""
-    if need(plans) <= budget.bytes:
+    """The cheapest choice that fits; also how many stages changed plan.  ``repeats``:
+    how many times each stage runs (a layer loop's body stages: once per layer)."""
+    repeats = repeats or [1] * len(plans)
+    if need(plans, repeats) <= budget.bytes:
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                    for p in ([plan] if plan else []) + front})
@@ -111,19 +121,40 @@ def fit_plans(
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap)
+        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap, repeats)
         if choice is None:
             continue
-        cycles = sum(p.estimated_cycles for p in choice if p is not None)
+        cycles = sum(n * p.estimated_cycles for p, n in zip(choice, repeats, strict=True)
+                     if p is not None)
         if best_cycles is None or cycles < best_cycles:
             best, best_cycles = choice, cycles
     if best is None:
-        leanest = [min([p, *f], key=resident_bytes) if p else None
-                   for p, f in zip(plans, fronts, strict=True)]
+        weights, transient = _leanest(plans, fronts, caps, repeats)
         raise CompileError(
-            f"does not fit: the leanest plans need about {need(leanest)} bytes per tile, "
+            f"does not fit: the leanest plans need about {weights + transient} bytes per tile "
+            f"(weights {weights}, the largest stage's operands and partials {transient}), "
             f"the planner may use {budget.bytes} (raise --memory-proportion or use fewer "
-            "blocks or a smaller batch)"
+            "layers or a smaller batch)"
         )
     moves = sum(1 for a, b in zip(plans, best, strict=True) if a is not b)
     return best, moves
+
+
+def _leanest(plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], caps: list[int],
+             repeats: list[int]) -> tuple[int, int]:
+    """The smallest ``weights + transient`` over every cap on the transient bytes: what
+    the leanest choice of plans would need (weights counted once per layer)."""
+    best = (1 << 62, 0)
+    for cap in caps:
+        weights = 0
+        for plan, front, n in zip(plans, fronts, repeats, strict=True):
+            if plan is None:
+                continue
+            allowed = [resident_bytes(p) for p in [plan, *front] if transient_bytes(p) <= cap]
+            if not allowed:
+                break
+            weights += n * min(allowed)
+        else:
+            if weights + cap < sum(best):
+                best = (weights, cap)
+    return best

@@ -143,11 +143,16 @@ def plan_tile_bytes(plan: GemmPlan) -> int:
 
 
 def pareto(plans: list[GemmPlan]) -> list[GemmPlan]:
-    """Plans no other plan beats on both cycles and resident bytes, fewest bytes last."""
-    ordered = sorted(plans, key=lambda p: (p.estimated_cycles, resident_bytes(p)))
+    """Plans no other plan beats on cycles, resident bytes and transient bytes at once, in
+    order of cycles.  Transient bytes are a dimension of their own: two tilings that keep the
+    same weight block can differ twofold in the operand block they gather, and a tower whose
+    tiles are full of weights needs the smaller one."""
+    ordered = sorted(plans, key=lambda p: (p.estimated_cycles, resident_bytes(p),
+                                           transient_bytes(p)))
     front: list[GemmPlan] = []
     for plan in ordered:
-        if not front or resident_bytes(plan) < resident_bytes(front[-1]):
+        r, t = resident_bytes(plan), transient_bytes(plan)
+        if not any(resident_bytes(f) <= r and transient_bytes(f) <= t for f in front):
             front.append(plan)
     return front
 
@@ -190,13 +195,12 @@ def gemm_search(
                 c = min(tiles // (r * d), col_groups)
                 if c < 1:
                     continue
-                plan = cost_plan(shape, r, c, d, target, gemm_mode)
+                # shrink C to what the column block needs (before judging the plan: C
+                # column groups of 16 may leave the last ones empty)
+                col_block = round_up(-(-shape.cols // c), p("amp_out_columns"))
+                plan = cost_plan(shape, r, -(-shape.cols // col_block), d, target, gemm_mode)
                 if plan is None:
                     continue
-                # shrink C to what the column block needs
-                c_needed = -(-shape.cols // plan.col_block)
-                if c_needed != c:
-                    plan = cost_plan(shape, r, c_needed, d, target, gemm_mode) or plan
                 if plan_tile_bytes(plan) > budget:
                     smallest = min(smallest, plan_tile_bytes(plan))
                     continue

@@ -168,6 +168,18 @@ def gemm_flops(graph: Graph) -> int:
     return flops
 
 
+def _loop_fields(manifest: dict[str, Any], layer_cycles: list[int]) -> dict[str, Any]:
+    """The layer loop's figures: layers run as one body, cycles per pass, and the bytes per
+    tile one more layer would add (none of these without a loop)."""
+    loop = manifest.get("layer_loop", {})
+    if not loop.get("layers"):
+        return {}
+    return {"loopLayers": int(loop["layers"]),
+            "layerCycles": int(np.mean(layer_cycles)) if layer_cycles else 0,
+            "layerCyclesMax": int(max(layer_cycles, default=0)),
+            "bytesPerLayer": int(loop["bytes_per_layer_max"])}
+
+
 def benchmark_fields(
     result: RunResult, graph: Graph, workload_fields: dict[str, Any], package_path: Path,
     compile_seconds: float | None,
@@ -217,6 +229,9 @@ def benchmark_fields(
            if kind not in ("exchange", "sync", "host", "compute")},
         "gemmModes": ",".join(sorted({m["mode"] for m in manifest.get("gemm_modes", {}).values()})),
         "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
+        **_loop_fields(manifest, run.layer_cycles),
+        "imagesPerSecond": round(int(workload_fields.get("batch", 1)) / seconds, 1)
+        if seconds else 0.0,
         "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
         "simulateSeconds": round(result.simulate_seconds, 2),
         "compiler": __version__,

@@ -270,9 +270,12 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, n
         return evaluate_operations(graph, operations, known, gemm_modes)[stage.out]
     rows = np.flatnonzero(rows_differ)
     sliced = dict(known)
+    gemm_weights = {graph.operations[op].inputs[1] for op in operations
+                    if graph.operations[op].kind == "matmul"}
     for value_id in inputs:
-        value = graph.value(value_id)
-        if value.role != "weight" and known[value_id].shape[0] == rows_differ.size:
+        # activations, and per-row tables (position embeddings): not a GEMM's weights
+        if value_id not in gemm_weights and known[value_id].ndim == 2 and (
+                known[value_id].shape[0] == rows_differ.size):
             sliced[value_id] = known[value_id][rows]
     expected = reference[stage.out].copy()
     expected[rows] = evaluate_operations(graph, operations, sliced, gemm_modes)[stage.out]

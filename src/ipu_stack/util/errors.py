@@ -28,6 +28,7 @@ class PlacementError(CompileError):
         super().__init__(message)
         self.details = details
         self.placement: object | None = None  # the partial placement, when there is one
+        self.tile: int | None = None  # the tile that ran out
 
 
 class PackageError(IpuStackError):

@@ -13,23 +13,35 @@
 
 With ``--precision fp8`` GEMM inputs and weights are FP8 F143; activations that feed a GEMM
 are stored in FP8 with a static scale exponent fitted on a calibration input drawn from
-another seed (two-pass build: the graph is interpreted in float64 on the calibration input,
+another seed (two-pass build: the graph is interpreted unrounded, in float32, on the calibration input,
 then every FP8 activation gets the exponent that fits its largest magnitude with 2x
 headroom).  Attention (Q.K^T, softmax, P.V) and the residual stream stay in F16.
+
+Scale exponents are fitted per *role* (``attn.q.w``, ``ln1.out``, ...) over all layers, not
+per layer: identical layers then have identical kernels (a scale is a kernel parameter) and
+run as one loop body.  FP8's relative precision does not depend on the exponent, so a layer
+whose values are smaller than the largest layer's only gives up range it does not use.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ipu_stack.ir.graph import Graph, GraphBuilder
-from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.ir.interpret import evaluate_unrounded
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+
+
+def role(name: str) -> str:
+    """A tensor's name without its layer: ``layer3.attn.q.w`` -> ``attn.q.w``."""
+    return re.sub(r"^layer\d+\.", "", name)
 
 
 def _common(tokens: int, dim: int, heads: int, hidden: int, eps: float) -> tuple[Parameter, ...]:
@@ -84,9 +96,15 @@ GELU_FORMS = {"tanh": "tanh", "erf": "none"}  # option name -> the graph's ``app
 class LayerBuilder:
     """Builds layers into one graph; ``scales`` maps activation names to FP8 exponents."""
 
-    def __init__(self, params: dict[str, Any], scales: dict[str, int], name: str) -> None:
+    def __init__(self, params: dict[str, Any], scales: dict[str, int], name: str,
+                 weight_scales: dict[str, int] | None = None) -> None:
         self.p = params
-        self.scales = scales
+        self.scales = scales  # activation role -> FP8 exponent
+        self.weight_scales = weight_scales or {}  # weight role -> FP8 exponent, when fitted
+        self.fitted: dict[str, int] = {}  # what this build fitted, per weight role
+        # name -> (precision, stored values): a calibration build's weights, which the real
+        # build reuses when the precision it chooses is the same (no second generation)
+        self.made: dict[str, tuple[Precision, np.ndarray]] = {}
         self.fp8 = params["precision"] == "fp8"
         self.b = GraphBuilder(name)
         self.tensors: dict[str, np.ndarray] = {}
@@ -94,17 +112,26 @@ class LayerBuilder:
 
     def act(self, name: str) -> Precision:
         """Precision of an activation that feeds a GEMM."""
-        return Precision("F8F143", self.scales.get(name, 0)) if self.fp8 else F16
+        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8 else F16
 
     def weight(self, name: str, shape: tuple[int, ...], std: float, precision: Precision | None
                = None, offset: float = 0.0) -> int:
+        made = self.made.get(name)
+        if made is not None and (precision is None or precision == made[0]) and (
+                not made[0].is_fp8 or self.weight_scales.get(role(name)) == made[0].scale_exponent):
+            self.tensors[name] = made[1]
+            return self.b.weight(name, TensorType(shape, made[0]))
         value = rng_for(self.p["seed"], name).standard_normal(shape) * std + offset
         if precision is None:
             if self.fp8 and len(shape) == 2:
-                precision = Precision("F8F143", fit_scale_exponent(value))
+                key = role(name)
+                fitted = fit_scale_exponent(value)
+                self.fitted[key] = max(self.fitted.get(key, fitted), fitted)
+                precision = Precision("F8F143", self.weight_scales.get(key, fitted))
             else:
                 precision = F16
         self.tensors[name] = precision.round_trip(value.astype(np.float32))
+        self.made[name] = (precision, self.tensors[name])
         return self.b.weight(name, TensorType(shape, precision))
 
     def linear(self, x: int, din: int, dout: int, name: str, out: Precision, bias: bool) -> int:
@@ -121,6 +148,15 @@ class LayerBuilder:
         beta = self.weight(f"{name}.beta", (d,), 0.1)
         return self.b.op("layer_norm", [x, g, beta], out, f"{name}.out", eps=self.p["eps"])
 
+    def rope_tables(self, head_dim: int) -> tuple[int, int]:
+        """The 2D RoPE cos and sin tables (F32), one pair shared by every layer."""
+        if "rope.cos" not in self.tensors:
+            cos, sin = rope_2d_tables(self.p["tokens"], head_dim, self.p["batch"])
+            self.tensors["rope.cos"], self.tensors["rope.sin"] = cos, sin
+            table = TensorType(cos.shape, F32)
+            self.rope_ids = (self.b.weight("rope.cos", table), self.b.weight("rope.sin", table))
+        return self.rope_ids
+
     def attention(self, h: int, prefix: str, rope: bool, bias: bool) -> int:
         p = self.p
         d, heads, tokens = p["dim"], p["heads"], p["tokens"]
@@ -129,12 +165,7 @@ class LayerBuilder:
         k = self.linear(h, d, d, f"{prefix}.k", F16, bias)
         v = self.linear(h, d, d, f"{prefix}.v", F16, bias)
         if rope:
-            cos, sin = rope_2d_tables(tokens, head_dim, p["batch"])
-            self.tensors[f"{prefix}.rope.cos"] = cos
-            self.tensors[f"{prefix}.rope.sin"] = sin
-            table = TensorType(cos.shape, F32)
-            c = self.b.weight(f"{prefix}.rope.cos", table)
-            s = self.b.weight(f"{prefix}.rope.sin", table)
+            c, s = self.rope_tables(head_dim)
             q = self.b.op("rope", [q, c, s], F16, f"{prefix}.q.rope", head_dim=head_dim)
             k = self.b.op("rope", [k, c, s], F16, f"{prefix}.k.rope", head_dim=head_dim)
         scores = self.b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
@@ -169,9 +200,9 @@ def _input(builder: LayerBuilder, seed: int, precision: Precision) -> tuple[int,
     return builder.b.input("x", TensorType((p["batch"], p["tokens"], p["dim"]), precision)), x
 
 
-def _build(kind: str, params: dict[str, Any], scales: dict[str, int], seed: int
-           ) -> tuple[Graph, dict[str, np.ndarray]]:
-    builder = LayerBuilder(params, scales, kind)
+def _build(kind: str, builder: LayerBuilder, seed: int) -> None:
+    """The graph of a layer workload into ``builder`` (inputs from ``seed``)."""
+    params = builder.p
     if kind == "attention":
         x_id, x = _input(builder, seed, builder.act("x"))
         builder.tensors["x"] = builder.act("x").round_trip(x)
@@ -184,24 +215,41 @@ def _build(kind: str, params: dict[str, Any], scales: dict[str, int], seed: int
             y = builder.layer(y, block, rope=kind == "pe-block", mlp=kind != "siglip-attention")
     builder.b.output(y)
     builder.tensors["x"] = builder.tensors["x"].reshape(params["batch"], params["tokens"], -1)
+
+
+def calibrated_build(
+    params: dict[str, Any], name: str, make: Callable[[LayerBuilder, int], None],
+) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Two-pass build: with FP8, build once on a calibration input (seed + 1, batch 1) to
+    fit every FP8 activation's and weight's exponent per role, then build for real."""
+    scales: dict[str, int] = {}
+    weight_scales: dict[str, int] | None = None
+    if params["precision"] == "fp8":
+        calibration = LayerBuilder({**params, "batch": 1}, {}, name)
+        make(calibration, params["seed"] + 1)
+        graph = calibration.b.build()
+        ideal = evaluate_unrounded(graph, calibration.tensors)
+        for value in graph.values:
+            if value.type.precision.is_fp8 and value.role in ("intermediate", "input"):
+                fitted = fit_scale_exponent(ideal[value.name], headroom=2.0)
+                key = role(value.name)
+                scales[key] = max(scales.get(key, fitted), fitted)
+        weight_scales = calibration.fitted
+        made = calibration.made
+        del calibration, graph, ideal
+    else:
+        made = {}
+    builder = LayerBuilder(params, scales, name, weight_scales)
+    builder.made = made
+    make(builder, params["seed"])
     return builder.b.build(), builder.tensors
 
 
 def build_transformer(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-    """Two-pass build: fit FP8 activation scales on a calibration input, then build."""
+    """A layer workload, its FP8 scales fitted on a calibration input."""
     if params["dim"] % params["heads"]:
         raise UsageError(f"--dim {params['dim']} is not a multiple of --heads {params['heads']}")
-    scales: dict[str, int] = {}
-    if params["precision"] == "fp8":
-        calibration_params = {**params, "batch": 1}
-        graph, tensors = _build(kind, calibration_params, {}, params["seed"] + 1)
-        ideal = evaluate_float64(graph, tensors)
-        for value in graph.values:
-            if value.type.precision.is_fp8 and value.role == "intermediate" or (
-                value.role == "input" and value.type.precision.is_fp8
-            ):
-                scales[value.name] = fit_scale_exponent(ideal[value.name], headroom=2.0)
-    return _build(kind, params, scales, params["seed"])
+    return calibrated_build(params, kind, lambda builder, seed: _build(kind, builder, seed))
 
 
 def _identifier(kind: str):

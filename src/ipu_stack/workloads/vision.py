@@ -1,0 +1,141 @@
+"""Whole vision towers: patch embedding, position embeddings, N identical layers, final norm.
+
+* ``siglip-vision``: SigLIP so400m/14 at 384 (729 patches, no CLS token, 1152 dims, 16 heads,
+  MLP 4304, 27 layers, tanh GELU, eps 1e-6): ``post_layernorm`` ends the tower.  The
+  attention-pooling head is not built (it is optional in the issue; see docs/benchmarks.md).
+* ``pe-vision``: Perception Encoder Core L/14 at 336 (CLS + 576 patches, 1024 dims, 16 heads,
+  MLP 4096, 24 layers, exact GELU, eps 1e-5, 2D RoPE, ``ln_pre`` and ``ln_post``).
+
+**Stem.**  The patch embedding is a convolution whose stride equals its kernel, so it is a
+GEMM: each patch's ``3 x P x P`` pixels (channel, row, column order, as PyTorch flattens a
+conv weight) times ``patch.w`` ``[3 P P, dim]``.  There are ``image // P`` patches a side:
+like the unpadded conv, a 384-pixel SigLIP image drops its last 6 rows and columns.  The
+host writes the image to the device as those patch rows (``patches``, a reordering of the
+input's bytes, no arithmetic); the image itself is kept beside the tensors (``pixels``) so a
+check can convolve it independently.  With a CLS token the host adds an all-zero patch row
+at the front of each image: the GEMM maps it to 0 (PE's patch conv has no bias) and the position table's first
+row carries ``class_embedding + pos[0]``, so the CLS concatenation costs no device step.
+The position table is written once per image of the batch.
+
+Every layer has the same shapes, so the compiler runs the 24 or 27 layers as one loop body
+(``planning.repeat``); only the weights are per layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import TensorType
+from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.transformer import GELU_OPTION, LayerBuilder, calibrated_build
+
+
+def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps: float,
+                gelu: str) -> tuple[Parameter, ...]:
+    return (
+        Parameter("batch", int, 1, "images per run"),
+        Parameter("image", int, image, "image side in pixels"),
+        Parameter("patch", int, 14, "patch side in pixels (the conv's kernel and stride)"),
+        Parameter("layers", int, layers, "encoder layers"),
+        Parameter("dim", int, dim, "model dimension"),
+        Parameter("heads", int, heads, "attention heads"),
+        Parameter("hidden", int, hidden, "MLP hidden dimension"),
+        Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
+        Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
+        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0),
+        GELU_OPTION(gelu),
+    )
+
+
+def image_patches(pixels: np.ndarray, patch: int, cls: bool) -> np.ndarray:
+    """``[B, 3, H, W]`` -> ``[B * T, 3 P P]`` patch rows in (channel, row, column) order,
+    patches in raster order; with ``cls`` an all-zero row leads each image."""
+    batch, channels, height, width = pixels.shape
+    grid_h, grid_w = height // patch, width // patch
+    pixels = pixels[:, :, : grid_h * patch, : grid_w * patch]  # the conv's unpadded windows
+    rows = pixels.reshape(batch, channels, grid_h, patch, grid_w, patch)
+    rows = rows.transpose(0, 2, 4, 1, 3, 5).reshape(batch, grid_h * grid_w, -1)
+    if cls:
+        rows = np.concatenate([np.zeros_like(rows[:, :1]), rows], axis=1)
+    return rows.reshape(-1, rows.shape[-1])
+
+
+def _tokens(params: dict[str, Any], cls: bool) -> int:
+    image, patch = params["image"], params["patch"]
+    if image < patch:
+        raise UsageError(f"--image {image} is smaller than one --patch {patch}")
+    if params["dim"] % params["heads"]:
+        raise UsageError(f"--dim {params['dim']} is not a multiple of --heads {params['heads']}")
+    return (image // patch) ** 2 + int(cls)
+
+
+def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
+    """Stem, layers and final norm into ``builder`` (module docstring)."""
+    p = builder.p
+    cls = kind == "pe-vision"
+    batch, dim, patch = p["batch"], p["dim"], p["patch"]
+    tokens = p["tokens"]
+    depth = 3 * patch * patch
+    pixels = rng_for(seed, "pixels").uniform(-1.0, 1.0, (batch, 3, p["image"], p["image"]))
+    patches_precision = builder.act("patches")
+    rows = image_patches(pixels.astype(np.float32), patch, cls)
+    builder.tensors["patches"] = patches_precision.round_trip(rows).reshape(batch, tokens, depth)
+    builder.tensors["pixels"] = pixels.astype(np.float32)
+    x = builder.b.input("patches", TensorType((batch, tokens, depth), patches_precision))
+    weight = builder.weight("patch.w", (depth, dim), 1.0 / np.sqrt(depth))
+    stem = builder.b.op("matmul", [x, weight], F16, "patch.mm")
+    if not cls:
+        bias = builder.weight("patch.b", (dim,), 0.02)
+        stem = builder.b.op("bias_add", [stem, bias], F16, "patch.out")
+    positions = rng_for(p["seed"], "pos").standard_normal((tokens, dim)) * 0.02
+    if cls:
+        positions[0] += rng_for(p["seed"], "cls").standard_normal(dim) * 0.02
+    table = F16.round_trip(np.tile(positions, (batch, 1)).astype(np.float32))
+    builder.tensors["pos"] = table
+    pos = builder.b.weight("pos", TensorType(table.shape, F16))
+    h = builder.b.op("add", [stem, pos], F16, "embed")
+    if cls:
+        h = builder.norm(h, "ln_pre", F16)
+    for index in range(p["layers"]):
+        h = builder.layer(h, index, rope=cls)
+    builder.b.output(builder.norm(h, "post_ln", F16))
+
+
+def build_tower(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The tower's graph and tensors, FP8 scales fitted per role on a calibration image."""
+    params = {**params, "tokens": _tokens(params, kind == "pe-vision")}
+    return calibrated_build(params, kind, lambda builder, seed: _build_tower(kind, builder, seed))
+
+
+def _identifier(kind: str):
+    def make(p: dict[str, Any]) -> str:
+        return (f"{kind}-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
+                f"-d{p['dim']}-h{p['heads']}-f{p['hidden']}-n{p['layers']}")
+    return make
+
+
+def _fields(kind: str):
+    def make(p: dict[str, Any]) -> dict[str, Any]:
+        tokens = _tokens(p, kind == "pe-vision")
+        return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
+                "image": p["image"], "patch": p["patch"], "tokens": tokens,
+                "rows": p["batch"] * tokens, "dimension": p["dim"], "heads": p["heads"],
+                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": True}
+    return make
+
+
+def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) -> None:
+    register(Workload(name=kind, description=description, parameters=parameters,
+                      build=lambda params: build_tower(kind, params),
+                      identifier=_identifier(kind), benchmark_fields=_fields(kind)))
+
+
+_register("siglip-vision", "SigLIP so400m/14-384 vision tower: patch embedding, 27 layers, "
+          "post layer norm", _parameters(384, 27, 1152, 16, 4304, 1e-6, "tanh"))
+_register("pe-vision", "Perception Encoder Core L/14-336 vision tower: CLS, 2D RoPE, 24 layers, "
+          "ln_pre and ln_post", _parameters(336, 24, 1024, 16, 4096, 1e-5, "erf"))

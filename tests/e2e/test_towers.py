@@ -1,0 +1,187 @@
+"""Whole vision towers through the CLI: identical layers run as one loop body, checked
+against an independent float64 forward pass from the saved image (``tower_forward``).
+
+Small sizes (28-pixel images in 7-pixel patches: 16 patches, 64 dims, 4 heads of 16, MLP
+96) keep each run to seconds; the structure (stem, CLS, RoPE, the loop, the head) is the
+full-size towers'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipu_stack.cli import main
+from ipu_stack.package import read_package, write_package
+from ipu_stack.runtime.tolerance import compare
+from ipu_stack.target import get_target
+from tests.e2e.transformer_forward import tower_forward
+
+SMALL = ["--image", "28", "--patch", "7", "--dim", "64", "--heads", "4", "--hidden", "96"]
+MODEL = {"siglip-vision": (1e-6, "tanh"), "pe-vision": (1e-5, "erf")}
+
+
+def _bench(tmp_path: Path, lock_path, cache_dir, capsys, workload: str, *extra: str,
+           folder: str = "run") -> tuple[int, dict, str, Path]:
+    capsys.readouterr()
+    out = tmp_path / folder
+    code = main(["bench", workload, *SMALL, *extra, "--out", str(out / "pkg"), "--json",
+                 "--save-tensors", str(out / "tensors"), "--lock", str(lock_path),
+                 "--cache-dir", str(cache_dir), "--finalists", "1"])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
+    return code, record, captured.err, out
+
+
+def _saved(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    saved = dict(np.load(out / "tensors" / "inputs_weights.npz"))
+    outputs = dict(np.load(out / "tensors" / "outputs.npz"))
+    (name,) = outputs
+    return saved, outputs[name].reshape(-1, outputs[name].shape[-1])
+
+
+CASES = {
+    "siglip": ("siglip-vision", ["--layers", "3"]),
+    "pe": ("pe-vision", ["--layers", "3"]),
+    "pe-batch2": ("pe-vision", ["--layers", "2", "--batch", "2"]),
+    "siglip-f16": ("siglip-vision", ["--layers", "3", "--precision", "f16"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_tower_passes_and_matches_independent_float64(tmp_path, lock_path, cache_dir, capsys,
+                                                      case):
+    workload, extra = CASES[case]
+    code, record, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, workload, *extra)
+    assert code == 0 and record["numericalTest"] == "PASS"
+    layers = int(extra[extra.index("--layers") + 1])
+    batch = int(extra[extra.index("--batch") + 1]) if "--batch" in extra else 1
+    assert record["loopLayers"] == layers
+    assert 0 < record["layerCycles"] * layers < record["cycles"]
+    assert record["bytesPerLayer"] > 0
+    clock = get_target("ipu21").clock_hz
+    assert record["imagesPerSecond"] == pytest.approx(batch * clock / record["cycles"], rel=1e-3)
+
+    saved, device = _saved(out)
+    tokens = 17 if workload == "pe-vision" else 16
+    assert device.shape == (batch * tokens, 64)
+    eps, gelu = MODEL[workload]
+    rounded = tower_forward(saved, 4, eps, gelu, 7, rounded=True)
+    assert compare(device, rounded).passed
+    ideal = compare(device, tower_forward(saved, 4, eps, gelu, 7, rounded=False))
+    assert ideal.max_abs_error < 0.1 * float(np.abs(rounded).max())
+    # the check is not vacuous: the wrong GELU or no patch bias/RoPE structure shows
+    other = "erf" if gelu == "tanh" else "tanh"
+    assert compare(device, tower_forward(saved, 4, eps, other, 7)).max_abs_error >= compare(
+        device, rounded).max_abs_error
+
+
+def test_loop_runs_what_the_unrolled_program_runs(tmp_path, lock_path, cache_dir, capsys):
+    """One loop body or every layer lowered on its own: the same output bits, the same
+    verdict; the looped package holds one layer's steps."""
+    args = ("siglip-vision", "--layers", "3")
+    code, looped, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, *args, folder="loop")
+    code2, unrolled, _, out2 = _bench(tmp_path, lock_path, cache_dir, capsys, *args,
+                                      "--unroll-layers", folder="unrolled")
+    assert code == code2 == 0
+    np.testing.assert_array_equal(_saved(out)[1], _saved(out2)[1])
+    assert "loopLayers" not in unrolled and looped["loopLayers"] == 3
+    assert looped["estimateError"] == 0 and unrolled["estimateError"] == 0
+    run = read_package(out / "pkg" / "model.ipuexe").manifest["programs"]["run"]
+    flat = read_package(out2 / "pkg" / "model.ipuexe").manifest["programs"]["run"]
+    loops = [s for s in run if s["kind"] == "loop"]
+    assert len(loops) == 1 and loops[0]["count"] == 3
+    computes = sum(s["kind"] == "compute" for s in run)
+    assert computes < sum(s["kind"] == "compute" for s in flat) / 2
+
+
+def test_diagnostics_name_every_layer(tmp_path, lock_path, cache_dir, capsys):
+    code, record, err, _ = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-vision",
+                                  "--layers", "3", "--diagnostics")
+    assert code == 0 and record["numericalTest"] == "PASS"
+    lines = re.findall(r"diagnostic checkpoint checkpoint=(\d+) tensor=\"?([^\"\s]+)\"? "
+                       r"layer=\"?([^\"\s]*)\"?", err)
+    assert [int(c) for c, _, _ in lines] == list(range(record["diagnosticCheckpoints"]))
+    layers = {layer for _, _, layer in lines}
+    assert {"layer0", "layer1", "layer2"} <= layers
+    per_layer = {layer: sorted(t.split(".", 1)[1] for _, t, lay in lines if lay == layer)
+                 for layer in ("layer0", "layer1", "layer2")}
+    assert per_layer["layer0"] == per_layer["layer1"] == per_layer["layer2"]
+    assert "attn.q.rope" in per_layer["layer1"]
+
+
+def _rewrite(path: Path, change) -> None:
+    package = read_package(path)
+    arrays = dict(package.arrays)
+    change(package.manifest, arrays)
+    write_package(path, target=package.target, compiler_version=package.compiler_version,
+                  manifest=package.manifest, arrays=arrays)
+
+
+def test_a_layer_table_pointing_outside_memory_is_refused(tmp_path, lock_path, cache_dir,
+                                                          capsys):
+    code, _, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
+                             "--layers", "3")
+    assert code == 0
+    path = out / "pkg" / "model.ipuexe"
+
+    def corrupt(manifest, arrays):
+        loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
+        table = arrays[loop["slots"][0]].copy()
+        tile = int(np.flatnonzero(table[2] >= 0)[0])
+        table[2, tile] = 1 << 40
+        arrays[loop["slots"][0]] = table
+
+    _rewrite(path, corrupt)
+    capsys.readouterr()
+    assert main(["--quiet", "run", str(path), "--lock", str(lock_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert "on layer 2" in err[0] and "outside tile memory" in err[0]
+
+
+def test_a_loop_without_its_tables_is_refused(tmp_path, lock_path, cache_dir, capsys):
+    code, _, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
+                             "--layers", "2")
+    assert code == 0
+    path = out / "pkg" / "model.ipuexe"
+
+    def shorten(manifest, arrays):
+        loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
+        arrays[loop["slots"][0]] = arrays[loop["slots"][0]][:1]
+
+    _rewrite(path, shorten)
+    capsys.readouterr()
+    assert main(["--quiet", "run", str(path), "--lock", str(lock_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "slot 0 table is [1, 1472], not [2, 1472]" in err
+    assert zipfile.is_zipfile(path)
+
+
+def test_capacity_of_layers(tmp_path, cache_dir, capsys):
+    code = main(["--quiet", "capacity", "siglip-vision", *SMALL, "--max-layers", "6",
+                 "--cache-dir", str(cache_dir), "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["maximumLayers"] == 6
+    assert record["reason"] == "reached --max-layers 6"
+
+
+def test_memory_by_category_adds_up(tmp_path, lock_path, cache_dir, capsys):
+    code, record, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-vision",
+                                  "--layers", "3")
+    assert code == 0
+    memory = read_package(out / "pkg" / "model.ipuexe").manifest["memory"]
+    filled = memory["peak_tile_by_category"]
+    assert set(filled) == {"weights", "activations", "partials", "code", "exchange tables",
+                           "layer tables", "runtime"}
+    support = filled["code"] + filled["exchange tables"] + filled["layer tables"] + filled[
+        "runtime"]
+    live = filled["weights"] + filled["activations"] + filled["partials"]
+    # support is rounded up to 32 bytes as a whole
+    assert 0 <= memory["peak_bytes"] - (support + live) < 32
+    assert filled["weights"] > 0 and filled["layer tables"] >= 0
