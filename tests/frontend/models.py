@@ -48,8 +48,8 @@ class AttentionTwin(nn.Module):
                                           for n in "qkvo")
         self.rope = rope
         if rope:  # PE's freqs are repeated per pair: "... n -> ... (n r)", r=2
-            cos = torch.from_numpy(tensors[f"{prefix}.rope.cos"]).repeat_interleave(2, dim=-1)
-            sin = torch.from_numpy(tensors[f"{prefix}.rope.sin"]).repeat_interleave(2, dim=-1)
+            cos = torch.from_numpy(tensors["rope.cos"]).repeat_interleave(2, dim=-1)
+            sin = torch.from_numpy(tensors["rope.sin"]).repeat_interleave(2, dim=-1)
             self.register_buffer("cos", cos)
             self.register_buffer("sin", sin)
 

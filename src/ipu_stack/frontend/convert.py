@@ -47,6 +47,19 @@ GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 
 
+def role(name: str) -> str:
+    """A value's name without its layer (``layer3.mlp.fc1.linear`` -> ``mlp.fc1.linear``):
+    the builtins' ``workloads.transformer.role``; FP8 activation exponents are per role."""
+    return re.sub(r"^layer\d+\.", "", name)
+
+
+def weight_role(name: str) -> str:
+    """A parameter's name with its layer index starred (``encoder.layers.*.mlp.fc1.weight``),
+    and without a slice suffix: one FP8 exponent per role, so identical layers stay
+    identical (the compiler then runs them as one loop body, ``planning.repeat``)."""
+    return LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), name).split("[")[0]
+
+
 def op_name(target: Any) -> str:
     """``aten.linear`` for ``torch.ops.aten.linear.default`` (the overload packet)."""
     text = str(target)
@@ -146,21 +159,34 @@ class Converter:
         self.rewrites: list[str] = []
         self.dynamic: set[Any] = set()
         self.node: Any = None
+        self.node_names: dict[Any, str] = {}
+        self.name_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ naming, precision
     def name(self, node: Any, suffix: str = "") -> str:
-        """``layer3.linear_6`` style names: the verdict groups stages by their ``layerN``."""
-        stack = node.meta.get("nn_module_stack") or {}
-        path = list(stack.values())[-1][0] if stack else ""
-        match = LAYER.search(path or "")
-        prefix = f"layer{match.group(1)}." if match else ""
-        if not prefix and node.name.startswith("layer"):
-            prefix = "model."  # ``layer_norm`` would read as a layer named so in diagnostics
-        return f"{prefix}{node.name}{suffix}"
+        """A value name from the node's module and operation, ``layer3.self_attn.q_proj.linear``
+        inside layer 3 of a stack (``#k`` for the k-th repeat within one module): the same
+        position in every layer has the same name after the ``layerN.`` prefix (its *role*,
+        which FP8 exponents are shared by), and the verdict groups stages by ``layerN``."""
+        if node not in self.node_names:
+            stack = node.meta.get("nn_module_stack") or {}
+            path = (list(stack.values())[-1][0] if stack else "") or ""
+            match = LAYER.search(path)
+            op = op_name(node.target).split(".")[-1].strip("<>_ ").replace(" ", "_")
+            if match:
+                rest = path[match.end():]
+                base = f"layer{match.group(1)}." + (f"{rest}.{op}" if rest else op)
+            else:
+                base = f"{path}.{op}" if path else f"model.{op}"
+            count = self.name_counts.get(base, 0)
+            self.name_counts[base] = count + 1
+            self.node_names[node] = base if count == 0 else f"{base}#{count}"
+        return f"{self.node_names[node]}{suffix}"
 
     def act_precision(self, name: str) -> Precision:
-        """FP8 with the calibrated exponent (fp8), else F16: for values that feed GEMMs."""
-        return Precision("F8F143", self.scales.get(name, 0)) if self.fp8 else F16
+        """FP8 with the exponent calibrated for the value's role (fp8), else F16: for values
+        that feed GEMMs."""
+        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8 else F16
 
     def gemm_only(self, node: Any) -> bool:
         """Whether every use of ``node`` (through shape-only ops) is a GEMM's A operand."""
@@ -244,12 +270,12 @@ class Converter:
         base = act.origin or self.name(node)
         if act.factor != 1.0:
             value = self.b.op("scale", [value], F16, f"{base}.scaled", factor=float(act.factor))
-        if act.addend is not None:
+        if act.addend is not None:  # a table as a weight (F16), written once with the others
             ttype = self.b.graph.value(value).type
-            addend = self.constant_input(f"{base}.addend", act.addend.reshape(ttype.shape),
-                                         ttype.shape)
+            addend = self.weight(f"{base}.addend", act.addend.reshape(ttype.rows, ttype.cols),
+                                 False)
             value = self.b.op("add", [value, addend], F16, f"{base}.plus")
-            self.rewrites.append(f"{node.name}: constant addend streamed as input {base}.addend")
+            self.rewrites.append(f"{node.name}: constant addend as an F16 weight {base}.addend")
         done = act.with_(value=value, factor=1.0, addend=None, linear=None)
         self.materialized[key] = done
         return done
@@ -403,8 +429,13 @@ class Converter:
         graph = self.b.graph
         tensors: dict[str, np.ndarray] = {}
         exact: dict[str, np.ndarray] = {}
+        exponents: dict[str, int] = {}  # one FP8 exponent per weight role (as the builtins)
+        for name, (_, raw, kind) in self.weights.items():
+            if kind == "matrix":
+                key = weight_role(name)
+                exponents[key] = max(exponents.get(key, -99), fit_scale_exponent(raw))
         for name, (value_id, raw, kind) in self.weights.items():
-            precision = Precision("F8F143", fit_scale_exponent(raw)) if (
+            precision = Precision("F8F143", exponents[weight_role(name)]) if (
                 self.fp8 and kind == "matrix") else (F32 if kind == "table" else F16)
             old = graph.values[value_id]
             graph.values[value_id] = Value(value_id, name, TensorType(old.type.shape, precision),

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import Converted, Converter
+from ipu_stack.frontend.convert import Converted, Converter, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.ir.graph import Graph
@@ -157,13 +157,17 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[str, int]:
-    """FP8 exponents of activations, fitted (2x headroom) on a float64 run of a calibration
-    input: the test data never tunes its own scales."""
+    """FP8 exponents of activations, one per role (the largest over its layers), fitted
+    with 2x headroom on a float64 run of a calibration input: the test data never tunes its
+    own scales, and identical layers keep identical precisions."""
     first = Converter(program, calibration, "fp8", {}, name).run()
     ideal = evaluate_float64(first.graph, first.exact)
-    return {v.name: fit_scale_exponent(ideal[v.name], headroom=2.0)
-            for v in first.graph.values
-            if v.role in ("intermediate", "output") and v.type.precision.is_fp8}
+    scales: dict[str, int] = {}
+    for v in first.graph.values:
+        if v.role in ("intermediate", "output") and v.type.precision.is_fp8:
+            fitted = fit_scale_exponent(ideal[v.name], headroom=2.0)
+            scales[role(v.name)] = max(scales.get(role(v.name), fitted), fitted)
+    return scales
 
 
 def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,
