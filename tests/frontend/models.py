@@ -92,6 +92,39 @@ class LayerTwin(nn.Module):
         return x
 
 
+class TowerTwin(nn.Module):
+    """``siglip-vision`` / ``pe-vision``: patch-embedding conv, (CLS,) position table,
+    (``ln_pre``,) the layers and ``post_ln``, holding the builtin's weights.  The builtin
+    folds the CLS embedding into the table's first row, so the twin's CLS token is zero."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], params: dict, cls: bool):
+        super().__init__()
+        dim, patch = params["dim"], params["patch"]
+        weight = torch.from_numpy(tensors["patch.w"].T.copy()).reshape(dim, 3, patch, patch)
+        self.embed = nn.Conv2d(3, dim, patch, stride=patch, bias=not cls)
+        with torch.no_grad():
+            self.embed.weight.copy_(weight)
+            if not cls:
+                self.embed.bias.copy_(torch.from_numpy(tensors["patch.b"]))
+        tokens = tensors["pos"].shape[0] // params["batch"]
+        self.pos = nn.Parameter(torch.from_numpy(tensors["pos"][:tokens].copy()))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls else None
+        self.ln_pre = _norm(tensors, "ln_pre", params["eps"]) if cls else None
+        gelu = "tanh" if params["gelu"] == "tanh" else "none"
+        self.layers = LayerTwin(tensors, params["heads"], params["eps"], params["layers"],
+                                gelu=gelu, rope=cls)
+        self.post_ln = _norm(tensors, "post_ln", params["eps"])
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(pixels).flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.pos
+        if self.ln_pre is not None:
+            x = self.ln_pre(x)
+        return self.post_ln(self.layers(x))
+
+
 class MlpTwin(nn.Module):
     """``siglip-mlp``: ``fc2(gelu_tanh(fc1(x)))`` without biases."""
 

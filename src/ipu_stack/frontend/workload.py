@@ -27,7 +27,7 @@ from ipu_stack.frontend.convert import Converted, Converter, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.ir.interpret import evaluate_float64, evaluate_unrounded
 from ipu_stack.ir.precision import fit_scale_exponent
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
@@ -158,10 +158,10 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[str, int]:
     """FP8 exponents of activations, one per role (the largest over its layers), fitted
-    with 2x headroom on a float64 run of a calibration input: the test data never tunes its
+    with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
     own scales, and identical layers keep identical precisions."""
     first = Converter(program, calibration, "fp8", {}, name).run()
-    ideal = evaluate_float64(first.graph, first.exact)
+    ideal = evaluate_unrounded(first.graph, first.exact)  # float32, as the builtins fit
     scales: dict[str, int] = {}
     for v in first.graph.values:
         if v.role in ("intermediate", "output") and v.type.precision.is_fp8:
