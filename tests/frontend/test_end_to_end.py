@@ -116,3 +116,25 @@ def test_every_weight_comes_from_the_state_dict() -> None:
     adds = [op for op in graph.operations if op.kind == "add"
             and graph.value(op.inputs[1]).role == "weight"]
     assert len(adds) == 1 and graph.value(adds[0].inputs[1]).type.shape == (17, 64)
+
+
+class LayerScaled(torch.nn.Module):
+    """PE's layer scale: ``x + gamma * fc(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.gamma = torch.nn.Parameter(torch.rand(32) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x) * self.gamma
+
+
+def test_layer_scale_is_folded_into_the_weights() -> None:
+    torch.manual_seed(12)
+    module = LayerScaled()
+    imported = import_program(export(module, torch.randn(1, 8, 32)), precision="f16")
+    assert imported.conversion_error < 1e-5
+    assert [op.kind for op in imported.graph.operations] == ["matmul", "bias_add", "add"]
+    expected = (module.fc.weight * module.gamma[:, None]).detach().numpy().T
+    np.testing.assert_allclose(imported.converted.exact["fc.weight"], expected, rtol=1e-6)
