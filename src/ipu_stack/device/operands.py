@@ -36,23 +36,42 @@ class AllocationMap:
         if n and (self.tile.min() < 0 or self.tile.max() >= tiles):
             raise PackageError("package allocation map names a tile that does not exist")
 
+        # allocations live to the end (weights) are sorted once, the others per step
+        # checked: a tower's per-layer weights are most of the map
+        always = self.last == (self.last.max() if n else 0)
+        self.always = always
+        self.static = self._sorted(always)
+        self.step: int | None = None
+        self.dynamic = self._sorted(np.zeros(n, dtype=bool))
+
+    def _sorted(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+        keys = self.tile[chosen] * SHIFT + self.address[chosen]
+        order = np.argsort(keys, kind="stable")
+        ends = (self.address[chosen] + self.bytes[chosen])[order]
+        return keys[order], ends, self.tile[chosen][order], self.first[chosen][order]
+
+    @staticmethod
+    def _inside(table: tuple[np.ndarray, ...], step: int, tile: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray) -> np.ndarray:
+        keys, ends, owners, firsts = table
+        if not len(keys):
+            return np.zeros(len(tile), dtype=bool)
+        index = np.searchsorted(keys, tile * SHIFT + lo, side="right") - 1
+        safe = np.clip(index, 0, len(keys) - 1)
+        return (index >= 0) & (owners[safe] == tile) & (hi <= ends[safe]) & (firsts[safe] <= step)
+
     def check(self, step: int, tile: np.ndarray, lo: np.ndarray, hi: np.ndarray,
               what: str) -> None:
         """Fault unless each ``[lo, hi)`` on ``tile`` lies in one allocation live at ``step``."""
         if len(tile) == 0:
             return
-        live = (self.first <= step) & (step <= self.last)
-        keys = self.tile[live] * SHIFT + self.address[live]
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        ends = (self.address[live] + self.bytes[live])[order]
-        owners = self.tile[live][order]
+        if self.step != step:
+            live = ~self.always & (self.first <= step) & (step <= self.last)
+            self.dynamic, self.step = self._sorted(live), step
         tile = tile.astype(np.int64)
-        index = np.searchsorted(keys, tile * SHIFT + lo, side="right") - 1
-        safe = np.clip(index, 0, max(len(keys) - 1, 0))
-        inside = (index >= 0) & (owners[safe] == tile) & (hi <= ends[safe]) if len(keys) else (
-            np.zeros(len(tile), dtype=bool)
-        )
+        inside = self._inside(self.dynamic, step, tile, lo, hi)
+        if not inside.all():
+            inside |= self._inside(self.static, step, tile, lo, hi)
         if not inside.all():
             k = int(np.argmin(inside))
             raise DeviceFault(

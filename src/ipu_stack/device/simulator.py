@@ -116,7 +116,7 @@ class SimulatedIpu:
                         self.slot_tables = [self._array(name) for name in step["slots"]]
                         layers, body_end = int(step["count"]), index + int(step["length"])
                         continue
-                    for layer in range(layers if index <= body_end else 1):
+                    for layer in range(layers if index <= body_end and _per_layer(step) else 1):
                         self._check_step(program, index, step, layer)
                         if self.allocations is not None:
                             self._check_operands(offset + index, step, layer)
@@ -503,6 +503,14 @@ class SimulatedIpu:
         horizon, shifted = instruction_horizon(schedule, transfers)
         details.update(instruction_horizon=horizon, shifted_sends=shifted)
         return timing.estimate_exchange_phase(horizon), ports, details
+
+
+def _per_layer(step: dict) -> bool:
+    """Whether a step's addresses differ between passes of the loop (it names a slot); the
+    others are checked once."""
+    if step["kind"] == "compute":
+        return any("slots" in call for call in step["calls"])
+    return "src_slot" in step
 
 
 def _plain(counts: dict[str, Any]) -> dict[str, Any]:

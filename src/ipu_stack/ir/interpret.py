@@ -13,7 +13,7 @@ rounding (the ideal answer, for reports).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 import numpy as np
 from scipy import special
@@ -134,12 +134,15 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
          gemm_modes: dict[str, dict] | None = None,
-         keep_weights: bool = True) -> dict[str, np.ndarray]:
+         keep_weights: bool = True, keep: Collection[str] | None = None) -> dict[str, np.ndarray]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
-    would be 3 GB held for nothing)."""
+    would be 3 GB held for nothing); with ``keep``, only those values are returned and every
+    other one is dropped after its last reader."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
+    last_use = {i: op.id for op in graph.operations for i in op.inputs}
+    kept = None if keep is None else {v.id for v in graph.values if v.name in keep}
 
     def load(value_id: int) -> np.ndarray:
         value = graph.value(value_id)
@@ -154,19 +157,47 @@ def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
         ins = [values[i] if i in values else load(i) for i in op.inputs]
         result = _apply(op, ins, dtype, modes.get(str(op.id)))
         values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
+        if kept is not None:
+            for i in set(op.inputs):
+                if last_use[i] == op.id and i not in kept:
+                    values.pop(i, None)
     return {
         graph.value(i).name: v.reshape(graph.value(i).type.shape) for i, v in values.items()
+        if kept is None or i in kept
     }
 
 
+class HostValues(Mapping):
+    """Inputs and weights as the device holds them (float32, matrices ``[rows, cols]``),
+    rounded when asked for and not kept: a tower's weights would be gigabytes twice over."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, np.ndarray]) -> None:
+        self.graph, self.tensors = graph, tensors
+        self.ids = [v.id for v in graph.values if v.role in ("input", "weight")]
+
+    def __getitem__(self, value_id: int) -> np.ndarray:
+        value = self.graph.value(value_id)
+        if value.role not in ("input", "weight"):
+            raise KeyError(value_id)
+        data = value.type.precision.round_trip(np.asarray(self.tensors[value.name]))
+        return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
-             gemm_modes: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
+             gemm_modes: dict[str, dict] | None = None,
+             keep_weights: bool = True) -> dict[str, np.ndarray]:
     """All values of ``graph`` at device precision (float32 arrays), keyed by value name.
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
     return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
-                gemm_modes)
+                gemm_modes, keep_weights=keep_weights)
 
 
 def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
@@ -177,8 +208,10 @@ def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
                 keep_weights=False)
 
 
-def evaluate_float64(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def evaluate_float64(graph: Graph, tensors: dict[str, np.ndarray],
+                     keep: Collection[str] | None = None) -> dict[str, np.ndarray]:
     """The same graph in float64 with no intermediate rounding (the ideal answer); inputs
     and every computed value, not the weights."""
     return _run(graph, tensors, np.float64,
-                lambda data, precision: np.asarray(data, dtype=np.float64), keep_weights=False)
+                lambda data, precision: np.asarray(data, dtype=np.float64), keep_weights=False,
+                keep=keep)

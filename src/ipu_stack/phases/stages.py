@@ -45,6 +45,7 @@ from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import event, phase
+from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.package.build")
 Fields = dict[str, Any]
@@ -53,7 +54,10 @@ Fields = dict[str, Any]
 def construct_mid(build: Build) -> Fields:
     """Build the graph, group it into stages and enumerate each GEMM stage's tilings."""
     if "graph" not in build.prepared:
-        build.prepared["graph"], build.prepared["tensors"] = build.workload.build(build.params)
+        cache = Path(build.options.cache_dir) if build.options.cache_dir else None
+        with cache_folder(cache):
+            build.prepared["graph"], build.prepared["tensors"] = build.workload.build(
+                build.params)
     graph, tensors = build.prepared["graph"], build.prepared["tensors"]
     build.graph, build.tensors = graph, tensors
     build.all_stages = find_stages(graph)

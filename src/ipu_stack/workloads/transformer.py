@@ -36,6 +36,7 @@ from ipu_stack.ir.interpret import evaluate_unrounded
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads import calibration as calibration_cache
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
 
 
@@ -221,10 +222,16 @@ def calibrated_build(
     params: dict[str, Any], name: str, make: Callable[[LayerBuilder, int], None],
 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Two-pass build: with FP8, build once on a calibration input (seed + 1, batch 1) to
-    fit every FP8 activation's and weight's exponent per role, then build for real."""
+    fit every FP8 activation's and weight's exponent per role, then build for real.  The
+    fitted exponents are cached on disk (``workloads.calibration``) when the compile sets a
+    cache folder."""
     scales: dict[str, int] = {}
     weight_scales: dict[str, int] | None = None
-    if params["precision"] == "fp8":
+    made: dict[str, tuple[Precision, np.ndarray]] = {}
+    cached = calibration_cache.load(name, params) if params["precision"] == "fp8" else None
+    if cached is not None:
+        scales, weight_scales = cached["activations"], cached["weights"]
+    elif params["precision"] == "fp8":
         calibration = LayerBuilder({**params, "batch": 1}, {}, name)
         make(calibration, params["seed"] + 1)
         graph = calibration.b.build()
@@ -237,8 +244,7 @@ def calibrated_build(
         weight_scales = calibration.fitted
         made = calibration.made
         del calibration, graph, ideal
-    else:
-        made = {}
+        calibration_cache.store(name, params, {"activations": scales, "weights": weight_scales})
     builder = LayerBuilder(params, scales, name, weight_scales)
     builder.made = made
     make(builder, params["seed"])

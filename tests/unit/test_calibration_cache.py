@@ -1,0 +1,58 @@
+"""The calibration cache: a second build reuses the fitted FP8 exponents and builds the same
+graph; a damaged entry is ignored (with a warning) and rewritten."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ipu_stack.cli import parse_workload
+from ipu_stack.workloads.calibration import cache_folder
+
+ARGS = ["--image", "28", "--patch", "7", "--dim", "64", "--heads", "4", "--hidden", "96",
+        "--layers", "2"]
+
+
+def _build(folder):
+    workload, params = parse_workload("pe-vision", ARGS)
+    with cache_folder(folder):
+        return workload.build(params)
+
+
+def _precisions(graph) -> dict:
+    return {v.name: v.type.precision.to_json() for v in graph.values}
+
+
+def test_second_build_reuses_the_calibration(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
+    first, tensors = _build(tmp_path)
+    entries = list((tmp_path / "calibration").glob("*.json"))
+    assert len(entries) == 1
+    assert "reused cached calibration" not in caplog.text
+    second, again = _build(tmp_path)
+    assert "reused cached calibration" in caplog.text
+    assert _precisions(first) == _precisions(second)
+    assert all((tensors[k] == again[k]).all() for k in tensors)
+    scales = json.loads(entries[0].read_text())["scales"]
+    assert scales["activations"]["ln1.out"] == first.values[
+        [v.name for v in first.values].index("layer1.ln1.out")].type.precision.scale_exponent
+
+
+def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path, caplog):
+    first, _ = _build(tmp_path)
+    (entry,) = (tmp_path / "calibration").glob("*.json")
+    data = json.loads(entry.read_text())
+    data["scales"]["activations"]["ln1.out"] += 3  # the checksum no longer matches
+    entry.write_text(json.dumps(data))
+    caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
+    second, _ = _build(tmp_path)
+    assert "ignored a damaged calibration cache entry" in caplog.text
+    assert _precisions(first) == _precisions(second)
+    rewritten = json.loads(entry.read_text())
+    assert rewritten["scales"]["activations"]["ln1.out"] == data["scales"]["activations"][
+        "ln1.out"] - 3
+
+
+def test_no_folder_no_cache(tmp_path):
+    _build(None)
+    assert not (tmp_path / "calibration").exists()
