@@ -6,11 +6,12 @@ buffers and everything computed only from them, folded here by running the op), 
 :class:`~ipu_stack.frontend.forms.UserInput` (an input whose host layout its first consumer
 decides), or ``None`` (assertions).  The per-operation rules are in ``frontend/ops.py``.
 
-Precision policy (the builtins'): with ``fp8``, weight matrices are FP8 F143 with a scale
-exponent fitted per tensor, GEMM A-operands are FP8 (a layer norm or GELU that feeds only
-GEMMs writes FP8 itself; anything else gets a ``cast``), and attention and the residual
-stream stay F16; FP8 activation exponents come from ``scales`` (fitted by the caller on a
-calibration input).  With ``f16`` everything is F16.
+Precision policy (the builtins'): with ``fp8``, GEMM weights are FP8 F143 with one scale
+exponent per weight role (fitted to the data, the largest over the role's layers), GEMM
+A-operands are FP8 (a layer norm or GELU that feeds only GEMMs writes FP8 itself; anything
+else gets a ``cast``), and attention and the residual stream stay F16; FP8 activation
+exponents come from ``scales``, by role (fitted by the caller on a calibration input).  With
+``f16`` everything is F16 but RoPE tables (F32).
 """
 
 from __future__ import annotations

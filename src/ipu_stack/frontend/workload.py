@@ -6,11 +6,12 @@ device tensors and PyTorch's own float32 outputs out.  ``imported_workload`` wra
 ``.pt2`` file so that ``pipeline.compile_workload`` compiles it unchanged and a package
 records the file's path and sha256 (``ipu-stack run`` re-imports it and checks the hash).
 
-Two passes, as the builtins: FP8 activation exponents are fitted on a calibration input
-drawn from ``seed + 1`` (the graph interpreted in float64), then the graph is built again
-with them.  After the build, the *conversion check* runs the graph in float64 on the exact
-float32 weights and inputs and compares it with torch's float32 outputs: a mapping error
-shows there at once (relative RMS far above float32's 1e-6), independent of precision.
+Two passes, as the builtins: FP8 activation exponents, one per role (a value's name without
+its ``layerN.``), are fitted on a calibration input drawn from ``seed + 1`` (the graph run
+unrounded in float32), then the graph is built again with them.  After the build, the
+*conversion check* runs the graph in float64 on the exact float32 weights and inputs and
+compares it with torch's float32 outputs: a mapping error shows there at once (relative RMS
+far above float32's 1e-6), independent of precision.
 """
 
 from __future__ import annotations
