@@ -20,6 +20,7 @@ from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity
 from ipu_stack.device import DEFAULT_LOCK, SimulatedIpu
 from ipu_stack.device.validate import validate_manifest, validate_metadata
+from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.package import Package
@@ -39,12 +40,15 @@ LOG = logging.getLogger("ipu_stack.cli")
 
 
 def _add_workload_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`)")
+    parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`) or a "
+                        "torch.export program MODEL.pt2 (docs/frontend.md)")
     for name, (kind, help_text) in sorted(workload_parameters().items()):
         if kind is bool:
             parser.add_argument(f"--{name}", action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(f"--{name}", type=kind, default=None, help=help_text)
+    parser.add_argument("--inputs", default=None, metavar="FILE.npz",
+                        help="MODEL.pt2 only: the program's inputs (default: random from --seed)")
     parser.add_argument("--target", default="ipu21")
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--memory-proportion", type=float, default=1.0,
@@ -137,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
 
+    p = sub.add_parser("ops", help="list every operation of a torch program (MODEL.pt2), "
+                       "supported or not")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
     p = sub.add_parser("exchange", help="schedule or verify exchange instances")
     esub = p.add_subparsers(dest="exchange_command", required=True)
     q = esub.add_parser("schedule")
@@ -160,6 +169,10 @@ def workload_parameters() -> dict[str, tuple[type, str]]:
 
 
 def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    if is_program_path(args.workload):
+        return _program_params(args)
+    if getattr(args, "inputs", None) is not None:
+        raise UsageError("--inputs is for torch programs (MODEL.pt2), not builtin workloads")
     workload = get_workload(args.workload)
     overrides = {k: getattr(args, k) for k in workload_parameters()}
     known = {p.name for p in workload.parameters}
@@ -167,6 +180,22 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if value is not None and key not in known:
             raise UsageError(f"workload {workload.name} has no parameter --{key}")
     return workload, workload.resolve({k: v for k, v in overrides.items() if k in known})
+
+
+def _program_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """An imported torch program (``MODEL.pt2``) and its parameters from the options."""
+    from ipu_stack.frontend import imported_workload
+
+    workload, base = imported_workload(args.workload)
+    known = {p.name for p in workload.parameters}
+    overrides = {k: getattr(args, k, None) for k in workload_parameters()}
+    for key, value in overrides.items():
+        if value is not None and key not in known:
+            raise UsageError(f"a torch program takes no --{key} (its sizes are the export's)")
+    overrides = {k: v for k, v in overrides.items() if k in known}
+    if getattr(args, "inputs", None):
+        overrides["inputs"] = str(Path(args.inputs).resolve())
+    return workload, workload.resolve({**base, **overrides})
 
 
 def parse_workload(name: str, argv: list[str]) -> tuple[Any, dict[str, Any]]:
@@ -236,7 +265,8 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
                     compile_seconds: float | None) -> int:
     package = load_package(package_path)
     result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait,
-                         poison=args.poison, record=bool(args.profile))
+                         poison=args.poison, record=bool(args.profile),
+                         model=getattr(workload, "reference", None))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
                               compile_seconds)
     if args.profile:
@@ -290,7 +320,7 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
     validate_manifest(package.manifest, package.arrays, get_target(package.target))
     info = package.manifest["workload"]
     try:
-        workload = get_workload(info["name"])
+        workload = _recorded_workload(info)
         params = workload.resolve(dict(info["params"]))
     except UsageError as exc:
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
@@ -309,6 +339,18 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
     return workload, params, graph, tensors
 
 
+def _recorded_workload(info: dict[str, Any]) -> Any:
+    """The workload a package names: a builtin, or the torch program it was imported from
+    (the same file, checked by its sha256)."""
+    from ipu_stack.frontend.names import IMPORTED
+
+    if info.get("name") == IMPORTED:
+        from ipu_stack.frontend.workload import reimport
+
+        return reimport(dict(info.get("params", {})))
+    return get_workload(info["name"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _check_output_folders(args)
     path = Path(args.package)
@@ -325,7 +367,8 @@ def _load_profile_or_run(path: Path, lock: Path) -> Profile:
         return load_profile(path)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
-    result = run_package(package, graph, tensors, lock, record=True)
+    result = run_package(package, graph, tensors, lock, record=True,
+                         model=getattr(workload, "reference", None))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), path, None)
     return profile_of(result, path, record)
 
@@ -341,6 +384,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("sweep needs a WORKLOAD and -o DIR (or --summary DIR)")
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if is_program_path(args.workload):
+        raise UsageError("sweep takes a builtin workload; run `bench MODEL.pt2` per point for "
+                         "a torch program (its workers rebuild workloads by name)")
     workload, params = _params(args)
     options = CompileOptions(finalists=args.finalists, memory_proportion=args.memory_proportion,
                              cache_dir=args.cache_dir or CompileOptions().cache_dir)
@@ -390,6 +436,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Every operation of a torch program, each marked supported or unsupported."""
+    from ipu_stack.frontend.listing import format_operations, list_operations
+    from ipu_stack.frontend.loader import load_program
+
+    if not is_program_path(args.model):
+        raise UsageError(f"{args.model}: ops takes a torch.export program (MODEL.pt2)")
+    rows = list_operations(load_program(args.model))
+    print(format_operations(rows, as_json=args.json))
+    return 0
+
+
 def cmd_workloads(args: argparse.Namespace) -> int:
     for name in sorted(REGISTRY):
         w = REGISTRY[name]
@@ -417,6 +475,7 @@ COMMANDS = {
     "profile": cmd_profile,
     "sweep": cmd_sweep,
     "workloads": cmd_workloads,
+    "ops": cmd_ops,
     "exchange": cmd_exchange,
 }
 

@@ -44,6 +44,7 @@ class RunResult:
     run: CallReport
     simulate_seconds: float
     verdict: Verdict = field(default_factory=Verdict)
+    reference_source: str = "float64"  # what fidelity measures against: the float64 model or torch
 
     @property
     def passed(self) -> bool:
@@ -69,9 +70,15 @@ def run_package(
     wait: bool = True,
     poison: bool = False,
     record: bool = False,
+    model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
 ) -> RunResult:
     """Load ``package`` on a fresh simulated device, run it and compare with the reference
-    (``record``: keep every superstep's record, for an execution profile)."""
+    (``record``: keep every superstep's record, for an execution profile).
+
+    ``model`` gives the outputs fidelity is measured against (by output name); by default
+    the graph in float64 (``evaluate_float64``).  An imported torch program passes PyTorch's
+    own float32 outputs (``frontend``), so its verdict says how close the device is to torch
+    in units of the noise our device-precision reference has against torch."""
     target = get_target(package.target)
     with HardwareLock(lock_path, wait=wait):
         event(LOG, "opening IPU device", path="sim://ipu0")
@@ -102,7 +109,10 @@ def run_package(
         # host thread while the device runs (numpy releases the GIL), as a host would
         with ThreadPoolExecutor(max_workers=1) as pool:
             outputs_only = {v.name for v in graph.by_role("output")}
-            ideal = pool.submit(_timed, evaluate_float64, graph, tensors, outputs_only)
+            if model is None:
+                ideal = pool.submit(_timed, evaluate_float64, graph, tensors, outputs_only)
+            else:  # an imported program's fidelity target: torch's own outputs
+                ideal = pool.submit(_timed, model, graph, tensors)
             init_report = device.call("initialize", weights)
             run_report = device.call("run", inputs)
             simulate = time.perf_counter() - sim_start
@@ -122,11 +132,12 @@ def run_package(
                     package.manifest.get("gemm_modes"), ideal_values)
     verdict.seconds += waited  # what the verdict added after the device finished
     verdict.ideal_seconds = ideal_seconds
-    log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")))
+    log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")),
+                source="float64" if model is None else "torch")
     event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
           failedParts=",".join(verdict.failed_parts) or "-", elapsed_ms=int(verdict.seconds * 1000))
     return RunResult(package, outputs, reference, comparisons, init_report, run_report,
-                     simulate, verdict)
+                     simulate, verdict, "float64" if model is None else "torch")
 
 
 def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -195,6 +206,7 @@ def benchmark_fields(
     record: dict[str, Any] = {
         "numericalTest": "PASS" if result.passed else "FAIL",
         "workload": manifest["workload"]["identifier"],
+        "referenceSource": result.reference_source,
         **workload_fields,
         "activeTiles": int(active.sum()),
         "executionTiles": target.tiles,

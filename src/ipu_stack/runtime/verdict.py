@@ -303,7 +303,7 @@ def _fidelity(graph: Graph, ideal: dict[str, np.ndarray], device_values: dict[st
                     rms_error, rms_noise)
 
 
-def log_verdict(verdict: Verdict, per_stage: bool) -> None:
+def log_verdict(verdict: Verdict, per_stage: bool, source: str = "float64") -> None:
     """The verdict in the reference's log format; ``per_stage`` (``--diagnostics``) logs
     every stage, and names the first stage and layer whose agreement breaks."""
     if per_stage:
@@ -321,6 +321,7 @@ def log_verdict(verdict: Verdict, per_stage: bool) -> None:
               stage=first.stage, ulps=first.max_ulps, mismatch=round(first.mismatch, 6))
     if verdict.fidelity is not None:
         f = verdict.fidelity
-        event(LOG, "checked fidelity to the float64 model", noiseRatio=round(f.noise_ratio, 4),
+        event(LOG, "checked fidelity to the float64 model" if source == "float64"
+              else f"checked fidelity to the {source} model", noiseRatio=round(f.noise_ratio, 4),
               tailRatio=round(f.tail_ratio, 4), rmsError=round(f.rms_error, 6),
               rmsNoise=round(f.rms_noise, 6), passed=f.passed)

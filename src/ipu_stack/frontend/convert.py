@@ -1,0 +1,490 @@
+"""torch.export program -> ``ir.Graph``: the walk over the FX graph and its bookkeeping.
+
+Each FX node becomes one of: a constant (a ``torch.Tensor`` or Python value: parameters,
+buffers and everything computed only from them, folded here by running the op), an
+:class:`~ipu_stack.frontend.forms.Act` (an IR value in a layout form), a
+:class:`~ipu_stack.frontend.forms.UserInput` (an input whose host layout its first consumer
+decides), or ``None`` (assertions).  The per-operation rules are in ``frontend/ops.py``.
+
+Precision policy (the builtins'): with ``fp8``, GEMM weights are FP8 F143 with one scale
+exponent per weight role (fitted to the data, the largest over the role's layers), GEMM
+A-operands are FP8 (a layer norm or GELU that feeds only GEMMs writes FP8 itself; anything
+else gets a ``cast``), and attention and the residual stream stay F16; FP8 activation
+exponents come from ``scales``, by role (fitted by the caller on a calibration input).  With
+``f16`` everything is F16 but RoPE tables (F32).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.forms import Act, UserInput
+from ipu_stack.ir.graph import Graph, GraphBuilder, Value
+from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
+from ipu_stack.ir.types import TensorType
+from ipu_stack.util.errors import CompileError
+
+# ops that pass a value through unchanged (as the device sees it) or only relabel its shape
+TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
+               "aten.dropout", "aten.alias", "aten.detach", "aten.to", "aten._to_copy",
+               "aten.flatten", "aten.unsqueeze", "aten.squeeze", "aten.type_as"}
+# calls kept even when nothing reads their result (checks that must still hold)
+SIDE_EFFECTS = {"aten._assert_tensor_metadata", "aten._assert_scalar",
+                "aten.sym_constrain_range_for_size"}
+# rules that accept symbolic values: channel pairs (RoPE, ``frontend/rope.py``) and fused
+# projections (``frontend/fused.py``); every other rule gets them made concrete first
+PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
+              "aten.mul", "aten.add", "aten.sub", "aten.neg", "aten.unbind", "aten.select",
+              "aten.stack", "<built-in function getitem>", "aten.flatten", "aten.unflatten",
+              "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
+              "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
+              "aten.split_with_sizes"}
+GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
+LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
+
+
+def role(name: str) -> str:
+    """A value's name without its layer (``layer3.mlp.fc1.linear`` -> ``mlp.fc1.linear``):
+    the builtins' ``workloads.transformer.role``; FP8 activation exponents are per role."""
+    return re.sub(r"^layer\d+\.", "", name)
+
+
+def weight_role(name: str) -> str:
+    """A parameter's name with its layer index starred (``encoder.layers.*.mlp.fc1.weight``),
+    and without a slice suffix: one FP8 exponent per role, so identical layers stay
+    identical (the compiler then runs them as one loop body, ``planning.repeat``)."""
+    return LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), name).split("[")[0]
+
+
+def op_name(target: Any) -> str:
+    """``aten.linear`` for ``torch.ops.aten.linear.default`` (the overload packet)."""
+    text = str(target)
+    parts = text.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 and parts[0] == "aten" else text
+
+
+def where(node: Any) -> tuple[str, str]:
+    """(module path, ``file:line (code)``) of an FX node, from the metadata export keeps."""
+    stack = node.meta.get("nn_module_stack") or {}
+    module = "<top>"
+    if stack:
+        path, kind = list(stack.values())[-1]
+        module = module_label(path, getattr(kind, "__name__", str(kind)))
+    return module, source_label(node.meta.get("stack_trace"))
+
+
+def module_label(path: str, kind: str) -> str:
+    """``encoder.layers.0.mlp (SiglipMLP)``: the innermost module and its class."""
+    return f"{path or '<top>'} ({kind.split('.')[-1]})"
+
+
+def source_label(stack_trace: str | None) -> str:
+    """``file.py:12 (code)``: the last frame of a node's recorded stack trace."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', stack_trace or "")
+    if not frames:
+        return "<no source>"
+    file, line, code = frames[-1]
+    return f"{file.rsplit('/', 1)[-1]}:{line} ({code.strip()[:80]})"
+
+
+def unsupported_message(target: str, module: str, source: str, why: str = "") -> str:
+    """The one line every unsupported operation is reported with."""
+    reason = f": {why}" if why else ""
+    return f"unsupported operation {target} in module {module} at {source}{reason}"
+
+
+def unsupported(node: Any, why: str = "") -> CompileError:
+    """The standard one-line error for an operation the importer cannot map."""
+    module, source = where(node)
+    return CompileError(unsupported_message(str(node.target), module, source, why))
+
+
+@dataclass
+class InputSpec:
+    """A graph input and how the host makes it from the user's tensors."""
+
+    name: str
+    value: int
+    make: Callable[[list[np.ndarray]], np.ndarray]
+
+
+@dataclass
+class OutputSpec:
+    """A graph output and how a torch output (by index) is laid out as that IR value."""
+
+    name: str
+    index: int
+    to_ir: Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class Converted:
+    """The importer's result: the graph, device tensors, exact float32 tensors (for the
+    conversion check) and the input/output maps."""
+
+    graph: Graph
+    tensors: dict[str, np.ndarray]
+    exact: dict[str, np.ndarray]
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec]
+    rewrites: list[str] = field(default_factory=list)
+
+
+class Converter:
+    """Walks an ``ExportedProgram``'s graph in order and builds the IR graph."""
+
+    def __init__(self, program: Any, user_inputs: list[np.ndarray], precision: str,
+                 scales: dict[str, int], name: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.program = program
+        self.user = [np.asarray(u, dtype=np.float32) for u in user_inputs]
+        self.fp8 = precision == "fp8"
+        self.scales = scales
+        self.b = GraphBuilder(name)
+        self.env: dict[Any, Any] = {}
+        self.const_names: dict[int, str] = {}
+        self.weights: dict[str, tuple[int, np.ndarray, str]] = {}  # name -> (id, raw, kind)
+        self.inputs: list[InputSpec] = []
+        self.input_values: dict[str, np.ndarray] = {}
+        self.outputs: list[OutputSpec] = []
+        self.user_acts: dict[int, Act] = {}
+        self.materialized: dict[tuple, Act] = {}
+        self.fused_done: dict[int, tuple[Any, Act]] = {}
+        self.rewrites: list[str] = []
+        self.dynamic: set[Any] = set()
+        self.node: Any = None
+        self.node_names: dict[Any, str] = {}
+        self.name_counts: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ naming, precision
+    def name(self, node: Any, suffix: str = "") -> str:
+        """A value name from the node's module and operation, ``layer3.self_attn.q_proj.linear``
+        inside layer 3 of a stack (``#k`` for the k-th repeat within one module): the same
+        position in every layer has the same name after the ``layerN.`` prefix (its *role*,
+        which FP8 exponents are shared by), and the verdict groups stages by ``layerN``."""
+        if node not in self.node_names:
+            stack = node.meta.get("nn_module_stack") or {}
+            path = (list(stack.values())[-1][0] if stack else "") or ""
+            match = LAYER.search(path)
+            op = op_name(node.target).split(".")[-1].strip("<>_ ").replace(" ", "_")
+            if match:
+                rest = path[match.end():]
+                base = f"layer{match.group(1)}." + (f"{rest}.{op}" if rest else op)
+            else:
+                base = f"{path}.{op}" if path else f"model.{op}"
+            count = self.name_counts.get(base, 0)
+            self.name_counts[base] = count + 1
+            self.node_names[node] = base if count == 0 else f"{base}#{count}"
+        return f"{self.node_names[node]}{suffix}"
+
+    def act_precision(self, name: str) -> Precision:
+        """FP8 with the exponent calibrated for the value's role (fp8), else F16: for values
+        that feed GEMMs."""
+        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8 else F16
+
+    def gemm_only(self, node: Any) -> bool:
+        """Whether every use of ``node`` (through shape-only ops) is a GEMM's A operand."""
+        users = [u for u in node.users if op_name(u.target) != "aten._assert_tensor_metadata"]
+        if not users:
+            return False
+        for user in users:
+            kind = op_name(user.target)
+            if kind in TRANSPARENT:
+                if not self.gemm_only(user):
+                    return False
+                continue
+            position = GEMM_A.get(kind)
+            if position is None or len(user.args) <= position or user.args[position] is not node:
+                return False
+            other = user.args[position + 1] if len(user.args) > position + 1 else None
+            if other is None or other in self.dynamic:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ weights and inputs
+    def weight(self, key: str, raw: np.ndarray, matrix: bool, table: bool = False) -> int:
+        """An IR weight (precision fixed in :meth:`finish`, after any folding into ``raw``):
+        a GEMM ``matrix`` (FP8 in fp8 mode), a vector (F16) or a RoPE ``table`` (F32)."""
+        if key in self.weights:
+            value_id, held, _ = self.weights[key]
+            if held.shape == raw.shape and np.array_equal(held, raw):
+                return value_id
+            key = f"{key}#{len(self.weights)}"
+        value_id = self.b.weight(key, TensorType(tuple(raw.shape), F16))
+        kind = "table" if table else ("matrix" if matrix else "vector")
+        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32).copy(), kind)
+        return value_id
+
+    def const_key(self, tensor: Any, fallback: str) -> str:
+        return self.const_names.get(id(tensor), fallback)
+
+    def add_input(self, name: str, shape: tuple[int, ...], data: np.ndarray, gemm: bool,
+                  make: Callable[[list[np.ndarray]], np.ndarray]) -> int:
+        """A graph input; FP8 (exponent fitted on the data) when it only feeds GEMMs."""
+        precision = Precision("F8F143", fit_scale_exponent(data)) if gemm and self.fp8 else F16
+        value_id = self.b.input(name, TensorType(tuple(shape), precision))
+        self.inputs.append(InputSpec(name, value_id, make))
+        self.input_values[name] = np.asarray(data, dtype=np.float32).reshape(shape)
+        return value_id
+
+    def constant_input(self, name: str, rows: np.ndarray, shape: tuple[int, ...]) -> int:
+        """A host-made constant streamed as an input (addends, token-mixing matrices): the
+        IR has no elementwise op with a weight of the activation's own shape."""
+        data = np.asarray(rows, dtype=np.float32)
+        return self.add_input(name, shape, data, False, lambda user, data=data: data)
+
+    def user_act(self, user: UserInput, node: Any) -> Act:
+        """A user input used as-is (rows ``[..., D]``); FP8 when it only feeds GEMMs."""
+        if user.index not in self.user_acts:
+            if len(user.shape) < 2:
+                raise unsupported(node, f"input {user.name} must have at least 2 dimensions")
+            index = user.index
+            value = self.add_input(user.name, user.shape, self.user[index],
+                                   self.gemm_only(self.placeholder_of(user)),
+                                   lambda arrays, index=index: arrays[index])
+            self.user_acts[index] = Act(value, user.shape)
+        return self.user_acts[user.index]
+
+    def placeholder_of(self, user: UserInput) -> Any:
+        return next(n for n, v in self.env.items() if v is user)
+
+    # ------------------------------------------------------------------ lazy values
+    def plain(self, act: Act, node: Any) -> Act:
+        """``act`` with its lazy factor and addend applied by IR operations."""
+        if act.prefix:
+            raise unsupported(node, "patch tokens used before the concatenation that completes "
+                              "the token sequence")
+        if not act.lazy:
+            return act
+        key = (act.value, act.factor, id(act.addend))
+        if key in self.materialized:  # the same lazy value seen through another view
+            return act.with_(value=self.materialized[key].value, factor=1.0, addend=None,
+                             linear=None)
+        value = act.value
+        base = act.origin or self.name(node)
+        if act.factor != 1.0:
+            value = self.b.op("scale", [value], F16, f"{base}.scaled", factor=float(act.factor))
+        if act.addend is not None:  # a table as a weight (F16), written once with the others
+            ttype = self.b.graph.value(value).type
+            addend = self.weight(f"{base}.addend", act.addend.reshape(ttype.rows, ttype.cols),
+                                 False)
+            value = self.b.op("add", [value, addend], F16, f"{base}.plus")
+            self.rewrites.append(f"{node.name}: constant addend as an F16 weight {base}.addend")
+        done = act.with_(value=value, factor=1.0, addend=None, linear=None)
+        self.materialized[key] = done
+        return done
+
+    def a_operand(self, act: Act, node: Any) -> int:
+        """The IR value a GEMM reads as A: FP8 in fp8 mode (a cast when it is not)."""
+        act = self.plain(act, node)
+        value = self.b.graph.value(act.value)
+        if self.fp8 and not value.type.precision.is_fp8:
+            name = f"{value.name}.fp8"
+            cached = next((v.id for v in self.b.graph.values if v.name == name), None)
+            if cached is not None:
+                return cached
+            return self.b.op("cast", [act.value], self.act_precision(name), name)
+        return act.value
+
+    # ------------------------------------------------------------------ the walk
+    def run(self) -> Converted:
+        from ipu_stack.frontend.ops import HANDLERS
+
+        torch = self.torch
+        signature = self.program.graph_signature
+        specs = {spec.arg.name: spec for spec in signature.input_specs}
+        user_index = 0
+        live = self.live_nodes()
+        for node in self.program.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                spec = specs[node.name]
+                if spec.kind.name == "USER_INPUT":
+                    value = node.meta.get("val")
+                    if not isinstance(value, torch.Tensor):
+                        raise unsupported(node, "non-tensor user input")
+                    if user_index >= len(self.user):
+                        raise CompileError(f"the program takes more inputs than the "
+                                           f"{len(self.user)} given")
+                    self.env[node] = UserInput(user_index, node.name, tuple(value.shape))
+                    self.dynamic.add(node)
+                    user_index += 1
+                else:
+                    self.env[node] = self._state(spec)
+            elif node.op == "call_function":
+                if node not in live and op_name(node.target) not in SIDE_EFFECTS:
+                    continue  # dead: no output depends on it (e.g. unused attention weights)
+                args = _map(node.args, self.env)
+                kwargs = _map(node.kwargs, self.env)
+                if not any(self._is_dynamic(a) for a in node.all_input_nodes):
+                    with torch.no_grad():
+                        self.env[node] = node.target(*args, **kwargs)
+                    continue
+                self.dynamic.add(node)
+                kind = op_name(node.target)
+                handler = HANDLERS.get(kind)
+                if handler is None:
+                    raise unsupported(node)
+                if kind not in PAIR_AWARE:
+                    args, kwargs = self.settle(node, args), self.settle(node, kwargs)
+                try:
+                    self.env[node] = handler(self, node, *args, **kwargs)
+                except TypeError as exc:  # a signature this rule was not written for
+                    raise unsupported(node, f"arguments not understood ({exc})") from exc
+            elif node.op == "get_attr":
+                self.env[node] = getattr(self.program.graph_module, node.target)
+            elif node.op == "output":
+                self._outputs(node)
+        if user_index != len(self.user):
+            raise CompileError(f"the program takes {user_index} inputs, {len(self.user)} given")
+        return self.finish()
+
+    def settle(self, node: Any, value: Any) -> Any:
+        """Arguments with symbolic channel-pair values (``frontend/rope.py``) made concrete:
+        a rotation becomes one ``rope`` operation; anything else is unsupported."""
+        from ipu_stack.frontend import fused, rope
+
+        if isinstance(value, fused.Fused):  # used whole: the full GEMM after all
+            if id(value) not in self.fused_done:
+                from ipu_stack.frontend.ops_gemm import emit_linear
+
+                self.fused_done[id(value)] = (value, emit_linear(
+                    self, value.node, value.x, value.weight, value.key, value.bias,
+                    value.bias_key))
+            return self.fused_done[id(value)][1]
+        if isinstance(value, fused.Split):
+            raise unsupported(node, "a fused projection's output used without selecting a part")
+        if isinstance(value, rope.Pairs):
+            done = rope.materialize(self, node, value)
+            if done is None:
+                raise unsupported(node, "a per-channel-pair mix that is not a rotation (RoPE)")
+            return done
+        if isinstance(value, rope.PairPart):
+            raise unsupported(node, "one component of a (..., d/2, 2) view used on its own")
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.settle(node, v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.settle(node, v) for k, v in value.items()}
+        return value
+
+    def live_nodes(self) -> set[Any]:
+        """Nodes some output depends on."""
+        output = next(n for n in self.program.graph.nodes if n.op == "output")
+        live, stack = {output}, [output]
+        while stack:
+            for source in stack.pop().all_input_nodes:
+                if source not in live:
+                    live.add(source)
+                    stack.append(source)
+        return live
+
+    def _is_dynamic(self, node: Any) -> bool:
+        return node in self.dynamic
+
+    def _state(self, spec: Any) -> Any:
+        """A parameter, buffer or constant tensor of the program, by its state-dict name."""
+        target = spec.target
+        program = self.program
+        if target in program.state_dict:
+            tensor = program.state_dict[target]
+        elif target in program.constants:
+            tensor = program.constants[target]
+        else:
+            raise CompileError(f"program input {spec.arg.name} ({spec.kind.name}) has no value")
+        tensor = tensor.detach()
+        self.const_names[id(tensor)] = target
+        return tensor
+
+    def _outputs(self, node: Any) -> None:
+        specs = self.program.graph_signature.output_specs
+        results = node.args[0]
+        index = 0
+        for spec, arg in zip(specs, results, strict=True):
+            if spec.kind.name != "USER_OUTPUT":
+                continue
+            value = self.env.get(arg) if hasattr(arg, "op") else arg
+            if hasattr(arg, "op"):
+                value = self.settle(arg, value)
+            if value is None:
+                continue  # None outputs are dropped by torch's pytree too
+            if not isinstance(value, Act):
+                raise unsupported(arg if hasattr(arg, "op") else node,
+                                  "an output that is a constant or an unmodified input")
+            act = self.plain(value, arg)
+            ir = self.b.graph.value(act.value)
+            if ir.role != "intermediate":
+                raise unsupported(arg, "an output that is an input, or returned twice")
+            self.b.output(act.value)
+            self.outputs.append(OutputSpec(ir.name, index, _to_ir(act)))
+            index += 1
+
+    def finish(self) -> Converted:
+        """Fix every weight's precision (now that folds are done) and build the graph."""
+        graph = self.b.graph
+        tensors: dict[str, np.ndarray] = {}
+        exact: dict[str, np.ndarray] = {}
+        exponents: dict[str, int] = {}  # one FP8 exponent per weight role (as the builtins)
+        for name, (_, raw, kind) in self.weights.items():
+            if kind == "matrix":
+                key = weight_role(name)
+                exponents[key] = max(exponents.get(key, -99), fit_scale_exponent(raw))
+        for name, (value_id, raw, kind) in self.weights.items():
+            precision = Precision("F8F143", exponents[weight_role(name)]) if (
+                self.fp8 and kind == "matrix") else (F32 if kind == "table" else F16)
+            old = graph.values[value_id]
+            graph.values[value_id] = Value(value_id, name, TensorType(old.type.shape, precision),
+                                           "weight")
+            tensors[name] = precision.round_trip(raw)
+            exact[name] = raw
+        for spec in self.inputs:
+            data = self.input_values[spec.name]
+            precision = graph.value(spec.value).type.precision
+            tensors[spec.name] = precision.round_trip(data)
+            exact[spec.name] = data
+        names = [v.name for v in graph.values]
+        if len(set(names)) != len(names):  # the package and the verdict key values by name
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise CompileError(f"importer bug: value names used twice: {', '.join(twice[:3])}")
+        return Converted(self.b.build(), tensors, exact, self.inputs, self.outputs,
+                         self.rewrites)
+
+
+def _map(value: Any, env: dict[Any, Any]) -> Any:
+    """FX arguments with nodes replaced by what the converter made of them."""
+    if hasattr(value, "op") and hasattr(value, "users"):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, env) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, env) for k, v in value.items()}
+    return value
+
+
+def _to_ir(act: Act) -> Callable[[np.ndarray], np.ndarray]:
+    """How a torch output of ``act``'s logical shape is laid out as its IR value."""
+    if act.form == "rows":
+        return lambda t: np.asarray(t).reshape(-1, act.shape[-1])
+    if act.form in ("heads", "heads_major", "keys_t"):
+        b, t_, h, d = act.dims
+        order = {"heads": (0, 1, 2, 3), "heads_major": (0, 2, 1, 3), "keys_t": (0, 3, 1, 2)}
+        shapes = {"heads": (b, t_, h, d), "heads_major": (b, h, t_, d), "keys_t": (b, h, d, t_)}
+
+        def heads(t: np.ndarray) -> np.ndarray:
+            full = np.asarray(t).reshape(shapes[act.form]).transpose(order[act.form])
+            return full.reshape(b * t_, h * d)
+        return heads
+    if act.form == "channels":
+        b, dim, n = act.dims
+        return lambda t: np.asarray(t).reshape(b, dim, n).transpose(0, 2, 1).reshape(b * n, dim)
+    if act.form == "replicated":
+        b, tokens = act.dims
+        return lambda t: np.repeat(np.asarray(t).reshape(b, 1, -1), tokens, axis=1).reshape(
+            b * tokens, -1)
+    raise CompileError(f"no output layout for form {act.form}")

@@ -1,0 +1,123 @@
+"""Fused projections (one linear layer computing k, v or q, k, v side by side), split at
+compile time into one GEMM per part.
+
+``nn.MultiheadAttention`` projects keys and values with one weight and separates them with
+``unflatten(-1, (2, E)) ... select(0, i)``; timm-style blocks do ``reshape(B, N, 3, H, d)
+.permute(2, 0, 3, 1, 4).unbind(0)``.  Slicing the result would move data, but slicing the
+*weight* does not: the part ``i`` is ``x @ W[:, i*E:(i+1)*E] + b[i*E:(i+1)*E]``.  A linear
+layer whose every user splits its last dimension is therefore kept as a :class:`Fused`
+value (no IR operation yet); views and permutes that keep the group axis separate make it a
+:class:`Split` that remembers where that axis is and what was done to each part; selecting
+a part emits that part's GEMM and replays the recorded views and permutes on it.  A fused
+value used whole is emitted as the full GEMM, so the look-ahead can never change a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend import forms
+from ipu_stack.frontend.forms import Act
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A linear layer not yet emitted: ``x @ weight (+ bias)``, output ``shape``."""
+
+    x: Act
+    weight: np.ndarray  # [in, out]
+    bias: np.ndarray | None
+    key: str
+    bias_key: str | None
+    shape: tuple[int, ...]
+    node: Any = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A fused output viewed with its ``groups`` parts along ``axis``; ``ops`` are the views
+    and permutes each part goes through after it is selected."""
+
+    fused: Fused
+    groups: int
+    axis: int
+    shape: tuple[int, ...]
+    ops: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def part_cols(self) -> int:
+        return self.fused.shape[-1] // self.groups
+
+
+def is_fused_user(user: Any, rank: int) -> bool:
+    """Whether an FX user of a linear layer's result splits its last dimension into a
+    group axis (``unflatten(-1, (k, E))`` or a ``view``/``reshape`` adding two axes)."""
+    from ipu_stack.frontend.convert import op_name
+
+    kind = op_name(user.target)
+    if kind == "aten.unflatten":
+        sizes = user.args[2] if len(user.args) > 2 else ()
+        return len(sizes) == 2 and 1 < int(sizes[0]) <= 4
+    if kind in ("aten.view", "aten.reshape"):
+        shape = user.args[1] if len(user.args) > 1 else ()
+        return len(shape) == rank + 2
+    if kind in ("aten.chunk", "aten.split", "aten.split_with_sizes"):
+        dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
+        return int(dim) % rank == rank - 1
+    return False
+
+
+def view(value: Fused | Split, shape: tuple[int, ...]) -> Split | None:
+    """``value`` viewed as ``shape`` with the group axis kept separate, or None."""
+    if isinstance(value, Fused):
+        lead, cols = prod(value.shape[:-1]), value.shape[-1]
+        for axis, size in enumerate(shape):
+            if size > 1 and cols % size == 0 and prod(shape[:axis]) == lead and (
+                    prod(shape[axis + 1:]) == cols // size):
+                inner = shape[:axis] + shape[axis + 1:]
+                return Split(value, size, axis, shape, (("view", inner),))
+        return None
+    before, after = prod(value.shape[:value.axis]), prod(value.shape[value.axis + 1:])
+    for axis, size in enumerate(shape):
+        if size == value.groups and prod(shape[:axis]) == before and (
+                prod(shape[axis + 1:]) == after):
+            inner = shape[:axis] + shape[axis + 1:]
+            return Split(value.fused, value.groups, axis, shape, (*value.ops, ("view", inner)))
+    return None
+
+
+def permute(value: Split, perm: tuple[int, ...]) -> Split:
+    n = len(value.shape)
+    perm = tuple(p % n for p in perm)
+    axis = perm.index(value.axis)
+    inner = tuple(p - (p > value.axis) for p in perm if p != value.axis)
+    shape = tuple(value.shape[p] for p in perm)
+    return Split(value.fused, value.groups, axis, shape, (*value.ops, ("permute", inner)))
+
+
+def part(conv: Any, node: Any, value: Split, index: int) -> Act | None:
+    """Part ``index``: its own GEMM (weight and bias columns sliced), then the recorded
+    views and permutes; None when a form cannot follow them."""
+    from ipu_stack.frontend.ops_gemm import emit_linear
+
+    fused = value.fused
+    cols = value.part_cols
+    columns = slice(index * cols, (index + 1) * cols)
+    bias = None if fused.bias is None else fused.bias[columns]
+    act = emit_linear(conv, fused.node, fused.x, fused.weight[:, columns],
+                      f"{fused.key}[{columns.start}:{columns.stop}]", bias,
+                      None if fused.bias_key is None else
+                      f"{fused.bias_key}[{columns.start}:{columns.stop}]", f".part{index}")
+    conv.rewrites.append(f"{fused.node.name}: fused projection part {index} as its own GEMM")
+    for kind, arg in value.ops:
+        if kind == "view":
+            act = forms.reshape(act, forms.resolve_shape(arg, prod(act.shape)))
+        else:
+            act = forms.permute(act, arg)
+        if act is None:
+            return None
+    return act

@@ -1,0 +1,198 @@
+"""Loading torch and ``.pt2`` programs, with one clear line for every way it can go wrong.
+
+torch is an optional extra (``pip install 'ipu-stack[torch]'``): nothing outside
+``ipu_stack.frontend`` imports it, and this module imports it only when asked, so the core
+compiler and its tests run without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import re
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ipu_stack.util.errors import CompileError, UsageError
+
+LOG = logging.getLogger("ipu_stack.frontend")
+SUPPORTED_TORCH = ("2.13",)  # the torch.export schema this importer was written against
+
+
+def require_torch() -> Any:
+    """The ``torch`` module, or a UsageError saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("importing a torch program needs torch: pip install 'ipu-stack[torch]'"
+                         ) from None
+    if not torch.__version__.startswith(SUPPORTED_TORCH):
+        raise UsageError(f"torch {torch.__version__} is installed; the importer supports torch "
+                         f"{', '.join(SUPPORTED_TORCH)}.x (pip install 'ipu-stack[torch]')")
+    return torch
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _recorded_versions(path: Path) -> tuple[str | None, str | None]:
+    """(torch version, schema ``major.minor``) a ``.pt2`` archive says it was saved by, from
+    its ``models/*.json`` member; ``None`` where it does not say."""
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if "/models/" in name and name.endswith(".json"):
+                data = json.loads(archive.read(name))
+                schema = data.get("schema_version") or {}
+                version = f"{schema.get('major')}.{schema.get('minor')}" if schema else None
+                return data.get("torch_version"), version
+    return None, None
+
+
+def load_program(path: str | Path) -> Any:
+    """``torch.export.load(path)`` for a file the user names, as an ``ExportedProgram``.
+
+    Raises UsageError (one line) for a missing file, a file that is not a ``.pt2`` zip
+    archive (truncated, foreign), or an archive torch cannot read (another torch's schema).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"{path}: not a torch.export .pt2 archive (truncated or another format)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise UsageError(f"{path}: damaged .pt2 archive ({exc})") from None
+    if bad is not None:
+        raise UsageError(f"{path}: damaged .pt2 archive (member {bad} fails its CRC)")
+    torch = require_torch()
+    _import_pytree_types(path)
+    quiet = logging.getLogger("torch.export")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # torch logs a traceback per failure; we say it in one line
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # torch raises many types for one cause: an unreadable archive
+        _raise_unknown_operator(path, torch)
+        saved_by, schema = _safe_versions(path)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if schema is not None and schema != _schema_version(torch):
+            raise UsageError(f"{path}: exported by torch {saved_by} (schema {schema}); this is "
+                             f"torch {torch.__version__} (schema {_schema_version(torch)}), "
+                             f"re-export the model with it") from None
+        raise UsageError(f"{path}: torch.export.load failed: {detail[:200]}") from None
+    finally:
+        quiet.setLevel(level)
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
+    _restore_stack_traces(program, path)
+    return program
+
+
+def _restore_stack_traces(program: Any, path: Path) -> None:
+    """Put back the source lines the archive recorded but the loaded nodes lack (torch drops
+    them for custom operators): unsupported-operation errors quote them."""
+    traces: dict[str, str] = {}
+    for node in _archive_nodes(path):
+        trace = (node.get("metadata") or {}).get("stack_trace")
+        for output in node.get("outputs") or []:
+            name = (output.get("as_tensor") or {}).get("name") if isinstance(output, dict) else None
+            if trace and name:
+                traces[name] = trace
+    for node in program.graph.nodes:
+        if not node.meta.get("stack_trace") and node.name in traces:
+            node.meta["stack_trace"] = traces[node.name]
+
+
+def _archive_nodes(path: Path) -> list[dict[str, Any]]:
+    """The graph nodes of a ``.pt2``'s serialized model (empty when unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if "/models/" in n and n.endswith(".json")]
+            model = json.loads(archive.read(names[0])) if names else {}
+        return list(model["graph_module"]["graph"]["nodes"])
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+PYTREE_TYPE = re.compile(r'\\"type\\": \\"([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)\\"')
+
+
+def _import_pytree_types(path: Path) -> None:
+    """Import the installed modules that define the program's input/output containers (a
+    Hugging Face ``BaseModelOutputWithPooling``): torch can only rebuild a pytree type that
+    is registered, and such types register when their module is imported."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            texts = [archive.read(n).decode("utf-8", "replace") for n in archive.namelist()
+                     if "/models/" in n and n.endswith(".json")]
+    except (zipfile.BadZipFile, OSError):
+        return
+    modules = {m.group(1) for text in texts for m in PYTREE_TYPE.finditer(text)}
+    for module in sorted(modules):
+        top = module.split(".")[0]
+        if module in sys.modules or top in ("builtins", "collections", "torch"):
+            continue
+        if importlib.util.find_spec(top) is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the load below reports what is still missing
+            LOG.debug("could not import %s for the program's pytree types: %s", module, exc)
+
+
+def _raise_unknown_operator(path: Path, torch: Any) -> None:
+    """When the archive names an operator this process does not have (a custom op whose
+    library is not imported), raise the importer's standard unsupported-operation line for
+    its first node, from the node metadata the archive keeps."""
+    from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
+
+    for node in _archive_nodes(path):
+        target = str(node.get("target", ""))
+        parts = target.split(".")
+        if len(parts) != 5 or parts[:2] != ["torch", "ops"] or _resolves(torch, parts[2:]):
+            continue
+        meta = node.get("metadata") or {}
+        stack = [entry.split(",") for entry in str(meta.get("nn_module_stack", "")).split(";")
+                 if entry]
+        module = module_label(stack[-1][1], stack[-1][-1]) if stack and len(stack[-1]) >= 3 \
+            else "<top>"
+        raise CompileError(unsupported_message(
+            ".".join(parts[2:]), module, source_label(meta.get("stack_trace")),
+            "a custom operator that is not registered in this process"))
+
+
+def _resolves(torch: Any, parts: list[str]) -> bool:
+    try:
+        getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _safe_versions(path: Path) -> tuple[str | None, str | None]:
+    try:
+        return _recorded_versions(path)
+    except (zipfile.BadZipFile, OSError, UnicodeError, ValueError, AttributeError):
+        return None, None
+
+
+def _schema_version(torch: Any) -> str:
+    """The serialization schema version this torch writes (``major.minor``)."""
+    try:
+        from torch._export.serde.schema import SCHEMA_VERSION
+
+        return ".".join(str(v) for v in SCHEMA_VERSION)
+    except ImportError:  # pragma: no cover - torch moved it
+        return "unknown"

@@ -1,0 +1,215 @@
+"""ATen rules, GEMMs: linear/addmm/mm/matmul/bmm, attention (eager and SDPA) and the patch
+embedding convolution (a GEMM on host-laid-out patches)."""
+
+from __future__ import annotations
+
+from math import sqrt
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend import fused
+from ipu_stack.frontend.convert import Converter, op_name, unsupported
+from ipu_stack.frontend.forms import Act, UserInput
+from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
+from ipu_stack.frontend.ops_math import _rows
+from ipu_stack.ir.precision import F16
+
+
+# ---------------------------------------------------------------- GEMMs
+def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
+                bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
+    """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
+    act = _rows(conv, node, x)
+    name = conv.name(node, suffix)
+    a = conv.a_operand(act, node)
+    w = conv.weight(key, weight, True)
+    bias_name = None
+    if bias is None:
+        value = conv.b.op("matmul", [a, w], F16, name)
+    else:
+        mm = conv.b.op("matmul", [a, w], F16, f"{name}.mm")
+        bv = conv.weight(bias_key or f"{name}.bias", bias.reshape(-1), False)
+        bias_name = conv.b.graph.value(bv).name
+        value = conv.b.op("bias_add", [mm, bv], F16, name)
+    return Act(value, (*act.shape[:-1], weight.shape[1]), act.form, act.dims,
+               linear=(conv.b.graph.value(w).name, bias_name))
+
+
+def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
+                   bias: Any) -> Any:
+    """A linear layer: emitted now, or kept as :class:`~ipu_stack.frontend.fused.Fused`
+    when every user splits its output into parts (``frontend/fused.py``)."""
+    act = _rows(conv, node, x)
+    if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
+        raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
+    bias_np = None if bias is None else _np(bias).reshape(-1)
+    bias_key = None if bias is None else conv.const_key(bias, f"{conv.name(node)}.bias")
+    users = list(node.users)
+    if users and all(fused.is_fused_user(u, len(act.shape)) for u in users):
+        return fused.Fused(act, weight, bias_np, key, bias_key,
+                           (*act.shape[:-1], weight.shape[1]), node)
+    return emit_linear(conv, node, act, weight, key, bias_np, bias_key)
+
+
+@rule("aten.linear")
+def _linear(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None) -> Act:
+    if not _is_tensor(weight) or (bias is not None and not _is_tensor(bias)):
+        raise unsupported(node, "a linear layer whose weight is computed from the input")
+    return _linear_weight(conv, node, x, _np(weight).T,
+                          conv.const_key(weight, f"{conv.name(node)}.weight"), bias)
+
+
+@rule("aten.addmm")
+def _addmm(conv: Converter, node: Any, bias: Any, x: Any, weight: Any, beta: float = 1,
+           alpha: float = 1) -> Act:
+    if not _is_tensor(weight) or not _is_tensor(bias) or (beta, alpha) != (1, 1):
+        raise unsupported(node, "addmm with a computed weight or scaled terms")
+    return _linear_weight(conv, node, x, _np(weight), f"{conv.name(node)}.weight", bias)
+
+
+@rule("aten.mm", "aten.matmul", "aten.bmm")
+def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
+    if isinstance(x, (Act, UserInput)) and _is_tensor(y) and y.ndim == 2:
+        return _linear_weight(conv, node, x, _np(y), f"{conv.name(node)}.weight", None)
+    if _is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
+        return _one_query_scores(conv, node, _np(x), y)
+    if not (isinstance(x, Act) and isinstance(y, Act)):
+        raise unsupported(node, "a matrix product with a constant on the left")
+    if x.form == "heads_major" and y.form == "keys_t" and x.dims == y.dims:
+        return _scores(conv, node, x, y)
+    if x.form == "rows" and x.attention is not None and y.form == "heads_major":
+        return _context(conv, node, x, y)
+    raise unsupported(node, f"product of {x.form} {list(x.shape)} and {y.form} {list(y.shape)}")
+
+
+def _scores(conv: Converter, node: Any, q: Act, k: Act, name: str | None = None) -> Act:
+    b, t, h, d = q.dims
+    value = conv.b.op("head_matmul", [q.value, k.value], F16, name or conv.name(node),
+                      mode="qk", heads=h, tokens=t)
+    shape = (b, h, t, t) if len(q.shape) == 4 else (b * h, t, t)
+    return Act(value, shape, factor=q.factor * k.factor, attention=(b, h, t))
+
+
+def _context(conv: Converter, node: Any, probs: Act, v: Act, name: str | None = None) -> Act:
+    b, h, t = probs.attention  # type: ignore[misc]
+    if v.dims[0] != b or v.dims[1] != t or v.dims[2] != h or probs.addend is not None:
+        raise unsupported(node, "attention probabilities and values disagree in shape")
+    value = conv.b.op("head_matmul", [probs.value, v.value], F16, name or conv.name(node),
+                      mode="pv", heads=h, tokens=t)
+    if probs.one_query:  # every token row holds the one query's output
+        return Act(value, (*probs.shape[:-1], v.dims[3]), "rep_heads", v.dims,
+                   factor=probs.factor * v.factor)
+    return Act(value, v.shape, "heads_major", v.dims, factor=probs.factor * v.factor)
+
+
+def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> Act:
+    """``q @ k^T`` for one constant query per image and head (an attention-pooling probe,
+    ``[B*H, 1, d]``): the query is replicated over the token rows as an input, so
+    ``head_matmul qk`` gives every row the probe's scores and the result stays in rows."""
+    b, t, h, d = k.dims
+    if query.size != b * h * d:
+        raise unsupported(node, "a constant query that is not one vector per image and head")
+    rows = np.repeat(query.reshape(b, 1, h * d), t, axis=1).reshape(b * t, h * d)
+    name = conv.name(node)
+    q = conv.constant_input(f"{name}.query", rows, (b * t, h * d))
+    value = conv.b.op("head_matmul", [q, k.value], F16, name, mode="qk", heads=h, tokens=t)
+    conv.rewrites.append(f"{node.name}: constant query replicated over tokens ({name}.query)")
+    return Act(value, (*query.shape[:-1], t), factor=k.factor, attention=(b, h, t),
+               one_query=True)
+
+
+@rule("aten.scaled_dot_product_attention")
+def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
+          dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+          enable_gqa: bool = False) -> Act:
+    q, k, v = (_act(conv, node, a) for a in (q, k, v))
+    if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
+        raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
+    if is_causal or dropout_p:
+        raise unsupported(node, "causal or dropout attention")
+    if attn_mask is not None:
+        mask = attn_mask.detach() if _is_tensor(attn_mask) else None
+        if mask is None or not (bool(mask.all()) if mask.dtype == conv.torch.bool
+                                else bool((mask == 0).all())):
+            raise unsupported(node, "attention with a mask that masks something")
+    d = q.dims[3]
+    name = conv.name(node)
+    scores = _scores(conv, node, q, k, f"{name}.scores")
+    factor = scores.factor * (1.0 / sqrt(d) if scale is None else float(scale))
+    probs = conv.b.op("softmax", [scores.value], F16, f"{name}.probs", scale=float(factor))
+    return _context(conv, node, scores.with_(value=probs, factor=1.0), v, name)
+
+
+@rule("aten.conv2d", "aten.convolution")
+def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
+            stride: Any = 1, padding: Any = 0, dilation: Any = 1, *rest: Any) -> Act:
+    """A patch embedding (stride == kernel, no padding): a GEMM on patches that the host
+    lays out (im2col), one row per patch; see ``docs/frontend.md``."""
+    if not isinstance(x, UserInput) or len(x.shape) != 4:
+        raise unsupported(node, "convolution of anything but a model input [B, C, H, W]")
+    if not _is_tensor(weight):
+        raise unsupported(node, "convolution with a computed weight")
+    out_ch, in_ch, p, q = (int(s) for s in weight.shape)
+    full = op_name(node.target) == "aten.convolution"  # (..., transposed, output_padding, groups)
+    transposed = rest[0] if full and rest else False
+    groups = rest[-1] if full and rest else (rest[0] if rest else 1)
+    pads = (0, 0) if padding == "valid" else pair(padding)
+    if pair(stride) != (p, q) or pads != (0, 0) or pair(dilation) != (1, 1) or groups != 1 or (
+            transposed):
+        raise unsupported(node, "convolution other than a patch embedding (stride == kernel, "
+                          "no padding, dilation 1, one group)")
+    b, c, hh, ww = x.shape
+    gh, gw = hh // p, ww // q
+    n = gh * gw
+    prefix = conv_prefix(conv, node)
+    index, name = x.index, f"{x.name}.patches"
+
+    def im2col(arrays: list[np.ndarray], index: int = index) -> np.ndarray:
+        img = np.asarray(arrays[index], np.float32)[:, :, :gh * p, :gw * q]
+        patches = img.reshape(b, c, gh, p, gw, q).transpose(0, 2, 4, 1, 3, 5).reshape(b, n, -1)
+        return np.concatenate([np.zeros((b, prefix, c * p * q), np.float32), patches], axis=1)
+
+    data = im2col(conv.user)
+    value = conv.add_input(name, (b, prefix + n, c * p * q), data, True, im2col)
+    conv.rewrites.append(f"{node.name}: patch embedding as a GEMM on host-laid-out patches "
+                         f"{name} [{b}, {prefix}+{n}, {c * p * q}]")
+    wmat = _np(weight).reshape(out_ch, -1).T
+    act = Act(value, (b, prefix + n, c * p * q))
+    out = emit_linear(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"),
+                      None if bias is None else _np(bias),
+                      None if bias is None else conv.const_key(bias, f"{name}.bias"))
+    return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
+                     prefix=prefix, bias=None if bias is None else _np(bias), linear=None)
+
+
+def pair(value: Any) -> tuple[int, int]:
+    """A conv hyper-parameter as (height, width): ``2``, ``[2]`` and ``[2, 2]`` alike."""
+    if isinstance(value, (list, tuple)):
+        return (int(value[0]), int(value[-1]))
+    return (int(value), int(value))
+
+
+def conv_prefix(conv: Converter, node: Any) -> int:
+    """Constant tokens a patch embedding's tokens are later concatenated behind (a CLS
+    token): the number of zero patch rows to reserve ahead of each image's patches."""
+
+    current = node
+    while len(current.users) == 1:
+        user = next(iter(current.users))
+        kind = op_name(user.target)
+        if kind == "aten.cat":
+            parts = list(user.args[0])
+            if parts[-1] is not current or any(p in conv.dynamic for p in parts[:-1]):
+                return 0
+            dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
+            if dim % 3 != 1:
+                return 0
+            return sum(int(p.meta["val"].shape[1]) for p in parts[:-1])
+        if kind not in ("aten.flatten", "aten.transpose", "aten.permute", "aten.view",
+                        "aten.reshape", "aten.contiguous", "aten.clone", "aten.dropout",
+                        "aten.to"):
+            return 0
+        current = user
+    return 0
+

@@ -1,0 +1,311 @@
+"""An imported torch program as a :class:`~ipu_stack.workloads.base.Workload`.
+
+``import_program`` is the Python entry point: an ``ExportedProgram`` (or an ``nn.Module``
+plus example inputs, exported here) and the user's input arrays in, the IR graph, its
+device tensors and PyTorch's own float32 outputs out.  ``imported_workload`` wraps a
+``.pt2`` file so that ``pipeline.compile_workload`` compiles it unchanged and a package
+records the file's path and sha256 (``ipu-stack run`` re-imports it and checks the hash).
+
+Two passes, as the builtins: FP8 activation exponents, one per role (a value's name without
+its ``layerN.``), are fitted on a calibration input drawn from ``seed + 1`` (the graph run
+unrounded in float32), then the graph is built again with them.  After the build, the
+*conversion check* runs the graph in float64 on the exact float32 weights and inputs and
+compares it with torch's float32 outputs: a mapping error shows there at once (relative RMS
+far above float32's 1e-6), independent of precision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.convert import Converted, Converter, role
+from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
+from ipu_stack.frontend.names import IMPORTED
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.interpret import evaluate_float64, evaluate_unrounded
+from ipu_stack.ir.precision import fit_scale_exponent
+from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.log import event
+from ipu_stack.workloads.base import Parameter, Workload, rng_for
+
+LOG = logging.getLogger("ipu_stack.frontend")
+NAME = IMPORTED
+CONVERSION_LIMIT = 1e-4  # relative RMS of float64 graph vs torch float32 (float32 is ~1e-6)
+
+
+@dataclass
+class Imported:
+    """One import: the converted graph and tensors, torch's outputs laid out as the graph's
+    outputs (by output name), and the conversion check's relative RMS error."""
+
+    converted: Converted
+    torch_outputs: dict[str, np.ndarray]
+    conversion_error: float
+    user_inputs: list[np.ndarray]
+
+    @property
+    def graph(self) -> Graph:
+        return self.converted.graph
+
+    @property
+    def tensors(self) -> dict[str, np.ndarray]:
+        return self.converted.tensors
+
+
+def _export(module: Any, example_inputs: tuple[Any, ...]) -> Any:
+    torch = require_torch()
+    return torch.export.export(module.eval(), tuple(example_inputs))
+
+
+def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of each user input of the program (static: see :func:`specialize`)."""
+    out = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+            value = node.meta.get("val")
+            if not hasattr(value, "shape"):
+                raise UsageError(f"program input {spec.arg.name} is not a tensor")
+            if not all(isinstance(s, int) for s in value.shape):
+                raise UsageError(f"program input {spec.arg.name} has a dynamic shape "
+                                 f"{list(value.shape)}: specialize it first")
+            out.append((spec.arg.name, tuple(int(s) for s in value.shape)))
+    return out
+
+
+def _example_shapes(program: Any) -> list[tuple[int, ...]]:
+    """The shapes of the example inputs saved with the program (dynamic dims resolved)."""
+    torch = require_torch()
+    examples = getattr(program, "example_inputs", None)
+    if examples is not None:
+        args, _ = examples
+        leaves = [a for a in args if isinstance(a, torch.Tensor)]
+        if leaves:
+            return [tuple(int(s) for s in leaf.shape) for leaf in leaves]
+    shapes = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+            shapes.append(tuple(s if isinstance(s, int) else 1 for s in node.meta["val"].shape))
+    return shapes
+
+
+def specialize(program: Any, batch: int) -> Any:
+    """``program`` with static shapes and ``batch`` images (0: the exported batch).
+
+    A program exported with a dynamic batch dimension is re-exported from its own module at
+    the size asked for; one exported with static shapes can only run at its own batch."""
+    torch = require_torch()
+    shapes = _example_shapes(program)
+    dynamic = any(not isinstance(s, int) for spec in program.graph_signature.input_specs
+                  if spec.kind.name == "USER_INPUT"
+                  for s in next(n for n in program.graph.nodes
+                                if n.name == spec.arg.name).meta["val"].shape)
+    exported = shapes[0][0] if shapes and shapes[0] else 1
+    if not dynamic and batch in (0, exported):
+        return program
+    size = batch or exported
+    inputs = tuple(torch.zeros((size, *shape[1:])) for shape in shapes)
+    try:
+        return torch.export.export(program.module(), inputs)
+    except Exception as exc:  # torch reports a failed guard in many exception types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--batch {size}: the program was exported for batch {exported} "
+                         f"without a dynamic batch dimension (export with dynamic_shapes="
+                         f"{{input: {{0: Dim('batch')}}}}): {first[:120]}") from None
+
+
+def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
+    """Standard-normal inputs of the exported shapes, one generator per input name."""
+    return [rng_for(seed, name).standard_normal(shape).astype(np.float32)
+            for name, shape in input_shapes(program)]
+
+
+def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
+    """Inputs from an ``.npz``: by input name, else ``arr_0, arr_1, ...`` in order."""
+    try:
+        data = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
+    arrays = []
+    for index, (name, shape) in enumerate(input_shapes(program)):
+        key = name if name in data.files else f"arr_{index}"
+        if key not in data.files:
+            raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data.files)})")
+        array = np.asarray(data[key], dtype=np.float32)
+        if array.shape != shape:
+            raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
+                             f"exported for {list(shape)}")
+        arrays.append(array)
+    return arrays
+
+
+def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The program run by PyTorch itself on CPU in float32: its output leaves, in order."""
+    torch = require_torch()
+    from torch.utils import _pytree
+
+    with torch.no_grad():
+        result = program.module()(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+    return [leaf.detach().to(torch.float32).numpy() for leaf in _pytree.tree_leaves(result)
+            if isinstance(leaf, torch.Tensor)]
+
+
+def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[str, int]:
+    """FP8 exponents of activations, one per role (the largest over its layers), fitted
+    with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
+    own scales, and identical layers keep identical precisions."""
+    first = Converter(program, calibration, "fp8", {}, name).run()
+    ideal = evaluate_unrounded(first.graph, first.exact)  # float32, as the builtins fit
+    scales: dict[str, int] = {}
+    for v in first.graph.values:
+        if v.role in ("intermediate", "output") and v.type.precision.is_fp8:
+            fitted = fit_scale_exponent(ideal[v.name], headroom=2.0)
+            scales[role(v.name)] = max(scales.get(role(v.name), fitted), fitted)
+    return scales
+
+
+def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,
+                   inputs: list[np.ndarray] | None = None, precision: str = "fp8", seed: int = 0,
+                   calibration: list[np.ndarray] | None = None, name: str = "imported",
+                   ) -> Imported:
+    """Import ``program`` (an ``ExportedProgram``, or an ``nn.Module`` exported here with
+    ``example_inputs``) into the IR; ``inputs`` default to random ones from ``seed`` and
+    ``calibration`` to random ones from ``seed + 1``."""
+    torch = require_torch()
+    if isinstance(program, torch.nn.Module):
+        if example_inputs is None:
+            raise UsageError("importing an nn.Module needs example inputs")
+        program = _export(program, example_inputs)
+    program = specialize(program, 0)
+    if precision not in ("fp8", "f16"):
+        raise UsageError(f"precision {precision!r} is not fp8 or f16")
+    user = inputs if inputs is not None else random_inputs(program, seed)
+    scales: dict[str, int] = {}
+    if precision == "fp8":
+        calib = calibration if calibration is not None else random_inputs(program, seed + 1)
+        scales = _fit_scales(program, calib, name)
+    converted = Converter(program, user, precision, scales, name).run()
+    outputs = torch_outputs(program, user)
+    if len(outputs) != len(converted.outputs):
+        raise CompileError(f"torch returned {len(outputs)} tensors, the import has "
+                           f"{len(converted.outputs)} outputs")
+    laid_out = {spec.name: spec.to_ir(outputs[spec.index]).astype(np.float32)
+                for spec in converted.outputs}
+    error = conversion_error(converted, laid_out)
+    if not error <= CONVERSION_LIMIT:
+        raise CompileError(f"conversion check failed: the imported graph in float64 differs from "
+                           f"torch by {error:.3g} relative RMS (limit {CONVERSION_LIMIT:g}); "
+                           "this is an importer bug, please report it with the model")
+    event(LOG, "imported torch program", graph=name, precision=precision,
+          operations=len(converted.graph.operations), rewrites=len(converted.rewrites),
+          conversionError=float(f"{error:.3g}"))
+    for rewrite in converted.rewrites:
+        event(LOG, "import rewrite", level=logging.DEBUG, rewrite=rewrite)
+    return Imported(converted, laid_out, error, user)
+
+
+def conversion_error(converted: Converted, expected: dict[str, np.ndarray]) -> float:
+    """Relative RMS of the graph in float64 (exact weights and inputs) against torch."""
+    ideal = evaluate_float64(converted.graph, converted.exact)
+    diff, ref = [], []
+    for spec in converted.outputs:
+        got = np.asarray(ideal[spec.name], np.float64).reshape(expected[spec.name].shape)
+        diff.append((got - expected[spec.name]).ravel())
+        ref.append(expected[spec.name].ravel().astype(np.float64))
+    d, r = np.concatenate(diff), np.concatenate(ref)
+    scale = float(np.sqrt(np.mean(r**2))) or 1.0
+    return float(np.sqrt(np.mean(d**2))) / scale
+
+
+@dataclass(frozen=True)
+class ImportedWorkload(Workload):
+    """A workload made from one torch program; ``reference`` gives torch's outputs for a
+    graph it built (the verdict's fidelity target), ``imports`` keeps the last imports."""
+
+    program: Any = None
+    imports: dict[int, Imported] = field(default_factory=dict, compare=False)
+
+    def reference(self, graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """PyTorch's float32 outputs for ``graph`` (built by this workload), by output name."""
+        found = self.imports.get(id(graph))
+        if found is None:
+            raise CompileError("no torch reference for a graph this workload did not build")
+        return dict(found.torch_outputs)
+
+
+def _parameters() -> tuple[Parameter, ...]:
+    return (
+        Parameter("model", str, "", "the .pt2 file"),
+        Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
+        Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
+                  "dynamic batch dimension in the export)", minimum=0),
+        Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
+        Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0),
+        Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
+    )
+
+
+def make_workload(program: Any, label: str, path: str = "", sha256: str = "") -> ImportedWorkload:
+    """Wrap ``program`` as a workload (``label`` names it in identifiers and records)."""
+    holder: dict[int, Imported] = {}
+    specialized: dict[int, Any] = {}
+
+    def at_batch(batch: int) -> Any:
+        if batch not in specialized:
+            specialized[batch] = specialize(program, batch)
+        return specialized[batch]
+
+    def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+        sized = at_batch(params["batch"])
+        user = inputs_from_file(sized, params["inputs"]) if params["inputs"] else None
+        imported = import_program(sized, inputs=user, precision=params["precision"],
+                                  seed=params["seed"], name=label)
+        holder.clear()  # one import at a time: the graph the pipeline holds now
+        holder[id(imported.graph)] = imported
+        return imported.graph, imported.tensors
+
+    def identifier(params: dict[str, Any]) -> str:
+        digest = (params["sha256"] or hashlib.sha256(label.encode()).hexdigest())[:8]
+        batch = f"-b{params['batch']}" if params["batch"] else ""
+        return f"{label}-{params['precision']}{batch}-{digest}"
+
+    def fields(params: dict[str, Any]) -> dict[str, Any]:
+        last = next(iter(holder.values()), None)
+        shapes = input_shapes(at_batch(params["batch"]))
+        return {"benchmark": f"{label}-{params['precision']}", "model": params["model"] or label,
+                "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
+                "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
+                "conversionError": None if last is None else float(f"{last.conversion_error:.3g}")}
+
+    return ImportedWorkload(
+        name=NAME, description=f"torch.export program {label}", parameters=_parameters(),
+        build=build, identifier=identifier, benchmark_fields=fields, program=program,
+        imports=holder)
+
+
+def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
+    """The workload of a ``.pt2`` file and its base parameters (absolute path, sha256)."""
+    path = Path(path).resolve()
+    program = load_program(path)
+    digest = file_sha256(path)
+    workload = make_workload(program, path.stem, str(path), digest)
+    return workload, {"model": str(path), "sha256": digest}
+
+
+def reimport(params: dict[str, Any]) -> ImportedWorkload:
+    """The workload a package recorded: the same file, unchanged (same sha256)."""
+    path = Path(str(params.get("model", "")))
+    if not path.is_file():
+        raise UsageError(f"the package was compiled from {path}, which is no longer there")
+    digest = file_sha256(path)
+    if params.get("sha256") and digest != params["sha256"]:
+        raise UsageError(f"{path} changed since the package was compiled (sha256 {digest[:12]}, "
+                         f"recorded {str(params['sha256'])[:12]})")
+    return imported_workload(path)[0]

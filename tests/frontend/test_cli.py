@@ -1,0 +1,205 @@
+"""The command line on torch programs: compile/bench/run/ops/capacity of a ``.pt2``, and the
+one-line errors for unsupported operations and bad files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ipu_stack.cli import main  # noqa: E402
+from tests.frontend.models import TinyVit, export  # noqa: E402
+
+
+@torch.library.custom_op("ipu_stack_test::twist", mutates_args=())
+def twist(x: torch.Tensor) -> torch.Tensor:
+    """An operation the importer has no rule for (reverses the last dimension)."""
+    return x.flip(-1)
+
+
+@twist.register_fake
+def _twist_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Twisted(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(twist(self.fc(x)))  # the line the error must quote
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(7)
+    path = tmp_path_factory.mktemp("models") / "tiny.pt2"
+    torch.export.save(export(TinyVit(dim=32, heads=2, layers=1, hidden=64, image=16),
+                             torch.randn(1, 3, 16, 16)), str(path))
+    return path
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_unsupported_operation_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "twisted.pt2"
+    torch.export.save(export(Twisted(), torch.randn(1, 8, 32)), str(path))
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: unsupported operation ipu_stack_test.twist.default "
+                               "in module <top> (Twisted) at test_cli.py:")
+    assert "return self.head(twist(self.fc(x)))" in lines[0]
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    from ipu_stack.util.errors import CompileError
+
+    path = tmp_path / "twisted.pt2"
+    torch.export.save(export(Twisted(), torch.randn(1, 8, 32)), str(path))
+    with pytest.raises(CompileError, match="ipu_stack_test.twist"):
+        main(["--debug", "compile", str(path), "-o", str(tmp_path / "out")])
+
+
+def test_ops_lists_every_operation(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "twisted.pt2"
+    torch.export.save(export(Twisted(), torch.randn(1, 8, 32)), str(path))
+    assert main(["ops", str(path), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["target"], r["supported"]) for r in rows] == [
+        ("aten.linear.default", True), ("ipu_stack_test.twist.default", False),
+        ("aten.linear.default", True)]
+    assert rows[0]["module"] == "fc (Linear)"
+    assert rows[1]["status"].startswith("unsupported: unsupported operation")
+
+
+def test_ops_text_summary(tiny: Path, capsys) -> None:
+    assert main(["ops", str(tiny)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("operations=") and out[-1].endswith("unsupported=0")
+    assert any("aten.conv2d" in line and line.startswith("yes") for line in out)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text", "foreign-zip", "newer-schema"])
+def test_bad_files_are_one_line_exit_2(tiny: Path, tmp_path: Path, capsys, damage: str) -> None:
+    path = tmp_path / "bad.pt2"
+    data = tiny.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "text":
+        path.write_text("not a model\n")
+    elif damage == "foreign-zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("readme.txt", "a zip, but not an exported program")
+    else:  # an export from a newer torch: its schema version is one this torch cannot read
+        with zipfile.ZipFile(tiny) as src, zipfile.ZipFile(path, "w") as dst:
+            for item in src.infolist():
+                body = src.read(item)
+                if "/models/" in item.filename and item.filename.endswith(".json"):
+                    model = json.loads(body)
+                    model["schema_version"] = {"major": 99, "minor": 0}
+                    model["torch_version"] = "9.9.0"
+                    body = json.dumps(model).encode()
+                dst.writestr(item, body)
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(_error_lines(err)) == 1 and "Traceback" not in err, err
+    expected = {"truncated": "not a torch.export .pt2 archive",
+                "text": "not a torch.export .pt2 archive",
+                "foreign-zip": "torch.export.load failed",
+                "newer-schema": "exported by torch 9.9.0 (schema 99.0)"}[damage]
+    assert expected in err
+
+
+def test_compile_then_run_and_a_changed_file(tiny: Path, tmp_path: Path, cache_dir: Path,
+                                             lock_path: Path, capsys) -> None:
+    model = tmp_path / "model.pt2"
+    shutil.copy(tiny, model)
+    out = tmp_path / "pkg"
+    assert main(["--quiet", "compile", str(model), "-o", str(out), "--cache-dir",
+                 str(cache_dir)]) == 0
+    capsys.readouterr()
+    assert main(["--quiet", "run", str(out / "model.ipuexe"), "--json", "--lock",
+                 str(lock_path)]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["numericalTest"] == "PASS" and record["referenceSource"] == "torch"
+    assert record["model"] == str(model.resolve())
+    # a different program saved under the same name: the package no longer matches it
+    torch.manual_seed(8)
+    torch.export.save(export(TinyVit(dim=32, heads=2, layers=1, hidden=64, image=16),
+                             torch.randn(1, 3, 16, 16)), str(model))
+    code = main(["--quiet", "run", str(out / "model.ipuexe"), "--lock", str(lock_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1
+    assert "changed since the package was compiled" in err
+
+
+def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, lock_path: Path,
+                                capsys) -> None:
+    pixels = np.random.default_rng(11).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", pixels=pixels)
+    code = main(["--quiet", "bench", str(tiny), "--precision", "f16", "--inputs",
+                 str(tmp_path / "in.npz"), "--out", str(tmp_path / "b"), "--json", "--lock",
+                 str(lock_path), "--cache-dir", str(cache_dir), "--save-tensors",
+                 str(tmp_path / "t")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    program = torch.export.load(str(tiny))
+    with torch.no_grad():
+        expected = program.module()(torch.from_numpy(pixels)).numpy().reshape(-1, 32)
+    got = np.load(tmp_path / "t" / "outputs.npz")
+    out = next(iter(got.values())).reshape(-1, 32)
+    assert np.abs(out - expected).max() < 0.05 * np.abs(expected).max()
+    # wrong shape: one line
+    np.savez(tmp_path / "bad.npz", pixels=pixels[:, :, :8])
+    code = main(["--quiet", "compile", str(tiny), "--inputs", str(tmp_path / "bad.npz"), "-o",
+                 str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and "was exported for [1, 3, 16, 16]" in err
+
+
+def test_builtin_options_are_refused_for_a_program(tiny: Path, tmp_path: Path, capsys) -> None:
+    code = main(["--quiet", "compile", str(tiny), "--tokens", "64", "-o", str(tmp_path / "o")])
+    assert code == 2 and "takes no --tokens" in capsys.readouterr().err
+
+
+def test_capacity_of_a_dynamic_batch_program(tmp_path: Path, cache_dir: Path, capsys) -> None:
+    torch.manual_seed(9)
+    module = TinyVit(dim=32, heads=2, layers=1, hidden=64, image=16).eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    path = tmp_path / "dynamic.pt2"
+    torch.export.save(torch.export.export(module, (torch.randn(2, 3, 16, 16),),
+                                          dynamic_shapes={"pixels": {0: batch}}), str(path))
+    assert main(["--quiet", "capacity", str(path), "--max-batch", "3", "--json",
+                 "--cache-dir", str(cache_dir)]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["maximumBatch"] == 3 and record["tried"] == {"1": "fits", "2": "fits",
+                                                                "3": "fits"}
+
+
+def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:
+    assert main(["--quiet", "capacity", str(tiny), "--max-batch", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch 2: the program was exported for batch 1 without a dynamic batch" in err
+    assert main(["--quiet", "capacity", str(tiny), "--max-blocks", "4"]) == 2
+    assert "no parameter --blocks" in capsys.readouterr().err
+
+
+def test_sweep_of_a_program_is_refused_in_one_line(tiny: Path, tmp_path: Path, capsys) -> None:
+    code = main(["--quiet", "sweep", str(tiny), "--grid", "precision=fp8,f16", "-o",
+                 str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1 and "sweep takes a builtin" in err

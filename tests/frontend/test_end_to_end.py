@@ -1,0 +1,140 @@
+"""Imported models compiled, run on the simulated ipu21 and judged against PyTorch itself.
+
+Small configs (2 layers of width 64, 16 patches + CLS) so the module runs in well under a
+minute; the full-size Hugging Face towers are in ``benchmarks/bench_frontend.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ipu_stack.frontend import convert as convert_module  # noqa: E402
+from ipu_stack.frontend import import_program, make_workload  # noqa: E402
+from ipu_stack.ir.interpret import evaluate  # noqa: E402
+from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
+from ipu_stack.runtime.session import benchmark_fields, run_package  # noqa: E402
+from ipu_stack.util.errors import CompileError  # noqa: E402
+from tests.frontend.models import TinyVit, export  # noqa: E402
+
+
+def _peaked_vit():
+    torch.manual_seed(3)
+    return export(TinyVit(layers=2, sharpen=5.0, gelu="tanh"), torch.randn(2, 3, 32, 32))
+
+
+def _run(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: Path):
+    workload = make_workload(program, "tiny")
+    params = workload.resolve({"precision": precision})
+    result = compile_workload(workload, params, tmp_path / precision,
+                              CompileOptions(cache_dir=str(cache_dir)))
+    from ipu_stack.runtime.session import load_package
+
+    run = run_package(load_package(result.package), result.graph, result.tensors, lock_path,
+                      model=workload.reference)
+    record = benchmark_fields(run, result.graph, workload.benchmark_fields(params),
+                              result.package, None)
+    return result, run, record
+
+
+def test_peaked_attention_passes_against_torch_at_fp8(tmp_path: Path, cache_dir: Path,
+                                                      lock_path: Path) -> None:
+    program = _peaked_vit()
+    result, run, record = _run(program, "fp8", tmp_path, cache_dir, lock_path)
+    assert record["numericalTest"] == "PASS", record
+    assert record["referenceSource"] == "torch"
+    assert record["conversionError"] < 1e-5
+    assert record["gemmModes"]  # the GEMMs ran
+    # the test data makes attention peaked: most rows put over half their weight on one key
+    values = evaluate(result.graph, result.tensors)
+    probs = [values[result.graph.value(op.outputs[0]).name] for op in result.graph.operations
+             if op.kind == "softmax"]
+    assert len(probs) == 2 and all(np.mean(p.max(axis=-1) > 0.5) > 0.5 for p in probs)
+    # fidelity is measured against torch: the device's error against torch's float32 output
+    device = next(iter(run.outputs.values())).reshape(-1).astype(np.float64)
+    with torch.no_grad():
+        torch_out = program.module()(torch.from_numpy(_inputs(program))).numpy().reshape(-1)
+    error = device - torch_out
+    assert np.sqrt(np.mean(error**2)) == pytest.approx(run.verdict.fidelity.rms_error, rel=1e-4)
+
+
+def _inputs(program) -> np.ndarray:
+    from ipu_stack.frontend.workload import random_inputs
+
+    return random_inputs(program, 0)[0]
+
+
+def test_mean_pooled_model_passes_at_f16(tmp_path: Path, cache_dir: Path,
+                                         lock_path: Path) -> None:
+    torch.manual_seed(4)
+    program = export(TinyVit(layers=1, pool=True, cls=False), torch.randn(1, 3, 32, 32))
+    result, run, record = _run(program, "f16", tmp_path, cache_dir, lock_path)
+    assert record["numericalTest"] == "PASS", record
+    assert record["gemmModes"] == "f16"
+    out = next(iter(run.outputs.values())).reshape(16, -1)
+    np.testing.assert_array_equal(out, np.broadcast_to(out[:1], out.shape))  # replicated rows
+
+
+def test_a_small_qk_error_is_caught_by_the_conversion_check(monkeypatch) -> None:
+    """Mutation check: with peaked attention, a 3% error in the softmax scale (a q/k-path
+    error) moves the outputs far past the conversion check's limit."""
+    program = _peaked_vit()
+    assert import_program(program, precision="f16").conversion_error < 1e-5
+    original = convert_module.Converter.run
+
+    def skewed(self):
+        result = original(self)
+        for op in result.graph.operations:
+            if op.kind == "softmax":
+                op.attrs["scale"] *= 1.03
+        return result
+
+    monkeypatch.setattr(convert_module.Converter, "run", skewed)
+    with pytest.raises(CompileError, match="conversion check failed"):
+        import_program(program, precision="f16")
+
+
+def test_every_weight_comes_from_the_state_dict() -> None:
+    torch.manual_seed(5)
+    module = TinyVit(layers=1)
+    program = export(module, torch.randn(1, 3, 32, 32))
+    imported = import_program(program, precision="fp8")
+    state = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    fc1 = imported.converted.exact["blocks.0.fc1.weight"]
+    np.testing.assert_array_equal(fc1, state["blocks.0.fc1.weight"].T)
+    graph = imported.graph
+    gemm = {op.inputs[1] for op in graph.operations if op.kind == "matmul"}
+    weights = graph.by_role("weight")
+    assert gemm and all(graph.value(i).type.precision.kind == "F8F143" for i in gemm)
+    others = [v for v in weights if v.id not in gemm]
+    assert others and all(v.type.precision.kind == "F16" for v in others)
+    # the position table (with the CLS token folded in) is one F16 weight, added once
+    adds = [op for op in graph.operations if op.kind == "add"
+            and graph.value(op.inputs[1]).role == "weight"]
+    assert len(adds) == 1 and graph.value(adds[0].inputs[1]).type.shape == (17, 64)
+
+
+class LayerScaled(torch.nn.Module):
+    """PE's layer scale: ``x + gamma * fc(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.gamma = torch.nn.Parameter(torch.rand(32) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x) * self.gamma
+
+
+def test_layer_scale_is_folded_into_the_weights() -> None:
+    torch.manual_seed(12)
+    module = LayerScaled()
+    imported = import_program(export(module, torch.randn(1, 8, 32)), precision="f16")
+    assert imported.conversion_error < 1e-5
+    assert [op.kind for op in imported.graph.operations] == ["matmul", "bias_add", "add"]
+    expected = (module.fc.weight * module.gamma[:, None]).detach().numpy().T
+    np.testing.assert_allclose(imported.converted.exact["fc.weight"], expected, rtol=1e-6)
