@@ -22,6 +22,9 @@ import pytest
 WORKLOADS = {
     "siglip-mlp": ["--tokens", "17", "--dim", "64", "--hidden", "96"],
     "attention": ["--tokens", "17", "--dim", "64", "--heads", "4"],
+    # a layer loop: slots, per-layer tables and per-pass probe names
+    "pe-vision": ["--image", "28", "--patch", "7", "--dim", "64", "--heads", "4", "--hidden",
+                  "96", "--layers", "3"],
 }
 # every record field that comes from the compiler or the simulator (not wall time or paths)
 SIMULATED = ("numericalTest", "workload", "cycles", "estimatedCycles", "exchangeCycles",
