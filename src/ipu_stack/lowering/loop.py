@@ -40,7 +40,8 @@ class LoopLowering:
         self.first_checkpoint = checkpoints
         pieces = self.lowering.where[self.loop.carried_in]
         if len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:
-            raise CompileError("the layer loop's input is held in pieces; it cannot be carried")
+            raise CompileError("the layer loop's input is held in pieces and cannot be carried "
+                               "from pass to pass; compile with --unroll-layers")
         self.lowering.body = BodyState(frozenset(self.loop.slot_weights), self.loop.carried_in,
                                        self.loop.carried_out)
 
