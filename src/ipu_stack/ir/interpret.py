@@ -102,17 +102,6 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     raise ValueError(f"reference has no rule for {op.kind}")
 
 
-def host_values(graph: Graph, tensors: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
-    """Inputs and weights as the device holds them (float32, matrices as ``[rows, cols]``)."""
-    values: dict[int, np.ndarray] = {}
-    for value in graph.values:
-        if value.role in ("input", "weight"):
-            data = value.type.precision.round_trip(np.asarray(tensors[value.name]))
-            values[value.id] = data.reshape(value.type.rows, -1) \
-                if len(value.type.shape) > 1 else data
-    return values
-
-
 def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np.ndarray],
                         gemm_modes: dict[str, dict] | None = None) -> dict[int, np.ndarray]:
     """Run ``operations`` (ids, in order) at device precision from the ``known`` values (by
