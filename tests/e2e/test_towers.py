@@ -198,3 +198,14 @@ def test_profile_names_every_pass(tmp_path, lock_path, cache_dir, capsys):
                  if step["name"].endswith(")"))
     assert looped == 3 * record["layerCycles"]
     assert profile["cycles"] == record["cycles"]
+
+
+def test_memory_profile_names_what_fills_the_tile(tmp_path, cache_dir):
+    """The memory report written by ``compile`` says what fills its fullest tile."""
+    code = main(["--quiet", "compile", "siglip-vision", *SMALL, "--layers", "2",
+                 "-o", str(tmp_path / "pkg"), "--cache-dir", str(cache_dir)])
+    assert code == 0
+    profile = json.loads((tmp_path / "pkg" / "memory" / "memory-profile.json").read_text())
+    filled = profile["tile_by_category"]
+    assert filled["tile"] == profile["busiest_tiles"][0]["tile"]
+    assert filled["weights"] > 0 and filled["code"] > 0 and filled["exchange tables"] > 0

@@ -120,9 +120,14 @@ def write_memory_profile(
     placement: Placement,
     target: Target,
     scope: str = "final",
+    filled: tuple[int, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Write :func:`memory_profile` atomically as sorted, indented JSON and return it."""
+    """Write :func:`memory_profile` atomically as sorted, indented JSON and return it;
+    ``filled``: a tile and its bytes by category (``memory.categories``), recorded as
+    ``tile_by_category``."""
     profile = memory_profile(program, placement, target, scope)
+    if filled is not None:
+        profile["tile_by_category"] = {"tile": filled[0], **filled[1]}
     write_text_atomic(path, json.dumps(profile, sort_keys=True, indent=1) + "\n")
     event(LOG, "wrote planner memory profile", path=str(path), scope=scope,
           peak_step=profile["peak_step"], effective_peak_bytes=profile["effective_peak_bytes"])

@@ -200,7 +200,9 @@ def place_storage_stage(build: Build) -> Fields:
             build.filled = filled
         if isinstance(failure.placement, Placement):
             write_memory_profile(build.reports / "memory-profile.json", program,
-                                 failure.placement, target, scope="failed")
+                                 failure.placement, target, scope="failed",
+                                 filled=None if failure.tile is None else (failure.tile,
+                                                                          build.filled))
             write_placement_html(build.reports / "placement.html", program, failure.placement,
                                  build.support, target,
                                  title=f"{_title(build)} (failed: {failure})")
@@ -217,8 +219,9 @@ def place_storage_stage(build: Build) -> Fields:
 def write_memory_reports(build: Build) -> Fields:
     """The planner memory profile (JSON) and the exact tile placement (HTML)."""
     assert build.program is not None and build.placement is not None
-    build.profile = write_memory_profile(build.reports / "memory-profile.json", build.program,
-                                         build.placement, build.target, scope="final")
+    build.profile = write_memory_profile(
+        build.reports / "memory-profile.json", build.program, build.placement, build.target,
+        scope="final", filled=(int(np.argmax(build.placement.peak_bytes)), build.filled))
     write_placement_html(build.reports / "placement.html", build.program, build.placement,
                          build.support, build.target, title=_title(build))
     return {}
