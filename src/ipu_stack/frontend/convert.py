@@ -28,6 +28,7 @@ from ipu_stack.ir.graph import Graph, GraphBuilder, Value
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import CompileError
+from ipu_stack.workloads.transformer import role  # FP8 activation exponents are per role
 
 # ops that pass a value through unchanged (as the device sees it) or only relabel its shape
 TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
@@ -46,12 +47,6 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.split_with_sizes"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
-
-
-def role(name: str) -> str:
-    """A value's name without its layer (``layer3.mlp.fc1.linear`` -> ``mlp.fc1.linear``):
-    the builtins' ``workloads.transformer.role``; FP8 activation exponents are per role."""
-    return re.sub(r"^layer\d+\.", "", name)
 
 
 def weight_role(name: str) -> str:

@@ -14,6 +14,7 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
 from ipu_stack.frontend.ops_math import _rows
 from ipu_stack.ir.precision import F16
+from ipu_stack.workloads.vision import image_patches
 
 
 # ---------------------------------------------------------------- GEMMs
@@ -166,9 +167,7 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     index, name = x.index, f"{x.name}.patches"
 
     def im2col(arrays: list[np.ndarray], index: int = index) -> np.ndarray:
-        img = np.asarray(arrays[index], np.float32)[:, :, :gh * p, :gw * q]
-        patches = img.reshape(b, c, gh, p, gw, q).transpose(0, 2, 4, 1, 3, 5).reshape(b, n, -1)
-        return np.concatenate([np.zeros((b, prefix, c * p * q), np.float32), patches], axis=1)
+        return image_patches(arrays[index], (p, q), prefix)
 
     data = im2col(conv.user)
     value = conv.add_input(name, (b, prefix + n, c * p * q), data, True, im2col)

@@ -177,10 +177,9 @@ def reuse_fields(
     return fields
 
 
-def layer_bytes(program: Program) -> np.ndarray:
+def layer_bytes(program: Program, tiles: int) -> np.ndarray:
     """Bytes each tile gives one more layer of a layer loop: a copy of every per-layer
     weight it holds, and that layer's address-table words (0 without a loop)."""
-    tiles = max((int(b.tiles.max()) + 1 for b in program.buffers if len(b.tiles)), default=0)
     extra = np.zeros(tiles, dtype=np.int64)
     found = program.loop()
     if found is not None:
@@ -196,11 +195,11 @@ def loop_summary(program: Program, placement: Placement) -> dict[str, int]:
     if found is None:
         return {"layers": 0}
     _, loop = found
-    extra = layer_bytes(program)
+    extra = layer_bytes(program, len(placement.peak_bytes))
     peak_tile = int(np.argmax(placement.peak_bytes))
     return {"layers": loop.count, "body_steps": loop.length, "per_layer_weights": len(loop.slots),
             "bytes_per_layer_max": int(extra.max()),
-            "bytes_per_layer_peak_tile": int(extra[peak_tile]) if peak_tile < len(extra) else 0}
+            "bytes_per_layer_peak_tile": int(extra[peak_tile])}
 
 
 def memory_summary(

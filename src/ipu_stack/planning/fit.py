@@ -20,9 +20,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ipu_stack.ir.layout import WORD, round_up
-from ipu_stack.kernels.gemm import partial_itemsize
-from ipu_stack.planning.gemm import GemmPlan, cast_elements, resident_bytes, transient_bytes
+from ipu_stack.planning.gemm import (
+    GemmPlan,
+    interleaved_transient_bytes,
+    resident_bytes,
+    transient_bytes,
+)
 from ipu_stack.target import Target
 from ipu_stack.util.errors import CompileError
 
@@ -44,19 +47,10 @@ class MemoryBudget:
         return MemoryBudget(int(usable * proportion), int(interleaved * proportion))
 
 
-def interleaved_transient(plan: GemmPlan) -> int:
-    """Transient bytes a stage needs in interleaved memory: an activation B operand, the
-    partial sums and the F16 operand copies (``lowering.lower`` places them there)."""
-    s = plan.shape
-    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
-    partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
-    scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
-    return b + partial + scratch
-
-
 def _interleaved_limit(budget: MemoryBudget, plans: list[GemmPlan | None]) -> int:
     """What the weights may take of interleaved memory beside the largest transient."""
-    return budget.interleaved - max((interleaved_transient(p) for p in plans if p), default=0)
+    return budget.interleaved - max((interleaved_transient_bytes(p) for p in plans if p),
+                                    default=0)
 
 
 def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
@@ -71,10 +65,11 @@ def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
 
 
 def _fit_under_cap(
-    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, limit: int,
-    repeats: list[int], interleaved_of=lambda current: 1 << 62,
+    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, budget: MemoryBudget,
+    repeats: list[int],
 ) -> list[GemmPlan | None] | None:
-    """Fastest choice with every transient <= cap and resident sum <= limit, greedily."""
+    """Fastest choice with every transient <= cap, the resident sum within what the cap
+    leaves of ``budget`` and within interleaved memory, greedily."""
     options: list[list[GemmPlan]] = []
     current: list[GemmPlan | None] = []
     for plan, front in zip(plans, fronts, strict=True):
@@ -109,7 +104,8 @@ def _fit_under_cap(
     for index, plan in enumerate(current):
         if plan is not None:
             push(index)
-    interleaved = interleaved_of(current)
+    limit = budget.bytes - cap
+    interleaved = _interleaved_limit(budget, current)
     while total > min(limit, interleaved):
         if not heap:
             return None
@@ -120,7 +116,7 @@ def _fit_under_cap(
                                    - resident_bytes(options[index][k + 1]))
         position[index] = k + 1
         current[index] = options[index][k + 1]
-        interleaved = interleaved_of(current)
+        interleaved = _interleaved_limit(budget, current)
         push(index)
     return current
 
@@ -135,11 +131,8 @@ def fit_plans(
     how many times each stage runs (a layer loop's body stages: once per layer)."""
     repeats = repeats or [1] * len(plans)
 
-    def weights(choice: list[GemmPlan | None]) -> int:
-        return sum(n * resident_bytes(p) for p, n in zip(choice, repeats, strict=True) if p)
-
-    if need(plans, repeats) <= budget.bytes and weights(plans) <= _interleaved_limit(
-            budget, plans):
+    resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
+    if need(plans, repeats) <= budget.bytes and resident <= _interleaved_limit(budget, plans):
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                    for p in ([plan] if plan else []) + front})
@@ -148,8 +141,7 @@ def fit_plans(
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget.bytes - cap, repeats,
-                                lambda current: _interleaved_limit(budget, current))
+        choice = _fit_under_cap(plans, fronts, cap, budget, repeats)
         if choice is None:
             continue
         cycles = sum(n * p.estimated_cycles for p, n in zip(choice, repeats, strict=True)

@@ -124,17 +124,24 @@ def resident_bytes(plan: GemmPlan) -> int:
     return weight + bias
 
 
+def interleaved_transient_bytes(plan: GemmPlan) -> int:
+    """The transient bytes that must sit in interleaved memory (``lowering.lower`` places
+    them there): an activation B operand, the partial sums and the F16 operand copies."""
+    s = plan.shape
+    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
+    scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
+    return b + partial + scratch
+
+
 def transient_bytes(plan: GemmPlan) -> int:
     """Bytes a tile holds only while the stage runs (operands, partials, result)."""
     s = plan.shape
     a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
-    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
-    item = partial_itemsize(plan.mode)
-    partial = plan.row_block * plan.col_block * item
-    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * item
-    scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
+    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * partial_itemsize(
+        plan.mode)
     out = plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
-    return a + b + partial + received + out + scratch
+    return a + interleaved_transient_bytes(plan) + received + out
 
 
 def plan_tile_bytes(plan: GemmPlan) -> int:

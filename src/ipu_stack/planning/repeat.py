@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.planning.stages import GemmStage, RowStage, Stage
+from ipu_stack.planning.stages import GemmStage, Stage, stage_operations
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _signature(graph: Graph, stage: Stage) -> str:
         value = graph.value(value_id)
         return [list(value.type.shape), value.type.precision.to_json(), value.role == "weight"]
 
-    ops = stage.operations if isinstance(stage, GemmStage) else (stage.op,)
+    ops = stage_operations(stage)
     body = {
         "class": type(stage).__name__, "kind": stage.kind,
         "attrs": {k: stage.attrs[k] for k in sorted(stage.attrs)},
@@ -146,9 +146,7 @@ def _wire(graph: Graph, stages: list[Stage], start: int, length: int,
         offset = start + k * length
         for j, (stage0, stage) in enumerate(zip(base, stages[offset : offset + length],
                                                 strict=True)):
-            ops0 = stage0.operations if isinstance(stage0, GemmStage) else (stage0.op,)
-            ops = stage.operations if isinstance(stage, GemmStage) else (stage.op,)
-            omap.update(zip(ops0, ops, strict=True))
+            omap.update(zip(stage_operations(stage0), stage_operations(stage), strict=True))
             vmap[stage0.out] = stage.out
             for v0, v in zip(_stage_inputs(stage0), _stage_inputs(stage), strict=True):
                 where0, where = produced_at.get(v0, -1), produced_at.get(v, -1)
@@ -164,8 +162,8 @@ def _wire(graph: Graph, stages: list[Stage], start: int, length: int,
                         slots.add(v0)
                     else:
                         return None
-                elif k == 0:  # from before the loop
-                    if carried_in is None and where0 < start and _reads_carried(base, j, v0):
+                elif k == 0:  # from before the loop: the first stage's first such read is
+                    if carried_in is None and j == 0:  # the carried input (the layer's input)
                         carried_in = v0
                 elif v0 == carried_in:
                     if where != start + k * length - 1:  # the previous iteration's result
@@ -177,20 +175,14 @@ def _wire(graph: Graph, stages: list[Stage], start: int, length: int,
         operations.append(omap)
     if carried_in is None or slots & shared:
         return None
-    if not _contained(graph, stages, start, length, count, end, carried_out):
+    if not _contained(graph, stages, start, length, count, end):
         return None
     return LayerLoop(start, length, count, carried_in, carried_out, tuple(values),
                      tuple(operations), tuple(sorted(slots)))
 
 
-def _reads_carried(base: list[Stage], j: int, value: int) -> bool:
-    """The first value from before the loop read by the block's first stage is the carried
-    input (the layer's input); later stages' outside reads are shared values."""
-    return j == 0 and value in _stage_inputs(base[0])
-
-
 def _contained(graph: Graph, stages: list[Stage], start: int, length: int, count: int,
-               end: int, carried_out: int) -> bool:
+               end: int) -> bool:
     """Values made inside iteration ``k`` are read only inside it, by iteration ``k + 1``
     (the carried value) or, for the last iteration's carried value, after the loop."""
     for k in range(count):
@@ -207,7 +199,7 @@ def _contained(graph: Graph, stages: list[Stage], start: int, length: int, count
                         or (k == count - 1 and later.index >= end))
                     if not allowed:
                         return False
-    return carried_out == stages[start + length - 1].out
+    return True
 
 
 def loop_fields(loop: LayerLoop | None) -> dict[str, int]:
@@ -218,4 +210,4 @@ def loop_fields(loop: LayerLoop | None) -> dict[str, int]:
             "per_layer_weights": len(loop.slot_weights)}
 
 
-__all__ = ["LayerLoop", "RowStage", "find_layer_loop", "loop_fields"]
+__all__ = ["LayerLoop", "find_layer_loop", "loop_fields"]

@@ -50,6 +50,11 @@ class RowStage:
 Stage = GemmStage | RowStage
 
 
+def stage_operations(stage: Stage) -> tuple[int, ...]:
+    """The graph operations a stage covers, in order."""
+    return stage.operations if isinstance(stage, GemmStage) else (stage.op,)
+
+
 def chain_step(graph: Graph, op: Operation) -> tuple[Any, ...]:
     """The epilogue/row-kernel step for one elementwise operation."""
     precision = graph.value(op.outputs[0]).type.precision.to_json()

@@ -35,7 +35,7 @@ import numpy as np
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import HostValues, evaluate_float64, evaluate_operations
 from ipu_stack.ir.precision import Precision
-from ipu_stack.planning.stages import GemmStage, Stage, find_stages
+from ipu_stack.planning.stages import GemmStage, Stage, find_stages, stage_operations
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
@@ -202,7 +202,7 @@ def judge(
                        for v in graph.values if v.name in reference and v.id not in host
                        and len(v.type.shape) > 1}
     for stage in find_stages(graph):
-        operations = list(stage.operations) if isinstance(stage, GemmStage) else [stage.op]
+        operations = list(stage_operations(stage))
         out = graph.value(stage.out)
         if out.name not in device_values:
             continue
@@ -321,7 +321,6 @@ def log_verdict(verdict: Verdict, per_stage: bool, source: str = "float64") -> N
               stage=first.stage, ulps=first.max_ulps, mismatch=round(first.mismatch, 6))
     if verdict.fidelity is not None:
         f = verdict.fidelity
-        event(LOG, "checked fidelity to the float64 model" if source == "float64"
-              else f"checked fidelity to the {source} model", noiseRatio=round(f.noise_ratio, 4),
+        event(LOG, f"checked fidelity to the {source} model", noiseRatio=round(f.noise_ratio, 4),
               tailRatio=round(f.tail_ratio, 4), rmsError=round(f.rms_error, 6),
               rmsNoise=round(f.rms_noise, 6), passed=f.passed)

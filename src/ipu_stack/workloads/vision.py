@@ -52,17 +52,20 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
     )
 
 
-def image_patches(pixels: np.ndarray, patch: int, cls: bool) -> np.ndarray:
-    """``[B, 3, H, W]`` -> ``[B * T, 3 P P]`` patch rows in (channel, row, column) order,
-    patches in raster order; with ``cls`` an all-zero row leads each image."""
+def image_patches(pixels: np.ndarray, patch: int | tuple[int, int],
+                  leading: int = 0) -> np.ndarray:
+    """``[B, C, H, W]`` -> ``[B, leading + T, C P Q]`` float32 patch rows in (channel, row,
+    column) order, patches in raster order, the image's unpadded ``P x Q`` windows (what a
+    convolution with stride equal to its kernel reads); ``leading`` all-zero rows (a CLS
+    token's) come first in each image."""
+    p, q = (patch, patch) if isinstance(patch, int) else patch
     batch, channels, height, width = pixels.shape
-    grid_h, grid_w = height // patch, width // patch
-    pixels = pixels[:, :, : grid_h * patch, : grid_w * patch]  # the conv's unpadded windows
-    rows = pixels.reshape(batch, channels, grid_h, patch, grid_w, patch)
+    grid_h, grid_w = height // p, width // q
+    pixels = np.asarray(pixels, np.float32)[:, :, : grid_h * p, : grid_w * q]
+    rows = pixels.reshape(batch, channels, grid_h, p, grid_w, q)
     rows = rows.transpose(0, 2, 4, 1, 3, 5).reshape(batch, grid_h * grid_w, -1)
-    if cls:
-        rows = np.concatenate([np.zeros_like(rows[:, :1]), rows], axis=1)
-    return rows.reshape(-1, rows.shape[-1])
+    zeros = np.zeros((batch, leading, rows.shape[-1]), np.float32)
+    return np.concatenate([zeros, rows], axis=1)
 
 
 def _tokens(params: dict[str, Any], cls: bool) -> int:
@@ -83,8 +86,8 @@ def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
     depth = 3 * patch * patch
     pixels = rng_for(seed, "pixels").uniform(-1.0, 1.0, (batch, 3, p["image"], p["image"]))
     patches_precision = builder.act("patches")
-    rows = image_patches(pixels.astype(np.float32), patch, cls)
-    builder.tensors["patches"] = patches_precision.round_trip(rows).reshape(batch, tokens, depth)
+    rows = image_patches(pixels, patch, int(cls))
+    builder.tensors["patches"] = patches_precision.round_trip(rows)
     builder.tensors["pixels"] = pixels.astype(np.float32)
     x = builder.b.input("patches", TensorType((batch, tokens, depth), patches_precision))
     weight = builder.weight("patch.w", (depth, dim), 1.0 / np.sqrt(depth))
