@@ -18,7 +18,7 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity
-from ipu_stack.device import DEFAULT_LOCK, SimulatedIpu
+from ipu_stack.device import SimulatedIpu, device_lock
 from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
@@ -73,13 +73,17 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
     parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
-    parser.add_argument("--no-wait", action="store_true", help="fail if the device is owned")
+    parser.add_argument("--device", metavar="NAME",
+                        help="run on the shared simulated device NAME, waiting while another "
+                        "run owns it (default: a private device; nothing waits)")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="with --device: fail at once if another process owns it")
     parser.add_argument("--profile", metavar="DIR",
                         help="record the run: DIR/profile.json, trace.json (Perfetto), "
                         "report.html")
     parser.add_argument("--poison", action="store_true",
                         help="fault on any read of memory that was never written")
-    parser.add_argument("--lock", default=str(DEFAULT_LOCK), help=argparse.SUPPRESS)
+    parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
                        "(PROFILE.json, its folder, or a package to run)")
     p.add_argument("paths", nargs="+", metavar="PROFILE_OR_PACKAGE")
-    p.add_argument("--lock", default=str(DEFAULT_LOCK), help="hardware-ownership lock file")
+    p.add_argument("--device", metavar="NAME",
+                   help="run a package on the shared simulated device NAME (default: private)")
+    p.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
     sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
 
@@ -264,7 +270,7 @@ def _check_output_folders(args: argparse.Namespace) -> None:
 def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
                     compile_seconds: float | None) -> int:
     package = load_package(package_path)
-    result = run_package(package, graph, tensors, Path(args.lock), wait=not args.no_wait,
+    result = run_package(package, graph, tensors, _lock(args), wait=not args.no_wait,
                          poison=args.poison, record=bool(args.profile),
                          model=getattr(workload, "reference", None))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
@@ -359,7 +365,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
-def _load_profile_or_run(path: Path, lock: Path) -> Profile:
+def _lock(args: argparse.Namespace) -> Path | None:
+    """The lock of the shared device the run names (``--device``), or none: a private one."""
+    return Path(args.lock) if args.lock else device_lock(args.device)
+
+
+def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
     """A saved profile (``profile.json`` or its folder), or a package run here to get one."""
     if path.is_dir():
         path = path / "profile.json"
@@ -402,7 +413,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     if len(args.paths) > 2:
         raise UsageError("profile takes one profile (a summary) or two (a comparison)")
-    profiles = [_load_profile_or_run(Path(p), Path(args.lock)) for p in args.paths]
+    profiles = [_load_profile_or_run(Path(p), _lock(args)) for p in args.paths]
     if len(profiles) == 1:
         print(format_summary(profiles[0]))
     else:

@@ -93,6 +93,41 @@ def test_device_owned_by_another_process(tmp_path, capsys, cache_dir, lock_path)
                  str(lock_path)]) == 0
 
 
+def test_private_devices_never_wait_and_named_devices_are_shared(tmp_path, capsys, cache_dir,
+                                                                 monkeypatch):
+    """Without --device a run has a device of its own: a process holding a named device
+    (or the old machine-wide lock) does not hold it up.  Naming that device waits, and with
+    --no-wait fails at once naming the owner."""
+    from ipu_stack.device import lock as lock_module
+    monkeypatch.setattr(lock_module, "LOCK_FOLDER", tmp_path)
+    named = lock_module.device_lock("lab-card")
+    assert named == tmp_path / "ipu-stack-device-lab-card.lock"
+    assert main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path),
+                 "--cache-dir", str(cache_dir)]) == 0
+    capsys.readouterr()
+    holder = subprocess.Popen([
+        sys.executable, "-c",
+        "import sys, time; from pathlib import Path;"
+        "from ipu_stack.device import HardwareLock\n"
+        f"with HardwareLock(Path({str(named)!r})), HardwareLock(Path({str(tmp_path / 'x')!r})):\n"
+        "    print('held', flush=True); time.sleep(60)",
+    ], stdout=subprocess.PIPE, text=True)
+    package = str(tmp_path / "model.ipuexe")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        assert main(["run", package, "--no-wait"]) == 0
+        assert time.monotonic() - started < 60
+        assert "path=sim://private-" in capsys.readouterr().err
+        code, line = _error(capsys, ["run", package, "--device", "lab-card", "--no-wait"])
+        assert code == 2 and f"pid {holder.pid}" in line and "lab-card" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    code, line = _error(capsys, ["run", package, "--device", "../etc/passwd"])
+    assert code == 2 and "a device name is 1-64 letters" in line
+
+
 def test_interrupted_compile_leaves_no_package(tmp_path, cache_dir, monkeypatch):
     """Ctrl-C half way through writing the package: no file under the final name, no temp."""
     from ipu_stack.package import writer

@@ -33,6 +33,7 @@ import numpy as np
 from ipu_stack.device.operands import AllocationMap, check_call
 from ipu_stack.device.record import ComputeTrace, StepRecord
 from ipu_stack.device.validate import validate_manifest
+from ipu_stack.device.words import move_words
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.exchange.model import ScheduleError, chunk_cycles
@@ -407,33 +408,56 @@ class SimulatedIpu:
             kernel = self.kernels[call["kernel"]]
             tiles = self._array(call["tiles"])
             addresses = self._call_addresses(call, layer) - self.base
-            unique, inverse = np.unique(addresses, axis=0, return_inverse=True)
-            inverse = inverse.ravel()
-            for group, row in enumerate(unique):
-                members = tiles[inverse == group]
-                if self.written is not None:
-                    self._poison_check(kernel, members, row, step.get("name", "compute"))
-                with np.errstate(all="ignore"):  # overflow saturates: the check reports it
-                    works = kernel.impl.run(kernel.params, self.memory, members, row.tolist())
-                if self.written is not None:
-                    for region in kernel.impl.regions(kernel.params):
-                        if region.writes:
-                            where = int(row[region.operand]) + region.byte_offsets()
-                            self.written[members[:, None], where[None, :]] = True
-                priced = []
-                for work in works:
-                    interleaved = work.weights < 0 or (
-                        int(row[work.weights]) + self.base >= self.target.interleaved_base)
-                    cycles = timing.price_work(work, interleaved)
+            if self.written is not None:
+                self._poison_groups(kernel, tiles, addresses, step.get("name", "compute"))
+            # one batch for the whole call: tiles differ in addresses, not in parameters
+            with np.errstate(all="ignore"):  # overflow saturates: the check reports it
+                works = kernel.impl.run(kernel.params, self.memory, tiles,
+                                        [addresses[:, k] for k in range(addresses.shape[1])])
+            for work in works:
+                # the AMP's weight price depends on where each tile's weights sit
+                interleaved = np.ones(len(tiles), dtype=bool) if work.weights < 0 else (
+                    addresses[:, work.weights] + self.base >= self.target.interleaved_base)
+                for placed in (True, False):
+                    members = tiles[interleaved == placed]
+                    if members.size == 0:
+                        continue
+                    cycles = timing.price_work(work, placed)
                     busy[members] += cycles
                     by_kind.setdefault(_work_class(work.kind), np.zeros_like(busy))[
                         members] += cycles
-                    if trace is not None:
-                        priced.append({"kind": work.kind, "cycles": cycles,
-                                       "counts": _plain(work.counts)})
-                if trace is not None:
-                    trace.add(kernel.name, members, priced)
+            if trace is not None:
+                self._trace_call(trace, kernel, tiles, addresses, works)
         return busy, by_kind
+
+    def _trace_call(self, trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray,
+                    addresses: np.ndarray, works: list) -> None:
+        """A recorded call's priced work, per group of tiles priced alike."""
+        groups: dict[tuple[bool, ...], list[int]] = {}
+        for index in range(len(tiles)):
+            key = tuple(w.weights < 0 or bool(addresses[index, w.weights] + self.base
+                                              >= self.target.interleaved_base) for w in works)
+            groups.setdefault(key, []).append(index)
+        for key, members in groups.items():
+            priced = [{"kind": w.kind, "cycles": timing.price_work(w, placed),
+                       "counts": _plain(w.counts)} for w, placed in zip(works, key, strict=True)]
+            trace.add(kernel.name, tiles[members], priced)
+
+    def _poison_groups(self, kernel: KernelInstance, tiles: np.ndarray, addresses: np.ndarray,
+                       step: str) -> None:
+        """Poison mode, around one call: fault on a read of never-written bytes, then mark
+        what the call will write (each group of tiles with the same addresses at once)."""
+        assert self.written is not None
+        unique, inverse = np.unique(addresses, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        for group, row in enumerate(unique):
+            self._poison_check(kernel, tiles[inverse == group], row, step)
+        for group, row in enumerate(unique):
+            members = tiles[inverse == group]
+            for region in kernel.impl.regions(kernel.params):
+                if region.writes:
+                    where = int(row[region.operand]) + region.byte_offsets()
+                    self.written[members[:, None], where[None, :]] = True
 
     def _poison_check(self, kernel: KernelInstance, tiles: np.ndarray, row: np.ndarray,
                       step: str) -> None:
@@ -451,6 +475,40 @@ class SimulatedIpu:
                     f"{int(where[b]) + self.base}, which was never written"
                 )
 
+    def _move_poisoned(self, step: dict, mem32: np.ndarray, src_word: np.ndarray,
+                       dst_word: np.ndarray, words: np.ndarray, fanout: np.ndarray
+                       ) -> np.ndarray:
+        """The exchange's word moves with poison checks: every word sent must have been
+        written.  Returns the words each destination received."""
+        assert self.written is not None
+        per_tile = self.size // WORD
+        total = int(words.sum())
+        starts = np.zeros(len(words), dtype=np.int64)
+        np.cumsum(words[:-1], out=starts[1:])
+        within = np.arange(total, dtype=np.int64) - np.repeat(starts, words)
+        gather = np.repeat(src_word, words) + within
+        # word granularity: a word the producer partly wrote (a row's last, padded word)
+        # counts as written; a word nothing wrote is a fault
+        done = self.written.reshape(-1, WORD)[gather].any(axis=1)
+        if not done.all():
+            word = int(gather[np.argmin(done)])
+            tile, offset = divmod(word, per_tile)
+            raise DeviceFault(
+                f"poison: exchange {step.get('name')} sends from tile {tile} address "
+                f"{offset * WORD + self.base}, which was never written"
+            )
+        values = mem32[gather]
+        dst_words = np.repeat(words, fanout)
+        dst_starts = np.repeat(starts, fanout)
+        d_total = int(dst_words.sum())
+        d_within = np.arange(d_total, dtype=np.int64) - np.repeat(
+            np.cumsum(dst_words) - dst_words, dst_words
+        )
+        scatter = np.repeat(dst_word, dst_words) + d_within
+        mem32[scatter] = values[np.repeat(dst_starts, dst_words) + d_within]
+        self.written.reshape(-1, WORD)[scatter] = True
+        return dst_words
+
     def _exchange_step(self, step: dict, layer: int = 0
                        ) -> tuple[int, np.ndarray, dict[str, Any]]:
         transfers, schedule = self._exchange(step)
@@ -465,36 +523,14 @@ class SimulatedIpu:
                     + (self._src_addr(step, layer) - self.base) // WORD)
         dst_word = (transfers.dst.astype(np.int64) * per_tile
                     + (self._array(step["dst_addr"]) - self.base) // WORD)
-        total = int(words.sum())
-        starts = np.zeros(len(words), dtype=np.int64)
-        np.cumsum(words[:-1], out=starts[1:])
-        within = np.arange(total, dtype=np.int64) - np.repeat(starts, words)
-        gather = np.repeat(src_word, words) + within
-        if self.written is not None:
-            # word granularity: a word the producer partly wrote (a row's last, padded word)
-            # counts as written; a word nothing wrote is a fault
-            done = self.written.reshape(-1, WORD)[gather].any(axis=1)
-            if not done.all():
-                word = int(gather[np.argmin(done)])
-                tile, offset = divmod(word, per_tile)
-                raise DeviceFault(
-                    f"poison: exchange {step.get('name')} sends from tile {tile} address "
-                    f"{offset * WORD + self.base}, which was never written"
-                )
-        values = mem32[gather]
-        dst_words = np.repeat(words, fanout)
-        dst_starts = np.repeat(starts, fanout)
-        d_total = int(dst_words.sum())
-        d_within = np.arange(d_total, dtype=np.int64) - np.repeat(
-            np.cumsum(dst_words) - dst_words, dst_words
-        )
-        scatter = np.repeat(dst_word, dst_words) + d_within
-        mem32[scatter] = values[np.repeat(dst_starts, dst_words) + d_within]
-        if self.written is not None:
-            self.written.reshape(-1, WORD)[scatter] = True
-        np.add.at(ports, transfers.src, words)
-        recv = np.zeros(self.target.tiles, dtype=np.int64)
-        np.add.at(recv, transfers.dst, dst_words)
+        if self.written is None:
+            move_words(mem32, src_word, words, transfers.dst_offsets, dst_word)
+            dst_words = np.repeat(words, fanout)
+        else:
+            dst_words = self._move_poisoned(step, mem32, src_word, dst_word, words, fanout)
+        tiles = self.target.tiles
+        ports = np.bincount(transfers.src, weights=words, minlength=tiles).astype(np.int64)
+        recv = np.bincount(transfers.dst, weights=dst_words, minlength=tiles).astype(np.int64)
         details = {"horizon": schedule.horizon, "lower_bound": schedule.lower_bound,
                    "transfers": transfers.count, "chunks": schedule.chunks,
                    "send_words_max": int(ports.max()), "recv_words_max": int(recv.max()),

@@ -19,6 +19,7 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
+from ipu_stack.ir.rounding import fp16_pass_matmul
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
@@ -58,15 +59,12 @@ FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
 def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: per depth block, 32-deep passes added to an FP16
     partial (rounded after each pass); the blocks' FP16 partials summed in float32."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
     total = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
     for block in range(0, a.shape[1], depth_block):
-        partial = np.zeros_like(total, dtype=np.float16)
         end = min(block + depth_block, a.shape[1])
-        for start in range(block, end, FP8_PASS_DEPTH):
-            stop = min(start + FP8_PASS_DEPTH, end)
-            dot = a[:, start:stop].astype(np.float32) @ b[start:stop].astype(np.float32)
-            partial = (partial.astype(np.float32) + dot).astype(np.float16)
-        total += partial.astype(np.float32)
+        total += fp16_pass_matmul(a[None, :, block:end], b[None, block:end], FP8_PASS_DEPTH)[0]
     return total
 
 

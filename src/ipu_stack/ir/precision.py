@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ipu_stack.ir import rounding
 from ipu_stack.util.errors import UsageError
 
 _FORMATS: dict[str, tuple[np.dtype, int]] = {
@@ -61,23 +62,24 @@ class Precision:
             else float(np.finfo(self.dtype).max)
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
-        """Round float values to this format's storage dtype (FP8: divide by the scale, saturate)."""
-        data = np.asarray(values, dtype=np.float32)
+        """Round float values to this format's storage dtype (FP8: divide by the scale,
+        saturate, round to nearest even; a compiled loop bit-identical to ml_dtypes' cast)."""
         if self.is_fp8:
-            limit = float(ml_dtypes.finfo(self.dtype).max)
-            scaled = np.clip(np.ldexp(data, -self.scale_exponent), -limit, limit)
-            return scaled.astype(self.dtype)
-        return data.astype(self.dtype)
+            return rounding.encode_fp8(values, self.kind, self.scale_exponent)
+        return np.asarray(values, dtype=np.float32).astype(self.dtype)
 
     def dequantize(self, stored: np.ndarray) -> np.ndarray:
-        """Exact float32 values of stored elements (FP8: times 2^scale)."""
-        data = np.asarray(stored).astype(np.float32)
-        if self.is_fp8 and self.scale_exponent:
-            data *= np.float32(2.0**self.scale_exponent)  # exact: a power of two
-        return data
+        """Exact float32 values of stored elements (FP8: a 256-entry table, times 2^scale)."""
+        if self.is_fp8:
+            return rounding.decode_fp8(stored, self.kind, self.scale_exponent)
+        return np.asarray(stored).astype(np.float32)
 
     def round_trip(self, values: np.ndarray) -> np.ndarray:
         """What the device holds after storing ``values`` in this format, as float32."""
+        if self.kind == "F16":
+            return rounding.round_f16(values)
+        if self.kind == "F32":
+            return np.array(values, dtype=np.float32)
         return self.dequantize(self.quantize(values))
 
     def __str__(self) -> str:

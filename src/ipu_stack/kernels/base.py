@@ -3,7 +3,9 @@
 A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is hashed
 into the content address of the kernel cache, so equal parameters give the same kernel.
 Semantics run on the simulated tile memory (``uint8 [tiles, bytes]``) for a batch of tiles
-at once: every tile of the batch runs the same instance with the same operand addresses.
+at once: every tile of the batch runs the same instance; each operand's address is one for
+all tiles or one per tile (an int array), so one kernel call of a package runs as one batch
+whatever the placement gave each tile.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 
 from ipu_stack.target import Target
@@ -106,34 +109,72 @@ class KernelInstance:
         return {"family": self.family, "params": self.params}
 
 
-def read_region(mem: np.ndarray, tiles: np.ndarray, address: int, nbytes: int) -> np.ndarray:
+@numba.njit(cache=True, nogil=True)
+def _gather(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
+            row_bytes: int, pitch: int, out: np.ndarray) -> None:
+    for t in range(tiles.size):
+        source, base = mem[tiles[t]], addresses[t]
+        flat = out[t].reshape(-1)
+        for r in range(rows):
+            start, at = base + r * pitch, r * row_bytes
+            for b in range(row_bytes):
+                flat[at + b] = source[start + b]
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, pitch: int,
+             data: np.ndarray) -> None:
+    row_bytes = data.shape[2]
+    for t in range(tiles.size):
+        target, base = mem[tiles[t]], addresses[t]
+        flat = data[t].reshape(-1)
+        for r in range(data.shape[1]):
+            start, at = base + r * pitch, r * row_bytes
+            for b in range(row_bytes):
+                target[start + b] = flat[at + b]
+
+
+def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
+    """An operand's address on each tile of a call (int64 ``[len(tiles)]``)."""
+    return np.broadcast_to(np.asarray(address, dtype=np.int64), (len(tiles),))
+
+
+def read_rows(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, rows: int,
+              row_bytes: int, pitch: int) -> np.ndarray:
+    """``rows`` rows of ``row_bytes`` bytes every ``pitch`` bytes from ``address`` on each
+    tile: ``uint8 [len(tiles), rows, row_bytes]``.  One compiled loop gathers every tile of a
+    call, whatever its address (tiles of one call share parameters, not addresses)."""
+    out = np.empty((len(tiles), rows, row_bytes), dtype=np.uint8)
+    _gather(mem, np.asarray(tiles, dtype=np.int64), np.ascontiguousarray(per_tile(address, tiles)),
+            rows, row_bytes, pitch, out)
+    return out
+
+
+def read_region(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray,
+                nbytes: int) -> np.ndarray:
     """Bytes ``[address, address + nbytes)`` of each tile: ``uint8 [len(tiles), nbytes]``."""
-    return mem[tiles, address : address + nbytes]
+    return read_rows(mem, tiles, address, 1, nbytes, nbytes)[:, 0]
 
 
 def write_rows(
-    mem: np.ndarray, tiles: np.ndarray, address: int, pitch: int, data: np.ndarray
+    mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, pitch: int, data: np.ndarray
 ) -> None:
     """Write ``data`` (``[T, rows, row_bytes]`` uint8) as rows of ``pitch`` bytes at ``address``.
 
     Only the first ``row_bytes`` of each row are touched (the last row ends exactly there),
     so row padding and whatever follows the operand keep their contents.
     """
-    t, rows, row_bytes = data.shape
-    if rows == 0:
+    if data.shape[1] == 0:
         return
-    extent = (rows - 1) * pitch + row_bytes
-    region = np.zeros((t, rows * pitch), dtype=np.uint8)
-    region[:, :extent] = mem[tiles, address : address + extent]
-    shaped = region.reshape(t, rows, pitch)
-    shaped[:, :, :row_bytes] = data
-    mem[tiles, address : address + extent] = region[:, :extent]
+    _scatter(mem, np.asarray(tiles, dtype=np.int64),
+             np.ascontiguousarray(per_tile(address, tiles)), pitch,
+             np.ascontiguousarray(data.reshape(data.shape[0], data.shape[1], -1)))
 
 
 def read_matrix(
     mem: np.ndarray,
     tiles: np.ndarray,
-    address: int,
+    address: int | np.ndarray,
     rows: int,
     cols: int,
     pitch: int,
@@ -144,11 +185,4 @@ def read_matrix(
     Reads exactly ``(rows - 1) * pitch + cols * itemsize`` bytes: the operand's extent.
     """
     item = np.dtype(dtype).itemsize
-    row_bytes = cols * item
-    if rows == 0:
-        return np.zeros((len(tiles), 0, cols), dtype=dtype)
-    extent = (rows - 1) * pitch + row_bytes
-    region = np.zeros((len(tiles), rows * pitch), dtype=np.uint8)
-    region[:, :extent] = read_region(mem, tiles, address, extent)
-    raw = region.reshape(len(tiles), rows, pitch)
-    return np.ascontiguousarray(raw[:, :, :row_bytes]).view(dtype)
+    return read_rows(mem, tiles, address, rows, cols * item, pitch).view(dtype)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.kernels.base import KernelFamily, Region, register
+from ipu_stack.kernels.base import KernelFamily, Region, read_rows, register, write_rows
 from ipu_stack.target import Target
 from ipu_stack.target.timing import Work, estimate_copy
 
@@ -26,10 +26,9 @@ def _cost(p: dict[str, Any], target: Target) -> int:
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
     src, dst = addresses
     rows, row_bytes = p["rows"], p["row_bytes"]
-    src_idx = src + np.arange(rows)[:, None] * p["src_pitch"] + np.arange(row_bytes)[None, :]
-    dst_idx = dst + np.arange(rows)[:, None] * p["dst_pitch"] + np.arange(row_bytes)[None, :]
-    mem[tiles[:, None], dst_idx.ravel()[None, :]] = mem[tiles[:, None], src_idx.ravel()[None, :]]
-    return [Work("copy", {"bytes": int(src_idx.size)})]
+    write_rows(mem, tiles, dst, p["dst_pitch"],
+               read_rows(mem, tiles, src, rows, row_bytes, p["src_pitch"]))
+    return [Work("copy", {"bytes": rows * row_bytes})]
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:

@@ -57,8 +57,8 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     bias = None
     if p["bias"] is not None:
         bp = Precision.from_json(p["bias"])
-        raw = mem[tiles, bias_addr : bias_addr + cols * bp.itemsize]
-        bias = bp.dequantize(np.ascontiguousarray(raw).view(bp.dtype))[:, None, :]
+        bias = bp.dequantize(read_matrix(mem, tiles, bias_addr, 1, cols, cols * bp.itemsize,
+                                         bp.dtype))
     result = apply_chain(total, p["chain"], bias)
     out = Precision.from_json(p["out"])
     stored = out.quantize(result)

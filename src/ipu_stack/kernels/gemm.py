@@ -25,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import F16, Precision
-from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
+from ipu_stack.ir.rounding import fp16_pass_matmul
+from ipu_stack.kernels.base import (
+    KernelFamily,
+    Region,
+    per_tile,
+    read_matrix,
+    register,
+    write_rows,
+)
 from ipu_stack.target import Target
 from ipu_stack.target.timing import Work, estimate_gemm, p, split_over_workers
 
@@ -73,47 +81,37 @@ def _cost(params: dict[str, Any], target: Target) -> int:
 CHUNK_BYTES = 32 << 20  # decoded operand bytes per batch: keeps the working set in cache
 
 
-def _fp16_passes(a: np.ndarray, b: np.ndarray, step: int) -> tuple[np.ndarray, int]:
-    """FP8 mode: one AMP pass per ``step``-deep slice; the partial is stored as FP16 after
-    every pass (the pass's own dot product is summed in F32)."""
-    depth = a.shape[-1]
-    partial = np.zeros((a.shape[0], a.shape[1], b.shape[-1]), dtype=np.float16)
-    passes = 0
-    for start in range(0, depth, step):
-        dot = np.matmul(a[:, :, start : start + step], b[:, start : start + step, :])
-        partial = (partial.astype(np.float32) + dot).astype(np.float16)
-        passes += 1
-    return partial, passes
-
-
 def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
          addresses: list[int]) -> list[Work]:
-    a_addr, b_addr, out_addr, scratch_addr = addresses
+    a_at, b_at, out_at, scratch_at = (per_tile(address, tiles) for address in addresses)
     pa, pb = Precision.from_json(params["a"]), Precision.from_json(params["b"])
     rows, depth, cols = params["rows"], params["depth"], params["cols"]
     b_rows, b_cols = _b_shape(params)
     mode = params["mode"]
     cast = scratch_bytes(params) > 0
-    per_tile = 4 * (rows * depth + depth * cols + rows * cols)
-    step = max(1, CHUNK_BYTES // per_tile)
+    step = max(1, CHUNK_BYTES // (4 * (rows * depth + depth * cols + rows * cols)))
     depth_passes = 0
     for start in range(0, len(tiles), step):
         chunk = tiles[start : start + step]
+        a_addr, b_addr, out_addr, scratch_addr = (
+            at[start : start + step] for at in (a_at, b_at, out_at, scratch_at))
         a = pa.dequantize(read_matrix(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa.dtype))
         b = pb.dequantize(read_matrix(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"],
                                       pb.dtype))
         if cast:  # FP8 -> F16 into the scratch operand, then the F16 AMP reads it back
             a16, b16 = F16.quantize(a), F16.quantize(b)
             write_rows(mem, chunk, scratch_addr, depth * 2, a16.view(np.uint8))
-            b_at = scratch_addr + rows * depth * 2
-            write_rows(mem, chunk, b_at, b_cols * 2, b16.view(np.uint8))
+            b_scratch = scratch_addr + rows * depth * 2
+            write_rows(mem, chunk, b_scratch, b_cols * 2, b16.view(np.uint8))
             a = read_matrix(mem, chunk, scratch_addr, rows, depth, depth * 2, np.float16)
-            b = read_matrix(mem, chunk, b_at, b_rows, b_cols, b_cols * 2, np.float16)
+            b = read_matrix(mem, chunk, b_scratch, b_rows, b_cols, b_cols * 2, np.float16)
             a, b = a.astype(np.float32), b.astype(np.float32)
         if params.get("b_transposed"):
             b = b.transpose(0, 2, 1)
         if mode == "fp8":
-            partial, depth_passes = _fp16_passes(a, b, p("amp_f8_depth"))
+            pass_depth = p("amp_f8_depth")
+            partial = fp16_pass_matmul(a, b, pass_depth).astype(np.float16)
+            depth_passes = -(-depth // pass_depth)
         else:
             partial = np.matmul(a, b).astype(np.float32)
             depth_passes = -(-depth // p("amp_f16_depth"))

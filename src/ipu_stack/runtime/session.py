@@ -12,14 +12,16 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ipu_stack import __version__
-from ipu_stack.device import DEFAULT_LOCK, HardwareLock, SimulatedIpu
+from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package, read_package
@@ -66,7 +68,7 @@ def run_package(
     package: Package,
     graph: Graph,
     tensors: dict[str, np.ndarray],
-    lock_path: Path = DEFAULT_LOCK,
+    lock_path: Path | None = None,
     wait: bool = True,
     poison: bool = False,
     record: bool = False,
@@ -75,15 +77,20 @@ def run_package(
     """Load ``package`` on a fresh simulated device, run it and compare with the reference
     (``record``: keep every superstep's record, for an execution profile).
 
+    ``lock_path``: the lock of a shared, named device (``device.device_lock``); ``None``, the
+    default, runs on a private device that never waits for another process.
+
     ``model`` gives the outputs fidelity is measured against (by output name); by default
     the graph in float64 (``evaluate_float64``).  An imported torch program passes PyTorch's
     own float32 outputs (``frontend``), so its verdict says how close the device is to torch
     in units of the noise our device-precision reference has against torch."""
     target = get_target(package.target)
-    with HardwareLock(lock_path, wait=wait):
-        event(LOG, "opening IPU device", path="sim://ipu0")
+    owner = nullcontext() if lock_path is None else HardwareLock(lock_path, wait=wait)
+    name = f"sim://private-{os.getpid()}" if lock_path is None else f"sim://{lock_path.stem}"
+    with owner:
+        event(LOG, "opening IPU device", path=name)
         device = SimulatedIpu(target, poison=poison, record=record)
-        event(LOG, "IPU device attached", path="sim://ipu0")
+        event(LOG, "IPU device attached", path=name)
         event(LOG, "initializing IPU device")
         event(LOG, "IPU device initialized")
         device.load(package)
@@ -93,31 +100,22 @@ def run_package(
         weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
         inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
         event(LOG, "prepared reference inputs", elapsed_ms=int((time.perf_counter() - t0) * 1000))
-        event(LOG, "configured host reference BLAS", threads=os.cpu_count() or 1,
-              referencePrecision="device")
-        t0 = time.perf_counter()
-        # without the weights: the verdict rounds each stage's weights when it reruns it
-        reference = evaluate(graph, tensors, package.manifest.get("gemm_modes"),
-                             keep_weights=False)
-        event(LOG, "evaluated host reference", elapsed_ms=int((time.perf_counter() - t0) * 1000))
         marks = sum(len(p) for p in package.manifest["programs"].values())
         event(LOG, "starting host exchange session", startup_mark=marks)
-        event(LOG, "attaching host exchange pages", pages=2)
-        event(LOG, "host exchange session started")
         sim_start = time.perf_counter()
-        # the verdict's float64 model needs nothing from the device: it is evaluated on a
-        # host thread while the device runs (numpy releases the GIL), as a host would
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        # the host reference and the float64 model need nothing from the device: a host
+        # thread computes them while the device runs (numpy's BLAS and the compiled rounding
+        # loops release the GIL), each side with one BLAS thread, so two cores are two lanes
+        with threadpool_limits(limits=1, user_api="blas"), \
+                ThreadPoolExecutor(max_workers=1) as pool:
             outputs_only = {v.name for v in graph.by_role("output")}
-            if model is None:
-                ideal = pool.submit(_timed, evaluate_float64, graph, tensors, outputs_only)
-            else:  # an imported program's fidelity target: torch's own outputs
-                ideal = pool.submit(_timed, model, graph, tensors)
+            host_side = pool.submit(_host_models, graph, tensors,
+                                    package.manifest.get("gemm_modes"), model, outputs_only)
             init_report = device.call("initialize", weights)
             run_report = device.call("run", inputs)
             simulate = time.perf_counter() - sim_start
             waited = time.perf_counter()
-            ideal_values, ideal_seconds = ideal.result()
+            reference, ideal_values, ideal_seconds = host_side.result()
             waited = time.perf_counter() - waited
     outputs = {}
     comparisons = {}
@@ -128,8 +126,9 @@ def run_package(
                                           precision=value.type.precision)
     device_values = {entry["tensor"]: entry["values"] for entry in run_report.checkpoints.values()}
     device_values.update(run_report.outputs)
-    verdict = judge(graph, tensors, device_values, reference,
-                    package.manifest.get("gemm_modes"), ideal_values)
+    with threadpool_limits(limits=1, user_api="blas"):  # reruns round as the device did
+        verdict = judge(graph, tensors, device_values, reference,
+                        package.manifest.get("gemm_modes"), ideal_values)
     verdict.seconds += waited  # what the verdict added after the device finished
     verdict.ideal_seconds = ideal_seconds
     log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")),
@@ -140,11 +139,22 @@ def run_package(
                      simulate, verdict, "float64" if model is None else "torch")
 
 
-def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
-    """``function(*args)`` and the seconds it took."""
+def _host_models(graph: Graph, tensors: dict[str, np.ndarray],
+                 gemm_modes: dict[str, dict] | None,
+                 model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
+                 outputs_only: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
+                                                  float]:
+    """The host's side of a run: the device-precision reference (every value, without the
+    weights: the verdict rounds each stage's weights when it reruns it), then the model
+    fidelity is measured against, and that model's seconds."""
     started = time.perf_counter()
-    result = function(*args)
-    return result, time.perf_counter() - started
+    reference = evaluate(graph, tensors, gemm_modes, keep_weights=False)
+    event(LOG, "evaluated host reference", referencePrecision="device",
+          elapsed_ms=int((time.perf_counter() - started) * 1000))
+    started = time.perf_counter()
+    ideal = (evaluate_float64(graph, tensors, outputs_only) if model is None
+             else model(graph, tensors))  # an imported program's target: torch's outputs
+    return reference, ideal, time.perf_counter() - started
 
 
 def verdict_fields(verdict: Verdict) -> dict[str, Any]:

@@ -3,9 +3,8 @@
 A point runs exactly as ``bench`` would and returns its bench record plus the sweep's own
 fields (key, swept values, compiler version, options hash, status).  A point that fails to
 compile or place, or whose numbers FAIL, is a record with ``status`` and ``error``: it never
-stops the sweep.  Each worker process drives its own simulated device, so each takes its own
-hardware-ownership lock (``ipu-stack-device-<pid>.lock``), not one per machine; the kernel
-cache is shared (its writes are atomic and verified on read).
+stops the sweep.  Each point runs on its own private simulated device (no lock, nothing
+waits); the kernel cache is shared (its writes are atomic and verified on read).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.device.lock import DEFAULT_LOCK
 from ipu_stack.pipeline import compile_workload
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.sweep.grid import Point
@@ -32,9 +30,6 @@ from ipu_stack.workloads import get_workload
 Record = dict[str, Any]
 
 
-def device_lock() -> Path:
-    """This worker's own device lock: one simulated device per process."""
-    return DEFAULT_LOCK.with_name(f"ipu-stack-device-{os.getpid()}.lock")
 
 
 def run_point(point: dict[str, Any], out_dir: str) -> Record:
@@ -60,7 +55,7 @@ def _run_point(point: dict[str, Any], out_dir: str) -> Record:
         with contextlib.redirect_stdout(io.StringIO()):
             compiled = compile_workload(workload, p.params, folder, p.compile_options())
             package = load_package(compiled.package)
-            result = run_package(package, compiled.graph, compiled.tensors, device_lock())
+            result = run_package(package, compiled.graph, compiled.tensors)
         record = benchmark_fields(result, compiled.graph, workload.benchmark_fields(p.params),
                                   compiled.package, compiled.timings["compile"])
         record["imagesPerSecond"] = round(

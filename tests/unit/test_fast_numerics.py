@@ -1,0 +1,262 @@
+"""The fast numerics are bit-identical to the numpy/ml_dtypes code they replaced.
+
+``ir/rounding.py`` rounds with compiled loops and tables instead of ``astype`` passes, the
+GEMM kernel folds its per-pass products into FP16 partials with one compiled loop, and every
+kernel call now runs all its tiles as one batch with per-tile addresses.  The *legacy*
+implementations below are the code that ran before (kept here, verbatim in behaviour, as the
+oracle): each kernel family, in every mode, at odd sizes and with tiles at different
+addresses, must leave the same bytes in tile memory through both paths.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ipu_stack.ir import precision as precision_module
+from ipu_stack.ir import rounding
+from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
+from ipu_stack.kernels import gemm as gemm_module
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.copy import copy_params
+from ipu_stack.kernels.epilogue import epilogue_params
+from ipu_stack.kernels.gemm import gemm_params
+from ipu_stack.kernels.rowwise import row_params
+
+FP8 = {"F8F143": (ml_dtypes.float8_e4m3fnuz, 240.0), "F8F152": (ml_dtypes.float8_e5m2fnuz, 57344.0)}
+
+
+# ------------------------------------------------------------------ the legacy numerics
+
+def legacy_quantize(self: Precision, values: np.ndarray) -> np.ndarray:
+    data = np.asarray(values, dtype=np.float32)
+    if self.is_fp8:
+        limit = float(ml_dtypes.finfo(self.dtype).max)
+        with np.errstate(all="ignore"):
+            scaled = np.clip(np.ldexp(data, -self.scale_exponent), -limit, limit)
+            return scaled.astype(self.dtype)
+    with np.errstate(all="ignore"):
+        return data.astype(self.dtype)
+
+
+def legacy_dequantize(self: Precision, stored: np.ndarray) -> np.ndarray:
+    data = np.asarray(stored).astype(np.float32)
+    if self.is_fp8 and self.scale_exponent:
+        data *= np.float32(2.0**self.scale_exponent)
+    return data
+
+
+def legacy_round_trip(self: Precision, values: np.ndarray) -> np.ndarray:
+    return legacy_dequantize(self, legacy_quantize(self, values))
+
+
+def legacy_pass_matmul(a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray:
+    """The kernel's old ``_fp16_passes``: a stacked matmul per pass, then two astype passes."""
+    partial = np.zeros((a.shape[0], a.shape[1], b.shape[-1]), dtype=np.float16)
+    for start in range(0, a.shape[-1], step):
+        dot = np.matmul(a[:, :, start : start + step], b[:, start : start + step, :])
+        with np.errstate(all="ignore"):
+            partial = (partial.astype(np.float32) + dot).astype(np.float16)
+    return partial.astype(np.float32)
+
+
+@pytest.fixture
+def legacy(monkeypatch: pytest.MonkeyPatch):
+    """Switch the numerics to the legacy code for the duration of a block."""
+    def switch() -> None:
+        monkeypatch.setattr(precision_module.Precision, "quantize", legacy_quantize)
+        monkeypatch.setattr(precision_module.Precision, "dequantize", legacy_dequantize)
+        monkeypatch.setattr(precision_module.Precision, "round_trip", legacy_round_trip)
+        monkeypatch.setattr(gemm_module, "fp16_pass_matmul", legacy_pass_matmul)
+    return switch
+
+
+# ------------------------------------------------------------------ conversions
+
+def f16_probe_values() -> np.ndarray:
+    """Every FP16 value, the midpoints between neighbours (the ties) and the float32 values
+    either side of each midpoint, and values beyond the range."""
+    every = np.arange(65536, dtype=np.uint16).view(np.float16)
+    finite = np.sort(every[np.isfinite(every)].astype(np.float64))
+    mids = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)
+    above = np.nextafter(mids, np.float32(np.inf))
+    below = np.nextafter(mids, np.float32(-np.inf))
+    extra = np.array([65504, 65519.996, 65520, 1e9, -1e9, np.inf, -np.inf, np.nan, 0.0, -0.0,
+                      2.0**-25, 2.0**-26, 3 * 2.0**-26, -(2.0**-25)], dtype=np.float32)
+    return np.concatenate([every.astype(np.float32), mids, above, below, extra])
+
+
+def test_round_f16_matches_numpy_on_every_tie_and_edge() -> None:
+    values = f16_probe_values()
+    with np.errstate(all="ignore"):
+        expected = values.astype(np.float16).astype(np.float32)
+    got = rounding.round_f16(values)
+    assert got.dtype == np.float32 and got.shape == values.shape
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", sorted(FP8))
+@pytest.mark.parametrize("scale", [-7, 0, 5])
+def test_encode_fp8_matches_ml_dtypes(kind: str, scale: int) -> None:
+    dtype, limit = FP8[kind]
+    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
+    finite = np.sort(codes[np.isfinite(codes)])
+    mids = ((finite[:-1] + finite[1:]) / 2 * 2.0**scale).astype(np.float32)
+    rng = np.random.default_rng(scale + 40)
+    values = np.concatenate([
+        (finite * 2.0**scale).astype(np.float32), mids, np.nextafter(mids, np.float32(np.inf)),
+        np.nextafter(mids, np.float32(-np.inf)), np.nan_to_num(f16_probe_values()) * np.float32(2.0**scale),
+        (rng.standard_normal(20000) * 2.0 ** rng.integers(-20, 20, 20000)).astype(np.float32),
+    ])
+    with np.errstate(all="ignore"):
+        expected = np.clip(np.ldexp(values, -scale), -limit, limit).astype(dtype)
+    got = rounding.encode_fp8(values, kind, scale)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("kind", sorted(FP8))
+def test_decode_fp8_is_the_exact_value_of_every_code(kind: str) -> None:
+    dtype, _ = FP8[kind]
+    codes = np.arange(256, dtype=np.uint8).reshape(16, 16).view(dtype)
+    for scale in (-9, 0, 4):
+        expected = codes.astype(np.float32) * np.float32(2.0**scale)
+        got = rounding.decode_fp8(codes, kind, scale)
+        assert got.shape == (16, 16)
+        np.testing.assert_array_equal(got, expected)
+
+
+def random_fp8_values(rng: np.random.Generator, shape: tuple[int, ...], scale: int) -> np.ndarray:
+    raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    raw[raw == 0x80] = 0
+    return raw.view(ml_dtypes.float8_e4m3fnuz).astype(np.float32) * np.float32(2.0**scale)
+
+
+@pytest.mark.parametrize(("rows", "depth", "cols"), [
+    (1, 5, 1), (7, 32, 19), (33, 45, 17), (3, 100, 64), (64, 16, 3), (5, 96, 33)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fp16_pass_matmul_matches_the_legacy_passes(rows: int, depth: int, cols: int,
+                                                    transposed: bool) -> None:
+    rng = np.random.default_rng(rows * depth * cols)
+    a = random_fp8_values(rng, (4, rows, depth), -3)
+    b = random_fp8_values(rng, (4, cols, depth) if transposed else (4, depth, cols), -6)
+    if transposed:
+        b = b.transpose(0, 2, 1)
+    got = rounding.fp16_pass_matmul(a, b, 32)
+    np.testing.assert_array_equal(got, legacy_pass_matmul(a, b, 32))
+    # and the partial really is FP16 after the last pass
+    np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32))
+
+
+# ------------------------------------------------------------------ kernels, both paths
+
+TILES = np.array([0, 2, 3, 5], dtype=np.int64)
+MEM_BYTES = 16384
+
+
+def random_memory(seed: int) -> np.ndarray:
+    """Tile memory of random FP8-like bytes (no NaN code) and small F16/F32 values."""
+    rng = np.random.default_rng(seed)
+    mem = rng.integers(0, 256, size=(6, MEM_BYTES), dtype=np.uint8)
+    mem[mem == 0x80] = 0
+    return mem
+
+
+def fill(mem: np.ndarray, address: int, nbytes: int, precision: Precision, seed: int) -> None:
+    """Plausible stored values of ``precision`` in ``[address, address + nbytes)`` of every
+    tile (F16/F32 bytes must not be NaN or huge for the comparison to mean anything)."""
+    if precision.is_fp8:
+        return
+    rng = np.random.default_rng(seed)
+    count = nbytes // precision.itemsize
+    values = (rng.standard_normal((mem.shape[0], count)) * 3).astype(precision.dtype)
+    mem[:, address : address + count * precision.itemsize] = values.view(np.uint8)
+
+
+def both_paths(params: dict, family: str, addresses: list[list[int]], legacy,
+               memory: np.ndarray) -> None:
+    """Run ``family`` on each tile alone through the legacy numerics (``addresses[i]`` on
+    ``TILES[i]``), then on all tiles at once with per-tile addresses; same bytes."""
+    kernel = KernelInstance(family, params)
+    old = memory.copy()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(precision_module.Precision, "quantize", legacy_quantize)
+        patch.setattr(precision_module.Precision, "dequantize", legacy_dequantize)
+        patch.setattr(precision_module.Precision, "round_trip", legacy_round_trip)
+        patch.setattr(gemm_module, "fp16_pass_matmul", legacy_pass_matmul)
+        old_works = [kernel.impl.run(params, old, TILES[i : i + 1], addresses[i])
+                     for i in range(len(TILES))]
+    new = memory.copy()
+    per_operand = np.array(addresses, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        new_works = kernel.impl.run(params, new, TILES, [per_operand[:, k] for k in
+                                                          range(per_operand.shape[1])])
+    np.testing.assert_array_equal(new, old)
+    assert [(w.kind, w.counts) for w in new_works] == [(w.kind, w.counts) for w in old_works[0]]
+
+
+def shifted(base: list[int], step: int = 64) -> list[list[int]]:
+    """Each tile's operands at its own addresses (a placement that differs per tile)."""
+    return [[address + i * step if address > 0 else address for address in base]
+            for i in range(len(TILES))]
+
+
+@pytest.mark.parametrize(("pa", "pb", "rows", "depth", "cols", "mode", "transposed"), [
+    (f143(-3), f143(-5), 7, 45, 19, "fp8", False),
+    (f143(-2), f152(-9), 12, 64, 33, "fp8", False),
+    (f143(-3), f143(-4), 9, 40, 17, "fp8", True),
+    (f143(-3), f143(-5), 7, 40, 19, "f16", False),
+    (F16, F16, 5, 24, 9, "f16", False),
+])
+def test_gemm_both_paths(pa, pb, rows, depth, cols, mode, transposed, legacy) -> None:
+    a_pitch = -(-depth * pa.itemsize // 4) * 4 + 4
+    b_rows, b_cols = (cols, depth) if transposed else (depth, cols)
+    b_pitch = -(-b_cols * pb.itemsize // 4) * 4
+    out_pitch = cols * (2 if mode == "fp8" else 4) + 8
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, mode,
+                         b_transposed=transposed)
+    memory = random_memory(rows + depth)
+    fill(memory, 0, 4096, pa, 1)
+    fill(memory, 4096, 4096, pb, 2)
+    both_paths(params, "gemm", shifted([64, 4096, 9000, 12000]), legacy, memory)
+
+
+@pytest.mark.parametrize(("partials", "chain", "bias", "out"), [
+    (F16, [["round", F32.to_json()], ["bias", F32.to_json()], ["gelu_tanh", F16.to_json()],
+           ["cast", f143(-2).to_json()]], F16, f143(-2)),
+    (F32, [["round", F16.to_json()], ["scale", F32.to_json(), 0.125]], None, F16),
+    (F32, [["bias", F32.to_json()], ["gelu_erf", F32.to_json()], ["cast", F16.to_json()]],
+     F16, F16),
+])
+def test_reduce_both_paths(partials, chain, bias, out, legacy) -> None:
+    rows, cols, parts = 11, 21, 3
+    pitch = -(-cols * partials.itemsize // 4) * 4
+    params = epilogue_params(parts, rows, cols, pitch, 12, chain, bias, out, 64, partials)
+    memory = random_memory(7)
+    fill(memory, 0, 6000, partials, 3)
+    fill(memory, 6000, 256, F16, 4)
+    both_paths(params, "reduce", shifted([16, 1200, 6000, 9000]), legacy, memory)
+
+
+@pytest.mark.parametrize(("op", "extra", "aux", "out"), [
+    ("layer_norm", {"eps": 1e-6}, F16, f143(-1)),
+    ("softmax", {"scale": 0.125}, None, F16),
+    ("add", {}, F16, F16),
+    ("rope", {"head_dim": 8}, F32, F16),
+    ("chain", {"chain": [["bias", F16.to_json()], ["gelu_tanh", F16.to_json()],
+                         ["cast", f152(-3).to_json()]]}, F16, f152(-3)),
+])
+def test_row_both_paths(op, extra, aux, out, legacy) -> None:
+    rows, cols = 9, 24
+    params = row_params(op, rows, cols, F16, 64, out, 64, aux, 64, **extra)
+    memory = random_memory(len(op))
+    fill(memory, 0, 8000, F16, 5)
+    if aux is not None:
+        fill(memory, 8000, 2000, aux, 6)
+    both_paths(params, "row", shifted([32, 8000, 9000, 11000]), legacy, memory)
+
+
+def test_copy_both_paths(legacy) -> None:
+    params = copy_params(13, 10, 16, 12)
+    both_paths(params, "copy", shifted([100, 5000]), legacy, random_memory(9))
