@@ -188,9 +188,6 @@ def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray
     return out.reshape(np.shape(stored))
 
 
-DOT_BYTES = 32 << 20  # per-pass dot products held at once (float32)
-
-
 def fp16_pass_matmul(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``
     ``[batch, depth, cols]`` (float32 values of FP8 operands); each ``pass_depth``-deep slice
@@ -199,27 +196,17 @@ def fp16_pass_matmul(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarra
 
     Each pass is one BLAS call on a contiguous copy of the pass's A columns and a view of
     B's rows (numpy's stacked matmul runs tile-sized products at a third of the speed of a
-    loop of 2-D calls); the products of a group of passes and batch items (at most
-    ``DOT_BYTES``) are then folded into the partials by one compiled loop."""
+    loop of 2-D calls), into one product buffer that the compiled loop folds into the
+    partial at once, while both are still in cache."""
     batch, rows, depth = a.shape
     cols = b.shape[-1]
-    full, tail = divmod(depth, pass_depth)
-    passes = full + (1 if tail else 0)
     partial = np.zeros((batch, rows * cols), dtype=np.float32)
-    one = max(rows * cols * 4, 1)
-    group = max(1, min(passes, DOT_BYTES // one))
-    items = max(1, DOT_BYTES // (one * group)) if group == passes else 1
-    dots = np.empty((min(items, batch), group, rows, cols), dtype=np.float32)
-    for start in range(0, batch, items):
-        stop = min(start + items, batch)
-        for first in range(0, passes, group):
-            last = min(first + group, passes)
-            for item in range(start, stop):
-                a_item, b_item = a[item], b[item]
-                for k in range(first, last):
-                    lo, hi = k * pass_depth, min((k + 1) * pass_depth, depth)
-                    np.matmul(np.ascontiguousarray(a_item[:, lo:hi]), b_item[lo:hi],
-                              out=dots[item - start, k - first])
-            _accumulate(dots[: stop - start, : last - first].reshape(
-                stop - start, last - first, rows * cols), partial[start:stop])
+    dot = np.empty((rows, cols), dtype=np.float32)
+    folded = dot.reshape(1, 1, rows * cols)
+    for item in range(batch):
+        a_item, b_item, into = a[item], b[item], partial[item : item + 1]
+        for lo in range(0, depth, pass_depth):
+            hi = min(lo + pass_depth, depth)
+            np.matmul(np.ascontiguousarray(a_item[:, lo:hi]), b_item[lo:hi], out=dot)
+            _accumulate(folded, into)
     return partial.reshape(batch, rows, cols)
