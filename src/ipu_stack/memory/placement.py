@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipu_stack.ir.layout import round_up
 from ipu_stack.lowering.program import Buffer, Program
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.errors import PlacementError
@@ -57,14 +56,22 @@ def _free_ranges(
     return [(lo, hi) for lo, hi in free if lo < hi]
 
 
-def _first_fit(
-    taken: list[tuple[int, int]], start: int, end: int, nbytes: int, align: int
-) -> int | None:
-    for lo, hi in _free_ranges(taken, start, end):
-        address = round_up(lo, align)
-        if address + nbytes <= hi:
-            return address
-    return None
+def _first_fit_array(lo: np.ndarray, hi: np.ndarray, start: int, end: int, nbytes: int,
+                     align: int) -> int | None:
+    """The lowest ``align``-ed address of a free gap in ``[start, end)`` that holds
+    ``nbytes``, given the taken ranges as arrays (the gaps :func:`_free_ranges` lists: where a
+    range, sorted as tuples are, starts beyond the running end of the ranges before it)."""
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    cursor = np.maximum.accumulate(np.concatenate([[start], hi]))
+    gap = lo > cursor[:-1]
+    free_lo = np.concatenate([cursor[:-1][gap], cursor[-1:]])
+    free_hi = np.concatenate([np.minimum(lo[gap], end), [end]])
+    address = -(-free_lo // align) * align
+    fits = (free_lo < free_hi) & (address + nbytes <= free_hi)
+    if not fits.any():
+        return None
+    return int(address[np.argmax(fits)])
 
 
 def place_signature(
@@ -73,7 +80,9 @@ def place_signature(
     """Addresses for one tile signature, and the first failure (naming the tile), if any.
 
     A buffer that does not fit is left unplaced and the rest are still placed, so the
-    reports written after a failure show as much of the tile as possible.
+    reports written after a failure show as much of the tile as possible.  The ranges taken
+    by placed buffers whose lifetimes overlap are found with arrays (a tower's tiles hold
+    hundreds of buffers: a Python scan per buffer was the compile's largest cost).
     """
     base = target.memory_base
     support_range = (base, base + support)
@@ -81,19 +90,28 @@ def place_signature(
     failure: PlacementError | None = None
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))
     by_id = {b.id: b for b in buffers}
+    count = len(order)
+    # the support range first, then placed buffers in placement order
+    lows, highs = np.zeros(count + 1, np.int64), np.zeros(count + 1, np.int64)
+    firsts, lasts = np.zeros(count + 1, np.int64), np.zeros(count + 1, np.int64)
+    lows[0], highs[0] = support_range
+    firsts[0], lasts[0] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    used = 1
     for buffer in order:
         align = target.alignment(buffer.memory_class)
-        taken = [support_range] + [
-            placed[other] for other in placed if _overlaps(by_id[other], buffer)
-        ]
+        live = (firsts[:used] <= buffer.last) & (buffer.first <= lasts[:used])
+        lo, hi = lows[:used][live], highs[:used][live]
         class_start, class_end = target.class_range(buffer.memory_class)
         address = None
         if buffer.memory_class is MemoryClass.STANDARD:
-            address = _first_fit(taken, class_start, target.interleaved_base, buffer.nbytes, align)
+            address = _first_fit_array(lo, hi, class_start, target.interleaved_base,
+                                       buffer.nbytes, align)
         if address is None:
-            address = _first_fit(taken, class_start, class_end, buffer.nbytes, align)
+            address = _first_fit_array(lo, hi, class_start, class_end, buffer.nbytes, align)
         if address is None:
             if failure is None:
+                taken = [support_range] + [
+                    placed[other] for other in placed if _overlaps(by_id[other], buffer)]
                 failure = PlacementError(
                     f"placement failed: tile {tile} has insufficient "
                     f"{buffer.memory_class.value} SRAM for {buffer.nbytes} bytes",
@@ -103,6 +121,9 @@ def place_signature(
                 failure.tile = tile
             continue
         placed[buffer.id] = (address, address + buffer.nbytes)
+        lows[used], highs[used] = placed[buffer.id]
+        firsts[used], lasts[used] = buffer.first, buffer.last
+        used += 1
     return {bid: lo for bid, (lo, _) in placed.items()}, failure
 
 
