@@ -112,7 +112,9 @@ def fit_scale_exponent(values: np.ndarray, kind: str = "F8F143", headroom: float
 
     Chosen from a calibration tensor; a power of two keeps dequantisation exact.
     """
-    peak = float(np.max(np.abs(values))) * headroom if np.size(values) else 0.0
+    values = np.asarray(values)
+    # max |v| without an |v| temporary (a tower's calibration reads gigabytes); NaN stays NaN
+    peak = float(np.maximum(values.max(), -values.min())) * headroom if values.size else 0.0
     limit = float(ml_dtypes.finfo(_FORMATS[kind][0]).max)
     if peak == 0.0 or not np.isfinite(peak):
         return 0

@@ -187,8 +187,13 @@ def add_layout_transfers(
         raise CompileError(f"layout conversion of {what} changes precision")
     item = src.precision.itemsize
     s_rb, s_cb = src.row_block, src.col_block
+    s_pitch, d_pitch = src.pitch, dst.pitch  # properties: computed once, not per row block
+    d_rb, d_cb = dst.row_block, dst.col_block
     (sr, sc), (dr, dc) = src_origin, dst_origin
     d_rows, d_cols = dst.grid
+    # each source block's replicas (tiles holding it), found once
+    holders: dict[tuple[int, int], np.ndarray] = {}
+    whole_rows = np.arange(max(s_rb, 1), dtype=np.int64)
     for i in range(d_rows):
         for j in range(d_cols):
             r0, r1, c0, c1 = dst.block_extent(i, j)
@@ -199,41 +204,49 @@ def add_layout_transfers(
                 continue
             replicas = dst.tiles[i, j]
             replicas = replicas[replicas >= 0]
-            block_col_end = min((j + 1) * dst.col_block, dst.cols) + dc - sc
+            others: dict[int, np.ndarray] = {}
+            block_col_end = min((j + 1) * d_cb, dst.cols) + dc - sc
             for si in range(r0 // s_rb, (r1 - 1) // s_rb + 1):
                 for sj in range(c0 // s_cb, (c1 - 1) // s_cb + 1):
                     rr0, rr1 = max(r0, si * s_rb), min(r1, (si + 1) * s_rb)
                     cc0, cc1 = max(c0, sj * s_cb), min(c1, (sj + 1) * s_cb)
-                    source_replicas = src.tiles[si, sj]
-                    source_replicas = source_replicas[source_replicas >= 0]
+                    source_replicas = holders.get((si, sj))
+                    if source_replicas is None:
+                        source_replicas = src.tiles[si, sj]
+                        source_replicas = holders[si, sj] = source_replicas[source_replicas >= 0]
                     if len(source_replicas) == 0:
                         raise CompileError(f"layout conversion of {what}: block {si},{sj} "
                                            "is stored nowhere")
                     source = int(source_replicas[(i + j) % len(source_replicas)])
                     s_col = (cc0 - sj * s_cb) * item
-                    d_col = (cc0 + sc - dc - j * dst.col_block) * item
+                    d_col = (cc0 + sc - dc - j * d_cb) * item
                     _check_aligned(s_col, what)
                     _check_aligned(d_col, what)
                     length = (cc1 - cc0) * item
                     if length % WORD and (cc1 != src.cols or cc1 != block_col_end):
                         raise CompileError(f"layout conversion of {what} splits a word")
                     length = round_up(length, WORD)
-                    if length > src.pitch - s_col or length > dst.pitch - d_col:
+                    if length > s_pitch - s_col or length > d_pitch - d_col:
                         raise CompileError(f"layout conversion of {what} overruns a row")
-                    rows = np.arange(rr0, rr1, dtype=np.int64)
-                    s_off = (rows - si * s_rb) * src.pitch + s_col
-                    d_off = (rows + sr - dr - i * dst.row_block) * dst.pitch + d_col
-                    if length == src.pitch == dst.pitch:
+                    first = rr0 - si * s_rb
+                    if length == s_pitch == d_pitch:
                         # whole rows in both layouts: one contiguous transfer (merge_copies)
-                        s_off, d_off = s_off[:1], d_off[:1]
-                        length *= len(rows)
-                    keep = replicas[replicas != source]
+                        s_off = whole_rows[first : first + 1] * s_pitch + s_col
+                        d_off = (whole_rows[:1] + (rr0 + sr - dr - i * d_rb)) * d_pitch + d_col
+                        length *= rr1 - rr0
+                    else:
+                        rows = whole_rows[first : first + rr1 - rr0]
+                        s_off = rows * s_pitch + s_col
+                        d_off = (rows + (si * s_rb + sr - dr - i * d_rb)) * d_pitch + d_col
+                    keep = others.get(source)
+                    if keep is None:
+                        keep = others[source] = replicas[replicas != source]
                     if len(keep):
                         builder.add_rows(source, src_buf, s_off, length // WORD, keep, dst_buf,
                                          d_off)
                     if len(keep) != len(replicas):
                         # the source tile is itself a destination: an on-tile copy kernel
                         builder.local.append(
-                            LocalCopy(source, src_buf, int(s_off[0]), src.pitch, dst_buf,
-                                      int(d_off[0]), dst.pitch, len(s_off), length)
+                            LocalCopy(source, src_buf, int(s_off[0]), s_pitch, dst_buf,
+                                      int(d_off[0]), d_pitch, len(s_off), length)
                         )

@@ -122,7 +122,9 @@ class LayerBuilder:
                 not made[0].is_fp8 or self.weight_scales.get(role(name)) == made[0].scale_exponent):
             self.tensors[name] = made[1]
             return self.b.weight(name, TensorType(shape, made[0]))
-        value = rng_for(self.p["seed"], name).standard_normal(shape) * std + offset
+        value = rng_for(self.p["seed"], name).standard_normal(shape)
+        value *= std  # in place: the same float64 operations, no temporaries
+        value += offset
         if precision is None:
             if self.fp8 and len(shape) == 2:
                 key = role(name)
