@@ -30,6 +30,7 @@ from ipu_stack.phases.costing import (
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import PlacementError
+from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.base import Workload
 
@@ -71,6 +72,7 @@ def compile_workload(
     attempt: most phases of a retry are the ones the failed attempt already scheduled.
     """
     options = options or CompileOptions()
+    keep_freed_memory()
     memo = None
     if options.reuse_schedules:
         store = None

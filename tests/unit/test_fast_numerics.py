@@ -96,6 +96,25 @@ def test_round_f16_matches_numpy_on_every_tie_and_edge() -> None:
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
+def test_f16_storage_matches_numpy_bit_for_bit() -> None:
+    """Encoding rounds as numpy's cast does (NaN payloads included); decoding is exact."""
+    rng = np.random.default_rng(3)
+    nan_payloads = np.array([0x7FC00001, 0xFFA00000, 0x7F800001, 0x7F802000],
+                            dtype=np.uint32).view(np.float32)
+    values = np.concatenate([
+        f16_probe_values(), nan_payloads,
+        (rng.standard_normal(200000) * 2.0 ** rng.integers(-30, 20, 200000)).astype(np.float32)])
+    with np.errstate(all="ignore"):
+        expected = values.astype(np.float16)
+    np.testing.assert_array_equal(rounding.encode_f16(values).view(np.uint16),
+                                  expected.view(np.uint16))
+    codes = np.arange(65536, dtype=np.uint16).view(np.float16).reshape(256, 256)
+    decoded = rounding.decode_f16(codes)
+    assert decoded.shape == (256, 256)
+    np.testing.assert_array_equal(decoded.view(np.uint32),
+                                  codes.astype(np.float32).view(np.uint32))
+
+
 @pytest.mark.parametrize("kind", sorted(FP8))
 @pytest.mark.parametrize("scale", [-7, 0, 5])
 def test_encode_fp8_matches_ml_dtypes(kind: str, scale: int) -> None:
@@ -262,3 +281,30 @@ def test_row_both_paths(op, extra, aux, out, legacy) -> None:
 def test_copy_both_paths(legacy) -> None:
     params = copy_params(13, 10, 16, 12)
     both_paths(params, "copy", shifted([100, 5000]), legacy, random_memory(9))
+
+
+def legacy_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
+    """The host reference's old ``fp16_partial_matmul``: per depth block, 32-deep passes."""
+    total = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    for block in range(0, a.shape[1], depth_block):
+        partial = np.zeros_like(total, dtype=np.float16)
+        end = min(block + depth_block, a.shape[1])
+        for start in range(block, end, 32):
+            stop = min(start + 32, end)
+            dot = a[:, start:stop] @ b[start:stop]
+            partial = (partial.astype(np.float32) + dot).astype(np.float16)
+        total += partial.astype(np.float32)
+    return total
+
+
+@pytest.mark.parametrize(("rows", "depth", "cols", "depth_block"), [
+    (37, 100, 300, 48), (200, 96, 1000, 16), (129, 1152, 64, 1152), (5, 70, 33, 64)])
+def test_reference_blocked_matmul_matches_the_legacy_reference(rows, depth, cols,
+                                                                depth_block) -> None:
+    from ipu_stack.ir.interpret import fp16_partial_matmul
+
+    rng = np.random.default_rng(depth + cols)
+    a = random_fp8_values(rng, (rows, depth), -2)
+    b = random_fp8_values(rng, (depth, cols), -6)
+    np.testing.assert_array_equal(fp16_partial_matmul(a, b, depth_block),
+                                  legacy_partial_matmul(a, b, depth_block))

@@ -39,6 +39,7 @@ from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.exchange.model import ScheduleError, chunk_cycles
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.values import StoredTensor
 from ipu_stack.kernels.base import FAMILIES, KernelInstance
 from ipu_stack.package import Package
 from ipu_stack.target import Target, timing
@@ -300,15 +301,14 @@ class SimulatedIpu:
             report.host_bytes += written
             record.host = {"tensor": step["tensor"], "bytes": written}
         elif kind == "host_read":
-            piece = self._host_read(step)
+            piece, precision = self._host_read(step)
             read = 0
             if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
-                read = int(piece.size) * _layout(step, self._array(
-                    step["tiles"])).precision.itemsize
+                read = int(piece.size) * precision.itemsize
             report.host_bytes += read
             record.host = {"tensor": step["tensor"], "bytes": read,
                            "probe": step.get("checkpoint") is not None}
-            self._collect(report, step, piece)
+            self._collect(report, step, piece, precision)
         elif kind == "compute":
             trace = ComputeTrace() if self.record else None
             busy, by_kind = self._compute(step, trace, layer or 0)
@@ -362,8 +362,12 @@ class SimulatedIpu:
                 self.written[t[sel], address : address + nbytes] = True
         return int(valid.sum()) * nbytes
 
-    def _collect(self, report: CallReport, step: dict, piece: np.ndarray) -> None:
-        """Place a read piece into its tensor (outputs and checkpoints may come in pieces)."""
+    def _collect(self, report: CallReport, step: dict, piece: np.ndarray,
+                 precision: Precision) -> None:
+        """Place a read piece (storage codes) into its tensor (outputs and checkpoints may
+        come in pieces).  Outputs are float32; checkpoints stay in their stored precision
+        (a tower's probe reads of every stage would be gigabytes as float32), with the
+        format's NaN wherever no piece landed."""
         assert self.package is not None
         name = step["tensor"]
         info = self.package.manifest["tensors"][name]
@@ -373,18 +377,20 @@ class SimulatedIpu:
         checkpoint = step.get("checkpoint")
         if checkpoint is None:
             target = report.outputs.setdefault(name, np.full((rows, cols), np.nan, np.float32))
+            piece = precision.dequantize(piece)
         else:
             entry = report.checkpoints.setdefault(int(checkpoint), {
                 "tensor": name, "operation": step.get("operation"),
-                "values": np.full((rows, cols), np.nan, np.float32),
+                "values": StoredTensor(precision, precision.quantize(
+                    np.full((rows, cols), np.nan, np.float32))),
             })
-            target = entry["values"]
+            target = entry["values"].stored
         r0, c0 = (int(v) for v in step.get("origin", [0, 0]))
         if r0 < 0 or c0 < 0 or r0 + piece.shape[0] > rows or c0 + piece.shape[1] > cols:
             raise PackageError(f"host read of {name} at {r0},{c0} lies outside the tensor")
         target[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] = piece
 
-    def _host_read(self, step: dict) -> np.ndarray:
+    def _host_read(self, step: dict) -> tuple[np.ndarray, Precision]:
         tiles = self._array(step["tiles"])[:, :, :1]
         addresses = self._array(step["addresses"])[:, :, :1]
         layout = _layout(step, tiles)
@@ -394,8 +400,7 @@ class SimulatedIpu:
         for address in np.unique(flat_a[flat_t >= 0]):
             sel = (flat_a == address) & (flat_t >= 0)
             blocks[sel] = self.memory[flat_t[sel], address : address + nbytes]
-        stored = layout.from_blocks(blocks)
-        return layout.precision.dequantize(stored)
+        return layout.from_blocks(blocks), layout.precision
 
     def _compute(self, step: dict, trace: ComputeTrace | None = None, layer: int = 0
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -19,7 +19,8 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
-from ipu_stack.ir.rounding import fp16_pass_matmul
+from ipu_stack.ir.rounding import fp16_blocked_matmul
+from ipu_stack.ir.values import CompactValues
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
@@ -59,13 +60,8 @@ FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
 def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: per depth block, 32-deep passes added to an FP16
     partial (rounded after each pass); the blocks' FP16 partials summed in float32."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    total = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
-    for block in range(0, a.shape[1], depth_block):
-        end = min(block + depth_block, a.shape[1])
-        total += fp16_pass_matmul(a[None, :, block:end], b[None, block:end], FP8_PASS_DEPTH)[0]
-    return total
+    return fp16_blocked_matmul(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32),
+                               depth_block, FP8_PASS_DEPTH)
 
 
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
@@ -121,15 +117,21 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
          gemm_modes: dict[str, dict] | None = None,
-         keep_weights: bool = True, keep: Collection[str] | None = None) -> dict[str, np.ndarray]:
+         keep_weights: bool = True, keep: Collection[str] | None = None,
+         compact: bool = False) -> Mapping[str, np.ndarray]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
     would be 3 GB held for nothing); with ``keep``, only those values are returned and every
-    other one is dropped after its last reader."""
+    other one is dropped after its last reader.  With ``compact``, every value is returned
+    in its stored precision (:class:`~ipu_stack.ir.values.CompactValues`, float32 when read)
+    and the float32 working copies are dropped after their last reader."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
     last_use = {i: op.id for op in graph.operations for i in op.inputs}
     kept = None if keep is None else {v.id for v in graph.values if v.name in keep}
+    results = CompactValues() if compact else None
+    if compact:
+        kept = set()
 
     def load(value_id: int) -> np.ndarray:
         value = graph.value(value_id)
@@ -139,15 +141,22 @@ def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
     for value in graph.values:
         if value.role == "input" or (value.role == "weight" and keep_weights):
             values[value.id] = load(value.id)
+            if results is not None:
+                results.put(value.name, values[value.id].reshape(value.type.shape),
+                            value.type.precision)
     for op in graph.operations:
         out = graph.value(op.outputs[0])
         ins = [values[i] if i in values else load(i) for i in op.inputs]
         result = _apply(op, ins, dtype, modes.get(str(op.id)))
         values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
+        if results is not None:
+            results.put(out.name, values[out.id].reshape(out.type.shape), out.type.precision)
         if kept is not None:
             for i in set(op.inputs):
                 if last_use[i] == op.id and i not in kept:
                     values.pop(i, None)
+    if results is not None:
+        return results
     return {
         graph.value(i).name: v.reshape(graph.value(i).type.shape) for i, v in values.items()
         if kept is None or i in kept
@@ -178,13 +187,14 @@ class HostValues(Mapping):
 
 def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
              gemm_modes: dict[str, dict] | None = None,
-             keep_weights: bool = True) -> dict[str, np.ndarray]:
-    """All values of ``graph`` at device precision (float32 arrays), keyed by value name.
+             keep_weights: bool = True, compact: bool = False) -> Mapping[str, np.ndarray]:
+    """All values of ``graph`` at device precision (float32 arrays), keyed by value name;
+    ``compact``: held in their stored precisions, decoded when read.
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
     return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
-                gemm_modes, keep_weights=keep_weights)
+                gemm_modes, keep_weights=keep_weights, compact=compact)
 
 
 def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],

@@ -66,12 +66,16 @@ class Precision:
         saturate, round to nearest even; a compiled loop bit-identical to ml_dtypes' cast)."""
         if self.is_fp8:
             return rounding.encode_fp8(values, self.kind, self.scale_exponent)
+        if self.kind == "F16":
+            return rounding.encode_f16(values)
         return np.asarray(values, dtype=np.float32).astype(self.dtype)
 
     def dequantize(self, stored: np.ndarray) -> np.ndarray:
-        """Exact float32 values of stored elements (FP8: a 256-entry table, times 2^scale)."""
+        """Exact float32 values of stored elements (FP8 and F16: a table of every code)."""
         if self.is_fp8:
             return rounding.decode_fp8(stored, self.kind, self.scale_exponent)
+        if self.kind == "F16":
+            return rounding.decode_f16(stored)
         return np.asarray(stored).astype(np.float32)
 
     def round_trip(self, values: np.ndarray) -> np.ndarray:

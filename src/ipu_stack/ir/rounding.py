@@ -131,6 +131,49 @@ def _encode_fp8(values: np.ndarray, out: np.ndarray, scale: np.float32, mantissa
         out[i] = code | np.uint32(0x80) if (code != 0 and bits >> np.uint32(31)) else code
 
 
+@numba.njit(cache=True, nogil=True)
+def _encode_f16(values: np.ndarray, out: np.ndarray) -> None:
+    """FP16 bits of float32 values, rounded to nearest even (numpy's ``astype``)."""
+    for i in range(values.size):
+        x = _f16(values[i])  # now exactly an FP16 value (or inf / NaN)
+        bits = _bits(x)
+        sign = (bits >> np.uint32(16)) & np.uint32(0x8000)
+        magnitude = bits & np.uint32(0x7FFFFFFF)
+        if magnitude >= np.uint32(0x7F800000):  # inf, or NaN keeping its top payload bits
+            half = np.uint32(0x7C00) | ((magnitude & np.uint32(0x7FFFFF)) >> np.uint32(13))
+            if magnitude > np.uint32(0x7F800000) and half == np.uint32(0x7C00):
+                half += np.uint32(1)  # ... but still a NaN
+        elif magnitude < np.uint32(_F16_MIN_NORMAL_BITS):  # subnormal: a multiple of 2^-24
+            half = np.uint32(abs(np.float64(x)) * 2.0**24)
+        else:
+            half = (magnitude - np.uint32(112 << 23)) >> np.uint32(13)
+        out[i] = sign | half
+
+
+def encode_f16(values: np.ndarray) -> np.ndarray:
+    """float16 storage of ``values`` (``values.astype(np.float16)``, without its slow cast)."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    out = np.empty(flat.size, dtype=np.uint16)
+    _encode_f16(flat, out)
+    return out.view(np.float16).reshape(np.shape(values))
+
+
+@lru_cache(maxsize=1)
+def f16_table() -> np.ndarray:
+    """The float32 value of each of the 65536 FP16 codes (256 KiB: stays in cache)."""
+    table = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def decode_f16(stored: np.ndarray) -> np.ndarray:
+    """float32 values of FP16 storage: one gather from :func:`f16_table`."""
+    codes = np.ascontiguousarray(stored).view(np.uint16).reshape(-1)
+    out = np.empty(codes.size, dtype=np.float32)
+    _decode(codes, f16_table(), out)
+    return out.reshape(np.shape(stored))
+
+
 def round_f16(values: np.ndarray) -> np.ndarray:
     """float32 values rounded to FP16 precision, still float32 (``x.astype(f16).astype(f32)``)."""
     flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
@@ -210,3 +253,42 @@ def fp16_pass_matmul(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarra
             np.matmul(np.ascontiguousarray(a_item[:, lo:hi]), b_item[lo:hi], out=dot)
             _accumulate(folded, into)
     return partial.reshape(batch, rows, cols)
+
+
+CACHE_BYTES = 1 << 19  # a column strip's partials and products: kept within L2
+
+
+def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
+                        pass_depth: int) -> np.ndarray:
+    """``a @ b`` (``[rows, depth] @ [depth, cols]``) as a depth-split FP8 GEMM computes it:
+    each ``depth_block`` of the depth is summed as :func:`fp16_pass_matmul` does (FP16
+    partials rounded after every ``pass_depth``-deep pass), and the blocks' partials are
+    added in float32, in order.
+
+    Column strip by strip, so that one strip's partial, products and total stay in cache
+    while every block and pass runs over it (a whole so400m MLP output is 12.5 MB a pass)."""
+    rows, depth = a.shape
+    cols = b.shape[1]
+    total = np.zeros((rows, cols), dtype=np.float32)
+    if rows == 0 or cols == 0:
+        return total
+    passes = [(lo, min(lo + pass_depth, block + depth_block, depth))
+              for block in range(0, depth, depth_block)
+              for lo in range(block, min(block + depth_block, depth), pass_depth)]
+    a_passes = [np.ascontiguousarray(a[:, lo:hi]) for lo, hi in passes]
+    strip = int(min(cols, max(16, CACHE_BYTES // (12 * rows) // 16 * 16)))
+    dot = np.empty((rows, strip), dtype=np.float32)
+    partial = np.empty((1, rows * strip), dtype=np.float32)
+    for c0 in range(0, cols, strip):
+        width = min(strip, cols - c0)
+        product = dot[:, :width]
+        folded = partial[:, : rows * width]
+        out = total[:, c0 : c0 + width]
+        for index, (lo, hi) in enumerate(passes):
+            if lo % depth_block == 0:
+                folded[:] = 0
+            np.matmul(a_passes[index], b[lo:hi, c0 : c0 + width], out=product)
+            _accumulate(np.ascontiguousarray(product).reshape(1, 1, -1), folded)
+            if hi % depth_block == 0 or hi == depth:
+                out += folded.reshape(rows, width)
+    return total

@@ -19,6 +19,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from ipu_stack.ir import rounding
+from ipu_stack.ir.precision import Precision
 from ipu_stack.target import Target
 
 CostFn = Callable[[dict[str, Any], Target], int]
@@ -134,6 +136,25 @@ def _scatter(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, pitch: i
                 target[start + b] = flat[at + b]
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_decoded(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
+                    cols: int, pitch: int, item: int, table: np.ndarray,
+                    out: np.ndarray) -> None:
+    """Elements of 1 or 2 bytes, each looked up in ``table`` (little-endian codes)."""
+    for t in range(tiles.size):
+        source, base = mem[tiles[t]], addresses[t]
+        flat = out[t].reshape(-1)
+        for r in range(rows):
+            start, at = base + r * pitch, r * cols
+            if item == 1:
+                for c in range(cols):
+                    flat[at + c] = table[source[start + c]]
+            else:
+                for c in range(cols):
+                    low = np.int64(source[start + 2 * c])
+                    flat[at + c] = table[low | (np.int64(source[start + 2 * c + 1]) << 8)]
+
+
 def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
     """An operand's address on each tile of a call (int64 ``[len(tiles)]``)."""
     return np.broadcast_to(np.asarray(address, dtype=np.int64), (len(tiles),))
@@ -186,3 +207,19 @@ def read_matrix(
     """
     item = np.dtype(dtype).itemsize
     return read_rows(mem, tiles, address, rows, cols * item, pitch).view(dtype)
+
+
+def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, rows: int,
+                cols: int, pitch: int, precision: Precision) -> np.ndarray:
+    """The float32 values of a ``[T, rows, cols]`` operand of ``precision``: FP8 and F16
+    codes are decoded by table as they are gathered (one pass, no code array)."""
+    if precision.kind == "F32" or rows == 0:
+        return precision.dequantize(read_matrix(mem, tiles, address, rows, cols, pitch,
+                                                precision.dtype))
+    table = (rounding.f16_table() if precision.kind == "F16"
+             else rounding.fp8_table(precision.kind, precision.scale_exponent))
+    out = np.empty((len(tiles), rows, cols), dtype=np.float32)
+    _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
+                    np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
+                    precision.itemsize, table, out)
+    return out

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import F32, Precision
-from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
+from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
 from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
 from ipu_stack.target import Target
 from ipu_stack.target.timing import Work, estimate_reduce, split_over_workers
@@ -48,17 +48,15 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     own_addr, recv_addr, bias_addr, out_addr = addresses
     rows, cols, parts = p["rows"], p["cols"], p["parts"]
     partial = _partial(p)
-    total = partial.dequantize(
-        read_matrix(mem, tiles, own_addr, rows, cols, p["partial_pitch"], partial.dtype))
+    total = read_values(mem, tiles, own_addr, rows, cols, p["partial_pitch"], partial)
     slot = p["slot_rows"] * p["partial_pitch"]  # received slices are full sub-blocks
     for k in range(parts - 1):
-        total += partial.dequantize(read_matrix(
-            mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"], partial.dtype))
+        total += read_values(mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"],
+                             partial)
     bias = None
     if p["bias"] is not None:
         bp = Precision.from_json(p["bias"])
-        bias = bp.dequantize(read_matrix(mem, tiles, bias_addr, 1, cols, cols * bp.itemsize,
-                                         bp.dtype))
+        bias = read_values(mem, tiles, bias_addr, 1, cols, cols * bp.itemsize, bp)
     result = apply_chain(total, p["chain"], bias)
     out = Precision.from_json(p["out"])
     stored = out.quantize(result)

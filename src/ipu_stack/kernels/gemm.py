@@ -31,6 +31,7 @@ from ipu_stack.kernels.base import (
     Region,
     per_tile,
     read_matrix,
+    read_values,
     register,
     write_rows,
 )
@@ -95,9 +96,8 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         chunk = tiles[start : start + step]
         a_addr, b_addr, out_addr, scratch_addr = (
             at[start : start + step] for at in (a_at, b_at, out_at, scratch_at))
-        a = pa.dequantize(read_matrix(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa.dtype))
-        b = pb.dequantize(read_matrix(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"],
-                                      pb.dtype))
+        a = read_values(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa)
+        b = read_values(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"], pb)
         if cast:  # FP8 -> F16 into the scratch operand, then the F16 AMP reads it back
             a16, b16 = F16.quantize(a), F16.quantize(b)
             write_rows(mem, chunk, scratch_addr, depth * 2, a16.view(np.uint8))
@@ -110,7 +110,7 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
             b = b.transpose(0, 2, 1)
         if mode == "fp8":
             pass_depth = p("amp_f8_depth")
-            partial = fp16_pass_matmul(a, b, pass_depth).astype(np.float16)
+            partial = F16.quantize(fp16_pass_matmul(a, b, pass_depth))
             depth_passes = -(-depth // pass_depth)
         else:
             partial = np.matmul(a, b).astype(np.float32)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.kernels.base import KernelFamily, Region, read_matrix, register, write_rows
+from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
 from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
 from ipu_stack.target import Target, timing
 from ipu_stack.target.timing import Work, split_over_workers
@@ -71,9 +71,7 @@ def _work(p: dict[str, Any]) -> list[Work]:
 
 
 def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarray:
-    precision = Precision.from_json(precision_json)
-    stored = read_matrix(mem, tiles, address, rows, cols, pitch, precision.dtype)
-    return precision.dequantize(stored)
+    return read_values(mem, tiles, address, rows, cols, pitch, Precision.from_json(precision_json))
 
 
 def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:

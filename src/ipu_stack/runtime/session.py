@@ -24,11 +24,13 @@ from ipu_stack import __version__
 from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.values import CompactValues, compact_weights
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.reference import evaluate, evaluate_float64
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import Verdict, judge, log_verdict
 from ipu_stack.target import get_target
+from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
@@ -85,6 +87,10 @@ def run_package(
     own float32 outputs (``frontend``), so its verdict says how close the device is to torch
     in units of the noise our device-precision reference has against torch."""
     target = get_target(package.target)
+    keep_freed_memory()
+    # the weights as their storage codes: every reader takes them through np.asarray
+    event(LOG, "holding weights in their stored precisions",
+          bytes=compact_weights(graph, tensors))
     owner = nullcontext() if lock_path is None else HardwareLock(lock_path, wait=wait)
     name = f"sim://private-{os.getpid()}" if lock_path is None else f"sim://{lock_path.stem}"
     with owner:
@@ -124,8 +130,11 @@ def run_package(
         outputs[value.name] = out
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
-    device_values = {entry["tensor"]: entry["values"] for entry in run_report.checkpoints.values()}
-    device_values.update(run_report.outputs)
+    device_values = CompactValues()  # probe reads stay in their stored precisions
+    for entry in run_report.checkpoints.values():
+        device_values.hold(entry["tensor"], entry["values"])
+    for name, values in run_report.outputs.items():
+        device_values[name] = values
     with threadpool_limits(limits=1, user_api="blas"):  # reruns round as the device did
         verdict = judge(graph, tensors, device_values, reference,
                         package.manifest.get("gemm_modes"), ideal_values)
@@ -148,7 +157,7 @@ def _host_models(graph: Graph, tensors: dict[str, np.ndarray],
     weights: the verdict rounds each stage's weights when it reruns it), then the model
     fidelity is measured against, and that model's seconds."""
     started = time.perf_counter()
-    reference = evaluate(graph, tensors, gemm_modes, keep_weights=False)
+    reference = evaluate(graph, tensors, gemm_modes, keep_weights=False, compact=True)
     event(LOG, "evaluated host reference", referencePrecision="device",
           elapsed_ms=int((time.perf_counter() - started) * 1000))
     started = time.perf_counter()

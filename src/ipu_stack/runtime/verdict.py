@@ -198,9 +198,9 @@ def judge(
         for v in graph.values if v.role in ("input", "weight") and v.name in reference}
     if len(host) != sum(1 for v in graph.values if v.role in ("input", "weight")):
         host = HostValues(graph, tensors)  # rounded per stage, not all held at once
-    reference_by_id = {v.id: np.asarray(reference[v.name], np.float32).reshape(v.type.rows, -1)
-                       for v in graph.values if v.name in reference and v.id not in host
-                       and len(v.type.shape) > 1}
+    reference_by_id = _ById(graph, reference, {
+        v.id for v in graph.values if v.name in reference and v.id not in host
+        and len(v.type.shape) > 1})
     for stage in find_stages(graph):
         operations = list(stage_operations(stage))
         out = graph.value(stage.out)
@@ -235,6 +235,25 @@ def judge(
     return verdict
 
 
+class _ById(Mapping):
+    """The reference's matrices by value id, read (decoded) when asked for, not all held."""
+
+    def __init__(self, graph: Graph, reference: Mapping[str, np.ndarray], ids: set[int]):
+        self.graph, self.reference, self.ids = graph, reference, ids
+
+    def __getitem__(self, value_id: int) -> np.ndarray:
+        if value_id not in self.ids:
+            raise KeyError(value_id)
+        value = self.graph.value(value_id)
+        return np.asarray(self.reference[value.name], np.float32).reshape(value.type.rows, -1)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 ROW_LOCAL = ("matmul", "layer_norm", "softmax", "add", "bias_add", "gelu", "cast", "scale")
 
 
@@ -251,20 +270,22 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, n
     activations = [i for i in inputs - set(host) if i in reference]
     if len(activations) != len(inputs - set(host)):
         return evaluate_operations(graph, operations, known, gemm_modes)[stage.out]
-    rows_differ = np.zeros(reference[stage.out].shape[0], dtype=bool)
+    expected_out = reference[stage.out]
+    rows_differ = np.zeros(expected_out.shape[0], dtype=bool)
     same_rows = all(known[i].shape[0] == rows_differ.size for i in activations)
     for i in activations:
-        if known[i].shape != reference[i].shape:
+        held = reference[i]  # decoded once here
+        if known[i].shape != held.shape:
             same_rows = False
             break
-        differ = ~((known[i] == reference[i]) | (np.isnan(known[i]) & np.isnan(reference[i])))
+        differ = ~((known[i] == held) | (np.isnan(known[i]) & np.isnan(held)))
         if differ.any():
             if differ.shape[0] != rows_differ.size:
                 same_rows = False
                 break
             rows_differ |= differ.any(axis=1)
     if same_rows and not rows_differ.any():
-        return reference[stage.out]
+        return expected_out
     kinds = {graph.operations[op].kind for op in operations}
     row_local = same_rows and kinds <= set(ROW_LOCAL) and (
         not isinstance(stage, GemmStage) or stage.kind == "matmul")
@@ -279,7 +300,7 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, n
         if value_id not in gemm_weights and known[value_id].ndim == 2 and (
                 known[value_id].shape[0] == rows_differ.size):
             sliced[value_id] = known[value_id][rows]
-    expected = reference[stage.out].copy()
+    expected = expected_out.copy()
     expected[rows] = evaluate_operations(graph, operations, sliced, gemm_modes)[stage.out]
     return expected
 

@@ -1,0 +1,119 @@
+"""Tensors held in the precision they are stored in, decoded to float32 when read.
+
+A whole tower's run holds every stage's value three ways: the host reference's, the device's
+probe read, and the weights.  Held as float32 they were 1.6 GB of weights and about 2.7 GB
+each of activations for SigLIP so400m (27 layers); held as their FP8 or F16 codes they are a
+quarter or half of that.  Every value of the graph is exactly representable in its stored
+precision (the reference and the device round to it), so keeping the codes loses nothing:
+:class:`StoredTensor` decodes on every read (a table lookup, about a nanosecond an element).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.precision import Precision
+
+
+class StoredTensor:
+    """A tensor as its storage codes; ``np.asarray(tensor)`` gives its float32 values."""
+
+    __slots__ = ("precision", "stored")
+
+    def __init__(self, precision: Precision, stored: np.ndarray) -> None:
+        self.precision = precision
+        self.stored = stored
+
+    @staticmethod
+    def of(values: np.ndarray, precision: Precision) -> StoredTensor:
+        """Store ``values``, which must be exactly representable in ``precision``."""
+        return StoredTensor(precision, precision.quantize(values))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.stored.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.stored.nbytes)
+
+    def values(self) -> np.ndarray:
+        return self.precision.dequantize(self.stored)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self.values()
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+class CompactValues(MutableMapping):
+    """Named values kept as :class:`StoredTensor`; reading one gives float32 values.
+
+    Values that are not exactly representable in the precision they are given with are
+    kept as float32, unchanged (nothing is ever rounded by being stored here)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, StoredTensor | np.ndarray] = {}
+
+    def put(self, name: str, values: np.ndarray, precision: Precision) -> None:
+        self._held[name] = _compact(np.asarray(values, dtype=np.float32), precision)
+
+    def hold(self, name: str, stored: StoredTensor) -> None:
+        """Keep an already stored tensor as it is."""
+        self._held[name] = stored
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        held = self._held[name]
+        return held.values() if isinstance(held, StoredTensor) else held
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        self._held[name] = np.asarray(values, dtype=np.float32)
+
+    def __delitem__(self, name: str) -> None:
+        del self._held[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(held.nbytes) for held in self._held.values())
+
+
+def _compact(values: np.ndarray, precision: Precision) -> StoredTensor | np.ndarray:
+    if precision.kind == "F32":
+        return values
+    stored = StoredTensor.of(values, precision)
+    decoded = stored.values()
+    same = (decoded == values) | (np.isnan(decoded) & np.isnan(values))
+    return stored if bool(same.all()) else values
+
+
+def compact_weights(graph: Graph, tensors: MutableMapping[str, Any]) -> int:
+    """Replace, in place, each weight of ``tensors`` that its precision represents exactly
+    by its :class:`StoredTensor` (the float32 copies are freed when nothing else holds
+    them); returns the bytes the stored forms take."""
+    held = 0
+    for value in graph.by_role("weight"):
+        data = tensors.get(value.name)
+        if data is None or isinstance(data, StoredTensor):
+            held += 0 if data is None else data.nbytes
+            continue
+        compact = _compact(np.asarray(data, dtype=np.float32), value.type.precision)
+        tensors[value.name] = compact
+        held += int(compact.nbytes)
+    return held
+
+
+def float_values(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every value of a mapping as a float32 array (for writing files)."""
+    return {name: np.asarray(data, dtype=np.float32) for name, data in values.items()}
