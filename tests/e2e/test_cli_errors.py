@@ -67,17 +67,27 @@ def test_corrupted_package(tmp_path, capsys, cache_dir, lock_path):
     assert code == 2 and "corrupt" in line
 
 
-def test_device_owned_by_another_process(tmp_path, capsys, cache_dir, lock_path):
+def _compile_small(tmp_path, cache_dir, capsys) -> None:
     assert main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path),
                  "--cache-dir", str(cache_dir)]) == 0
     capsys.readouterr()
-    holder = subprocess.Popen([
+
+
+def _hold_locks(*paths) -> subprocess.Popen:
+    """Another process holding these device locks (it prints 'held' once it does)."""
+    held = ", ".join(f"HardwareLock(Path({str(path)!r}))" for path in paths)
+    return subprocess.Popen([
         sys.executable, "-c",
         "import sys, time; from pathlib import Path;"
         "from ipu_stack.device import HardwareLock\n"
-        f"with HardwareLock(Path({str(lock_path)!r})):\n"
+        f"with {held}:\n"
         "    print('held', flush=True); time.sleep(60)",
     ], stdout=subprocess.PIPE, text=True)
+
+
+def test_device_owned_by_another_process(tmp_path, capsys, cache_dir, lock_path):
+    _compile_small(tmp_path, cache_dir, capsys)
+    holder = _hold_locks(lock_path)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         code, line = _error(capsys, ["run", str(tmp_path / "model.ipuexe"), "--no-wait",
@@ -102,16 +112,8 @@ def test_private_devices_never_wait_and_named_devices_are_shared(tmp_path, capsy
     monkeypatch.setattr(lock_module, "LOCK_FOLDER", tmp_path)
     named = lock_module.device_lock("lab-card")
     assert named == tmp_path / "ipu-stack-device-lab-card.lock"
-    assert main(["compile", "siglip-mlp", *SMALL, "-o", str(tmp_path),
-                 "--cache-dir", str(cache_dir)]) == 0
-    capsys.readouterr()
-    holder = subprocess.Popen([
-        sys.executable, "-c",
-        "import sys, time; from pathlib import Path;"
-        "from ipu_stack.device import HardwareLock\n"
-        f"with HardwareLock(Path({str(named)!r})), HardwareLock(Path({str(tmp_path / 'x')!r})):\n"
-        "    print('held', flush=True); time.sleep(60)",
-    ], stdout=subprocess.PIPE, text=True)
+    _compile_small(tmp_path, cache_dir, capsys)
+    holder = _hold_locks(named, lock_module.DEFAULT_LOCK)  # and the old machine-wide lock
     package = str(tmp_path / "model.ipuexe")
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
