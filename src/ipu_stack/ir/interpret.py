@@ -170,6 +170,7 @@ class HostValues(Mapping):
     def __init__(self, graph: Graph, tensors: dict[str, np.ndarray]) -> None:
         self.graph, self.tensors = graph, tensors
         self.ids = [v.id for v in graph.values if v.role in ("input", "weight")]
+        self._members = set(self.ids)
 
     def __getitem__(self, value_id: int) -> np.ndarray:
         value = self.graph.value(value_id)
@@ -177,6 +178,9 @@ class HostValues(Mapping):
             raise KeyError(value_id)
         data = value.type.precision.round_trip(np.asarray(self.tensors[value.name]))
         return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
+
+    def __contains__(self, value_id: object) -> bool:
+        return value_id in self._members  # without rounding the value (Mapping's default)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids)

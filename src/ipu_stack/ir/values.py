@@ -75,6 +75,9 @@ class CompactValues(MutableMapping):
     def __setitem__(self, name: str, values: np.ndarray) -> None:
         self._held[name] = np.asarray(values, dtype=np.float32)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._held  # without decoding (Mapping's default reads the value)
+
     def __delitem__(self, name: str) -> None:
         del self._held[name]
 

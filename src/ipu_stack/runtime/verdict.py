@@ -247,6 +247,9 @@ class _ById(Mapping):
         value = self.graph.value(value_id)
         return np.asarray(self.reference[value.name], np.float32).reshape(value.type.rows, -1)
 
+    def __contains__(self, value_id: object) -> bool:
+        return value_id in self.ids
+
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.ids)
 
