@@ -25,6 +25,7 @@ code paths, and the benchmark reports their difference.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,28 +259,36 @@ class SimulatedIpu:
         return transfers, schedule
 
     # ------------------------------------------------------------------ running
-    def call(self, program: str, tensors: dict[str, np.ndarray]) -> CallReport:
-        """Run ``initialize`` or ``run`` with host tensors; return outputs and cycles."""
+    def call(self, program: str, tensors: dict[str, np.ndarray],
+             on_probes: ProbeListener | None = None) -> CallReport:
+        """Run ``initialize`` or ``run`` with host tensors; return outputs and cycles.
+
+        ``on_probes``: handed each probe read (checkpoint) as soon as its last piece has
+        been read, as ``[(tensor, StoredTensor), ...]``, and not kept in the report: a
+        verdict can judge a stage while the device runs the next and drop what it judged.
+        """
         if self.package is None:
             raise DeviceFault("no application loaded")
         steps = self.package.manifest["programs"][program]
         report = CallReport(program, tile_busy=np.zeros(self.target.tiles, dtype=np.int64))
         event(LOG, "invoking host exchange call", call=program, command=0,
               phases=sum(1 for s in steps if s["kind"] == "exchange"))
-        index = 0
-        while index < len(steps):
-            step = steps[index]
-            if step["kind"] != "loop":
-                self._run_step(report, index, step, tensors, None)
-                index += 1
-                continue
-            body = range(index + 1, index + 1 + int(step["length"]))
-            for layer in range(int(step["count"])):
-                before = report.cycles
-                for at in body:
-                    self._run_step(report, at, steps[at], tensors, layer)
-                report.layer_cycles.append(report.cycles - before)
-            index = body.stop
+        complete_after = _last_probe_reads(steps) if on_probes is not None else {}
+        previous: tuple[int, int] | None = None  # the loop pass running: (loop step, layer)
+        before = 0
+        for ordinal, (index, step, layer, loop) in enumerate(_execution_order(steps)):
+            current = None if layer is None else (loop, layer)
+            if current != previous:  # a pass of the loop ends, begins, or both
+                if previous is not None:
+                    report.layer_cycles.append(report.cycles - before)
+                before, previous = report.cycles, current
+            self._run_step(report, index, step, tensors, layer)
+            if on_probes is not None and ordinal in complete_after:
+                on_probes([(entry["tensor"], entry["values"]) for entry in (
+                    report.checkpoints.pop(c) for c in complete_after[ordinal]
+                    if c in report.checkpoints)])
+        if previous is not None:
+            report.layer_cycles.append(report.cycles - before)
         report.tile_busy += report.sync_cycles
         report.host_cycles = timing.host_cycles(report.host_bytes, self.target.clock_hz)
         return report
@@ -544,6 +553,50 @@ class SimulatedIpu:
         horizon, shifted = instruction_horizon(schedule, transfers)
         details.update(instruction_horizon=horizon, shifted_sends=shifted)
         return timing.estimate_exchange_phase(horizon), ports, details
+
+
+ProbeListener = Callable[[list[tuple[str, StoredTensor]]], None]
+
+
+def _execution_order(steps: list[dict]) -> Iterator[tuple[int, dict, int | None, int]]:
+    """``(index, step, layer, loop)`` of every step in the order the device runs them: a
+    loop's body once per layer (``layer`` is ``None`` outside a loop; ``loop`` is the loop
+    step's index)."""
+    index = 0
+    while index < len(steps):
+        step = steps[index]
+        if step["kind"] != "loop":
+            yield index, step, None, -1
+            index += 1
+            continue
+        body = range(index + 1, index + 1 + int(step["length"]))
+        for layer in range(int(step["count"])):
+            for at in body:
+                yield at, steps[at], layer, index
+        index = body.stop
+
+
+def _probe_of(step: dict, layer: int | None) -> int | None:
+    """The checkpoint a host read fills on this pass (``None``: an output or none)."""
+    if step["kind"] != "host_read":
+        return None
+    if layer is not None and "passes" in step:
+        return step["passes"][layer][1]
+    checkpoint = step.get("checkpoint")
+    return None if checkpoint is None else int(checkpoint)
+
+
+def _last_probe_reads(steps: list[dict]) -> dict[int, list[int]]:
+    """For each step ordinal, the checkpoints whose last piece it reads."""
+    last: dict[int, int] = {}
+    for ordinal, (_, step, layer, _loop) in enumerate(_execution_order(steps)):
+        checkpoint = _probe_of(step, layer)
+        if checkpoint is not None:
+            last[int(checkpoint)] = ordinal
+    complete: dict[int, list[int]] = {}
+    for checkpoint, ordinal in last.items():
+        complete.setdefault(ordinal, []).append(checkpoint)
+    return complete
 
 
 def _per_layer(step: dict) -> bool:

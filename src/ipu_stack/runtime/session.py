@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -24,11 +25,11 @@ from ipu_stack import __version__
 from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.values import CompactValues, compact_weights
+from ipu_stack.ir.values import compact_weights
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.reference import evaluate, evaluate_float64
 from ipu_stack.runtime.tolerance import Comparison, compare
-from ipu_stack.runtime.verdict import Verdict, judge, log_verdict
+from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event
@@ -111,17 +112,25 @@ def run_package(
         sim_start = time.perf_counter()
         # the host reference and the float64 model need nothing from the device: a host
         # thread computes them while the device runs (numpy's BLAS and the compiled rounding
-        # loops release the GIL), each side with one BLAS thread, so two cores are two lanes
+        # loops release the GIL), each side with one BLAS thread, so two cores are two lanes;
+        # then it judges each stage as the device hands over its probe read
+        arrivals: queue.SimpleQueue = queue.SimpleQueue()
         with threadpool_limits(limits=1, user_api="blas"), \
                 ThreadPoolExecutor(max_workers=1) as pool:
             outputs_only = {v.name for v in graph.by_role("output")}
-            host_side = pool.submit(_host_models, graph, tensors,
-                                    package.manifest.get("gemm_modes"), model, outputs_only)
-            init_report = device.call("initialize", weights)
-            run_report = device.call("run", inputs)
+            host_side = pool.submit(_host_side, graph, tensors,
+                                    package.manifest.get("gemm_modes"), model, outputs_only,
+                                    arrivals)
+            try:
+                init_report = device.call("initialize", weights)
+                run_report = device.call("run", inputs, on_probes=arrivals.put)
+                arrivals.put(list(run_report.outputs.items()))
+            finally:
+                arrivals.put(None)  # nothing more: the host side finishes (or stops)
             simulate = time.perf_counter() - sim_start
             waited = time.perf_counter()
-            reference, ideal_values, ideal_seconds = host_side.result()
+            reference, ideal_values, ideal_seconds, judging = host_side.result()
+            verdict = judging.finish(ideal_values)
             waited = time.perf_counter() - waited
     outputs = {}
     comparisons = {}
@@ -130,15 +139,7 @@ def run_package(
         outputs[value.name] = out
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
-    device_values = CompactValues()  # probe reads stay in their stored precisions
-    for entry in run_report.checkpoints.values():
-        device_values.hold(entry["tensor"], entry["values"])
-    for name, values in run_report.outputs.items():
-        device_values[name] = values
-    with threadpool_limits(limits=1, user_api="blas"):  # reruns round as the device did
-        verdict = judge(graph, tensors, device_values, reference,
-                        package.manifest.get("gemm_modes"), ideal_values)
-    verdict.seconds += waited  # what the verdict added after the device finished
+    verdict.seconds = waited  # what the verdict added after the device finished
     verdict.ideal_seconds = ideal_seconds
     log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")),
                 source="float64" if model is None else "torch")
@@ -148,22 +149,34 @@ def run_package(
                      simulate, verdict, "float64" if model is None else "torch")
 
 
-def _host_models(graph: Graph, tensors: dict[str, np.ndarray],
-                 gemm_modes: dict[str, dict] | None,
-                 model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
-                 outputs_only: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
-                                                  float]:
+def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
+               gemm_modes: dict[str, dict] | None,
+               model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
+               outputs_only: set[str], arrivals: queue.SimpleQueue
+               ) -> tuple[Mapping[str, np.ndarray], dict[str, np.ndarray], float, StageJudge]:
     """The host's side of a run: the device-precision reference (every value, without the
-    weights: the verdict rounds each stage's weights when it reruns it), then the model
-    fidelity is measured against, and that model's seconds."""
-    started = time.perf_counter()
-    reference = evaluate(graph, tensors, gemm_modes, keep_weights=False, compact=True)
-    event(LOG, "evaluated host reference", referencePrecision="device",
-          elapsed_ms=int((time.perf_counter() - started) * 1000))
-    started = time.perf_counter()
-    ideal = (evaluate_float64(graph, tensors, outputs_only) if model is None
-             else model(graph, tensors))  # an imported program's target: torch's outputs
-    return reference, ideal, time.perf_counter() - started
+    weights: the verdict rounds each stage's weights when it reruns it), the model fidelity
+    is measured against (and its seconds), then the stage-by-stage verdict on the device's
+    values as they arrive (``arrivals``: lists of ``(name, values)``, ``None`` at the end)."""
+    try:
+        started = time.perf_counter()
+        reference = evaluate(graph, tensors, gemm_modes, keep_weights=False, compact=True)
+        event(LOG, "evaluated host reference", referencePrecision="device",
+              elapsed_ms=int((time.perf_counter() - started) * 1000))
+        started = time.perf_counter()
+        ideal = (evaluate_float64(graph, tensors, outputs_only) if model is None
+                 else model(graph, tensors))  # an imported program's target: torch's outputs
+        ideal_seconds = time.perf_counter() - started
+        judging = StageJudge(graph, tensors, reference, gemm_modes)
+        while (arrived := arrivals.get()) is not None:
+            for name, values in arrived:
+                judging.arrive(name, values)
+            judging.judge_ready()
+        return reference, ideal, ideal_seconds, judging
+    except BaseException:
+        while arrivals.get() is not None:  # let the device finish handing over
+            pass
+        raise
 
 
 def verdict_fields(verdict: Verdict) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import HostValues, evaluate_float64, evaluate_operations
 from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.values import CompactValues, StoredTensor
 from ipu_stack.planning.stages import GemmStage, Stage, find_stages, stage_operations
 from ipu_stack.util.log import event
 
@@ -178,61 +179,129 @@ def layer_of(name: str) -> str:
 def judge(
     graph: Graph,
     tensors: dict[str, np.ndarray],
-    device_values: dict[str, np.ndarray],
-    reference: dict[str, np.ndarray],
+    device_values: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
     gemm_modes: dict[str, dict] | None = None,
     ideal: dict[str, np.ndarray] | None = None,
 ) -> Verdict:
-    """Both parts of the verdict for one run.
+    """Both parts of the verdict for one run, with every device value at hand.
 
     ``device_values``: every stage result the device produced (probe reads and outputs, by
     value name, ``[rows, cols]``); ``reference``: the host's device-precision evaluation of
     the whole graph (for the noise the precision path adds); ``ideal``: the float64 model
     (``evaluate_float64``), evaluated here when not given."""
-    started = time.perf_counter()
-    verdict = Verdict()
-    # inputs and weights as the device holds them: the reference already rounded them
-    host: Mapping[int, np.ndarray] = {
-        v.id: np.asarray(reference[v.name], np.float32).reshape(v.type.rows, -1)
-        if len(v.type.shape) > 1 else np.asarray(reference[v.name], np.float32)
-        for v in graph.values if v.role in ("input", "weight") and v.name in reference}
-    if len(host) != sum(1 for v in graph.values if v.role in ("input", "weight")):
-        host = HostValues(graph, tensors)  # rounded per stage, not all held at once
-    reference_by_id = _ById(graph, reference, {
-        v.id for v in graph.values if v.name in reference and v.id not in host
-        and len(v.type.shape) > 1})
-    for stage in find_stages(graph):
-        operations = list(stage_operations(stage))
-        out = graph.value(stage.out)
-        if out.name not in device_values:
-            continue
-        inputs = {i for op in operations for i in graph.operations[op].inputs}
-        produced = {o for op in operations for o in graph.operations[op].outputs}
-        known = {i: host[i] for i in inputs if i in host}
-        missing = False
-        for value_id in inputs - produced - set(host):
-            name = graph.value(value_id).name
-            if name not in device_values:
-                missing = True
+    judging = StageJudge(graph, tensors, reference, gemm_modes)
+    for name in device_values:
+        judging.arrive(name, device_values[name])
+    return judging.finish(ideal)
+
+
+class StageJudge:
+    """The verdict, judged stage by stage as the device's values arrive.
+
+    Stages are judged in graph order; a stage waits until the device has produced its
+    result and every device value it reads.  A device value is dropped as soon as no stage
+    still to be judged reads it (outputs are kept for fidelity), so a run that streams its
+    probe reads here holds only the stages in flight, not a whole tower's."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, np.ndarray],
+                 reference: Mapping[str, np.ndarray], gemm_modes: dict[str, dict] | None):
+        self.graph, self.tensors, self.reference = graph, tensors, reference
+        self.gemm_modes = gemm_modes
+        self.verdict = Verdict()
+        self.seconds = 0.0
+        self.device: CompactValues = CompactValues()
+        # inputs and weights as the device holds them: the reference already rounded them
+        host: Mapping[int, np.ndarray] = {
+            v.id: np.asarray(reference[v.name], np.float32).reshape(v.type.rows, -1)
+            if len(v.type.shape) > 1 else np.asarray(reference[v.name], np.float32)
+            for v in graph.values if v.role in ("input", "weight") and v.name in reference}
+        if len(host) != sum(1 for v in graph.values if v.role in ("input", "weight")):
+            host = HostValues(graph, tensors)  # rounded per stage, not all held at once
+        self.host = host
+        self.reference_by_id = _ById(graph, reference, {
+            v.id for v in graph.values if v.name in reference and v.id not in host
+            and len(v.type.shape) > 1})
+        self.pending: list[tuple[Stage, list[int], set[int], set[int]]] = []
+        for stage in find_stages(graph):
+            operations = list(stage_operations(stage))
+            inputs = {i for op in operations for i in graph.operations[op].inputs}
+            produced = {o for op in operations for o in graph.operations[op].outputs}
+            self.pending.append((stage, operations, inputs, produced))
+        self.outputs = {v.name for v in graph.by_role("output")}
+        self.last_reader: dict[str, int] = {}
+        for position, (stage, _, inputs, produced) in enumerate(self.pending):
+            for value_id in (inputs - produced - set(host)) | {stage.out}:
+                self.last_reader[graph.value(value_id).name] = position
+        self.judged = 0
+        # the reference's values in the order the stages stop needing them (last first)
+        self.forgettable = sorted(((at, name) for name, at in self.last_reader.items()
+                                   if name not in self.outputs), reverse=True)
+
+    def arrive(self, name: str, values: np.ndarray | StoredTensor) -> None:
+        """A device value (float32, or as the device stored it)."""
+        if isinstance(values, StoredTensor):
+            self.device.hold(name, values)
+        else:
+            self.device[name] = values
+
+    def judge_ready(self, final: bool = False) -> None:
+        """Judge every stage, in order, whose values have arrived; with ``final`` (nothing
+        more will arrive), skip the stages the device did not probe."""
+        started = time.perf_counter()
+        while self.pending:
+            stage, operations, inputs, produced = self.pending[0]
+            device_inputs = [self.graph.value(i).name for i in inputs - produced - set(self.host)]
+            out = self.graph.value(stage.out)
+            ready = out.name in self.device and all(n in self.device for n in device_inputs)
+            if not ready and not final:
                 break
-            known[value_id] = device_values[name]
-        if missing:
-            continue
-        expected = _rerun(graph, stage, operations, known, inputs - produced, host,
-                          reference_by_id, gemm_modes)
-        device = np.asarray(device_values[out.name], dtype=np.float32).reshape(expected.shape)
+            self.pending.pop(0)
+            if ready:
+                self._judge(stage, operations, inputs, produced)
+            self._drop(self.judged)
+            self.judged += 1
+        self.seconds += time.perf_counter() - started
+
+    def _judge(self, stage: Stage, operations: list[int], inputs: set[int],
+               produced: set[int]) -> None:
+        graph, out = self.graph, self.graph.value(stage.out)
+        known = {i: self.host[i] for i in inputs if i in self.host}
+        for value_id in inputs - produced - set(self.host):
+            known[value_id] = self.device[graph.value(value_id).name]
+        expected = _rerun(graph, stage, operations, known, inputs - produced, self.host,
+                          self.reference_by_id, self.gemm_modes)
+        device = np.asarray(self.device[out.name], dtype=np.float32).reshape(expected.shape)
         differ = ~((device == expected) | (np.isnan(device) & np.isnan(expected)))
         ulps = scaled_ulps(device[differ], expected[differ], out.type.precision,
                            _rms(expected)) if differ.any() else np.zeros(0)
-        verdict.stages.append(StageAgreement(
+        self.verdict.stages.append(StageAgreement(
             out.name, layer_of(out.name), out.type.precision.kind,
             int(np.ceil(ulps.max(initial=0) - 1e-9)),
             float(np.mean(differ)) if differ.size else 0.0, int(differ.size)))
-    if ideal is None:
-        ideal = evaluate_float64(graph, tensors, keep={v.name for v in graph.by_role("output")})
-    verdict.fidelity = _fidelity(graph, ideal, device_values, reference)
-    verdict.seconds = time.perf_counter() - started
-    return verdict
+
+    def _drop(self, position: int) -> None:
+        """Forget device values no stage after ``position`` reads, and the reference's
+        values of them when it can forget (outputs stay, for fidelity)."""
+        for name in [n for n in self.device if n not in self.outputs
+                     and self.last_reader.get(n, -1) <= position]:
+            del self.device[name]
+        if isinstance(self.reference, MutableMapping):
+            while self.forgettable and self.forgettable[-1][0] <= position:
+                name = self.forgettable.pop()[1]
+                self.reference.pop(name, None)
+
+    def finish(self, ideal: dict[str, np.ndarray] | None = None) -> Verdict:
+        """Judge what is left, then fidelity (the float64 model, evaluated here when not
+        given, against the device's outputs)."""
+        self.judge_ready(final=True)
+        started = time.perf_counter()
+        if ideal is None:
+            ideal = evaluate_float64(self.graph, self.tensors, keep=self.outputs)
+        self.verdict.fidelity = _fidelity(self.graph, ideal, self.device, self.reference)
+        self.seconds += time.perf_counter() - started
+        self.verdict.seconds = self.seconds
+        return self.verdict
 
 
 class _ById(Mapping):
