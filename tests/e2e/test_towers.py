@@ -209,3 +209,45 @@ def test_memory_profile_names_what_fills_the_tile(tmp_path, cache_dir):
     filled = profile["tile_by_category"]
     assert filled["tile"] == profile["busiest_tiles"][0]["tile"]
     assert filled["weights"] > 0 and filled["code"] > 0 and filled["exchange tables"] > 0
+
+
+def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_dir):
+    """The run judges each stage as the device hands its probe read over and forgets what
+    no later stage reads; judging every value at the end, all held, gives the same verdict
+    stage for stage (and a probe handed over is complete: no NaN of an unread piece)."""
+    from ipu_stack.cli import _package_workload, compile_workload, parse_workload
+    from ipu_stack.device import SimulatedIpu
+    from ipu_stack.ir.interpret import evaluate
+    from ipu_stack.ir.values import CompactValues
+    from ipu_stack.pipeline import CompileOptions
+    from ipu_stack.runtime.session import load_package, run_package
+    from ipu_stack.runtime.verdict import judge
+
+    workload, params = parse_workload("pe-vision", [*SMALL, "--layers", "3"])
+    result = compile_workload(workload, params, tmp_path / "pkg",
+                              CompileOptions(cache_dir=str(cache_dir)))
+    package = load_package(result.package)
+    streamed = run_package(package, result.graph, result.tensors)
+    _, _, graph, tensors = _package_workload(package)
+    device = SimulatedIpu(get_target(package.target))
+    device.load(package)
+    device.call("initialize", {v.name: tensors[v.name] for v in graph.by_role("weight")})
+    handed: list[str] = []
+    run = device.call("run", {v.name: tensors[v.name] for v in graph.by_role("input")},
+                      on_probes=lambda items: handed.extend(
+                          name for name, stored in items
+                          if not np.isnan(np.asarray(stored)).any()))
+    assert not run.checkpoints and len(handed) == len(streamed.verdict.stages) - 1
+    device.load(package)  # again, keeping every probe read in the report this time
+    device.call("initialize", {v.name: tensors[v.name] for v in graph.by_role("weight")})
+    run = device.call("run", {v.name: tensors[v.name] for v in graph.by_role("input")})
+    values = CompactValues()
+    for entry in run.checkpoints.values():
+        values.hold(entry["tensor"], entry["values"])
+    for name, output in run.outputs.items():
+        values[name] = output
+    whole = judge(graph, tensors, values,
+                  evaluate(graph, tensors, package.manifest.get("gemm_modes"),
+                           keep_weights=False))
+    assert streamed.verdict.stages == whole.stages
+    assert len(whole.stages) > 10 and streamed.passed and whole.passed

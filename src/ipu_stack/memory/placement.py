@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ipu_stack.lowering.program import Buffer, Program
@@ -56,22 +57,55 @@ def _free_ranges(
     return [(lo, hi) for lo, hi in free if lo < hi]
 
 
-def _first_fit_array(lo: np.ndarray, hi: np.ndarray, start: int, end: int, nbytes: int,
-                     align: int) -> int | None:
-    """The lowest ``align``-ed address of a free gap in ``[start, end)`` that holds
-    ``nbytes``, given the taken ranges as arrays (the gaps :func:`_free_ranges` lists: where a
-    range, sorted as tuples are, starts beyond the running end of the ranges before it)."""
-    order = np.lexsort((hi, lo))
-    lo, hi = lo[order], hi[order]
-    cursor = np.maximum.accumulate(np.concatenate([[start], hi]))
-    gap = lo > cursor[:-1]
-    free_lo = np.concatenate([cursor[:-1][gap], cursor[-1:]])
-    free_hi = np.concatenate([np.minimum(lo[gap], end), [end]])
-    address = -(-free_lo // align) * align
-    fits = (free_lo < free_hi) & (address + nbytes <= free_hi)
-    if not fits.any():
-        return None
-    return int(address[np.argmax(fits)])
+@numba.njit(cache=True, nogil=True)
+def _fit_all(nbytes: np.ndarray, first: np.ndarray, last: np.ndarray, align: np.ndarray,
+             start: np.ndarray, low_end: np.ndarray, end: np.ndarray, support_lo: int,
+             support_hi: int) -> np.ndarray:
+    """First-fit addresses of buffers in placement order (-1: does not fit).
+
+    Buffer ``k`` goes at the lowest ``align[k]``-ed address in ``[start[k], low_end[k])``
+    (when ``low_end[k] >= 0``), else in ``[start[k], end[k])``, that overlaps no placed
+    buffer live at the same time, nor the support range.  The free gaps are those of
+    :func:`_free_ranges`: the taken ranges sorted as ``(lo, hi)`` tuples, a gap wherever a
+    range starts beyond the running end of those before it."""
+    count = nbytes.size
+    address = np.full(count, -1, dtype=np.int64)
+    placed = np.zeros(count, dtype=np.int64)  # indices of placed buffers, in order
+    used = 0
+    keys = np.empty(count + 1, dtype=np.int64)
+    for k in range(count):
+        taken = 0
+        keys[taken] = (support_lo << 32) | support_hi
+        taken += 1
+        for p in range(used):
+            other = placed[p]
+            if first[other] <= last[k] and first[k] <= last[other]:
+                keys[taken] = (address[other] << 32) | (address[other] + nbytes[other])
+                taken += 1
+        ranges = np.sort(keys[:taken])
+        for limit in (low_end[k], end[k]):
+            if limit < 0:
+                continue
+            cursor = start[k]
+            found = -1
+            for r in range(taken + 1):
+                if r < taken:
+                    lo, hi = ranges[r] >> 32, ranges[r] & 0xFFFFFFFF
+                else:
+                    lo, hi = limit, limit
+                if lo > cursor or r == taken:
+                    gap_end = min(lo, limit)
+                    at = -(-cursor // align[k]) * align[k]
+                    if cursor < gap_end and at + nbytes[k] <= gap_end:
+                        found = at
+                        break
+                cursor = max(cursor, hi)
+            if found >= 0:
+                address[k] = found
+                placed[used] = k
+                used += 1
+                break
+    return address
 
 
 def place_signature(
@@ -80,50 +114,44 @@ def place_signature(
     """Addresses for one tile signature, and the first failure (naming the tile), if any.
 
     A buffer that does not fit is left unplaced and the rest are still placed, so the
-    reports written after a failure show as much of the tile as possible.  The ranges taken
-    by placed buffers whose lifetimes overlap are found with arrays (a tower's tiles hold
-    hundreds of buffers: a Python scan per buffer was the compile's largest cost).
+    reports written after a failure show as much of the tile as possible.  The first fit
+    runs as one compiled loop (:func:`_fit_all`): a tower's tiles hold hundreds of buffers,
+    and a Python scan per buffer was the compile's largest cost.
     """
     base = target.memory_base
     support_range = (base, base + support)
-    placed: dict[int, tuple[int, int]] = {}
-    failure: PlacementError | None = None
     order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))
     by_id = {b.id: b for b in buffers}
-    count = len(order)
-    # the support range first, then placed buffers in placement order
-    lows, highs = np.zeros(count + 1, np.int64), np.zeros(count + 1, np.int64)
-    firsts, lasts = np.zeros(count + 1, np.int64), np.zeros(count + 1, np.int64)
-    lows[0], highs[0] = support_range
-    firsts[0], lasts[0] = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    used = 1
-    for buffer in order:
-        align = target.alignment(buffer.memory_class)
-        live = (firsts[:used] <= buffer.last) & (buffer.first <= lasts[:used])
-        lo, hi = lows[:used][live], highs[:used][live]
+
+    def column(values: list[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64).reshape(-1)
+
+    ranges = [target.class_range(b.memory_class) for b in order]
+    addresses = _fit_all(
+        column([b.nbytes for b in order]), column([b.first for b in order]),
+        column([b.last for b in order]),
+        column([target.alignment(b.memory_class) for b in order]),
+        column([lo for lo, _ in ranges]),
+        column([target.interleaved_base if b.memory_class is MemoryClass.STANDARD else -1
+                for b in order]), column([hi for _, hi in ranges]),
+        support_range[0], support_range[1])
+    placed = {b.id: (int(a), int(a) + b.nbytes) for b, a in zip(order, addresses, strict=True)
+              if a >= 0}
+    failure: PlacementError | None = None
+    if (addresses < 0).any():  # the first that did not fit, named with what was live
+        missing = int(np.argmax(addresses < 0))
+        buffer = order[missing]
+        before = {b.id: placed[b.id] for b in order[:missing] if b.id in placed}
+        taken = [support_range] + [
+            before[other] for other in before if _overlaps(by_id[other], buffer)]
         class_start, class_end = target.class_range(buffer.memory_class)
-        address = None
-        if buffer.memory_class is MemoryClass.STANDARD:
-            address = _first_fit_array(lo, hi, class_start, target.interleaved_base,
-                                       buffer.nbytes, align)
-        if address is None:
-            address = _first_fit_array(lo, hi, class_start, class_end, buffer.nbytes, align)
-        if address is None:
-            if failure is None:
-                taken = [support_range] + [
-                    placed[other] for other in placed if _overlaps(by_id[other], buffer)]
-                failure = PlacementError(
-                    f"placement failed: tile {tile} has insufficient "
-                    f"{buffer.memory_class.value} SRAM for {buffer.nbytes} bytes",
-                    _details(buffer, taken, placed, by_id, support, class_start, class_end,
-                             align),
-                )
-                failure.tile = tile
-            continue
-        placed[buffer.id] = (address, address + buffer.nbytes)
-        lows[used], highs[used] = placed[buffer.id]
-        firsts[used], lasts[used] = buffer.first, buffer.last
-        used += 1
+        failure = PlacementError(
+            f"placement failed: tile {tile} has insufficient "
+            f"{buffer.memory_class.value} SRAM for {buffer.nbytes} bytes",
+            _details(buffer, taken, before, by_id, support, class_start, class_end,
+                     target.alignment(buffer.memory_class)),
+        )
+        failure.tile = tile
     return {bid: lo for bid, (lo, _) in placed.items()}, failure
 
 
