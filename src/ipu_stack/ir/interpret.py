@@ -13,7 +13,8 @@ rounding (the ideal answer, for reports).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -119,6 +120,25 @@ def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          gemm_modes: dict[str, dict] | None = None,
          keep_weights: bool = True, keep: Collection[str] | None = None,
          compact: bool = False) -> Mapping[str, np.ndarray]:
+    """:func:`_run_steps` run to the end."""
+    return drain(_run_steps(graph, tensors, dtype, store, gemm_modes, keep_weights, keep,
+                            compact))
+
+
+def drain(steps: Generator[None, None, Any]) -> Any:
+    """Run a step generator to its end and return its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
+               store: Callable[[np.ndarray, object], np.ndarray],
+               gemm_modes: dict[str, dict] | None = None,
+               keep_weights: bool = True, keep: Collection[str] | None = None,
+               compact: bool = False) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
     would be 3 GB held for nothing); with ``keep``, only those values are returned and every
@@ -151,6 +171,7 @@ def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
         values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
         if results is not None:
             results.put(out.name, values[out.id].reshape(out.type.shape), out.type.precision)
+        yield  # one operation done: a caller may do other work between operations
         if kept is not None:
             for i in set(op.inputs):
                 if last_use[i] == op.id and i not in kept:
@@ -207,6 +228,16 @@ def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
     exponents needs (a power of two per tensor), at half the float64 model's cost."""
     return _run(graph, tensors, dtype, lambda data, precision: np.asarray(data, dtype=dtype),
                 keep_weights=False)
+
+
+def evaluate_float64_steps(graph: Graph, tensors: dict[str, np.ndarray],
+                           keep: Collection[str] | None = None
+                           ) -> Generator[None, None, Mapping[str, np.ndarray]]:
+    """:func:`evaluate_float64` one operation per ``next``; the values are the generator's
+    return value (a host thread interleaves it with other work)."""
+    return _run_steps(graph, tensors, np.float64,
+                      lambda data, precision: np.asarray(data, dtype=np.float64),
+                      keep_weights=False, keep=keep)
 
 
 def evaluate_float64(graph: Graph, tensors: dict[str, np.ndarray],

@@ -1,5 +1,5 @@
 """The host reference: the graph interpreter of ``ir.interpret`` at device precision."""
 
-from ipu_stack.ir.interpret import evaluate, evaluate_float64
+from ipu_stack.ir.interpret import drain, evaluate, evaluate_float64, evaluate_float64_steps
 
-__all__ = ["evaluate", "evaluate_float64"]
+__all__ = ["drain", "evaluate", "evaluate_float64", "evaluate_float64_steps"]

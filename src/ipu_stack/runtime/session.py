@@ -27,7 +27,7 @@ from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import compact_weights
 from ipu_stack.package import Package, read_package
-from ipu_stack.runtime.reference import evaluate, evaluate_float64
+from ipu_stack.runtime.reference import drain, evaluate, evaluate_float64_steps
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
 from ipu_stack.target import get_target
@@ -155,23 +155,46 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
                outputs_only: set[str], arrivals: queue.SimpleQueue
                ) -> tuple[Mapping[str, np.ndarray], dict[str, np.ndarray], float, StageJudge]:
     """The host's side of a run: the device-precision reference (every value, without the
-    weights: the verdict rounds each stage's weights when it reruns it), the model fidelity
-    is measured against (and its seconds), then the stage-by-stage verdict on the device's
-    values as they arrive (``arrivals``: lists of ``(name, values)``, ``None`` at the end)."""
+    weights: the verdict rounds each stage's weights when it reruns it), then the
+    stage-by-stage verdict on the device's values as they arrive (``arrivals``: lists of
+    ``(name, values)``, ``None`` at the end), with the model fidelity is measured against
+    (and its seconds) computed in between."""
     try:
         started = time.perf_counter()
         reference = evaluate(graph, tensors, gemm_modes, keep_weights=False, compact=True)
         event(LOG, "evaluated host reference", referencePrecision="device",
               elapsed_ms=int((time.perf_counter() - started) * 1000))
-        started = time.perf_counter()
-        ideal = (evaluate_float64(graph, tensors, outputs_only) if model is None
-                 else model(graph, tensors))  # an imported program's target: torch's outputs
-        ideal_seconds = time.perf_counter() - started
         judging = StageJudge(graph, tensors, reference, gemm_modes)
-        while (arrived := arrivals.get()) is not None:
+        ideal, ideal_seconds = None, 0.0
+        if model is not None:  # an imported program's fidelity target: torch's outputs
+            started = time.perf_counter()
+            ideal, ideal_seconds = model(graph, tensors), time.perf_counter() - started
+        # the float64 model runs an operation at a time whenever no probe read is waiting:
+        # stages are judged (and their values forgotten) as soon as they arrive
+        steps = evaluate_float64_steps(graph, tensors, outputs_only) if ideal is None else None
+        while True:
+            if steps is None:
+                arrived = arrivals.get()
+            else:
+                try:
+                    arrived = arrivals.get_nowait()
+                except queue.Empty:
+                    started = time.perf_counter()
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        ideal, steps = done.value, None
+                    ideal_seconds += time.perf_counter() - started
+                    continue
+            if arrived is None:
+                break
             for name, values in arrived:
                 judging.arrive(name, values)
             judging.judge_ready()
+        if steps is not None:  # the device finished first
+            started = time.perf_counter()
+            ideal = drain(steps)
+            ideal_seconds += time.perf_counter() - started
         return reference, ideal, ideal_seconds, judging
     except BaseException:
         while arrivals.get() is not None:  # let the device finish handing over
