@@ -138,19 +138,22 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
                store: Callable[[np.ndarray, object], np.ndarray],
                gemm_modes: dict[str, dict] | None = None,
                keep_weights: bool = True, keep: Collection[str] | None = None,
-               compact: bool = False) -> Generator[None, None, Mapping[str, np.ndarray]]:
+               compact: bool = False, into: CompactValues | None = None
+               ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
     would be 3 GB held for nothing); with ``keep``, only those values are returned and every
     other one is dropped after its last reader.  With ``compact``, every value is returned
     in its stored precision (:class:`~ipu_stack.ir.values.CompactValues`, float32 when read)
-    and the float32 working copies are dropped after their last reader."""
+    and the float32 working copies are dropped after their last reader; ``into``: the
+    :class:`~ipu_stack.ir.values.CompactValues` to fill, value by value, as they are made
+    (a caller may read each as soon as it exists)."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
     last_use = {i: op.id for op in graph.operations for i in op.inputs}
     kept = None if keep is None else {v.id for v in graph.values if v.name in keep}
-    results = CompactValues() if compact else None
-    if compact:
+    results = into if into is not None else (CompactValues() if compact else None)
+    if results is not None:
         kept = set()
 
     def load(value_id: int) -> np.ndarray:
@@ -220,6 +223,16 @@ def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
     return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
                 gemm_modes, keep_weights=keep_weights, compact=compact)
+
+
+def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
+                   gemm_modes: dict[str, dict] | None, into: CompactValues
+                   ) -> Generator[None, None, Mapping[str, np.ndarray]]:
+    """:func:`evaluate` without the weights, one operation per ``next``, each value stored
+    into ``into`` as soon as it is made."""
+    return _run_steps(graph, tensors, np.float32,
+                      lambda data, precision: precision.round_trip(data), gemm_modes,
+                      keep_weights=False, into=into)
 
 
 def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],

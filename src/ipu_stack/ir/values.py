@@ -60,36 +60,39 @@ class CompactValues(MutableMapping):
 
     def __init__(self) -> None:
         self._held: dict[str, StoredTensor | np.ndarray] = {}
+        self.nbytes = 0  # what the held values take, kept up to date
+
+    def _keep(self, name: str, held: StoredTensor | np.ndarray) -> None:
+        if name in self._held:
+            del self[name]
+        self._held[name] = held
+        self.nbytes += int(held.nbytes)
 
     def put(self, name: str, values: np.ndarray, precision: Precision) -> None:
-        self._held[name] = _compact(np.asarray(values, dtype=np.float32), precision)
+        self._keep(name, _compact(np.asarray(values, dtype=np.float32), precision))
 
     def hold(self, name: str, stored: StoredTensor) -> None:
         """Keep an already stored tensor as it is."""
-        self._held[name] = stored
+        self._keep(name, stored)
 
     def __getitem__(self, name: str) -> np.ndarray:
         held = self._held[name]
         return held.values() if isinstance(held, StoredTensor) else held
 
     def __setitem__(self, name: str, values: np.ndarray) -> None:
-        self._held[name] = np.asarray(values, dtype=np.float32)
+        self._keep(name, np.asarray(values, dtype=np.float32))
 
     def __contains__(self, name: object) -> bool:
         return name in self._held  # without decoding (Mapping's default reads the value)
 
     def __delitem__(self, name: str) -> None:
-        del self._held[name]
+        self.nbytes -= int(self._held.pop(name).nbytes)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._held)
 
     def __len__(self) -> int:
         return len(self._held)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(held.nbytes) for held in self._held.values())
 
 
 def _compact(values: np.ndarray, precision: Precision) -> StoredTensor | np.ndarray:

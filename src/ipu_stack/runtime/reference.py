@@ -1,5 +1,11 @@
 """The host reference: the graph interpreter of ``ir.interpret`` at device precision."""
 
-from ipu_stack.ir.interpret import drain, evaluate, evaluate_float64, evaluate_float64_steps
+from ipu_stack.ir.interpret import (
+    drain,
+    evaluate,
+    evaluate_float64,
+    evaluate_float64_steps,
+    evaluate_steps,
+)
 
-__all__ = ["drain", "evaluate", "evaluate_float64", "evaluate_float64_steps"]
+__all__ = ["drain", "evaluate", "evaluate_float64", "evaluate_float64_steps", "evaluate_steps"]

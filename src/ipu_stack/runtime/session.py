@@ -11,7 +11,7 @@ import logging
 import os
 import queue
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -25,9 +25,9 @@ from ipu_stack import __version__
 from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.values import compact_weights
+from ipu_stack.ir.values import CompactValues, compact_weights
 from ipu_stack.package import Package, read_package
-from ipu_stack.runtime.reference import drain, evaluate, evaluate_float64_steps
+from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
 from ipu_stack.target import get_target
@@ -35,6 +35,9 @@ from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
+# how far (in bytes of stored values) the host reference may run ahead of the stages judged:
+# the reference's values wait there for the device's, so this bounds what a run holds
+REFERENCE_AHEAD_BYTES = 256 << 20
 
 
 @dataclass
@@ -159,47 +162,62 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
     stage-by-stage verdict on the device's values as they arrive (``arrivals``: lists of
     ``(name, values)``, ``None`` at the end), with the model fidelity is measured against
     (and its seconds) computed in between."""
+    device_done = False
     try:
-        started = time.perf_counter()
-        reference = evaluate(graph, tensors, gemm_modes, keep_weights=False, compact=True)
-        event(LOG, "evaluated host reference", referencePrecision="device",
-              elapsed_ms=int((time.perf_counter() - started) * 1000))
+        reference = CompactValues()
+        reference_steps = evaluate_steps(graph, tensors, gemm_modes, reference)
+        reference_seconds = 0.0
         judging = StageJudge(graph, tensors, reference, gemm_modes)
         ideal, ideal_seconds = None, 0.0
         if model is not None:  # an imported program's fidelity target: torch's outputs
             started = time.perf_counter()
             ideal, ideal_seconds = model(graph, tensors), time.perf_counter() - started
-        # the float64 model runs an operation at a time whenever no probe read is waiting:
-        # stages are judged (and their values forgotten) as soon as they arrive
-        steps = evaluate_float64_steps(graph, tensors, outputs_only) if ideal is None else None
+        model_steps = evaluate_float64_steps(graph, tensors, outputs_only) if ideal is None \
+            else None
         while True:
-            if steps is None:
-                arrived = arrivals.get()
-            else:
+            while not device_done:  # take whatever the device has handed over
                 try:
                     arrived = arrivals.get_nowait()
                 except queue.Empty:
-                    started = time.perf_counter()
-                    try:
-                        next(steps)
-                    except StopIteration as done:
-                        ideal, steps = done.value, None
-                    ideal_seconds += time.perf_counter() - started
-                    continue
-            if arrived is None:
-                break
-            for name, values in arrived:
-                judging.arrive(name, values)
+                    break
+                device_done = arrived is None
+                for name, values in arrived or ():
+                    judging.arrive(name, values)
             judging.judge_ready()
-        if steps is not None:  # the device finished first
             started = time.perf_counter()
-            ideal = drain(steps)
-            ideal_seconds += time.perf_counter() - started
+            if reference_steps is not None and (
+                    device_done or reference.nbytes < REFERENCE_AHEAD_BYTES):
+                if _advance(reference_steps)[0]:
+                    reference_steps = None
+                    event(LOG, "evaluated host reference", referencePrecision="device",
+                          elapsed_ms=int(reference_seconds * 1000))
+                reference_seconds += time.perf_counter() - started
+            elif model_steps is not None:
+                finished, value = _advance(model_steps)
+                if finished:
+                    ideal, model_steps = value, None
+                ideal_seconds += time.perf_counter() - started
+            elif not device_done:  # nothing to do until the device hands something over
+                arrived = arrivals.get()
+                device_done = arrived is None
+                for name, values in arrived or ():
+                    judging.arrive(name, values)
+            elif reference_steps is None:
+                break
         return reference, ideal, ideal_seconds, judging
     except BaseException:
-        while arrivals.get() is not None:  # let the device finish handing over
+        while not device_done and arrivals.get() is not None:  # let the device finish
             pass
         raise
+
+
+def _advance(steps: Generator[None, None, Any]) -> tuple[bool, Any]:
+    """One step of a generator: whether it has finished, and then its value."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return True, done.value
+    return False, None
 
 
 def verdict_fields(verdict: Verdict) -> dict[str, Any]:

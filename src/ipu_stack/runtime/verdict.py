@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,8 +219,9 @@ class StageJudge:
         if len(host) != sum(1 for v in graph.values if v.role in ("input", "weight")):
             host = HostValues(graph, tensors)  # rounded per stage, not all held at once
         self.host = host
+        # every activation matrix: a reference still being computed has them all in the end
         self.reference_by_id = _ById(graph, reference, {
-            v.id for v in graph.values if v.name in reference and v.id not in host
+            v.id for v in graph.values if v.role != "weight" and v.id not in host
             and len(v.type.shape) > 1})
         self.pending: list[tuple[Stage, list[int], set[int], set[int]]] = []
         for stage in find_stages(graph):
@@ -229,14 +230,17 @@ class StageJudge:
             produced = {o for op in operations for o in graph.operations[op].outputs}
             self.pending.append((stage, operations, inputs, produced))
         self.outputs = {v.name for v in graph.by_role("output")}
-        self.last_reader: dict[str, int] = {}
+        self.last_reader: dict[str, int] = {}  # device values: the last stage reading them
+        last_stage: dict[str, int] = {}  # any value: the last stage reading or making it
         for position, (stage, _, inputs, produced) in enumerate(self.pending):
             for value_id in (inputs - produced - set(host)) | {stage.out}:
                 self.last_reader[graph.value(value_id).name] = position
+            for value_id in inputs | produced:
+                last_stage[graph.value(value_id).name] = position
         self.judged = 0
         # the reference's values in the order the stages stop needing them (last first)
-        self.forgettable = sorted(((at, name) for name, at in self.last_reader.items()
-                                   if name not in self.outputs), reverse=True)
+        self.forgettable = sorted(((last_stage.get(v.name, -1), v.name) for v in graph.values
+                                   if v.name not in self.outputs), reverse=True)
 
     def arrive(self, name: str, values: np.ndarray | StoredTensor) -> None:
         """A device value (float32, or as the device stored it)."""
@@ -254,6 +258,8 @@ class StageJudge:
             device_inputs = [self.graph.value(i).name for i in inputs - produced - set(self.host)]
             out = self.graph.value(stage.out)
             ready = out.name in self.device and all(n in self.device for n in device_inputs)
+            if not all(n in self.reference for n in [out.name, *device_inputs]):
+                break  # the reference has not got this far yet (final: it has)
             if not ready and not final:
                 break
             self.pending.pop(0)
@@ -286,10 +292,11 @@ class StageJudge:
         for name in [n for n in self.device if n not in self.outputs
                      and self.last_reader.get(n, -1) <= position]:
             del self.device[name]
-        if isinstance(self.reference, MutableMapping):
+        if isinstance(self.reference, CompactValues):  # a run's own reference, not a caller's
             while self.forgettable and self.forgettable[-1][0] <= position:
                 name = self.forgettable.pop()[1]
-                self.reference.pop(name, None)
+                if name in self.reference:
+                    del self.reference[name]
 
     def finish(self, ideal: dict[str, np.ndarray] | None = None) -> Verdict:
         """Judge what is left, then fidelity (the float64 model, evaluated here when not
