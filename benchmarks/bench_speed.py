@@ -105,11 +105,26 @@ def blas_floor(case: str) -> float:
     return seconds
 
 
+def copy_bandwidth(megabytes: int = 256) -> dict[str, float]:
+    """GB/s of a copy into fresh memory (every page a first touch) and into memory already
+    held: what freeing and reallocating arrays costs on this machine (``util/heap.py``)."""
+    source = np.ones(megabytes << 20, dtype=np.uint8)
+    started = time.perf_counter()
+    fresh = source.copy()
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    np.copyto(fresh, source)
+    held = time.perf_counter() - started
+    return {"firstTouchGBs": round(source.nbytes / first / 1e9, 2),
+            "heldGBs": round(source.nbytes / held / 1e9, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", help="a bench command line (repeatable)")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled run")
     args = parser.parse_args()
+    print(json.dumps({"machine": copy_bandwidth()}), flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         folder, cache = Path(scratch), Path(scratch) / "cache"
         for case in args.case or CASES:

@@ -308,3 +308,27 @@ def test_reference_blocked_matmul_matches_the_legacy_reference(rows, depth, cols
     b = random_fp8_values(rng, (depth, cols), -6)
     np.testing.assert_array_equal(fp16_partial_matmul(a, b, depth_block),
                                   legacy_partial_matmul(a, b, depth_block))
+
+
+def test_compact_values_keep_codes_and_never_round() -> None:
+    """Values representable in their precision are held as codes (a quarter of the bytes
+    for FP8) and read back exactly; anything else is kept as float32, unchanged."""
+    from ipu_stack.ir.values import CompactValues, StoredTensor
+
+    rng = np.random.default_rng(5)
+    fp8 = f143(-4)
+    exact = fp8.round_trip(rng.standard_normal((6, 10)).astype(np.float32))
+    inexact = rng.standard_normal((6, 10)).astype(np.float32)
+    held = CompactValues()
+    held.put("a", exact, fp8)
+    held.put("b", inexact, fp8)
+    held.put("c", F16.round_trip(inexact), F16)
+    assert held.nbytes == 60 + 240 + 120
+    np.testing.assert_array_equal(held["a"], exact)
+    np.testing.assert_array_equal(held["b"], inexact)  # not FP8 values: not rounded
+    assert "a" in held and "z" not in held and len(held) == 3
+    del held["b"]
+    assert held.nbytes == 180 and sorted(held) == ["a", "c"]
+    stored = StoredTensor.of(exact, fp8)
+    np.testing.assert_array_equal(np.asarray(stored, dtype=np.float64), exact)
+    assert stored.shape == (6, 10) and stored.nbytes == 60

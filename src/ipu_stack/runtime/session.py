@@ -31,7 +31,7 @@ from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
 from ipu_stack.target import get_target
-from ipu_stack.util.heap import keep_freed_memory
+from ipu_stack.util.heap import keep_freed_memory, release_freed_memory
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
@@ -95,6 +95,7 @@ def run_package(
     # the weights as their storage codes: every reader takes them through np.asarray
     event(LOG, "holding weights in their stored precisions",
           bytes=compact_weights(graph, tensors))
+    release_freed_memory()  # what the compile and the float32 weights left behind
     owner = nullcontext() if lock_path is None else HardwareLock(lock_path, wait=wait)
     name = f"sim://private-{os.getpid()}" if lock_path is None else f"sim://{lock_path.stem}"
     with owner:

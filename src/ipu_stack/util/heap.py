@@ -8,13 +8,16 @@ the process already holds (``benchmarks/bench_speed.py``; docs/benchmarks.md).  
 mmap threshold to glibc's maximum (32 MiB) and the trim threshold to 1 GiB lets freed blocks
 be reused; the peak RSS of a run is unchanged (it is set by what is live at once).
 
-Elsewhere (another C library, or no ``mallopt``) this does nothing.
+The price is that memory freed stays with the process: :func:`release_freed_memory`
+hands it back (``malloc_trim``) where a phase ends and a larger one begins, as a run does
+after its compile.  Elsewhere (another C library, or no ``mallopt``) both do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 from functools import lru_cache
 
 M_TRIM_THRESHOLD = -1
@@ -24,15 +27,33 @@ TRIM_THRESHOLD = 1 << 30
 
 
 @lru_cache(maxsize=1)
-def keep_freed_memory() -> bool:
-    """Set the thresholds once per process; whether the C library took them."""
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
-        return False
+        return None
     try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def keep_freed_memory() -> bool:
+    """Set the thresholds once per process; whether the C library took them."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def release_freed_memory() -> bool:
+    """Collect garbage cycles and give the heap's free pages back to the OS; whether the
+    C library could."""
+    gc.collect()
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
