@@ -61,6 +61,10 @@ def legacy_pass_matmul(a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray:
     return partial.astype(np.float32)
 
 
+def legacy_pass_codes(a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray:
+    return legacy_pass_matmul(a, b, step).astype(np.float16)
+
+
 @pytest.fixture
 def legacy(monkeypatch: pytest.MonkeyPatch):
     """Switch the numerics to the legacy code for the duration of a block."""
@@ -68,7 +72,7 @@ def legacy(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(precision_module.Precision, "quantize", legacy_quantize)
         monkeypatch.setattr(precision_module.Precision, "dequantize", legacy_dequantize)
         monkeypatch.setattr(precision_module.Precision, "round_trip", legacy_round_trip)
-        monkeypatch.setattr(gemm_module, "fp16_pass_matmul", legacy_pass_matmul)
+        monkeypatch.setattr(gemm_module, "fp16_pass_codes", legacy_pass_codes)
     return switch
 
 
@@ -205,7 +209,7 @@ def both_paths(params: dict, family: str, addresses: list[list[int]], legacy,
         patch.setattr(precision_module.Precision, "quantize", legacy_quantize)
         patch.setattr(precision_module.Precision, "dequantize", legacy_dequantize)
         patch.setattr(precision_module.Precision, "round_trip", legacy_round_trip)
-        patch.setattr(gemm_module, "fp16_pass_matmul", legacy_pass_matmul)
+        patch.setattr(gemm_module, "fp16_pass_codes", legacy_pass_codes)
         old_works = [kernel.impl.run(params, old, TILES[i : i + 1], addresses[i])
                      for i in range(len(TILES))]
     new = memory.copy()

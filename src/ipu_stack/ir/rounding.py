@@ -235,24 +235,33 @@ def fp16_pass_matmul(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarra
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``
     ``[batch, depth, cols]`` (float32 values of FP8 operands); each ``pass_depth``-deep slice
     is one float32 matrix product, added to an FP16 partial that is rounded after every
-    pass.  Returns the partial ``[batch, rows, cols]`` as float32 (FP16 values).
+    pass.  Returns the partial ``[batch, rows, cols]`` as float32 (FP16 values)."""
+    return decode_f16(fp16_pass_codes(a, b, pass_depth))
+
+
+def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
+    """:func:`fp16_pass_matmul`, stored: the partials as float16 ``[batch, rows, cols]``.
 
     Each pass is one BLAS call on a contiguous copy of the pass's A columns and a view of
     B's rows (numpy's stacked matmul runs tile-sized products at a third of the speed of a
     loop of 2-D calls), into one product buffer that the compiled loop folds into the
-    partial at once, while both are still in cache."""
+    partial at once; the partial is encoded while still in cache."""
     batch, rows, depth = a.shape
     cols = b.shape[-1]
-    partial = np.zeros((batch, rows * cols), dtype=np.float32)
+    codes = np.empty((batch, rows * cols), dtype=np.uint16)
+    partial = np.empty((1, rows * cols), dtype=np.float32)
     dot = np.empty((rows, cols), dtype=np.float32)
     folded = dot.reshape(1, 1, rows * cols)
     for item in range(batch):
-        a_item, b_item, into = a[item], b[item], partial[item : item + 1]
+        a_item, b_item = a[item], b[item]
+        partial.fill(0.0)
         for lo in range(0, depth, pass_depth):
             hi = min(lo + pass_depth, depth)
-            np.matmul(np.ascontiguousarray(a_item[:, lo:hi]), b_item[lo:hi], out=dot)
-            _accumulate(folded, into)
-    return partial.reshape(batch, rows, cols)
+            a_pass = a_item if hi - lo == depth else np.ascontiguousarray(a_item[:, lo:hi])
+            np.matmul(a_pass, b_item[lo:hi], out=dot)
+            _accumulate(folded, partial)
+        _encode_f16(partial[0], codes[item])
+    return codes.view(np.float16).reshape(batch, rows, cols)
 
 
 CACHE_BYTES = 1 << 19  # a column strip's partials and products: kept within L2

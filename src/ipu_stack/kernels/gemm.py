@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import F16, Precision
-from ipu_stack.ir.rounding import fp16_pass_matmul
+from ipu_stack.ir.rounding import fp16_pass_codes
 from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
@@ -110,7 +110,7 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
             b = b.transpose(0, 2, 1)
         if mode == "fp8":
             pass_depth = p("amp_f8_depth")
-            partial = F16.quantize(fp16_pass_matmul(a, b, pass_depth))
+            partial = fp16_pass_codes(a, b, pass_depth)
             depth_passes = -(-depth // pass_depth)
         else:
             partial = np.matmul(a, b).astype(np.float32)
