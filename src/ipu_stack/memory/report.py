@@ -64,7 +64,10 @@ def live_bytes(program: Program, placement: Placement) -> dict[MemoryClass, np.n
     for memory_class in CLASSES:
         chosen = np.array([b.memory_class is memory_class for b in buffers], dtype=bool)
         if chosen.any():
-            out[memory_class] = weight[chosen].T @ member[chosen]
+            # in float64 (BLAS; numpy's int64 matmul has none): every sum is a whole number
+            # of bytes far below 2^53, so the result is exact
+            product = weight[chosen].T.astype(np.float64) @ member[chosen].astype(np.float64)
+            out[memory_class] = np.rint(product).astype(np.int64)
         else:
             out[memory_class] = np.zeros((steps, tiles), dtype=np.int64)
     return out
