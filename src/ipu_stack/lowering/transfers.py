@@ -194,6 +194,7 @@ def add_layout_transfers(
     # each source block's replicas (tiles holding it), found once
     holders: dict[tuple[int, int], np.ndarray] = {}
     whole_rows = np.arange(max(s_rb, 1), dtype=np.int64)
+    src_cols, add_rows = src.cols, builder.add_rows
     for i in range(d_rows):
         for j in range(d_cols):
             r0, r1, c0, c1 = dst.block_extent(i, j)
@@ -207,9 +208,14 @@ def add_layout_transfers(
             others: dict[int, np.ndarray] = {}
             block_col_end = min((j + 1) * d_cb, dst.cols) + dc - sc
             for si in range(r0 // s_rb, (r1 - 1) // s_rb + 1):
+                rr0 = r0 if r0 > si * s_rb else si * s_rb
+                rr1 = r1 if r1 < (si + 1) * s_rb else (si + 1) * s_rb
+                first = rr0 - si * s_rb
+                rows = whole_rows[first : first + rr1 - rr0]
+                row_shift = si * s_rb + sr - dr - i * d_rb
                 for sj in range(c0 // s_cb, (c1 - 1) // s_cb + 1):
-                    rr0, rr1 = max(r0, si * s_rb), min(r1, (si + 1) * s_rb)
-                    cc0, cc1 = max(c0, sj * s_cb), min(c1, (sj + 1) * s_cb)
+                    cc0 = c0 if c0 > sj * s_cb else sj * s_cb
+                    cc1 = c1 if c1 < (sj + 1) * s_cb else (sj + 1) * s_cb
                     source_replicas = holders.get((si, sj))
                     if source_replicas is None:
                         source_replicas = src.tiles[si, sj]
@@ -220,30 +226,29 @@ def add_layout_transfers(
                     source = int(source_replicas[(i + j) % len(source_replicas)])
                     s_col = (cc0 - sj * s_cb) * item
                     d_col = (cc0 + sc - dc - j * d_cb) * item
-                    _check_aligned(s_col, what)
-                    _check_aligned(d_col, what)
+                    if s_col % WORD or d_col % WORD:
+                        _check_aligned(s_col, what)
+                        _check_aligned(d_col, what)
                     length = (cc1 - cc0) * item
-                    if length % WORD and (cc1 != src.cols or cc1 != block_col_end):
-                        raise CompileError(f"layout conversion of {what} splits a word")
-                    length = round_up(length, WORD)
+                    if length % WORD:
+                        if cc1 != src_cols or cc1 != block_col_end:
+                            raise CompileError(f"layout conversion of {what} splits a word")
+                        length = round_up(length, WORD)
                     if length > s_pitch - s_col or length > d_pitch - d_col:
                         raise CompileError(f"layout conversion of {what} overruns a row")
-                    first = rr0 - si * s_rb
                     if length == s_pitch == d_pitch:
                         # whole rows in both layouts: one contiguous transfer (merge_copies)
-                        s_off = whole_rows[first : first + 1] * s_pitch + s_col
-                        d_off = (whole_rows[:1] + (rr0 + sr - dr - i * d_rb)) * d_pitch + d_col
+                        s_off = rows[:1] * s_pitch + s_col
+                        d_off = (rows[:1] + row_shift) * d_pitch + d_col
                         length *= rr1 - rr0
                     else:
-                        rows = whole_rows[first : first + rr1 - rr0]
                         s_off = rows * s_pitch + s_col
-                        d_off = (rows + (si * s_rb + sr - dr - i * d_rb)) * d_pitch + d_col
+                        d_off = (rows + row_shift) * d_pitch + d_col
                     keep = others.get(source)
                     if keep is None:
                         keep = others[source] = replicas[replicas != source]
                     if len(keep):
-                        builder.add_rows(source, src_buf, s_off, length // WORD, keep, dst_buf,
-                                         d_off)
+                        add_rows(source, src_buf, s_off, length // WORD, keep, dst_buf, d_off)
                     if len(keep) != len(replicas):
                         # the source tile is itself a destination: an on-tile copy kernel
                         builder.local.append(
