@@ -5,18 +5,21 @@ operand addresses, exchange transfers with their schedule, and host streams.  It
 package against the machine before running (tiles exist, every access inside tile memory,
 every exchange schedule valid), then executes supersteps and times what it executed:
 
-* compute: identical kernel calls across tiles run as one batched numpy call; each call
+* compute: a kernel call runs once over all its tiles, each operand gathered at each tile's
+  own address (docs/architecture.md, "How the simulator runs a package fast"); each call
   reports the work it did (AMP passes and rows, per-worker element counts, ...), and
   ``target.timing.price_work`` turns that work into cycles, with the AMP weight price taken
   from where the weights really sit (interleaved or standard memory); the superstep takes the
   busiest tile, plus a sync;
-* exchange: one gather/scatter of words; cycles are the instruction-level horizon of the
-  chunks in the package (sends of at most 64 words, aligned starts) plus the measured
-  per-phase cost, plus a sync;
+* exchange: one compiled gather/scatter of words (all reads before any write); cycles are
+  the instruction-level horizon of the chunks in the package (sends of at most 64 words,
+  aligned starts) plus the measured per-phase cost, plus a sync;
 * host streams: bytes over the 32 GB/s link, reported as host cycles beside the device's;
 * a loop step runs its body once per layer: each operand or send that names a per-layer
   weight is moved, on pass ``k``, to layer ``k``'s copy through the slot's address table
-  (checked at load for every layer); cycles are also reported per pass.
+  (checked at load for every layer); cycles are also reported per pass;
+* probe reads (checkpoints) stay in their stored precision and, when the caller asks, are
+  handed over as soon as their last piece is read, so a verdict can run beside the device.
 
 None of this calls the planner's cost functions: ``estimatedCycles`` and ``cycles`` are two
 code paths, and the benchmark reports their difference.

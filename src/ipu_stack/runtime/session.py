@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -119,16 +120,20 @@ def run_package(
         # loops release the GIL), each side with one BLAS thread, so two cores are two lanes;
         # then it judges each stage as the device hands over its probe read
         arrivals: queue.SimpleQueue = queue.SimpleQueue()
+        abandon = threading.Event()  # the device failed: the host side stops at once
         with threadpool_limits(limits=1, user_api="blas"), \
                 ThreadPoolExecutor(max_workers=1) as pool:
             outputs_only = {v.name for v in graph.by_role("output")}
             host_side = pool.submit(_host_side, graph, tensors,
                                     package.manifest.get("gemm_modes"), model, outputs_only,
-                                    arrivals)
+                                    arrivals, abandon)
             try:
                 init_report = device.call("initialize", weights)
                 run_report = device.call("run", inputs, on_probes=arrivals.put)
                 arrivals.put(list(run_report.outputs.items()))
+            except BaseException:
+                abandon.set()
+                raise
             finally:
                 arrivals.put(None)  # nothing more: the host side finishes (or stops)
             simulate = time.perf_counter() - sim_start
@@ -156,7 +161,8 @@ def run_package(
 def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
                gemm_modes: dict[str, dict] | None,
                model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
-               outputs_only: set[str], arrivals: queue.SimpleQueue
+               outputs_only: set[str], arrivals: queue.SimpleQueue,
+               abandon: threading.Event | None = None
                ) -> tuple[Mapping[str, np.ndarray], dict[str, np.ndarray], float, StageJudge]:
     """The host's side of a run: the device-precision reference (every value, without the
     weights: the verdict rounds each stage's weights when it reruns it), then the
@@ -175,7 +181,7 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
             ideal, ideal_seconds = model(graph, tensors), time.perf_counter() - started
         model_steps = evaluate_float64_steps(graph, tensors, outputs_only) if ideal is None \
             else None
-        while True:
+        while abandon is None or not abandon.is_set():
             while not device_done:  # take whatever the device has handed over
                 try:
                     arrived = arrivals.get_nowait()
