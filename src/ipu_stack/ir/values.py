@@ -10,7 +10,7 @@ precision (the reference and the device round to it), so keeping the codes loses
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -118,8 +118,3 @@ def compact_weights(graph: Graph, tensors: MutableMapping[str, Any]) -> int:
         tensors[value.name] = compact
         held += int(compact.nbytes)
     return held
-
-
-def float_values(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Every value of a mapping as a float32 array (for writing files)."""
-    return {name: np.asarray(data, dtype=np.float32) for name, data in values.items()}

@@ -171,12 +171,6 @@ def read_rows(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, row
     return out
 
 
-def read_region(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray,
-                nbytes: int) -> np.ndarray:
-    """Bytes ``[address, address + nbytes)`` of each tile: ``uint8 [len(tiles), nbytes]``."""
-    return read_rows(mem, tiles, address, 1, nbytes, nbytes)[:, 0]
-
-
 def write_rows(
     mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, pitch: int, data: np.ndarray
 ) -> None:
