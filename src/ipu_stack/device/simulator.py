@@ -431,10 +431,11 @@ class SimulatedIpu:
             with np.errstate(all="ignore"):  # overflow saturates: the check reports it
                 works = kernel.impl.run(kernel.params, self.memory, tiles,
                                         [addresses[:, k] for k in range(addresses.shape[1])])
-            for work in works:
-                # the AMP's weight price depends on where each tile's weights sit
-                interleaved = np.ones(len(tiles), dtype=bool) if work.weights < 0 else (
-                    addresses[:, work.weights] + self.base >= self.target.interleaved_base)
+            # the AMP's weight price depends on where each tile's weights sit
+            placements = [np.ones(len(tiles), dtype=bool) if work.weights < 0 else (
+                addresses[:, work.weights] + self.base >= self.target.interleaved_base)
+                for work in works]
+            for work, interleaved in zip(works, placements, strict=True):
                 for placed in (True, False):
                     members = tiles[interleaved == placed]
                     if members.size == 0:
@@ -444,21 +445,8 @@ class SimulatedIpu:
                     by_kind.setdefault(_work_class(work.kind), np.zeros_like(busy))[
                         members] += cycles
             if trace is not None:
-                self._trace_call(trace, kernel, tiles, addresses, works)
+                _trace_call(trace, kernel, tiles, works, placements)
         return busy, by_kind
-
-    def _trace_call(self, trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray,
-                    addresses: np.ndarray, works: list) -> None:
-        """A recorded call's priced work, per group of tiles priced alike."""
-        groups: dict[tuple[bool, ...], list[int]] = {}
-        for index in range(len(tiles)):
-            key = tuple(w.weights < 0 or bool(addresses[index, w.weights] + self.base
-                                              >= self.target.interleaved_base) for w in works)
-            groups.setdefault(key, []).append(index)
-        for key, members in groups.items():
-            priced = [{"kind": w.kind, "cycles": timing.price_work(w, placed),
-                       "counts": _plain(w.counts)} for w, placed in zip(works, key, strict=True)]
-            trace.add(kernel.name, tiles[members], priced)
 
     def _poison_groups(self, kernel: KernelInstance, tiles: np.ndarray, addresses: np.ndarray,
                        step: str) -> None:
@@ -556,6 +544,19 @@ class SimulatedIpu:
         horizon, shifted = instruction_horizon(schedule, transfers)
         details.update(instruction_horizon=horizon, shifted_sends=shifted)
         return timing.estimate_exchange_phase(horizon), ports, details
+
+
+def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, works: list,
+                placements: list[np.ndarray]) -> None:
+    """A recorded call's priced work, per group of tiles priced alike (``placements``: per
+    work, whether each tile's weights sit in interleaved memory)."""
+    groups: dict[tuple[bool, ...], list[int]] = {}
+    for index in range(len(tiles)):
+        groups.setdefault(tuple(bool(p[index]) for p in placements), []).append(index)
+    for key, members in groups.items():
+        priced = [{"kind": w.kind, "cycles": timing.price_work(w, placed),
+                   "counts": _plain(w.counts)} for w, placed in zip(works, key, strict=True)]
+        trace.add(kernel.name, tiles[members], priced)
 
 
 ProbeListener = Callable[[list[tuple[str, StoredTensor]]], None]

@@ -118,11 +118,10 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
          gemm_modes: dict[str, dict] | None = None,
-         keep_weights: bool = True, keep: Collection[str] | None = None,
-         compact: bool = False) -> Mapping[str, np.ndarray]:
+         keep_weights: bool = True, keep: Collection[str] | None = None
+         ) -> dict[str, np.ndarray]:
     """:func:`_run_steps` run to the end."""
-    return drain(_run_steps(graph, tensors, dtype, store, gemm_modes, keep_weights, keep,
-                            compact))
+    return drain(_run_steps(graph, tensors, dtype, store, gemm_modes, keep_weights, keep))
 
 
 def drain(steps: Generator[None, None, Any]) -> Any:
@@ -138,21 +137,20 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
                store: Callable[[np.ndarray, object], np.ndarray],
                gemm_modes: dict[str, dict] | None = None,
                keep_weights: bool = True, keep: Collection[str] | None = None,
-               compact: bool = False, into: CompactValues | None = None
+               into: CompactValues | None = None
                ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
     would be 3 GB held for nothing); with ``keep``, only those values are returned and every
-    other one is dropped after its last reader.  With ``compact``, every value is returned
+    other one is dropped after its last reader.  With ``into``, every value is stored there
     in its stored precision (:class:`~ipu_stack.ir.values.CompactValues`, float32 when read)
-    and the float32 working copies are dropped after their last reader; ``into``: the
-    :class:`~ipu_stack.ir.values.CompactValues` to fill, value by value, as they are made
-    (a caller may read each as soon as it exists)."""
+    as soon as it is made (a caller may read each at once), that is what is returned, and
+    the float32 working copies are dropped after their last reader."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
     last_use = {i: op.id for op in graph.operations for i in op.inputs}
     kept = None if keep is None else {v.id for v in graph.values if v.name in keep}
-    results = into if into is not None else (CompactValues() if compact else None)
+    results = into
     if results is not None:
         kept = set()
 
@@ -215,14 +213,13 @@ class HostValues(Mapping):
 
 def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
              gemm_modes: dict[str, dict] | None = None,
-             keep_weights: bool = True, compact: bool = False) -> Mapping[str, np.ndarray]:
-    """All values of ``graph`` at device precision (float32 arrays), keyed by value name;
-    ``compact``: held in their stored precisions, decoded when read.
+             keep_weights: bool = True) -> dict[str, np.ndarray]:
+    """All values of ``graph`` at device precision (float32 arrays), keyed by value name.
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
     return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
-                gemm_modes, keep_weights=keep_weights, compact=compact)
+                gemm_modes, keep_weights=keep_weights)
 
 
 def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],

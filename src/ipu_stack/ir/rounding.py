@@ -10,13 +10,14 @@ FP8 casts cost 10-20 ns an element.  Here:
 * FP8 encoding and the FP16 rounding are compiled loops (numba) that round to nearest even
   on the float32 bits (add half an ulp minus one plus the kept last bit, clear the dropped
   bits), and on a float64 grid below the normal range: a few nanoseconds an element;
-* :func:`accumulate_f16_passes` adds the per-pass dot products to an FP16 partial and rounds
-  after each pass in one loop, instead of three array passes per pass.
+* :func:`fp16_pass_codes` and :func:`fp16_blocked_matmul` add each AMP pass's product to an
+  FP16 partial and round it in one compiled loop, instead of three array passes per pass.
 
 Each result is bit-identical to the numpy/ml_dtypes conversion it replaces (saturating FP8
-encode of the clipped value, round-to-nearest-even, NaN kept): ``tests/unit/test_rounding.py``
-checks every float16 value, the midpoints between neighbouring FP8 values at several scales,
-and random float32 values against ml_dtypes and numpy.
+encode of the clipped value, round-to-nearest-even, NaN kept):
+``tests/unit/test_fast_numerics.py`` checks every float16 value, the midpoints between
+neighbouring FP8 values at several scales, and random float32 values against ml_dtypes and
+numpy.
 """
 
 from __future__ import annotations
@@ -182,19 +183,6 @@ def round_f16(values: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(values))
 
 
-def accumulate_f16_passes(dots: np.ndarray, partial: np.ndarray | None = None) -> np.ndarray:
-    """The FP8 AMP's partial: ``dots`` is ``[batch, passes, ...]`` float32 (each pass's dot
-    product); the result ``[batch, ...]`` float32 holds the FP16 partial after the last pass,
-    rounded to FP16 after every pass.  ``partial``: a starting partial (FP16 values)."""
-    dots = np.ascontiguousarray(dots, dtype=np.float32)
-    shape = (dots.shape[0],) + dots.shape[2:]
-    flat = dots.reshape(dots.shape[0], dots.shape[1], -1)
-    out = (np.zeros((dots.shape[0], flat.shape[2]), dtype=np.float32) if partial is None
-           else np.array(partial, dtype=np.float32).reshape(dots.shape[0], -1))
-    _accumulate(flat, out)
-    return out.reshape(shape)
-
-
 def encode_fp8(values: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray:
     """FP8 storage of ``values / 2^scale_exponent``, saturated to the format's largest value
     and rounded to nearest even (ml_dtypes' cast of the clipped value, NaN to 0x80)."""
@@ -231,16 +219,11 @@ def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray
     return out.reshape(np.shape(stored))
 
 
-def fp16_pass_matmul(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
+def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``
     ``[batch, depth, cols]`` (float32 values of FP8 operands); each ``pass_depth``-deep slice
     is one float32 matrix product, added to an FP16 partial that is rounded after every
-    pass.  Returns the partial ``[batch, rows, cols]`` as float32 (FP16 values)."""
-    return decode_f16(fp16_pass_codes(a, b, pass_depth))
-
-
-def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
-    """:func:`fp16_pass_matmul`, stored: the partials as float16 ``[batch, rows, cols]``.
+    pass.  Returns the partials as float16 ``[batch, rows, cols]``.
 
     Each pass is one BLAS call on a contiguous copy of the pass's A columns and a view of
     B's rows (numpy's stacked matmul runs tile-sized products at a third of the speed of a
@@ -270,7 +253,7 @@ CACHE_BYTES = 1 << 19  # a column strip's partials and products: kept within L2
 def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
                         pass_depth: int) -> np.ndarray:
     """``a @ b`` (``[rows, depth] @ [depth, cols]``) as a depth-split FP8 GEMM computes it:
-    each ``depth_block`` of the depth is summed as :func:`fp16_pass_matmul` does (FP16
+    each ``depth_block`` of the depth is summed as :func:`fp16_pass_codes` does (FP16
     partials rounded after every ``pass_depth``-deep pass), and the blocks' partials are
     added in float32, in order.
 

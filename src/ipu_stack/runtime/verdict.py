@@ -223,17 +223,21 @@ class StageJudge:
         self.reference_by_id = _ById(graph, reference, {
             v.id for v in graph.values if v.role != "weight" and v.id not in host
             and len(v.type.shape) > 1})
-        self.pending: list[tuple[Stage, list[int], set[int], set[int]]] = []
+        # per stage: its operations, inputs, the values it makes, and the values it reads
+        # from the device (inputs neither made inside it nor held by the host)
+        host_ids = set(host)
+        self.pending: list[tuple[Stage, list[int], set[int], set[int], set[int]]] = []
         for stage in find_stages(graph):
             operations = list(stage_operations(stage))
             inputs = {i for op in operations for i in graph.operations[op].inputs}
             produced = {o for op in operations for o in graph.operations[op].outputs}
-            self.pending.append((stage, operations, inputs, produced))
+            self.pending.append((stage, operations, inputs, produced,
+                                 inputs - produced - host_ids))
         self.outputs = {v.name for v in graph.by_role("output")}
         self.last_reader: dict[str, int] = {}  # device values: the last stage reading them
         last_stage: dict[str, int] = {}  # any value: the last stage reading or making it
-        for position, (stage, _, inputs, produced) in enumerate(self.pending):
-            for value_id in (inputs - produced - set(host)) | {stage.out}:
+        for position, (stage, _, inputs, produced, from_device) in enumerate(self.pending):
+            for value_id in from_device | {stage.out}:
                 self.last_reader[graph.value(value_id).name] = position
             for value_id in inputs | produced:
                 last_stage[graph.value(value_id).name] = position
@@ -254,8 +258,8 @@ class StageJudge:
         more will arrive), skip the stages the device did not probe."""
         started = time.perf_counter()
         while self.pending:
-            stage, operations, inputs, produced = self.pending[0]
-            device_inputs = [self.graph.value(i).name for i in inputs - produced - set(self.host)]
+            stage, operations, inputs, produced, from_device = self.pending[0]
+            device_inputs = [self.graph.value(i).name for i in from_device]
             out = self.graph.value(stage.out)
             ready = out.name in self.device and all(n in self.device for n in device_inputs)
             if not all(n in self.reference for n in [out.name, *device_inputs]):
@@ -264,16 +268,16 @@ class StageJudge:
                 break
             self.pending.pop(0)
             if ready:
-                self._judge(stage, operations, inputs, produced)
+                self._judge(stage, operations, inputs, produced, from_device)
             self._drop(self.judged)
             self.judged += 1
         self.seconds += time.perf_counter() - started
 
     def _judge(self, stage: Stage, operations: list[int], inputs: set[int],
-               produced: set[int]) -> None:
+               produced: set[int], from_device: set[int]) -> None:
         graph, out = self.graph, self.graph.value(stage.out)
         known = {i: self.host[i] for i in inputs if i in self.host}
-        for value_id in inputs - produced - set(self.host):
+        for value_id in from_device:
             known[value_id] = self.device[graph.value(value_id).name]
         expected = _rerun(graph, stage, operations, known, inputs - produced, self.host,
                           self.reference_by_id, self.gemm_modes)
