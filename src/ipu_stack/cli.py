@@ -18,8 +18,8 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity
+from ipu_stack.contract import check_metadata, from_manifest
 from ipu_stack.device import SimulatedIpu, device_lock
-from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.cache import default_cache_dir
@@ -322,8 +322,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:
     """Rebuild the workload a package was compiled from and check it matches the program."""
-    validate_metadata(package.manifest)
-    validate_manifest(package.manifest, package.arrays, get_target(package.target))
+    check_metadata(package.manifest)
+    from_manifest(package.manifest, package.arrays)  # every field typed and bounded
     info = package.manifest["workload"]
     try:
         workload = _recorded_workload(info)
@@ -423,7 +423,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
-    validate_metadata(package.manifest)
+    check_metadata(package.manifest)
     SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
     m = package.manifest
     summary = {

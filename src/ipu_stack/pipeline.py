@@ -121,4 +121,5 @@ def _compile_once(
         estimate=build.estimate, timings={"compile": time.perf_counter() - start},
         plans=[p.describe() for p in build.plans if p],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
+        device_program=build.device_program,
     )

@@ -258,9 +258,9 @@ def test_corrupted_layer_norm_gamma_fails_numerical_test(tmp_path, lock_path, ca
 
     def corrupt(self, step, tensors):
         written = original(self, step, tensors)
-        if step["tensor"] == "layer0.ln1.gamma":
-            tiles = self._array(step["tiles"]).ravel()
-            addresses = self._array(step["addresses"]).ravel() - self.base
+        if step.tensor == "layer0.ln1.gamma":
+            tiles = step.tiles.ravel()
+            addresses = step.addresses.ravel() - self.base
             self.memory[tiles[0], addresses[0] + 1 : addresses[0] + 128 : 2] ^= 0x80
             hit.append(int(tiles[0]))
         return written

@@ -80,9 +80,9 @@ def test_corrupted_weight_block_fails_numerical_test(tmp_path, lock_path, cache_
 
     def corrupt(self, step, tensors):
         written = original(self, step, tensors)
-        if step["tensor"].startswith("w2"):
-            tiles = self._array(step["tiles"]).ravel()
-            addresses = self._array(step["addresses"]).ravel() - self.base
+        if step.tensor.startswith("w2"):
+            tiles = step.tiles.ravel()
+            addresses = step.addresses.ravel() - self.base
             self.memory[tiles[0], addresses[0] : addresses[0] + 64] ^= 0x11
         return written
 

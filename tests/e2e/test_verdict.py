@@ -71,7 +71,7 @@ def _host_weight(monkeypatch, name: str, change) -> None:
     original = simulator.SimulatedIpu._host_write
 
     def write(self, step, tensors):
-        if step["tensor"] == name:
+        if step.tensor == name:
             tensors = {**tensors, name: change(np.asarray(tensors[name]))}
         return original(self, step, tensors)
 
@@ -98,14 +98,13 @@ def _head_dropped(monkeypatch, layer: int) -> str:
     def compute(self, step, trace=None, on_pass=0):
         busy = original(self, step, trace, on_pass)
         plans = self.package.manifest["plans"]
-        looped = any(s["kind"] == "loop" for s in self.package.manifest["programs"]["run"])
+        looped = any(s.kind == "loop" for s in self.program.run)
         stage = _pv_stage(self.package.manifest, 0 if looped else layer)
-        if step["name"] == f"stage{stage}.gemm" and (not looped or on_pass == layer):
+        if step.name == f"stage{stage}.gemm" and (not looped or on_pass == layer):
             tiles_used = _tiles(plans[_gemm_index(self.package.manifest, stage)])
-            for call in step["calls"]:
-                kernel = self.kernels[call["kernel"]]
-                tiles = self._array(call["tiles"])
-                addresses = self._array(call["addresses"])
+            for call in step.calls:
+                kernel = self.program.kernels[call.kernel]
+                tiles, addresses = call.tiles, call.addresses
                 head = (tiles >= tiles_used) & (tiles < 2 * tiles_used)
                 rows, pitch = kernel.params["rows"], kernel.params["out_pitch"]
                 for tile, address in zip(tiles[head], addresses[head, 2], strict=True):

@@ -41,7 +41,6 @@ def artifact_bytes(instance: KernelInstance, target: Target) -> bytes:
         "target": target.name,
         "source": instance.impl.source,
         "code_bytes": instance.impl.code_bytes,
-        "cycles": instance.cost(target),
     }
     return json.dumps(descriptor, sort_keys=True, indent=1).encode() + b"\n"
 

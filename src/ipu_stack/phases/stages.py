@@ -16,9 +16,10 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.codegen.emit import emit_program
+from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
 from ipu_stack.kernels.cache import compile_kernels
-from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
 from ipu_stack.memory.placement import Placement, fragmentation, place_storage
@@ -232,7 +233,9 @@ def emit_tile_code(build: Build) -> Fields:
     assert build.program is not None and build.placement is not None
     event(LOG, "costed final placed program", final_cycles=build.estimate["cycles"],
           final_exchange=build.estimate["scheduled_exchange_cycles"])
-    build.fragment, build.arrays = emit_program(build.program, build.placement, build.schedules)
+    build.device_program = emit_program(build.program, build.placement, build.schedules,
+                                        build.target)
+    build.fragment, build.arrays = to_manifest(build.device_program)
     return {}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.contract import DeviceProgram
 from ipu_stack.exchange import Schedule, ScheduleMemo
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
@@ -60,6 +61,7 @@ class CompileResult:
     plans: list[str] = field(default_factory=list)
     peak_bytes: int = 0
     active_tiles: int = 0
+    device_program: DeviceProgram | None = None  # what the package holds, typed
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Build:
     # write_memory_reports
     profile: dict[str, Any] = field(default_factory=dict)
     # emit_tile_code
+    device_program: DeviceProgram | None = None
     fragment: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     # write_package

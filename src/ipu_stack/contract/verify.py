@@ -1,0 +1,214 @@
+"""The one verifier of a device program against a machine.
+
+It runs twice: at the end of ``emit_tile_code`` (a compiler bug stops the compile, not a
+run) and again when the device loads a package (a package from anywhere is checked before
+a byte moves).  What it checks, for every step and, inside the layer loop, for every pass
+whose addresses differ:
+
+* every tile named exists;
+* every kernel access and every host block lies inside tile memory, and operands the
+  hardware only takes from interleaved memory (AMP weights) sit there;
+* with the compiler's allocation map: every access lies inside an allocation live at that
+  step on that tile (a stray address is a fault naming tile, address and step);
+* every exchange schedule covers its transfers and is free of port conflicts
+  (:func:`ipu_stack.exchange.verify_schedule`).
+
+Field types and bounds were checked when the program was read (:mod:`.parse`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ipu_stack.contract.program import (
+    Allocations,
+    Compute,
+    DeviceProgram,
+    Exchange,
+    HostRead,
+    HostWrite,
+    Loop,
+    Step,
+    call_addresses,
+    exchange_sources,
+    per_layer,
+)
+from ipu_stack.exchange import verify_schedule
+from ipu_stack.exchange.model import ScheduleError
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.target import Target
+from ipu_stack.util.errors import DeviceFault, PackageError
+
+WORD = 4
+SHIFT = np.int64(1 << 32)
+
+
+class AllocationMap:
+    """Allocations as sorted arrays; ``check`` answers for a batch of byte ranges at one
+    step (the allocations live to the end, a tower's per-layer weights, are sorted once)."""
+
+    def __init__(self, allocations: Allocations, tiles: int) -> None:
+        self.tile, self.address, self.bytes = (allocations.tile, allocations.address,
+                                               allocations.bytes)
+        self.first, self.last = allocations.first, allocations.last
+        n = len(self.tile)
+        if n and (self.tile.min() < 0 or self.tile.max() >= tiles):
+            raise PackageError("package allocation map names a tile that does not exist")
+        self.always = self.last == (self.last.max() if n else 0)
+        self.static = self._sorted(self.always)
+        self.step: int | None = None
+        self.dynamic = self._sorted(np.zeros(n, dtype=bool))
+
+    def _sorted(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+        keys = self.tile[chosen] * SHIFT + self.address[chosen]
+        order = np.argsort(keys, kind="stable")
+        ends = (self.address[chosen] + self.bytes[chosen])[order]
+        return keys[order], ends, self.tile[chosen][order], self.first[chosen][order]
+
+    @staticmethod
+    def _inside(table: tuple[np.ndarray, ...], step: int, tile: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray) -> np.ndarray:
+        keys, ends, owners, firsts = table
+        if not len(keys):
+            return np.zeros(len(tile), dtype=bool)
+        index = np.searchsorted(keys, tile * SHIFT + lo, side="right") - 1
+        safe = np.clip(index, 0, len(keys) - 1)
+        return (index >= 0) & (owners[safe] == tile) & (hi <= ends[safe]) & (firsts[safe] <= step)
+
+    def check(self, step: int, tile: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+              what: str) -> None:
+        """Fault unless each ``[lo, hi)`` on ``tile`` lies in one allocation live at ``step``."""
+        if len(tile) == 0:
+            return
+        if self.step != step:
+            live = ~self.always & (self.first <= step) & (step <= self.last)
+            self.dynamic, self.step = self._sorted(live), step
+        tile = tile.astype(np.int64)
+        inside = self._inside(self.dynamic, step, tile, lo, hi)
+        if not inside.all():
+            inside |= self._inside(self.static, step, tile, lo, hi)
+        if not inside.all():
+            k = int(np.argmin(inside))
+            raise DeviceFault(
+                f"{what} on tile {int(tile[k])} touches [{int(lo[k])}, {int(hi[k])}) at step "
+                f"{step}, outside every operand placed there"
+            )
+
+
+class Verifier:
+    """Checks one program against one machine (see the module docstring)."""
+
+    def __init__(self, program: DeviceProgram, target: Target) -> None:
+        self.program, self.target = program, target
+        self.base, self.end = target.memory_base, target.memory_end
+        self.allocations = (None if program.allocations is None
+                            else AllocationMap(program.allocations, target.tiles))
+        self.tables: tuple[np.ndarray, ...] = ()
+
+    def run(self) -> None:
+        offset = 0
+        for name in ("initialize", "run"):
+            steps = self.program.program(name)
+            layers, body_end = 1, -1
+            for index, step in enumerate(steps):
+                if isinstance(step, Loop):
+                    self._loop(step, f"{name} step {index}")
+                    self.tables = step.slots
+                    layers, body_end = step.count, index + step.length
+                    continue
+                passes = layers if index <= body_end and per_layer(step) else 1
+                for layer in range(passes):
+                    where = f"{name} step {index} ({step.kind})" + (
+                        f" on layer {layer}" if layer else "")
+                    self._step(step, where, layer, offset + index)
+            offset += len(steps)
+
+    def _loop(self, step: Loop, where: str) -> None:
+        for number, table in enumerate(step.slots):
+            if table.shape != (step.count, self.target.tiles):
+                raise PackageError(
+                    f"package program is invalid: {where}: slot {number} table is "
+                    f"{list(table.shape)}, not [{step.count}, {self.target.tiles}]")
+
+    def _tiles(self, tiles: np.ndarray, where: str) -> None:
+        tiles = tiles[tiles >= 0] if tiles.ndim > 1 else tiles
+        if tiles.size and (tiles.min() < 0 or tiles.max() >= self.target.tiles):
+            bad = int(tiles[(tiles < 0) | (tiles >= self.target.tiles)][0])
+            raise PackageError(f"{where} names tile {bad}, which does not exist on ipu21")
+
+    def _range(self, addr: np.ndarray, nbytes: np.ndarray | int, where: str) -> None:
+        end = addr + nbytes
+        bad = (addr < self.base) | (end > self.end)
+        if np.any(bad):
+            first = int(np.flatnonzero(bad.ravel())[0])
+            raise PackageError(
+                f"{where} accesses address {int(addr.ravel()[first])} outside tile memory "
+                f"[{self.base}, {self.end})")
+
+    def _step(self, step: Step, where: str, layer: int, index: int) -> None:
+        if isinstance(step, (HostWrite, HostRead)):
+            self._tiles(step.tiles, where)
+            self._range(step.addresses[step.tiles >= 0], step.layout.block_bytes, where)
+        elif isinstance(step, Compute):
+            self._compute(step, where, layer, index)
+        elif isinstance(step, Exchange):
+            self._exchange(step, where, layer, index)
+
+    def _compute(self, step: Compute, where: str, layer: int, index: int) -> None:
+        for call in step.calls:
+            kernel = self.program.kernels[call.kernel]
+            self._tiles(call.tiles, where)
+            for _, slot in call.slots:
+                if slot >= len(self.tables) or np.any(self.tables[slot][0, call.tiles] < 0):
+                    raise PackageError(
+                        f"a call names slot {slot} on a tile that does not hold it")
+            addresses = call_addresses(call, self.tables, layer)
+            for operand, length, _ in kernel.impl.accesses(kernel.params):
+                if length > 0:
+                    self._range(addresses[:, operand], length, f"{where} {kernel.name}")
+            for operand in kernel.impl.interleaved:
+                low = addresses[:, operand] < self.target.interleaved_base
+                if np.any(low):
+                    raise PackageError(
+                        f"{where} {kernel.name}: operand {operand} at address "
+                        f"{int(addresses[np.argmax(low), operand])} must be in interleaved "
+                        f"memory (>= {self.target.interleaved_base})")
+            if self.allocations is not None:
+                _check_call(self.allocations, index, step.name, kernel, call.tiles, addresses)
+
+    def _exchange(self, step: Exchange, where: str, layer: int, index: int) -> None:
+        transfers = step.transfers(self.target.tiles)
+        self._tiles(step.src_tile, where)
+        self._tiles(step.dst_tile, where)
+        nbytes = step.words * WORD
+        src = exchange_sources(step, self.tables, layer)
+        self._range(src, nbytes, where)
+        dst_bytes = np.repeat(nbytes, transfers.fanout)
+        self._range(step.dst_addr, dst_bytes, where)
+        if layer == 0:  # the schedule is the same on every pass
+            try:
+                verify_schedule(transfers, step.schedule())
+            except ScheduleError as exc:
+                raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
+        if self.allocations is not None:
+            self.allocations.check(index, step.src_tile, src, src + nbytes,
+                                   f"exchange {step.name} source")
+            self.allocations.check(index, step.dst_tile, step.dst_addr,
+                                   step.dst_addr + dst_bytes,
+                                   f"exchange {step.name} destination")
+
+
+def _check_call(amap: AllocationMap, step: int, name: str, kernel: KernelInstance,
+                tiles: np.ndarray, addresses: np.ndarray) -> None:
+    for region in kernel.impl.regions(kernel.params):
+        if region.rows * region.row_bytes == 0:
+            continue
+        lo = addresses[:, region.operand] + region.offset
+        hi = lo + (region.rows - 1) * region.pitch + region.row_bytes
+        amap.check(step, tiles, lo, hi, f"kernel {kernel.name} in {name}")
+
+
+def verify_program(program: DeviceProgram, target: Target) -> None:
+    """Raise :class:`PackageError` or :class:`DeviceFault` (one line) on the first step the
+    machine could not run exactly as written."""
+    Verifier(program, target).run()
