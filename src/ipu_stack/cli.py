@@ -65,6 +65,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "(FP8 data cast first), or auto (the planner picks per stage)")
     parser.add_argument("--exchange-cache", action="store_true",
                         help="also keep verified exchange schedules on disk under the cache dir")
+    parser.add_argument("--dump-stages", metavar="DIR", default=None,
+                        help="write each compile stage's artifact into DIR (graph text, plans, "
+                        "program, kernels, placement summary, device program)")
     parser.add_argument("--unroll-layers", action="store_true",
                         help="plan and lower every layer on its own instead of running "
                         "identical layers as one loop body")
@@ -222,6 +225,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
+        dump_stages=args.dump_stages,
     )
 
 

@@ -27,6 +27,7 @@ from ipu_stack.phases.costing import (
     stage_shape,
     to_transfers,
 )
+from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import PlacementError
@@ -110,9 +111,16 @@ def _compile_once(
     start = time.perf_counter()
     build = Build(workload, params, Path(out_dir), options, get_target(options.target), memo,
                   prepared if prepared is not None else {})
-    for name, stage in STAGES:
+    dump = Path(options.dump_stages) if options.dump_stages else None
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+    for number, (name, stage) in enumerate(STAGES, start=1):
         with phase(LOG, name) as fields:
             fields.update(stage(build))
+        if dump is not None:
+            written = dump_stage(dump, number, name, build)
+            if written is not None:
+                event(LOG, "dumped stage artifact", stage=name, path=str(written))
     assert build.package is not None and build.graph is not None
     assert build.program is not None and build.placement is not None
     active = np.unique(np.concatenate([b.tiles for b in build.program.buffers]))

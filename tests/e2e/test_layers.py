@@ -216,7 +216,7 @@ def _corrupt_softmax(monkeypatch) -> None:
         result = np.float32(1.01) * e / e.sum(axis=-1, keepdims=True)
         out = Precision.from_json(p["out"])
         write_rows(mem, tiles, addresses[3], p["out_pitch"], out.quantize(result).view(np.uint8))
-        return rowwise._work(p)  # the corruption costs what the kernel costs
+        return rowwise._work(p, x.shape)  # the corruption costs what the kernel costs
 
     monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
 

@@ -43,7 +43,7 @@ def _change_outputs(monkeypatch, change) -> None:
 
     def read(self, step):
         piece, precision = original(self, step)  # storage codes
-        if step.get("checkpoint") is None:  # changed as values, stored back as the device would
+        if step.checkpoint is None:  # changed as values, stored back as the device would
             piece = precision.quantize(change(precision.dequantize(piece), step))
         return piece, precision
 
@@ -56,7 +56,7 @@ def _scaled(monkeypatch) -> None:
 
 def _row_offset(monkeypatch) -> None:
     def change(piece, step):
-        if step.get("origin", [0, 0])[0] == 0:  # the piece holding row 0
+        if step.origin[0] == 0:  # the piece holding row 0
             piece[0] += np.float32(0.01) * np.abs(piece).max()
         return piece
     _change_outputs(monkeypatch, change)

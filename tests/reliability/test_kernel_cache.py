@@ -44,8 +44,8 @@ def test_damaged_entries_are_rebuilt(tmp_path: Path) -> None:
     garbage, truncated, lying, deleted = entries[:4]
     garbage.write_bytes(b"\x00garbage\xff" * 10)
     truncated.write_bytes(good[truncated][: len(good[truncated]) // 2])
-    # valid JSON of the right shape but a different cost: the hash still catches it
-    lying.write_bytes(good[lying].replace(b'"cycles": ', b'"cycles": 1'))
+    # valid JSON of the right shape but a different size: the hash still catches it
+    lying.write_bytes(good[lying].replace(b'"code_bytes": ', b'"code_bytes": 1'))
     deleted.unlink()
     code, err, second = _compile(cache, tmp_path / "b")
     assert code == 0, err

@@ -232,7 +232,7 @@ class _StepReader:
             table = _array(self.arrays, name, f"{where} slot {number}", 2)
             if table.shape[0] != count:
                 raise _fail(where, f"slot {number} table is {list(table.shape)}, not "
-                            f"{count} layers")
+                            f"[{count}, {table.shape[1]}]")
             if np.any((table[0] < 0) != (table < 0)):
                 raise _fail(where, f"slot {number} is not on the same tiles in every layer")
             tables.append(table.astype(np.int64, copy=False))

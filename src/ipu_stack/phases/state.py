@@ -43,6 +43,7 @@ class CompileOptions:
     # so neither is recorded in it.
     reuse_schedules: bool = True
     exchange_cache: bool = False  # also keep schedules on disk under cache_dir/exchange
+    dump_stages: str | None = None  # write each stage's artifact here (phases/dump.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,

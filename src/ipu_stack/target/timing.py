@@ -76,11 +76,12 @@ PRICES: dict[str, Fact] = {
     "launch": Fact(11, f"{_VENDOR} basicOpSupervisorOverhead(false): vertex launch"),
     # Exchange, sync and host link.
     "exchange_phase": Fact(
-        237, "shared/CALIBRATION.md, from the reference's profile notes: three attention "
-        "phases measured at scheduled horizon + 237 (33,542/36,987/37,377 -> "
-        "33,780/37,224/37,614); covers the receive-mux latency (52 + 2 x physical row) and "
-        "the pipeline drain. Unverified: our search did not find the note's text in the code "
-        "index (the reference itself charges + 600 per phase)"),
+        237, "reference notes 'Layout and barrier diagnosis, 2026-09-05' (osmarks/ipu-stack "
+        "docs/PROFILE_LAYOUT_DIAGNOSIS.md at a53fce39, section Attention): hardware profile "
+        "of the projected attention program, exchange phases 6/7/8 scheduled 33,542 / 36,987 "
+        "/ 37,377 cycles, measured 33,780 / 37,224 / 37,614 after the last arrival (+238, "
+        "+237, +237); covers the receive-mux latency (52 + 2 x physical row) and the "
+        "boundary overhead (the reference's own model charges + 600 per phase)"),
     "send_words": Fact(64, f"{_CODE}: the send instruction's 6-bit word count; longer "
                            "messages continue with sendoff"),
     "send_alignment_events": Fact(
