@@ -32,7 +32,7 @@ from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_
 from ipu_stack.target import get_target
 from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
-from ipu_stack.util.files import write_atomic
+from ipu_stack.util.files import check_output_file, check_output_folder, write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.calibration import cache_folder
 
@@ -259,12 +259,23 @@ def _print_record(record: dict[str, Any], as_json: bool) -> None:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
 
 
-def _check_output_folders(args: argparse.Namespace) -> None:
-    """``--profile`` and ``--save-tensors`` name folders: refuse a file there before any work."""
-    for option in ("profile", "save_tensors"):
-        folder = getattr(args, option, None)
-        if folder and Path(folder).exists() and not Path(folder).is_dir():
-            raise UsageError(f"--{option.replace('_', '-')} {folder}: exists and is not a folder")
+_FOLDER_OPTIONS = (("out", "-o"), ("profile", "--profile"), ("save_tensors", "--save-tensors"),
+                   ("cache_dir", "--cache-dir"))
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse every output path the command was given that it could not write (a file or a
+    device where a folder goes, a folder that cannot be created or written) before any work:
+    one line, not a compile followed by a traceback."""
+    if args.command == "exchange":
+        if args.exchange_command == "schedule":
+            check_output_file("-o", args.out)
+        return
+    for attr, option in _FOLDER_OPTIONS:
+        value = getattr(args, attr, None)
+        if value:
+            check_output_folder("--out" if attr == "out" and args.command == "bench" else option,
+                                value)
 
 
 def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
@@ -294,9 +305,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _check_output_folders(args)
     workload, params = _params(args)
-    out = Path(args.out) if args.out else Path("artifacts") / workload.identifier(params)
+    out = Path(args.out) if args.out else check_output_folder(
+        "--out (default)", Path("artifacts") / workload.identifier(params))
     result = compile_workload(workload, params, out, _options(args))
     return _run_and_report(args, result.package, result.graph, result.tensors, workload, params,
                            result.timings["compile"])
@@ -358,7 +369,6 @@ def _recorded_workload(info: dict[str, Any]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _check_output_folders(args)
     path = Path(args.package)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
@@ -497,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else (logging.WARNING if args.quiet else logging.INFO)
     log.configure(level)
     try:
+        _check_outputs(args)
         return COMMANDS[args.command](args)
     except IpuStackError as exc:
         if isinstance(exc, PlacementError) and exc.details:
