@@ -22,7 +22,6 @@ from ipu_stack.contract import check_metadata, from_manifest
 from ipu_stack.device import SimulatedIpu, device_lock
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
-from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.package import Package
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
@@ -31,6 +30,7 @@ from ipu_stack.runtime.session import benchmark_fields, load_package, run_packag
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target import get_target
 from ipu_stack.util import log
+from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder, write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload
@@ -56,7 +56,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diagnostics", action="store_true",
                         help="log every stage's agreement with the host's rerun of it on the "
                         "device's inputs, by layer")
-    parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache of tower calibrations and (with --exchange-cache) exchange "
+                        "schedules (default ~/.cache/ipu-stack)")
     parser.add_argument("--paired-exchange", action="store_true",
                         help="target option: paired tiles share an exchange bus (two-lane "
                         "transfers to whole tile pairs)")
