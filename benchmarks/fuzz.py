@@ -6,12 +6,12 @@ Usage (from the repository root)::
 
 * **random graphs** (``--graphs`` with sizes that are multiples of 4, ``--odd-graphs`` with any
   sizes from 1 to 69): compile, load, run and check each on the simulated ipu21, then compare
-  the output with the independent float64 evaluation of ``tests/reliability``.  Outcomes:
+  the output with the independent float64 evaluation of ``benchmarks/fuzzing.py``.  Outcomes:
   ``passed``, ``refused`` (a clean ``CompileError``), ``failed`` (numerical check) or
   ``crashed`` (any other exception).
 * **fixed attacks**: every container attack (truncations, bit flips, hostile member names,
   zip bomb, missing members, other format version/target) and every hand-crafted content
-  attack of ``tests/reliability`` through ``ipu-stack run``; ``KNOWN_BUGS`` are tried and
+  attack of ``benchmarks/fuzzing.py`` through ``ipu-stack run``; ``KNOWN_BUGS`` are tried and
   counted separately.
 * **random package mutations** (``--packages``): half byte-level (flips, overwrites,
   truncation, insertion, deletion), half content-level (an array element, a step field, a kernel
@@ -43,12 +43,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.reliability
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.fuzzing, tests
 
-from tests.reliability import (  # noqa: E402
+from tests.helpers import cli  # noqa: E402
+
+from benchmarks.fuzzing import (  # noqa: E402
     KNOWN_BUGS,
     build_random,
-    cli,
     container_attacks,
     content_attacks,
     craft,
@@ -57,7 +58,6 @@ from tests.reliability import (  # noqa: E402
     random_spec,
     random_workload,
 )
-
 from ipu_stack.package import read_package  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.session import load_package, run_package  # noqa: E402

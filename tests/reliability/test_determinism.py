@@ -75,7 +75,7 @@ def test_package_does_not_depend_on_the_output_path_or_a_warm_cache(
 ) -> None:
     """In one process: a cold-cache compile and a warm-cache compile into a differently named
     folder give the same bytes (no path, time or cache state leaks into the package)."""
-    from tests.reliability import cli
+    from tests.helpers import cli
 
     shas = []
     for index, cache in enumerate((tmp_path / "cold-cache", cache_dir, cache_dir)):

@@ -6,7 +6,7 @@ CLI.  Every malformed package must give exactly one ``error:`` line on stderr (`
 nothing else), exit code 2, no traceback, and nothing written anywhere.
 
 Cases that once crashed the stack (``KNOWN_BUGS``, ``INSPECT_BUGS`` in
-``tests/reliability/__init__.py``, found by this suite and fixed by the package validator in
+``benchmarks/fuzzing.py``, found by this suite and fixed by the package validator in
 ``device/validate.py``) are kept as regression tests; when one is fixed, its xfail turns into
 a failure and must be moved to the passing tables.
 """
@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from ipu_stack.package import read_package
-from tests.reliability import (
+from benchmarks.fuzzing import (
     CONTENT_ATTACKS,
     INSPECT_BUGS,
     KNOWN_BUGS,
-    cli,
     container_attacks,
     content_attacks,
     craft,
     snapshot,
 )
+
+from ipu_stack.package import read_package
+from tests.helpers import cli
 
 SMALL = ["--tokens", "16", "--dim", "64", "--hidden", "64", "--finalists", "1"]
 ESCAPES = (Path("/tmp/ipu-stack-pwned"), Path("/x"))
