@@ -23,6 +23,7 @@ from ipu_stack.device import SimulatedIpu, device_lock
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
+from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
 from ipu_stack.profile.capture import profile_of
@@ -336,6 +337,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:
     """Rebuild the workload a package was compiled from and check it matches the program."""
     check_metadata(package.manifest)
+    validate_records(package.manifest)
     from_manifest(package.manifest, package.arrays)  # every field typed and bounded
     info = package.manifest["workload"]
     try:
@@ -345,6 +347,8 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
     with cache_folder(default_cache_dir()):
         graph, tensors = workload.build(params)
+    check_gemm_modes(package.manifest, {op.id for op in graph.operations
+                                        if op.kind in ("matmul", "head_matmul")})
     recorded = package.manifest["tensors"]
     for value in graph.values:
         entry = recorded.get(value.name)
@@ -436,6 +440,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
     check_metadata(package.manifest)
+    validate_records(package.manifest)
     SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
     m = package.manifest
     summary = {
