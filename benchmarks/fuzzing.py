@@ -407,6 +407,21 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
      _retype(lambda m: _last_call(m)["addresses"], shape=(-1,)), {}),
     ("host read origin -1", _manifest(lambda m: _steps(m, "host_read")[0].update(origin=[-1, 0])),
      {}),
+    # the run records the host reads outside the device program (package/records.py)
+    ("options.diagnostics a string",
+     _manifest(lambda m: m["options"].update(diagnostics="yes")), {}),
+    ("gemm mode fp7", _manifest(lambda m: [v.update(mode="fp7") for v in m["gemm_modes"].values()]),
+     {}),
+    ("gemm depth block 0",
+     _manifest(lambda m: [v.update(depth_block=0) for v in m["gemm_modes"].values()]), {}),
+    ("gemm modes keyed by a name",
+     _manifest(lambda m: m["gemm_modes"].update(fc1={"mode": "fp8", "depth_block": 32})), {}),
+    ("gemm modes name operation 999",
+     _manifest(lambda m: m["gemm_modes"].update({"999": {"mode": "fp8", "depth_block": 32}})),
+     {}),
+    ("layer loop of 2 layers without its figures",
+     _manifest(lambda m: m.update(layer_loop={"layers": 2})), {}),
+    ("layer loop of -1 layers", _manifest(lambda m: m.update(layer_loop={"layers": -1})), {}),
 ]
 
 # Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by
@@ -468,6 +483,16 @@ KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("gemm with -5 rows",
      _manifest(lambda m: [k["params"].update(rows=-5) for k in m["kernels"] if k["family"] == "gemm"]),
      "accepted; the run ends in numpy RuntimeWarnings on stderr and numericalTest=FAIL (exit 1)"),
+    # found by benchmarks/fuzz.py (seeds 778-780), refused since by package/records.py
+    ("manifest options a string", _manifest(lambda m: m.update(options="x")),
+     "runtime/session.py run_package: AttributeError 'str' object has no attribute 'get'"),
+    ("manifest layer_loop -1", _manifest(lambda m: m.update(layer_loop=-1)),
+     "runtime/session.py _loop_fields: AttributeError 'int' object has no attribute 'get'"),
+    ("manifest gemm_modes 1", _manifest(lambda m: m.update(gemm_modes=1)),
+     "ir/interpret.py _run_steps: AttributeError 'int' object has no attribute 'get'"),
+    ("manifest gemm_modes a list", _manifest(lambda m: m.update(gemm_modes=[])),
+     "runtime/session.py benchmark_fields: AttributeError 'list' object has no attribute "
+     "'values'"),
 ]
 
 # ``ipu-stack inspect`` reads the manifest without checking its structure: a traceback on these.
