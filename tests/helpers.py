@@ -13,10 +13,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ipu_stack.ir.precision import Precision
+if TYPE_CHECKING:  # no ipu_stack import at run time: the float64 references stay independent
+    from ipu_stack.ir.precision import Precision
 
 
 def cli(argv: list[str]) -> tuple[int, str, str]:
@@ -47,11 +49,13 @@ def one_error_line(code: int, stderr: str) -> str:
 
 @dataclass
 class Bench:
-    """One ``ipu-stack bench --json`` run: its exit code, record and log (stderr)."""
+    """One ``ipu-stack bench --json`` run: its exit code, record, log (stderr) and the folder
+    it was given (the package is ``folder/pkg/model.ipuexe``)."""
 
     code: int
     record: dict
     stderr: str
+    folder: Path
 
 
 def bench(workload: str, *extra: str, folder: Path, cache_dir: Path, lock: Path | None = None,
@@ -71,7 +75,7 @@ def bench(workload: str, *extra: str, folder: Path, cache_dir: Path, lock: Path 
     record = json.loads(out.strip().splitlines()[-1])
     if check_exit:
         assert code == (0 if record["numericalTest"] == "PASS" else 1), (code, record)
-    return Bench(code, record, err)
+    return Bench(code, record, err, folder)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
