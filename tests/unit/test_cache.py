@@ -22,8 +22,8 @@ def _decode(payload: dict[str, Any]) -> list[int]:
     return values
 
 
-def _cache(root: Path) -> EntryCache[list[int]]:
-    return EntryCache(root / "numbers", "numbers", _decode)
+def _cache(root: Path) -> EntryCache:
+    return EntryCache(root / "numbers", "numbers")
 
 
 def test_content_key_is_canonical_and_covers_every_part() -> None:
@@ -35,9 +35,9 @@ def test_content_key_is_canonical_and_covers_every_part() -> None:
 def test_saved_entry_reads_back_and_names_its_key(tmp_path: Path) -> None:
     cache = _cache(tmp_path)
     key = content_key("numbers", 3)
-    assert cache.load(key) == (None, "")  # no entry: not damage, no warning
+    assert cache.load(key, _decode) == (None, "")  # no entry: not damage, no warning
     assert cache.save(key, {"values": [1, 2, 3]})
-    assert cache.load(key) == ([1, 2, 3], "")
+    assert cache.load(key, _decode) == ([1, 2, 3], "")
     entry = json.loads(cache.path(key).read_text())
     assert entry["key"] == key and entry["sha256"] == payload_digest({"values": [1, 2, 3]})
     assert cache.path(key).parent == tmp_path / "numbers"
@@ -85,7 +85,7 @@ def test_damaged_entry_is_dropped_with_one_warning_and_rebuilt(
     key = content_key("numbers", 3)
     cache.save(key, {"values": [1, 2, 3]})
     _damage(cache.path(key), how, tmp_path)
-    value, why = cache.load(key, phase=4)
+    value, why = cache.load(key, _decode, phase=4)
     assert value is None and reason in why
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
@@ -95,7 +95,7 @@ def test_damaged_entry_is_dropped_with_one_warning_and_rebuilt(
     if how == "symlink":  # the link went, never what it pointed to
         assert json.loads((tmp_path / "precious.json").read_text())["key"] == key
     cache.save(key, {"values": [1, 2, 3]})  # the caller's rebuild
-    assert cache.load(key) == ([1, 2, 3], "")
+    assert cache.load(key, _decode) == ([1, 2, 3], "")
 
 
 def test_entry_copied_under_another_key_is_refused(tmp_path: Path) -> None:
@@ -103,8 +103,8 @@ def test_entry_copied_under_another_key_is_refused(tmp_path: Path) -> None:
     one, two = content_key(1), content_key(2)
     cache.save(one, {"values": [1]})
     cache.path(two).write_bytes(cache.path(one).read_bytes())
-    assert cache.load(two) == (None, "ValueError: entry is stored under another key")
-    assert cache.load(one) == ([1], "")
+    assert cache.load(two, _decode) == (None, "ValueError: entry is stored under another key")
+    assert cache.load(one, _decode) == ([1], "")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
@@ -127,4 +127,4 @@ def test_a_cache_root_that_is_a_file_is_a_warning(tmp_path: Path,
     cache = _cache(tmp_path)
     assert not cache.save(content_key(1), {"values": [1]})
     assert "could not write cache entry cache=numbers" in caplog.text
-    assert cache.load(content_key(1)) == (None, "")
+    assert cache.load(content_key(1), _decode) == (None, "")

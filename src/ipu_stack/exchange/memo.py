@@ -29,7 +29,6 @@ import functools
 import hashlib
 import logging
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,8 +119,8 @@ class ScheduleStore:
         return content_key("exchange schedule", algorithm_fingerprint(),
                            "paired" if paired else "plain", digest)
 
-    def _cache(self, decode: Callable[[dict[str, Any]], Schedule]) -> EntryCache[Schedule]:
-        return EntryCache(self.root, "exchange", decode)
+    def _cache(self) -> EntryCache:
+        return EntryCache(self.root, "exchange")
 
     def path(self, digest: str, paired: bool = False) -> Path:
         return self.root / f"{self.key(digest, paired)}.json"
@@ -138,7 +137,7 @@ class ScheduleStore:
             if getattr(s, name) is not None:
                 raw = zlib.compress(_column_bytes(getattr(s, name)), 6)
                 payload[name] = base64.b64encode(raw).decode("ascii")
-        self._cache(_no_decode).save(self.key(digest, paired), payload)
+        self._cache().save(self.key(digest, paired), payload)
 
     def load(
         self, digest: str, t: Transfers, paired: bool = False, phase: int | None = None
@@ -163,12 +162,8 @@ class ScheduleStore:
                 raise ValueError(f"schedule does not verify: {failure}") from None
             return schedule
 
-        return self._cache(decode).load(self.key(digest, paired),
-                                        phase=-1 if phase is None else phase)
-
-
-def _no_decode(payload: dict[str, Any]) -> Schedule:
-    raise TypeError("a store that only writes decodes nothing")
+        return self._cache().load(self.key(digest, paired), decode,
+                                  phase=-1 if phase is None else phase)
 
 
 @dataclass

@@ -28,7 +28,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from ipu_stack.util.files import read_regular, write_bytes_atomic
 from ipu_stack.util.log import event
@@ -59,25 +59,25 @@ def payload_digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-class EntryCache(Generic[T]):
-    """Entries of one kind under ``root`` (e.g. ``<cache>/calibration``).
+class EntryCache:
+    """Entries of one kind under ``root`` (e.g. ``<cache>/calibration``); ``what`` names the
+    kind in warnings."""
 
-    ``what`` names the kind in warnings; ``decode`` turns a verified payload into the value
-    (raising one of :data:`DAMAGE` for a payload it will not use).
-    """
-
-    def __init__(self, root: Path, what: str, decode: Callable[[dict[str, Any]], T]) -> None:
+    def __init__(self, root: Path, what: str) -> None:
         self.root = Path(root)
         self.what = what
-        self.decode = decode
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
 
-    def load(self, key: str, **fields: Any) -> tuple[T | None, str]:
+    def load(self, key: str, decode: Callable[[dict[str, Any]], T],
+             **fields: Any) -> tuple[T | None, str]:
         """The value stored under ``key`` and ``""``; or None and ``""`` when there is no
         entry; or None and why, when there was one and it was damaged (it is removed, with a
-        warning carrying ``fields``, so the caller's rebuild replaces it)."""
+        warning carrying ``fields``, so the caller's rebuild replaces it).
+
+        ``decode`` turns the verified payload into the value, raising one of :data:`DAMAGE`
+        for a payload it will not use (that is damage too)."""
         path = self.path(key)
         if not path.exists() and not path.is_symlink():
             return None, ""
@@ -92,7 +92,7 @@ class EntryCache(Generic[T]):
                 raise ValueError("entry is stored under another key")
             if entry["sha256"] != payload_digest(entry["payload"]):
                 raise ValueError("checksum mismatch")
-            return self.decode(entry["payload"]), ""
+            return decode(entry["payload"]), ""
         except DAMAGE as failure:
             reason = f"{type(failure).__name__}: {failure}"
         self.discard(key)

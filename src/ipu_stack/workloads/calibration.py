@@ -51,9 +51,9 @@ def _decode(payload: dict[str, Any]) -> Scales:
             for part in ("activations", "weights")}
 
 
-def _cache() -> EntryCache[Scales] | None:
+def _cache() -> EntryCache | None:
     folder = _FOLDER.get()
-    return None if folder is None else EntryCache(folder, "calibration", _decode)
+    return None if folder is None else EntryCache(folder, "calibration")
 
 
 def load(name: str, params: dict[str, Any]) -> Scales | None:
@@ -61,7 +61,7 @@ def load(name: str, params: dict[str, Any]) -> Scales | None:
     cache = _cache()
     if cache is None:
         return None
-    scales, _ = cache.load(_key(name, params), workload=name)
+    scales, _ = cache.load(_key(name, params), _decode, workload=name)
     if scales is not None:
         event(LOG, "reused cached calibration", workload=name,
               path=str(cache.path(_key(name, params))))
