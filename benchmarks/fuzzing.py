@@ -425,7 +425,7 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
 ]
 
 # Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by
-# this suite, since fixed by device/validate.py): name, edit, what used to happen.
+# this suite, since fixed by the load-time checks): name, edit, what used to happen.
 # tests/reliability/test_package_attacks.py keeps each as a regression test.
 KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("manifest workload is a string", _manifest(lambda m: m.update(workload="siglip-mlp")),

@@ -6,9 +6,9 @@ CLI.  Every malformed package must give exactly one ``error:`` line on stderr (`
 nothing else), exit code 2, no traceback, and nothing written anywhere.
 
 Cases that once crashed the stack (``KNOWN_BUGS``, ``INSPECT_BUGS`` in
-``benchmarks/fuzzing.py``, found by this suite and fixed by the package validator in
-``device/validate.py``) are kept as regression tests; when one is fixed, its xfail turns into
-a failure and must be moved to the passing tables.
+``benchmarks/fuzzing.py``, found by this suite or the fuzz run and fixed by the load-time
+checks: the device program's verifier, ``package/records.py`` for the run records) are kept as
+regression tests.
 """
 
 from __future__ import annotations
