@@ -2,7 +2,7 @@
 
 ``STAGES`` is the whole compile, in order: construct_mid (graph, stages, gemm_candidates) ->
 lower_mid (finalists) -> select_finalist (lower and physically schedule each finalist's
-exchanges, keep the cheapest) -> plan_kernels -> compile_kernels -> size_tile_code ->
+exchanges, keep the cheapest) -> plan_kernels -> size_tile_code ->
 place_storage -> write_memory_reports -> emit_tile_code -> write_package.  Each stage is a
 function of the :class:`~ipu_stack.phases.state.Build` record (``ipu_stack.phases.stages``);
 only this module chains them.
@@ -45,7 +45,6 @@ STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
     ("lower_mid", phases.lower_mid),
     ("select_finalist", phases.select_finalist),
     ("plan_kernels", phases.plan_kernels),
-    ("compile_kernels", phases.compile_kernels_stage),
     ("size_tile_code", phases.size_tile_code),
     ("place_storage", phases.place_storage_stage),
     ("write_memory_reports", phases.write_memory_reports),

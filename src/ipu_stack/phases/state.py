@@ -17,13 +17,13 @@ from ipu_stack.contract import DeviceProgram
 from ipu_stack.exchange import Schedule, ScheduleMemo
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
 from ipu_stack.target import Target
+from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.workloads.base import Workload
 
 
