@@ -190,3 +190,14 @@ def test_load_runs_the_same_verifier(compiled, tmp_path: Path):
     with pytest.raises(PackageError, match="outside tile memory"):
         SimulatedIpu(IPU21).load(Package(manifest, arrays, package.sha256, package.target,
                                          package.compiler_version))
+
+
+def test_a_tensor_too_large_to_hold_is_refused_before_sizing(compiled):
+    _, package = compiled
+
+    def edit(manifest, arrays):
+        name = next(iter(manifest["tensors"]))
+        manifest["tensors"][name]["shape"] = [1 << 20, 1 << 20]
+
+    with pytest.raises(PackageError, match=r"holds more than 1073741824 elements"):
+        from_manifest(*_with(package, edit))

@@ -46,6 +46,9 @@ CHOICES = {"mode": ("fp8", "f16")}
 # them here keeps a hostile parameter from sizing an array before the verifier runs
 PARAM_LIMIT = 1 << 20
 LAYOUT_LIMIT = 1 << 31
+# a host tensor larger than this (4 GiB as float32, four times the chip's memory) is refused
+# before the host sizes a buffer for it
+TENSOR_LIMIT = 1 << 30
 
 
 def _fail(where: str, what: str) -> PackageError:
@@ -148,6 +151,9 @@ def _tensors(value: Any) -> dict[str, TensorSpec]:
         shape = _list(info.get("shape"), f"tensor {name} shape")
         if not shape or not all(_is_int(d) and 0 < d <= LAYOUT_LIMIT for d in shape):
             raise _fail(f"tensor {name}", f"bad shape {shape!r}")
+        if int(np.prod(shape, dtype=object)) > TENSOR_LIMIT:
+            raise _fail(f"tensor {name}", f"shape {shape!r} holds more than {TENSOR_LIMIT} "
+                        "elements")
         precision = _precision(info.get("precision"), f"tensor {name} precision")
         tensors[name] = TensorSpec(tuple(shape), precision, info)
     return tensors
