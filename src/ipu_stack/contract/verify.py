@@ -18,6 +18,8 @@ Field types and bounds were checked when the program was read (:mod:`.parse`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ipu_stack.contract.program import (
@@ -35,7 +37,7 @@ from ipu_stack.contract.program import (
 )
 from ipu_stack.exchange import verify_schedule
 from ipu_stack.exchange.model import ScheduleError
-from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.base import KernelInstance, Region
 from ipu_stack.target import Target
 from ipu_stack.util.errors import DeviceFault, PackageError
 
@@ -76,8 +78,10 @@ class AllocationMap:
         return (index >= 0) & (owners[safe] == tile) & (hi <= ends[safe]) & (firsts[safe] <= step)
 
     def check(self, step: int, tile: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-              what: str) -> None:
-        """Fault unless each ``[lo, hi)`` on ``tile`` lies in one allocation live at ``step``."""
+              what: str | Callable[[int], str]) -> None:
+        """Fault unless each ``[lo, hi)`` on ``tile`` lies in one allocation live at ``step``
+        (``what`` names the access, or gives the name of access ``k``: built only for the
+        fault's message)."""
         if len(tile) == 0:
             return
         if self.step != step:
@@ -89,8 +93,9 @@ class AllocationMap:
             inside |= self._inside(self.static, step, tile, lo, hi)
         if not inside.all():
             k = int(np.argmin(inside))
+            name = what if isinstance(what, str) else what(k)
             raise DeviceFault(
-                f"{what} on tile {int(tile[k])} touches [{int(lo[k])}, {int(hi[k])}) at step "
+                f"{name} on tile {int(tile[k])} touches [{int(lo[k])}, {int(hi[k])}) at step "
                 f"{step}, outside every operand placed there"
             )
 
@@ -104,6 +109,7 @@ class Verifier:
         self.allocations = (None if program.allocations is None
                             else AllocationMap(program.allocations, target.tiles))
         self.tables: tuple[np.ndarray, ...] = ()
+        self.kernel_facts: dict[int, tuple[KernelInstance, list, list[Region]]] = {}
 
     def run(self) -> None:
         offset = 0
@@ -154,58 +160,105 @@ class Verifier:
         elif isinstance(step, Exchange):
             self._exchange(step, where, layer, index)
 
+    def _kernel(self, index: int) -> tuple[KernelInstance, list, list[Region]]:
+        """A kernel with its accesses and exact regions, worked out once per program."""
+        if index not in self.kernel_facts:
+            kernel = self.program.kernels[index]
+            self.kernel_facts[index] = (kernel, kernel.impl.accesses(kernel.params),
+                                        [r for r in kernel.impl.regions(kernel.params)
+                                         if r.rows * r.row_bytes])
+        return self.kernel_facts[index]
+
     def _compute(self, step: Compute, where: str, layer: int, index: int) -> None:
-        for call in step.calls:
-            kernel = self.program.kernels[call.kernel]
-            self._tiles(call.tiles, where)
+        """Every call of the step at once: the calls' accesses are gathered into flat arrays
+        (a tower's compute steps hold thousands of small copy calls) and checked together;
+        a fault names the first bad call's kernel."""
+        # on later passes of the loop only the calls with per-layer operands move
+        calls = step.calls if layer == 0 else [c for c in step.calls if c.slots]
+        if not calls:
+            return
+        tiles: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        lengths: list[int] = []
+        owners: list[int] = []  # per access: the call's kernel
+        low_interleaved: list[int] = []
+        spans: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # regions: lo, tiles, ...
+        for call in calls:
+            kernel, accesses, regions = self._kernel(call.kernel)
+            if layer:  # the other operands are where they were on layer 0, already checked
+                moved = {operand for operand, _ in call.slots}
+                accesses = [a for a in accesses if a[0] in moved]
+                regions = [r for r in regions if r.operand in moved]
             for _, slot in call.slots:
                 if slot >= len(self.tables) or np.any(self.tables[slot][0, call.tiles] < 0):
                     raise PackageError(
                         f"a call names slot {slot} on a tile that does not hold it")
             addresses = call_addresses(call, self.tables, layer)
-            for operand, length, _ in kernel.impl.accesses(kernel.params):
+            tiles.append(call.tiles)
+            for operand, length, _ in accesses:
                 if length > 0:
-                    self._range(addresses[:, operand], length, f"{where} {kernel.name}")
+                    starts.append(addresses[:, operand])
+                    lengths.append(length)
+                    owners.append(call.kernel)
             for operand in kernel.impl.interleaved:
-                low = addresses[:, operand] < self.target.interleaved_base
-                if np.any(low):
+                low = int(addresses[:, operand].min())
+                if low < self.target.interleaved_base:
                     raise PackageError(
-                        f"{where} {kernel.name}: operand {operand} at address "
-                        f"{int(addresses[np.argmax(low), operand])} must be in interleaved "
-                        f"memory (>= {self.target.interleaved_base})")
-            if self.allocations is not None:
-                _check_call(self.allocations, index, step.name, kernel, call.tiles, addresses)
+                        f"{where} {kernel.name}: operand {operand} at address {low} must be "
+                        f"in interleaved memory (>= {self.target.interleaved_base})")
+                low_interleaved.append(low)
+            for region in regions:
+                spans.append((addresses[:, region.operand] + region.offset, call.tiles,
+                              (region.rows - 1) * region.pitch + region.row_bytes,
+                              call.kernel))
+        self._tiles(np.concatenate(tiles), where)
+        if starts:
+            counts = [len(a) for a in starts]
+            at = np.concatenate(starts)
+            ends = at + np.repeat(np.asarray(lengths, dtype=np.int64), counts)
+            bad = (at < self.base) | (ends > self.end)
+            if np.any(bad):
+                k = int(np.argmax(bad))
+                kernel = self.program.kernels[int(np.repeat(owners, counts)[k])]
+                raise PackageError(f"{where} {kernel.name} accesses address {int(at[k])} "
+                                   f"outside tile memory [{self.base}, {self.end})")
+        if self.allocations is not None and spans:
+            counts = [len(lo) for lo, _, _, _ in spans]
+            lo = np.concatenate([lo for lo, _, _, _ in spans])
+            extent = np.repeat(np.asarray([e for _, _, e, _ in spans], dtype=np.int64), counts)
+            owner = np.repeat(np.asarray([k for _, _, _, k in spans]), counts)
+            self.allocations.check(
+                index, np.concatenate([t for _, t, _, _ in spans]), lo, lo + extent,
+                lambda k: f"kernel {self.program.kernels[int(owner[k])].name} in {step.name}")
 
     def _exchange(self, step: Exchange, where: str, layer: int, index: int) -> None:
+        nbytes = step.words * WORD
+        src = exchange_sources(step, self.tables, layer)
+        if layer:  # only the sends of per-layer weights move on later passes
+            assert step.src_slot is not None
+            moved = step.src_slot >= 0
+            self._range(src[moved], nbytes[moved], where)
+            if self.allocations is not None:
+                self.allocations.check(index, step.src_tile[moved], src[moved],
+                                       src[moved] + nbytes[moved],
+                                       f"exchange {step.name} source")
+            return
         transfers = step.transfers(self.target.tiles)
         self._tiles(step.src_tile, where)
         self._tiles(step.dst_tile, where)
-        nbytes = step.words * WORD
-        src = exchange_sources(step, self.tables, layer)
         self._range(src, nbytes, where)
         dst_bytes = np.repeat(nbytes, transfers.fanout)
         self._range(step.dst_addr, dst_bytes, where)
-        if layer == 0:  # the schedule is the same on every pass
-            try:
-                verify_schedule(transfers, step.schedule())
-            except ScheduleError as exc:
-                raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
+        try:  # the schedule is the same on every pass
+            verify_schedule(transfers, step.schedule())
+        except ScheduleError as exc:
+            raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
         if self.allocations is not None:
             self.allocations.check(index, step.src_tile, src, src + nbytes,
                                    f"exchange {step.name} source")
             self.allocations.check(index, step.dst_tile, step.dst_addr,
                                    step.dst_addr + dst_bytes,
                                    f"exchange {step.name} destination")
-
-
-def _check_call(amap: AllocationMap, step: int, name: str, kernel: KernelInstance,
-                tiles: np.ndarray, addresses: np.ndarray) -> None:
-    for region in kernel.impl.regions(kernel.params):
-        if region.rows * region.row_bytes == 0:
-            continue
-        lo = addresses[:, region.operand] + region.offset
-        hi = lo + (region.rows - 1) * region.pitch + region.row_bytes
-        amap.check(step, tiles, lo, hi, f"kernel {kernel.name} in {name}")
 
 
 def verify_program(program: DeviceProgram, target: Target) -> None:
