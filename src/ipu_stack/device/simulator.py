@@ -97,7 +97,7 @@ class SimulatedIpu:
         self.program: DeviceProgram | None = None
         self.package: Package | None = None  # the loaded package (the runtime's records)
         self.record = record  # keep a StepRecord of every superstep (the execution profile)
-        self.tables: tuple[np.ndarray, ...] = ()  # the layer loop's slot tables
+        self.tables: tuple[np.ndarray, ...] = ()  # the running layer loop's slot tables
 
     # ------------------------------------------------------------------ loading
     def load(self, package: Package) -> None:
@@ -109,8 +109,6 @@ class SimulatedIpu:
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PackageError(f"package program is malformed: {exc!r}") from None
         self.program, self.package = program, package
-        loops = [s for s in program.run if isinstance(s, Loop)]
-        self.tables = loops[0].slots if loops else ()
         event(LOG, "loading application", tile_count=self.target.tiles,
               final_mark=program.step_count)
 
@@ -134,6 +132,10 @@ class SimulatedIpu:
         before = 0
         for ordinal, (index, step, layer, loop) in enumerate(execution_order(steps)):
             current = None if layer is None else (loop, layer)
+            if layer is not None:
+                looping = steps[loop]
+                assert isinstance(looping, Loop)
+                self.tables = looping.slots
             if current != previous:  # a pass of the loop ends, begins, or both
                 if previous is not None:
                     report.layer_cycles.append(report.cycles - before)
