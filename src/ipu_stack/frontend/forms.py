@@ -51,6 +51,7 @@ class Act:
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
     one_query: bool = False  # scores/probs of a single query replicated over the token rows
+    norm_scale: str | None = None  # fresh RMS norm output: its scale weight's key (foldable)
 
     @property
     def lazy(self) -> bool:

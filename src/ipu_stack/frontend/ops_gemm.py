@@ -11,40 +11,21 @@ import numpy as np
 from ipu_stack.frontend import fused
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
-from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
-from ipu_stack.frontend.ops_math import _rows
+from ipu_stack.frontend.linear import emit_linear
+from ipu_stack.frontend.rules import activation, is_tensor, row_activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
 from ipu_stack.workloads.vision import image_patches
 
 
 # ---------------------------------------------------------------- GEMMs
-def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
-                bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
-    """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
-    act = _rows(conv, node, x)
-    name = conv.name(node, suffix)
-    a = conv.a_operand(act, node)
-    w = conv.weight(key, weight, True)
-    bias_name = None
-    if bias is None:
-        value = conv.b.op("matmul", [a, w], F16, name)
-    else:
-        mm = conv.b.op("matmul", [a, w], F16, f"{name}.mm")
-        bv = conv.weight(bias_key or f"{name}.bias", bias.reshape(-1), False)
-        bias_name = conv.b.graph.value(bv).name
-        value = conv.b.op("bias_add", [mm, bv], F16, name)
-    return Act(value, (*act.shape[:-1], weight.shape[1]), act.form, act.dims,
-               linear=(conv.b.graph.value(w).name, bias_name))
-
-
 def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
                    bias: Any) -> Any:
     """A linear layer: emitted now, or kept as :class:`~ipu_stack.frontend.fused.Fused`
     when every user splits its output into parts (``frontend/fused.py``)."""
-    act = _rows(conv, node, x)
+    act = row_activation(conv, node, x)
     if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
         raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
-    bias_np = None if bias is None else _np(bias).reshape(-1)
+    bias_np = None if bias is None else to_numpy(bias).reshape(-1)
     bias_key = None if bias is None else conv.const_key(bias, f"{conv.name(node)}.bias")
     users = list(node.users)
     if users and all(fused.is_fused_user(u, len(act.shape)) for u in users):
@@ -55,26 +36,26 @@ def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: 
 
 @rule("aten.linear")
 def _linear(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None) -> Act:
-    if not _is_tensor(weight) or (bias is not None and not _is_tensor(bias)):
+    if not is_tensor(weight) or (bias is not None and not is_tensor(bias)):
         raise unsupported(node, "a linear layer whose weight is computed from the input")
-    return _linear_weight(conv, node, x, _np(weight).T,
+    return _linear_weight(conv, node, x, to_numpy(weight).T,
                           conv.const_key(weight, f"{conv.name(node)}.weight"), bias)
 
 
 @rule("aten.addmm")
 def _addmm(conv: Converter, node: Any, bias: Any, x: Any, weight: Any, beta: float = 1,
            alpha: float = 1) -> Act:
-    if not _is_tensor(weight) or not _is_tensor(bias) or (beta, alpha) != (1, 1):
+    if not is_tensor(weight) or not is_tensor(bias) or (beta, alpha) != (1, 1):
         raise unsupported(node, "addmm with a computed weight or scaled terms")
-    return _linear_weight(conv, node, x, _np(weight), f"{conv.name(node)}.weight", bias)
+    return _linear_weight(conv, node, x, to_numpy(weight), f"{conv.name(node)}.weight", bias)
 
 
 @rule("aten.mm", "aten.matmul", "aten.bmm")
 def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
-    if isinstance(x, (Act, UserInput)) and _is_tensor(y) and y.ndim == 2:
-        return _linear_weight(conv, node, x, _np(y), f"{conv.name(node)}.weight", None)
-    if _is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
-        return _one_query_scores(conv, node, _np(x), y)
+    if isinstance(x, (Act, UserInput)) and is_tensor(y) and y.ndim == 2:
+        return _linear_weight(conv, node, x, to_numpy(y), f"{conv.name(node)}.weight", None)
+    if is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
+        return _one_query_scores(conv, node, to_numpy(x), y)
     if not (isinstance(x, Act) and isinstance(y, Act)):
         raise unsupported(node, "a matrix product with a constant on the left")
     if x.form == "heads_major" and y.form == "keys_t" and x.dims == y.dims:
@@ -124,13 +105,13 @@ def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> 
 def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
           dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
           enable_gqa: bool = False) -> Act:
-    q, k, v = (_act(conv, node, a) for a in (q, k, v))
+    q, k, v = (activation(conv, node, a) for a in (q, k, v))
     if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
         raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
     if is_causal or dropout_p:
         raise unsupported(node, "causal or dropout attention")
     if attn_mask is not None:
-        mask = attn_mask.detach() if _is_tensor(attn_mask) else None
+        mask = attn_mask.detach() if is_tensor(attn_mask) else None
         if mask is None or not (bool(mask.all()) if mask.dtype == conv.torch.bool
                                 else bool((mask == 0).all())):
             raise unsupported(node, "attention with a mask that masks something")
@@ -149,7 +130,7 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     lays out (im2col), one row per patch; see ``docs/frontend.md``."""
     if not isinstance(x, UserInput) or len(x.shape) != 4:
         raise unsupported(node, "convolution of anything but a model input [B, C, H, W]")
-    if not _is_tensor(weight):
+    if not is_tensor(weight):
         raise unsupported(node, "convolution with a computed weight")
     out_ch, in_ch, p, q = (int(s) for s in weight.shape)
     full = op_name(node.target) == "aten.convolution"  # (..., transposed, output_padding, groups)
@@ -173,13 +154,13 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     value = conv.add_input(name, (b, prefix + n, c * p * q), data, True, im2col)
     conv.rewrites.append(f"{node.name}: patch embedding as a GEMM on host-laid-out patches "
                          f"{name} [{b}, {prefix}+{n}, {c * p * q}]")
-    wmat = _np(weight).reshape(out_ch, -1).T
+    wmat = to_numpy(weight).reshape(out_ch, -1).T
     act = Act(value, (b, prefix + n, c * p * q))
     out = emit_linear(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"),
-                      None if bias is None else _np(bias),
+                      None if bias is None else to_numpy(bias),
                       None if bias is None else conv.const_key(bias, f"{name}.bias"))
     return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
-                     prefix=prefix, bias=None if bias is None else _np(bias), linear=None)
+                     prefix=prefix, bias=None if bias is None else to_numpy(bias), linear=None)
 
 
 def pair(value: Any) -> tuple[int, int]:

@@ -33,6 +33,19 @@ def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
     return (0.5 * x * (1.0 + erf)).astype(dtype, copy=False)
 
 
+def _activation(x: np.ndarray, function: str, dtype: type) -> np.ndarray:
+    """The ``activation`` functions at ``dtype``, written from their definitions (the device
+    kernels' forms are in ``kernels/elementwise.py``; the two are tested against each other
+    and against torch)."""
+    x = x.astype(dtype, copy=False)
+    if function == "tanh":
+        return np.tanh(x)
+    beta = {"sigmoid": 1.0, "silu": 1.0, "quick_gelu": 1.702}[function]
+    # sigma(z) = (1 + tanh(z / 2)) / 2: no overflow for large |z| (the kernels use expit)
+    sig = dtype(0.5) * (dtype(1) + np.tanh(dtype(0.5 * beta) * x))
+    return sig if function == "sigmoid" else x * sig
+
+
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
     batch = b.shape[0] // tokens
@@ -78,6 +91,12 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return ins[0].astype(dtype, copy=False) + ins[1].astype(dtype, copy=False)
     if op.kind == "gelu":
         return _gelu(ins[0], op.attrs.get("approximate", "tanh"), dtype)
+    if op.kind == "activation":
+        return _activation(ins[0], op.attrs["function"], dtype)
+    if op.kind == "mul":
+        return ins[0].astype(dtype, copy=False) * ins[1].astype(dtype, copy=False)
+    if op.kind == "swiglu":
+        return _activation(ins[0], "silu", dtype) * ins[1].astype(dtype, copy=False)
     if op.kind == "scale":
         return ins[0].astype(dtype, copy=False) * dtype(op.attrs["factor"])
     if op.kind == "cast":
@@ -91,6 +110,10 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         return (x - mean) / np.sqrt(var + dtype(op.attrs["eps"])) * ins[1] + ins[2]
+    if op.kind == "rms_norm":
+        x = ins[0].astype(dtype, copy=False)
+        mean_square = (x * x).mean(axis=-1, keepdims=True)
+        return x / np.sqrt(mean_square + dtype(op.attrs["eps"])) * ins[1]
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
         return _rope(x, cos, sin, int(op.attrs["head_dim"]))

@@ -1,14 +1,17 @@
-"""Row kernels: operations that need whole rows (layer norm, softmax) or pair rows of two
-tensors (residual add, RoPE), plus unfused elementwise chains, on a tile's block of rows.
+"""Row kernels: operations that need whole rows (layer norm, RMS norm, softmax) or pair rows
+of two tensors (residual add, product, SwiGLU, RoPE), plus unfused elementwise chains, on a
+tile's block of rows.
 
 Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
-``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile);
-``add``: the second addend (same block shape as ``x``); ``rope``: cos and sin tables
+``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile); ``rms_norm``:
+the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projection ``b`` of
+``silu(x) * b`` (same block shape as ``x``); ``rope``: cos and sin tables
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
 chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
 Work and prices: the reference's measured layer norm and softmax kernels, assumed prices for
-the residual add and RoPE, the chain's passes, and a cast pass for an FP8 output
+the residual add, RMS norm and RoPE, the vendor's popops vertices for products and SwiGLU,
+the chain's passes, and a cast pass for an FP8 output
 (``target.timing``).
 """
 
@@ -20,7 +23,7 @@ import numpy as np
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
-from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
+from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work, estimate_chain
 from ipu_stack.target import Target, timing
 from ipu_stack.target.timing import Work, split_over_workers
 
@@ -41,6 +44,10 @@ def _cost(p: dict[str, Any], target: Target) -> int:
         return 0
     if op == "layer_norm":
         cycles = timing.estimate_layer_norm(rows, cols)
+    elif op == "rms_norm":
+        cycles = timing.estimate_rms_norm(rows, cols)
+    elif op in ("mul", "swiglu"):
+        cycles = timing.estimate_activation(rows * cols, op)
     elif op == "softmax":
         cycles = timing.estimate_softmax(rows, cols)
     elif op == "add":
@@ -59,8 +66,8 @@ def _work(p: dict[str, Any]) -> list[Work]:
     per_worker = split_over_workers(rows * cols)
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
-    if op == "layer_norm":
-        work = [Work("layer_norm", {"rows": rows, "width": cols})]
+    if op in ("layer_norm", "rms_norm"):
+        work = [Work(op, {"rows": rows, "width": cols})]
     elif op == "softmax":
         work = [Work("softmax", {"rows": rows, "keys": cols})]
     else:
@@ -95,6 +102,14 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         result = (x - mean) / np.sqrt(var + np.float32(p["eps"])) * gamma + beta
+    elif op == "rms_norm":
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True)
+                                + np.float32(p["eps"]))
+        result = x * inverse.astype(np.float32) * gamma
+    elif op in ("mul", "swiglu"):
+        y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
+        result = (activation(x, "silu") if op == "swiglu" else x) * y
     elif op == "softmax":
         shifted = x * np.float32(p["scale"])
         shifted = shifted - shifted.max(axis=-1, keepdims=True)
@@ -130,7 +145,7 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     ]
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "chain"):
             extent = cols * item
         elif p["op"] == "rope":
             extent = (rows - 1) * p["aux_pitch"] + p["head_dim"] // 2 * item
@@ -149,7 +164,7 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     result = [Region(0, 0, rows, cols * x, p["x_pitch"], False)]
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "chain"):
             shape = (1, cols * item)
         elif p["op"] == "rope":
             shape = (rows, p["head_dim"] // 2 * item)

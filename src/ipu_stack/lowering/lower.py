@@ -433,12 +433,13 @@ class Lowering:
         aux_prec, aux_pitch, extra = None, 0, {}
         op = stage.kind
         spread = base.tiles.reshape(1, 1, -1)
-        if op == "layer_norm":
+        if op in ("layer_norm", "rms_norm"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
-            aux = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
+            params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
+            aux = [*params, -1][:2]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
-        elif op == "add":
+        elif op in ("add", "mul", "swiglu"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
             if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)

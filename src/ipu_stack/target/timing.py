@@ -111,6 +111,36 @@ PRICES.update({
 })
 
 
+_POPOPS = ("poplibs lib/popops/popopsCycleEstimators.hpp (unaryOpPerfInfo / binaryOpPerfInfo, "
+           "HALF) and popopsCycleEstimators.cpp (UnaryOp1D / BinaryOp1D supervisor estimators)")
+PRICES.update({
+    # Elementwise activations: the vendor's popops estimators (never measured on an ipu21).
+    # A supervisor vertex costs 6 x (worker setup + loops over ceil(n/6) elements) + its tail.
+    "unary_worker": Fact(17, f"{_POPOPS}: UnaryOp1D worker setup, 17 cycles"),
+    "unary_tail": Fact(9, f"{_POPOPS}: UnaryOp1D supervisor tail, + 9 after the workers"),
+    "sigmoid_loop": Fact(6, f"{_POPOPS}: SIGMOID HALF {{6, false, 4}}: 6 cycles per 4 halves"),
+    "tanh_loop": Fact(4, f"{_POPOPS}: TANH HALF {{4, false, 4}}: 4 cycles per 4 halves"),
+    "multiply_worker": Fact(26, f"{_POPOPS}: BinaryOp1D worker setup for HALF, 26 cycles"),
+    "multiply_loop": Fact(3, f"{_POPOPS}: MULTIPLY HALF {{1, true}} + 2 loop overhead "
+                             "(external codelet): 3 cycles per 4-half vector"),
+    "rms_norm_fraction": Fact(
+        1.0, "assumed: an RMS norm costs what the measured layer norm of the same shape costs "
+        "(it skips the mean and the shift, so this is an upper bound); siglip-mlp has none"),
+})
+
+# the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
+# then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;
+# ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``)
+ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
+    "sigmoid": ("sigmoid",),
+    "tanh": ("tanh",),
+    "silu": ("sigmoid", "multiply"),
+    "quick_gelu": ("multiply", "sigmoid", "multiply"),
+    "swiglu": ("sigmoid", "multiply", "multiply"),
+    "mul": ("multiply",),
+}
+
+
 def p(name: str) -> int:
     """An integer price by name."""
     return int(PRICES[name].value)
@@ -157,6 +187,30 @@ def estimate_bias_gelu(rows: int, width: int) -> int:
     if rows == 0 or width == 0:
         return 0
     return rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(width, 24)) + p("bias_gelu_call")
+
+
+def _vertex_cycles(vertex: str, per_worker: int) -> int:
+    """One popops supervisor vertex over ``per_worker`` halves on the busiest worker."""
+    if vertex == "multiply":
+        return 6 * (p("multiply_worker") + p("multiply_loop") * cdiv(per_worker, 4))
+    return 6 * (p("unary_worker") + p(f"{vertex}_loop") * cdiv(per_worker, 4)) + p("unary_tail")
+
+
+def activation_cycles(function: str, per_worker: int) -> int:
+    """An activation (or ``mul``/``swiglu``) whose busiest worker has ``per_worker`` elements:
+    its vendor vertices back to back, one launch each."""
+    return sum(p("launch") + _vertex_cycles(v, per_worker)
+               for v in ACTIVATION_VERTICES[function])
+
+
+def estimate_activation(elements: int, function: str) -> int:
+    """The planner's form: elements dealt evenly over the six workers."""
+    return activation_cycles(function, cdiv(elements, 6)) if elements else 0
+
+
+def estimate_rms_norm(rows: int, width: int) -> int:
+    """RMS norm over ``rows`` rows of ``width`` (assumed: the measured layer norm's price)."""
+    return int(estimate_layer_norm(rows, width) * float(PRICES["rms_norm_fraction"].value))
 
 
 def estimate_cast(elements: int, to_fp8: bool) -> int:
@@ -298,6 +352,11 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         return p("layer_norm_call") + sum(_layer_norm_row(c["width"]) for _ in range(c["rows"]))
     if kind == "softmax":
         return estimate_softmax(c["rows"], c["keys"])
+    if kind in ACTIVATION_VERTICES:
+        return activation_cycles(kind, max(c["per_worker"], default=0))
+    if kind == "rms_norm":
+        layer_norm = p("layer_norm_call") + c["rows"] * _layer_norm_row(c["width"])
+        return int(layer_norm * float(PRICES["rms_norm_fraction"].value))
     if kind in ("add", "rope"):
         step = "binary_step" if kind == "add" else "rope_step"
         return p("cast_call") + p(step) * _busiest_steps(c["per_worker"], 2)
