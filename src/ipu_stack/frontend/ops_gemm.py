@@ -85,7 +85,8 @@ def _context(conv: Converter, node: Any, probs: Act, v: Act, name: str | None = 
     return Act(value, v.shape, "heads_major", v.dims, factor=probs.factor * v.factor)
 
 
-def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> Act:
+def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act,
+                      name: str | None = None) -> Act:
     """``q @ k^T`` for one constant query per image and head (an attention-pooling probe,
     ``[B*H, 1, d]``): the query is replicated over the token rows as an input, so
     ``head_matmul qk`` gives every row the probe's scores and the result stays in rows."""
@@ -93,7 +94,7 @@ def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> 
     if query.size != b * h * d:
         raise unsupported(node, "a constant query that is not one vector per image and head")
     rows = np.repeat(query.reshape(b, 1, h * d), t, axis=1).reshape(b * t, h * d)
-    name = conv.name(node)
+    name = name or conv.name(node)
     q = conv.constant_input(f"{name}.query", rows, (b * t, h * d))
     value = conv.b.op("head_matmul", [q, k.value], F16, name, mode="qk", heads=h, tokens=t)
     conv.rewrites.append(f"{node.name}: constant query replicated over tokens ({name}.query)")
@@ -105,11 +106,23 @@ def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> 
 def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
           dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
           enable_gqa: bool = False) -> Act:
-    q, k, v = (activation(conv, node, a) for a in (q, k, v))
-    if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
-        raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
+    k, v = (activation(conv, node, a) for a in (k, v))
     if is_causal or dropout_p:
         raise unsupported(node, "causal or dropout attention")
+    if is_tensor(q) and k.form == v.form == "heads_major" and k.dims == v.dims:
+        # a learned query (an attention-pooling head): one query per image and head
+        query = to_numpy(q)
+        if attn_mask is not None or query.ndim != 4 or query.shape[2] != 1:
+            raise unsupported(node, "a constant query that is not [B, H, 1, d], or with a mask")
+        scale_q = 1.0 / sqrt(k.dims[3]) if scale is None else float(scale)
+        name = conv.name(node)
+        scores = _one_query_scores(conv, node, query, k, f"{name}.scores")
+        probs = conv.b.op("softmax", [scores.value], F16, f"{name}.probs",
+                          scale=float(scores.factor * scale_q))
+        return _context(conv, node, scores.with_(value=probs, factor=1.0), v, name)
+    q = activation(conv, node, q)
+    if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
+        raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
     if attn_mask is not None:
         mask = attn_mask.detach() if is_tensor(attn_mask) else None
         if mask is None or not (bool(mask.all()) if mask.dtype == conv.torch.bool

@@ -230,6 +230,10 @@ def _mean(conv: Converter, node: Any, x: Any, dims: Any = None, keepdim: bool = 
         return patterns.advance(node, x, "mean_square")
     act = activation(conv, node, x)
     dims = [d % len(act.shape) for d in (dims if dims is not None else [])]
+    if dims and all(act.shape[d] == 1 for d in dims) and act.form in ("rows", "replicated"):
+        kept = tuple(1 if i in dims else s for i, s in enumerate(act.shape)) if keepdim else \
+            tuple(s for i, s in enumerate(act.shape) if i not in dims)
+        return _view(conv, node, act, kept)  # a mean over size-1 axes is the value itself
     if act.form == "rows" and len(act.shape) == 3 and dims == [1]:
         tokens = act.shape[1]
         return _mix_tokens(conv, node, act, np.full(tokens, 1.0 / tokens), keepdim=keepdim)
