@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.unit.test_rowwise import (COLS, ROWS, assert_rounds, fake_memory, pitch_for, put,
-                                     random_stored, round64, run_and_read, values_of)
+from tests.unit.test_rowwise import (
+    COLS,
+    ROWS,
+    assert_rounds,
+    fake_memory,
+    pitch_for,
+    put,
+    random_stored,
+    round64,
+    run_and_read,
+    values_of,
+)
 
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate_operations
