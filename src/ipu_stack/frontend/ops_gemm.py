@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend import fused
+from ipu_stack.frontend.attention import additive_mask, softmax_op
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.linear import emit_linear
@@ -123,16 +124,17 @@ def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = N
     q = activation(conv, node, q)
     if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
         raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
+    bias = None
     if attn_mask is not None:
-        mask = attn_mask.detach() if is_tensor(attn_mask) else None
-        if mask is None or not (bool(mask.all()) if mask.dtype == conv.torch.bool
-                                else bool((mask == 0).all())):
-            raise unsupported(node, "attention with a mask that masks something")
+        if not is_tensor(attn_mask):
+            raise unsupported(node, "attention with a mask computed from the input (only "
+                              "constant masks and biases)")
+        bias = additive_mask(conv, node, attn_mask, q.dims)
     d = q.dims[3]
     name = conv.name(node)
     scores = _scores(conv, node, q, k, f"{name}.scores")
     factor = scores.factor * (1.0 / sqrt(d) if scale is None else float(scale))
-    probs = conv.b.op("softmax", [scores.value], F16, f"{name}.probs", scale=float(factor))
+    probs = softmax_op(conv, scores, float(factor), bias, f"{name}.probs")
     return _context(conv, node, scores.with_(value=probs, factor=1.0), v, name)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend import forms, patterns, rope
+from ipu_stack.frontend.attention import softmax_op
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.rules import (
@@ -54,7 +55,7 @@ def _scale(act: Act, factor: float) -> Act:
 
 
 def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) -> Act:
-    if act.prefix or act.form not in ("rows", "replicated") or act.attention is not None:
+    if act.prefix or act.form not in ("rows", "replicated"):
         raise unsupported(node, f"adding a constant to a {act.form}-form value")
     if np.broadcast_shapes(constant.shape, act.shape) != act.shape:
         raise unsupported(node, "a constant that broadcasts the activation to a larger shape")
@@ -180,9 +181,10 @@ def _softmax(conv: Converter, node: Any, x: Any, dim: int = -1, *rest: Any, **kw
     act = activation(conv, node, x)
     if dim % len(act.shape) != len(act.shape) - 1:
         raise unsupported(node, "softmax over a dimension other than the last")
-    if act.addend is not None:
-        raise unsupported(node, "softmax of scores with an additive mask or bias")
     if act.form != "rows" or act.prefix:
         raise unsupported(node, f"softmax of a {act.form}-form value")
-    value = conv.b.op("softmax", [act.value], F16, conv.name(node), scale=float(act.factor))
-    return act.with_(value=value, factor=1.0)
+    if act.addend is not None and act.attention is None:
+        raise unsupported(node, "softmax with an additive constant outside attention")
+    bias = None if act.addend is None else act.addend.reshape(act.shape)  # factor x + addend
+    value = softmax_op(conv, act, float(act.factor), bias, conv.name(node))
+    return act.with_(value=value, factor=1.0, addend=None)

@@ -4,13 +4,14 @@ pattern-matched between layout forms (``frontend/forms.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
 import numpy as np
 
 from ipu_stack.frontend import forms, fused, patterns, rope
-from ipu_stack.frontend.convert import Converter, unsupported
+from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act
 from ipu_stack.frontend.rules import activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
@@ -203,7 +204,21 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
         return act
     if act.form == "rows" and len(act.shape) == 3 and dim == 1 and end - start == 1:
         return _mix_tokens(conv, node, act, _one_hot(size, start), keepdim=True)
+    user = patterns.only_user(node)
+    if act.form == "rows" and len(act.shape) == 3 and dim == 1 and step == 1 and (
+            user is not None and op_name(user.target) == "aten.mean"):
+        return TokenWindow(act, start, end)  # x[:, a:b].mean(1): a mean over those tokens
     raise unsupported(node, "a slice that keeps part of an activation")
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """``x[:, start:end]`` of a rows value ``[B, T, D]`` whose only use is a mean over tokens
+    (BEiT's pooler: the patch tokens without CLS), so it never needs to exist on its own."""
+
+    act: Act
+    start: int
+    end: int
 
 
 @rule("aten.select")
@@ -228,6 +243,12 @@ def _mean(conv: Converter, node: Any, x: Any, dims: Any = None, keepdim: bool = 
           dtype: Any = None) -> Act:
     if isinstance(x, patterns.Pending):  # an RMS norm's mean of squares (checked ahead)
         return patterns.advance(node, x, "mean_square")
+    if isinstance(x, TokenWindow):
+        if [d % 3 for d in (dims or [])] != [1]:
+            raise unsupported(node, "a mean of a token slice over anything but its tokens")
+        weights = np.zeros(x.act.shape[1])
+        weights[x.start:x.end] = 1.0 / (x.end - x.start)
+        return _mix_tokens(conv, node, x.act, weights, keepdim=keepdim)
     act = activation(conv, node, x)
     dims = [d % len(act.shape) for d in (dims if dims is not None else [])]
     if dims and all(act.shape[d] == 1 for d in dims) and act.form in ("rows", "replicated"):

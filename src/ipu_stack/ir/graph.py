@@ -133,6 +133,7 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "layer_norm": (3, _layer_norm_rule),
     "add": (2, _add_rule),
     "mul": (2, _add_rule),
+    "biased_softmax": (2, _add_rule),
     "swiglu": (2, _add_rule),
     "activation": (1, _activation_rule),
     "rms_norm": (2, _rms_norm_rule),

@@ -101,8 +101,10 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return ins[0].astype(dtype, copy=False) * dtype(op.attrs["factor"])
     if op.kind == "cast":
         return ins[0].astype(dtype, copy=False)
-    if op.kind == "softmax":
+    if op.kind in ("softmax", "biased_softmax"):
         x = ins[0].astype(dtype, copy=False) * dtype(op.attrs.get("scale", 1.0))
+        if op.kind == "biased_softmax":  # an additive mask or bias (-inf masks a key)
+            x = x + ins[1].astype(dtype, copy=False)
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
     if op.kind == "layer_norm":

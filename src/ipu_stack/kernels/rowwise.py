@@ -5,7 +5,8 @@ tile's block of rows.
 Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
 ``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile); ``rms_norm``:
 the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projection ``b`` of
-``silu(x) * b`` (same block shape as ``x``); ``rope``: cos and sin tables
+``silu(x) * b``, ``biased_softmax``: the additive bias or mask table (same block shape as
+``x``); ``rope``: cos and sin tables
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
 chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
@@ -50,6 +51,9 @@ def _cost(p: dict[str, Any], target: Target) -> int:
         cycles = timing.estimate_activation(rows * cols, op)
     elif op == "softmax":
         cycles = timing.estimate_softmax(rows, cols)
+    elif op == "biased_softmax":
+        cycles = timing.estimate_softmax(rows, cols) + timing.estimate_activation(rows * cols,
+                                                                                  "add_bias")
     elif op == "add":
         cycles = timing.estimate_binary(rows * cols)
     elif op == "rope":
@@ -68,8 +72,10 @@ def _work(p: dict[str, Any]) -> list[Work]:
         return chain_work(p["chain"], rows, cols)
     if op in ("layer_norm", "rms_norm"):
         work = [Work(op, {"rows": rows, "width": cols})]
-    elif op == "softmax":
+    elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols})]
+        if op == "biased_softmax":
+            work.append(Work("add_bias", {"per_worker": per_worker}))
     else:
         work = [Work(op, {"per_worker": per_worker})]
     if _out_cast(p):
@@ -110,8 +116,10 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     elif op in ("mul", "swiglu"):
         y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
         result = (activation(x, "silu") if op == "swiglu" else x) * y
-    elif op == "softmax":
+    elif op in ("softmax", "biased_softmax"):
         shifted = x * np.float32(p["scale"])
+        if op == "biased_softmax":
+            shifted = shifted + _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
         shifted = shifted - shifted.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
         result = e / e.sum(axis=-1, keepdims=True)

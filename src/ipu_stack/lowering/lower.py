@@ -439,7 +439,7 @@ class Lowering:
             params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
             aux = [*params, -1][:2]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
-        elif op in ("add", "mul", "swiglu"):
+        elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
             if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)
@@ -464,6 +464,8 @@ class Lowering:
                 aux[0] = self._row_param(builder, stage.inputs[1], shared, stage.index)
                 aux_pitch = shared.pitch
             op = "chain"
+        if op == "biased_softmax":
+            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         self.emit_exchange(builder)
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)

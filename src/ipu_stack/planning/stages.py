@@ -18,7 +18,8 @@ from ipu_stack.ir.graph import Graph, Operation
 from ipu_stack.util.errors import CompileError
 
 ELEMENTWISE = ("bias_add", "gelu", "activation", "cast", "scale")
-ROW_OPS = ("layer_norm", "rms_norm", "softmax", "add", "mul", "swiglu", "rope", *ELEMENTWISE)
+ROW_OPS = ("layer_norm", "rms_norm", "softmax", "biased_softmax", "add", "mul", "swiglu", "rope",
+           *ELEMENTWISE)
 
 
 @dataclass(frozen=True)

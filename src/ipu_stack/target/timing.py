@@ -121,8 +121,8 @@ PRICES.update({
     "sigmoid_loop": Fact(6, f"{_POPOPS}: SIGMOID HALF {{6, false, 4}}: 6 cycles per 4 halves"),
     "tanh_loop": Fact(4, f"{_POPOPS}: TANH HALF {{4, false, 4}}: 4 cycles per 4 halves"),
     "multiply_worker": Fact(26, f"{_POPOPS}: BinaryOp1D worker setup for HALF, 26 cycles"),
-    "multiply_loop": Fact(3, f"{_POPOPS}: MULTIPLY HALF {{1, true}} + 2 loop overhead "
-                             "(external codelet): 3 cycles per 4-half vector"),
+    "multiply_loop": Fact(3, f"{_POPOPS}: MULTIPLY (and ADD) HALF {{1, true}} + 2 loop "
+                             "overhead (external codelet): 3 cycles per 4-half vector"),
     "rms_norm_fraction": Fact(
         1.0, "assumed: an RMS norm costs what the measured layer norm of the same shape costs "
         "(it skips the mean and the shift, so this is an upper bound); siglip-mlp has none"),
@@ -130,7 +130,8 @@ PRICES.update({
 
 # the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
 # then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;
-# ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``)
+# ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``; ``add_bias`` is the ADD of an
+# attention bias or mask table before a softmax)
 ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
     "sigmoid": ("sigmoid",),
     "tanh": ("tanh",),
@@ -138,6 +139,7 @@ ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
     "quick_gelu": ("multiply", "sigmoid", "multiply"),
     "swiglu": ("sigmoid", "multiply", "multiply"),
     "mul": ("multiply",),
+    "add_bias": ("add",),
 }
 
 
@@ -191,7 +193,7 @@ def estimate_bias_gelu(rows: int, width: int) -> int:
 
 def _vertex_cycles(vertex: str, per_worker: int) -> int:
     """One popops supervisor vertex over ``per_worker`` halves on the busiest worker."""
-    if vertex == "multiply":
+    if vertex in ("multiply", "add"):  # ADD HALF {1, true} is priced as MULTIPLY HALF
         return 6 * (p("multiply_worker") + p("multiply_loop") * cdiv(per_worker, 4))
     return 6 * (p("unary_worker") + p(f"{vertex}_loop") * cdiv(per_worker, 4)) + p("unary_tail")
 
