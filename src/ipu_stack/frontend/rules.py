@@ -62,9 +62,10 @@ def activation(conv: Converter, node: Any, value: Any) -> Act:
 
 def row_activation(conv: Converter, node: Any, x: Any) -> Act:
     """An activation with its lazy factor/addend applied, in a form whose IR rows are the
-    logical rows (``rows`` or ``replicated``): what a row-local operation needs."""
+    logical rows in some order (``rows``, ``replicated``, ``tmajor``): what a row-local
+    operation needs."""
     act = conv.plain(activation(conv, node, x), node)
-    if act.form not in ("rows", "replicated"):
+    if act.form not in ("rows", "replicated", "tmajor"):
         raise unsupported(node, f"a row operation on a {act.form}-form value")
     return act
 

@@ -185,6 +185,10 @@ def _to_ir(act: Act) -> Callable[[np.ndarray], np.ndarray]:
     if act.form == "channels":
         b, dim, n = act.dims
         return lambda t: np.asarray(t).reshape(b, dim, n).transpose(0, 2, 1).reshape(b * n, dim)
+    if act.form == "tmajor":
+        b, tokens = act.dims
+        return lambda t: np.asarray(t).reshape(tokens, b, -1).transpose(1, 0, 2).reshape(
+            b * tokens, -1)
     if act.form == "replicated":
         b, tokens = act.dims
         return lambda t: np.repeat(np.asarray(t).reshape(b, 1, -1), tokens, axis=1).reshape(
