@@ -28,7 +28,7 @@ KIND_FIELDS = {
 }
 PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias", "partials"}
 NAMES = {"name", "op", "family"}
-CHOICES = {"mode": ("fp8", "f16")}
+CHOICES = {"mode": ("fp8", "f16"), "pairs": ("interleaved", "halves")}
 
 
 def _fail(where: str, what: str) -> PackageError:

@@ -46,7 +46,7 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.stack", "<built-in function getitem>", "aten.flatten", "aten.unflatten",
               "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
               "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
-              "aten.split_with_sizes"}
+              "aten.split_with_sizes", "aten.slice", "aten.cat"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 

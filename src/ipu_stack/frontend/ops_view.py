@@ -116,7 +116,13 @@ def _unbind(conv: Converter, node: Any, x: Any, dim: int = 0) -> list[Any]:
 
 @rule("aten.chunk", "aten.split", "aten.split_with_sizes")
 def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[Any]:
-    """Equal parts of a fused projection's last dimension: one GEMM each."""
+    """Equal parts of a fused projection's last dimension: one GEMM each; or a query/key
+    split along its tokens (RoPE on some tokens only): token windows (``frontend/rope.py``)."""
+    if isinstance(x, Act) and "split_with_sizes" in str(node.target) and (
+            rope.token_axis(x) == dim % len(x.shape)):
+        windows = rope.token_windows(x, [int(s) for s in size])
+        if windows is not None:
+            return windows
     if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1:
         cols = x.shape[-1]
         if "chunk" in str(node.target):
@@ -130,7 +136,7 @@ def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[
             if split is not None:
                 return [_part(conv, node, split, i) for i in range(groups)]
     raise unsupported(node, "splitting an activation (only equal parts of a linear layer's "
-                      "output)")
+                      "output, or a query's or key's tokens)")
 
 
 @rule("<built-in function getitem>")
@@ -194,8 +200,11 @@ def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = Fal
 
 @rule("aten.slice")
 def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, end: Any = None,
-           step: int = 1) -> Act:
-    act = activation(conv, node, x)
+           step: int = 1) -> Any:
+    part = _rope_half(x, dim, start, end, step)
+    if part is not None:
+        return part
+    act = activation(conv, node, conv.settle(node, x))
     dim %= len(act.shape)
     size = act.shape[dim]
     start = 0 if start is None else (start + size if start < 0 else start)
@@ -209,6 +218,20 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
             user is not None and op_name(user.target) == "aten.mean"):
         return TokenWindow(act, start, end)  # x[:, a:b].mean(1): a mean over those tokens
     raise unsupported(node, "a slice that keeps part of an activation")
+
+
+def _rope_half(x: Any, dim: int, start: Any, end: Any, step: int) -> Any:
+    """``q[..., :d/2]`` or ``q[..., d/2:]`` of a query/key (``rotate_half``): one half of
+    its channel pairs in the split-halves layout, or None when the slice is not that."""
+    value = x if isinstance(x, rope.Pairs) else rope.start(x) if isinstance(x, Act) else None
+    if value is None or dim % len(value.shape) != len(value.shape) - 1 or step != 1:
+        return None
+    d = value.shape[-1]
+    first = 0 if start is None else (start + d if start < 0 else start)
+    last = d if end is None else min(end + d if end < 0 else end, d)
+    if (first, last) not in ((0, d // 2), (d // 2, d)):
+        return None
+    return rope.half(value, 0 if first == 0 else 1)
 
 
 @dataclass(frozen=True)
@@ -284,10 +307,21 @@ def _mix_tokens(conv: Converter, node: Any, act: Act, weights: np.ndarray, keepd
 
 
 @rule("aten.cat")
-def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Act:
+def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
     """``cat([constant tokens, patches], dim=1)``: the patches' GEMM already ran on an input
     with zero patch rows at the front of each image (``conv2d`` looked ahead), so those rows
-    hold the conv bias; adding ``constant - bias`` there is the concatenation."""
+    hold the conv bias; adding ``constant - bias`` there is the concatenation.  Parts of a
+    rotary embedding (the two halves of ``rotate_half``, token windows) are concatenated
+    symbolically (``frontend/rope.py``)."""
+    if any(isinstance(p, (rope.Pairs, rope.PairPart)) for p in parts):
+        rank = len(parts[0].shape)
+        last = dim % rank == rank - 1
+        joined = rope.concat_halves(list(parts)) if last else rope.concat_tokens(list(parts))
+        if joined is None:
+            raise unsupported(node, "concatenating parts of a query or key other than the "
+                              "halves of rotate_half or consecutive token windows")
+        return joined
+    parts = conv.settle(node, parts)
     acts = [p for p in parts if isinstance(p, Act)]
     if len(acts) != 1 or not isinstance(parts[-1], Act) or acts[0].prefix == 0:
         raise unsupported(node, "concatenation of activations (only constant tokens ahead of "

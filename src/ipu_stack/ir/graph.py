@@ -98,6 +98,8 @@ def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
     head_dim = int(attrs.get("head_dim", 0))
     if head_dim <= 0 or head_dim % 2 or x.cols % head_dim:
         raise CompileError(f"rope head_dim {head_dim} does not divide {x.cols} into pairs")
+    if attrs.get("pairs", "interleaved") not in ("interleaved", "halves"):
+        raise CompileError(f"rope pairs {attrs.get('pairs')!r} is not interleaved or halves")
     if cos.shape != (x.rows, head_dim // 2) or sin.shape != cos.shape:
         raise CompileError(f"rope tables must be [{x.rows}, {head_dim // 2}]")
     return x.shape

@@ -60,10 +60,17 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return o.transpose(0, 2, 1, 3).reshape(batch * tokens, heads * head_dim)
 
 
-def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
+          halves: bool = False) -> np.ndarray:
+    """Rotate channel pairs of every head: ``(2i, 2i+1)``, or ``(i, i + d/2)`` (halves)."""
     rows, cols = x.shape
-    pairs = x.reshape(rows, cols // head_dim, head_dim // 2, 2)
+    heads = x.reshape(rows, cols // head_dim, head_dim)
     c, s = cos[:, None, :], sin[:, None, :]
+    if halves:
+        first, second = heads[..., : head_dim // 2], heads[..., head_dim // 2 :]
+        return np.concatenate([first * c - second * s, first * s + second * c],
+                              axis=-1).reshape(rows, cols)
+    pairs = heads.reshape(rows, cols // head_dim, head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
     return np.stack([even * c - odd * s, even * s + odd * c], axis=-1).reshape(rows, cols)
 
@@ -118,7 +125,7 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return x / np.sqrt(mean_square + dtype(op.attrs["eps"])) * ins[1]
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
-        return _rope(x, cos, sin, int(op.attrs["head_dim"]))
+        return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

@@ -87,9 +87,17 @@ def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarra
     return read_values(mem, tiles, address, rows, cols, pitch, Precision.from_json(precision_json))
 
 
-def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
-    """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``)."""
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
+                halves: bool = False) -> np.ndarray:
+    """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``);
+    with ``halves``, pairs ``(i, i + d/2)`` (Llama-style ``rotate_half``)."""
     shape = x.shape
+    if halves:
+        heads = x.reshape(*shape[:-1], shape[-1] // head_dim, 2, head_dim // 2)
+        c, s = cos[..., None, :], sin[..., None, :]
+        first, second = heads[..., 0, :], heads[..., 1, :]
+        out = np.stack([first * c - second * s, first * s + second * c], axis=-2)
+        return out.reshape(shape).astype(np.float32)
     pairs = x.reshape(*shape[:-1], shape[-1] // head_dim, head_dim // 2, 2)
     c = cos[..., None, :]
     s = sin[..., None, :]
@@ -130,7 +138,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         half = p["head_dim"] // 2
         cos = _matrix(mem, tiles, aux0, rows, half, p["aux_pitch"], p["aux"])
         sin = _matrix(mem, tiles, aux1, rows, half, p["aux_pitch"], p["aux"])
-        result = rope_rotate(x, cos, sin, p["head_dim"])
+        result = rope_rotate(x, cos, sin, p["head_dim"], p.get("pairs") == "halves")
     elif op == "chain":
         bias = None
         if p.get("aux") is not None:

@@ -453,6 +453,8 @@ class Lowering:
             table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
             aux = [self._host_weight(i, table, MemoryClass.STANDARD) for i in stage.inputs[1:]]
             aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
+            if stage.attrs.get("pairs") == "halves":
+                extra["pairs"] = "halves"
         elif op == "softmax":
             extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         else:
