@@ -65,8 +65,8 @@ def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) ->
 
 
 def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
-    if x.shape != y.shape or x.form != y.form or x.form not in ("rows", "replicated", "tmajor") or (
-            x.dims != y.dims):
+    # two values in the same form and dims are the same IR matrix layout: add them row by row
+    if x.shape != y.shape or x.form != y.form or x.dims != y.dims or x.attention != y.attention:
         raise unsupported(node, f"add of {x.form} {list(x.shape)} and {y.form} {list(y.shape)}")
     # lazy addends are applied here, not carried on: a residual stream would otherwise
     # re-add a position table at every layer (``plain`` memoises the first application)

@@ -107,9 +107,11 @@ class Importer(Converter):
         return value
 
     def live_nodes(self) -> set[Any]:
-        """Nodes some output depends on."""
-        output = next(n for n in self.program.graph.nodes if n.op == "output")
-        live, stack = {output}, [output]
+        """Nodes some output depends on, and in-place operations with what they read: an
+        index table built by ``t[:, :, 0] += k`` (BEiT's relative positions) is written
+        through views by calls whose own results nothing reads."""
+        roots = [n for n in self.program.graph.nodes if n.op == "output" or mutates(n)]
+        live, stack = set(roots), list(roots)
         while stack:
             for source in stack.pop().all_input_nodes:
                 if source not in live:
@@ -156,6 +158,12 @@ class Importer(Converter):
             self.b.output(act.value)
             self.outputs.append(OutputSpec(ir.name, index, _to_ir(act)))
             index += 1
+
+
+def mutates(node: Any) -> bool:
+    """Whether an FX call writes one of its arguments in place (``add_``, ``copy_``, ...)."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and bool(getattr(schema, "is_mutable", False))
 
 
 def _map(value: Any, env: dict[Any, Any]) -> Any:
