@@ -154,6 +154,7 @@ class Converter:
         self.user_acts: dict[int, Act] = {}
         self.materialized: dict[tuple, Act] = {}
         self.fused_done: dict[int, tuple[Any, Act]] = {}
+        self.pairs_done: dict[int, tuple[Any, Act]] = {}
         self.rewrites: list[str] = []
         self.dynamic: set[Any] = set()
         self.node: Any = None

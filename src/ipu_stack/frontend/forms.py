@@ -19,8 +19,9 @@ lives in plus a *form* that says how the logical tensor maps onto that matrix:
 * ``tmajor``: ``[T, B, D]`` (``x.transpose(0, 1)`` of rows ``[B, T, D]``, the layout
   ``nn.MultiheadAttention`` works in) still held image-major as ``[B*T, D]``: row-local
   operations do not care in which order the rows sit; ``dims`` = (B, T);
-* ``theads``: a ``tmajor`` value viewed as ``[T, B*H, d]`` (MHA's head split); its
-  ``transpose(0, 1)`` is ``heads_major`` ``[B*H, T, d]`` with no data movement.
+* ``theads``: a ``tmajor`` value viewed as ``[T, B*H, d]`` (MHA's head split; its
+  ``transpose(0, 1)`` is ``heads_major`` ``[B*H, T, d]``), or ``heads`` permuted to
+  ``[T, B, H, d]``: no data movement either way.
 
 Views and permutes are pattern-matched against these forms; anything else is reported as
 unsupported rather than guessed.  ``factor`` and ``addend`` are lazy: ``x * s`` and
@@ -190,6 +191,11 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
         if act.form == "theads":
             b, t, h, d = act.dims
             return act.with_(shape=new_shape, form="heads_major", dims=(b, t, h, d))
+    if n == 4 and perm == (1, 0, 2, 3):  # [B, T, H, d] <-> [T, B, H, d] (MLCD's attention)
+        if act.form == "heads":
+            return act.with_(shape=new_shape, form="theads")
+        if act.form == "theads" and act.shape == (act.dims[1], act.dims[0], *act.dims[2:]):
+            return act.with_(shape=new_shape, form="heads")
     if act.form == "heads" and n == 3 and perm == (1, 0, 2) and act.dims[0] == 1:
         return act.with_(shape=new_shape, form="heads_major")  # one image: (T,H,d) -> (H,T,d)
     if act.form in ("heads", "heads_major", "keys_t") and n in (3, 4):

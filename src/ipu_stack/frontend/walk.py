@@ -94,10 +94,13 @@ class Importer(Converter):
         if isinstance(value, fused.Split):
             raise unsupported(node, "a fused projection's output used without selecting a part")
         if isinstance(value, rope.Pairs):
-            done = rope.materialize(self, node, value)
-            if done is None:
-                raise unsupported(node, "a per-channel-pair mix that is not a rotation (RoPE)")
-            return done
+            if id(value) not in self.pairs_done:  # one rope per value, however many readers
+                done = rope.materialize(self, node, value)
+                if done is None:
+                    raise unsupported(node, "a per-channel-pair mix that is not a rotation "
+                                      "(RoPE)")
+                self.pairs_done[id(value)] = (value, done)
+            return self.pairs_done[id(value)][1]
         if isinstance(value, rope.PairPart):
             raise unsupported(node, "one component of a (..., d/2, 2) view used on its own")
         if isinstance(value, (list, tuple)):
