@@ -36,6 +36,9 @@ def tower(name: str) -> torch.nn.Module:
             **WIDTH, use_relative_position_bias=True)),
         "dinov3": lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
             **WIDTH, num_register_tokens=4)),
+        "yolos": lambda: transformers.YolosModel(transformers.YolosConfig(
+            **{**WIDTH, "image_size": [64, 64]}, num_detection_tokens=5),
+            add_pooling_layer=False),
         "siglip_head": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
             hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             patch_size=14, image_size=56, vision_use_head=True)),
@@ -51,7 +54,8 @@ def tower(name: str) -> torch.nn.Module:
 def exported(name: str, batch: int = 2):
     model = tower(name)
     size = model.config.image_size
-    return torch.export.export(model, (torch.randn(batch, 3, size, size),))
+    height, width = (size, size) if isinstance(size, int) else size
+    return torch.export.export(model, (torch.randn(batch, 3, height, width),))
 
 
 EXPECTED = {  # operations each tower must map to (kind or activation function: count)
@@ -61,6 +65,7 @@ EXPECTED = {  # operations each tower must map to (kind or activation function: 
     "beit": {"biased_softmax": 2},
     "dinov3": {"rope": 4},
     "siglip_head": {"softmax": 3},
+    "yolos": {"softmax": 2},
 }
 
 
@@ -86,6 +91,13 @@ def test_dinov3_rotates_split_halves_and_leaves_the_prefix_tokens_alone() -> Non
     table = tables[cos.name]
     assert table.shape == (1 + 4 + 16, 8)  # CLS + 4 registers + 16 patches, d/2 = 8
     assert np.all(table[:5] == 1.0) and not np.all(table[5:] == 1.0)
+
+
+def test_yolos_detection_tokens_are_reserved_behind_the_patches() -> None:
+    imported = import_program(exported("yolos"), precision="f16")
+    patches = imported.graph.by_role("input")[0]
+    assert patches.type.shape == (2, 1 + 16 + 5, 3 * 16 * 16)  # CLS, patches, 5 detection
+    assert any("1 + 5 constant token(s)" in r for r in imported.converted.rewrites)
 
 
 def test_a_transposed_bias_table_is_caught_by_the_conversion_check(monkeypatch) -> None:

@@ -155,3 +155,52 @@ def test_activation_prices_are_the_popops_supervisor_estimates() -> None:
     assert timing.price_work(work) == timing.estimate_activation(n, "sigmoid")
     assert timing.estimate_rms_norm(3, 1152) == timing.estimate_layer_norm(3, 1152)
     assert "assumed" in timing.PRICES["rms_norm_fraction"].source
+
+
+# ---------------------------------------------------------------------------------- row kernels
+def test_rope_in_split_halves_rotates_channel_i_with_i_plus_half() -> None:
+    rng = np.random.default_rng(15)
+    mem = fake_memory()
+    head_dim, heads = 8, 3
+    cols, half = head_dim * heads, head_dim // 2
+    x = random_stored(rng, (2, ROWS, cols), F16)
+    angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
+    addresses = [32, 600, 900, 1500]
+    put(mem, addresses[0], x_pitch, x)
+    put(mem, addresses[1], table_pitch, cos)
+    put(mem, addresses[2], table_pitch, sin)
+    params = row_params("rope", ROWS, cols, F16, x_pitch, F16, out_pitch, F32, table_pitch,
+                        head_dim=head_dim, pairs="halves")
+    device = run_and_read(params, mem, addresses, F16)
+    xv, c, s = values_of(x, F16), cos.astype(np.float64), sin.astype(np.float64)
+    exact = np.empty_like(xv)
+    for h in range(heads):
+        for i in range(half):
+            a, b = h * head_dim + i, h * head_dim + i + half
+            exact[..., a] = xv[..., a] * c[..., i] - xv[..., b] * s[..., i]
+            exact[..., b] = xv[..., a] * s[..., i] + xv[..., b] * c[..., i]
+    assert_rounds(device, exact, F16)
+
+
+def test_biased_softmax_adds_its_table_row_by_row() -> None:
+    """An asymmetric bias with -inf entries (a boolean mask): transposing the table, or
+    adding it before the scale, changes the result far beyond one rounding."""
+    rng = np.random.default_rng(16)
+    mem = fake_memory()
+    cols = 9
+    x = random_stored(rng, (2, ROWS, cols), F16, std=2.0)
+    bias = rng.standard_normal((2, ROWS, cols)).astype(np.float16)
+    bias[:, :, 3] = -np.inf
+    x_pitch, b_pitch, out_pitch = pitch_for(cols, F16, 4), pitch_for(cols, F16, 8), 32
+    addresses = [0, 700, -1, 1800]
+    put(mem, addresses[0], x_pitch, x)
+    put(mem, addresses[1], b_pitch, bias)
+    params = row_params("biased_softmax", ROWS, cols, F16, x_pitch, F16, out_pitch, F16, b_pitch,
+                        scale=0.5)
+    device = run_and_read(params, mem, addresses, F16)
+    z = values_of(x, F16) * 0.5 + bias.astype(np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    assert_rounds(device, e / e.sum(axis=-1, keepdims=True), F16)
+    assert np.all(device[:, :, 3] == 0.0)

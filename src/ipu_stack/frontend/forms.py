@@ -53,6 +53,7 @@ class Act:
     addend: np.ndarray | None = field(default=None, compare=False)
     attention: tuple[int, int, int] | None = None  # scores: (B, H, T)
     prefix: int = 0  # channels: zero patch rows per image hidden ahead of the patches
+    suffix: int = 0  # channels: zero patch rows per image hidden behind them
     bias: np.ndarray | None = field(default=None, compare=False)  # what those rows hold
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)

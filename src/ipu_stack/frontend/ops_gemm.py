@@ -159,23 +159,25 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     b, c, hh, ww = x.shape
     gh, gw = hh // p, ww // q
     n = gh * gw
-    prefix = conv_prefix(conv, node)
+    prefix, suffix = conv_reserve(conv, node)
     index, name = x.index, f"{x.name}.patches"
 
     def im2col(arrays: list[np.ndarray], index: int = index) -> np.ndarray:
-        return image_patches(arrays[index], (p, q), prefix)
+        return image_patches(arrays[index], (p, q), prefix, suffix)
 
     data = im2col(conv.user)
-    value = conv.add_input(name, (b, prefix + n, c * p * q), data, True, im2col)
+    rows = prefix + n + suffix
+    value = conv.add_input(name, (b, rows, c * p * q), data, True, im2col)
     conv.rewrites.append(f"{node.name}: patch embedding as a GEMM on host-laid-out patches "
-                         f"{name} [{b}, {prefix}+{n}, {c * p * q}]")
+                         f"{name} [{b}, {prefix}+{n}+{suffix}, {c * p * q}]")
     wmat = to_numpy(weight).reshape(out_ch, -1).T
-    act = Act(value, (b, prefix + n, c * p * q))
+    act = Act(value, (b, rows, c * p * q))
     out = emit_linear(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"),
                       None if bias is None else to_numpy(bias),
                       None if bias is None else conv.const_key(bias, f"{name}.bias"))
     return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
-                     prefix=prefix, bias=None if bias is None else to_numpy(bias), linear=None)
+                     prefix=prefix, suffix=suffix, linear=None,
+                     bias=None if bias is None else to_numpy(bias))
 
 
 def pair(value: Any) -> tuple[int, int]:
@@ -185,9 +187,10 @@ def pair(value: Any) -> tuple[int, int]:
     return (int(value), int(value))
 
 
-def conv_prefix(conv: Converter, node: Any) -> int:
-    """Constant tokens a patch embedding's tokens are later concatenated behind (a CLS
-    token): the number of zero patch rows to reserve ahead of each image's patches."""
+def conv_reserve(conv: Converter, node: Any) -> tuple[int, int]:
+    """Constant tokens a patch embedding's tokens are later concatenated between (a CLS token
+    ahead, YOLOS's detection tokens behind): the zero patch rows to reserve ahead of and
+    behind each image's patches."""
 
     current = node
     while len(current.users) == 1:
@@ -195,16 +198,17 @@ def conv_prefix(conv: Converter, node: Any) -> int:
         kind = op_name(user.target)
         if kind == "aten.cat":
             parts = list(user.args[0])
-            if parts[-1] is not current or any(p in conv.dynamic for p in parts[:-1]):
-                return 0
+            others = [p for p in parts if p is not current]
             dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
-            if dim % 3 != 1:
-                return 0
-            return sum(int(p.meta["val"].shape[1]) for p in parts[:-1])
+            if current not in parts or any(p in conv.dynamic for p in others) or dim % 3 != 1:
+                return 0, 0
+            at = parts.index(current)
+            return (sum(int(p.meta["val"].shape[1]) for p in parts[:at]),
+                    sum(int(p.meta["val"].shape[1]) for p in parts[at + 1:]))
         if kind not in ("aten.flatten", "aten.transpose", "aten.permute", "aten.view",
                         "aten.reshape", "aten.contiguous", "aten.clone", "aten.dropout",
                         "aten.to"):
-            return 0
+            return 0, 0
         current = user
-    return 0
+    return 0, 0
 

@@ -55,7 +55,7 @@ def _scale(act: Act, factor: float) -> Act:
 
 
 def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) -> Act:
-    if act.prefix or act.form not in ("rows", "replicated"):
+    if act.prefix or act.suffix or act.form not in ("rows", "replicated"):
         raise unsupported(node, f"adding a constant to a {act.form}-form value")
     if np.broadcast_shapes(constant.shape, act.shape) != act.shape:
         raise unsupported(node, "a constant that broadcasts the activation to a larger shape")
@@ -181,7 +181,7 @@ def _softmax(conv: Converter, node: Any, x: Any, dim: int = -1, *rest: Any, **kw
     act = activation(conv, node, x)
     if dim % len(act.shape) != len(act.shape) - 1:
         raise unsupported(node, "softmax over a dimension other than the last")
-    if act.form != "rows" or act.prefix:
+    if act.form != "rows" or act.prefix or act.suffix:
         raise unsupported(node, f"softmax of a {act.form}-form value")
     if act.addend is not None and act.attention is None:
         raise unsupported(node, "softmax with an additive constant outside attention")

@@ -323,21 +323,28 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
         return joined
     parts = conv.settle(node, parts)
     acts = [p for p in parts if isinstance(p, Act)]
-    if len(acts) != 1 or not isinstance(parts[-1], Act) or acts[0].prefix == 0:
-        raise unsupported(node, "concatenation of activations (only constant tokens ahead of "
+    if len(acts) != 1 or acts[0].prefix + acts[0].suffix == 0:
+        raise unsupported(node, "concatenation of activations (only constant tokens around "
                           "the patch embedding are supported)")
     act = acts[0]
     b, n, d = act.shape
     if dim % 3 != 1:
         raise unsupported(node, "concatenation along a dimension other than tokens")
-    head = np.concatenate([np.broadcast_to(to_numpy(p), (b, p.shape[1], d)) for p in parts[:-1]],
-                          axis=1)
-    if head.shape[1] != act.prefix:
+    at = next(i for i, p in enumerate(parts) if p is act)
+
+    def tokens(constants: list[Any]) -> np.ndarray:
+        blocks = [np.broadcast_to(to_numpy(p), (b, p.shape[1], d)) for p in constants]
+        return np.concatenate(blocks, axis=1) if blocks else np.zeros((b, 0, d))
+
+    head, tail = tokens(list(parts[:at])), tokens(list(parts[at + 1:]))
+    if head.shape[1] != act.prefix or tail.shape[1] != act.suffix:
         raise unsupported(node, "constant tokens do not match the reserved patch rows")
-    addend = np.zeros((b, act.prefix + n, d))
-    addend[:, :act.prefix] = head - (act.bias if act.bias is not None else 0.0)
-    conv.rewrites.append(f"{node.name}: {act.prefix} constant token(s) as zero patch rows plus "
-                         "a corrected addend")
-    return Act(act.value, (b, act.prefix + n, d), addend=addend.reshape(-1, d),
-               origin=conv.name(node))
+    total = act.prefix + n + act.suffix
+    bias = act.bias if act.bias is not None else 0.0
+    addend = np.zeros((b, total, d))
+    addend[:, :act.prefix] = head - bias
+    addend[:, act.prefix + n:] = tail - bias
+    conv.rewrites.append(f"{node.name}: {act.prefix} + {act.suffix} constant token(s) as zero "
+                         "patch rows plus a corrected addend")
+    return Act(act.value, (b, total, d), addend=addend.reshape(-1, d), origin=conv.name(node))
 
