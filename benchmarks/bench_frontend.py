@@ -3,6 +3,8 @@
     python benchmarks/bench_frontend.py siglip --layers 1 --precision fp8
     python benchmarks/bench_frontend.py vit --layers 2 --precision f16
     python benchmarks/bench_frontend.py all            # the table of docs/frontend.md
+    python benchmarks/bench_frontend.py zoo            # every ViT-family tower (zoo.py)
+    python benchmarks/bench_frontend.py zoo --import-only --only CLIP
 
 Each model is built from its published config with random weights (``torch.manual_seed``),
 exported with ``torch.export.export(model.eval(), (pixels,))``, saved as ``.pt2`` and run
@@ -64,23 +66,28 @@ def export(kind: str, layers: int, seed: int, folder: Path) -> tuple[Path, float
     return path, seconds
 
 
-def bench(path: Path, precision: str, out: Path, seed: int) -> dict[str, Any]:
+def bench(path: Path, precision: str, out: Path, seed: int, compare: bool = True
+          ) -> dict[str, Any]:
     """``ipu-stack bench MODEL.pt2 --precision P --json --save-tensors``; the parsed record
-    plus the device's error against torch's float32 output on the same input."""
+    plus (``compare``) the device's error against torch's float32 output on the same input."""
     import numpy as np
     import torch
 
     from ipu_stack.cli import main
     from ipu_stack.frontend import import_program
 
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
+    buffer, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
+        saving = ["--save-tensors", str(out / "tensors")] if compare else []
         code = main(["--quiet", "bench", str(path), "--precision", precision, "--out", str(out),
-                     "--json", "--save-tensors", str(out / "tensors"), "--seed", str(seed)])
+                     "--json", *saving, "--seed", str(seed)])
     lines = [line for line in buffer.getvalue().splitlines() if line.startswith("{")]
     record = json.loads(lines[-1]) if lines else {"numericalTest": "ERROR"}
     record["exitCode"] = code
-    if lines:  # every output against torch's, laid out as the graph's outputs
+    reasons = [line for line in errors.getvalue().splitlines() if line.startswith("error:")]
+    if reasons:
+        record["reason"] = reasons[-1][len("error:"):].strip()
+    if lines and compare:  # every output against torch's, laid out as the graph's outputs
         program = torch.export.load(str(path))
         imported = import_program(program, precision=precision, seed=seed)
         device = np.load(out / "tensors" / "outputs.npz")
@@ -98,13 +105,21 @@ def bench(path: Path, precision: str, out: Path, seed: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=(*MODELS, "all"))
+    parser.add_argument("model", choices=(*MODELS, "all", "zoo"))
     parser.add_argument("--layers", type=int, action="append")
     parser.add_argument("--precision", choices=("fp8", "f16"), action="append")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--folder", default="artifacts/frontend")
     parser.add_argument("--results", default="artifacts/frontend/results.jsonl")
+    parser.add_argument("--batch", type=int, action="append", help="zoo: batches (1 and 2)")
+    parser.add_argument("--only", action="append", help="zoo: towers whose name contains this")
+    parser.add_argument("--import-only", action="store_true",
+                        help="zoo: export and import (conversion check) only")
     args = parser.parse_args(argv)
+    if args.model == "zoo":
+        from zoo_runs import run_zoo
+
+        return run_zoo(args, bench)
     runs: list[tuple[str, int, str]]
     if args.model == "all":
         runs = [("siglip", n, p) for n in (1, 2) for p in ("fp8", "f16")]

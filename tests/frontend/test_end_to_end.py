@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ipu_stack.frontend import convert as convert_module  # noqa: E402
 from ipu_stack.frontend import import_program, make_workload  # noqa: E402
+from ipu_stack.frontend import walk as walk_module  # noqa: E402
 from ipu_stack.ir.interpret import evaluate  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.session import benchmark_fields, run_package  # noqa: E402
@@ -84,7 +84,7 @@ def test_a_small_qk_error_is_caught_by_the_conversion_check(monkeypatch) -> None
     error) moves the outputs far past the conversion check's limit."""
     program = _peaked_vit()
     assert import_program(program, precision="f16").conversion_error < 1e-5
-    original = convert_module.Converter.run
+    original = walk_module.Importer.run
 
     def skewed(self):
         result = original(self)
@@ -93,7 +93,7 @@ def test_a_small_qk_error_is_caught_by_the_conversion_check(monkeypatch) -> None
                 op.attrs["scale"] *= 1.03
         return result
 
-    monkeypatch.setattr(convert_module.Converter, "run", skewed)
+    monkeypatch.setattr(walk_module.Importer, "run", skewed)
     with pytest.raises(CompileError, match="conversion check failed"):
         import_program(program, precision="f16")
 

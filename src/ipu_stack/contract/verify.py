@@ -181,7 +181,7 @@ class Verifier:
         starts: list[np.ndarray] = []
         lengths: list[int] = []
         owners: list[int] = []  # per access: the call's kernel
-        low_interleaved: list[int] = []
+        low_interleaved: list[tuple[KernelInstance, int, int]] = []
         spans: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # regions: lo, tiles, ...
         for call in calls:
             kernel, accesses, regions = self._kernel(call.kernel)
@@ -200,13 +200,8 @@ class Verifier:
                     starts.append(addresses[:, operand])
                     lengths.append(length)
                     owners.append(call.kernel)
-            for operand in kernel.impl.interleaved:
-                low = int(addresses[:, operand].min())
-                if low < self.target.interleaved_base:
-                    raise PackageError(
-                        f"{where} {kernel.name}: operand {operand} at address {low} must be "
-                        f"in interleaved memory (>= {self.target.interleaved_base})")
-                low_interleaved.append(low)
+            for operand in kernel.impl.interleaved:  # checked after the ranges, below
+                low_interleaved.append((kernel, operand, int(addresses[:, operand].min())))
             for region in regions:
                 spans.append((addresses[:, region.operand] + region.offset, call.tiles,
                               (region.rows - 1) * region.pitch + region.row_bytes,
@@ -222,6 +217,11 @@ class Verifier:
                 kernel = self.program.kernels[int(np.repeat(owners, counts)[k])]
                 raise PackageError(f"{where} {kernel.name} accesses address {int(at[k])} "
                                    f"outside tile memory [{self.base}, {self.end})")
+        for kernel, operand, low in low_interleaved:
+            if low < self.target.interleaved_base:
+                raise PackageError(
+                    f"{where} {kernel.name}: operand {operand} at address {low} must be "
+                    f"in interleaved memory (>= {self.target.interleaved_base})")
         if self.allocations is not None and spans:
             counts = [len(lo) for lo, _, _, _ in spans]
             lo = np.concatenate([lo for lo, _, _, _ in spans])

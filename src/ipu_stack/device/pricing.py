@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ipu_stack.target.timing import PRICES, Work, p
+from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, Work, p
 
 
 def _up(a: int, b: int) -> int:
@@ -83,6 +83,15 @@ def _softmax(rows: int, keys: int, panels: int) -> int:
     return min(whole, split)
 
 
+def _vertex(vertex: str, per_worker: int) -> int:
+    """A popops supervisor vertex (launch included) whose busiest worker had ``per_worker``
+    halves: six worker slots of setup plus 4-half loop steps, and a unary vertex's tail."""
+    steps = _up(per_worker, 4)
+    if vertex in ("multiply", "add"):  # the binary vertex; ADD is priced as MULTIPLY
+        return p("launch") + 6 * (p("multiply_worker") + p("multiply_loop") * steps)
+    return p("launch") + 6 * (p("unary_worker") + p(f"{vertex}_loop") * steps) + p("unary_tail")
+
+
 def price_work(work: Work, weights_interleaved: bool = True) -> int:
     """Cycles of one executed kernel call on one tile."""
     c = work.counts
@@ -113,6 +122,12 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
     if kind == "softmax":
         return _softmax(c["rows"], c["keys"], c["panels"]) if c["rows"] else 0
+    if kind == "rms_norm":  # assumed: priced as the measured layer norm of the same rows
+        layer_norm = p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
+        return int(layer_norm * float(PRICES["rms_norm_fraction"].value))
+    if kind in ACTIVATION_VERTICES:
+        busiest = max(c["per_worker"], default=0)
+        return sum(_vertex(v, busiest) for v in ACTIVATION_VERTICES[kind]) if busiest else 0
     if kind in ("add", "rope"):
         step = "binary_step" if kind == "add" else "rope_step"
         return p("cast_call") + p(step) * _steps(c["per_worker"], 2)

@@ -448,4 +448,5 @@ def _plain(counts: dict[str, Any]) -> dict[str, Any]:
 def _work_class(kind: str) -> str:
     """The benchmark's names for what a compute superstep spent its cycles on."""
     return {"amp": "gemm", "cast_from_f8": "cast", "cast_f8": "cast", "cast_f16": "cast",
-            "bias_gelu": "gelu", "layer_norm": "layerNorm"}.get(kind, kind)
+            "bias_gelu": "gelu", "layer_norm": "layerNorm", "rms_norm": "rmsNorm",
+            **dict.fromkeys(timing.ACTIVATION_VERTICES, "activation")}.get(kind, kind)

@@ -1,10 +1,12 @@
 """torch.export program -> ``ir.Graph``: the walk over the FX graph and its bookkeeping.
 
 Each FX node becomes one of: a constant (a ``torch.Tensor`` or Python value: parameters,
-buffers and everything computed only from them, folded here by running the op), an
+buffers and everything computed only from them, folded by running the op), an
 :class:`~ipu_stack.frontend.forms.Act` (an IR value in a layout form), a
 :class:`~ipu_stack.frontend.forms.UserInput` (an input whose host layout its first consumer
-decides), or ``None`` (assertions).  The per-operation rules are in ``frontend/ops.py``.
+decides), or ``None`` (assertions).  This module holds the converter's bookkeeping (names,
+weights, inputs, lazy values); the walk itself is ``frontend/walk.py`` and the
+per-operation rules are the families ``frontend/ops.py`` gathers, both above this module.
 
 Precision policy (the builtins'): with ``fp8``, GEMM weights are FP8 F143 with one scale
 exponent per weight role (fitted to the data, the largest over the role's layers), GEMM
@@ -44,7 +46,7 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.stack", "<built-in function getitem>", "aten.flatten", "aten.unflatten",
               "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
               "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
-              "aten.split_with_sizes"}
+              "aten.split_with_sizes", "aten.slice", "aten.cat"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 
@@ -152,6 +154,7 @@ class Converter:
         self.user_acts: dict[int, Act] = {}
         self.materialized: dict[tuple, Act] = {}
         self.fused_done: dict[int, tuple[Any, Act]] = {}
+        self.pairs_done: dict[int, tuple[Any, Act]] = {}
         self.rewrites: list[str] = []
         self.dynamic: set[Any] = set()
         self.node: Any = None
@@ -253,7 +256,7 @@ class Converter:
     # ------------------------------------------------------------------ lazy values
     def plain(self, act: Act, node: Any) -> Act:
         """``act`` with its lazy factor and addend applied by IR operations."""
-        if act.prefix:
+        if act.prefix or act.suffix:
             raise unsupported(node, "patch tokens used before the concatenation that completes "
                               "the token sequence")
         if not act.lazy:
@@ -288,137 +291,10 @@ class Converter:
             return self.b.op("cast", [act.value], self.act_precision(name), name)
         return act.value
 
-    # ------------------------------------------------------------------ the walk
-    def run(self) -> Converted:
-        from ipu_stack.frontend.ops import HANDLERS
-
-        torch = self.torch
-        signature = self.program.graph_signature
-        specs = {spec.arg.name: spec for spec in signature.input_specs}
-        user_index = 0
-        live = self.live_nodes()
-        for node in self.program.graph.nodes:
-            self.node = node
-            if node.op == "placeholder":
-                spec = specs[node.name]
-                if spec.kind.name == "USER_INPUT":
-                    value = node.meta.get("val")
-                    if not isinstance(value, torch.Tensor):
-                        raise unsupported(node, "non-tensor user input")
-                    if user_index >= len(self.user):
-                        raise CompileError(f"the program takes more inputs than the "
-                                           f"{len(self.user)} given")
-                    self.env[node] = UserInput(user_index, node.name, tuple(value.shape))
-                    self.dynamic.add(node)
-                    user_index += 1
-                else:
-                    self.env[node] = self._state(spec)
-            elif node.op == "call_function":
-                if node not in live and op_name(node.target) not in SIDE_EFFECTS:
-                    continue  # dead: no output depends on it (e.g. unused attention weights)
-                args = _map(node.args, self.env)
-                kwargs = _map(node.kwargs, self.env)
-                if not any(self._is_dynamic(a) for a in node.all_input_nodes):
-                    with torch.no_grad():
-                        self.env[node] = node.target(*args, **kwargs)
-                    continue
-                self.dynamic.add(node)
-                kind = op_name(node.target)
-                handler = HANDLERS.get(kind)
-                if handler is None:
-                    raise unsupported(node)
-                if kind not in PAIR_AWARE:
-                    args, kwargs = self.settle(node, args), self.settle(node, kwargs)
-                try:
-                    self.env[node] = handler(self, node, *args, **kwargs)
-                except TypeError as exc:  # a signature this rule was not written for
-                    raise unsupported(node, f"arguments not understood ({exc})") from exc
-            elif node.op == "get_attr":
-                self.env[node] = getattr(self.program.graph_module, node.target)
-            elif node.op == "output":
-                self._outputs(node)
-        if user_index != len(self.user):
-            raise CompileError(f"the program takes {user_index} inputs, {len(self.user)} given")
-        return self.finish()
-
     def settle(self, node: Any, value: Any) -> Any:
-        """Arguments with symbolic channel-pair values (``frontend/rope.py``) made concrete:
-        a rotation becomes one ``rope`` operation; anything else is unsupported."""
-        from ipu_stack.frontend import fused, rope
-
-        if isinstance(value, fused.Fused):  # used whole: the full GEMM after all
-            if id(value) not in self.fused_done:
-                from ipu_stack.frontend.ops_gemm import emit_linear
-
-                self.fused_done[id(value)] = (value, emit_linear(
-                    self, value.node, value.x, value.weight, value.key, value.bias,
-                    value.bias_key))
-            return self.fused_done[id(value)][1]
-        if isinstance(value, fused.Split):
-            raise unsupported(node, "a fused projection's output used without selecting a part")
-        if isinstance(value, rope.Pairs):
-            done = rope.materialize(self, node, value)
-            if done is None:
-                raise unsupported(node, "a per-channel-pair mix that is not a rotation (RoPE)")
-            return done
-        if isinstance(value, rope.PairPart):
-            raise unsupported(node, "one component of a (..., d/2, 2) view used on its own")
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.settle(node, v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.settle(node, v) for k, v in value.items()}
-        return value
-
-    def live_nodes(self) -> set[Any]:
-        """Nodes some output depends on."""
-        output = next(n for n in self.program.graph.nodes if n.op == "output")
-        live, stack = {output}, [output]
-        while stack:
-            for source in stack.pop().all_input_nodes:
-                if source not in live:
-                    live.add(source)
-                    stack.append(source)
-        return live
-
-    def _is_dynamic(self, node: Any) -> bool:
-        return node in self.dynamic
-
-    def _state(self, spec: Any) -> Any:
-        """A parameter, buffer or constant tensor of the program, by its state-dict name."""
-        target = spec.target
-        program = self.program
-        if target in program.state_dict:
-            tensor = program.state_dict[target]
-        elif target in program.constants:
-            tensor = program.constants[target]
-        else:
-            raise CompileError(f"program input {spec.arg.name} ({spec.kind.name}) has no value")
-        tensor = tensor.detach()
-        self.const_names[id(tensor)] = target
-        return tensor
-
-    def _outputs(self, node: Any) -> None:
-        specs = self.program.graph_signature.output_specs
-        results = node.args[0]
-        index = 0
-        for spec, arg in zip(specs, results, strict=True):
-            if spec.kind.name != "USER_OUTPUT":
-                continue
-            value = self.env.get(arg) if hasattr(arg, "op") else arg
-            if hasattr(arg, "op"):
-                value = self.settle(arg, value)
-            if value is None:
-                continue  # None outputs are dropped by torch's pytree too
-            if not isinstance(value, Act):
-                raise unsupported(arg if hasattr(arg, "op") else node,
-                                  "an output that is a constant or an unmodified input")
-            act = self.plain(value, arg)
-            ir = self.b.graph.value(act.value)
-            if ir.role != "intermediate":
-                raise unsupported(arg, "an output that is an input, or returned twice")
-            self.b.output(act.value)
-            self.outputs.append(OutputSpec(ir.name, index, _to_ir(act)))
-            index += 1
+        """Arguments with symbolic values made concrete (``frontend/walk.py`` implements it:
+        it needs the fused-projection and RoPE rules, which sit above this module)."""
+        raise NotImplementedError("the walk (frontend/walk.py) settles symbolic values")
 
     def finish(self) -> Converted:
         """Fix every weight's precision (now that folds are done) and build the graph."""
@@ -449,37 +325,3 @@ class Converter:
             raise CompileError(f"importer bug: value names used twice: {', '.join(twice[:3])}")
         return Converted(self.b.build(), tensors, exact, self.inputs, self.outputs,
                          self.rewrites)
-
-
-def _map(value: Any, env: dict[Any, Any]) -> Any:
-    """FX arguments with nodes replaced by what the converter made of them."""
-    if hasattr(value, "op") and hasattr(value, "users"):
-        return env[value]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map(v, env) for v in value)
-    if isinstance(value, dict):
-        return {k: _map(v, env) for k, v in value.items()}
-    return value
-
-
-def _to_ir(act: Act) -> Callable[[np.ndarray], np.ndarray]:
-    """How a torch output of ``act``'s logical shape is laid out as its IR value."""
-    if act.form == "rows":
-        return lambda t: np.asarray(t).reshape(-1, act.shape[-1])
-    if act.form in ("heads", "heads_major", "keys_t"):
-        b, t_, h, d = act.dims
-        order = {"heads": (0, 1, 2, 3), "heads_major": (0, 2, 1, 3), "keys_t": (0, 3, 1, 2)}
-        shapes = {"heads": (b, t_, h, d), "heads_major": (b, h, t_, d), "keys_t": (b, h, d, t_)}
-
-        def heads(t: np.ndarray) -> np.ndarray:
-            full = np.asarray(t).reshape(shapes[act.form]).transpose(order[act.form])
-            return full.reshape(b * t_, h * d)
-        return heads
-    if act.form == "channels":
-        b, dim, n = act.dims
-        return lambda t: np.asarray(t).reshape(b, dim, n).transpose(0, 2, 1).reshape(b * n, dim)
-    if act.form == "replicated":
-        b, tokens = act.dims
-        return lambda t: np.repeat(np.asarray(t).reshape(b, 1, -1), tokens, axis=1).reshape(
-            b * tokens, -1)
-    raise CompileError(f"no output layout for form {act.form}")

@@ -15,7 +15,13 @@ lives in plus a *form* that says how the logical tensor maps onto that matrix:
 * ``channels``: a patch-embedding result ``[B, D, gh, gw]`` or ``[B, D, N]`` held as rows
   ``[B*N, D]`` (the GEMM computes it token-major; the transpose back is free);
 * ``replicated``: a per-image vector ``[B, D]`` (mean or one token) held as ``[B*T, D]``
-  with every token row equal (computed by ``head_matmul pv`` with a constant mixing matrix).
+  with every token row equal (computed by ``head_matmul pv`` with a constant mixing matrix);
+* ``tmajor``: ``[T, B, D]`` (``x.transpose(0, 1)`` of rows ``[B, T, D]``, the layout
+  ``nn.MultiheadAttention`` works in) still held image-major as ``[B*T, D]``: row-local
+  operations do not care in which order the rows sit; ``dims`` = (B, T);
+* ``theads``: a ``tmajor`` value viewed as ``[T, B*H, d]`` (MHA's head split; its
+  ``transpose(0, 1)`` is ``heads_major`` ``[B*H, T, d]``), or ``heads`` permuted to
+  ``[T, B, H, d]``: no data movement either way.
 
 Views and permutes are pattern-matched against these forms; anything else is reported as
 unsupported rather than guessed.  ``factor`` and ``addend`` are lazy: ``x * s`` and
@@ -47,10 +53,12 @@ class Act:
     addend: np.ndarray | None = field(default=None, compare=False)
     attention: tuple[int, int, int] | None = None  # scores: (B, H, T)
     prefix: int = 0  # channels: zero patch rows per image hidden ahead of the patches
+    suffix: int = 0  # channels: zero patch rows per image hidden behind them
     bias: np.ndarray | None = field(default=None, compare=False)  # what those rows hold
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
     one_query: bool = False  # scores/probs of a single query replicated over the token rows
+    norm_scale: str | None = None  # fresh RMS norm output: its scale weight's key (foldable)
 
     @property
     def lazy(self) -> bool:
@@ -129,6 +137,8 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         if shape[-1] == act.shape[-1] and prod(shape[:-1]) == prod(act.shape[:-1]):
             return act.with_(shape=shape)
         return None
+    if act.form in ("tmajor", "theads"):
+        return _reshape_token_major(act, shape)
     if act.form == "rep_heads":  # one query's attention output, (B*H, 1, d) in some grouping
         b, t, h, d = act.dims
         if shape[-1] == h * d and prod(shape[:-1]) == b:
@@ -136,6 +146,23 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         if shape[-1] == d and prod(shape[:-1]) == b * h:
             return act.with_(shape=shape)
         return None
+    return None
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def _reshape_token_major(act: Act, shape: tuple[int, ...]) -> Act | None:
+    """Views of ``tmajor`` ``[T, B, D]``: size-1 axes in or out, or the head split
+    ``[T, B*H, d]`` (``theads``); views of ``theads`` back to ``[T, B, D]``."""
+    b, t = act.dims[:2]
+    dim = act.shape[-1] if act.form == "tmajor" else act.dims[2] * act.dims[3]
+    if _squeezed(shape) == _squeezed((t, b, dim)) and shape[-1] == dim:
+        return act.with_(shape=shape, form="tmajor", dims=(b, t), linear=None)
+    if len(shape) == 3 and shape[0] == t and shape[1] % b == 0 and shape[1] * shape[2] == b * dim:
+        heads = shape[1] // b
+        return act.with_(shape=shape, form="theads", dims=(b, t, heads, shape[2]), linear=None)
     return None
 
 
@@ -156,6 +183,20 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
     if perm == tuple(range(n)):
         return act
     new_shape = tuple(act.shape[p] for p in perm)
+    if n == 3 and perm == (1, 0, 2):  # batch-first <-> token-first (MultiheadAttention)
+        if act.form == "rows" and act.attention is None and act.shape[0] > 1 and (
+                act.shape[1] > 1):
+            return act.with_(shape=new_shape, form="tmajor", dims=act.shape[:2], linear=None)
+        if act.form == "tmajor" and _squeezed(act.shape) == act.shape:
+            return act.with_(shape=new_shape, form="rows", dims=(), linear=None)
+        if act.form == "theads":
+            b, t, h, d = act.dims
+            return act.with_(shape=new_shape, form="heads_major", dims=(b, t, h, d))
+    if n == 4 and perm == (1, 0, 2, 3):  # [B, T, H, d] <-> [T, B, H, d] (MLCD's attention)
+        if act.form == "heads":
+            return act.with_(shape=new_shape, form="theads")
+        if act.form == "theads" and act.shape == (act.dims[1], act.dims[0], *act.dims[2:]):
+            return act.with_(shape=new_shape, form="heads")
     if act.form == "heads" and n == 3 and perm == (1, 0, 2) and act.dims[0] == 1:
         return act.with_(shape=new_shape, form="heads_major")  # one image: (T,H,d) -> (H,T,d)
     if act.form in ("heads", "heads_major", "keys_t") and n in (3, 4):
@@ -182,7 +223,7 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
             return act.with_(shape=new_shape, form="rows", dims=())
         return None
     # a permutation that only moves size-1 dimensions keeps row-major order
-    if act.form in ("rows", "replicated", "rep_heads"):
+    if act.form in ("rows", "replicated", "rep_heads", "tmajor"):
         moved = [p for p in perm if act.shape[p] != 1]
         if moved == sorted(moved) and new_shape[-1] == act.shape[-1]:
             return act.with_(shape=new_shape)

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend import forms
+from ipu_stack.frontend.convert import op_name
 from ipu_stack.frontend.forms import Act
+from ipu_stack.frontend.linear import emit_linear
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,6 @@ class Split:
 def is_fused_user(user: Any, rank: int) -> bool:
     """Whether an FX user of a linear layer's result splits its last dimension into a
     group axis (``unflatten(-1, (k, E))`` or a ``view``/``reshape`` adding two axes)."""
-    from ipu_stack.frontend.convert import op_name
-
     kind = op_name(user.target)
     if kind == "aten.unflatten":
         sizes = user.args[2] if len(user.args) > 2 else ()
@@ -102,8 +102,6 @@ def permute(value: Split, perm: tuple[int, ...]) -> Split:
 def part(conv: Any, node: Any, value: Split, index: int) -> Act | None:
     """Part ``index``: its own GEMM (weight and bias columns sliced), then the recorded
     views and permutes; None when a form cannot follow them."""
-    from ipu_stack.frontend.ops_gemm import emit_linear
-
     fused = value.fused
     cols = value.part_cols
     columns = slice(index * cols, (index + 1) * cols)

@@ -9,42 +9,24 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend import fused
+from ipu_stack.frontend.attention import additive_mask, softmax_op
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
-from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
-from ipu_stack.frontend.ops_math import _rows
+from ipu_stack.frontend.linear import emit_linear
+from ipu_stack.frontend.rules import activation, is_tensor, row_activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
 from ipu_stack.workloads.vision import image_patches
 
 
 # ---------------------------------------------------------------- GEMMs
-def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
-                bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
-    """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
-    act = _rows(conv, node, x)
-    name = conv.name(node, suffix)
-    a = conv.a_operand(act, node)
-    w = conv.weight(key, weight, True)
-    bias_name = None
-    if bias is None:
-        value = conv.b.op("matmul", [a, w], F16, name)
-    else:
-        mm = conv.b.op("matmul", [a, w], F16, f"{name}.mm")
-        bv = conv.weight(bias_key or f"{name}.bias", bias.reshape(-1), False)
-        bias_name = conv.b.graph.value(bv).name
-        value = conv.b.op("bias_add", [mm, bv], F16, name)
-    return Act(value, (*act.shape[:-1], weight.shape[1]), act.form, act.dims,
-               linear=(conv.b.graph.value(w).name, bias_name))
-
-
 def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
                    bias: Any) -> Any:
     """A linear layer: emitted now, or kept as :class:`~ipu_stack.frontend.fused.Fused`
     when every user splits its output into parts (``frontend/fused.py``)."""
-    act = _rows(conv, node, x)
+    act = row_activation(conv, node, x)
     if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
         raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
-    bias_np = None if bias is None else _np(bias).reshape(-1)
+    bias_np = None if bias is None else to_numpy(bias).reshape(-1)
     bias_key = None if bias is None else conv.const_key(bias, f"{conv.name(node)}.bias")
     users = list(node.users)
     if users and all(fused.is_fused_user(u, len(act.shape)) for u in users):
@@ -55,26 +37,26 @@ def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: 
 
 @rule("aten.linear")
 def _linear(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None) -> Act:
-    if not _is_tensor(weight) or (bias is not None and not _is_tensor(bias)):
+    if not is_tensor(weight) or (bias is not None and not is_tensor(bias)):
         raise unsupported(node, "a linear layer whose weight is computed from the input")
-    return _linear_weight(conv, node, x, _np(weight).T,
+    return _linear_weight(conv, node, x, to_numpy(weight).T,
                           conv.const_key(weight, f"{conv.name(node)}.weight"), bias)
 
 
 @rule("aten.addmm")
 def _addmm(conv: Converter, node: Any, bias: Any, x: Any, weight: Any, beta: float = 1,
            alpha: float = 1) -> Act:
-    if not _is_tensor(weight) or not _is_tensor(bias) or (beta, alpha) != (1, 1):
+    if not is_tensor(weight) or not is_tensor(bias) or (beta, alpha) != (1, 1):
         raise unsupported(node, "addmm with a computed weight or scaled terms")
-    return _linear_weight(conv, node, x, _np(weight), f"{conv.name(node)}.weight", bias)
+    return _linear_weight(conv, node, x, to_numpy(weight), f"{conv.name(node)}.weight", bias)
 
 
 @rule("aten.mm", "aten.matmul", "aten.bmm")
 def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
-    if isinstance(x, (Act, UserInput)) and _is_tensor(y) and y.ndim == 2:
-        return _linear_weight(conv, node, x, _np(y), f"{conv.name(node)}.weight", None)
-    if _is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
-        return _one_query_scores(conv, node, _np(x), y)
+    if isinstance(x, (Act, UserInput)) and is_tensor(y) and y.ndim == 2:
+        return _linear_weight(conv, node, x, to_numpy(y), f"{conv.name(node)}.weight", None)
+    if is_tensor(x) and isinstance(y, Act) and y.form == "keys_t":
+        return _one_query_scores(conv, node, to_numpy(x), y)
     if not (isinstance(x, Act) and isinstance(y, Act)):
         raise unsupported(node, "a matrix product with a constant on the left")
     if x.form == "heads_major" and y.form == "keys_t" and x.dims == y.dims:
@@ -104,7 +86,8 @@ def _context(conv: Converter, node: Any, probs: Act, v: Act, name: str | None = 
     return Act(value, v.shape, "heads_major", v.dims, factor=probs.factor * v.factor)
 
 
-def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> Act:
+def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act,
+                      name: str | None = None) -> Act:
     """``q @ k^T`` for one constant query per image and head (an attention-pooling probe,
     ``[B*H, 1, d]``): the query is replicated over the token rows as an input, so
     ``head_matmul qk`` gives every row the probe's scores and the result stays in rows."""
@@ -112,7 +95,7 @@ def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> 
     if query.size != b * h * d:
         raise unsupported(node, "a constant query that is not one vector per image and head")
     rows = np.repeat(query.reshape(b, 1, h * d), t, axis=1).reshape(b * t, h * d)
-    name = conv.name(node)
+    name = name or conv.name(node)
     q = conv.constant_input(f"{name}.query", rows, (b * t, h * d))
     value = conv.b.op("head_matmul", [q, k.value], F16, name, mode="qk", heads=h, tokens=t)
     conv.rewrites.append(f"{node.name}: constant query replicated over tokens ({name}.query)")
@@ -124,21 +107,34 @@ def _one_query_scores(conv: Converter, node: Any, query: np.ndarray, k: Act) -> 
 def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = None,
           dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
           enable_gqa: bool = False) -> Act:
-    q, k, v = (_act(conv, node, a) for a in (q, k, v))
-    if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
-        raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
+    k, v = (activation(conv, node, a) for a in (k, v))
     if is_causal or dropout_p:
         raise unsupported(node, "causal or dropout attention")
+    if is_tensor(q) and k.form == v.form == "heads_major" and k.dims == v.dims:
+        # a learned query (an attention-pooling head): one query per image and head
+        query = to_numpy(q)
+        if attn_mask is not None or query.ndim != 4 or query.shape[2] != 1:
+            raise unsupported(node, "a constant query that is not [B, H, 1, d], or with a mask")
+        scale_q = 1.0 / sqrt(k.dims[3]) if scale is None else float(scale)
+        name = conv.name(node)
+        scores = _one_query_scores(conv, node, query, k, f"{name}.scores")
+        probs = conv.b.op("softmax", [scores.value], F16, f"{name}.probs",
+                          scale=float(scores.factor * scale_q))
+        return _context(conv, node, scores.with_(value=probs, factor=1.0), v, name)
+    q = activation(conv, node, q)
+    if not all(a.form == "heads_major" for a in (q, k, v)) or not q.dims == k.dims == v.dims:
+        raise unsupported(node, "attention inputs that are not [B, H, T, d] views of projections")
+    bias = None
     if attn_mask is not None:
-        mask = attn_mask.detach() if _is_tensor(attn_mask) else None
-        if mask is None or not (bool(mask.all()) if mask.dtype == conv.torch.bool
-                                else bool((mask == 0).all())):
-            raise unsupported(node, "attention with a mask that masks something")
+        if not is_tensor(attn_mask):
+            raise unsupported(node, "attention with a mask computed from the input (only "
+                              "constant masks and biases)")
+        bias = additive_mask(conv, node, attn_mask, q.dims)
     d = q.dims[3]
     name = conv.name(node)
     scores = _scores(conv, node, q, k, f"{name}.scores")
     factor = scores.factor * (1.0 / sqrt(d) if scale is None else float(scale))
-    probs = conv.b.op("softmax", [scores.value], F16, f"{name}.probs", scale=float(factor))
+    probs = softmax_op(conv, scores, float(factor), bias, f"{name}.probs")
     return _context(conv, node, scores.with_(value=probs, factor=1.0), v, name)
 
 
@@ -149,7 +145,7 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     lays out (im2col), one row per patch; see ``docs/frontend.md``."""
     if not isinstance(x, UserInput) or len(x.shape) != 4:
         raise unsupported(node, "convolution of anything but a model input [B, C, H, W]")
-    if not _is_tensor(weight):
+    if not is_tensor(weight):
         raise unsupported(node, "convolution with a computed weight")
     out_ch, in_ch, p, q = (int(s) for s in weight.shape)
     full = op_name(node.target) == "aten.convolution"  # (..., transposed, output_padding, groups)
@@ -163,23 +159,25 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     b, c, hh, ww = x.shape
     gh, gw = hh // p, ww // q
     n = gh * gw
-    prefix = conv_prefix(conv, node)
+    prefix, suffix = conv_reserve(conv, node)
     index, name = x.index, f"{x.name}.patches"
 
     def im2col(arrays: list[np.ndarray], index: int = index) -> np.ndarray:
-        return image_patches(arrays[index], (p, q), prefix)
+        return image_patches(arrays[index], (p, q), prefix, suffix)
 
     data = im2col(conv.user)
-    value = conv.add_input(name, (b, prefix + n, c * p * q), data, True, im2col)
+    rows = prefix + n + suffix
+    value = conv.add_input(name, (b, rows, c * p * q), data, True, im2col)
     conv.rewrites.append(f"{node.name}: patch embedding as a GEMM on host-laid-out patches "
-                         f"{name} [{b}, {prefix}+{n}, {c * p * q}]")
-    wmat = _np(weight).reshape(out_ch, -1).T
-    act = Act(value, (b, prefix + n, c * p * q))
+                         f"{name} [{b}, {prefix}+{n}+{suffix}, {c * p * q}]")
+    wmat = to_numpy(weight).reshape(out_ch, -1).T
+    act = Act(value, (b, rows, c * p * q))
     out = emit_linear(conv, node, act, wmat, conv.const_key(weight, f"{name}.weight"),
-                      None if bias is None else _np(bias),
+                      None if bias is None else to_numpy(bias),
                       None if bias is None else conv.const_key(bias, f"{name}.bias"))
     return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
-                     prefix=prefix, bias=None if bias is None else _np(bias), linear=None)
+                     prefix=prefix, suffix=suffix, linear=None,
+                     bias=None if bias is None else to_numpy(bias))
 
 
 def pair(value: Any) -> tuple[int, int]:
@@ -189,9 +187,10 @@ def pair(value: Any) -> tuple[int, int]:
     return (int(value), int(value))
 
 
-def conv_prefix(conv: Converter, node: Any) -> int:
-    """Constant tokens a patch embedding's tokens are later concatenated behind (a CLS
-    token): the number of zero patch rows to reserve ahead of each image's patches."""
+def conv_reserve(conv: Converter, node: Any) -> tuple[int, int]:
+    """Constant tokens a patch embedding's tokens are later concatenated between (a CLS token
+    ahead, YOLOS's detection tokens behind): the zero patch rows to reserve ahead of and
+    behind each image's patches."""
 
     current = node
     while len(current.users) == 1:
@@ -199,16 +198,17 @@ def conv_prefix(conv: Converter, node: Any) -> int:
         kind = op_name(user.target)
         if kind == "aten.cat":
             parts = list(user.args[0])
-            if parts[-1] is not current or any(p in conv.dynamic for p in parts[:-1]):
-                return 0
+            others = [p for p in parts if p is not current]
             dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
-            if dim % 3 != 1:
-                return 0
-            return sum(int(p.meta["val"].shape[1]) for p in parts[:-1])
+            if current not in parts or any(p in conv.dynamic for p in others) or dim % 3 != 1:
+                return 0, 0
+            at = parts.index(current)
+            return (sum(int(p.meta["val"].shape[1]) for p in parts[:at]),
+                    sum(int(p.meta["val"].shape[1]) for p in parts[at + 1:]))
         if kind not in ("aten.flatten", "aten.transpose", "aten.permute", "aten.view",
                         "aten.reshape", "aten.contiguous", "aten.clone", "aten.dropout",
                         "aten.to"):
-            return 0
+            return 0, 0
         current = user
-    return 0
+    return 0, 0
 

@@ -1,5 +1,6 @@
 """ATen rules, arithmetic and row operations: add/sub/mul/div/neg (lazy factors and
-addends, layer-scale folding, RoPE products), layer_norm, gelu, softmax."""
+addends, layer-scale folding, RoPE products, products of activations), layer_norm, gelu,
+softmax."""
 
 from __future__ import annotations
 
@@ -7,23 +8,30 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend import forms, rope
+from ipu_stack.frontend import forms, patterns, rope
+from ipu_stack.frontend.attention import softmax_op
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
-from ipu_stack.frontend.ops import _act, _is_tensor, _np, rule
+from ipu_stack.frontend.rules import (
+    activation,
+    constant_array,
+    is_tensor,
+    out_precision,
+    row_activation,
+    rule,
+    to_numpy,
+)
 from ipu_stack.ir.precision import F16
 
 
 # ---------------------------------------------------------------- arithmetic
-def _const_array(value: Any) -> np.ndarray:
-    return _np(value) if _is_tensor(value) else np.asarray(float(value))
-
-
 @rule("aten.add", "aten.sub", "aten.rsub")
 def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Act:
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
+    if isinstance(x, patterns.Pending) and sign > 0 and not isinstance(y, (Act, UserInput)):
+        return patterns.advance(node, x, "mean_square_eps", float(constant_array(y)) * alpha)
     symbolic = (rope.Pairs, rope.PairPart)
     if isinstance(x, symbolic) or isinstance(y, symbolic):
         summed = rope.add(x, y, sign * alpha)
@@ -37,8 +45,8 @@ def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Act:
     if isinstance(x, Act) and isinstance(y, Act):
         return _add_acts(conv, node, x, y, sign * alpha)
     if isinstance(y, Act):  # constant + activation (or constant - activation)
-        return _add_constant(conv, node, _scale(y, sign * alpha), _const_array(x))
-    return _add_constant(conv, node, x, sign * alpha * _const_array(y))
+        return _add_constant(conv, node, _scale(y, sign * alpha), constant_array(x))
+    return _add_constant(conv, node, x, sign * alpha * constant_array(y))
 
 
 def _scale(act: Act, factor: float) -> Act:
@@ -47,7 +55,7 @@ def _scale(act: Act, factor: float) -> Act:
 
 
 def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) -> Act:
-    if act.prefix or act.form not in ("rows", "replicated") or act.attention is not None:
+    if act.prefix or act.suffix or act.form not in ("rows", "replicated"):
         raise unsupported(node, f"adding a constant to a {act.form}-form value")
     if np.broadcast_shapes(constant.shape, act.shape) != act.shape:
         raise unsupported(node, "a constant that broadcasts the activation to a larger shape")
@@ -57,8 +65,8 @@ def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) ->
 
 
 def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
-    if x.shape != y.shape or x.form != y.form or x.form not in ("rows", "replicated") or (
-            x.dims != y.dims):
+    # two values in the same form and dims are the same IR matrix layout: add them row by row
+    if x.shape != y.shape or x.form != y.form or x.dims != y.dims or x.attention != y.attention:
         raise unsupported(node, f"add of {x.form} {list(x.shape)} and {y.form} {list(y.shape)}")
     # lazy addends are applied here, not carried on: a residual stream would otherwise
     # re-add a position table at every layer (``plain`` memoises the first application)
@@ -72,19 +80,23 @@ def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
 
 @rule("aten.mul")
 def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
-    symbolic = (Act, UserInput, rope.Pairs, rope.PairPart)
+    symbolic = (Act, UserInput, rope.Pairs, rope.PairPart, patterns.Pending)
     if not isinstance(x, symbolic):
         x, y = y, x
     if isinstance(x, (rope.Pairs, rope.PairPart)) or (
-            isinstance(x, Act) and _is_tensor(y) and y.numel() > 1 and rope.start(x) is not None):
+            isinstance(x, Act) and is_tensor(y) and y.numel() > 1 and rope.start(x) is not None):
         return _mul_pairs(conv, node, x, y)
-    act = _act(conv, node, x)
-    if isinstance(y, (Act, UserInput)):
-        raise unsupported(node, "product of two activations")
-    constant = _const_array(y)
+    if isinstance(x, patterns.Pending) or isinstance(y, (Act, UserInput, patterns.Pending)):
+        return patterns.multiply(conv, node, activation(conv, node, x) if isinstance(
+            x, UserInput) else x, activation(conv, node, y) if isinstance(y, UserInput) else y)
+    act = activation(conv, node, x)
+    constant = constant_array(y)
     if constant.size == 1:
         return _scale(act, float(constant.reshape(())))
     arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
+    if act.norm_scale is not None and constant.reshape(-1).size == act.shape[-1] and (
+            np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
+        return patterns.fold_norm_scale(conv, node, act, constant.reshape(-1))
     if act.linear is not None and constant.reshape(-1).size == act.shape[-1] and (
             np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
         return _fold_column_scale(conv, node, act, constant.reshape(-1))
@@ -97,7 +109,7 @@ def _mul_pairs(conv: Converter, node: Any, x: Any, y: Any) -> Any:
     if isinstance(y, (Act, UserInput, rope.Pairs, rope.PairPart)):
         raise unsupported(node, "product of two activations")
     value = rope.start(x) if isinstance(x, Act) else x
-    constant = _const_array(y)
+    constant = constant_array(y)
     if constant.size == 1:
         return rope.scale(value, float(constant.reshape(())))
     product = rope.multiply(value, constant)
@@ -121,10 +133,10 @@ def _fold_column_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) 
 
 @rule("aten.div")
 def _div(conv: Converter, node: Any, x: Any, y: Any, rounding_mode: Any = None) -> Act:
-    act = _act(conv, node, x)
+    act = activation(conv, node, x)
     if isinstance(y, (Act, UserInput)) or rounding_mode is not None:
         raise unsupported(node, "division by an activation, or rounding division")
-    constant = _const_array(y)
+    constant = constant_array(y)
     if constant.size != 1:
         raise unsupported(node, "division by a tensor")
     return _scale(act, 1.0 / float(constant.reshape(())))
@@ -134,56 +146,45 @@ def _div(conv: Converter, node: Any, x: Any, y: Any, rounding_mode: Any = None) 
 def _neg(conv: Converter, node: Any, x: Any) -> Any:
     if isinstance(x, (rope.Pairs, rope.PairPart)):
         return rope.scale(x, -1.0)
-    return _scale(_act(conv, node, x), -1.0)
+    return _scale(activation(conv, node, x), -1.0)
 
 
 # ---------------------------------------------------------------- row operations
-def _rows(conv: Converter, node: Any, x: Any) -> Act:
-    act = conv.plain(_act(conv, node, x), node)
-    if act.form not in ("rows", "replicated"):
-        raise unsupported(node, f"a row operation on a {act.form}-form value")
-    return act
-
-
-def _out_precision(conv: Converter, node: Any, name: str):
-    """FP8 when every use is a GEMM's A operand (the builtins' policy), else F16."""
-    return conv.act_precision(name) if conv.fp8 and conv.gemm_only(node) else F16
-
-
 @rule("aten.layer_norm")
 def _layer_norm(conv: Converter, node: Any, x: Any, shape: Any, weight: Any = None,
                 bias: Any = None, eps: float = 1e-5, cudnn: bool = True) -> Act:
-    act = _rows(conv, node, x)
+    act = row_activation(conv, node, x)
     cols = act.shape[-1]
     if list(shape) != [cols]:
         raise unsupported(node, "layer norm over more than the last dimension")
     name = conv.name(node)
-    gamma = _np(weight) if weight is not None else np.ones(cols, np.float32)
-    beta = _np(bias) if bias is not None else np.zeros(cols, np.float32)
+    gamma = to_numpy(weight) if weight is not None else np.ones(cols, np.float32)
+    beta = to_numpy(bias) if bias is not None else np.zeros(cols, np.float32)
     g = conv.weight(conv.const_key(weight, f"{name}.weight"), gamma, False)
     bt = conv.weight(conv.const_key(bias, f"{name}.bias"), beta, False)
-    value = conv.b.op("layer_norm", [act.value, g, bt], _out_precision(conv, node, name), name,
+    value = conv.b.op("layer_norm", [act.value, g, bt], out_precision(conv, node, name), name,
                       eps=float(eps))
     return act.with_(value=value)
 
 
 @rule("aten.gelu")
 def _gelu(conv: Converter, node: Any, x: Any, approximate: str = "none") -> Act:
-    act = _rows(conv, node, x)
+    act = row_activation(conv, node, x)
     name = conv.name(node)
-    value = conv.b.op("gelu", [act.value], _out_precision(conv, node, name), name,
+    value = conv.b.op("gelu", [act.value], out_precision(conv, node, name), name,
                       approximate="tanh" if approximate == "tanh" else "none")
     return act.with_(value=value)
 
 
 @rule("aten.softmax", "aten._softmax", "aten._safe_softmax")
 def _softmax(conv: Converter, node: Any, x: Any, dim: int = -1, *rest: Any, **kwargs: Any) -> Act:
-    act = _act(conv, node, x)
+    act = activation(conv, node, x)
     if dim % len(act.shape) != len(act.shape) - 1:
         raise unsupported(node, "softmax over a dimension other than the last")
-    if act.addend is not None:
-        raise unsupported(node, "softmax of scores with an additive mask or bias")
-    if act.form != "rows" or act.prefix:
+    if act.form != "rows" or act.prefix or act.suffix:
         raise unsupported(node, f"softmax of a {act.form}-form value")
-    value = conv.b.op("softmax", [act.value], F16, conv.name(node), scale=float(act.factor))
-    return act.with_(value=value, factor=1.0)
+    if act.addend is not None and act.attention is None:
+        raise unsupported(node, "softmax with an additive constant outside attention")
+    bias = None if act.addend is None else act.addend.reshape(act.shape)  # factor x + addend
+    value = softmax_op(conv, act, float(act.factor), bias, conv.name(node))
+    return act.with_(value=value, factor=1.0, addend=None)

@@ -11,12 +11,21 @@ and ``stack`` update ``m``; any other use materialises it, and that is legal onl
 ``m[t, p]`` is a rotation ``[[cos, -sin], [sin, cos]]``: one ``rope`` operation with those
 tables (F32, one row per image and token, as the builtin pe-block's).  The identity needs
 no operation.  Anything else is reported as unsupported.
+
+Which channels form pair ``p`` is the value's ``layout``: ``interleaved`` (``2p``, ``2p+1``:
+Perception Encoder, the builtin) or ``halves`` (``p``, ``p + d/2``: Llama-style
+``rotate_half``, DINOv3), reached by slicing the last dimension in two and concatenating
+the halves back.  A per-channel scaling (a diagonal ``m``) reads the same in both, so it
+adopts whichever layout it is combined with.  A value may also cover a ``window`` of the
+tokens (DINOv3 rotates only the patch tokens: it splits off the CLS and register tokens
+and concatenates them back); concatenating consecutive windows of one base rebuilds it.
+The tables are constants (folded at import, whatever computed them: meshgrid, cos, sin).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,17 +34,27 @@ from ipu_stack.frontend.forms import Act
 from ipu_stack.ir.precision import F16
 
 
+def _windowed(base: Act, window: tuple[int, int] | None) -> tuple[int, ...]:
+    shape = list(base.shape)
+    if window is not None:
+        shape[token_axis(base)] = window[1] - window[0]  # type: ignore[index]
+    return tuple(shape)
+
+
 @dataclass(frozen=True)
 class Pairs:
     """A pairwise-linear function of ``base`` (heads form): see the module doc."""
 
     base: Act
-    m: np.ndarray  # [T, P, 2, 2]
+    m: np.ndarray  # [T (of the window), P, 2, 2]
     split: bool  # logical view (..., P, 2) instead of (..., d)
+    layout: str = "interleaved"  # pair p is channels (2p, 2p+1), or (p, p + P): "halves"
+    window: tuple[int, int] | None = None  # tokens [a, b) of the base; None: all
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (*self.base.shape[:-1], self.m.shape[1], 2) if self.split else self.base.shape
+        shape = _windowed(self.base, self.window)
+        return (*shape[:-1], self.m.shape[1], 2) if self.split else shape
 
 
 @dataclass(frozen=True)
@@ -44,10 +63,12 @@ class PairPart:
 
     base: Act
     coeff: np.ndarray  # [T, P, 2]
+    layout: str = "interleaved"
+    window: tuple[int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (*self.base.shape[:-1], self.coeff.shape[1])
+        return (*_windowed(self.base, self.window)[:-1], self.coeff.shape[1])
 
 
 def token_axis(act: Act) -> int | None:
@@ -88,62 +109,159 @@ def per_token(constant: np.ndarray, value: Pairs | PairPart, last: tuple[int, ..
 
 def scale(value: Pairs | PairPart, factor: np.ndarray | float) -> Pairs | PairPart:
     if isinstance(value, Pairs):
-        return Pairs(value.base, value.m * factor, value.split)
-    return PairPart(value.base, value.coeff * factor)
+        return replace(value, m=value.m * factor)
+    return replace(value, coeff=value.coeff * factor)
 
 
 def multiply(value: Pairs | PairPart, constant: np.ndarray) -> Pairs | PairPart | None:
     """``value * constant`` (a table over tokens and channels), or None."""
     if isinstance(value, PairPart):
         table = per_token(constant, value, (value.coeff.shape[1],))
-        return None if table is None else PairPart(value.base, value.coeff * table[..., None])
+        return None if table is None else replace(value, coeff=value.coeff * table[..., None])
     last = (value.m.shape[1], 2) if value.split else (value.m.shape[1] * 2,)
     table = per_token(constant, value, last)
     if table is None:
         return None
-    table = table.reshape(value.m.shape[0], value.m.shape[1], 2)
-    return Pairs(value.base, value.m * table[..., None], value.split)
+    table = _from_channels(table.reshape(value.m.shape[0], -1), value.layout)
+    return replace(value, m=value.m * table[..., None])
 
 
 def add(x: Any, y: Any, sign: float) -> Pairs | PairPart | None:
     """``x + sign * y`` for two symbolic values of the same base, or None."""
     if type(x) is not type(y) or x.base.value != y.base.value or x.base.shape != y.base.shape:
         return None
+    if x.window != y.window:
+        return None
     if isinstance(x, Pairs):
         if x.split != y.split:
             return None
-        return Pairs(x.base, x.m + sign * y.m, x.split)
-    return PairPart(x.base, x.coeff + sign * y.coeff)
+        x, y = _relayout(x, y.layout) or x, _relayout(y, x.layout) or y
+        if x.layout != y.layout:
+            return None
+        return replace(x, m=x.m + sign * y.m)
+    if x.layout != y.layout:
+        return None
+    return replace(x, coeff=x.coeff + sign * y.coeff)
 
 
 def view(value: Pairs | PairPart, shape: tuple[int, ...]) -> Pairs | None:
+    """A view as ``(..., d)`` or, for interleaved pairs, ``(..., d/2, 2)``."""
     if isinstance(value, Pairs):
-        if shape == value.base.shape:
-            return Pairs(value.base, value.m, False)
-        if shape == (*value.base.shape[:-1], value.m.shape[1], 2):
-            return Pairs(value.base, value.m, True)
+        flat = replace(value, split=False)
+        if shape == flat.shape:
+            return flat
+        interleaved = _relayout(value, "interleaved")
+        if interleaved is not None and shape == replace(interleaved, split=True).shape:
+            return replace(interleaved, split=True)
     return None
 
 
 def component(value: Pairs, index: int) -> PairPart | None:
     if not value.split:
         return None
-    return PairPart(value.base, value.m[:, :, index % 2, :])
+    return PairPart(value.base, value.m[:, :, index % 2, :], value.layout, value.window)
 
 
 def stack(parts: list[Any]) -> Pairs | None:
     if len(parts) != 2 or not all(isinstance(p, PairPart) for p in parts):
         return None
     a, b = parts
-    if a.base.value != b.base.value:
+    if a.base.value != b.base.value or a.window != b.window or not (
+            a.layout == b.layout == "interleaved"):
         return None
-    return Pairs(a.base, np.stack([a.coeff, b.coeff], axis=2), split=True)
+    return Pairs(a.base, np.stack([a.coeff, b.coeff], axis=2), True, "interleaved", a.window)
+
+
+# ---------------------------------------------------------------- split halves, token windows
+def _to_channels(pairs: np.ndarray, layout: str) -> np.ndarray:
+    """``[T, P, 2]`` per (pair, component) -> ``[T, d]`` per channel."""
+    if layout == "halves":
+        return pairs.transpose(0, 2, 1).reshape(pairs.shape[0], -1)
+    return pairs.reshape(pairs.shape[0], -1)
+
+
+def _from_channels(channels: np.ndarray, layout: str) -> np.ndarray:
+    """``[T, d]`` per channel -> ``[T, P, 2]`` per (pair, component)."""
+    t, d = channels.shape
+    if layout == "halves":
+        return channels.reshape(t, 2, d // 2).transpose(0, 2, 1)
+    return channels.reshape(t, d // 2, 2)
+
+
+def _relayout(value: Pairs, layout: str) -> Pairs | None:
+    """``value`` with its pairs read in ``layout``: itself, or a per-channel scaling
+    re-expressed; None when it mixes channels in its own layout."""
+    if value.layout == layout:
+        return value
+    m = value.m
+    if value.split or np.any(m[..., 0, 1]) or np.any(m[..., 1, 0]):
+        return None
+    diagonal = _from_channels(_to_channels(np.stack([m[..., 0, 0], m[..., 1, 1]], -1),
+                                           value.layout), layout)
+    out = np.zeros_like(m)
+    out[..., 0, 0], out[..., 1, 1] = diagonal[..., 0], diagonal[..., 1]
+    return replace(value, m=out, layout=layout)
+
+
+def token_windows(act: Act, sizes: list[int]) -> list[Pairs] | None:
+    """``act.split(sizes, dim=token axis)`` as identity Pairs over consecutive windows."""
+    whole = start(act)
+    axis = token_axis(act)
+    if whole is None or axis is None or sum(sizes) != act.shape[axis]:
+        return None
+    parts, first = [], 0
+    for size in sizes:
+        parts.append(replace(whole, m=whole.m[first:first + size], window=(first, first + size)))
+        first += size
+    return parts
+
+
+def half(value: Pairs, index: int) -> PairPart | None:
+    """``value[..., :d/2]`` (``index`` 0) or ``value[..., d/2:]`` (1): a component of the
+    value read in the ``halves`` layout."""
+    halves = None if value.split else _relayout(value, "halves")
+    if halves is None:
+        return None
+    return PairPart(halves.base, halves.m[:, :, index, :], "halves", halves.window)
+
+
+def concat_halves(parts: list[Any]) -> Pairs | None:
+    """``cat([a, b], -1)`` of two halves: the Pairs whose components they are."""
+    if len(parts) != 2 or not all(isinstance(p, PairPart) and p.layout == "halves"
+                                  for p in parts):
+        return None
+    a, b = parts
+    if a.base.value != b.base.value or a.window != b.window:
+        return None
+    return Pairs(a.base, np.stack([a.coeff, b.coeff], axis=2), False, "halves", a.window)
+
+
+def concat_tokens(parts: list[Any]) -> Pairs | None:
+    """``cat(windows, token axis)`` of consecutive windows of one base: the whole again."""
+    if not parts or not all(isinstance(p, Pairs) and not p.split for p in parts):
+        return None
+    layouts = {p.layout for p in parts if _relayout(p, "halves" if p.layout == "interleaved"
+                                                   else "interleaved") is None}
+    if len(layouts) > 1:
+        return None
+    layout = layouts.pop() if layouts else parts[-1].layout
+    parts = [_relayout(p, layout) for p in parts]
+    base = parts[0].base
+    edge = 0
+    for p in parts:
+        if p.base.value != base.value or p.base.shape != base.shape or p.window is None or (
+                p.window[0] != edge):
+            return None
+        edge = p.window[1]
+    if edge != base.shape[token_axis(base)]:  # type: ignore[index]
+        return None
+    return Pairs(base, np.concatenate([p.m for p in parts], axis=0), False, layout, None)
 
 
 def materialize(conv: Any, node: Any, value: Pairs) -> Act | None:
     """The IR value of ``value`` used as a whole: the base itself (identity), or one
     ``rope`` operation when every pair is rotated; None when it is neither."""
-    if value.split:
+    if value.split or value.window is not None:
         return None
     m = value.m
     cos, sin = m[..., 0, 0], m[..., 1, 0]
@@ -160,6 +278,7 @@ def materialize(conv: Any, node: Any, value: Pairs) -> Act | None:
         tables.append(conv.weight(f"rope.{label}.{digest}", rows, False, table=True))
     plain = base.with_(factor=1.0)
     name = f"{conv.b.graph.value(plain.value).name}.rope"  # one per query/key, not per user
-    out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1])
+    layout = {"pairs": "halves"} if value.layout == "halves" else {}  # interleaved: default
+    out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1], **layout)
     conv.rewrites.append(f"{node.name}: rotary embedding recognised as rope ({name})")
     return base.with_(value=out)

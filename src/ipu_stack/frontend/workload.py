@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import Converted, Converter, role
+from ipu_stack.frontend.convert import Converted, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
+from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import evaluate_float64, evaluate_unrounded
 from ipu_stack.ir.precision import fit_scale_exponent
@@ -161,7 +162,7 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[
     """FP8 exponents of activations, one per role (the largest over its layers), fitted
     with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
     own scales, and identical layers keep identical precisions."""
-    first = Converter(program, calibration, "fp8", {}, name).run()
+    first = Importer(program, calibration, "fp8", {}, name).run()
     ideal = evaluate_unrounded(first.graph, first.exact)  # float32, as the builtins fit
     scales: dict[str, int] = {}
     for v in first.graph.values:
@@ -191,7 +192,7 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
     if precision == "fp8":
         calib = calibration if calibration is not None else random_inputs(program, seed + 1)
         scales = _fit_scales(program, calib, name)
-    converted = Converter(program, user, precision, scales, name).run()
+    converted = Importer(program, user, precision, scales, name).run()
     outputs = torch_outputs(program, user)
     if len(outputs) != len(converted.outputs):
         raise CompileError(f"torch returned {len(outputs)} tensors, the import has "

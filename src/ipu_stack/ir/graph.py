@@ -66,10 +66,30 @@ def _layer_norm_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[i
     return x.shape
 
 
+ACTIVATIONS = ("sigmoid", "tanh", "silu", "quick_gelu")
+"""The ``activation`` operation's functions: sigma(x), tanh(x), x sigma(x), x sigma(1.702 x)."""
+
+
+def _activation_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    if attrs.get("function") not in ACTIVATIONS:
+        raise CompileError(f"activation function {attrs.get('function')!r} is not one of "
+                           f"{', '.join(ACTIVATIONS)}")
+    return inputs[0].shape
+
+
+def _rms_norm_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    x, gamma = inputs
+    if gamma.shape != (x.cols,):
+        raise CompileError(f"rms_norm scale must be [{x.cols}]")
+    if float(attrs.get("eps", 0)) <= 0:
+        raise CompileError("rms_norm needs a positive eps")
+    return x.shape
+
+
 def _add_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
     x, y = inputs
     if (x.rows, x.cols) != (y.rows, y.cols):
-        raise CompileError(f"add of {list(x.shape)} and {list(y.shape)}")
+        raise CompileError(f"elementwise operation on {list(x.shape)} and {list(y.shape)}")
     return x.shape
 
 
@@ -78,6 +98,8 @@ def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
     head_dim = int(attrs.get("head_dim", 0))
     if head_dim <= 0 or head_dim % 2 or x.cols % head_dim:
         raise CompileError(f"rope head_dim {head_dim} does not divide {x.cols} into pairs")
+    if attrs.get("pairs", "interleaved") not in ("interleaved", "halves"):
+        raise CompileError(f"rope pairs {attrs.get('pairs')!r} is not interleaved or halves")
     if cos.shape != (x.rows, head_dim // 2) or sin.shape != cos.shape:
         raise CompileError(f"rope tables must be [{x.rows}, {head_dim // 2}]")
     return x.shape
@@ -112,6 +134,11 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "softmax": (1, _same_shape_rule),
     "layer_norm": (3, _layer_norm_rule),
     "add": (2, _add_rule),
+    "mul": (2, _add_rule),
+    "biased_softmax": (2, _add_rule),
+    "swiglu": (2, _add_rule),
+    "activation": (1, _activation_rule),
+    "rms_norm": (2, _rms_norm_rule),
     "rope": (3, _rope_rule),
 }
 

@@ -33,6 +33,19 @@ def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
     return (0.5 * x * (1.0 + erf)).astype(dtype, copy=False)
 
 
+def _activation(x: np.ndarray, function: str, dtype: type) -> np.ndarray:
+    """The ``activation`` functions at ``dtype``, written from their definitions (the device
+    kernels' forms are in ``kernels/elementwise.py``; the two are tested against each other
+    and against torch)."""
+    x = x.astype(dtype, copy=False)
+    if function == "tanh":
+        return np.tanh(x)
+    beta = {"sigmoid": 1.0, "silu": 1.0, "quick_gelu": 1.702}[function]
+    # sigma(z) = (1 + tanh(z / 2)) / 2: no overflow for large |z| (the kernels use expit)
+    sig = dtype(0.5) * (dtype(1) + np.tanh(dtype(0.5 * beta) * x))
+    return sig if function == "sigmoid" else x * sig
+
+
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
     batch = b.shape[0] // tokens
@@ -47,10 +60,17 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return o.transpose(0, 2, 1, 3).reshape(batch * tokens, heads * head_dim)
 
 
-def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
+          halves: bool = False) -> np.ndarray:
+    """Rotate channel pairs of every head: ``(2i, 2i+1)``, or ``(i, i + d/2)`` (halves)."""
     rows, cols = x.shape
-    pairs = x.reshape(rows, cols // head_dim, head_dim // 2, 2)
+    heads = x.reshape(rows, cols // head_dim, head_dim)
     c, s = cos[:, None, :], sin[:, None, :]
+    if halves:
+        first, second = heads[..., : head_dim // 2], heads[..., head_dim // 2 :]
+        return np.concatenate([first * c - second * s, first * s + second * c],
+                              axis=-1).reshape(rows, cols)
+    pairs = heads.reshape(rows, cols // head_dim, head_dim // 2, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
     return np.stack([even * c - odd * s, even * s + odd * c], axis=-1).reshape(rows, cols)
 
@@ -78,12 +98,20 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return ins[0].astype(dtype, copy=False) + ins[1].astype(dtype, copy=False)
     if op.kind == "gelu":
         return _gelu(ins[0], op.attrs.get("approximate", "tanh"), dtype)
+    if op.kind == "activation":
+        return _activation(ins[0], op.attrs["function"], dtype)
+    if op.kind == "mul":
+        return ins[0].astype(dtype, copy=False) * ins[1].astype(dtype, copy=False)
+    if op.kind == "swiglu":
+        return _activation(ins[0], "silu", dtype) * ins[1].astype(dtype, copy=False)
     if op.kind == "scale":
         return ins[0].astype(dtype, copy=False) * dtype(op.attrs["factor"])
     if op.kind == "cast":
         return ins[0].astype(dtype, copy=False)
-    if op.kind == "softmax":
+    if op.kind in ("softmax", "biased_softmax"):
         x = ins[0].astype(dtype, copy=False) * dtype(op.attrs.get("scale", 1.0))
+        if op.kind == "biased_softmax":  # an additive mask or bias (-inf masks a key)
+            x = x + ins[1].astype(dtype, copy=False)
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
     if op.kind == "layer_norm":
@@ -91,9 +119,13 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         return (x - mean) / np.sqrt(var + dtype(op.attrs["eps"])) * ins[1] + ins[2]
+    if op.kind == "rms_norm":
+        x = ins[0].astype(dtype, copy=False)
+        mean_square = (x * x).mean(axis=-1, keepdims=True)
+        return x / np.sqrt(mean_square + dtype(op.attrs["eps"])) * ins[1]
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
-        return _rope(x, cos, sin, int(op.attrs["head_dim"]))
+        return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

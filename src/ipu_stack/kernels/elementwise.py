@@ -3,7 +3,8 @@
 A *chain* is a list of ``[kind, precision_json]`` steps applied to an F32 tensor; after each
 step the value is rounded to that step's output precision, exactly as the graph stores it.
 Kinds: ``round`` (the matmul's own output rounding), ``bias`` (add the bias row), ``gelu_tanh``,
-``gelu_erf``, ``cast``.  GELU is evaluated in F32.
+``gelu_erf``, the activations ``sigmoid``, ``tanh``, ``silu``, ``quick_gelu``, and ``cast``.
+GELU and the activations are evaluated in F32 (SciPy's ``expit`` for the logistic function).
 """
 
 from __future__ import annotations
@@ -34,6 +35,24 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
     return (0.5 * x64 * (1.0 + erf)).astype(np.float32)
 
 
+def activation(x: np.ndarray, function: str) -> np.ndarray:
+    """One of the ``activation`` functions in float32: sigma(x), tanh(x), x sigma(x) (SiLU),
+    x sigma(1.702 x) (quick GELU)."""
+    x = x.astype(np.float32, copy=False)
+    if function == "tanh":
+        return np.tanh(x).astype(np.float32)
+    if function == "sigmoid":
+        return special.expit(x).astype(np.float32)
+    if function == "silu":
+        return (x * special.expit(x)).astype(np.float32)
+    if function == "quick_gelu":
+        return (x * special.expit(np.float32(1.702) * x)).astype(np.float32)
+    raise ValueError(f"unknown activation {function!r}")
+
+
+ACTIVATIONS = ("sigmoid", "tanh", "silu", "quick_gelu")
+
+
 def apply_chain(
     values: np.ndarray, chain: list[list[Any]], bias: np.ndarray | None
 ) -> np.ndarray:
@@ -51,6 +70,8 @@ def apply_chain(
             out = gelu_tanh(out)
         elif kind == "gelu_erf":
             out = gelu_erf(out)
+        elif kind in ACTIVATIONS:
+            out = activation(out, kind)
         elif kind not in ("round", "cast"):
             raise ValueError(f"unknown elementwise step {kind!r}")
         out = precision.round_trip(out)
@@ -62,7 +83,8 @@ GELUS = ("gelu_tanh", "gelu_erf")
 
 def chain_passes(chain: list[list[Any]]) -> list[str]:
     """The kernel passes a chain takes: ``bias_gelu`` (a bias immediately followed by GELU is
-    one fused pass with its own measured price), ``gelu``, ``elementwise`` (bias, scale),
+    one fused pass with its own measured price), ``gelu``, one pass named after each activation
+(priced from the vendor's popops vertices), ``elementwise`` (bias, scale),
     ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to the
     precision a value already has, or the producing kernel's own store, costs nothing."""
     passes: list[str] = []
@@ -77,6 +99,8 @@ def chain_passes(chain: list[list[Any]]) -> list[str]:
             out = Precision.from_json(chain[index][1])
         elif kind in GELUS:
             passes.append("gelu")
+        elif kind in ACTIVATIONS:
+            passes.append(kind)
         elif kind in ("bias", "scale"):
             passes.append("elementwise")
         if out.is_fp8:
@@ -99,4 +123,3 @@ def chain_work(chain: list[list[Any]], rows: int, cols: int) -> list[Work]:
         else:
             work.append(Work(kind, {"per_worker": per_worker}))
     return work
-

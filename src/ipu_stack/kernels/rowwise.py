@@ -1,14 +1,18 @@
-"""Row kernels: operations that need whole rows (layer norm, softmax) or pair rows of two
-tensors (residual add, RoPE), plus unfused elementwise chains, on a tile's block of rows.
+"""Row kernels: operations that need whole rows (layer norm, RMS norm, softmax) or pair rows
+of two tensors (residual add, product, SwiGLU, RoPE), plus unfused elementwise chains, on a
+tile's block of rows.
 
 Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
-``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile);
-``add``: the second addend (same block shape as ``x``); ``rope``: cos and sin tables
+``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile); ``rms_norm``:
+the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projection ``b`` of
+``silu(x) * b``, ``biased_softmax``: the additive bias or mask table (same block shape as
+``x``); ``rope``: cos and sin tables
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
 chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
 Work and prices: the reference's measured layer norm and softmax kernels, assumed prices for
-the residual add and RoPE, the chain's passes, and a cast pass for an FP8 output
+the residual add, RMS norm and RoPE, the vendor's popops vertices for products and SwiGLU,
+the chain's passes, and a cast pass for an FP8 output
 (``target.timing``).
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
-from ipu_stack.kernels.elementwise import apply_chain, chain_work
+from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
 
@@ -43,10 +47,12 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
     per_worker = split_over_workers(rows * cols)
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
-    if op == "layer_norm":
-        work = [Work("layer_norm", {"row_widths": [cols] * rows})]
-    elif op == "softmax":
+    if op in ("layer_norm", "rms_norm"):
+        work = [Work(op, {"row_widths": [cols] * rows})]
+    elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
+        if op == "biased_softmax":
+            work.append(Work("add_bias", {"per_worker": per_worker}))
     else:
         work = [Work(op, {"per_worker": per_worker})]
     if _out_cast(p):
@@ -58,9 +64,17 @@ def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarra
     return read_values(mem, tiles, address, rows, cols, pitch, Precision.from_json(precision_json))
 
 
-def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
-    """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``)."""
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
+                halves: bool = False) -> np.ndarray:
+    """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``);
+    with ``halves``, pairs ``(i, i + d/2)`` (Llama-style ``rotate_half``)."""
     shape = x.shape
+    if halves:
+        heads = x.reshape(*shape[:-1], shape[-1] // head_dim, 2, head_dim // 2)
+        c, s = cos[..., None, :], sin[..., None, :]
+        first, second = heads[..., 0, :], heads[..., 1, :]
+        out = np.stack([first * c - second * s, first * s + second * c], axis=-2)
+        return out.reshape(shape).astype(np.float32)
     pairs = x.reshape(*shape[:-1], shape[-1] // head_dim, head_dim // 2, 2)
     c = cos[..., None, :]
     s = sin[..., None, :]
@@ -79,8 +93,18 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         result = (x - mean) / np.sqrt(var + np.float32(p["eps"])) * gamma + beta
-    elif op == "softmax":
+    elif op == "rms_norm":
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True)
+                                + np.float32(p["eps"]))
+        result = x * inverse.astype(np.float32) * gamma
+    elif op in ("mul", "swiglu"):
+        y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
+        result = (activation(x, "silu") if op == "swiglu" else x) * y
+    elif op in ("softmax", "biased_softmax"):
         shifted = x * np.float32(p["scale"])
+        if op == "biased_softmax":
+            shifted = shifted + _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
         shifted = shifted - shifted.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
         result = e / e.sum(axis=-1, keepdims=True)
@@ -91,7 +115,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         half = p["head_dim"] // 2
         cos = _matrix(mem, tiles, aux0, rows, half, p["aux_pitch"], p["aux"])
         sin = _matrix(mem, tiles, aux1, rows, half, p["aux_pitch"], p["aux"])
-        result = rope_rotate(x, cos, sin, p["head_dim"])
+        result = rope_rotate(x, cos, sin, p["head_dim"], p.get("pairs") == "halves")
     elif op == "chain":
         bias = None
         if p.get("aux") is not None:
@@ -114,7 +138,7 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     ]
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "chain"):
             extent = cols * item
         elif p["op"] == "rope":
             extent = (rows - 1) * p["aux_pitch"] + p["head_dim"] // 2 * item
@@ -133,7 +157,7 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     result = [Region(0, 0, rows, cols * x, p["x_pitch"], False)]
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "chain"):
             shape = (1, cols * item)
         elif p["op"] == "rope":
             shape = (rows, p["head_dim"] // 2 * item)

@@ -493,12 +493,13 @@ class Lowering:
         aux_prec, aux_pitch, extra = None, 0, {}
         op = stage.kind
         spread = base.tiles.reshape(1, 1, -1)
-        if op == "layer_norm":
+        if op in ("layer_norm", "rms_norm"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
-            aux = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
+            params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
+            aux = [*params, -1][:2]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
-        elif op == "add":
+        elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
             if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)
@@ -512,6 +513,8 @@ class Lowering:
             table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
             aux = [self._host_weight(i, table, MemoryClass.STANDARD) for i in stage.inputs[1:]]
             aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
+            if stage.attrs.get("pairs") == "halves":
+                extra["pairs"] = "halves"
         elif op == "softmax":
             extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         else:
@@ -523,6 +526,8 @@ class Lowering:
                 aux[0] = self._row_param(builder, stage.inputs[1], shared, stage.index)
                 aux_pitch = shared.pitch
             op = "chain"
+        if op == "biased_softmax":
+            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         self.emit_exchange(builder)
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)

@@ -12,9 +12,9 @@ from typing import Any
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.elementwise import chain_passes
+from ipu_stack.kernels.elementwise import ACTIVATIONS, chain_passes
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
-from ipu_stack.target.timing import cdiv, p
+from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, cdiv, p
 
 
 def amp_passes(depth: int, cols: int, fp8: bool) -> int:
@@ -123,6 +123,27 @@ def _softmax_whole(rows: int, keys: int, padded: int) -> int:
     return launch + cdiv(rows, 6) * 6 * row
 
 
+def _vertex_cycles(vertex: str, per_worker: int) -> int:
+    """One popops supervisor vertex over ``per_worker`` halves on the busiest worker."""
+    if vertex in ("multiply", "add"):  # ADD HALF {1, true} is priced as MULTIPLY HALF
+        return 6 * (p("multiply_worker") + p("multiply_loop") * cdiv(per_worker, 4))
+    return 6 * (p("unary_worker") + p(f"{vertex}_loop") * cdiv(per_worker, 4)) + p("unary_tail")
+
+
+def estimate_activation(elements: int, function: str) -> int:
+    """An activation (or ``mul``/``swiglu``/``add_bias``) over ``elements`` dealt evenly to
+    the six workers: its vendor vertices back to back, one launch each."""
+    if not elements:
+        return 0
+    per_worker = cdiv(elements, 6)
+    return sum(p("launch") + _vertex_cycles(v, per_worker) for v in ACTIVATION_VERTICES[function])
+
+
+def estimate_rms_norm(rows: int, width: int) -> int:
+    """RMS norm over ``rows`` rows of ``width`` (assumed: the measured layer norm's price)."""
+    return int(estimate_layer_norm(rows, width) * float(PRICES["rms_norm_fraction"].value))
+
+
 def estimate_binary(elements: int, step: str = "binary_step") -> int:
     """A two-input F16 elementwise pass (residual add; RoPE with ``rope_step``)."""
     return p("cast_call") + p(step) * cdiv(elements, 12) if elements else 0
@@ -143,6 +164,7 @@ def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
     prices = {
         "bias_gelu": lambda: estimate_bias_gelu(rows, cols),
         "gelu": lambda: estimate_gelu(elements),
+        **{name: lambda name=name: estimate_activation(elements, name) for name in ACTIVATIONS},
         "elementwise": lambda: estimate_elementwise(elements),
         "cast_f8": lambda: estimate_cast(elements, to_fp8=True),
         "cast_f16": lambda: estimate_cast(elements, to_fp8=False),
@@ -175,8 +197,14 @@ def _row(params: dict[str, Any]) -> int:
         return 0
     if op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
+    elif op == "rms_norm":
+        cycles = estimate_rms_norm(rows, cols)
+    elif op in ("mul", "swiglu"):
+        cycles = estimate_activation(rows * cols, op)
     elif op == "softmax":
         cycles = estimate_softmax(rows, cols)
+    elif op == "biased_softmax":
+        cycles = estimate_softmax(rows, cols) + estimate_activation(rows * cols, "add_bias")
     elif op == "add":
         cycles = estimate_binary(rows * cols)
     elif op == "rope":

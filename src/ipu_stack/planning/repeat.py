@@ -77,7 +77,11 @@ def _signature(graph: Graph, stage: Stage) -> str:
     """What must match for two stages to share one plan and one lowering."""
     def typed(value_id: int) -> list:
         value = graph.value(value_id)
-        return [list(value.type.shape), value.type.precision.to_json(), value.role == "weight"]
+        # the matrix the device holds, not the logical shape: an imported layer may read
+        # [B, T, D] where the next reads [B*T, D] (the same rows)
+        shape = [value.type.rows, value.type.cols] if len(value.type.shape) > 1 else [
+            value.type.cols]
+        return [shape, value.type.precision.to_json(), value.role == "weight"]
 
     ops = stage_operations(stage)
     body = {

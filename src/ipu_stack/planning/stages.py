@@ -1,11 +1,12 @@
 """Fusion into stages: GEMM stages (a matmul and the elementwise chain after it) and row stages.
 
 A GEMM stage is ``matmul`` or ``head_matmul`` followed by single-consumer elementwise
-operations (``bias_add`` with a weight bias, ``gelu``, ``cast``, ``scale``) that the reduce
-kernel applies while it finishes the partial sums; each keeps its own output precision, so
-the chain rounds exactly where the graph does.  Every other operation (``layer_norm``,
-``softmax``, ``add``, ``rope`` and unfused elementwise operations) is a row stage: it needs
-whole rows, so its inputs are exchanged into a row layout first.
+operations (``bias_add`` with a weight bias, ``gelu``, ``activation``, ``cast``, ``scale``)
+that the reduce kernel applies while it finishes the partial sums; each keeps its own output
+precision, so the chain rounds exactly where the graph does.  Every other operation
+(``layer_norm``, ``rms_norm``, ``softmax``, ``add``, ``mul``, ``swiglu``, ``rope`` and
+unfused elementwise operations) is a row stage: it needs whole rows, so its inputs are
+exchanged into a row layout first.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from ipu_stack.ir.graph import Graph, Operation
 from ipu_stack.util.errors import CompileError
 
-ELEMENTWISE = ("bias_add", "gelu", "cast", "scale")
-ROW_OPS = ("layer_norm", "softmax", "add", "rope", *ELEMENTWISE)
+ELEMENTWISE = ("bias_add", "gelu", "activation", "cast", "scale")
+ROW_OPS = ("layer_norm", "rms_norm", "softmax", "biased_softmax", "add", "mul", "swiglu", "rope",
+           *ELEMENTWISE)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ def chain_step(graph: Graph, op: Operation) -> tuple[Any, ...]:
         if approximate not in ("tanh", "none"):
             raise CompileError(f"gelu approximate={approximate!r} is not tanh or none")
         return ("gelu_tanh" if approximate == "tanh" else "gelu_erf", precision)
+    if op.kind == "activation":
+        return (str(op.attrs["function"]), precision)
     if op.kind == "scale":
         return ("scale", precision, float(op.attrs["factor"]))
     return ("cast", precision)

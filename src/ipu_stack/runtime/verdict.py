@@ -337,7 +337,8 @@ class _ById(Mapping):
         return len(self.ids)
 
 
-ROW_LOCAL = ("matmul", "layer_norm", "softmax", "add", "bias_add", "gelu", "cast", "scale")
+ROW_LOCAL = ("matmul", "layer_norm", "rms_norm", "softmax", "biased_softmax", "add", "mul",
+             "swiglu", "bias_add", "gelu", "activation", "cast", "scale")
 
 
 def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, np.ndarray],

@@ -151,6 +151,38 @@ PRICES.update({
 })
 
 
+_POPOPS = ("poplibs lib/popops/popopsCycleEstimators.hpp (unaryOpPerfInfo / binaryOpPerfInfo, "
+           "HALF) and popopsCycleEstimators.cpp (UnaryOp1D / BinaryOp1D supervisor estimators)")
+PRICES.update({
+    # Elementwise activations: the vendor's popops estimators (never measured on an ipu21).
+    # A supervisor vertex costs 6 x (worker setup + loops over ceil(n/6) elements) + its tail.
+    "unary_worker": Fact(17, f"{_POPOPS}: UnaryOp1D worker setup, 17 cycles"),
+    "unary_tail": Fact(9, f"{_POPOPS}: UnaryOp1D supervisor tail, + 9 after the workers"),
+    "sigmoid_loop": Fact(6, f"{_POPOPS}: SIGMOID HALF {{6, false, 4}}: 6 cycles per 4 halves"),
+    "tanh_loop": Fact(4, f"{_POPOPS}: TANH HALF {{4, false, 4}}: 4 cycles per 4 halves"),
+    "multiply_worker": Fact(26, f"{_POPOPS}: BinaryOp1D worker setup for HALF, 26 cycles"),
+    "multiply_loop": Fact(3, f"{_POPOPS}: MULTIPLY (and ADD) HALF {{1, true}} + 2 loop "
+                             "overhead (external codelet): 3 cycles per 4-half vector"),
+    "rms_norm_fraction": Fact(
+        1.0, "assumed: an RMS norm costs what the measured layer norm of the same shape costs "
+        "(it skips the mean and the shift, so this is an upper bound); siglip-mlp has none"),
+})
+
+# the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
+# then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;
+# ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``; ``add_bias`` is the ADD of an
+# attention bias or mask table before a softmax)
+ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
+    "sigmoid": ("sigmoid",),
+    "tanh": ("tanh",),
+    "silu": ("sigmoid", "multiply"),
+    "quick_gelu": ("multiply", "sigmoid", "multiply"),
+    "swiglu": ("sigmoid", "multiply", "multiply"),
+    "mul": ("multiply",),
+    "add_bias": ("add",),
+}
+
+
 def p(name: str) -> int:
     """An integer price by name."""
     return int(PRICES[name].value)

@@ -53,11 +53,12 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
 
 
 def image_patches(pixels: np.ndarray, patch: int | tuple[int, int],
-                  leading: int = 0) -> np.ndarray:
-    """``[B, C, H, W]`` -> ``[B, leading + T, C P Q]`` float32 patch rows in (channel, row,
-    column) order, patches in raster order, the image's unpadded ``P x Q`` windows (what a
-    convolution with stride equal to its kernel reads); ``leading`` all-zero rows (a CLS
-    token's) come first in each image."""
+                  leading: int = 0, trailing: int = 0) -> np.ndarray:
+    """``[B, C, H, W]`` -> ``[B, leading + T + trailing, C P Q]`` float32 patch rows in
+    (channel, row, column) order, patches in raster order, the image's unpadded ``P x Q``
+    windows (what a convolution with stride equal to its kernel reads); ``leading`` all-zero
+    rows (a CLS token's) come first in each image, ``trailing`` ones (YOLOS's detection
+    tokens) last."""
     p, q = (patch, patch) if isinstance(patch, int) else patch
     batch, channels, height, width = pixels.shape
     grid_h, grid_w = height // p, width // q
@@ -65,7 +66,8 @@ def image_patches(pixels: np.ndarray, patch: int | tuple[int, int],
     rows = pixels.reshape(batch, channels, grid_h, p, grid_w, q)
     rows = rows.transpose(0, 2, 4, 1, 3, 5).reshape(batch, grid_h * grid_w, -1)
     zeros = np.zeros((batch, leading, rows.shape[-1]), np.float32)
-    return np.concatenate([zeros, rows], axis=1)
+    after = np.zeros((batch, trailing, rows.shape[-1]), np.float32)
+    return np.concatenate([zeros, rows, after], axis=1)
 
 
 def _tokens(params: dict[str, Any], cls: bool) -> int:

@@ -1,0 +1,121 @@
+"""Running the zoo (``benchmarks/zoo.py``): export, import or bench each tower, one JSON line
+per run into ``--results``, and the markdown table of ``docs/frontend.md`` at the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zoo import LAYERS, ZOO, Tower, prepare
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def export_tower(tower: Tower, batch: int, seed: int, folder: Path) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model = prepare(tower.build(LAYERS))
+    pixels = torch.randn(batch, 3, tower.image, tower.image)
+    program = torch.export.export(model, (pixels,))
+    slug = "".join(c if c.isalnum() else "-" for c in tower.name.lower()).strip("-")
+    path = folder / f"{slug}-b{batch}.pt2"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return path
+
+
+def imports(path: Path) -> dict[str, Any]:
+    """The import and its conversion check, at F16 (no calibration pass)."""
+    from ipu_stack.frontend import import_program
+    from ipu_stack.frontend.loader import load_program
+
+    imported = import_program(load_program(str(path)), precision="f16")
+    return {"numericalTest": "IMPORTED", "conversionError": imported.conversion_error}
+
+
+def run_zoo(args: argparse.Namespace, bench: Callable[..., dict[str, Any]]) -> int:
+    folder = Path(args.folder) / "zoo"
+    towers = [t for t in ZOO if not args.only or any(o.lower() in t.name.lower()
+                                                     for o in args.only)]
+    batches = args.batch or [1, 2]
+    precisions = args.precision or ["fp8", "f16"]
+    rows: list[dict[str, Any]] = []
+    for batch in batches:  # every tower at batch 1 first
+        for tower in towers:
+            started = time.perf_counter()
+            try:
+                path = export_tower(tower, batch, args.seed, folder)
+            except Exception as exc:  # a tower torch.export cannot trace: its reason
+                for precision in (["f16"] if args.import_only else precisions):
+                    _record(args, rows, _row(tower, batch, precision, {
+                        "numericalTest": "ERROR", "reason": "export: " + _one_line(exc)}))
+                continue
+            for precision in (["f16"] if args.import_only else precisions):
+                try:
+                    out = folder / f"{path.stem}-{precision}"
+                    record = imports(path) if args.import_only else bench(
+                        path, precision, out, args.seed, compare=False)
+                    shutil.rmtree(out, ignore_errors=True)  # packages: gigabytes over the zoo
+                except Exception as exc:
+                    record = {"numericalTest": "ERROR", "reason": _one_line(exc)}
+                record["seconds"] = round(time.perf_counter() - started, 1)
+                _record(args, rows, _row(tower, batch, precision, record))
+    print(table(rows))
+    passed = sum(r["verdict"] in ("PASS", "IMPORTED") for r in rows)
+    print(f"{passed} of {len(rows)} runs pass")
+    return 0 if passed == len(rows) else 1
+
+
+def _record(args: argparse.Namespace, rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.results, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def _row(tower: Tower, batch: int, precision: str, record: dict[str, Any]) -> dict[str, Any]:
+    reason = record.get("reason") or record.get("failedParts") or ""
+    if record.get("numericalTest") == "PASS":
+        reason = ""
+    return {"tower": tower.name, "checkpoint": tower.checkpoint, "batch": batch,
+            "precision": precision, "verdict": record.get("numericalTest"),
+            "cycles": record.get("cycles"), "noiseRatio": record.get("noiseRatio"),
+            "tailRatio": record.get("tailRatio"), "loopLayers": record.get("loopLayers"),
+            "conversionError": record.get("conversionError"), "reason": reason,
+            "seconds": record.get("seconds")}
+
+
+def table_from(path: str) -> str:
+    """The table of a results file (the last run of each tower, batch and precision)."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        latest[(row["tower"], row["batch"], row["precision"])] = row
+    return table(list(latest.values()))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table: one line per tower, batch and precision."""
+    lines = ["| tower (config of) | batch | precision | verdict | cycles | noiseRatio | "
+             "reason |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['tower']} ({r['checkpoint']}) | {r['batch']} | {r['precision']} | "
+                     f"{r['verdict']} | {r['cycles'] or '-'} | {r['noiseRatio'] or '-'} | "
+                     f"{r['reason'] or '-'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(table_from(sys.argv[1]))

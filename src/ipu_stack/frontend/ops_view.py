@@ -1,0 +1,350 @@
+"""ATen rules, layouts: pass-through operations, views, permutes, slices and token mixing
+(``select``/``mean`` of tokens), ``cat`` of constant tokens.  Views move no data: they are
+pattern-matched between layout forms (``frontend/forms.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend import forms, fused, patterns, rope
+from ipu_stack.frontend.convert import Converter, op_name, unsupported
+from ipu_stack.frontend.forms import Act
+from ipu_stack.frontend.rules import activation, rule, to_numpy
+from ipu_stack.ir.precision import F16
+
+
+# ---------------------------------------------------------------- pass-through and views
+@rule("aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size")
+def _assert(conv: Converter, node: Any, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@rule("aten.contiguous", "aten.clone", "aten.alias", "aten.detach", "aten.lift_fresh_copy")
+def _identity(conv: Converter, node: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    return x
+
+
+@rule("aten.to", "aten._to_copy", "aten.type_as")
+def _to(conv: Converter, node: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """Float dtype changes are the device's precision policy's business; others are not."""
+    torch = conv.torch
+    dtypes = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)]
+    if any(not d.is_floating_point for d in dtypes):
+        raise unsupported(node, "conversion of an activation to a non-float dtype")
+    return x
+
+
+@rule("aten.dropout", "aten.feature_dropout")
+def _dropout(conv: Converter, node: Any, x: Any, p: float = 0.0, train: bool = False) -> Any:
+    if train and p > 0:
+        raise unsupported(node, "dropout in training mode (export the model in eval())")
+    return x
+
+
+def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(x, (fused.Fused, fused.Split)):
+        split = fused.view(x, forms.resolve_shape(shape, prod(x.shape)))
+        if split is not None:
+            return split
+        x = conv.settle(node, x)  # a whole fused projection; a Split is refused there
+    if isinstance(x, (rope.Pairs, rope.PairPart)):
+        pairs = rope.view(x, forms.resolve_shape(shape, prod(x.shape)))
+        if pairs is None:
+            raise unsupported(node, f"view of a channel-pair value as {list(shape)}")
+        return pairs
+    act = activation(conv, node, x)
+    total = prod(act.shape)
+    resolved = forms.resolve_shape(shape, total)
+    if resolved == (*act.shape[:-1], act.shape[-1] // 2, 2) and rope.start(act) is not None:
+        return rope.view(rope.start(act), resolved)  # type: ignore[arg-type]
+    out = forms.reshape(act, resolved)
+    if out is None:
+        raise unsupported(node, f"view of a {act.form}-form value {list(act.shape)} as "
+                          f"{list(shape)} moves data")
+    return out
+
+
+@rule("aten.view", "aten.reshape", "aten._unsafe_view")
+def _reshape(conv: Converter, node: Any, x: Any, shape: Any) -> Act:
+    return _view(conv, node, x, tuple(int(s) for s in shape))
+
+
+SYMBOLIC = (rope.Pairs, rope.PairPart, fused.Fused, fused.Split)
+
+
+def _shaped(conv: Converter, node: Any, x: Any) -> Any:
+    """A value whose shape a view rule may change: symbolic values stay symbolic."""
+    return x if isinstance(x, SYMBOLIC) else activation(conv, node, x)
+
+
+@rule("aten.flatten")
+def _flatten(conv: Converter, node: Any, x: Any, start: int = 0, end: int = -1) -> Any:
+    act = _shaped(conv, node, x)
+    n = len(act.shape)
+    start, end = start % n, end % n
+    shape = (*act.shape[:start], prod(act.shape[start:end + 1]), *act.shape[end + 1:])
+    return _view(conv, node, act, shape)
+
+
+@rule("aten.unflatten")
+def _unflatten(conv: Converter, node: Any, x: Any, dim: int, sizes: Any) -> Any:
+    act = _shaped(conv, node, x)
+    dim %= len(act.shape)
+    sizes = forms.resolve_shape(sizes, act.shape[dim])
+    return _view(conv, node, act, (*act.shape[:dim], *sizes, *act.shape[dim + 1:]))
+
+
+def _part(conv: Converter, node: Any, x: fused.Split, index: int) -> Act:
+    act = fused.part(conv, node, x, index)
+    if act is None:
+        raise unsupported(node, "a fused projection's part viewed in a way that moves data")
+    return act
+
+
+@rule("aten.unbind")
+def _unbind(conv: Converter, node: Any, x: Any, dim: int = 0) -> list[Any]:
+    if isinstance(x, fused.Split) and dim % len(x.shape) == x.axis:
+        return [_part(conv, node, x, i) for i in range(x.groups)]
+    if isinstance(x, rope.Pairs) and x.split and dim % len(x.shape) == len(x.shape) - 1:
+        return [rope.component(x, 0), rope.component(x, 1)]
+    raise unsupported(node, "unbinding an activation (only the pair axis of a RoPE view)")
+
+
+@rule("aten.chunk", "aten.split", "aten.split_with_sizes")
+def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[Any]:
+    """Equal parts of a fused projection's last dimension: one GEMM each; or a query/key
+    split along its tokens (RoPE on some tokens only): token windows (``frontend/rope.py``)."""
+    if isinstance(x, Act) and "split_with_sizes" in str(node.target) and (
+            rope.token_axis(x) == dim % len(x.shape)):
+        windows = rope.token_windows(x, [int(s) for s in size])
+        if windows is not None:
+            return windows
+    if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1:
+        cols = x.shape[-1]
+        if "chunk" in str(node.target):
+            groups = int(size)
+        elif isinstance(size, int):
+            groups = cols // size if cols % size == 0 else 0
+        else:
+            groups = len(size) if len(set(size)) == 1 else 0
+        if groups > 1 and cols % groups == 0:
+            split = fused.view(x, (*x.shape[:-1], groups, cols // groups))
+            if split is not None:
+                return [_part(conv, node, split, i) for i in range(groups)]
+    raise unsupported(node, "splitting an activation (only equal parts of a linear layer's "
+                      "output, or a query's or key's tokens)")
+
+
+@rule("<built-in function getitem>")
+def _getitem(conv: Converter, node: Any, items: Any, index: int) -> Any:
+    if isinstance(items, (list, tuple)):
+        return items[index]
+    raise unsupported(node, "indexing an activation")
+
+
+@rule("aten.stack")
+def _stack(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
+    pairs = rope.stack(list(parts))
+    if pairs is None or dim % len(pairs.shape) != len(pairs.shape) - 1:
+        raise unsupported(node, "stacking activations (only the two halves of a RoPE pair)")
+    return pairs
+
+
+@rule("aten.unsqueeze")
+def _unsqueeze(conv: Converter, node: Any, x: Any, dim: int) -> Any:
+    act = _shaped(conv, node, x)
+    dim %= len(act.shape) + 1
+    return _view(conv, node, act, (*act.shape[:dim], 1, *act.shape[dim:]))
+
+
+@rule("aten.squeeze")
+def _squeeze(conv: Converter, node: Any, x: Any, dim: Any = None) -> Any:
+    act = _shaped(conv, node, x)
+    n = len(act.shape)
+    dims = range(n) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    drop = {d % n for d in dims if act.shape[d % n] == 1}
+    return _view(conv, node, act, tuple(s for i, s in enumerate(act.shape) if i not in drop))
+
+
+@rule("aten.transpose")
+def _transpose(conv: Converter, node: Any, x: Any, a: int, b: int) -> Any:
+    act = _shaped(conv, node, x)
+    return _permute(conv, node, act, forms.transpose_perm(len(act.shape), a, b))
+
+
+@rule("aten.permute")
+def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
+    if isinstance(x, fused.Split):
+        return fused.permute(x, tuple(int(p) for p in perm))
+    act = activation(conv, node, conv.settle(node, x))
+    out = forms.permute(act, tuple(int(p) for p in perm))
+    if out is None:
+        raise unsupported(node, f"permute {list(perm)} of a {act.form}-form value "
+                          f"{list(act.shape)} moves data")
+    return out
+
+
+@rule("aten.expand")
+def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = False) -> Act:
+    act = activation(conv, node, x)
+    size = tuple(s if s != -1 else act.shape[i - len(shape) + len(act.shape)]
+                 for i, s in enumerate(shape))
+    if size != act.shape:
+        raise unsupported(node, "expanding an activation replicates data")
+    return act
+
+
+@rule("aten.slice")
+def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, end: Any = None,
+           step: int = 1) -> Any:
+    part = _rope_half(x, dim, start, end, step)
+    if part is not None:
+        return part
+    act = activation(conv, node, conv.settle(node, x))
+    dim %= len(act.shape)
+    size = act.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None else min(end + size if end < 0 else end, size)
+    if (start, end, step) == (0, size, 1):
+        return act
+    if act.form == "rows" and len(act.shape) == 3 and dim == 1 and end - start == 1:
+        return _mix_tokens(conv, node, act, _one_hot(size, start), keepdim=True)
+    user = patterns.only_user(node)
+    if act.form == "rows" and len(act.shape) == 3 and dim == 1 and step == 1 and (
+            user is not None and op_name(user.target) == "aten.mean"):
+        return TokenWindow(act, start, end)  # x[:, a:b].mean(1): a mean over those tokens
+    raise unsupported(node, "a slice that keeps part of an activation")
+
+
+def _rope_half(x: Any, dim: int, start: Any, end: Any, step: int) -> Any:
+    """``q[..., :d/2]`` or ``q[..., d/2:]`` of a query/key (``rotate_half``): one half of
+    its channel pairs in the split-halves layout, or None when the slice is not that."""
+    value = x if isinstance(x, rope.Pairs) else rope.start(x) if isinstance(x, Act) else None
+    if value is None or dim % len(value.shape) != len(value.shape) - 1 or step != 1:
+        return None
+    d = value.shape[-1]
+    first = 0 if start is None else (start + d if start < 0 else start)
+    last = d if end is None else min(end + d if end < 0 else end, d)
+    if (first, last) not in ((0, d // 2), (d // 2, d)):
+        return None
+    return rope.half(value, 0 if first == 0 else 1)
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """``x[:, start:end]`` of a rows value ``[B, T, D]`` whose only use is a mean over tokens
+    (BEiT's pooler: the patch tokens without CLS), so it never needs to exist on its own."""
+
+    act: Act
+    start: int
+    end: int
+
+
+@rule("aten.select")
+def _select(conv: Converter, node: Any, x: Any, dim: int, index: int) -> Any:
+    if isinstance(x, fused.Split) and dim % len(x.shape) == x.axis:
+        return _part(conv, node, x, index % x.groups)
+    x = conv.settle(node, x) if isinstance(x, (fused.Fused, fused.Split)) else x
+    if isinstance(x, rope.Pairs) and dim % len(x.shape) == len(x.shape) - 1 and x.split:
+        return rope.component(x, index)
+    act = activation(conv, node, x)
+    dim %= len(act.shape)
+    if act.shape[dim] == 1 and act.form in ("rows", "replicated") and act.attention is None:
+        return _view(conv, node, act, act.shape[:dim] + act.shape[dim + 1:])
+    if act.form == "rows" and len(act.shape) == 3 and dim == 1:
+        return _mix_tokens(conv, node, act, _one_hot(act.shape[1], index % act.shape[1]),
+                           keepdim=False)
+    raise unsupported(node, "selecting part of an activation other than one token")
+
+
+@rule("aten.mean")
+def _mean(conv: Converter, node: Any, x: Any, dims: Any = None, keepdim: bool = False,
+          dtype: Any = None) -> Act:
+    if isinstance(x, patterns.Pending):  # an RMS norm's mean of squares (checked ahead)
+        return patterns.advance(node, x, "mean_square")
+    if isinstance(x, TokenWindow):
+        if [d % 3 for d in (dims or [])] != [1]:
+            raise unsupported(node, "a mean of a token slice over anything but its tokens")
+        weights = np.zeros(x.act.shape[1])
+        weights[x.start:x.end] = 1.0 / (x.end - x.start)
+        return _mix_tokens(conv, node, x.act, weights, keepdim=keepdim)
+    act = activation(conv, node, x)
+    dims = [d % len(act.shape) for d in (dims if dims is not None else [])]
+    if dims and all(act.shape[d] == 1 for d in dims) and act.form in ("rows", "replicated"):
+        kept = tuple(1 if i in dims else s for i, s in enumerate(act.shape)) if keepdim else \
+            tuple(s for i, s in enumerate(act.shape) if i not in dims)
+        return _view(conv, node, act, kept)  # a mean over size-1 axes is the value itself
+    if act.form == "rows" and len(act.shape) == 3 and dims == [1]:
+        tokens = act.shape[1]
+        return _mix_tokens(conv, node, act, np.full(tokens, 1.0 / tokens), keepdim=keepdim)
+    raise unsupported(node, "mean over anything but the token dimension of [B, T, D]")
+
+
+def _one_hot(size: int, index: int) -> np.ndarray:
+    row = np.zeros(size)
+    row[index] = 1.0
+    return row
+
+
+def _mix_tokens(conv: Converter, node: Any, act: Act, weights: np.ndarray, keepdim: bool) -> Act:
+    """Every token row of each image replaced by ``sum_t weights[t] * x[t]`` (a mean or one
+    token): ``head_matmul pv`` with one head and a constant mixing matrix streamed as an
+    input, so the result is ``replicated`` (every row of an image equal)."""
+    act = conv.plain(act, node)
+    b, t, d = act.shape
+    name = conv.name(node)
+    mix = np.tile(weights.astype(np.float32), (b * t, 1))
+    mix_id = conv.constant_input(f"{name}.mix", mix, (b * t, t))
+    value = conv.b.op("head_matmul", [mix_id, act.value], F16, name, mode="pv", heads=1,
+                      tokens=t)
+    conv.rewrites.append(f"{node.name}: token mixing as head_matmul pv with input {name}.mix")
+    shape = (b, 1, d) if keepdim else (b, d)
+    return Act(value, shape, "replicated", (b, t))
+
+
+@rule("aten.cat")
+def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
+    """``cat([constant tokens, patches], dim=1)``: the patches' GEMM already ran on an input
+    with zero patch rows at the front of each image (``conv2d`` looked ahead), so those rows
+    hold the conv bias; adding ``constant - bias`` there is the concatenation.  Parts of a
+    rotary embedding (the two halves of ``rotate_half``, token windows) are concatenated
+    symbolically (``frontend/rope.py``)."""
+    if any(isinstance(p, (rope.Pairs, rope.PairPart)) for p in parts):
+        rank = len(parts[0].shape)
+        last = dim % rank == rank - 1
+        joined = rope.concat_halves(list(parts)) if last else rope.concat_tokens(list(parts))
+        if joined is None:
+            raise unsupported(node, "concatenating parts of a query or key other than the "
+                              "halves of rotate_half or consecutive token windows")
+        return joined
+    parts = conv.settle(node, parts)
+    acts = [p for p in parts if isinstance(p, Act)]
+    if len(acts) != 1 or acts[0].prefix + acts[0].suffix == 0:
+        raise unsupported(node, "concatenation of activations (only constant tokens around "
+                          "the patch embedding are supported)")
+    act = acts[0]
+    b, n, d = act.shape
+    if dim % 3 != 1:
+        raise unsupported(node, "concatenation along a dimension other than tokens")
+    at = next(i for i, p in enumerate(parts) if p is act)
+
+    def tokens(constants: list[Any]) -> np.ndarray:
+        blocks = [np.broadcast_to(to_numpy(p), (b, p.shape[1], d)) for p in constants]
+        return np.concatenate(blocks, axis=1) if blocks else np.zeros((b, 0, d))
+
+    head, tail = tokens(list(parts[:at])), tokens(list(parts[at + 1:]))
+    if head.shape[1] != act.prefix or tail.shape[1] != act.suffix:
+        raise unsupported(node, "constant tokens do not match the reserved patch rows")
+    total = act.prefix + n + act.suffix
+    bias = act.bias if act.bias is not None else 0.0
+    addend = np.zeros((b, total, d))
+    addend[:, :act.prefix] = head - bias
+    addend[:, act.prefix + n:] = tail - bias
+    conv.rewrites.append(f"{node.name}: {act.prefix} + {act.suffix} constant token(s) as zero "
+                         "patch rows plus a corrected addend")
+    return Act(act.value, (b, total, d), addend=addend.reshape(-1, d), origin=conv.name(node))
+

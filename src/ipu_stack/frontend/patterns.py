@@ -1,0 +1,175 @@
+"""Multi-node patterns completed across several ATen rules: RMS norm written out
+(``x * rsqrt(mean(x^2, -1) + eps)``), gated activations (``x * sigmoid(1.702 x)``,
+``silu(a) * b``) and products of two activations.
+
+A rule that starts a pattern checks the FX graph ahead of it (every step has one user and
+the shape the pattern needs) and returns a :class:`Pending` instead of an IR value; the
+rules of the following nodes (``mean``, ``add``, ``rsqrt``, ``mul``) advance it, and the
+last one emits one IR operation (``rms_norm``, ``activation``, ``swiglu``).  Because the
+look-ahead is checked first, a ``Pending`` never reaches any other rule, and a graph that
+deviates from the pattern is converted node by node instead (``mul`` of two activations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.convert import Converter, op_name, unsupported
+from ipu_stack.frontend.forms import Act
+from ipu_stack.frontend.rules import out_precision, row_activation
+from ipu_stack.ir.precision import F16
+
+QUICK_GELU_BETA = 1.702  # quick_gelu(x) = x * sigmoid(1.702 x) (OpenAI CLIP)
+PASS_THROUGH = ("aten.to", "aten._to_copy", "aten.type_as", "aten.contiguous", "aten.clone",
+                "aten.alias", "aten.detach")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A partly matched pattern.  ``stage``: ``square`` (x^2), ``mean_square``,
+    ``mean_square_eps`` (with ``eps``), ``inverse_rms`` (rsqrt of that), or ``gate`` (an
+    activation ``function`` of ``act`` waiting for its product).  ``source`` is the FX node
+    whose value the pattern must be multiplied with at the end."""
+
+    stage: str
+    act: Act
+    source: Any
+    eps: float = 0.0
+    function: str = ""
+
+
+def only_user(node: Any) -> Any | None:
+    """The single FX user of ``node`` (assertion calls aside), or None."""
+    users = [u for u in node.users if op_name(u.target) != "aten._assert_tensor_metadata"]
+    return users[0] if len(users) == 1 else None
+
+
+def _scalar(value: Any) -> float | None:
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _through(node: Any) -> Any:
+    """``node`` with dtype conversions and copies skipped backwards (an RMS norm upcasts)."""
+    while op_name(node.target) in PASS_THROUGH and node.args:
+        node = node.args[0]
+    return node
+
+
+def rms_chain(square: Any) -> tuple[float, Any] | None:
+    """``(eps, final mul)`` when ``square`` (``x^2``) starts ``x * rsqrt(mean(x^2, -1,
+    keepdim) + eps)``, else None."""
+    mean = only_user(square)
+    if mean is None or op_name(mean.target) != "aten.mean":
+        return None
+    dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+    keep = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if list(dims or []) not in ([-1], [len(square.meta["val"].shape) - 1]) or not keep:
+        return None
+    add = only_user(mean)
+    if add is None or op_name(add.target) != "aten.add" or len(add.args) < 2:
+        return None
+    eps = _scalar(add.args[1])
+    rsqrt = only_user(add)
+    if eps is None or eps <= 0 or rsqrt is None or op_name(rsqrt.target) != "aten.rsqrt":
+        return None
+    mul = only_user(rsqrt)
+    source = _through(square.args[0])
+    if mul is None or op_name(mul.target) != "aten.mul":
+        return None
+    other = mul.args[0] if mul.args[1] is rsqrt else mul.args[1]
+    if not hasattr(other, "target") or _through(other) is not source:
+        return None
+    return eps, mul
+
+
+def gate_of(node: Any, function: str) -> Any | None:
+    """For ``sigmoid`` node ``node``: the FX node ``x`` when the graph computes
+    ``x * sigmoid(1.702 x)`` (quick GELU) around it.  For ``silu``: the product's other
+    operand when ``silu(a)``'s only use is ``silu(a) * b`` with ``b`` an activation."""
+    user = only_user(node)
+    if user is None or op_name(user.target) != "aten.mul" or len(user.args) != 2:
+        return None
+    other = user.args[0] if user.args[1] is node else user.args[1]
+    if not hasattr(other, "target"):
+        return None
+    if function == "silu":
+        return other
+    scaled = node.args[0]
+    if op_name(scaled.target) != "aten.mul" or len(scaled.args) != 2:
+        return None
+    a, b = scaled.args
+    x, beta = (a, _scalar(b)) if hasattr(a, "target") else (b, _scalar(a))
+    if beta is None or abs(beta - QUICK_GELU_BETA) > 1e-6 or x is not other:
+        return None
+    return other
+
+
+def emit_activation(conv: Converter, node: Any, act: Act, function: str) -> Act:
+    """One ``activation`` operation on a row-form activation; FP8 when it feeds only GEMMs."""
+    act = row_activation(conv, node, act)
+    name = conv.name(node)
+    value = conv.b.op("activation", [act.value], out_precision(conv, node, name), name,
+                      function=function)
+    return act.with_(value=value, linear=None, norm_scale=None)
+
+
+def multiply(conv: Converter, node: Any, x: Any, y: Any) -> Act:
+    """``x * y`` where one operand is a :class:`Pending` or both are activations."""
+    if isinstance(y, Pending) and not isinstance(x, Pending):
+        x, y = y, x
+    if isinstance(x, Pending) and x.stage == "gate":
+        if x.function == "quick_gelu":
+            return emit_activation(conv, node, x.act, "quick_gelu")
+        gate = row_activation(conv, node, x.act)
+        up = row_activation(conv, node, y)
+        _same_layout(node, gate, up)
+        name = conv.name(node)
+        value = conv.b.op("swiglu", [gate.value, up.value], out_precision(conv, node, name), name)
+        conv.rewrites.append(f"{node.name}: silu(a) * b as one swiglu operation")
+        return gate.with_(value=value, linear=None, norm_scale=None)
+    if isinstance(x, Pending) and x.stage == "inverse_rms":
+        act = row_activation(conv, node, y)
+        name = conv.name(node)
+        cols = act.shape[-1]
+        key = f"{name}.weight"
+        gamma = conv.weight(key, np.ones(cols, np.float32), False)
+        value = conv.b.op("rms_norm", [act.value, gamma], out_precision(conv, node, name), name,
+                          eps=float(x.eps))
+        conv.rewrites.append(f"{node.name}: x * rsqrt(mean(x^2) + eps) as one rms_norm")
+        return act.with_(value=value, linear=None, norm_scale=conv.b.graph.value(gamma).name)
+    if isinstance(x, Pending) or isinstance(y, Pending):
+        raise unsupported(node, "a partly matched RMS norm or gated activation")
+    a, b = row_activation(conv, node, x), row_activation(conv, node, y)
+    _same_layout(node, a, b)
+    value = conv.b.op("mul", [a.value, b.value], F16, conv.name(node))
+    return a.with_(value=value, linear=None, norm_scale=None)
+
+
+def _same_layout(node: Any, a: Act, b: Act) -> None:
+    if a.shape != b.shape or a.form != b.form or a.dims != b.dims:
+        raise unsupported(node, f"product of {a.form} {list(a.shape)} and {b.form} "
+                          f"{list(b.shape)} (only equal shapes)")
+
+
+def advance(node: Any, pending: Pending, stage: str, eps: float = 0.0) -> Pending:
+    """The next step of an RMS norm's statistics (``mean``, ``+ eps``, ``rsqrt``)."""
+    order = {"mean_square": "square", "mean_square_eps": "mean_square",
+             "inverse_rms": "mean_square_eps"}
+    if order[stage] != pending.stage:
+        raise unsupported(node, f"an RMS norm's statistics out of order ({pending.stage} "
+                          f"then {stage})")
+    return Pending(stage, pending.act, pending.source, eps or pending.eps)
+
+
+def fold_norm_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) -> Act:
+    """``rms_norm(x) * gamma`` with ``gamma`` per channel: folded into the norm's scale."""
+    key = act.norm_scale
+    value_id, raw, kind = conv.weights[key]  # type: ignore[index]
+    conv.weights[key] = (value_id, raw * scale.astype(np.float32), kind)  # type: ignore[index]
+    conv.rewrites.append(f"{node.name}: per-channel scale folded into {key}")
+    return act.with_(norm_scale=None)
