@@ -267,7 +267,7 @@ def _print_record(record: dict[str, Any], as_json: bool) -> None:
 
 
 _FOLDER_OPTIONS = (("out", "-o"), ("profile", "--profile"), ("save_tensors", "--save-tensors"),
-                   ("cache_dir", "--cache-dir"))
+                   ("cache_dir", "--cache-dir"), ("dump_stages", "--dump-stages"))
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -38,6 +38,8 @@ COMMANDS = {
     "compile -o": (["compile", "siglip-mlp", *SMALL, "-o", "OUT"], "-o"),
     "compile --cache-dir": (["compile", "siglip-mlp", *SMALL, "-o", "GOOD", "--cache-dir", "OUT"],
                             "--cache-dir"),
+    "compile --dump-stages": (["compile", "siglip-mlp", *SMALL, "-o", "GOOD",
+                               "--dump-stages", "OUT"], "--dump-stages"),
     "bench --out": (["bench", "siglip-mlp", *SMALL, "--out", "OUT"], "--out"),
     "bench --profile": (["bench", "siglip-mlp", *SMALL, "--out", "GOOD", "--profile", "OUT"],
                         "--profile"),
