@@ -201,3 +201,16 @@ def test_a_tensor_too_large_to_hold_is_refused_before_sizing(compiled):
 
     with pytest.raises(PackageError, match=r"holds more than 1073741824 elements"):
         from_manifest(*_with(package, edit))
+
+
+def test_a_tile_number_beyond_int32_is_refused_not_wrapped(compiled):
+    _, package = compiled
+
+    def edit(manifest, arrays):
+        call = _first(manifest, "compute")["calls"][0]
+        tiles = arrays[call["tiles"]].astype(np.int64)
+        tiles[0] = (1 << 32) + 5  # would wrap to tile 5 as int32
+        arrays[call["tiles"]] = tiles
+
+    with pytest.raises(PackageError, match=r"tile or slot number 4294967301 is out of range"):
+        from_manifest(*_with(package, edit))

@@ -103,6 +103,14 @@ def _array(arrays: dict[str, np.ndarray], name: Any, where: str, ndim: int) -> n
     return array
 
 
+def _int32(array: np.ndarray, where: str) -> np.ndarray:
+    """Tile numbers and slots as int32, refused (not wrapped) when they do not fit."""
+    if array.size and (int(array.min()) < -1 or int(array.max()) >= 1 << 31):
+        bad = int(array.max()) if int(array.max()) >= 1 << 31 else int(array.min())
+        raise _fail(where, f"tile or slot number {bad} is out of range")
+    return array.astype(np.int32, copy=False)
+
+
 def check_params(params: Any, where: str) -> dict[str, Any]:
     """Every parameter of a kernel instance: known type and a value within bounds."""
     params = _dict(params, where)
@@ -278,7 +286,7 @@ class _StepReader:
                   and tiles.shape[1] * layout.col_block >= layout.cols)
         if not covers or tiles.shape != addresses.shape or tiles.shape[2] < 1:
             raise _fail(where, f"tile grid {list(tiles.shape)} does not cover the layout")
-        return layout, tiles.astype(np.int32, copy=False), addresses.astype(
+        return layout, _int32(tiles, where), addresses.astype(
             np.int64, copy=False), origin
 
     def host_write(self, step: dict, where: str, loop: tuple[int, int] | None) -> HostWrite:
@@ -330,7 +338,7 @@ class _StepReader:
                         or not 0 <= pair[1] < (loop[1] if loop else 0)):
                     raise _fail(here, f"bad slot operand {pair!r}")
                 slots.append((pair[0], pair[1]))
-            calls.append(Call(kernel, tiles.astype(np.int32, copy=False),
+            calls.append(Call(kernel, _int32(tiles, here),
                               addresses.astype(np.int64, copy=False), tuple(slots)))
         return Compute(_name(step["name"], f"{where} name"), tuple(calls))
 
@@ -376,11 +384,11 @@ class _StepReader:
         return Exchange(
             _name(step["name"], f"{where} name"), _count(phase, f"{where} phase"), kind,
             _count(lower, f"{where} lower_bound"),
-            column["src_tile"].astype(np.int32, copy=False), as64["src_addr"], as64["words"],
-            as64["dst_offsets"], column["dst_tile"].astype(np.int32, copy=False),
+            _int32(column["src_tile"], where), as64["src_addr"], as64["words"],
+            as64["dst_offsets"], _int32(column["dst_tile"], where),
             as64["dst_addr"], as64["chunk_transfer"], as64["chunk_start"], as64["chunk_words"],
             None if lanes is None else lanes.astype(np.int64, copy=False),
-            None if src_slot is None else src_slot.astype(np.int32, copy=False))
+            None if src_slot is None else _int32(src_slot, where))
 
 
 def check_metadata(manifest: Any) -> None:
