@@ -1,7 +1,7 @@
 """The kernel contract: a specialised instance with a name and tile-byte semantics.
 
-A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is hashed
-into the content address of the kernel cache, so equal parameters give the same kernel.
+A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is its
+identity (equal parameters are the same kernel, and the package names it by its sha256).
 Semantics run on the simulated tile memory (``uint8 [tiles, bytes]``) for a batch of tiles
 at once: every tile of the batch runs the same instance; each operand's address is one for
 all tiles or one per tile (an int array), so one kernel call of a package runs as one batch
