@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipu_stack.ir.layout import WORD, BlockLayout, round_up
+from ipu_stack.ir.layout import WORD, BlockLayout
+from ipu_stack.lowering import overlap
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.util.errors import CompileError
 
@@ -44,38 +45,19 @@ class TransferBuilder:
         self.words: list[np.ndarray] = []
         self.dst_count: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
-        # row-by-row transfers to one replica set, kept as given and turned into arrays in
-        # bulk (a layout conversion adds hundreds of thousands of them)
-        self.rows: list[tuple[int, int, np.ndarray, int, np.ndarray, int, np.ndarray]] = []
 
-    def add_rows(self, src_tile: int, src_buf: int, src_off: np.ndarray, words: int,
-                 dst_tiles: np.ndarray, dst_buf: int, dst_off: np.ndarray) -> None:
-        """:meth:`add` for one source tile, one word count and 1-D destinations."""
-        self.rows.append((src_tile, src_buf, src_off, words, dst_tiles, dst_buf, dst_off))
-
-    def _flush_rows(self) -> None:
-        """Turn the pending :meth:`add_rows` calls into transfer arrays, all at once."""
-        if not self.rows:
-            return
-        rows, self.rows = self.rows, []
-        n = np.array([len(r[2]) for r in rows], dtype=np.int64)
-        k = np.array([len(r[4]) for r in rows], dtype=np.int64)
-        call = np.repeat(np.arange(len(rows)), n)
-        column = np.array([[r[0], r[1], r[3], r[5]] for r in rows], dtype=np.int64)
-        src = np.stack([column[call, 0], column[call, 1],
-                        np.concatenate([np.asarray(r[2], dtype=np.int64) for r in rows])], axis=1)
-        fanout = k[call]
-        tiles = np.concatenate([np.asarray(r[4], dtype=np.int64) for r in rows])
-        starts = (np.cumsum(k) - k)[call]
-        ends = np.cumsum(fanout)
-        within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - fanout, fanout)
-        dst_off = np.concatenate([np.asarray(r[6], dtype=np.int64) for r in rows])
-        dst = np.stack([tiles[np.repeat(starts, fanout) + within],
-                        np.repeat(column[call, 3], fanout), np.repeat(dst_off, fanout)], axis=1)
-        self.src.append(src)
-        self.words.append(column[call, 2])
+    def add_flat(self, src_tile: np.ndarray, src_buf: int, src_off: np.ndarray,
+                 words: np.ndarray, fanout: np.ndarray, dst_tile: np.ndarray, dst_buf: int,
+                 dst_off: np.ndarray) -> None:
+        """Transfers given flat: transfer ``t`` goes to the next ``fanout[t]`` entries of
+        ``dst_tile`` / ``dst_off`` (what a layout conversion's overlap walk produces)."""
+        n, m = len(src_tile), len(dst_tile)
+        self.src.append(np.stack([src_tile, np.full(n, src_buf, dtype=np.int64), src_off],
+                                 axis=1))
+        self.words.append(words)
         self.dst_count.append(fanout)
-        self.dst.append(dst)
+        self.dst.append(np.stack([dst_tile, np.full(m, dst_buf, dtype=np.int64), dst_off],
+                                 axis=1))
 
     def add(
         self,
@@ -92,7 +74,6 @@ class TransferBuilder:
         ``src_tile``, ``src_off``, ``words``, ``dst_off`` have length ``n`` (or broadcast);
         ``dst_tiles`` is ``[n, k]`` or ``[k]`` (the same destinations for every transfer).
         """
-        self._flush_rows()  # keep the order transfers were added in
         words = np.atleast_1d(np.asarray(words, dtype=np.int64))
         n = max(len(words), len(np.atleast_1d(src_off)), len(np.atleast_1d(dst_off)))
         words = np.broadcast_to(words, (n,))
@@ -123,15 +104,12 @@ class TransferBuilder:
 
     def most_received(self) -> int:
         """The most transfers any one tile receives (each costs it an exchange-table entry)."""
-        self._flush_rows()
         if not self.dst:
             return 0
         return int(np.bincount(np.concatenate(self.dst)[:, 0]).max())
 
     def absorb(self, other: TransferBuilder) -> None:
         """Take over ``other``'s transfers and local copies (a trial built separately)."""
-        self._flush_rows()
-        other._flush_rows()
         self.src += other.src
         self.words += other.words
         self.dst_count += other.dst_count
@@ -139,7 +117,6 @@ class TransferBuilder:
         self.local += other.local
 
     def build(self) -> Exchange:
-        self._flush_rows()
         if not self.src:
             empty = np.zeros(0, dtype=np.int64)
             return Exchange(self.name, empty.astype(np.int32), empty, empty, empty,
@@ -185,73 +162,21 @@ def add_layout_transfers(
     """
     if src.precision != dst.precision:
         raise CompileError(f"layout conversion of {what} changes precision")
-    item = src.precision.itemsize
-    s_rb, s_cb = src.row_block, src.col_block
-    s_pitch, d_pitch = src.pitch, dst.pitch  # properties: computed once, not per row block
-    d_rb, d_cb = dst.row_block, dst.col_block
     (sr, sc), (dr, dc) = src_origin, dst_origin
-    d_rows, d_cols = dst.grid
-    # each source block's replicas (tiles holding it), found once
-    holders: dict[tuple[int, int], np.ndarray] = {}
-    whole_rows = np.arange(max(s_rb, 1), dtype=np.int64)
-    src_cols, add_rows = src.cols, builder.add_rows
-    for i in range(d_rows):
-        for j in range(d_cols):
-            r0, r1, c0, c1 = dst.block_extent(i, j)
-            # the block in source-local coordinates, clipped to the source window
-            r0, r1 = max(r0 + dr - sr, 0), min(r1 + dr - sr, src.rows)
-            c0, c1 = max(c0 + dc - sc, 0), min(c1 + dc - sc, src.cols)
-            if r0 >= r1 or c0 >= c1:
-                continue
-            replicas = dst.tiles[i, j]
-            replicas = replicas[replicas >= 0]
-            others: dict[int, np.ndarray] = {}
-            block_col_end = min((j + 1) * d_cb, dst.cols) + dc - sc
-            for si in range(r0 // s_rb, (r1 - 1) // s_rb + 1):
-                rr0 = r0 if r0 > si * s_rb else si * s_rb
-                rr1 = r1 if r1 < (si + 1) * s_rb else (si + 1) * s_rb
-                first = rr0 - si * s_rb
-                rows = whole_rows[first : first + rr1 - rr0]
-                row_shift = si * s_rb + sr - dr - i * d_rb
-                for sj in range(c0 // s_cb, (c1 - 1) // s_cb + 1):
-                    cc0 = c0 if c0 > sj * s_cb else sj * s_cb
-                    cc1 = c1 if c1 < (sj + 1) * s_cb else (sj + 1) * s_cb
-                    source_replicas = holders.get((si, sj))
-                    if source_replicas is None:
-                        source_replicas = src.tiles[si, sj]
-                        source_replicas = holders[si, sj] = source_replicas[source_replicas >= 0]
-                    if len(source_replicas) == 0:
-                        raise CompileError(f"layout conversion of {what}: block {si},{sj} "
-                                           "is stored nowhere")
-                    source = int(source_replicas[(i + j) % len(source_replicas)])
-                    s_col = (cc0 - sj * s_cb) * item
-                    d_col = (cc0 + sc - dc - j * d_cb) * item
-                    if s_col % WORD or d_col % WORD:
-                        _check_aligned(s_col, what)
-                        _check_aligned(d_col, what)
-                    length = (cc1 - cc0) * item
-                    if length % WORD:
-                        if cc1 != src_cols or cc1 != block_col_end:
-                            raise CompileError(f"layout conversion of {what} splits a word")
-                        length = round_up(length, WORD)
-                    if length > s_pitch - s_col or length > d_pitch - d_col:
-                        raise CompileError(f"layout conversion of {what} overruns a row")
-                    if length == s_pitch == d_pitch:
-                        # whole rows in both layouts: one contiguous transfer (merge_copies)
-                        s_off = rows[:1] * s_pitch + s_col
-                        d_off = (rows[:1] + row_shift) * d_pitch + d_col
-                        length *= rr1 - rr0
-                    else:
-                        s_off = rows * s_pitch + s_col
-                        d_off = (rows + row_shift) * d_pitch + d_col
-                    keep = others.get(source)
-                    if keep is None:
-                        keep = others[source] = replicas[replicas != source]
-                    if len(keep):
-                        add_rows(source, src_buf, s_off, length // WORD, keep, dst_buf, d_off)
-                    if len(keep) != len(replicas):
-                        # the source tile is itself a destination: an on-tile copy kernel
-                        builder.local.append(
-                            LocalCopy(source, src_buf, int(s_off[0]), s_pitch, dst_buf,
-                                      int(d_off[0]), d_pitch, len(s_off), length)
-                        )
+    (t_src, t_off, t_words, t_fan, d_tile, d_off), local, (problem, a, b) = overlap.walk(
+        dst.tiles, src.tiles, (dst.rows, dst.cols), (dst.row_block, dst.col_block),
+        (src.rows, src.cols), (src.row_block, src.col_block), (dr - sr, dc - sc),
+        src.precision.itemsize, src.pitch, dst.pitch)
+    if problem == overlap.NOWHERE:
+        raise CompileError(f"layout conversion of {what}: block {a},{b} is stored nowhere")
+    if problem == overlap.UNALIGNED:
+        _check_aligned(a, what)
+    if problem == overlap.SPLIT_WORD:
+        raise CompileError(f"layout conversion of {what} splits a word")
+    if problem == overlap.OVERRUN:
+        raise CompileError(f"layout conversion of {what} overruns a row")
+    if len(t_src):
+        builder.add_flat(t_src, src_buf, t_off, t_words, t_fan, d_tile, dst_buf, d_off)
+    for tile, s_off, d_at, rows, length in local.tolist():
+        builder.local.append(LocalCopy(tile, src_buf, s_off, src.pitch, dst_buf, d_at,
+                                       dst.pitch, rows, length))
