@@ -250,3 +250,38 @@ def test_landing_layout_spreads_whole_rows_over_distinct_tiles(rows: int, cols: 
     assert len(set(tiles.tolist())) == len(tiles)
     assert tiles.min() >= 0 and tiles.max() < 1472
     assert layout.row_block == -(-rows // 1472)
+
+
+def _one_block(rows: int, cols: int, p: Precision, tiles, row_block=None, col_block=None):
+    tiles = np.asarray(tiles, dtype=np.int32)
+    return BlockLayout(rows, cols, p, row_block or rows, col_block or cols, tiles)
+
+
+@pytest.mark.parametrize(("src", "dst", "origins", "message"), [
+    # every replica of the source block absent
+    (lambda: _one_block(2, 8, F16, [[[-1]]]), lambda: _one_block(2, 8, F16, [[[5]]]),
+     ((0, 0), (0, 0)), "layout conversion of x: block 0,0 is stored nowhere"),
+    # a window that starts one F16 column into the source: half a word
+    (lambda: _one_block(2, 8, F16, [[[1]]]), lambda: _one_block(2, 4, F16, [[[5]]]),
+     ((0, 0), (0, 1)), r"layout conversion of x is not word aligned \(offset 2\)"),
+    # a destination window that ends 2 FP8 bytes into a source word that goes on
+    (lambda: _one_block(1, 8, f143(0), [[[1]]]),
+     lambda: _one_block(1, 6, f143(0), [[[5], [6]]], col_block=4), ((0, 0), (0, 0)),
+     "layout conversion of x splits a word"),
+])
+def test_layout_conversions_the_walk_refuses(src, dst, origins, message) -> None:
+    with pytest.raises(CompileError, match=message):
+        add_layout_transfers(TransferBuilder("x"), "x", src(), 0, dst(), 1, *origins)
+
+
+def test_on_tile_copies_where_the_source_is_a_destination() -> None:
+    """Tile 5 holds the source and is one of two replicas of the destination: it gets an
+    on-tile copy, tile 6 a transfer from it."""
+    src = _one_block(2, 8, F16, [[[5]]])
+    dst = _one_block(2, 8, F16, [[[5, 6]]])
+    builder = TransferBuilder("x")
+    add_layout_transfers(builder, "x", src, 0, dst, 1)
+    ex = builder.build()
+    assert ex.src_tile.tolist() == [5] and ex.dst_tile.tolist() == [6]
+    assert ex.words.tolist() == [2 * 8 * 2 // 4]  # whole rows in both: one merged transfer
+    assert [(c.tile, c.rows, c.row_bytes) for c in builder.local] == [(5, 1, 32)]
