@@ -14,7 +14,7 @@ Two modes, as the hardware has them:
 * ``f16``: F16 operands with F32 partials.  FP8 operands are first cast to F16 into a
   scratch operand (a real cast, priced), then the F16 AMP runs at 64 MACs per cycle.
 
-A call reports the work it did (passes looped, rows, cast elements); ``target.timing``
+A call reports the work it did (passes looped, rows, cast elements); ``device.pricing``
 prices it.  The planner prices the same shapes with its own closed form.
 """
 
