@@ -133,22 +133,39 @@ def _encode_fp8(values: np.ndarray, out: np.ndarray, scale: np.float32, mantissa
 
 
 @numba.njit(cache=True, nogil=True)
+def _half_bits(x: np.float32) -> np.uint32:
+    """The FP16 code of a float32 that already is an FP16 value (or inf / NaN)."""
+    bits = _bits(x)
+    sign = (bits >> np.uint32(16)) & np.uint32(0x8000)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    if magnitude >= np.uint32(0x7F800000):  # inf, or NaN keeping its top payload bits
+        half = np.uint32(0x7C00) | ((magnitude & np.uint32(0x7FFFFF)) >> np.uint32(13))
+        if magnitude > np.uint32(0x7F800000) and half == np.uint32(0x7C00):
+            half += np.uint32(1)  # ... but still a NaN
+    elif magnitude < np.uint32(_F16_MIN_NORMAL_BITS):  # subnormal: a multiple of 2^-24
+        half = np.uint32(abs(np.float64(x)) * 2.0**24)
+    else:
+        half = (magnitude - np.uint32(112 << 23)) >> np.uint32(13)
+    return sign | half
+
+
+@numba.njit(cache=True, nogil=True)
 def _encode_f16(values: np.ndarray, out: np.ndarray) -> None:
     """FP16 bits of float32 values, rounded to nearest even (numpy's ``astype``)."""
     for i in range(values.size):
-        x = _f16(values[i])  # now exactly an FP16 value (or inf / NaN)
-        bits = _bits(x)
-        sign = (bits >> np.uint32(16)) & np.uint32(0x8000)
-        magnitude = bits & np.uint32(0x7FFFFFFF)
-        if magnitude >= np.uint32(0x7F800000):  # inf, or NaN keeping its top payload bits
-            half = np.uint32(0x7C00) | ((magnitude & np.uint32(0x7FFFFF)) >> np.uint32(13))
-            if magnitude > np.uint32(0x7F800000) and half == np.uint32(0x7C00):
-                half += np.uint32(1)  # ... but still a NaN
-        elif magnitude < np.uint32(_F16_MIN_NORMAL_BITS):  # subnormal: a multiple of 2^-24
-            half = np.uint32(abs(np.float64(x)) * 2.0**24)
-        else:
-            half = (magnitude - np.uint32(112 << 23)) >> np.uint32(13)
-        out[i] = sign | half
+        out[i] = _half_bits(_f16(values[i]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _fold_encode(dots: np.ndarray, partial: np.ndarray, out: np.ndarray) -> None:
+    """The last pass: ``out = code(f16(partial + dots))``, the fold and the encode in one
+    sweep (``partial`` is None-like when empty: the first pass adds to +0)."""
+    if partial.size:
+        for i in range(out.size):
+            out[i] = _half_bits(_f16(np.float32(partial[i] + dots[i])))
+    else:
+        for i in range(out.size):
+            out[i] = _half_bits(_f16(np.float32(np.float32(0.0) + dots[i])))
 
 
 def encode_f16(values: np.ndarray) -> np.ndarray:
@@ -235,15 +252,21 @@ def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray
     partial = np.empty((1, rows * cols), dtype=np.float32)
     dot = np.empty((rows, cols), dtype=np.float32)
     folded = dot.reshape(1, 1, rows * cols)
+    flat_dot = dot.reshape(-1)
+    none = np.empty(0, dtype=np.float32)
+    starts = list(range(0, depth, pass_depth))
     for item in range(batch):
         a_item, b_item = a[item], b[item]
-        partial.fill(0.0)
-        for lo in range(0, depth, pass_depth):
+        if len(starts) > 1:
+            partial.fill(0.0)
+        for lo in starts:
             hi = min(lo + pass_depth, depth)
             a_pass = a_item if hi - lo == depth else np.ascontiguousarray(a_item[:, lo:hi])
             np.matmul(a_pass, b_item[lo:hi], out=dot)
-            _accumulate(folded, partial)
-        _encode_f16(partial[0], codes[item])
+            if lo != starts[-1]:
+                _accumulate(folded, partial)
+            else:  # the last pass folds and encodes in one sweep
+                _fold_encode(flat_dot, partial[0] if len(starts) > 1 else none, codes[item])
     return codes.view(np.float16).reshape(batch, rows, cols)
 
 
