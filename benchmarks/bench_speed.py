@@ -47,6 +47,8 @@ if profiler:
 record = json.loads(buffer.getvalue().strip().splitlines()[-1])
 record["exitCode"] = code
 record["peakRssMiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+# the host side's forked process (runtime/host_process.py): its own peak, to add to ours
+record["hostPeakRssMiB"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
 print(json.dumps(record))
 """
 
@@ -136,6 +138,7 @@ def main() -> None:
                     "verdictSeconds": record["verdictSeconds"],
                     "modelSeconds": record["modelSeconds"],
                     "wallSeconds": record["wallSeconds"], "peakRssMiB": record["peakRssMiB"],
+                    "hostPeakRssMiB": record["hostPeakRssMiB"],
                     "blasFloorSeconds": round(blas_floor(case), 2)}
             if not args.no_profile:
                 stats = folder / "run.prof"

@@ -28,6 +28,7 @@ from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import CompactValues, compact_weights
 from ipu_stack.package import Package, read_package
+from ipu_stack.runtime.host_process import HostProcess, fork_available
 from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
@@ -113,32 +114,33 @@ def run_package(
         marks = sum(len(p) for p in package.manifest["programs"].values())
         event(LOG, "starting host exchange session", startup_mark=marks)
         sim_start = time.perf_counter()
-        # the host reference and the float64 model need nothing from the device: a host
-        # thread computes them while the device runs (numpy's BLAS and the compiled rounding
-        # loops release the GIL), each side with one BLAS thread, so two cores are two lanes;
-        # then it judges each stage as the device hands over its probe read
-        arrivals: queue.SimpleQueue = queue.SimpleQueue()
-        abandon = threading.Event()  # the device failed: the host side stops at once
-        with threadpool_limits(limits=1, user_api="blas"), \
-                ThreadPoolExecutor(max_workers=1) as pool:
-            outputs_only = {v.name for v in graph.by_role("output")}
-            host_side = pool.submit(_host_side, graph, tensors,
-                                    package.manifest.get("gemm_modes"), model, outputs_only,
-                                    arrivals, abandon)
-            try:
-                init_report = device.call("initialize", weights)
-                run_report = device.call("run", inputs, on_probes=arrivals.put)
-                arrivals.put(list(run_report.outputs.items()))
-            except BaseException:
-                abandon.set()
-                raise
-            finally:
-                arrivals.put(None)  # nothing more: the host side finishes (or stops)
-            simulate = time.perf_counter() - sim_start
-            waited = time.perf_counter()
-            reference, ideal_values, ideal_seconds, judging = host_side.result()
-            verdict = judging.finish(ideal_values)
-            waited = time.perf_counter() - waited
+        # the host reference and the float64 model need nothing from the device: the host
+        # side computes them while the device runs, each with one BLAS thread, so two cores
+        # are two lanes; then it judges each stage as the device hands over its probe read.
+        # It runs in a forked process (runtime/host_process.py: no turns on the interpreter
+        # lock with the device), or on a thread for an imported program (torch's outputs
+        # are its fidelity target, and torch is not forked) or where fork does not exist.
+        outputs_only = {v.name for v in graph.by_role("output")}
+        gemm_modes = package.manifest.get("gemm_modes")
+        with threadpool_limits(limits=1, user_api="blas"):
+            if model is None and fork_available():
+                host = HostProcess(_host_side, graph, tensors, gemm_modes, outputs_only)
+                try:
+                    init_report = device.call("initialize", weights)
+                    run_report = device.call("run", inputs, on_probes=host.put)
+                    host.put(list(run_report.outputs.items()))
+                    host.put(None)
+                except BaseException:
+                    host.abandon()
+                    raise
+                simulate = time.perf_counter() - sim_start
+                waited = time.perf_counter()
+                reference, verdict = host.result()
+                waited = time.perf_counter() - waited
+            else:
+                (init_report, run_report, simulate, reference, verdict,
+                 waited) = _run_with_host_thread(device, graph, tensors, gemm_modes, model,
+                                                 outputs_only, weights, inputs, sim_start)
     outputs = {}
     comparisons = {}
     for value in graph.by_role("output"):
@@ -147,13 +149,45 @@ def run_package(
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
     verdict.seconds = waited  # what the verdict added after the device finished
-    verdict.ideal_seconds = ideal_seconds
     log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")),
                 source="float64" if model is None else "torch")
     event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
           failedParts=",".join(verdict.failed_parts) or "-", elapsed_ms=int(verdict.seconds * 1000))
     return RunResult(package, outputs, reference, comparisons, init_report, run_report,
                      simulate, verdict, "float64" if model is None else "torch")
+
+
+def _run_with_host_thread(device: SimulatedIpu, graph: Graph, tensors: dict[str, np.ndarray],
+                          gemm_modes: dict[str, dict] | None,
+                          model: Callable[[Graph, dict[str, np.ndarray]],
+                                          dict[str, np.ndarray]] | None,
+                          outputs_only: set[str], weights: dict[str, np.ndarray],
+                          inputs: dict[str, np.ndarray], sim_start: float
+                          ) -> tuple[CallReport, CallReport, float, Mapping[str, np.ndarray],
+                                     Verdict, float]:
+    """The device with the host side on a thread of this process (an imported program, or
+    no fork): ``(initialize, run, simulate s, reference, verdict, verdict s)``."""
+    arrivals: queue.SimpleQueue = queue.SimpleQueue()
+    abandon = threading.Event()  # the device failed: the host side stops at once
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        host_side = pool.submit(_host_side, graph, tensors, gemm_modes, model, outputs_only,
+                                arrivals, abandon)
+        try:
+            init_report = device.call("initialize", weights)
+            run_report = device.call("run", inputs, on_probes=arrivals.put)
+            arrivals.put(list(run_report.outputs.items()))
+        except BaseException:
+            abandon.set()
+            raise
+        finally:
+            arrivals.put(None)  # nothing more: the host side finishes (or stops)
+        simulate = time.perf_counter() - sim_start
+        waited = time.perf_counter()
+        reference, ideal_values, ideal_seconds, judging = host_side.result()
+        verdict = judging.finish(ideal_values)
+        verdict.ideal_seconds = ideal_seconds
+        return (init_report, run_report, simulate, reference, verdict,
+                time.perf_counter() - waited)
 
 
 def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
