@@ -126,7 +126,7 @@ def _point_outside(manifest, arrays):
     """Layer 2's address of the first per-layer weight on one tile: far past tile memory."""
     loop = next(s for s in manifest["programs"]["run"] if s["kind"] == "loop")
     table = arrays[loop["slots"][0]].copy()
-    table[2, int(np.flatnonzero(table[2] >= 0)[0])] = 1 << 40
+    table[2, int(np.flatnonzero(table[2] >= 0)[0])] = 1 << 31
     arrays[loop["slots"][0]] = table
 
 

@@ -209,8 +209,23 @@ def test_a_tile_number_beyond_int32_is_refused_not_wrapped(compiled):
     def edit(manifest, arrays):
         call = _first(manifest, "compute")["calls"][0]
         tiles = arrays[call["tiles"]].astype(np.int64)
-        tiles[0] = (1 << 32) + 5  # would wrap to tile 5 as int32
+        tiles[0] = (1 << 32) - 5  # would wrap to tile -5 as int32
         arrays[call["tiles"]] = tiles
 
-    with pytest.raises(PackageError, match=r"tile or slot number 4294967301 is out of range"):
+    with pytest.raises(PackageError, match=r"tile or slot number 4294967291 is out of range"):
+        from_manifest(*_with(package, edit))
+
+
+@pytest.mark.parametrize("value", [1 << 62, -5])
+def test_an_address_that_would_overflow_the_range_check_is_refused(compiled, value):
+    """``address + length`` must not wrap around int64 past the verifier's range check."""
+    _, package = compiled
+
+    def edit(manifest, arrays):
+        step = _first(manifest, "exchange")
+        moved = arrays[step["src_addr"]].copy()
+        moved[0] = value
+        arrays[step["src_addr"]] = moved
+
+    with pytest.raises(PackageError, match=rf"holds {value}, outside \[-1, 4294967296\]"):
         from_manifest(*_with(package, edit))

@@ -49,6 +49,7 @@ LAYOUT_LIMIT = 1 << 31
 # a host tensor larger than this (4 GiB as float32, four times the chip's memory) is refused
 # before the host sizes a buffer for it
 TENSOR_LIMIT = 1 << 30
+VALUE_LIMIT = 1 << 32
 
 
 def _fail(where: str, what: str) -> PackageError:
@@ -100,6 +101,14 @@ def _array(arrays: dict[str, np.ndarray], name: Any, where: str, ndim: int) -> n
         raise _fail(where, f"array {name} has dtype {array.dtype}, expected integers")
     if array.ndim != ndim:
         raise _fail(where, f"array {name} has {array.ndim} dimensions, expected {ndim}")
+    # every tile, address, length, offset, cycle and step of a program is far below 2^32
+    # (-1 marks "none"); bounding them here keeps address + length from overflowing int64
+    # in the verifier's range checks
+    if array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < -1 or high > VALUE_LIMIT:
+            raise _fail(where, f"array {name} holds {low if low < -1 else high}, outside "
+                               f"[-1, {VALUE_LIMIT}]")
     return array
 
 
