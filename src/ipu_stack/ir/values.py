@@ -10,7 +10,8 @@ precision (the reference and the device round to it), so keeping the codes loses
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -118,3 +119,70 @@ def compact_weights(graph: Graph, tensors: MutableMapping[str, Any]) -> int:
         tensors[value.name] = compact
         held += int(compact.nbytes)
     return held
+
+
+class _Deferred:
+    """A value not made yet: ``make()`` makes it."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], np.ndarray]) -> None:
+        self.make = make
+
+
+class DeferredTensors(MutableMapping):
+    """Host tensors whose weights are made when first read, not when the workload is built.
+
+    A compile reads only the graph (the FP8 scales come from the calibration cache), never a
+    weight's values: a 27-layer tower's 410 M weights took most of a warm compile to
+    generate.  A run makes them all at once on every core (:meth:`make_all`) before it
+    loads them; a single read makes just that one.  Values do not depend on when or in what
+    order they are made (each weight has its own random stream), and the keys keep the
+    order the workload gave them.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+
+    def defer(self, name: str, make: Callable[[], np.ndarray]) -> None:
+        self._items[name] = _Deferred(make)
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._items[name]
+        if isinstance(value, _Deferred):
+            value = self._items[name] = value.make()
+        return value
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._items[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    @property
+    def pending(self) -> int:
+        """How many values are still to be made."""
+        return sum(isinstance(v, _Deferred) for v in self._items.values())
+
+    def make_all(self, threads: int) -> int:
+        """Make every pending value on ``threads`` worker threads (numpy's generator and
+        ufuncs release the GIL); how many were made."""
+        pending = [(name, value.make) for name, value in self._items.items()
+                   if isinstance(value, _Deferred)]
+        if not pending:
+            return 0
+        with ThreadPoolExecutor(max_workers=max(1, threads),
+                                thread_name_prefix="weights") as pool:
+            made = list(pool.map(lambda item: item[1](), pending))
+        for (name, _), value in zip(pending, made, strict=True):
+            self._items[name] = value
+        return len(pending)
