@@ -6,12 +6,12 @@ Usage (from the repository root)::
 
 * **random graphs** (``--graphs`` with sizes that are multiples of 4, ``--odd-graphs`` with any
   sizes from 1 to 69): compile, load, run and check each on the simulated ipu21, then compare
-  the output with the independent float64 evaluation of ``tests/reliability``.  Outcomes:
+  the output with the independent float64 evaluation of ``benchmarks/fuzzing.py``.  Outcomes:
   ``passed``, ``refused`` (a clean ``CompileError``), ``failed`` (numerical check) or
   ``crashed`` (any other exception).
 * **fixed attacks**: every container attack (truncations, bit flips, hostile member names,
   zip bomb, missing members, other format version/target) and every hand-crafted content
-  attack of ``tests/reliability`` through ``ipu-stack run``; ``KNOWN_BUGS`` are tried and
+  attack of ``benchmarks/fuzzing.py`` through ``ipu-stack run``; ``KNOWN_BUGS`` are tried and
   counted separately.
 * **random package mutations** (``--packages``): half byte-level (flips, overwrites,
   truncation, insertion, deletion), half content-level (an array element, a step field, a kernel
@@ -19,8 +19,10 @@ Usage (from the repository root)::
   through ``ipu-stack run``.  Outcomes: ``rejected`` (exit 2, exactly one ``error:`` line),
   ``harmless`` (a flip in a byte ZIP ignores: same content, normal run), ``ran`` (a content
   change the device cannot tell from a real program, e.g. another in-range address: the run
-  finished with exit 0 or a numerical FAIL, exit 1) or ``crashed`` (a traceback, a hang of
-  more than 60 s, or a malformed error report).
+  finished with exit 0), ``ran-FAIL`` (the same, and the verdict caught the changed numbers:
+  exit 1, the verdict's own warnings such as "stage agreement broke" on stderr) or
+  ``crashed`` (an exception or traceback, a hang of more than 60 s, another exit code, or
+  stderr that is neither one ``error:`` line nor the tool's log lines).
 
 Prints one line per category with its counts, then each distinct crash signature with one
 reproducer; ``--json`` prints the counts as one JSON object instead.  Exit status 1 when any
@@ -33,6 +35,7 @@ import argparse
 import collections
 import json
 import logging
+import re
 import signal
 import sys
 import tempfile
@@ -43,12 +46,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.reliability
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.fuzzing, tests
 
-from tests.reliability import (  # noqa: E402
+from tests.helpers import cli  # noqa: E402
+
+from benchmarks.fuzzing import (  # noqa: E402
     KNOWN_BUGS,
     build_random,
-    cli,
     container_attacks,
     content_attacks,
     craft,
@@ -57,7 +61,6 @@ from tests.reliability import (  # noqa: E402
     random_spec,
     random_workload,
 )
-
 from ipu_stack.package import read_package  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.session import load_package, run_package  # noqa: E402
@@ -142,8 +145,15 @@ def run_cli(path: Path, lock: Path) -> tuple[int, str, str]:
         signal.alarm(0)
 
 
+LOG_LINE = re.compile(r"^ *(WARNING|ERROR|INFO|DEBUG) ipu_stack(\.\w+)*: ")
+
+
 def classify(path: Path, lock: Path, original: Any | None) -> tuple[str, str | None]:
-    """Outcome of ``ipu-stack run`` on ``path``: (outcome, crash signature or None)."""
+    """Outcome of ``ipu-stack run`` on ``path``: (outcome, crash signature or None).
+
+    A numerical FAIL (exit 1) is the verdict working, not a crash: with ``--quiet`` its
+    warnings ("stage agreement broke ...") are the tool's own log lines.  Anything else on
+    stderr (a traceback, a stray print) is a crash whatever the exit code."""
     try:
         code, _, err = run_cli(path, lock)
     except Exception as exc:  # noqa: BLE001
@@ -151,7 +161,10 @@ def classify(path: Path, lock: Path, original: Any | None) -> tuple[str, str | N
     lines = err.splitlines()
     if code == 2 and len(lines) == 1 and lines[0].startswith("error: "):
         return "rejected", None
-    if code in (0, 1) and not err:
+    logs_only = "Traceback" not in err and all(LOG_LINE.match(line) for line in lines)
+    if code == 1 and logs_only and original is None:
+        return "ran-FAIL", None
+    if code in (0, 1) and logs_only:
         if original is not None:  # a byte mutation that still reads: content must be unchanged
             same = read_package(path, expected_target="ipu21")
             if same.manifest != original.manifest or same.arrays.keys() != original.arrays.keys():

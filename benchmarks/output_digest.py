@@ -1,7 +1,8 @@
 """Digests of every builtin workload's device outputs, to show a change keeps them bit for bit.
 
 Runs ``ipu-stack bench CASE --json --save-tensors DIR`` for each case and prints one JSON line
-per case: the verdict, the cycles and the sha256 of each output array's bytes.  Run it before
+per case: the verdict, the cycles, the planner's estimate and its error against them, and
+the sha256 of each output array's bytes.  Run it before
 and after a change of the simulator or the numerics and compare the two files::
 
     python benchmarks/output_digest.py > before.jsonl      # on the old tree
@@ -51,7 +52,8 @@ def digest(case: list[str], cache: Path) -> dict:
             hashes = {name: hashlib.sha256(np.ascontiguousarray(outputs[name]).tobytes())
                       .hexdigest()[:16] for name in sorted(outputs.files)}
     return {"case": " ".join(case), "numericalTest": record["numericalTest"],
-            "cycles": record["cycles"], "outputs": hashes}
+            "cycles": record["cycles"], "estimatedCycles": record["estimatedCycles"],
+            "estimateError": record["estimateError"], "outputs": hashes}
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated device lock and kernel cache per test session."""
+"""Shared fixtures: an isolated device lock and on-disk cache per test session."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("kernel-cache")
+    return tmp_path_factory.mktemp("cache")
 
 
 @pytest.fixture()

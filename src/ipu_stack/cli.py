@@ -18,12 +18,12 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity
+from ipu_stack.contract import check_metadata, from_manifest
 from ipu_stack.device import SimulatedIpu, device_lock
-from ipu_stack.device.validate import validate_manifest, validate_metadata
 from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
-from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.package import Package
+from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
 from ipu_stack.profile.capture import profile_of
@@ -31,8 +31,9 @@ from ipu_stack.runtime.session import benchmark_fields, load_package, run_packag
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target import get_target
 from ipu_stack.util import log
+from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
-from ipu_stack.util.files import write_atomic
+from ipu_stack.util.files import check_output_file, check_output_folder, write_atomic
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.calibration import cache_folder
 
@@ -56,7 +57,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diagnostics", action="store_true",
                         help="log every stage's agreement with the host's rerun of it on the "
                         "device's inputs, by layer")
-    parser.add_argument("--cache-dir", default=None, help="kernel cache (default ~/.cache/ipu-stack)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache of tower calibrations and (with --exchange-cache) exchange "
+                        "schedules (default ~/.cache/ipu-stack)")
     parser.add_argument("--paired-exchange", action="store_true",
                         help="target option: paired tiles share an exchange bus (two-lane "
                         "transfers to whole tile pairs)")
@@ -65,6 +68,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "(FP8 data cast first), or auto (the planner picks per stage)")
     parser.add_argument("--exchange-cache", action="store_true",
                         help="also keep verified exchange schedules on disk under the cache dir")
+    parser.add_argument("--dump-stages", metavar="DIR", default=None,
+                        help="write each compile stage's artifact into DIR (graph text, plans, "
+                        "program, kernels, placement summary, device program)")
     parser.add_argument("--unroll-layers", action="store_true",
                         help="plan and lower every layer on its own instead of running "
                         "identical layers as one loop body")
@@ -222,6 +228,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
+        dump_stages=args.dump_stages,
     )
 
 
@@ -259,12 +266,23 @@ def _print_record(record: dict[str, Any], as_json: bool) -> None:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
 
 
-def _check_output_folders(args: argparse.Namespace) -> None:
-    """``--profile`` and ``--save-tensors`` name folders: refuse a file there before any work."""
-    for option in ("profile", "save_tensors"):
-        folder = getattr(args, option, None)
-        if folder and Path(folder).exists() and not Path(folder).is_dir():
-            raise UsageError(f"--{option.replace('_', '-')} {folder}: exists and is not a folder")
+_FOLDER_OPTIONS = (("out", "-o"), ("profile", "--profile"), ("save_tensors", "--save-tensors"),
+                   ("cache_dir", "--cache-dir"), ("dump_stages", "--dump-stages"))
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse every output path the command was given that it could not write (a file or a
+    device where a folder goes, a folder that cannot be created or written) before any work:
+    one line, not a compile followed by a traceback."""
+    if args.command == "exchange":
+        if args.exchange_command == "schedule":
+            check_output_file("-o", args.out)
+        return
+    for attr, option in _FOLDER_OPTIONS:
+        value = getattr(args, attr, None)
+        if value:
+            check_output_folder("--out" if attr == "out" and args.command == "bench" else option,
+                                value)
 
 
 def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
@@ -294,9 +312,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _check_output_folders(args)
     workload, params = _params(args)
-    out = Path(args.out) if args.out else Path("artifacts") / workload.identifier(params)
+    out = Path(args.out) if args.out else check_output_folder(
+        "--out (default)", Path("artifacts") / workload.identifier(params))
     result = compile_workload(workload, params, out, _options(args))
     return _run_and_report(args, result.package, result.graph, result.tensors, workload, params,
                            result.timings["compile"])
@@ -322,8 +340,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:
     """Rebuild the workload a package was compiled from and check it matches the program."""
-    validate_metadata(package.manifest)
-    validate_manifest(package.manifest, package.arrays, get_target(package.target))
+    check_metadata(package.manifest)
+    validate_records(package.manifest)
+    from_manifest(package.manifest, package.arrays)  # every field typed and bounded
     info = package.manifest["workload"]
     try:
         workload = _recorded_workload(info)
@@ -332,6 +351,8 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
     with cache_folder(default_cache_dir()):
         graph, tensors = workload.build(params)
+    check_gemm_modes(package.manifest, {op.id for op in graph.operations
+                                        if op.kind in ("matmul", "head_matmul")})
     recorded = package.manifest["tensors"]
     for value in graph.values:
         entry = recorded.get(value.name)
@@ -358,7 +379,6 @@ def _recorded_workload(info: dict[str, Any]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _check_output_folders(args)
     path = Path(args.package)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
@@ -423,7 +443,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
-    validate_metadata(package.manifest)
+    check_metadata(package.manifest)
+    validate_records(package.manifest)
     SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
     m = package.manifest
     summary = {
@@ -497,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else (logging.WARNING if args.quiet else logging.INFO)
     log.configure(level)
     try:
+        _check_outputs(args)
         return COMMANDS[args.command](args)
     except IpuStackError as exc:
         if isinstance(exc, PlacementError) and exc.details:

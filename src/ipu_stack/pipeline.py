@@ -2,7 +2,7 @@
 
 ``STAGES`` is the whole compile, in order: construct_mid (graph, stages, gemm_candidates) ->
 lower_mid (finalists) -> select_finalist (lower and physically schedule each finalist's
-exchanges, keep the cheapest) -> plan_kernels -> compile_kernels -> size_tile_code ->
+exchanges, keep the cheapest) -> plan_kernels -> size_tile_code ->
 place_storage -> write_memory_reports -> emit_tile_code -> write_package.  Each stage is a
 function of the :class:`~ipu_stack.phases.state.Build` record (``ipu_stack.phases.stages``);
 only this module chains them.
@@ -27,6 +27,7 @@ from ipu_stack.phases.costing import (
     stage_shape,
     to_transfers,
 )
+from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import PlacementError
@@ -44,7 +45,6 @@ STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
     ("lower_mid", phases.lower_mid),
     ("select_finalist", phases.select_finalist),
     ("plan_kernels", phases.plan_kernels),
-    ("compile_kernels", phases.compile_kernels_stage),
     ("size_tile_code", phases.size_tile_code),
     ("place_storage", phases.place_storage_stage),
     ("write_memory_reports", phases.write_memory_reports),
@@ -110,9 +110,16 @@ def _compile_once(
     start = time.perf_counter()
     build = Build(workload, params, Path(out_dir), options, get_target(options.target), memo,
                   prepared if prepared is not None else {})
-    for name, stage in STAGES:
+    dump = Path(options.dump_stages) if options.dump_stages else None
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+    for number, (name, stage) in enumerate(STAGES, start=1):
         with phase(LOG, name) as fields:
             fields.update(stage(build))
+        if dump is not None:
+            written = dump_stage(dump, number, name, build)
+            if written is not None:
+                event(LOG, "dumped stage artifact", stage=name, path=str(written))
     assert build.package is not None and build.graph is not None
     assert build.program is not None and build.placement is not None
     active = np.unique(np.concatenate([b.tiles for b in build.program.buffers]))
@@ -121,4 +128,5 @@ def _compile_once(
         estimate=build.estimate, timings={"compile": time.perf_counter() - start},
         plans=[p.describe() for p in build.plans if p],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
+        device_program=build.device_program,
     )

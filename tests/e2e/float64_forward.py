@@ -1,7 +1,8 @@
 """An independent float64 forward pass of the SigLIP MLP from saved tensors.
 
-Written against the saved ``.npz`` files only (no ipu_stack imports beyond ml_dtypes), so it
-checks the device result the way a user with plain numpy would.  ``round_to`` applies the
+Written against the saved ``.npz`` files only (no ipu_stack imports: ml_dtypes, and the tanh
+GELU of ``tests/helpers.py``), so it checks the device result the way a user with plain numpy
+would.  ``round_to`` applies the
 stored precisions (from the saved metadata) at the same points the graph stores values.
 """
 
@@ -11,6 +12,8 @@ import json
 
 import ml_dtypes
 import numpy as np
+
+from tests.helpers import gelu_tanh
 
 DTYPES = {
     "F16": np.float16,
@@ -51,10 +54,6 @@ def gemm(x: np.ndarray, w: np.ndarray, mode: dict | None, rounded: bool) -> np.n
 def gemm_modes(saved: dict[str, np.ndarray]) -> dict[str, dict]:
     """The saved GEMM modes by matmul result name (empty for files without them)."""
     return json.loads(str(saved["__gemm_modes__"])) if "__gemm_modes__" in saved else {}
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
 def mlp_forward(saved: dict[str, np.ndarray], rounded: bool) -> np.ndarray:

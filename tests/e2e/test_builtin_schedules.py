@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ipu_stack.exchange import endpoint_lower_bound, verify_schedule
-from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import Program
 from ipu_stack.pipeline import schedule_program, stage_shape, to_transfers
 from ipu_stack.planning.gemm import gemm_candidates

@@ -9,7 +9,6 @@ of the full-size layers.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from ipu_stack.cli import main
 from ipu_stack.runtime.tolerance import compare
 from tests.e2e.transformer_forward import transformer_forward
+from tests.helpers import Bench, bench
 
 HEADS = 4
 SMALL = ["--tokens", "17", "--dim", "64", "--heads", str(HEADS), "--hidden", "96"]
@@ -49,31 +49,17 @@ CASES = {
 }
 
 
-@dataclasses.dataclass
-class Run:
-    code: int
-    record: dict
-    stderr: str
-    tensors: Path
+def _layer_bench(folder: Path, lock_path: Path, cache_dir: Path, workload: str,
+                 *extra: str) -> Bench:
+    """``bench`` at this file's small sizes with two finalists, the tensors saved in
+    ``folder/tensors``."""
+    return bench(workload, *_small(workload), *extra, "--save-tensors", str(folder / "tensors"),
+                 folder=folder, cache_dir=cache_dir, lock=lock_path, finalists=2)
 
 
-def _bench(tmp_path: Path, lock_path: Path, cache_dir: Path, capsys, workload: str,
-           *extra: str) -> Run:
-    capsys.readouterr()
-    code = main([
-        "bench", workload, *_small(workload), *extra, "--out", str(tmp_path / "pkg"), "--json",
-        "--save-tensors", str(tmp_path / "tensors"), "--lock", str(lock_path),
-        "--cache-dir", str(cache_dir), "--finalists", "2",
-    ])
-    captured = capsys.readouterr()
-    record = json.loads(captured.out.strip().splitlines()[-1])
-    assert code == (0 if record["numericalTest"] == "PASS" else 1)
-    return Run(code, record, captured.err, tmp_path / "tensors")
-
-
-def _load(run: Run) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    saved = dict(np.load(run.tensors / "inputs_weights.npz"))
-    outputs = dict(np.load(run.tensors / "outputs.npz"))
+def _load(run: Bench) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    saved = dict(np.load(run.folder / "tensors" / "inputs_weights.npz"))
+    outputs = dict(np.load(run.folder / "tensors" / "outputs.npz"))
     (name,) = outputs
     return saved, outputs[name].reshape(-1, outputs[name].shape[-1])
 
@@ -82,7 +68,7 @@ def _load(run: Run) -> tuple[dict[str, np.ndarray], np.ndarray]:
 def test_layer_passes_and_matches_float64(tmp_path, lock_path, cache_dir, capsys,
                                           record_property, case):
     workload, extra, gelu = CASES[case]
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, workload, *extra)
+    run = _layer_bench(tmp_path, lock_path, cache_dir, workload, *extra)
     assert run.code == 0
     assert run.record["numericalTest"] == "PASS"
     assert run.record["cycles"] > 0
@@ -113,7 +99,7 @@ def test_layer_passes_and_matches_float64(tmp_path, lock_path, cache_dir, capsys
 def test_rope_tables_and_rope_matter(tmp_path, lock_path, cache_dir, capsys):
     """The saved 2D RoPE tables follow PE's grid (patch positions from 1 after CLS), and the
     check sees RoPE: the device output does not agree with a forward pass without it."""
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-block")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, "pe-block")
     saved, device = _load(run)
     cos, sin = saved["rope.cos"], saved["rope.sin"]
     head_dim = 64 // HEADS
@@ -146,7 +132,7 @@ def test_pe_block_rejects_token_counts_without_a_grid(tmp_path, capsys, tokens):
 def test_gelu_form_is_visible(tmp_path, lock_path, cache_dir, capsys):
     """``--gelu erf`` agrees with the erf forward better than with the tanh one, and the
     tanh form the other way round: the check tells the two apart."""
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "vit-layer", "--gelu", "erf")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, "vit-layer", "--gelu", "erf")
     saved, device = _load(run)
     erf = compare(device, transformer_forward(saved, HEADS, 1e-6, "erf"))
     tanh = compare(device, transformer_forward(saved, HEADS, 1e-6, "tanh"))
@@ -156,7 +142,7 @@ def test_gelu_form_is_visible(tmp_path, lock_path, cache_dir, capsys):
 
 def test_forward_sees_the_head_split(tmp_path, lock_path, cache_dir, capsys):
     """The float64 check is not vacuous: splitting into 2 or 8 heads instead of 4 fails it."""
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-attention", "--precision", "f16")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, "siglip-attention", "--precision", "f16")
     saved, device = _load(run)
     assert compare(device, transformer_forward(saved, HEADS, 1e-6)).passed
     for heads in (2, 8):
@@ -182,7 +168,7 @@ def _checkpoint_lines(stderr: str) -> tuple[list[tuple[int, str, str, int, str]]
 def test_diagnostics_checkpoints(tmp_path, lock_path, cache_dir, capsys, workload):
     """``--diagnostics`` logs every stage's agreement with the host's rerun of that stage on
     the device's own inputs: all within limits on a correct run."""
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, workload, "--diagnostics")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, workload, "--diagnostics")
     assert run.code == 0 and run.record["numericalTest"] == "PASS"
     count = run.record["diagnosticCheckpoints"]
     assert count > 0
@@ -216,7 +202,7 @@ def _corrupt_softmax(monkeypatch) -> None:
         result = np.float32(1.01) * e / e.sum(axis=-1, keepdims=True)
         out = Precision.from_json(p["out"])
         write_rows(mem, tiles, addresses[3], p["out_pitch"], out.quantize(result).view(np.uint8))
-        return rowwise._work(p)  # the corruption costs what the kernel costs
+        return rowwise._work(p, x.shape)  # the corruption costs what the kernel costs
 
     monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
 
@@ -225,7 +211,7 @@ def _corrupt_softmax(monkeypatch) -> None:
 def test_corrupted_softmax_fails_numerical_test(tmp_path, lock_path, cache_dir, capsys,
                                                 monkeypatch, workload):
     _corrupt_softmax(monkeypatch)
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, workload)
+    run = _layer_bench(tmp_path, lock_path, cache_dir, workload)
     assert run.record["numericalTest"] == "FAIL"
     assert run.code == 1
     saved, device = _load(run)
@@ -235,7 +221,7 @@ def test_corrupted_softmax_fails_numerical_test(tmp_path, lock_path, cache_dir, 
 def test_corrupted_softmax_fails_diagnostics(tmp_path, lock_path, cache_dir, capsys,
                                              monkeypatch):
     _corrupt_softmax(monkeypatch)
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-layer", "--diagnostics")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, "siglip-layer", "--diagnostics")
     assert run.code == 1 and run.record["numericalTest"] == "FAIL"
     checkpoints, summary = _checkpoint_lines(run.stderr)
     assert summary == [(str(run.record["diagnosticCheckpoints"]), "FAIL")]
@@ -258,15 +244,15 @@ def test_corrupted_layer_norm_gamma_fails_numerical_test(tmp_path, lock_path, ca
 
     def corrupt(self, step, tensors):
         written = original(self, step, tensors)
-        if step["tensor"] == "layer0.ln1.gamma":
-            tiles = self._array(step["tiles"]).ravel()
-            addresses = self._array(step["addresses"]).ravel() - self.base
+        if step.tensor == "layer0.ln1.gamma":
+            tiles = step.tiles.ravel()
+            addresses = step.addresses.ravel() - self.base
             self.memory[tiles[0], addresses[0] + 1 : addresses[0] + 128 : 2] ^= 0x80
             hit.append(int(tiles[0]))
         return written
 
     monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", corrupt)
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-layer")
+    run = _layer_bench(tmp_path, lock_path, cache_dir, "siglip-layer")
     assert hit == [hit[0]]
     assert run.record["numericalTest"] == "FAIL"
     assert run.code == 1
@@ -299,7 +285,7 @@ def test_depth_split_plans_pass(tmp_path, lock_path, cache_dir, capsys, monkeypa
         candidates = pipeline.gemm_candidates
         monkeypatch.setattr(pipeline, "gemm_candidates", lambda shape, target, keep=4:
                             split_first(candidates(shape, target, keep=100))[:keep])
-    run = _bench(tmp_path, lock_path, cache_dir, capsys, workload)
+    run = _layer_bench(tmp_path, lock_path, cache_dir, workload)
     assert run.code == 0 and run.record["numericalTest"] == "PASS"
     plans = load_package(Path(run.record["package"])).manifest["plans"]
     assert any(re.search(r"xD[2-9]", plan) for plan in plans), plans
@@ -313,8 +299,8 @@ def test_paired_exchange_uses_two_lanes_and_fewer_cycles(tmp_path, lock_path, ca
     the answer is unchanged, and exchange takes fewer cycles than without the option."""
     from ipu_stack.package import read_package
 
-    plain = _bench(tmp_path / "plain", lock_path, cache_dir, capsys, "siglip-layer")
-    paired = _bench(tmp_path / "paired", lock_path, cache_dir, capsys, "siglip-layer",
+    plain = _layer_bench(tmp_path / "plain", lock_path, cache_dir, "siglip-layer")
+    paired = _layer_bench(tmp_path / "paired", lock_path, cache_dir, "siglip-layer",
                     "--paired-exchange")
     assert plain.code == paired.code == 0
     assert paired.record["exchangeCycles"] < plain.record["exchangeCycles"]

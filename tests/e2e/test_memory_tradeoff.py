@@ -3,34 +3,28 @@ fit and still compute the right numbers."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from ipu_stack.cli import main
+from tests.helpers import bench
+
+MLP4 = ["--tokens", "64", "--blocks", "4"]
 
 
-def _bench(capsys, tmp_path, cache_dir, lock_path, *extra):
-    code = main(["bench", "siglip-mlp", "--tokens", "64", "--blocks", "4", "--json",
-                 "--finalists", "1", "--out", str(tmp_path), "--cache-dir", str(cache_dir),
-                 "--lock", str(lock_path), *extra])
-    captured = capsys.readouterr()
-    return code, json.loads(captured.out.strip().splitlines()[-1]), captured.err
-
-
-def test_lower_memory_proportion_trades_cycles_for_bytes(capsys, tmp_path, cache_dir, lock_path):
+def test_lower_memory_proportion_trades_cycles_for_bytes(tmp_path, cache_dir, lock_path):
     """Four stacked MLPs keep eight weight blocks resident: at 10 % of tile memory the fastest
     plans do not fit the planner's budget, so it moves stages to leaner, slower plans."""
-    code, roomy, log = _bench(capsys, tmp_path / "a", cache_dir, lock_path)
-    assert code == 0 and "traded cycles for memory" not in log
-    code, tight, log = _bench(capsys, tmp_path / "b", cache_dir, lock_path,
-                              "--memory-proportion", "0.1")
-    assert code == 0 and tight["numericalTest"] == "PASS"
+    roomy = bench("siglip-mlp", *MLP4, folder=tmp_path / "a", cache_dir=cache_dir, lock=lock_path)
+    assert roomy.code == 0 and "traded cycles for memory" not in roomy.stderr
+    tight = bench("siglip-mlp", *MLP4, "--memory-proportion", "0.1", folder=tmp_path / "b",
+                  cache_dir=cache_dir, lock=lock_path)
+    assert tight.code == 0 and tight.record["numericalTest"] == "PASS"
     traded = re.search(r"traded cycles for memory moves=(\d+) budget_bytes=(\d+) "
-                       r"estimated_bytes=(\d+)", log)
-    assert traded, log
+                       r"estimated_bytes=(\d+)", tight.stderr)
+    assert traded, tight.stderr
     moves, budget, estimated = (int(g) for g in traded.groups())
     assert moves >= 1 and estimated <= budget
-    assert tight["cycles"] > roomy["cycles"]
+    assert tight.record["cycles"] > roomy.record["cycles"]
 
 
 def test_impossible_memory_proportion_is_one_line(capsys, tmp_path, cache_dir):

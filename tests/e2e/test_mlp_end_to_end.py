@@ -11,19 +11,15 @@ import pytest
 from ipu_stack.cli import main
 from ipu_stack.runtime.tolerance import compare
 from tests.e2e.float64_forward import mlp_forward
+from tests.helpers import bench
 
 SMALL = ["--tokens", "40", "--dim", "96", "--hidden", "160"]
 
 
-def _bench(tmp_path: Path, lock_path: Path, cache_dir: Path, capsys, *extra: str) -> dict:
-    code = main([
-        "bench", "siglip-mlp", *extra, "--out", str(tmp_path / "pkg"), "--json",
-        "--save-tensors", str(tmp_path / "tensors"), "--lock", str(lock_path),
-        "--cache-dir", str(cache_dir), "--finalists", "2",
-    ])
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert code == (0 if record["numericalTest"] == "PASS" else 1)
-    return record
+def _mlp_bench(tmp_path: Path, lock_path: Path, cache_dir: Path, *extra: str) -> dict:
+    """``bench siglip-mlp`` with two finalists, the tensors saved in ``tmp_path/tensors``."""
+    return bench("siglip-mlp", *extra, "--save-tensors", str(tmp_path / "tensors"),
+                 folder=tmp_path, cache_dir=cache_dir, lock=lock_path, finalists=2).record
 
 
 def _check_against_float64(tmp_path: Path) -> float:
@@ -48,7 +44,7 @@ def _check_against_float64(tmp_path: Path) -> float:
     ids=["fp8", "f16", "biases", "two-blocks-batch2"],
 )
 def test_small_mlp_passes_and_matches_float64(tmp_path, lock_path, cache_dir, capsys, extra):
-    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL, *extra)
+    record = _mlp_bench(tmp_path, lock_path, cache_dir, *SMALL, *extra)
     assert record["numericalTest"] == "PASS"
     assert record["cycles"] > 0 and record["estimatedCycles"] > 0
     # the planner's closed forms and the simulator's pricing of executed work agree
@@ -63,7 +59,7 @@ def test_small_mlp_passes_and_matches_float64(tmp_path, lock_path, cache_dir, ca
 
 
 def test_package_round_trip_through_run_command(tmp_path, lock_path, cache_dir, capsys):
-    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL)
+    record = _mlp_bench(tmp_path, lock_path, cache_dir, *SMALL)
     code = main(["run", record["package"], "--json", "--lock", str(lock_path)])
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0
@@ -80,19 +76,19 @@ def test_corrupted_weight_block_fails_numerical_test(tmp_path, lock_path, cache_
 
     def corrupt(self, step, tensors):
         written = original(self, step, tensors)
-        if step["tensor"].startswith("w2"):
-            tiles = self._array(step["tiles"]).ravel()
-            addresses = self._array(step["addresses"]).ravel() - self.base
+        if step.tensor.startswith("w2"):
+            tiles = step.tiles.ravel()
+            addresses = step.addresses.ravel() - self.base
             self.memory[tiles[0], addresses[0] : addresses[0] + 64] ^= 0x11
         return written
 
     monkeypatch.setattr(simulator.SimulatedIpu, "_host_write", corrupt)
-    record = _bench(tmp_path, lock_path, cache_dir, capsys, *SMALL)
+    record = _mlp_bench(tmp_path, lock_path, cache_dir, *SMALL)
     assert record["numericalTest"] == "FAIL"
 
 
 def test_full_size_siglip_mlp(tmp_path, lock_path, cache_dir, capsys):
-    record = _bench(tmp_path, lock_path, cache_dir, capsys)
+    record = _mlp_bench(tmp_path, lock_path, cache_dir)
     assert record["numericalTest"] == "PASS"
     assert record["workload"] == "siglip-mlp-fp8-b1-t729-d1152-h4304-n1"
     assert record["cycles"] <= 120000  # issue 10; seed 004 measured 204 006

@@ -33,7 +33,7 @@ def test_missing_input_is_a_poison_fault(tmp_path, cache_dir, lock_path, monkeyp
     original = simulator.SimulatedIpu._host_write
 
     def forget_input(self, step, host):
-        if step["tensor"] == "x":
+        if step.tensor == "x":
             return 0  # the host never sends the input
         return original(self, step, host)
 
@@ -50,7 +50,7 @@ def test_kernel_reading_unwritten_weights_is_a_poison_fault(tmp_path, cache_dir,
     original = simulator.SimulatedIpu._host_write
 
     def forget_weight(self, step, host):
-        if step["tensor"] == "w1.0":
+        if step.tensor == "w1.0":
             return 0
         return original(self, step, host)
 

@@ -15,6 +15,7 @@ from ipu_stack.cli import main
 from ipu_stack.profile import load_profile
 from ipu_stack.util.errors import UsageError
 from tests.chromium import headless, rendered_dom
+from tests.helpers import Bench, bench
 
 SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
 
@@ -23,21 +24,15 @@ SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
 def profiled(tmp_path_factory, cache_dir) -> tuple[Path, dict]:
     """A small siglip-layer bench with ``--profile``: the folder and the record."""
     folder = tmp_path_factory.mktemp("profiled")
-    code, record = _bench(folder, cache_dir, "siglip-layer", *SMALL)
-    assert code == 0
-    return folder, record
+    run = _profiled_bench(folder, cache_dir, "siglip-layer", *SMALL)
+    assert run.code == 0
+    return folder, run.record
 
 
-def _bench(folder: Path, cache_dir: Path, workload: str, *extra: str) -> tuple[int, dict]:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["--quiet", "bench", workload, *extra, "--json", "--out",
-                     str(folder / "pkg"), "--profile", str(folder / "profile"),
-                     "--lock", str(folder / "lock"), "--cache-dir", str(cache_dir)])
-    return code, json.loads(out.getvalue().strip().splitlines()[-1])
+def _profiled_bench(folder: Path, cache_dir: Path, workload: str, *extra: str) -> Bench:
+    """``bench`` with ``--profile folder/profile`` (three finalists, the CLI's default)."""
+    return bench(workload, *extra, "--profile", str(folder / "profile"), folder=folder,
+                 cache_dir=cache_dir, finalists=3)
 
 
 def test_bench_profile_writes_the_three_files(profiled) -> None:
@@ -159,11 +154,13 @@ def test_profile_command_summarises_and_compares(profiled, tmp_path, cache_dir, 
     assert "exchange phases (horizon / lower bound):" in text
     # the same workload planned for less memory: slower plans, named step by step
     tight = tmp_path / "tight"
-    code, traded = _bench(tight, cache_dir, "siglip-mlp", "--tokens", "64", "--blocks", "4",
-                          "--memory-proportion", "0.1")
+    traded = _profiled_bench(tight, cache_dir, "siglip-mlp", "--tokens", "64", "--blocks", "4",
+                             "--memory-proportion", "0.1").record
     roomy = tmp_path / "roomy"
-    code2, plain = _bench(roomy, cache_dir, "siglip-mlp", "--tokens", "64", "--blocks", "4")
-    assert code == code2 == 0 and traded["cycles"] != plain["cycles"]
+    plain = _profiled_bench(roomy, cache_dir, "siglip-mlp", "--tokens", "64", "--blocks",
+                            "4").record
+    assert traded["numericalTest"] == plain["numericalTest"] == "PASS"
+    assert traded["cycles"] != plain["cycles"]
     capsys.readouterr()
     assert main(["profile", str(roomy / "profile"), str(tight / "profile")]) == 0
     text = capsys.readouterr().out

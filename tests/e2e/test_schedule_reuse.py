@@ -32,6 +32,7 @@ from ipu_stack.target import IPU21
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.workloads import get_workload
 from tests.e2e.test_builtin_schedules import lowered
+from tests.helpers import cache_entries
 
 ATTENTION = ("attention", {"tokens": 17, "dim": 64, "heads": 4})
 LAYERS = ("siglip-layer", {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96, "blocks": 2})
@@ -202,10 +203,6 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
 # --- the disk cache -------------------------------------------------------------------------
 
 
-def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / "exchange").glob("*/schedule.json"))
-
-
 def test_disk_cache_serves_a_second_compile(tmp_path, info_logs):
     cache = tmp_path / "cache"
     plain = _compile(tmp_path, cache, ATTENTION, "plain", reuse_schedules=False)
@@ -217,14 +214,14 @@ def test_disk_cache_serves_a_second_compile(tmp_path, info_logs):
     assert built["cached_phases"] == "0" and int(built["scheduled_phases"]) > 0
     assert served["scheduled_phases"] == "0"
     assert served["cached_phases"] == built["scheduled_phases"]
-    assert len(_entries(cache)) == int(built["scheduled_phases"])
+    assert len(cache_entries(cache, "exchange")) == int(built["scheduled_phases"])
     assert not list(cache.rglob("*.tmp"))
 
 
 def test_damaged_disk_entries_are_rebuilt(tmp_path, info_logs):
     cache = tmp_path / "cache"
     plain = _compile(tmp_path, cache, ATTENTION, "plain", exchange_cache=True)
-    entries = _entries(cache)
+    entries = cache_entries(cache, "exchange")
     entries[0].write_bytes(b"not json")
     entries[1].write_bytes(entries[1].read_bytes()[:100])  # truncated
     entry = json.loads(entries[2].read_bytes())
@@ -238,7 +235,8 @@ def test_damaged_disk_entries_are_rebuilt(tmp_path, info_logs):
     warnings = [r.getMessage() for r in info_logs.records if r.levelno == logging.WARNING]
     assert again == plain
     assert fields["rejected_cache_entries"] == "4" and fields["scheduled_phases"] == "4"
-    assert sum("exchange schedule cache entry rejected, rebuilding" in w for w in warnings) == 4
+    assert sum("dropped a damaged cache entry, rebuilding cache=exchange" in w
+               for w in warnings) == 4
     assert any("checksum mismatch" in w for w in warnings)
     # every entry is whole again
     info_logs.clear()
@@ -272,7 +270,8 @@ def test_tampered_schedule_is_rejected_by_the_verifier(tmp_path, caplog):
 
 
 def test_disk_entry_for_another_phase_is_not_used(tmp_path):
-    """Entries are named by the phase digest, and the payload names it again."""
+    """Entries are named by their content address, and each entry names it again (and its
+    payload the phase): one copied under another phase's name is dropped, not used."""
     t = _multicast()
     words = t.words.copy()
     words[0] += 2
@@ -280,10 +279,10 @@ def test_disk_entry_for_another_phase_is_not_used(tmp_path):
     store = ScheduleStore(tmp_path)
     store.save(phase_digest(t), schedule_exchange(t))
     path = store.path(phase_digest(other))
-    path.parent.mkdir(parents=True)
     path.write_bytes(store.path(phase_digest(t)).read_bytes())  # copied under other's name
     loaded, reason = store.load(phase_digest(other), other)
-    assert loaded is None and "another phase" in reason
+    assert loaded is None and "stored under another key" in reason
+    assert not path.exists() and store.path(phase_digest(t)).exists()
 
 
 def test_paired_schedules_keep_their_lanes_and_their_own_entries(tmp_path):

@@ -8,14 +8,12 @@ them and a PASS; the old elementwise band let such errors through.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from ipu_stack.cli import main
 from tests.e2e.test_layers import CASES, _small
 from tests.e2e.test_verdict import _softmax_times_1_01
+from tests.helpers import bench
 
 MLP = {"mlp-fp8": [], "mlp-f16": ["--precision", "f16"], "mlp-biases": ["--biases"],
        "mlp-two-blocks": ["--blocks", "2"]}
@@ -24,15 +22,8 @@ CONFIGS = {**{k: (w, extra) for k, (w, extra, _) in CASES.items()},
            **{k: ("siglip-mlp", extra) for k, extra in MLP.items()}}
 
 
-def _bench(tmp_path, cache_dir, capsys, workload: str, extra: list[str]) -> dict:
-    sizes = MLP_SMALL if workload == "siglip-mlp" else _small(workload)
-    capsys.readouterr()
-    code = main(["--quiet", "bench", workload, *sizes, *extra, "--json", "--finalists", "1",
-                 "--out", str(tmp_path / "pkg"), "--lock", str(tmp_path / "lock"),
-                 "--cache-dir", str(cache_dir)])
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert code == (0 if record["numericalTest"] == "PASS" else 1)
-    return record
+def _sizes(workload: str) -> list[str]:
+    return MLP_SMALL if workload == "siglip-mlp" else _small(workload)
 
 
 def _change_outputs(monkeypatch, change) -> None:
@@ -43,7 +34,7 @@ def _change_outputs(monkeypatch, change) -> None:
 
     def read(self, step):
         piece, precision = original(self, step)  # storage codes
-        if step.get("checkpoint") is None:  # changed as values, stored back as the device would
+        if step.checkpoint is None:  # changed as values, stored back as the device would
             piece = precision.quantize(change(precision.dequantize(piece), step))
         return piece, precision
 
@@ -56,7 +47,7 @@ def _scaled(monkeypatch) -> None:
 
 def _row_offset(monkeypatch) -> None:
     def change(piece, step):
-        if step.get("origin", [0, 0])[0] == 0:  # the piece holding row 0
+        if step.origin[0] == 0:  # the piece holding row 0
             piece[0] += np.float32(0.01) * np.abs(piece).max()
         return piece
     _change_outputs(monkeypatch, change)
@@ -71,11 +62,11 @@ FAULTS = {"output-x1.005": _scaled, "row-offset-1pct": _row_offset, "softmax-x1.
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_small_faults_fail_everywhere(tmp_path, cache_dir, capsys, monkeypatch, config, fault):
+def test_small_faults_fail_everywhere(tmp_path, cache_dir, monkeypatch, config, fault):
     workload, extra = CONFIGS[config]
     if fault == "softmax-x1.01" and workload == "siglip-mlp":
         pytest.skip("the MLP has no softmax")
     FAULTS[fault](monkeypatch)
-    record = _bench(tmp_path, cache_dir, capsys, workload, extra)
+    record = bench(workload, *_sizes(workload), *extra, folder=tmp_path, cache_dir=cache_dir).record
     assert record["numericalTest"] == "FAIL", record
     assert "stageAgreement" in record["failedParts"]

@@ -21,21 +21,20 @@ from ipu_stack.package import read_package, write_package
 from ipu_stack.runtime.tolerance import compare
 from ipu_stack.target import get_target
 from tests.e2e.transformer_forward import tower_forward
+from tests.helpers import bench
 
 SMALL = ["--image", "28", "--patch", "7", "--dim", "64", "--heads", "4", "--hidden", "96"]
 MODEL = {"siglip-vision": (1e-6, "tanh"), "pe-vision": (1e-5, "erf")}
 
 
-def _bench(tmp_path: Path, lock_path, cache_dir, capsys, workload: str, *extra: str,
-           folder: str = "run") -> tuple[int, dict, str, Path]:
-    capsys.readouterr()
+def _tower_bench(tmp_path: Path, lock_path, cache_dir, workload: str, *extra: str,
+                 folder: str = "run") -> tuple[int, dict, str, Path]:
+    """``bench`` at this file's small sizes, in ``tmp_path/folder`` with the tensors saved
+    there: exit code, record, log and that folder (the exit code is the caller's to judge)."""
     out = tmp_path / folder
-    code = main(["bench", workload, *SMALL, *extra, "--out", str(out / "pkg"), "--json",
-                 "--save-tensors", str(out / "tensors"), "--lock", str(lock_path),
-                 "--cache-dir", str(cache_dir), "--finalists", "1"])
-    captured = capsys.readouterr()
-    record = json.loads(captured.out.strip().splitlines()[-1])
-    return code, record, captured.err, out
+    run = bench(workload, *SMALL, *extra, "--save-tensors", str(out / "tensors"), folder=out,
+                cache_dir=cache_dir, lock=lock_path, check_exit=False)
+    return run.code, run.record, run.stderr, out
 
 
 def _saved(out: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -57,7 +56,7 @@ CASES = {
 def test_tower_passes_and_matches_independent_float64(tmp_path, lock_path, cache_dir, capsys,
                                                       case):
     workload, extra = CASES[case]
-    code, record, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, workload, *extra)
+    code, record, _, out = _tower_bench(tmp_path, lock_path, cache_dir, workload, *extra)
     assert code == 0 and record["numericalTest"] == "PASS"
     layers = int(extra[extra.index("--layers") + 1])
     batch = int(extra[extra.index("--batch") + 1]) if "--batch" in extra else 1
@@ -85,8 +84,8 @@ def test_loop_runs_what_the_unrolled_program_runs(tmp_path, lock_path, cache_dir
     """One loop body or every layer lowered on its own: the same output bits, the same
     verdict; the looped package holds one layer's steps."""
     args = ("siglip-vision", "--layers", "3")
-    code, looped, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, *args, folder="loop")
-    code2, unrolled, _, out2 = _bench(tmp_path, lock_path, cache_dir, capsys, *args,
+    code, looped, _, out = _tower_bench(tmp_path, lock_path, cache_dir, *args, folder="loop")
+    code2, unrolled, _, out2 = _tower_bench(tmp_path, lock_path, cache_dir, *args,
                                       "--unroll-layers", folder="unrolled")
     assert code == code2 == 0
     np.testing.assert_array_equal(_saved(out)[1], _saved(out2)[1])
@@ -101,7 +100,7 @@ def test_loop_runs_what_the_unrolled_program_runs(tmp_path, lock_path, cache_dir
 
 
 def test_diagnostics_name_every_layer(tmp_path, lock_path, cache_dir, capsys):
-    code, record, err, _ = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-vision",
+    code, record, err, _ = _tower_bench(tmp_path, lock_path, cache_dir, "pe-vision",
                                   "--layers", "3", "--diagnostics")
     assert code == 0 and record["numericalTest"] == "PASS"
     lines = re.findall(r"diagnostic checkpoint checkpoint=(\d+) tensor=\"?([^\"\s]+)\"? "
@@ -144,7 +143,7 @@ DAMAGE = {"layer table points outside memory": (_point_outside, "on layer 2", "o
 def test_damaged_layer_tables_are_refused(tmp_path, lock_path, cache_dir, capsys):
     """A table that moves an operand out of memory, or one with too few layers: ``run``
     refuses the package at load with one line, naming the layer or the table."""
-    code, _, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
+    code, _, _, out = _tower_bench(tmp_path, lock_path, cache_dir, "siglip-vision",
                              "--layers", "3")
     assert code == 0
     good = (out / "pkg" / "model.ipuexe").read_bytes()
@@ -169,7 +168,7 @@ def test_capacity_of_layers(tmp_path, cache_dir, capsys):
 
 
 def test_memory_by_category_adds_up(tmp_path, lock_path, cache_dir, capsys):
-    code, record, _, out = _bench(tmp_path, lock_path, cache_dir, capsys, "pe-vision",
+    code, record, _, out = _tower_bench(tmp_path, lock_path, cache_dir, "pe-vision",
                                   "--layers", "3")
     assert code == 0
     memory = read_package(out / "pkg" / "model.ipuexe").manifest["memory"]
@@ -187,7 +186,7 @@ def test_memory_by_category_adds_up(tmp_path, lock_path, cache_dir, capsys):
 def test_profile_names_every_pass(tmp_path, lock_path, cache_dir, capsys):
     """The execution profile of a loop has each body superstep once per layer, named by its
     layer, and the passes add up to the run's cycles with the stem and head."""
-    _, record, _, _ = _bench(tmp_path, lock_path, cache_dir, capsys, "siglip-vision",
+    _, record, _, _ = _tower_bench(tmp_path, lock_path, cache_dir, "siglip-vision",
                              "--layers", "3", "--profile", str(tmp_path / "profile"))
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())["profile"]
     names = [step["name"] for step in profile["steps"] if step["kind"] in ("compute", "exchange")]

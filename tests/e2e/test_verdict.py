@@ -9,33 +9,21 @@ attention output projection transposed, a 1 % scale on one layer's layer-norm ga
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 
 import numpy as np
 import pytest
 
-from ipu_stack.cli import main
+from tests.helpers import bench
 
 SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
 
 
-def _bench(tmp_path, lock_path, cache_dir, capsys, *extra: str) -> dict:
-    capsys.readouterr()
-    code = main(["bench", "siglip-layer", *SMALL, *extra, "--out", str(tmp_path / "pkg"),
-                 "--json", "--lock", str(lock_path), "--cache-dir", str(cache_dir),
-                 "--finalists", "1"])
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert code == (0 if record["numericalTest"] == "PASS" else 1)
-    return record
-
-
 @pytest.mark.parametrize("precision", ["fp8", "f16"])
 @pytest.mark.parametrize("blocks", [1, 2, 4])
-def test_correct_stacks_pass_both_parts(tmp_path, lock_path, cache_dir, capsys, blocks,
-                                        precision):
-    record = _bench(tmp_path, lock_path, cache_dir, capsys, "--blocks", str(blocks),
-                    "--precision", precision)
+def test_correct_stacks_pass_both_parts(tmp_path, lock_path, cache_dir, blocks, precision):
+    record = bench("siglip-layer", *SMALL, "--blocks", str(blocks), "--precision", precision,
+                   folder=tmp_path, cache_dir=cache_dir, lock=lock_path).record
     assert record["numericalTest"] == "PASS" and record["failedParts"] == "none"
     assert record["stageAgreement"] <= 4 and record["stageMismatch"] <= 2.0**-7
     assert record["noiseRatio"] <= 1.5 and record["tailRatio"] <= 2.0
@@ -71,7 +59,7 @@ def _host_weight(monkeypatch, name: str, change) -> None:
     original = simulator.SimulatedIpu._host_write
 
     def write(self, step, tensors):
-        if step["tensor"] == name:
+        if step.tensor == name:
             tensors = {**tensors, name: change(np.asarray(tensors[name]))}
         return original(self, step, tensors)
 
@@ -98,14 +86,13 @@ def _head_dropped(monkeypatch, layer: int) -> str:
     def compute(self, step, trace=None, on_pass=0):
         busy = original(self, step, trace, on_pass)
         plans = self.package.manifest["plans"]
-        looped = any(s["kind"] == "loop" for s in self.package.manifest["programs"]["run"])
+        looped = any(s.kind == "loop" for s in self.program.run)
         stage = _pv_stage(self.package.manifest, 0 if looped else layer)
-        if step["name"] == f"stage{stage}.gemm" and (not looped or on_pass == layer):
+        if step.name == f"stage{stage}.gemm" and (not looped or on_pass == layer):
             tiles_used = _tiles(plans[_gemm_index(self.package.manifest, stage)])
-            for call in step["calls"]:
-                kernel = self.kernels[call["kernel"]]
-                tiles = self._array(call["tiles"])
-                addresses = self._array(call["addresses"])
+            for call in step.calls:
+                kernel = self.program.kernels[call.kernel]
+                tiles, addresses = call.tiles, call.addresses
                 head = (tiles >= tiles_used) & (tiles < 2 * tiles_used)
                 rows, pitch = kernel.params["rows"], kernel.params["out_pitch"]
                 for tile, address in zip(tiles[head], addresses[head, 2], strict=True):
@@ -148,10 +135,11 @@ FAULTS = {
 @pytest.mark.parametrize("blocks", [1, 4])
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_injected_faults_fail_and_name_the_part_and_stage(tmp_path, lock_path, cache_dir,
-                                                          capsys, monkeypatch, fault, blocks):
+                                                          monkeypatch, fault, blocks):
     layer = blocks // 2  # layer 0 of one, layer 2 of four
     stage = FAULTS[fault](monkeypatch, layer)
-    record = _bench(tmp_path, lock_path, cache_dir, capsys, "--blocks", str(blocks))
+    record = bench("siglip-layer", *SMALL, "--blocks", str(blocks), folder=tmp_path,
+                   cache_dir=cache_dir, lock=lock_path).record
     assert record["numericalTest"] == "FAIL"
     assert "stageAgreement" in record["failedParts"].split(",")
     assert record["firstFailingStage"] == stage

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import ComputeSet, Program
 from ipu_stack.memory.placement import Placement, place_storage
 from ipu_stack.memory.report import (

@@ -1,8 +1,8 @@
 """Same workload, options and seed: byte-identical package and identical cycles, whatever the
-process, ``PYTHONHASHSEED``, working directory or kernel-cache state.
+process, ``PYTHONHASHSEED``, working directory or cache state.
 
 Each workload is benchmarked by two separate ``python -m ipu_stack.cli bench`` processes that
-run concurrently: one with ``PYTHONHASHSEED=0``, a fresh kernel cache and one working
+run concurrently: one with ``PYTHONHASHSEED=0``, a fresh cache and one working
 directory, the other with ``PYTHONHASHSEED=12345``, another cache and another working
 directory.  The package files (and the memory reports written beside them) must be identical
 byte for byte, and the ``bench --json`` records identical in every simulated field.
@@ -75,7 +75,7 @@ def test_package_does_not_depend_on_the_output_path_or_a_warm_cache(
 ) -> None:
     """In one process: a cold-cache compile and a warm-cache compile into a differently named
     folder give the same bytes (no path, time or cache state leaks into the package)."""
-    from tests.reliability import cli
+    from tests.helpers import cli
 
     shas = []
     for index, cache in enumerate((tmp_path / "cold-cache", cache_dir, cache_dir)):

@@ -6,9 +6,9 @@ CLI.  Every malformed package must give exactly one ``error:`` line on stderr (`
 nothing else), exit code 2, no traceback, and nothing written anywhere.
 
 Cases that once crashed the stack (``KNOWN_BUGS``, ``INSPECT_BUGS`` in
-``tests/reliability/__init__.py``, found by this suite and fixed by the package validator in
-``device/validate.py``) are kept as regression tests; when one is fixed, its xfail turns into
-a failure and must be moved to the passing tables.
+``benchmarks/fuzzing.py``, found by this suite or the fuzz run and fixed by the load-time
+checks: the device program's verifier, ``package/records.py`` for the run records) are kept as
+regression tests.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from ipu_stack.package import read_package
-from tests.reliability import (
+from benchmarks.fuzzing import (
     CONTENT_ATTACKS,
     INSPECT_BUGS,
     KNOWN_BUGS,
-    cli,
     container_attacks,
     content_attacks,
     craft,
     snapshot,
 )
+
+from ipu_stack.package import read_package
+from tests.helpers import cli
 
 SMALL = ["--tokens", "16", "--dim", "64", "--hidden", "64", "--finalists", "1"]
 ESCAPES = (Path("/tmp/ipu-stack-pwned"), Path("/x"))
@@ -131,7 +131,8 @@ def test_content_attack_is_refused_by_run(arena: Path, original: bytes, index: i
 # refuses them, as it cannot rebuild the workload), and its summary must show exactly what
 # the package says, which the test checks.
 INSPECT_SUMMARISES = frozenset({"unknown workload", "workload parameter below its minimum",
-                                "unknown workload parameter"})
+                                "unknown workload parameter",
+                                "gemm modes name operation 999"})
 
 
 def test_inspect_refuses_hostile_content_or_reads_it_back(arena: Path, original: bytes) -> None:
@@ -246,3 +247,37 @@ def test_hostile_packages_through_the_installed_command(tmp_path: Path, original
         assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: "), name
         assert proc.stdout == ""
     assert not (tmp_path.parent / "x").exists()
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"options": "x"}, "options: expected an object, found str"),
+    ({"layer_loop": -1}, "layer_loop: expected an object, found int"),
+    ({"layer_loop": {"layers": 2}}, "layer_loop.body_steps: expected an integer, found null"),
+    ({"layer_loop": {"layers": 2**41}}, f"layer_loop.layers: {2**41} is outside [0, {2**40}]"),
+    ({"gemm_modes": 1}, "gemm_modes: expected an object, found int"),
+    ({"gemm_modes": {"fc1": {"mode": "fp8", "depth_block": 32}}},
+     "gemm_modes['fc1']: keys must be matmul operation ids (decimal)"),
+    ({"gemm_modes": {"1": {"mode": "fp7", "depth_block": 32}}},
+     "gemm_modes['1'].mode: expected one of fp8, f16"),
+    ({"gemm_modes": {"1": {"mode": "fp8", "depth_block": 0}}},
+     f"gemm_modes['1'].depth_block: 0 is outside [1, {2**40}]"),
+    ({"gemm_modes": {"999": {"mode": "fp8", "depth_block": 32}}},
+     "gemm_modes['999']: names no matmul of the package's workload"),
+])
+def test_bad_run_records_name_the_field(arena: Path, original: bytes, edit: dict,
+                                        message: str) -> None:
+    """The records the host reads outside the device program (``package/records.py``) are
+    checked against type and bounds: one line naming the field, from run and inspect."""
+    path = arena / "pkg" / "model.ipuexe"
+    source = _read(original, arena)
+    data = craft(source, lambda m, a: m.update(edit), path)
+    line = refused(arena, data, "run")
+    assert line == f"error: package records are invalid: {message}"
+    if "999" not in message:  # inspect does not rebuild the workload
+        assert refused(arena, data, "inspect") == line
+
+
+def _read(original: bytes, arena: Path):
+    source = arena / "source.ipuexe"
+    source.write_bytes(original)
+    return read_package(source)

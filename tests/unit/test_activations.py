@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.helpers import random_stored
 from tests.unit.test_rowwise import (
     COLS,
     ROWS,
@@ -19,17 +20,18 @@ from tests.unit.test_rowwise import (
     fake_memory,
     pitch_for,
     put,
-    random_stored,
     round64,
     run_and_read,
     values_of,
 )
 
+from ipu_stack.device import pricing
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate_operations
 from ipu_stack.ir.precision import F16, F32, Precision, f143
 from ipu_stack.ir.types import TensorType
 from ipu_stack.kernels.rowwise import row_params
+from ipu_stack.planning import costs
 from ipu_stack.target import timing
 
 
@@ -49,7 +51,7 @@ SLACK = 2.0**-20  # float32 evaluation error, relative to |x| (plus a floor for 
 def _chain(function: str, out: Precision, std: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(11)
     mem = fake_memory()
-    x = random_stored(rng, (2, ROWS, COLS), F16, std=std)
+    x = random_stored(rng, F16, (2, ROWS, COLS), std=std)
     x_pitch, out_pitch = pitch_for(COLS, F16, 4), pitch_for(COLS, out, 8)
     addresses = [16, -1, -1, 2000]
     put(mem, addresses[0], x_pitch, x)
@@ -102,8 +104,8 @@ def test_product_kernels(op: str) -> None:
     rng = np.random.default_rng(13)
     mem = fake_memory()
     out = f143(-3)
-    a = random_stored(rng, (2, ROWS, COLS), F16, std=2.0)
-    b = random_stored(rng, (2, ROWS, COLS), F16, std=1.5)
+    a = random_stored(rng, F16, (2, ROWS, COLS), std=2.0)
+    b = random_stored(rng, F16, (2, ROWS, COLS), std=1.5)
     a_pitch, b_pitch, out_pitch = pitch_for(COLS, F16, 4), pitch_for(COLS, F16, 12), 32
     addresses = [0, 700, -1, 1800]
     put(mem, addresses[0], a_pitch, a)
@@ -122,8 +124,8 @@ def test_rms_norm_with_an_epsilon_that_matters(out: Precision) -> None:
     misplaced or scaled moves every output far beyond one rounding."""
     rng = np.random.default_rng(14)
     mem = fake_memory()
-    x = random_stored(rng, (2, ROWS, COLS), F16, std=3e-3)
-    gamma = random_stored(rng, (2, 1, COLS), F16, std=0.2, offset=1.0)
+    x = random_stored(rng, F16, (2, ROWS, COLS), std=3e-3)
+    gamma = random_stored(rng, F16, (2, 1, COLS), std=0.2, offset=1.0)
     x_pitch, out_pitch, aux_pitch = pitch_for(COLS, F16, 8), pitch_for(COLS, out, 4), 64
     addresses = [64, 1024, -1, 2048]
     put(mem, addresses[0], x_pitch, x)
@@ -144,16 +146,16 @@ def test_activation_prices_are_the_popops_supervisor_estimates() -> None:
     """UnaryOp1D: 6 x (17 + ceil(n/6 / 4) x loop) + 9, BinaryOp1D MULTIPLY HALF:
     6 x (26 + ceil(n/6 / 4) x 3), each plus the 11-cycle launch (poplibs)."""
     n = 6 * 40  # 40 elements a worker: 10 four-half loops
-    assert timing.estimate_activation(n, "sigmoid") == 11 + 6 * (17 + 10 * 6) + 9
-    assert timing.estimate_activation(n, "tanh") == 11 + 6 * (17 + 10 * 4) + 9
+    assert costs.estimate_activation(n, "sigmoid") == 11 + 6 * (17 + 10 * 6) + 9
+    assert costs.estimate_activation(n, "tanh") == 11 + 6 * (17 + 10 * 4) + 9
     multiply = 11 + 6 * (26 + 10 * 3)
-    assert timing.estimate_activation(n, "mul") == multiply
-    assert timing.estimate_activation(n, "silu") == 11 + 6 * (17 + 60) + 9 + multiply
-    assert timing.estimate_activation(n, "swiglu") == 11 + 6 * (17 + 60) + 9 + 2 * multiply
-    assert timing.estimate_activation(n, "quick_gelu") == 11 + 6 * (17 + 60) + 9 + 2 * multiply
+    assert costs.estimate_activation(n, "mul") == multiply
+    assert costs.estimate_activation(n, "silu") == 11 + 6 * (17 + 60) + 9 + multiply
+    assert costs.estimate_activation(n, "swiglu") == 11 + 6 * (17 + 60) + 9 + 2 * multiply
+    assert costs.estimate_activation(n, "quick_gelu") == 11 + 6 * (17 + 60) + 9 + 2 * multiply
     work = timing.Work("sigmoid", {"per_worker": [40] * 6})
-    assert timing.price_work(work) == timing.estimate_activation(n, "sigmoid")
-    assert timing.estimate_rms_norm(3, 1152) == timing.estimate_layer_norm(3, 1152)
+    assert pricing.price_work(work) == costs.estimate_activation(n, "sigmoid")
+    assert costs.estimate_rms_norm(3, 1152) == costs.estimate_layer_norm(3, 1152)
     assert "assumed" in timing.PRICES["rms_norm_fraction"].source
 
 
@@ -163,7 +165,7 @@ def test_rope_in_split_halves_rotates_channel_i_with_i_plus_half() -> None:
     mem = fake_memory()
     head_dim, heads = 8, 3
     cols, half = head_dim * heads, head_dim // 2
-    x = random_stored(rng, (2, ROWS, cols), F16)
+    x = random_stored(rng, F16, (2, ROWS, cols))
     angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
@@ -190,7 +192,7 @@ def test_biased_softmax_adds_its_table_row_by_row() -> None:
     rng = np.random.default_rng(16)
     mem = fake_memory()
     cols = 9
-    x = random_stored(rng, (2, ROWS, cols), F16, std=2.0)
+    x = random_stored(rng, F16, (2, ROWS, cols), std=2.0)
     bias = rng.standard_normal((2, ROWS, cols)).astype(np.float16)
     bias[:, :, 3] = -np.inf
     x_pitch, b_pitch, out_pitch = pitch_for(cols, F16, 4), pitch_for(cols, F16, 8), 32

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ipu_stack.exchange import verify_schedule
-from ipu_stack.lowering.lower import lower, stage_groups
+from ipu_stack.lowering.driver import lower
+from ipu_stack.lowering.lower import stage_groups
 from ipu_stack.lowering.program import ComputeSet, Exchange, Program
 from ipu_stack.pipeline import schedule_program, stage_shape, to_transfers
 from ipu_stack.planning.gemm import GemmPlan, gemm_candidates

@@ -21,9 +21,11 @@ from typing import NamedTuple
 
 import pytest
 
+from ipu_stack.device.pricing import price_work
+from ipu_stack.planning.costs import amp_passes, estimate_gemm
 from ipu_stack.target import poplibs
 from ipu_stack.target.poplibs import vendor_gemm_cycles
-from ipu_stack.target.timing import Work, amp_passes, estimate_gemm, price_work
+from ipu_stack.target.timing import Work
 
 _FP8_SOURCE = ("reference kernel/cost.rs (index id 69533640428), ipu21 hardware table of 2026-09-13 "
                "(FP8 depth given as the true K, i.e. twice the table's halved extent)")

@@ -1,10 +1,13 @@
 """The calibration cache: a second build reuses the fitted FP8 exponents and builds the same
-graph; a damaged entry is ignored (with a warning) and rewritten."""
+graph; a damaged entry is dropped (with a warning) and rewritten (``util/cache.py``, whose
+own rules ``tests/unit/test_cache.py`` pins)."""
 
 from __future__ import annotations
 
 import json
 import logging
+
+from tests.helpers import cache_entries
 
 from ipu_stack.cli import parse_workload
 from ipu_stack.workloads.calibration import cache_folder
@@ -26,31 +29,33 @@ def _precisions(graph) -> dict:
 def test_second_build_reuses_the_calibration(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
     first, tensors = _build(tmp_path)
-    entries = list((tmp_path / "calibration").glob("*.json"))
+    entries = cache_entries(tmp_path, "calibration")
     assert len(entries) == 1
     assert "reused cached calibration" not in caplog.text
     second, again = _build(tmp_path)
     assert "reused cached calibration" in caplog.text
     assert _precisions(first) == _precisions(second)
     assert all((tensors[k] == again[k]).all() for k in tensors)
-    scales = json.loads(entries[0].read_text())["scales"]
+    scales = json.loads(entries[0].read_text())["payload"]["scales"]
     assert scales["activations"]["ln1.out"] == first.values[
         [v.name for v in first.values].index("layer1.ln1.out")].type.precision.scale_exponent
 
 
 def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path, caplog):
     first, _ = _build(tmp_path)
-    (entry,) = (tmp_path / "calibration").glob("*.json")
+    (entry,) = cache_entries(tmp_path, "calibration")
     data = json.loads(entry.read_text())
-    data["scales"]["activations"]["ln1.out"] += 3  # the checksum no longer matches
+    scales = data["payload"]["scales"]["activations"]
+    scales["ln1.out"] += 3  # the checksum no longer matches
     entry.write_text(json.dumps(data))
-    caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
+    caplog.set_level(logging.INFO, logger="ipu_stack")
     second, _ = _build(tmp_path)
-    assert "ignored a damaged calibration cache entry" in caplog.text
+    assert "dropped a damaged cache entry, rebuilding cache=calibration" in caplog.text
+    assert "checksum mismatch" in caplog.text
+    assert "reused cached calibration" not in caplog.text
     assert _precisions(first) == _precisions(second)
-    rewritten = json.loads(entry.read_text())
-    assert rewritten["scales"]["activations"]["ln1.out"] == data["scales"]["activations"][
-        "ln1.out"] - 3
+    rewritten = json.loads(entry.read_text())["payload"]["scales"]["activations"]
+    assert rewritten["ln1.out"] == scales["ln1.out"] - 3
 
 
 def test_no_folder_no_cache(tmp_path):

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.helpers import random_stored
 
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
 from ipu_stack.util.errors import CompileError
 
 PRECISIONS = [f143(-2), f152(3), F16, F32]
-
-
-def random_stored(rng: np.random.Generator, rows: int, cols: int, p: Precision) -> np.ndarray:
-    """Random stored elements; FP8 from random (non-NaN) bytes so every code can appear."""
-    if p.is_fp8:
-        raw = rng.integers(0, 256, size=(rows, cols), dtype=np.uint8)
-        raw[raw == 0x80] = 0x01
-        return raw.view(p.dtype)
-    return rng.standard_normal((rows, cols)).astype(p.dtype)
 
 
 def random_layout(rng: np.random.Generator, p: Precision) -> BlockLayout:
@@ -39,7 +31,7 @@ def test_to_blocks_places_every_element_where_the_layout_says(precision: Precisi
     rng = np.random.default_rng(100 + precision.itemsize)
     for _ in range(25):
         layout = random_layout(rng, precision)
-        stored = random_stored(rng, layout.rows, layout.cols, precision)
+        stored = random_stored(rng, precision, (layout.rows, layout.cols))
         blocks = layout.to_blocks(stored)
         rb, cb = layout.grid
         item = precision.itemsize

@@ -1,19 +1,20 @@
 """The simulated ipu21: real bytes in real tile memories, cycles from the program that ran.
 
-The device knows only the package: kernel instances (family + parameters), per-call tiles and
-operand addresses, exchange transfers with their schedule, and host streams.  It checks the
-package against the machine before running (tiles exist, every access inside tile memory,
-every exchange schedule valid), then executes supersteps and times what it executed:
+The device knows only the package, read into a typed :class:`~ipu_stack.contract.DeviceProgram`
+(kernel instances, per-call tiles and operand addresses, exchange transfers with their
+schedule, host streams, the allocation map).  Loading runs the contract's one verifier
+(tiles exist, every access inside tile memory and a live allocation, every exchange schedule
+valid); then the device executes typed steps and times what it executed:
 
 * compute: a kernel call runs once over all its tiles, each operand gathered at each tile's
   own address (docs/architecture.md, "How the simulator runs a package fast"); each call
   reports the work it did (AMP passes and rows, per-worker element counts, ...), and
-  ``target.timing.price_work`` turns that work into cycles, with the AMP weight price taken
+  ``device.pricing.price_work`` turns that work into cycles, with the AMP weight price taken
   from where the weights really sit (interleaved or standard memory); the superstep takes the
   busiest tile, plus a sync;
-* exchange: one compiled gather/scatter of words (all reads before any write); cycles are
-  the instruction-level horizon of the chunks in the package (sends of at most 64 words,
-  aligned starts) plus the measured per-phase cost, plus a sync;
+* exchange: one compiled gather/scatter of words (all reads before any write); cycles come
+  from the phase's chunks, issued by ``device.pricing`` as send instructions of at most 64
+  words on aligned events, plus the measured per-phase cost, plus a sync;
 * host streams: bytes over the 32 GB/s link, reported as host cycles beside the device's;
 * a loop step runs its body once per layer: each operand or send that names a per-layer
   weight is moved, on pass ``k``, to layer ``k``'s copy through the slot's address table
@@ -28,23 +29,30 @@ code paths, and the benchmark reports their difference.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ipu_stack.device.operands import AllocationMap, check_call
+from ipu_stack.contract import (
+    Compute,
+    DeviceProgram,
+    Exchange,
+    HostRead,
+    HostWrite,
+    Loop,
+    Step,
+    from_manifest,
+    verify_program,
+)
+from ipu_stack.contract.program import call_addresses, exchange_sources, execution_order
+from ipu_stack.device import pricing
 from ipu_stack.device.record import ComputeTrace, StepRecord
-from ipu_stack.device.validate import validate_manifest
 from ipu_stack.device.words import move_words
-from ipu_stack.exchange import Schedule, Transfers, verify_schedule
-from ipu_stack.exchange.instructions import instruction_horizon
-from ipu_stack.exchange.model import ScheduleError, chunk_cycles
-from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.values import StoredTensor
-from ipu_stack.kernels.base import FAMILIES, KernelInstance
+from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.package import Package
 from ipu_stack.target import Target, timing
 from ipu_stack.util.errors import DeviceFault, PackageError
@@ -76,14 +84,6 @@ class CallReport:
     layer_cycles: list[int] = field(default_factory=list)  # each pass of the layer loop
 
 
-def _layout(entry: dict, tiles: np.ndarray) -> BlockLayout:
-    lay = entry["layout"]
-    return BlockLayout(
-        int(lay["rows"]), int(lay["cols"]), Precision.from_json(lay["precision"]),
-        int(lay["row_block"]), int(lay["col_block"]), tiles,
-    )
-
-
 class SimulatedIpu:
     """A loaded package on a simulated chip."""
 
@@ -94,172 +94,23 @@ class SimulatedIpu:
         self.memory = np.zeros((target.tiles, self.size), dtype=np.uint8)
         # poison mode: which bytes have been written; reading any other byte is a fault
         self.written = np.zeros_like(self.memory, dtype=bool) if poison else None
-        self.package: Package | None = None
+        self.program: DeviceProgram | None = None
+        self.package: Package | None = None  # the loaded package (the runtime's records)
         self.record = record  # keep a StepRecord of every superstep (the execution profile)
-        self.kernels: list[KernelInstance] = []
+        self.tables: tuple[np.ndarray, ...] = ()  # the running layer loop's slot tables
 
     # ------------------------------------------------------------------ loading
     def load(self, package: Package) -> None:
-        """Check the package against this machine, then hold it for calls."""
-        manifest = package.manifest
-        validate_manifest(manifest, package.arrays, self.target)
+        """Read the package's program (types and bounds), verify it against this machine,
+        then hold it for calls."""
+        program = from_manifest(package.manifest, package.arrays)
         try:
-            self.kernels = [KernelInstance(k["family"], k["params"]) for k in manifest["kernels"]]
-            for kernel in self.kernels:
-                if kernel.family not in FAMILIES:
-                    raise PackageError(f"package uses unknown kernel family {kernel.family!r}")
-            self.package = package
-            self.allocations = None
-            if "allocations" in manifest:
-                self.allocations = AllocationMap(package.arrays, manifest["allocations"],
-                                                 self.target.tiles)
-            self.slot_tables: list[np.ndarray] = []
-            offset = 0
-            for program in ("initialize", "run"):
-                layers, body_end = 1, -1
-                for index, step in enumerate(manifest["programs"][program]):
-                    if step["kind"] == "loop":
-                        self.slot_tables = [self._array(name) for name in step["slots"]]
-                        layers, body_end = int(step["count"]), index + int(step["length"])
-                        continue
-                    for layer in range(layers if index <= body_end and _per_layer(step) else 1):
-                        self._check_step(program, index, step, layer)
-                        if self.allocations is not None:
-                            self._check_operands(offset + index, step, layer)
-                offset += len(manifest["programs"][program])
+            verify_program(program, self.target)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PackageError(f"package program is malformed: {exc!r}") from None
+        self.program, self.package = program, package
         event(LOG, "loading application", tile_count=self.target.tiles,
-              final_mark=sum(len(p) for p in manifest["programs"].values()))
-
-    def _array(self, name: str) -> np.ndarray:
-        assert self.package is not None
-        if name not in self.package.arrays:
-            raise PackageError(f"package is missing array {name!r}")
-        return self.package.arrays[name]
-
-    def _check_tiles(self, tiles: np.ndarray, where: str) -> None:
-        if tiles.size and (tiles.min() < 0 or tiles.max() >= self.target.tiles):
-            bad = int(tiles[(tiles < 0) | (tiles >= self.target.tiles)][0])
-            raise PackageError(f"{where} names tile {bad}, which does not exist on ipu21")
-
-    def _check_range(self, addr: np.ndarray, nbytes: np.ndarray | int, where: str) -> None:
-        addr = np.asarray(addr, dtype=np.int64)
-        end = addr + nbytes
-        bad = (addr < self.base) | (end > self.target.memory_end)
-        if np.any(bad):
-            first = int(np.flatnonzero(bad.ravel())[0])
-            raise PackageError(
-                f"{where} accesses address {int(addr.ravel()[first])} outside tile memory "
-                f"[{self.base}, {self.target.memory_end})"
-            )
-
-    def _call_addresses(self, call: dict, layer: int) -> np.ndarray:
-        """A call's operand addresses on pass ``layer``: per-layer operands moved by their
-        slot's table (layer ``k``'s address minus layer 0's, per tile)."""
-        addresses = self._array(call["addresses"])
-        if "slots" not in call:
-            return addresses
-        tiles = self._array(call["tiles"])
-        addresses = addresses.copy()
-        for operand, slot in call["slots"]:
-            table = self.slot_tables[slot]
-            if np.any(table[0, tiles] < 0):
-                raise PackageError(f"a call names slot {slot} on a tile that does not hold it")
-            addresses[:, operand] += table[layer, tiles] - table[0, tiles]
-        return addresses
-
-    def _src_addr(self, step: dict, layer: int) -> np.ndarray:
-        """An exchange's source addresses on pass ``layer`` (sends of per-layer weights
-        moved by their slot's table)."""
-        src = self._array(step["src_addr"])
-        if "src_slot" not in step or layer == 0:
-            return src
-        slots = self._array(step["src_slot"])
-        tiles = self._array(step["src_tile"])
-        src = src.copy()
-        for slot in np.unique(slots[slots >= 0]):
-            sel = slots == slot
-            table = self.slot_tables[int(slot)]
-            src[sel] += table[layer, tiles[sel]] - table[0, tiles[sel]]
-        return src
-
-    def _check_step(self, program: str, index: int, step: dict, layer: int = 0) -> None:
-        where = f"{program} step {index} ({step['kind']})" + (f" on layer {layer}" if layer else "")
-        if step["kind"] in ("host_write", "host_read"):
-            tiles = self._array(step["tiles"])
-            addresses = self._array(step["addresses"])
-            layout = _layout(step, tiles)
-            self._check_tiles(tiles[tiles >= 0], where)
-            self._check_range(addresses[tiles >= 0], layout.block_bytes, where)
-        elif step["kind"] == "compute":
-            for call in step["calls"]:
-                kernel = self.kernels[call["kernel"]]
-                tiles = self._array(call["tiles"])
-                addresses = self._call_addresses(call, layer)
-                self._check_tiles(tiles, where)
-                for operand, length, _ in kernel.impl.accesses(kernel.params):
-                    if length <= 0:
-                        continue
-                    self._check_range(addresses[:, operand], length, f"{where} {kernel.name}")
-                for operand in kernel.impl.interleaved:
-                    low = addresses[:, operand] < self.target.interleaved_base
-                    if np.any(low):
-                        raise PackageError(
-                            f"{where} {kernel.name}: operand {operand} at address "
-                            f"{int(addresses[np.argmax(low), operand])} must be in interleaved "
-                            f"memory (>= {self.target.interleaved_base})")
-        elif step["kind"] == "exchange":
-            transfers, schedule = self._exchange(step)
-            self._check_tiles(transfers.src, where)
-            self._check_tiles(transfers.dst, where)
-            words = self._array(step["words"]) * WORD
-            self._check_range(self._src_addr(step, layer), words, where)
-            self._check_range(self._array(step["dst_addr"]), np.repeat(words, transfers.fanout),
-                              where)
-            if layer == 0:  # the schedule is the same on every pass
-                try:
-                    verify_schedule(transfers, schedule)
-                except ScheduleError as exc:
-                    raise DeviceFault(f"{where}: exchange schedule fault: {exc}") from None
-        else:
-            raise PackageError(f"{where}: unknown step kind")
-
-    def _check_operands(self, index: int, step: dict, layer: int = 0) -> None:
-        """Every access of this step inside an allocation live at this step."""
-        assert self.allocations is not None
-        if step["kind"] == "compute":
-            for call in step["calls"]:
-                check_call(self.allocations, index, step["name"], self.kernels[call["kernel"]],
-                           self._array(call["tiles"]), self._call_addresses(call, layer))
-        elif step["kind"] == "exchange":
-            words = self._array(step["words"]) * WORD
-            src = self._src_addr(step, layer)
-            self.allocations.check(index, self._array(step["src_tile"]), src, src + words,
-                                   f"exchange {step['name']} source")
-            fanout = np.diff(self._array(step["dst_offsets"]))
-            dst = self._array(step["dst_addr"])
-            self.allocations.check(index, self._array(step["dst_tile"]), dst,
-                                   dst + np.repeat(words, fanout),
-                                   f"exchange {step['name']} destination")
-
-    def _exchange(self, step: dict) -> tuple[Transfers, Schedule]:
-        transfers = Transfers(
-            self.target.tiles,
-            self._array(step["src_tile"]),
-            self._array(step["dst_offsets"]),
-            self._array(step["dst_tile"]),
-            self._array(step["words"]),
-        )
-        starts = self._array(step["chunk_start"])
-        words = self._array(step["chunk_words"])
-        lanes = self._array(step["chunk_lanes"]) if "chunk_lanes" in step else None
-        # lanes below 1 (a damaged package) are rejected by the verifier at load
-        cycles = chunk_cycles(words, None if lanes is None else np.maximum(lanes, 1))
-        horizon = int((starts + cycles).max()) if len(starts) else 0
-        schedule = Schedule(horizon, int(step.get("lower_bound", 0)), str(step["kind_selected"]),
-                            self._array(step["chunk_transfer"]), starts, words, lanes)
-        return transfers, schedule
+              final_mark=program.step_count)
 
     # ------------------------------------------------------------------ running
     def call(self, program: str, tensors: dict[str, np.ndarray],
@@ -270,17 +121,21 @@ class SimulatedIpu:
         been read, as ``[(tensor, StoredTensor), ...]``, and not kept in the report: a
         verdict can judge a stage while the device runs the next and drop what it judged.
         """
-        if self.package is None:
+        if self.program is None:
             raise DeviceFault("no application loaded")
-        steps = self.package.manifest["programs"][program]
+        steps = self.program.program(program)
         report = CallReport(program, tile_busy=np.zeros(self.target.tiles, dtype=np.int64))
         event(LOG, "invoking host exchange call", call=program, command=0,
-              phases=sum(1 for s in steps if s["kind"] == "exchange"))
+              phases=sum(1 for s in steps if isinstance(s, Exchange)))
         complete_after = _last_probe_reads(steps) if on_probes is not None else {}
         previous: tuple[int, int] | None = None  # the loop pass running: (loop step, layer)
         before = 0
-        for ordinal, (index, step, layer, loop) in enumerate(_execution_order(steps)):
+        for ordinal, (index, step, layer, loop) in enumerate(execution_order(steps)):
             current = None if layer is None else (loop, layer)
+            if layer is not None:
+                looping = steps[loop]
+                assert isinstance(looping, Loop)
+                self.tables = looping.slots
             if current != previous:  # a pass of the loop ends, begins, or both
                 if previous is not None:
                     report.layer_cycles.append(report.cycles - before)
@@ -293,35 +148,35 @@ class SimulatedIpu:
         if previous is not None:
             report.layer_cycles.append(report.cycles - before)
         report.tile_busy += report.sync_cycles
-        report.host_cycles = timing.host_cycles(report.host_bytes, self.target.clock_hz)
+        report.host_cycles = pricing.host_cycles(report.host_bytes, self.target.clock_hz)
         return report
 
-    def _run_step(self, report: CallReport, index: int, step: dict,
+    def _run_step(self, report: CallReport, index: int, step: Step,
                   tensors: dict[str, np.ndarray], layer: int | None) -> None:
         """One step (on pass ``layer`` of the loop, if inside it), added to ``report``."""
-        kind = step["kind"]
-        if kind == "host_read" and layer is not None and "passes" in step:
-            tensor, checkpoint, operation = step["passes"][layer]
-            if tensor is None:
+        if isinstance(step, HostRead):
+            read_now = step.on_pass(layer)
+            if read_now is None:
                 return  # this pass's value is a graph output, read as one
-            step = {**step, "tensor": tensor, "checkpoint": checkpoint, "operation": operation}
+            step = read_now
+        kind = step.kind
         sync = timing.p("sync")
-        record = StepRecord(index, str(step.get("name", step.get("tensor", kind))), kind, 0, 0,
-                            layer=layer)
-        if kind == "host_write":
+        label = step.tensor if isinstance(step, (HostWrite, HostRead)) else step.name
+        record = StepRecord(index, label, kind, 0, 0, layer=layer)
+        if isinstance(step, HostWrite):
             written = self._host_write(step, tensors)
             report.host_bytes += written
-            record.host = {"tensor": step["tensor"], "bytes": written}
-        elif kind == "host_read":
+            record.host = {"tensor": step.tensor, "bytes": written}
+        elif isinstance(step, HostRead):
             piece, precision = self._host_read(step)
             read = 0
-            if step.get("checkpoint") is None:  # probes are the simulator's, not traffic
+            if step.checkpoint is None:  # probes are the simulator's, not traffic
                 read = int(piece.size) * precision.itemsize
             report.host_bytes += read
-            record.host = {"tensor": step["tensor"], "bytes": read,
-                           "probe": step.get("checkpoint") is not None}
+            record.host = {"tensor": step.tensor, "bytes": read,
+                           "probe": step.checkpoint is not None}
             self._collect(report, step, piece, precision)
-        elif kind == "compute":
+        elif isinstance(step, Compute):
             trace = ComputeTrace() if self.record else None
             busy, by_kind = self._compute(step, trace, layer or 0)
             busiest = int(np.argmax(busy)) if busy.size else 0
@@ -338,7 +193,7 @@ class SimulatedIpu:
             record.by_kind = {k: int(v[busiest]) for k, v in by_kind.items()}
             if trace is not None:
                 record.calls, record.busiest_work = trace.calls(busy), trace.work_on(busiest)
-        elif kind == "exchange":
+        elif isinstance(step, Exchange):
             cycles, ports, details = self._exchange_step(step, layer or 0)
             report.exchange_cycles += cycles
             report.tile_busy += ports
@@ -351,13 +206,12 @@ class SimulatedIpu:
         if self.record:
             report.steps.append(record)
 
-    def _host_write(self, step: dict, tensors: dict[str, np.ndarray]) -> int:
-        name = step["tensor"]
+    def _host_write(self, step: HostWrite, tensors: dict[str, np.ndarray]) -> int:
+        name = step.tensor
         if name not in tensors:
             raise DeviceFault(f"host call is missing tensor {name!r}")
-        tiles = self._array(step["tiles"])
-        addresses = self._array(step["addresses"])
-        layout = _layout(step, tiles)
+        tiles, addresses = step.tiles, step.addresses
+        layout = step.layout.on(tiles)
         stored = layout.precision.quantize(np.asarray(tensors[name]))
         blocks = layout.to_blocks(stored.reshape(layout.rows, layout.cols))
         nbytes = layout.block_bytes
@@ -374,38 +228,35 @@ class SimulatedIpu:
                 self.written[t[sel], address : address + nbytes] = True
         return int(valid.sum()) * nbytes
 
-    def _collect(self, report: CallReport, step: dict, piece: np.ndarray,
+    def _collect(self, report: CallReport, step: HostRead, piece: np.ndarray,
                  precision: Precision) -> None:
         """Place a read piece (storage codes) into its tensor (outputs and checkpoints may
         come in pieces).  Outputs are float32; checkpoints stay in their stored precision
         (a tower's probe reads of every stage would be gigabytes as float32), with the
         format's NaN wherever no piece landed."""
-        assert self.package is not None
-        name = step["tensor"]
-        info = self.package.manifest["tensors"][name]
-        shape = info["shape"]
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        cols = int(shape[-1])
-        checkpoint = step.get("checkpoint")
+        assert self.program is not None
+        name = step.tensor
+        rows, cols = self.program.tensors[name].matrix
+        checkpoint = step.checkpoint
         if checkpoint is None:
             target = report.outputs.setdefault(name, np.full((rows, cols), np.nan, np.float32))
             piece = precision.dequantize(piece)
         else:
             entry = report.checkpoints.setdefault(int(checkpoint), {
-                "tensor": name, "operation": step.get("operation"),
+                "tensor": name, "operation": step.operation,
                 "values": StoredTensor(precision, precision.quantize(
                     np.full((rows, cols), np.nan, np.float32))),
             })
             target = entry["values"].stored
-        r0, c0 = (int(v) for v in step.get("origin", [0, 0]))
+        r0, c0 = step.origin
         if r0 < 0 or c0 < 0 or r0 + piece.shape[0] > rows or c0 + piece.shape[1] > cols:
             raise PackageError(f"host read of {name} at {r0},{c0} lies outside the tensor")
         target[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] = piece
 
-    def _host_read(self, step: dict) -> tuple[np.ndarray, Precision]:
-        tiles = self._array(step["tiles"])[:, :, :1]
-        addresses = self._array(step["addresses"])[:, :, :1]
-        layout = _layout(step, tiles)
+    def _host_read(self, step: HostRead) -> tuple[np.ndarray, Precision]:
+        tiles = step.tiles[:, :, :1]
+        addresses = step.addresses[:, :, :1]
+        layout = step.layout.on(tiles)
         nbytes = layout.block_bytes
         blocks = np.zeros((tiles.shape[0] * tiles.shape[1], nbytes), dtype=np.uint8)
         flat_t, flat_a = tiles.ravel(), addresses.ravel() - self.base
@@ -414,19 +265,20 @@ class SimulatedIpu:
             blocks[sel] = self.memory[flat_t[sel], address : address + nbytes]
         return layout.from_blocks(blocks), layout.precision
 
-    def _compute(self, step: dict, trace: ComputeTrace | None = None, layer: int = 0
+    def _compute(self, step: Compute, trace: ComputeTrace | None = None, layer: int = 0
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run a compute set; per-tile cycles of the work each call reported, and the same
         split by kind of work (for the benchmark's record of what limits a program).  With a
         ``trace`` (recording), every tile group's priced work too."""
         busy = np.zeros(self.target.tiles, dtype=np.int64)
         by_kind: dict[str, np.ndarray] = {}
-        for call in step["calls"]:
-            kernel = self.kernels[call["kernel"]]
-            tiles = self._array(call["tiles"])
-            addresses = self._call_addresses(call, layer) - self.base
+        assert self.program is not None
+        for call in step.calls:
+            kernel = self.program.kernels[call.kernel]
+            tiles = call.tiles
+            addresses = call_addresses(call, self.tables, layer) - self.base
             if self.written is not None:
-                self._poison_groups(kernel, tiles, addresses, step.get("name", "compute"))
+                self._poison_groups(kernel, tiles, addresses, step.name)
             # one batch for the whole call: tiles differ in addresses, not in parameters
             with np.errstate(all="ignore"):  # overflow saturates: the check reports it
                 works = kernel.impl.run(kernel.params, self.memory, tiles,
@@ -440,7 +292,7 @@ class SimulatedIpu:
                     members = tiles[interleaved == placed]
                     if members.size == 0:
                         continue
-                    cycles = timing.price_work(work, placed)
+                    cycles = pricing.price_work(work, placed)
                     busy[members] += cycles
                     by_kind.setdefault(_work_class(work.kind), np.zeros_like(busy))[
                         members] += cycles
@@ -480,7 +332,7 @@ class SimulatedIpu:
                     f"{int(where[b]) + self.base}, which was never written"
                 )
 
-    def _move_poisoned(self, step: dict, mem32: np.ndarray, src_word: np.ndarray,
+    def _move_poisoned(self, step: Exchange, mem32: np.ndarray, src_word: np.ndarray,
                        dst_word: np.ndarray, words: np.ndarray, fanout: np.ndarray
                        ) -> np.ndarray:
         """The exchange's word moves with poison checks: every word sent must have been
@@ -499,7 +351,7 @@ class SimulatedIpu:
             word = int(gather[np.argmin(done)])
             tile, offset = divmod(word, per_tile)
             raise DeviceFault(
-                f"poison: exchange {step.get('name')} sends from tile {tile} address "
+                f"poison: exchange {step.name} sends from tile {tile} address "
                 f"{offset * WORD + self.base}, which was never written"
             )
         values = mem32[gather]
@@ -514,9 +366,9 @@ class SimulatedIpu:
         self.written.reshape(-1, WORD)[scatter] = True
         return dst_words
 
-    def _exchange_step(self, step: dict, layer: int = 0
+    def _exchange_step(self, step: Exchange, layer: int = 0
                        ) -> tuple[int, np.ndarray, dict[str, Any]]:
-        transfers, schedule = self._exchange(step)
+        transfers, schedule = step.transfers(self.target.tiles), step.schedule()
         words = transfers.words
         ports = np.zeros(self.target.tiles, dtype=np.int64)
         if transfers.count == 0:
@@ -525,9 +377,9 @@ class SimulatedIpu:
         per_tile = self.size // WORD
         mem32 = self.memory.reshape(-1).view(np.uint32)
         src_word = (transfers.src.astype(np.int64) * per_tile
-                    + (self._src_addr(step, layer) - self.base) // WORD)
+                    + (exchange_sources(step, self.tables, layer) - self.base) // WORD)
         dst_word = (transfers.dst.astype(np.int64) * per_tile
-                    + (self._array(step["dst_addr"]) - self.base) // WORD)
+                    + (step.dst_addr - self.base) // WORD)
         if self.written is None:
             move_words(mem32, src_word, words, transfers.dst_offsets, dst_word)
             dst_words = np.repeat(words, fanout)
@@ -541,9 +393,13 @@ class SimulatedIpu:
                    "send_words_max": int(ports.max()), "recv_words_max": int(recv.max()),
                    "words": int(words.sum()), "kind": schedule.kind}
         ports = np.maximum(ports, recv)
-        horizon, shifted = instruction_horizon(schedule, transfers)
+        # timed from the chunks that moved the words (the verifier proved at load that they
+        # cover every transfer exactly), with the device's own instruction accounting
+        cycles, horizon, shifted = pricing.exchange_cycles(
+            step.src_tile, step.chunk_transfer, step.chunk_start, step.chunk_words,
+            step.chunk_lanes)
         details.update(instruction_horizon=horizon, shifted_sends=shifted)
-        return timing.estimate_exchange_phase(horizon), ports, details
+        return cycles, ports, details
 
 
 def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, works: list,
@@ -554,7 +410,7 @@ def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, 
     for index in range(len(tiles)):
         groups.setdefault(tuple(bool(p[index]) for p in placements), []).append(index)
     for key, members in groups.items():
-        priced = [{"kind": w.kind, "cycles": timing.price_work(w, placed),
+        priced = [{"kind": w.kind, "cycles": pricing.price_work(w, placed),
                    "counts": _plain(w.counts)} for w, placed in zip(works, key, strict=True)]
         trace.add(kernel.name, tiles[members], priced)
 
@@ -562,38 +418,18 @@ def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, 
 ProbeListener = Callable[[list[tuple[str, StoredTensor]]], None]
 
 
-def _execution_order(steps: list[dict]) -> Iterator[tuple[int, dict, int | None, int]]:
-    """``(index, step, layer, loop)`` of every step in the order the device runs them: a
-    loop's body once per layer (``layer`` is ``None`` outside a loop; ``loop`` is the loop
-    step's index)."""
-    index = 0
-    while index < len(steps):
-        step = steps[index]
-        if step["kind"] != "loop":
-            yield index, step, None, -1
-            index += 1
-            continue
-        body = range(index + 1, index + 1 + int(step["length"]))
-        for layer in range(int(step["count"])):
-            for at in body:
-                yield at, steps[at], layer, index
-        index = body.stop
-
-
-def _probe_of(step: dict, layer: int | None) -> int | None:
+def _probe_of(step: Step, layer: int | None) -> int | None:
     """The checkpoint a host read fills on this pass (``None``: an output or none)."""
-    if step["kind"] != "host_read":
+    if not isinstance(step, HostRead):
         return None
-    if layer is not None and "passes" in step:
-        return step["passes"][layer][1]
-    checkpoint = step.get("checkpoint")
-    return None if checkpoint is None else int(checkpoint)
+    read = step.on_pass(layer)
+    return None if read is None else read.checkpoint
 
 
-def _last_probe_reads(steps: list[dict]) -> dict[int, list[int]]:
+def _last_probe_reads(steps: tuple[Step, ...]) -> dict[int, list[int]]:
     """For each step ordinal, the checkpoints whose last piece it reads."""
     last: dict[int, int] = {}
-    for ordinal, (_, step, layer, _loop) in enumerate(_execution_order(steps)):
+    for ordinal, (_, step, layer, _loop) in enumerate(execution_order(steps)):
         checkpoint = _probe_of(step, layer)
         if checkpoint is not None:
             last[int(checkpoint)] = ordinal
@@ -601,14 +437,6 @@ def _last_probe_reads(steps: list[dict]) -> dict[int, list[int]]:
     for checkpoint, ordinal in last.items():
         complete.setdefault(ordinal, []).append(checkpoint)
     return complete
-
-
-def _per_layer(step: dict) -> bool:
-    """Whether a step's addresses differ between passes of the loop (it names a slot); the
-    others are checked once."""
-    if step["kind"] == "compute":
-        return any("slots" in call for call in step["calls"])
-    return "src_slot" in step
 
 
 def _plain(counts: dict[str, Any]) -> dict[str, Any]:

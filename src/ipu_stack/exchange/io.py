@@ -24,15 +24,15 @@ from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.exchange.model import ExchangeError, Schedule, Transfers, table_bytes
 from ipu_stack.exchange.scheduler import schedule_exchange
 from ipu_stack.exchange.verify import verify_schedule
-from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.files import open_regular, write_text_atomic
 
 PathLike = str | os.PathLike[str]
 
 
 def _read_json(path: PathLike, what: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        with open_regular(path) as handle:  # never a device or FIFO: refused unread
+            return json.loads(handle.read().decode("utf-8"))
     except OSError as exc:
         raise ExchangeError(f"cannot read {what} {os.fspath(path)}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -12,12 +12,13 @@ the very chunks that scheduling from scratch would.  That keeps the memo invisib
 output: the package is byte-identical with and without it (the returned schedule keeps the
 kind of the algorithm that made its chunks; "reused" appears only in the log).
 
-``ScheduleStore`` is the optional disk cache, ``<cache>/exchange/<key>/schedule.json``, beside
-the kernel cache and under its rules: JSON (chunk columns as base64 of zlib-compressed
-little-endian int64), a sha256 of the payload checked on every load, atomic writes, and a
-bad entry rebuilt rather than trusted.  The key also covers a fingerprint of this package's
-source, so a change to any scheduler retires every old entry.  A loaded schedule must pass
-``verify_schedule`` against the phase before it is used.
+``ScheduleStore`` is the optional disk cache, ``<cache>/exchange/<key>.json``, kept by the
+shared :class:`~ipu_stack.util.cache.EntryCache` under its rules (a sha256 of the payload
+checked on every load, atomic writes, a damaged entry dropped with a warning and rebuilt);
+the payload is JSON with the chunk columns as base64 of zlib-compressed little-endian int64.
+The key also covers a fingerprint of this package's source, so a change to any scheduler
+retires every old entry.  A loaded schedule must pass ``verify_schedule`` against the phase
+before it is used; one that does not is damage like any other.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import base64
 import dataclasses
 import functools
 import hashlib
-import json
 import logging
-import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import numpy as np
 from ipu_stack.exchange.model import Schedule, ScheduleError, Transfers
 from ipu_stack.exchange.scheduler import reuse_schedule, schedule_exchange
 from ipu_stack.exchange.verify import verify_schedule
-from ipu_stack.util.files import write_bytes_atomic
+from ipu_stack.util.cache import EntryCache, content_key
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.exchange")
@@ -107,22 +106,28 @@ def algorithm_fingerprint() -> str:
 
 
 class ScheduleStore:
-    """The on-disk schedule cache under ``cache_dir/exchange`` (see the module docstring)."""
+    """The on-disk schedule cache under ``cache_dir/exchange``: an
+    :class:`~ipu_stack.util.cache.EntryCache` whose decode also runs ``verify_schedule``
+    against the phase being compiled (see the module docstring)."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.root = Path(cache_dir) / "exchange"
 
-    def path(self, digest: str, paired: bool = False) -> Path:
-        mode = "paired" if paired else "plain"
-        key = hashlib.sha256(f"{algorithm_fingerprint()}:{mode}:{digest}".encode()).hexdigest()
-        return self.root / key / "schedule.json"
-
     @staticmethod
-    def _payload_sha(payload: dict[str, Any]) -> str:
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    def key(digest: str, paired: bool = False) -> str:
+        """The entry's content address: the phase, the mode and the schedulers' source."""
+        return content_key("exchange schedule", algorithm_fingerprint(),
+                           "paired" if paired else "plain", digest)
+
+    def _cache(self) -> EntryCache:
+        return EntryCache(self.root, "exchange")
+
+    def path(self, digest: str, paired: bool = False) -> Path:
+        return self.root / f"{self.key(digest, paired)}.json"
 
     def save(self, digest: str, s: Schedule, paired: bool = False) -> None:
-        """Write ``s`` for the phase ``digest`` atomically (parallel writers both succeed)."""
+        """Write ``s`` for the phase ``digest`` atomically (parallel writers both succeed; a
+        failed write is a warning)."""
         payload: dict[str, Any] = {
             "format": FORMAT, "version": VERSION, "phase": digest, "paired": paired,
             "algorithm": algorithm_fingerprint(), "kind": s.kind, "horizon": int(s.horizon),
@@ -132,25 +137,15 @@ class ScheduleStore:
             if getattr(s, name) is not None:
                 raw = zlib.compress(_column_bytes(getattr(s, name)), 6)
                 payload[name] = base64.b64encode(raw).decode("ascii")
-        entry = {"payload": payload, "sha256": self._payload_sha(payload)}
-        write_bytes_atomic(self.path(digest, paired),
-                           json.dumps(entry, sort_keys=True).encode() + b"\n")
+        self._cache().save(self.key(digest, paired), payload)
 
     def load(
-        self, digest: str, t: Transfers, paired: bool = False
+        self, digest: str, t: Transfers, paired: bool = False, phase: int | None = None
     ) -> tuple[Schedule | None, str]:
         """The verified schedule stored for ``t`` (and ``""``), or None and why it was
-        unusable (``""`` when there is simply no entry)."""
-        path = self.path(digest, paired)
-        if not path.exists() and not path.is_symlink():
-            return None, ""
-        try:
-            if path.is_symlink() or not path.is_file():
-                raise ValueError("entry is not a regular file")
-            entry = json.loads(path.read_bytes())
-            payload = entry["payload"]
-            if entry["sha256"] != self._payload_sha(payload):
-                raise ValueError("checksum mismatch")
+        unusable (``""`` when there is simply no entry; an unusable one is removed)."""
+
+        def decode(payload: dict[str, Any]) -> Schedule:
             stored = (payload["format"], payload["version"], payload["phase"],
                       payload["paired"], payload["algorithm"])
             if stored != (FORMAT, VERSION, digest, paired, algorithm_fingerprint()):
@@ -161,20 +156,14 @@ class ScheduleStore:
             schedule = Schedule(int(payload["horizon"]), int(payload["lower_bound"]),
                                 str(payload["kind"]), *columns,
                                 None if lanes is None else _decode_column(lanes, chunks))
-            verify_schedule(t, schedule)
-        except ScheduleError as failure:
-            return None, f"schedule does not verify: {failure}"
-        except (OSError, ValueError, KeyError, TypeError, zlib.error) as failure:
-            return None, f"{type(failure).__name__}: {failure}"
-        return schedule, ""
+            try:
+                verify_schedule(t, schedule)
+            except ScheduleError as failure:
+                raise ValueError(f"schedule does not verify: {failure}") from None
+            return schedule
 
-    def discard(self, digest: str, paired: bool = False) -> None:
-        """Remove an unusable entry (a directory in its place included)."""
-        path = self.path(digest, paired)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+        return self._cache().load(self.key(digest, paired), decode,
+                                  phase=-1 if phase is None else phase)
 
 
 @dataclass
@@ -223,11 +212,7 @@ class ScheduleMemo:
             schedule = _freeze_schedule(schedule_exchange(t, phase=phase, paired=paired))
             self.scheduled += 1
             if self.store is not None:
-                try:
-                    self.store.save(digest, schedule, paired)
-                except OSError as failure:  # the cache is an optimisation, never a failure
-                    event(LOG, "could not write exchange schedule cache entry", logging.WARNING,
-                          path=str(self.store.path(digest, paired)), reason=str(failure))
+                self.store.save(digest, schedule, paired)  # a failed write is a warning
         self.entries[(digest, paired)] = _Entry(_freeze_transfers(t), schedule)
         return schedule
 
@@ -237,16 +222,12 @@ class ScheduleMemo:
         if self.store is None:
             return None
         t.validate()  # the verifier assumes a valid instance, as schedule_exchange does
-        schedule, reason = self.store.load(digest, t, paired)
+        schedule, reason = self.store.load(digest, t, paired, phase)
         if schedule is not None:
             self.loaded += 1
             event(LOG, "loaded verified exchange schedule from cache", logging.DEBUG,
                   phase=-1 if phase is None else phase, selected_kind=schedule.kind)
             return _freeze_schedule(schedule)
-        if reason:
+        if reason:  # the store dropped it with a warning; the caller schedules afresh
             self.rejected += 1
-            event(LOG, "exchange schedule cache entry rejected, rebuilding", logging.WARNING,
-                  phase=-1 if phase is None else phase, reason=reason,
-                  path=str(self.store.path(digest, paired)))
-            self.store.discard(digest, paired)
         return None

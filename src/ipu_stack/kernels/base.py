@@ -1,7 +1,7 @@
-"""The kernel contract: a specialised instance with a name, a cycle cost and tile-byte semantics.
+"""The kernel contract: a specialised instance with a name and tile-byte semantics.
 
-A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is hashed
-into the content address of the kernel cache, so equal parameters give the same kernel.
+A :class:`KernelInstance` is a family plus frozen parameters; its canonical JSON is its
+identity (equal parameters are the same kernel, and the package names it by its sha256).
 Semantics run on the simulated tile memory (``uint8 [tiles, bytes]``) for a batch of tiles
 at once: every tile of the batch runs the same instance; each operand's address is one for
 all tiles or one per tile (an int array), so one kernel call of a package runs as one batch
@@ -21,9 +21,7 @@ import numpy as np
 
 from ipu_stack.ir import rounding
 from ipu_stack.ir.precision import Precision
-from ipu_stack.target import Target
 
-CostFn = Callable[[dict[str, Any], Target], int]
 RunFn = Callable[[dict[str, Any], np.ndarray, np.ndarray, list[int]], None]
 NameFn = Callable[[dict[str, Any]], str]
 AccessFn = Callable[[dict[str, Any]], list[tuple[int, int, bool]]]
@@ -52,13 +50,14 @@ RegionFn = Callable[[dict[str, Any]], list[Region]]
 
 @dataclass(frozen=True)
 class KernelFamily:
-    """One kernel family: how to name, cost, run and bound the accesses of its instances."""
+    """One kernel family: how to name, run and bound the accesses of its instances (what an
+    instance should cost is the planner's business, ``planning.costs``; what it did cost is
+    the device's, ``device.pricing``, from the work its run reports)."""
 
     name: str
     source: str
     code_bytes: int
     make_name: NameFn
-    cost: CostFn
     run: RunFn
     accesses: AccessFn  # per operand: (operand index, byte length, writes)
     regions: RegionFn  # the exact bytes read and written
@@ -103,9 +102,6 @@ class KernelInstance:
     @property
     def name(self) -> str:
         return self.impl.make_name(self.params)
-
-    def cost(self, target: Target) -> int:
-        return self.impl.cost(self.params, target)
 
     def to_json(self) -> dict[str, Any]:
         return {"family": self.family, "params": self.params}

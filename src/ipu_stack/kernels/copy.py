@@ -11,16 +11,11 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.kernels.base import KernelFamily, Region, read_rows, register, write_rows
-from ipu_stack.target import Target
-from ipu_stack.target.timing import Work, estimate_copy
+from ipu_stack.target.timing import Work
 
 
 def _name(p: dict[str, Any]) -> str:
     return f"copy_r{p['rows']}_b{p['row_bytes']}"
-
-
-def _cost(p: dict[str, Any], target: Target) -> int:
-    return estimate_copy(p["rows"] * p["row_bytes"])
 
 
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
@@ -51,7 +46,6 @@ COPY = register(
         source="kernels/copy.py (ld64/st64 loop)",
         code_bytes=96,
         make_name=_name,
-        cost=_cost,
         run=_run,
         accesses=_accesses,
         regions=_regions,

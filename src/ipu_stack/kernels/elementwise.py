@@ -16,7 +16,6 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.target import timing
 from ipu_stack.target.timing import Work, split_over_workers
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -124,18 +123,3 @@ def chain_work(chain: list[list[Any]], rows: int, cols: int) -> list[Work]:
         else:
             work.append(Work(kind, {"per_worker": per_worker}))
     return work
-
-
-def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
-    """The planner's closed form of the same passes."""
-    elements = rows * cols
-    prices = {
-        "bias_gelu": lambda: timing.estimate_bias_gelu(rows, cols),
-        "gelu": lambda: timing.estimate_gelu(elements),
-        **{name: lambda name=name: timing.estimate_activation(elements, name)
-           for name in ACTIVATIONS},
-        "elementwise": lambda: timing.estimate_elementwise(elements),
-        "cast_f8": lambda: timing.estimate_cast(elements, to_fp8=True),
-        "cast_f16": lambda: timing.estimate_cast(elements, to_fp8=False),
-    }
-    return sum(prices[kind]() for kind in chain_passes(chain))

@@ -19,9 +19,8 @@ import numpy as np
 
 from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
-from ipu_stack.kernels.elementwise import apply_chain, chain_work, estimate_chain
-from ipu_stack.target import Target
-from ipu_stack.target.timing import Work, estimate_reduce, split_over_workers
+from ipu_stack.kernels.elementwise import apply_chain, chain_work
+from ipu_stack.target.timing import Work, split_over_workers
 
 
 def _name(p: dict[str, Any]) -> str:
@@ -33,15 +32,6 @@ def _name(p: dict[str, Any]) -> str:
 
 def _partial(p: dict[str, Any]) -> Precision:
     return Precision.from_json(p.get("partials", {"kind": "F32"}))
-
-
-def _cost(p: dict[str, Any], target: Target) -> int:
-    elements = p["rows"] * p["cols"]
-    if elements == 0:
-        return 0
-    f32 = _partial(p).kind == "F32"
-    return estimate_reduce(elements, p["parts"], f32) + estimate_chain(p["chain"], p["rows"],
-                                                                       p["cols"])
 
 
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
@@ -99,7 +89,6 @@ EPILOGUE = register(
         source="kernels/epilogue.py (reduce of FP16/F32 partials + fused elementwise chain)",
         code_bytes=896,
         make_name=_name,
-        cost=_cost,
         run=_run,
         accesses=_accesses,
         regions=_regions,

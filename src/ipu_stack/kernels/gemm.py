@@ -35,8 +35,7 @@ from ipu_stack.kernels.base import (
     register,
     write_rows,
 )
-from ipu_stack.target import Target
-from ipu_stack.target.timing import Work, estimate_gemm, p, split_over_workers
+from ipu_stack.target.timing import Work, p, split_over_workers
 
 MODES = ("fp8", "f16")
 
@@ -50,7 +49,7 @@ def _fp8_operands(params: dict[str, Any]) -> bool:
     return Precision.from_json(params["a"]).is_fp8
 
 
-def _b_shape(params: dict[str, Any]) -> tuple[int, int]:
+def b_shape(params: dict[str, Any]) -> tuple[int, int]:
     return (params["cols"], params["depth"]) if params.get("b_transposed") else (
         params["depth"], params["cols"])
 
@@ -59,7 +58,7 @@ def scratch_bytes(params: dict[str, Any]) -> int:
     """F16 copies of FP8 operands an F16-mode call needs (0 otherwise)."""
     if params["mode"] != "f16" or not _fp8_operands(params):
         return 0
-    b_rows, b_cols = _b_shape(params)
+    b_rows, b_cols = b_shape(params)
     return 2 * (params["rows"] * params["depth"] + b_rows * b_cols)
 
 
@@ -70,15 +69,6 @@ def _name(params: dict[str, Any]) -> str:
     return f"gemm_{kind}_interleaved{order}_k{params['depth']}_c{params['cols']}_r{lo}_r{hi}"
 
 
-def _cost(params: dict[str, Any], target: Target) -> int:
-    cast = 0
-    if scratch_bytes(params):
-        b_rows, b_cols = _b_shape(params)
-        cast = params["rows"] * params["depth"] + b_rows * b_cols
-    return estimate_gemm(params["rows"], params["depth"], params["cols"],
-                         params["mode"] == "fp8", cast_elements=cast)
-
-
 CHUNK_BYTES = 32 << 20  # decoded operand bytes per batch: keeps the working set in cache
 
 
@@ -87,7 +77,7 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     a_at, b_at, out_at, scratch_at = (per_tile(address, tiles) for address in addresses)
     pa, pb = Precision.from_json(params["a"]), Precision.from_json(params["b"])
     rows, depth, cols = params["rows"], params["depth"], params["cols"]
-    b_rows, b_cols = _b_shape(params)
+    b_rows, b_cols = b_shape(params)
     mode = params["mode"]
     cast = scratch_bytes(params) > 0
     step = max(1, CHUNK_BYTES // (4 * (rows * depth + depth * cols + rows * cols)))
@@ -127,7 +117,7 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
 def _regions(params: dict[str, Any]) -> list[Region]:
     a = Precision.from_json(params["a"]).itemsize
     b = Precision.from_json(params["b"]).itemsize
-    b_rows, b_cols = _b_shape(params)
+    b_rows, b_cols = b_shape(params)
     out = Region(2, 0, params["rows"], params["cols"] * partial_itemsize(params["mode"]),
                  params["out_pitch"], True)
     regions = [
@@ -151,7 +141,6 @@ GEMM = register(
         source="kernels/gemm.py (AMP f8v8hihov4amp FP16 partials / f16 AMP F32 partials)",
         code_bytes=1168,
         make_name=_name,
-        cost=_cost,
         run=_run,
         accesses=_accesses,
         regions=_regions,

@@ -24,8 +24,7 @@ import numpy as np
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
-from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work, estimate_chain
-from ipu_stack.target import Target, timing
+from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
 
@@ -39,41 +38,19 @@ def _out_cast(p: dict[str, Any]) -> bool:
     return p["op"] != "chain" and Precision.from_json(p["out"]).is_fp8
 
 
-def _cost(p: dict[str, Any], target: Target) -> int:
-    rows, cols, op = p["rows"], p["cols"], p["op"]
-    if rows * cols == 0:
-        return 0
-    if op == "layer_norm":
-        cycles = timing.estimate_layer_norm(rows, cols)
-    elif op == "rms_norm":
-        cycles = timing.estimate_rms_norm(rows, cols)
-    elif op in ("mul", "swiglu"):
-        cycles = timing.estimate_activation(rows * cols, op)
-    elif op == "softmax":
-        cycles = timing.estimate_softmax(rows, cols)
-    elif op == "biased_softmax":
-        cycles = timing.estimate_softmax(rows, cols) + timing.estimate_activation(rows * cols,
-                                                                                  "add_bias")
-    elif op == "add":
-        cycles = timing.estimate_binary(rows * cols)
-    elif op == "rope":
-        cycles = timing.estimate_binary(rows * cols, "rope_step")
-    else:
-        cycles = estimate_chain(p["chain"], rows, cols)
-    if _out_cast(p):
-        cycles += timing.estimate_cast(rows * cols, to_fp8=True)
-    return cycles
-
-
-def _work(p: dict[str, Any]) -> list[Work]:
-    rows, cols, op = p["rows"], p["cols"], p["op"]
+def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
+    """What the row loops did over one tile's ``rows x cols`` block (``block`` is the shape
+    the kernel read, ``[tiles, rows, cols]``): rows in turn for a layer norm, rows over
+    16-key panels for a softmax, elements dealt to six workers otherwise."""
+    rows, cols = int(block[1]), int(block[2])
+    op = p["op"]
     per_worker = split_over_workers(rows * cols)
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
     if op in ("layer_norm", "rms_norm"):
-        work = [Work(op, {"rows": rows, "width": cols})]
+        work = [Work(op, {"row_widths": [cols] * rows})]
     elif op in ("softmax", "biased_softmax"):
-        work = [Work("softmax", {"rows": rows, "keys": cols})]
+        work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
         if op == "biased_softmax":
             work.append(Work("add_bias", {"per_worker": per_worker}))
     else:
@@ -148,7 +125,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         raise ValueError(f"unknown row operation {op!r}")
     out = Precision.from_json(p["out"])
     write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
-    return _work(p)
+    return _work(p, x.shape)
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
@@ -199,7 +176,6 @@ ROWWISE = register(
         source="kernels/rowwise.py (f32v2 row loops)",
         code_bytes=640,
         make_name=_name,
-        cost=_cost,
         run=_run,
         accesses=_accesses,
         regions=_regions,

@@ -31,7 +31,6 @@ from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
 from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
 from ipu_stack.planning.gemm import GemmPlan
-from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage, RowStage, Stage, chain_step
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.errors import CompileError
@@ -104,6 +103,25 @@ def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan) -> list[Group]:
                 groups.append(Group((g * tokens, 0), (b * tokens, h * head_dim),
                                     (b * tokens, h * head_dim), base))
     return groups
+
+
+@dataclass
+class _GemmGrid:
+    """What the four parts of a GEMM stage share: the tile grids (one per head group, each
+    ``[rows, cols, depth]`` of tile numbers), the operand layouts and the partials' format."""
+
+    stage: GemmStage
+    plan: GemmPlan
+    name: str
+    groups: list
+    grids: list[np.ndarray]
+    all_tiles: np.ndarray
+    a_layouts: list[BlockLayout]
+    b_layouts: list[BlockLayout]
+    transposed: bool
+    partial_prec: Precision
+    partial_pitch: int
+    cols_valid: np.ndarray
 
 
 class Lowering:
@@ -237,13 +255,24 @@ class Lowering:
 
     # ------------------------------------------------------------------ GEMM stages
     def gemm_stage(self, stage: GemmStage, plan: GemmPlan) -> None:
+        """A GEMM stage in four supersteps' worth of steps: operands to their tiles, the AMP
+        into partials, the reduce-scatter of depth partials, the reduce with its fused
+        chain into the stage output."""
+        grid = self._gemm_grid(stage, plan)
+        a_buf, b_buf = self._gemm_operands(grid)
+        p_buf = self._gemm_partials(grid, a_buf, b_buf)
+        recv_buf = self._gemm_reduce_scatter(grid, p_buf)
+        self._gemm_epilogue(grid, p_buf, recv_buf)
+
+    def _gemm_grid(self, stage: GemmStage, plan: GemmPlan) -> _GemmGrid:
+        """Which tile holds which (row, column, depth) block, per head group, and the
+        operands' block layouts."""
         g = self.graph
         a_prec = g.value(stage.a).type.precision
         b_prec = g.value(stage.b).type.precision
-        out_prec = g.value(stage.out).type.precision
         m, k, n = plan.shape.rows, plan.shape.depth, plan.shape.cols
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
-        br, bk, bn, sub = plan.row_block, plan.depth_block, plan.col_block, plan.sub_rows
+        br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
         transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
         groups = stage_groups(g, stage, plan)
         if self.paired:
@@ -258,22 +287,30 @@ class Lowering:
         if all_tiles.max() >= self.target.tiles:
             raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
         name = f"stage{stage.index}"
-
-        # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
-        # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
-        # once per pass; A streams through the workers from standard memory.
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
-        a_buf = self.program.add_buffer(
-            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
-            f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
-        )
         if transposed:
             b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
                          for grid in grids]
         else:
             b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
                          for grid in grids]
+        partial_prec = F16 if plan.mode == "fp8" else F32
+        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
+        return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
+                         transposed, partial_prec, bn * partial_prec.itemsize, cols_valid)
+
+    def _gemm_operands(self, gg: _GemmGrid) -> tuple[int, int]:
+        """A's and B's blocks gathered onto the grid; their buffers."""
+        g, stage, name, groups = self.graph, gg.stage, gg.name, gg.groups
+        a_layouts, b_layouts, all_tiles = gg.a_layouts, gg.b_layouts, gg.all_tiles
+        # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
+        # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
+        # once per pass; A streams through the workers from standard memory.
+        a_buf = self.program.add_buffer(
+            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
+        )
         builder = TransferBuilder(f"{name}.operands")
         self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
                                              zip(a_layouts, groups, strict=True)], name)
@@ -291,18 +328,23 @@ class Lowering:
             self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
                                                  zip(b_layouts, groups, strict=True)], name)
         self.emit_exchange(builder)
+        return a_buf, b_buf
 
+    def _gemm_partials(self, gg: _GemmGrid, a_buf: int, b_buf: int) -> int:
+        """The AMP calls, grouped by valid block shape; the partials' buffer."""
+        stage, plan, name, grids, all_tiles = gg.stage, gg.plan, gg.name, gg.grids, gg.all_tiles
+        a_layouts, b_layouts, transposed = gg.a_layouts, gg.b_layouts, gg.transposed
+        partial_prec, partial_pitch, cols_valid = gg.partial_prec, gg.partial_pitch, gg.cols_valid
+        a_prec, b_prec = a_layouts[0].precision, b_layouts[0].precision
+        br, bn = plan.row_block, plan.col_block
         # 2. GEMM into partials (FP16 in FP8 mode, F32 in F16 mode), in interleaved memory
         # where the AMP reads and writes them 128 bits at a time.
-        partial_prec = F16 if plan.mode == "fp8" else F32
-        partial_pitch = bn * partial_prec.itemsize
         p_buf = self.program.add_buffer(
             f"{name}.partial", all_tiles, br * partial_pitch, MemoryClass.INTERLEAVED,
             f"{partial_prec} partial [{br}, {bn}] of {self._name(stage.out)}",
         )
         rows_valid = a_layouts[0].valid_rows()
         depth_valid = a_layouts[0].valid_cols()
-        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
         calls: dict[tuple, list[int]] = {}
         for grid in grids:
             for (r, c, d), tile in np.ndenumerate(grid):
@@ -328,7 +370,15 @@ class Lowering:
             compute.calls.append(Call(instance, tiles, [(a_buf, zero), (b_buf, zero),
                                                         (p_buf, zero), (s_buf, zero)]))
         self.program.run.append(compute)
+        return p_buf
 
+    def _gemm_reduce_scatter(self, gg: _GemmGrid, p_buf: int) -> int:
+        """Each depth tile sends every other one its slice of the partials; the buffer the
+        slices land in (-1 with no depth split)."""
+        plan, name, grids, all_tiles = gg.plan, gg.name, gg.grids, gg.all_tiles
+        partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
+        m, r_n, c_n, d_n = plan.shape.rows, plan.row_splits, plan.col_splits, plan.depth_splits
+        br, bn, sub = plan.row_block, plan.col_block, plan.sub_rows
         # 3. Reduce-scatter of the partials over the depth tiles.
         recv_buf = -1
         if d_n > 1:
@@ -360,7 +410,17 @@ class Lowering:
                         np.tile(slot_index[keep] * slot, count),
                     )
             self.emit_exchange(builder)
+        return recv_buf
 
+    def _gemm_epilogue(self, gg: _GemmGrid, p_buf: int, recv_buf: int) -> None:
+        """The reduce kernels with the fused chain, into the stage's output buffer."""
+        g, stage, plan, name, grids = self.graph, gg.stage, gg.plan, gg.name, gg.grids
+        groups, all_tiles, cols_valid = gg.groups, gg.all_tiles, gg.cols_valid
+        partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
+        m, n = plan.shape.rows, plan.shape.cols
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        bn, sub = plan.col_block, plan.sub_rows
+        out_prec = g.value(stage.out).type.precision
         # 4. Reduce + fused chain into the stage output.
         out_layouts = [
             BlockLayout(m, n, out_prec, sub, bn,
@@ -523,42 +583,3 @@ class Lowering:
         for piece in self.where[stage.out]:
             self.program.run.append(HostRead(value.name, piece.layout, piece.buffer,
                                              (piece.row0, piece.col0), index, operation))
-
-
-def lower(
-    graph: Graph,
-    plans: list[tuple[Stage, GemmPlan | None]],
-    target: Target,
-    paired: bool = False,
-    loop: LayerLoop | None = None,
-) -> Program:
-    """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
-    grids out for the paired-tiles exchange option), with a probe read of every stage result
-    that is not a graph output.  With ``loop``, ``plans`` are the compact stages
-    (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``)."""
-    from ipu_stack.lowering.loop import LoopLowering
-
-    lowering = Lowering(graph, target, paired)
-    lowering.land_inputs()
-    looping = LoopLowering(lowering, loop) if loop is not None else None
-    checkpoints = 0
-    for position, (stage, plan) in enumerate(plans):
-        if looping is not None and position == looping.loop.start:
-            looping.begin(checkpoints)
-        if isinstance(stage, GemmStage):
-            assert plan is not None
-            lowering.gemm_stage(stage, plan)
-        else:
-            lowering.row_stage(stage)
-        if graph.value(stage.out).role != "output":
-            lowering.checkpoint(stage, checkpoints)
-            checkpoints += 1
-        if looping is not None and position == looping.loop.start + looping.loop.length - 1:
-            checkpoints = looping.end(checkpoints)
-    lowering.read_outputs()
-    program = lowering.program
-    program.compute_lifetimes()
-    end = len(program.initialize) + len(program.run) - 1
-    for step in program.initialize:
-        program.buffers[step.buffer].last = end  # weights stay resident across runs
-    return program

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ipu_stack.util.errors import PackageError
+from ipu_stack.util.files import open_regular
 from ipu_stack.util.log import event
 
 from .format import (
@@ -66,7 +67,8 @@ def read_package(
     """
     name = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
+        # a device, FIFO or folder is refused on its fstat, before a byte is read
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > max_bytes:
                 raise PackageError(_too_large(name, size, max_bytes))

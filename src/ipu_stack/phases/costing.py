@@ -18,6 +18,7 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.lowering.program import ComputeSet, Exchange, Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.memory.support import LAYER_ADDRESS_BYTES
+from ipu_stack.planning.costs import estimate_exchange_phase, kernel_cost
 from ipu_stack.planning.gemm import GemmPlan, GemmShape
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage
@@ -93,7 +94,7 @@ def row_stage_cycles(program: Program, target: Target) -> int:
             continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            cost = max(call.instance.cost(target) for call in step.calls) + timing.p("sync")
+            cost = max(kernel_cost(call.instance) for call in step.calls) + timing.p("sync")
             total += int(times[index]) * cost
     return total
 
@@ -106,7 +107,7 @@ def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],
     total = 0
     for index, schedule in schedules.items():
         horizon, _ = instruction_horizon(schedule, to_transfers(by_index[index], target))
-        total += int(times[index]) * (timing.estimate_exchange_phase(horizon) + timing.p("sync"))
+        total += int(times[index]) * (estimate_exchange_phase(horizon) + timing.p("sync"))
     return total
 
 

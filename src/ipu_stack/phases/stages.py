@@ -16,9 +16,9 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.codegen.emit import emit_program
+from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
-from ipu_stack.kernels.cache import compile_kernels
-from ipu_stack.lowering.lower import lower
+from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
 from ipu_stack.memory.placement import Placement, fragmentation, place_storage
@@ -137,7 +137,7 @@ def select_finalist(build: Build) -> Fields:
         phases += len(schedules)
         estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))
         event(
-            LOG, "scheduled operator-plan finalist", finalist=index, mapped=False,
+            LOG, "scheduled operator-plan finalist", finalist=index,
             analytical_cycles=estimate["analytical_cycles"],
             analytical_exchange_cycles=estimate["analytical_exchange_cycles"],
             scheduled_exchange_cycles=estimate["scheduled_exchange_cycles"],
@@ -147,8 +147,7 @@ def select_finalist(build: Build) -> Fields:
             best = (index, plans, program, estimate, schedules)
     assert best is not None
     selected, build.plans, build.program, build.estimate, build.schedules = best
-    event(LOG, "selected physically scheduled operator-plan finalist", selected=selected,
-          mapped=False)
+    event(LOG, "selected physically scheduled operator-plan finalist", selected=selected)
     return reuse_fields(phases, before, memo)
 
 
@@ -160,12 +159,6 @@ def plan_kernels(build: Build) -> Fields:
           exchange_phases=len(build.program.exchanges()))
     build.instances = kernel_instances(build.program)
     return {"instances": len(build.instances)}
-
-
-def compile_kernels_stage(build: Build) -> Fields:
-    """Put every instance in the content-addressed kernel cache (verified on read)."""
-    cache = Path(build.options.cache_dir) if build.options.cache_dir else None
-    return compile_kernels(build.instances, build.target, cache)
 
 
 def size_tile_code(build: Build) -> Fields:
@@ -232,7 +225,9 @@ def emit_tile_code(build: Build) -> Fields:
     assert build.program is not None and build.placement is not None
     event(LOG, "costed final placed program", final_cycles=build.estimate["cycles"],
           final_exchange=build.estimate["scheduled_exchange_cycles"])
-    build.fragment, build.arrays = emit_program(build.program, build.placement, build.schedules)
+    build.device_program = emit_program(build.program, build.placement, build.schedules,
+                                        build.target)
+    build.fragment, build.arrays = to_manifest(build.device_program)
     return {}
 
 

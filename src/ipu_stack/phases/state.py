@@ -13,16 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.contract import DeviceProgram
 from ipu_stack.exchange import Schedule, ScheduleMemo
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.cache import default_cache_dir
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
 from ipu_stack.target import Target
+from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.workloads.base import Workload
 
 
@@ -42,6 +43,7 @@ class CompileOptions:
     # so neither is recorded in it.
     reuse_schedules: bool = True
     exchange_cache: bool = False  # also keep schedules on disk under cache_dir/exchange
+    dump_stages: str | None = None  # write each stage's artifact here (phases/dump.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,
@@ -60,6 +62,7 @@ class CompileResult:
     plans: list[str] = field(default_factory=list)
     peak_bytes: int = 0
     active_tiles: int = 0
+    device_program: DeviceProgram | None = None  # what the package holds, typed
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Build:
     # write_memory_reports
     profile: dict[str, Any] = field(default_factory=dict)
     # emit_tile_code
+    device_program: DeviceProgram | None = None
     fragment: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     # write_package

@@ -16,10 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ipu_stack.ir.layout import WORD, round_up
-from ipu_stack.kernels.elementwise import estimate_chain
 from ipu_stack.kernels.gemm import partial_itemsize
+from ipu_stack.planning.costs import (
+    estimate_chain,
+    estimate_exchange_phase,
+    estimate_gemm,
+    estimate_reduce,
+)
 from ipu_stack.target import Target
-from ipu_stack.target.timing import estimate_exchange_phase, estimate_gemm, estimate_reduce, p
+from ipu_stack.target.timing import p
 from ipu_stack.util.errors import CompileError
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ipu_stack.device.record import StepRecord
 from ipu_stack.util.errors import UsageError
-from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.files import read_regular, write_text_atomic
 
 FORMAT = "ipu-stack-profile"
 VERSION = 1
@@ -133,7 +133,7 @@ def save_profile(path: Path, profile: Profile) -> None:
 def load_profile(path: Path) -> Profile:
     """Read a ``profile.json``; a wrong format, version or checksum is one line."""
     try:
-        outer = json.loads(Path(path).read_text())
+        outer = json.loads(read_regular(path).decode("utf-8"))  # a device is refused unread
         data = outer["profile"]
         body = json.dumps(data, sort_keys=True, separators=(",", ":"))
         if hashlib.sha256(body.encode()).hexdigest() != outer["sha256"]:

@@ -103,8 +103,6 @@ def run_package(
         event(LOG, "opening IPU device", path=name)
         device = SimulatedIpu(target, poison=poison, record=record)
         event(LOG, "IPU device attached", path=name)
-        event(LOG, "initializing IPU device")
-        event(LOG, "IPU device initialized")
         device.load(package)
         event(LOG, "application loaded and initial synchronization completed",
               tile_count=target.tiles)

@@ -4,7 +4,7 @@ A point runs exactly as ``bench`` would and returns its bench record plus the sw
 fields (key, swept values, compiler version, options hash, status).  A point that fails to
 compile or place, or whose numbers FAIL, is a record with ``status`` and ``error``: it never
 stops the sweep.  Each point runs on its own private simulated device (no lock, nothing
-waits); the kernel cache is shared (its writes are atomic and verified on read).
+waits); the on-disk cache is shared (its writes are atomic and verified on read).
 """
 
 from __future__ import annotations

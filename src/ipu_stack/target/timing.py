@@ -1,20 +1,22 @@
-"""The timing model: what each piece of work costs on an ipu21, and where each price comes from.
+"""The price table: what each piece of work costs on an ipu21, and where each price comes from.
 
-Every cycle the planner estimates or the simulator counts is priced here, so a price changes
-in one place.  The prices come from (best first) kernels measured on an ipu21 by the reference
-implementation, the vendor's estimators (poplibs), or the seed logs; a price with none of these
-behind it says "assumed" and how far siglip-mlp moves when it doubles (``docs/machine.md``).
+Every cycle the planner estimates or the simulator counts starts from a price here, so a
+price changes in one place.  The prices come from (best first) kernels measured on an ipu21
+by the reference implementation, the vendor's estimators (poplibs), or the seed logs; a price
+with none of these behind it says "assumed" and how far siglip-mlp moves when it doubles
+(``docs/machine.md``).
 
-Two entry points, kept apart on purpose:
+Two users read the table, and share nothing else:
 
-* ``estimate_*`` are the planner's closed forms over a kernel's shape (rows, depth, columns,
-  elements);
-* :func:`price_work` prices a :class:`Work` record that a kernel *reports after it ran*
-  (passes it looped over, rows, per-worker element counts, where its operands really sat),
-  which is what the simulator times.
+* ``planning.costs`` holds the planner's closed forms over a kernel's shape (rows, depth,
+  columns, elements);
+* ``device.pricing`` prices the :class:`Work` a kernel *reports after it ran* (passes it
+  looped over, rows, per-worker element counts, where its operands really sat) and the
+  chunks an exchange phase moved, which is what the simulator times.
 
-They share the constants below and nothing else, so the benchmark's ``estimateError`` (their
-disagreement) is evidence, not a tautology.
+The imports enforce it (``tests/unit/test_imports.py``): ``device`` imports nothing from
+``planning`` and ``planning`` nothing from ``device``, so the benchmark's ``estimateError``
+(their disagreement) is evidence, not a tautology.
 """
 
 from __future__ import annotations
@@ -74,11 +76,12 @@ PRICES: dict[str, Fact] = {
     "launch": Fact(11, f"{_VENDOR} basicOpSupervisorOverhead(false): vertex launch"),
     # Exchange, sync and host link.
     "exchange_phase": Fact(
-        237, "shared/CALIBRATION.md, from the reference's profile notes: three attention "
-        "phases measured at scheduled horizon + 237 (33,542/36,987/37,377 -> "
-        "33,780/37,224/37,614); covers the receive-mux latency (52 + 2 x physical row) and "
-        "the pipeline drain. Unverified: our search did not find the note's text in the code "
-        "index (the reference itself charges + 600 per phase)"),
+        237, "reference notes 'Layout and barrier diagnosis, 2026-09-05' (osmarks/ipu-stack "
+        "docs/PROFILE_LAYOUT_DIAGNOSIS.md at a53fce39, section Attention): hardware profile "
+        "of the projected attention program, exchange phases 6/7/8 scheduled 33,542 / 36,987 "
+        "/ 37,377 cycles, measured 33,780 / 37,224 / 37,614 after the last arrival (+238, "
+        "+237, +237); covers the receive-mux latency (52 + 2 x physical row) and the "
+        "boundary overhead (the reference's own model charges + 600 per phase)"),
     "send_words": Fact(64, f"{_CODE}: the send instruction's 6-bit word count; longer "
                            "messages continue with sendoff"),
     "send_alignment_events": Fact(
@@ -108,6 +111,43 @@ PRICES.update({
     "rope_step": Fact(
         96, "assumed: RoPE (two multiplies and an add per element, cos/sin loads) at twice "
         "the residual add's price; only pe-block uses it"),
+})
+
+# The measured layer norm's cost of one row of ``width`` (after ``layer_norm_call``): a
+# setup, the statistics pass and the apply pass, each with an aligned fast path (width >= 96
+# and a multiple of 8 for the statistics, a multiple of 4 for the apply).
+_LN = f"{_REF}: layernorm row = stats + apply + setup, fitted to (1,1152) 6,732 and (3,1152) 19,938"
+PRICES.update({
+    "layer_norm_setup_aligned": Fact(1329, _LN),
+    "layer_norm_setup": Fact(1200, _LN),
+    "layer_norm_stats_per_48": Fact(12, _LN),
+    "layer_norm_stats_per_24": Fact(30, _LN),
+    "layer_norm_stats_base": Fact(24, _LN),
+    "layer_norm_stats_per_12": Fact(48, f"{_LN}; unaligned widths"),
+    "layer_norm_apply_base": Fact(66, _LN),
+    "layer_norm_apply_per_24": Fact(72, _LN),
+    "layer_norm_apply_per_12": Fact(60, f"{_LN}; widths not a multiple of 4"),
+})
+
+# The whole-row softmax (fewer than 128 keys, or when cheaper than the split kernel): the
+# reference's per-row instruction count of its softmax vertex, per 16-key panel, the
+# launch, and the padding tail when keys are not a multiple of 16.
+_SM = f"{_CODE}: whole-row softmax vertex model (no measured point; the split kernel is measured)"
+PRICES.update({
+    "softmax_row": Fact(31, _SM),
+    "softmax_row_panels": Fact(2, f"{_SM}: once when there is a full panel"),
+    "softmax_panel16": Fact(41, f"{_SM}: per full 16-key panel"),
+    "softmax_row_exact": Fact(7, f"{_SM}: keys a multiple of 16"),
+    "softmax_launch_exact": Fact(216, _SM),
+    "softmax_launch_tail": Fact(234, _SM),
+    "softmax_tail_row": Fact(26, f"{_SM}: 5 + 21 per row with a partial panel"),
+    "softmax_tail_full": Fact(6, f"{_SM}: partial panel after a full one"),
+    "softmax_tail_mask": Fact(4, f"{_SM}: masking after full panels (2 without)"),
+    "softmax_tail_pairs": Fact(2, f"{_SM}: once when the tail has key pairs"),
+    "softmax_tail_pair": Fact(12, f"{_SM}: per key pair of the tail"),
+    "softmax_tail_odd": Fact(12, f"{_SM}: an odd last key"),
+    "softmax_zero_pair": Fact(2, f"{_SM}: per zeroed pair of the padded panel (+1 once)"),
+    "softmax_zero_panel": Fact(10, f"{_SM}: per fully padded panel (+1 once)"),
 })
 
 
@@ -152,153 +192,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-# ---------------------------------------------------------------------------- the planner
-def amp_passes(depth: int, cols: int, fp8: bool) -> int:
-    """AMP passes of one call: 16-column groups x depth groups."""
-    step = p("amp_f8_depth") if fp8 else p("amp_f16_depth")
-    return cdiv(cols, p("amp_out_columns")) * cdiv(depth, step)
-
-
-def estimate_gemm(rows: int, depth: int, cols: int, fp8: bool, weights_interleaved: bool = True,
-                  cast_elements: int = 0) -> int:
-    """One AMP call on one tile: 294 + passes x (4 x rows + weight load), plus the FP8 -> F16
-    cast of its operands in F16 mode (``cast_elements``)."""
-    if rows == 0 or depth == 0 or cols == 0:
-        return 0
-    load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
-    cycles = p("amp_call") + amp_passes(depth, cols, fp8) * (p("amp_row") * rows + load)
-    if cast_elements:
-        cycles += p("cast_call") + p("cast_from_f8_step") * cdiv(cast_elements, 48)
-    return cycles
-
-
-def estimate_reduce(outputs: int, parts: int, f32_partials: bool) -> int:
-    """Summing ``parts`` partials into ``outputs`` values (also the copy out when parts=1)."""
-    if outputs == 0:
-        return 0
-    vector = p("reduce_f32_vector") if f32_partials else p("reduce_vector")
-    step = p("reduce_step") + p("reduce_partial") * (parts - 1)
-    return p("reduce_call") + 6 * cdiv(outputs, 6 * vector) * step
-
-
-def estimate_gelu(elements: int) -> int:
-    return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
-
-
-def estimate_bias_gelu(rows: int, width: int) -> int:
-    if rows == 0 or width == 0:
-        return 0
-    return rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(width, 24)) + p("bias_gelu_call")
-
-
-def _vertex_cycles(vertex: str, per_worker: int) -> int:
-    """One popops supervisor vertex over ``per_worker`` halves on the busiest worker."""
-    if vertex in ("multiply", "add"):  # ADD HALF {1, true} is priced as MULTIPLY HALF
-        return 6 * (p("multiply_worker") + p("multiply_loop") * cdiv(per_worker, 4))
-    return 6 * (p("unary_worker") + p(f"{vertex}_loop") * cdiv(per_worker, 4)) + p("unary_tail")
-
-
-def activation_cycles(function: str, per_worker: int) -> int:
-    """An activation (or ``mul``/``swiglu``) whose busiest worker has ``per_worker`` elements:
-    its vendor vertices back to back, one launch each."""
-    return sum(p("launch") + _vertex_cycles(v, per_worker)
-               for v in ACTIVATION_VERTICES[function])
-
-
-def estimate_activation(elements: int, function: str) -> int:
-    """The planner's form: elements dealt evenly over the six workers."""
-    return activation_cycles(function, cdiv(elements, 6)) if elements else 0
-
-
-def estimate_rms_norm(rows: int, width: int) -> int:
-    """RMS norm over ``rows`` rows of ``width`` (assumed: the measured layer norm's price)."""
-    return int(estimate_layer_norm(rows, width) * float(PRICES["rms_norm_fraction"].value))
-
-
-def estimate_cast(elements: int, to_fp8: bool) -> int:
-    """F16/F32 -> FP8 (24 per 48) or F32 -> F16 (48 per 12)."""
-    if elements == 0:
-        return 0
-    if to_fp8:
-        return p("cast_call") + p("cast_f8_step") * cdiv(elements, 48)
-    return p("cast_call") + p("cast_f16_step") * cdiv(elements, 12)
-
-
-def estimate_elementwise(elements: int) -> int:
-    """A bias add or scale pass over F16 elements (assumed: priced as the measured cast)."""
-    return p("cast_call") + p("elementwise_step") * cdiv(elements, 48) if elements else 0
-
-
-def estimate_layer_norm(rows: int, width: int) -> int:
-    """F16 layer norm over ``rows`` rows of ``width`` (the reference's measured kernel)."""
-    if rows == 0 or width == 0:
-        return 0
-    return p("layer_norm_call") + rows * _layer_norm_row(width)
-
-
-def _layer_norm_row(width: int) -> int:
-    aligned = width >= 96 and width % 8 == 0
-    setup = 1329 if aligned else 1200
-    if aligned:
-        stats = cdiv(width, 48) * 12 + cdiv(width, 24) * 30 + 24
-    else:
-        stats = cdiv(width, 12) * 48
-    apply = 66 + cdiv(width, 24) * 72 if width % 4 == 0 else cdiv(width, 12) * 60
-    return stats + apply + setup
-
-
-def estimate_softmax(rows: int, keys: int) -> int:
-    """F16 softmax of ``rows`` rows over ``keys`` (padded to 16): the cheaper of the
-    whole-row and (for 128 keys or more) the three-segment split kernel."""
-    if rows == 0 or keys == 0:
-        return 0
-    padded = cdiv(keys, 16) * 16
-    whole = _softmax_whole(rows, keys, padded)
-    if keys < 128:
-        return whole
-    split = (p("softmax_split_call") + cdiv(rows, 2) * 6 * (
-        p("softmax_panel") * cdiv(padded, 48) + p("softmax_segment"))
-        + p("softmax_wave") * cdiv(rows, 6))
-    return min(whole, split)
-
-
-def _softmax_whole(rows: int, keys: int, padded: int) -> int:
-    full = keys // 16
-    row = 31 + 2 * (full != 0) + 41 * full
-    if keys == padded:
-        row += 7
-        launch = 216
-    else:
-        pairs = (keys % 16) // 2
-        zero_pairs = 8 - cdiv(keys % 16, 2)
-        zero_panels = max(0, padded // 16 - full - 1)
-        row += 5 + 6 * (full != 0) + 21 + (4 if full else 2) + 2 * (pairs != 0) + 12 * pairs
-        row += 12 * (keys % 2) + (zero_pairs != 0) + 2 * zero_pairs + (zero_panels != 0)
-        row += 10 * zero_panels
-        launch = 234
-    return launch + cdiv(rows, 6) * 6 * row
-
-
-def estimate_binary(elements: int, step: str = "binary_step") -> int:
-    """A two-input F16 elementwise pass (residual add; RoPE with ``rope_step``)."""
-    return p("cast_call") + p(step) * cdiv(elements, 12) if elements else 0
-
-
-def estimate_copy(nbytes: int) -> int:
-    return p("copy_call") + cdiv(nbytes, p("copy_bytes_per_cycle")) if nbytes else 0
-
-
-def estimate_exchange_phase(horizon: int) -> int:
-    """One exchange phase: its (instruction-level) horizon plus the measured phase cost."""
-    return int(horizon) + p("exchange_phase")
-
-
-def host_cycles(nbytes: int, clock_hz: float) -> int:
-    """Cycles the host link needs for ``nbytes`` at 32 GB/s."""
-    return cdiv(int(nbytes) * int(clock_hz), int(PRICES["host_bytes_per_second"].value))
-
-
-# ---------------------------------------------------------------------------- the simulator
+# ---------------------------------------------------------------------------- work records
 @dataclass(frozen=True)
 class Work:
     """What one kernel call did on each tile of its batch, as counted while it ran.
@@ -317,49 +211,3 @@ def split_over_workers(total: int, workers: int = 6) -> list[int]:
     """How a kernel deals ``total`` items to its workers (first workers take one more)."""
     base, extra = divmod(int(total), workers)
     return [base + (1 if w < extra else 0) for w in range(workers)]
-
-
-def _busiest_steps(per_worker: list[int], vector: int) -> int:
-    return max((cdiv(n, vector) for n in per_worker), default=0)
-
-
-def price_work(work: Work, weights_interleaved: bool = True) -> int:
-    """Cycles of one executed kernel call on one tile (six workers round robin: a worker
-    step of ``k`` cycles costs the tile ``6 k``, and the busiest worker sets the pace)."""
-    c = work.counts
-    kind = work.kind
-    if kind == "amp":
-        if c["passes"] == 0 or c["rows"] == 0:
-            return 0
-        load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
-        return p("amp_call") + c["passes"] * (p("amp_row") * c["rows"] + load)
-    if kind == "reduce":
-        vector = p("reduce_f32_vector") if c["f32_partials"] else p("reduce_vector")
-        step = p("reduce_step") + p("reduce_partial") * (c["parts"] - 1)
-        return p("reduce_call") + 6 * _busiest_steps(c["per_worker"], vector) * step
-    if kind == "gelu":
-        return p("gelu_call") + p("gelu_step") * _busiest_steps(c["per_worker"], 16)
-    if kind == "bias_gelu":
-        row = p("bias_gelu_row") + p("bias_gelu_step") * _busiest_steps(c["cols_per_worker"], 4)
-        return c["rows"] * row + p("bias_gelu_call")
-    if kind in ("cast_f8", "cast_from_f8", "elementwise"):
-        step = {"cast_f8": "cast_f8_step", "cast_from_f8": "cast_from_f8_step",
-                "elementwise": "elementwise_step"}[kind]
-        return p("cast_call") + p(step) * _busiest_steps(c["per_worker"], 8)
-    if kind == "cast_f16":
-        return p("cast_call") + p("cast_f16_step") * _busiest_steps(c["per_worker"], 2)
-    if kind == "copy":
-        return p("copy_call") + cdiv(c["bytes"], p("copy_bytes_per_cycle"))
-    if kind == "layer_norm":  # rows one after another, each over all six workers
-        return p("layer_norm_call") + sum(_layer_norm_row(c["width"]) for _ in range(c["rows"]))
-    if kind == "softmax":
-        return estimate_softmax(c["rows"], c["keys"])
-    if kind in ACTIVATION_VERTICES:
-        return activation_cycles(kind, max(c["per_worker"], default=0))
-    if kind == "rms_norm":
-        layer_norm = p("layer_norm_call") + c["rows"] * _layer_norm_row(c["width"])
-        return int(layer_norm * float(PRICES["rms_norm_fraction"].value))
-    if kind in ("add", "rope"):
-        step = "binary_step" if kind == "add" else "rope_step"
-        return p("cast_call") + p(step) * _busiest_steps(c["per_worker"], 2)
-    raise ValueError(f"no price for work {kind!r}")

@@ -2,18 +2,16 @@
 
 Fitting a 27-layer tower's activation scales runs the whole model on a calibration image
 (about 20 s on 2 cores); the result is a few dozen integers that depend only on the
-workload, its sizes and seed and this compiler's version.  They are kept as JSON under the
-compile's cache folder (``calibration/<key>.json``, the key a SHA-256 of those inputs) with a
-checksum of the content; an entry that fails the checksum is ignored and rewritten.  The
-compile sets the folder for the duration of a build (:func:`cache_folder`); with none set,
-nothing is cached.
+workload, its sizes and seed and this compiler's version.  They are kept under the compile's
+cache folder (``calibration/<key>.json``, the key a SHA-256 of those inputs) by the shared
+:class:`~ipu_stack.util.cache.EntryCache`: verified on every read, written atomically, and a
+damaged entry dropped with a warning and rewritten.  The compile sets the folder for the
+duration of a build (:func:`cache_folder`); with none set, nothing is cached.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -21,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.cache import EntryCache, content_key
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.workloads")
 FORMAT = 1
+Scales = dict[str, dict[str, int]]
 _FOLDER: ContextVar[Path | None] = ContextVar("calibration_cache", default=None)
 
 
@@ -40,43 +39,37 @@ def cache_folder(folder: Path | None) -> Iterator[None]:
 
 
 def _key(name: str, params: dict[str, Any]) -> str:
-    body = json.dumps({"format": FORMAT, "compiler": __version__, "workload": name,
-                       "params": {k: v for k, v in params.items() if k != "batch"}},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
+    """Everything the exponents depend on; the batch does not change a per-row fit."""
+    return content_key({"format": FORMAT, "compiler": __version__, "workload": name,
+                        "params": {k: v for k, v in params.items() if k != "batch"}})
 
 
-def _digest(scales: dict[str, dict[str, int]]) -> str:
-    return hashlib.sha256(json.dumps(scales, sort_keys=True).encode()).hexdigest()
+def _decode(payload: dict[str, Any]) -> Scales:
+    if payload["format"] != FORMAT:
+        raise ValueError(f"format {payload['format']!r}, not {FORMAT}")
+    return {part: {str(k): int(v) for k, v in payload["scales"][part].items()}
+            for part in ("activations", "weights")}
 
 
-def load(name: str, params: dict[str, Any]) -> dict[str, dict[str, int]] | None:
-    """The cached ``{"activations": ..., "weights": ...}`` exponents, if any and intact."""
+def _cache() -> EntryCache | None:
     folder = _FOLDER.get()
-    if folder is None:
+    return None if folder is None else EntryCache(folder, "calibration")
+
+
+def load(name: str, params: dict[str, Any]) -> Scales | None:
+    """The cached ``{"activations": ..., "weights": ...}`` exponents, if any and intact."""
+    cache = _cache()
+    if cache is None:
         return None
-    path = folder / f"{_key(name, params)}.json"
-    try:
-        entry = json.loads(path.read_text())
-        scales = {part: {str(k): int(v) for k, v in entry["scales"][part].items()}
-                  for part in ("activations", "weights")}
-        if entry["sha256"] != _digest(scales):
-            raise ValueError("checksum mismatch")
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        event(LOG, "ignored a damaged calibration cache entry", level=logging.WARNING,
-              path=str(path), reason=str(exc))
-        return None
-    event(LOG, "reused cached calibration", workload=name, path=str(path))
+    scales, _ = cache.load(_key(name, params), _decode, workload=name)
+    if scales is not None:
+        event(LOG, "reused cached calibration", workload=name,
+              path=str(cache.path(_key(name, params))))
     return scales
 
 
-def store(name: str, params: dict[str, Any], scales: dict[str, dict[str, int]]) -> None:
-    folder = _FOLDER.get()
-    if folder is None:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    entry = {"format": FORMAT, "scales": scales, "sha256": _digest(scales)}
-    write_text_atomic(folder / f"{_key(name, params)}.json",
-                      json.dumps(entry, sort_keys=True, indent=1) + "\n")
+def store(name: str, params: dict[str, Any], scales: Scales) -> None:
+    """Keep ``scales`` for the next build of the same workload and sizes."""
+    cache = _cache()
+    if cache is not None:
+        cache.save(_key(name, params), {"format": FORMAT, "scales": scales})

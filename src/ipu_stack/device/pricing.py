@@ -1,0 +1,198 @@
+"""The device's pricing of executed work: cycles of what the simulator actually ran.
+
+The simulator hands this module the :class:`Work` each kernel call reports after its loops
+ran (AMP passes and rows, per-worker element counts, rows and keys of a softmax, where the
+weights really sat) and the chunks each exchange phase moved; it reads only the price table
+of :mod:`ipu_stack.target.timing`.  The planner's closed forms (``planning.costs``) price
+the same kernels from their parameters before anything runs; the two share the table and
+nothing else (``tests/unit/test_imports.py`` enforces it), so their difference, the
+benchmark's ``estimateError``, is evidence.
+
+Six workers run round robin: a worker step of ``k`` cycles costs the tile ``6 k``, and the
+busiest worker sets the pace.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, Work, p
+
+
+def _up(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def _steps(per_worker: list[int], vector: int) -> int:
+    """Steps of the busiest worker, ``vector`` items a step."""
+    return max((_up(n, vector) for n in per_worker), default=0)
+
+
+def _layer_norm_row(width: int) -> int:
+    """One row of the measured layer norm: setup, statistics pass, apply pass."""
+    if width >= 96 and width % 8 == 0:  # the aligned statistics path
+        setup = p("layer_norm_setup_aligned")
+        stats = (_up(width, 48) * p("layer_norm_stats_per_48")
+                 + _up(width, 24) * p("layer_norm_stats_per_24") + p("layer_norm_stats_base"))
+    else:
+        setup = p("layer_norm_setup")
+        stats = _up(width, 12) * p("layer_norm_stats_per_12")
+    if width % 4 == 0:
+        apply = p("layer_norm_apply_base") + _up(width, 24) * p("layer_norm_apply_per_24")
+    else:
+        apply = _up(width, 12) * p("layer_norm_apply_per_12")
+    return setup + stats + apply
+
+
+def _softmax_row_whole(keys: int, panels: int) -> int:
+    """One row of the whole-row vertex over ``keys`` keys in ``panels`` 16-key panels."""
+    full = keys // 16
+    cycles = p("softmax_row") + p("softmax_panel16") * full
+    if full:
+        cycles += p("softmax_row_panels")
+    tail = keys - 16 * full
+    if tail == 0:
+        return cycles + p("softmax_row_exact")
+    pairs, odd = tail // 2, tail % 2
+    zeroed_pairs = 8 - pairs - odd
+    padding_panels = max(0, panels - full - 1)
+    cycles += p("softmax_tail_row") + p("softmax_tail_pair") * pairs + p("softmax_tail_odd") * odd
+    cycles += (p("softmax_tail_full") + p("softmax_tail_mask")) if full else (
+        p("softmax_tail_mask") // 2)
+    if pairs:
+        cycles += p("softmax_tail_pairs")
+    if zeroed_pairs:
+        cycles += 1 + p("softmax_zero_pair") * zeroed_pairs
+    if padding_panels:
+        cycles += 1 + p("softmax_zero_panel") * padding_panels
+    return cycles
+
+
+def _softmax(rows: int, keys: int, panels: int) -> int:
+    """The softmax a tile ran: the whole-row vertex, or for 128 keys or more the measured
+    three-segment split kernel when it is faster (the codelet the vertex selects)."""
+    waves = _up(rows, 6)  # rows go to the six workers in waves
+    launch = p("softmax_launch_exact") if keys == 16 * panels else p("softmax_launch_tail")
+    whole = launch + 6 * waves * _softmax_row_whole(keys, panels)
+    if keys < 128:
+        return whole
+    segments = 6 * _up(rows, 2)  # row pairs, three segments each, two passes
+    split = (p("softmax_split_call") + p("softmax_wave") * waves
+             + segments * (p("softmax_panel") * _up(16 * panels, 48) + p("softmax_segment")))
+    return min(whole, split)
+
+
+def _vertex(vertex: str, per_worker: int) -> int:
+    """A popops supervisor vertex (launch included) whose busiest worker had ``per_worker``
+    halves: six worker slots of setup plus 4-half loop steps, and a unary vertex's tail."""
+    steps = _up(per_worker, 4)
+    if vertex in ("multiply", "add"):  # the binary vertex; ADD is priced as MULTIPLY
+        return p("launch") + 6 * (p("multiply_worker") + p("multiply_loop") * steps)
+    return p("launch") + 6 * (p("unary_worker") + p(f"{vertex}_loop") * steps) + p("unary_tail")
+
+
+def price_work(work: Work, weights_interleaved: bool = True) -> int:
+    """Cycles of one executed kernel call on one tile."""
+    c = work.counts
+    kind = work.kind
+    if kind == "amp":
+        if c["passes"] == 0 or c["rows"] == 0:
+            return 0
+        load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
+        return p("amp_call") + c["passes"] * (p("amp_row") * c["rows"] + load)
+    if kind == "reduce":
+        vector = p("reduce_f32_vector") if c["f32_partials"] else p("reduce_vector")
+        step = p("reduce_step") + p("reduce_partial") * (c["parts"] - 1)
+        return p("reduce_call") + 6 * _steps(c["per_worker"], vector) * step
+    if kind == "gelu":
+        return p("gelu_call") + p("gelu_step") * _steps(c["per_worker"], 16)
+    if kind == "bias_gelu":
+        row = p("bias_gelu_row") + p("bias_gelu_step") * _steps(c["cols_per_worker"], 4)
+        return c["rows"] * row + p("bias_gelu_call")
+    if kind in ("cast_f8", "cast_from_f8", "elementwise"):
+        step = {"cast_f8": "cast_f8_step", "cast_from_f8": "cast_from_f8_step",
+                "elementwise": "elementwise_step"}[kind]
+        return p("cast_call") + p(step) * _steps(c["per_worker"], 8)
+    if kind == "cast_f16":
+        return p("cast_call") + p("cast_f16_step") * _steps(c["per_worker"], 2)
+    if kind == "copy":
+        return p("copy_call") + _up(c["bytes"], p("copy_bytes_per_cycle"))
+    if kind == "layer_norm":  # rows one after another, each over all six workers
+        return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
+    if kind == "softmax":
+        return _softmax(c["rows"], c["keys"], c["panels"]) if c["rows"] else 0
+    if kind == "rms_norm":  # assumed: priced as the measured layer norm of the same rows
+        layer_norm = p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
+        return int(layer_norm * float(PRICES["rms_norm_fraction"].value))
+    if kind in ACTIVATION_VERTICES:
+        busiest = max(c["per_worker"], default=0)
+        return sum(_vertex(v, busiest) for v in ACTIVATION_VERTICES[kind]) if busiest else 0
+    if kind in ("add", "rope"):
+        step = "binary_step" if kind == "add" else "rope_step"
+        return p("cast_call") + p(step) * _steps(c["per_worker"], 2)
+    raise ValueError(f"no price for work {kind!r}")
+
+
+def host_cycles(nbytes: int, clock_hz: float) -> int:
+    """Cycles the host link needs for ``nbytes`` at its rate (32 GB/s)."""
+    return _up(int(nbytes) * int(clock_hz), int(PRICES["host_bytes_per_second"].value))
+
+
+# ---------------------------------------------------------------------------- exchange
+@numba.njit(cache=True, nogil=True)
+def _issue(tile, start, duration, order, align):  # pragma: no cover - compiled
+    """Issue send instructions tile by tile in scheduled order: an instruction starts when
+    both its scheduled event and its tile's previous send have come, moved to the next
+    aligned event.  Returns (last event, instructions that had to move)."""
+    end = 0
+    moved = 0
+    current = -1
+    free = 0
+    for k in range(order.shape[0]):
+        i = order[k]
+        if tile[i] != current:
+            current = tile[i]
+            free = 0
+        at = start[i] if start[i] > free else free
+        late = at % align
+        if late:
+            at += align - late
+            moved += 1
+        free = at + duration[i]
+        if free > end:
+            end = free
+    return end, moved
+
+
+def exchange_cycles(src_tile: np.ndarray, chunk_transfer: np.ndarray, chunk_start: np.ndarray,
+                    chunk_words: np.ndarray, chunk_lanes: np.ndarray | None
+                    ) -> tuple[int, int, int]:
+    """``(cycles, instruction horizon, moved sends)`` of a phase from the chunks it moved.
+
+    Each chunk is issued as send instructions of at most ``send_words`` words
+    (``ceil(words / lanes)`` events each); a send is a two-word instruction that starts on
+    an event aligned to ``send_alignment_events``.  The phase ends at the last send's last
+    event, plus the measured per-phase cost (receive-mux latency and pipeline drain)."""
+    if chunk_words.size == 0:
+        return 0, 0, 0
+    limit = p("send_words")
+    sends = _up_array(chunk_words, limit)
+    chunk = np.repeat(np.arange(chunk_words.size), sends)
+    first = np.cumsum(sends) - sends
+    index = np.arange(chunk.size) - first[chunk]  # which send of its chunk
+    words = np.minimum(chunk_words[chunk] - index * limit, limit)
+    lanes = np.ones_like(words) if chunk_lanes is None else np.maximum(chunk_lanes[chunk], 1)
+    duration = -(-words // lanes)
+    # scheduled event of each send: the chunk's start plus the sends before it in the chunk
+    before = np.cumsum(duration) - duration
+    start = chunk_start[chunk] + before - before[first[chunk]]
+    tile = src_tile[chunk_transfer[chunk]].astype(np.int64)
+    order = np.lexsort((start, tile)).astype(np.int64)
+    end, moved = _issue(tile, start.astype(np.int64), duration.astype(np.int64), order,
+                        p("send_alignment_events"))
+    return int(end) + p("exchange_phase"), int(end), int(moved)
+
+
+def _up_array(values: np.ndarray, by: int) -> np.ndarray:
+    return -(-values.astype(np.int64) // by)

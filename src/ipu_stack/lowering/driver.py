@@ -1,0 +1,54 @@
+"""The lowering driver: stage plans in, the whole :class:`Program` out.
+
+It walks the stages in order on one :class:`~ipu_stack.lowering.lower.Lowering`, handing the
+layer loop's body to :class:`~ipu_stack.lowering.loop.LoopLowering` so the body is lowered
+once.  Kept apart from both so that ``loop`` can build on ``lower`` without a cycle.
+"""
+
+from __future__ import annotations
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.lowering.loop import LoopLowering
+from ipu_stack.lowering.lower import Lowering
+from ipu_stack.lowering.program import Program
+from ipu_stack.planning.gemm import GemmPlan
+from ipu_stack.planning.repeat import LayerLoop
+from ipu_stack.planning.stages import GemmStage, Stage
+from ipu_stack.target import Target
+
+
+def lower(
+    graph: Graph,
+    plans: list[tuple[Stage, GemmPlan | None]],
+    target: Target,
+    paired: bool = False,
+    loop: LayerLoop | None = None,
+) -> Program:
+    """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
+    grids out for the paired-tiles exchange option), with a probe read of every stage result
+    that is not a graph output.  With ``loop``, ``plans`` are the compact stages
+    (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``)."""
+    lowering = Lowering(graph, target, paired)
+    lowering.land_inputs()
+    looping = LoopLowering(lowering, loop) if loop is not None else None
+    checkpoints = 0
+    for position, (stage, plan) in enumerate(plans):
+        if looping is not None and position == looping.loop.start:
+            looping.begin(checkpoints)
+        if isinstance(stage, GemmStage):
+            assert plan is not None
+            lowering.gemm_stage(stage, plan)
+        else:
+            lowering.row_stage(stage)
+        if graph.value(stage.out).role != "output":
+            lowering.checkpoint(stage, checkpoints)
+            checkpoints += 1
+        if looping is not None and position == looping.loop.start + looping.loop.length - 1:
+            checkpoints = looping.end(checkpoints)
+    lowering.read_outputs()
+    program = lowering.program
+    program.compute_lifetimes()
+    end = len(program.initialize) + len(program.run) - 1
+    for step in program.initialize:
+        program.buffers[step.buffer].last = end  # weights stay resident across runs
+    return program

@@ -1,0 +1,230 @@
+"""The planner's closed forms: what a kernel of a given shape should cost, before it runs.
+
+These price a kernel from its parameters (rows, depth, columns, elements) with the price
+table of :mod:`ipu_stack.target.timing`.  The simulator never calls them: it prices the work
+each kernel reports after it ran (:mod:`ipu_stack.device.pricing`), so the benchmark's
+``estimateError`` compares two code paths that share only the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipu_stack.ir.precision import Precision
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.elementwise import ACTIVATIONS, chain_passes
+from ipu_stack.kernels.gemm import b_shape, scratch_bytes
+from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, cdiv, p
+
+
+def amp_passes(depth: int, cols: int, fp8: bool) -> int:
+    """AMP passes of one call: 16-column groups x depth groups."""
+    step = p("amp_f8_depth") if fp8 else p("amp_f16_depth")
+    return cdiv(cols, p("amp_out_columns")) * cdiv(depth, step)
+
+
+def estimate_gemm(rows: int, depth: int, cols: int, fp8: bool, weights_interleaved: bool = True,
+                  cast_elements: int = 0) -> int:
+    """One AMP call on one tile: 294 + passes x (4 x rows + weight load), plus the FP8 -> F16
+    cast of its operands in F16 mode (``cast_elements``)."""
+    if rows == 0 or depth == 0 or cols == 0:
+        return 0
+    load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
+    cycles = p("amp_call") + amp_passes(depth, cols, fp8) * (p("amp_row") * rows + load)
+    if cast_elements:
+        cycles += p("cast_call") + p("cast_from_f8_step") * cdiv(cast_elements, 48)
+    return cycles
+
+
+def estimate_reduce(outputs: int, parts: int, f32_partials: bool) -> int:
+    """Summing ``parts`` partials into ``outputs`` values (also the copy out when parts=1)."""
+    if outputs == 0:
+        return 0
+    vector = p("reduce_f32_vector") if f32_partials else p("reduce_vector")
+    step = p("reduce_step") + p("reduce_partial") * (parts - 1)
+    return p("reduce_call") + 6 * cdiv(outputs, 6 * vector) * step
+
+
+def estimate_gelu(elements: int) -> int:
+    return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
+
+
+def estimate_bias_gelu(rows: int, width: int) -> int:
+    if rows == 0 or width == 0:
+        return 0
+    return rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(width, 24)) + p("bias_gelu_call")
+
+
+def estimate_cast(elements: int, to_fp8: bool) -> int:
+    """F16/F32 -> FP8 (24 per 48) or F32 -> F16 (48 per 12)."""
+    if elements == 0:
+        return 0
+    if to_fp8:
+        return p("cast_call") + p("cast_f8_step") * cdiv(elements, 48)
+    return p("cast_call") + p("cast_f16_step") * cdiv(elements, 12)
+
+
+def estimate_elementwise(elements: int) -> int:
+    """A bias add or scale pass over F16 elements (assumed: priced as the measured cast)."""
+    return p("cast_call") + p("elementwise_step") * cdiv(elements, 48) if elements else 0
+
+
+def estimate_layer_norm(rows: int, width: int) -> int:
+    """F16 layer norm over ``rows`` rows of ``width`` (the reference's measured kernel)."""
+    if rows == 0 or width == 0:
+        return 0
+    aligned = width >= 96 and width % 8 == 0
+    if aligned:
+        stats = (cdiv(width, 48) * p("layer_norm_stats_per_48")
+                 + cdiv(width, 24) * p("layer_norm_stats_per_24") + p("layer_norm_stats_base"))
+        setup = p("layer_norm_setup_aligned")
+    else:
+        stats = cdiv(width, 12) * p("layer_norm_stats_per_12")
+        setup = p("layer_norm_setup")
+    if width % 4 == 0:
+        apply = p("layer_norm_apply_base") + cdiv(width, 24) * p("layer_norm_apply_per_24")
+    else:
+        apply = cdiv(width, 12) * p("layer_norm_apply_per_12")
+    return p("layer_norm_call") + rows * (stats + apply + setup)
+
+
+def estimate_softmax(rows: int, keys: int) -> int:
+    """F16 softmax of ``rows`` rows over ``keys`` (padded to 16): the cheaper of the
+    whole-row and (for 128 keys or more) the three-segment split kernel."""
+    if rows == 0 or keys == 0:
+        return 0
+    padded = cdiv(keys, 16) * 16
+    whole = _softmax_whole(rows, keys, padded)
+    if keys < 128:
+        return whole
+    split = (p("softmax_split_call") + cdiv(rows, 2) * 6 * (
+        p("softmax_panel") * cdiv(padded, 48) + p("softmax_segment"))
+        + p("softmax_wave") * cdiv(rows, 6))
+    return min(whole, split)
+
+
+def _softmax_whole(rows: int, keys: int, padded: int) -> int:
+    full = keys // 16
+    row = p("softmax_row") + p("softmax_row_panels") * (full != 0) + p("softmax_panel16") * full
+    if keys == padded:
+        row += p("softmax_row_exact")
+        launch = p("softmax_launch_exact")
+    else:
+        pairs = (keys % 16) // 2
+        zero_pairs = 8 - cdiv(keys % 16, 2)
+        zero_panels = max(0, padded // 16 - full - 1)
+        mask = p("softmax_tail_mask") if full else p("softmax_tail_mask") // 2
+        row += (p("softmax_tail_row") + p("softmax_tail_full") * (full != 0) + mask
+                + p("softmax_tail_pairs") * (pairs != 0) + p("softmax_tail_pair") * pairs)
+        row += (p("softmax_tail_odd") * (keys % 2) + (zero_pairs != 0)
+                + p("softmax_zero_pair") * zero_pairs + (zero_panels != 0))
+        row += p("softmax_zero_panel") * zero_panels
+        launch = p("softmax_launch_tail")
+    return launch + cdiv(rows, 6) * 6 * row
+
+
+def _vertex_cycles(vertex: str, per_worker: int) -> int:
+    """One popops supervisor vertex over ``per_worker`` halves on the busiest worker."""
+    if vertex in ("multiply", "add"):  # ADD HALF {1, true} is priced as MULTIPLY HALF
+        return 6 * (p("multiply_worker") + p("multiply_loop") * cdiv(per_worker, 4))
+    return 6 * (p("unary_worker") + p(f"{vertex}_loop") * cdiv(per_worker, 4)) + p("unary_tail")
+
+
+def estimate_activation(elements: int, function: str) -> int:
+    """An activation (or ``mul``/``swiglu``/``add_bias``) over ``elements`` dealt evenly to
+    the six workers: its vendor vertices back to back, one launch each."""
+    if not elements:
+        return 0
+    per_worker = cdiv(elements, 6)
+    return sum(p("launch") + _vertex_cycles(v, per_worker) for v in ACTIVATION_VERTICES[function])
+
+
+def estimate_rms_norm(rows: int, width: int) -> int:
+    """RMS norm over ``rows`` rows of ``width`` (assumed: the measured layer norm's price)."""
+    return int(estimate_layer_norm(rows, width) * float(PRICES["rms_norm_fraction"].value))
+
+
+def estimate_binary(elements: int, step: str = "binary_step") -> int:
+    """A two-input F16 elementwise pass (residual add; RoPE with ``rope_step``)."""
+    return p("cast_call") + p(step) * cdiv(elements, 12) if elements else 0
+
+
+def estimate_copy(nbytes: int) -> int:
+    return p("copy_call") + cdiv(nbytes, p("copy_bytes_per_cycle")) if nbytes else 0
+
+
+def estimate_exchange_phase(horizon: int) -> int:
+    """One exchange phase: its (instruction-level) horizon plus the measured phase cost."""
+    return int(horizon) + p("exchange_phase")
+
+
+def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
+    """A fused elementwise chain over a ``rows x cols`` block, pass by pass."""
+    elements = rows * cols
+    prices = {
+        "bias_gelu": lambda: estimate_bias_gelu(rows, cols),
+        "gelu": lambda: estimate_gelu(elements),
+        **{name: lambda name=name: estimate_activation(elements, name) for name in ACTIVATIONS},
+        "elementwise": lambda: estimate_elementwise(elements),
+        "cast_f8": lambda: estimate_cast(elements, to_fp8=True),
+        "cast_f16": lambda: estimate_cast(elements, to_fp8=False),
+    }
+    return sum(prices[kind]() for kind in chain_passes(chain))
+
+
+# ---------------------------------------------------------------------------- kernel instances
+def _gemm(params: dict[str, Any]) -> int:
+    cast = 0
+    if scratch_bytes(params):
+        b_rows, b_cols = b_shape(params)
+        cast = params["rows"] * params["depth"] + b_rows * b_cols
+    return estimate_gemm(params["rows"], params["depth"], params["cols"],
+                         params["mode"] == "fp8", cast_elements=cast)
+
+
+def _epilogue(params: dict[str, Any]) -> int:
+    elements = params["rows"] * params["cols"]
+    if elements == 0:
+        return 0
+    f32 = Precision.from_json(params.get("partials", {"kind": "F32"})).kind == "F32"
+    return (estimate_reduce(elements, params["parts"], f32)
+            + estimate_chain(params["chain"], params["rows"], params["cols"]))
+
+
+def _row(params: dict[str, Any]) -> int:
+    rows, cols, op = params["rows"], params["cols"], params["op"]
+    if rows * cols == 0:
+        return 0
+    if op == "layer_norm":
+        cycles = estimate_layer_norm(rows, cols)
+    elif op == "rms_norm":
+        cycles = estimate_rms_norm(rows, cols)
+    elif op in ("mul", "swiglu"):
+        cycles = estimate_activation(rows * cols, op)
+    elif op == "softmax":
+        cycles = estimate_softmax(rows, cols)
+    elif op == "biased_softmax":
+        cycles = estimate_softmax(rows, cols) + estimate_activation(rows * cols, "add_bias")
+    elif op == "add":
+        cycles = estimate_binary(rows * cols)
+    elif op == "rope":
+        cycles = estimate_binary(rows * cols, "rope_step")
+    else:
+        cycles = estimate_chain(params["chain"], rows, cols)
+    if op != "chain" and Precision.from_json(params["out"]).is_fp8:
+        cycles += estimate_cast(rows * cols, to_fp8=True)  # row kernels store F16, then cast
+    return cycles
+
+
+def _copy(params: dict[str, Any]) -> int:
+    return estimate_copy(params["rows"] * params["row_bytes"])
+
+
+KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy}
+
+
+def kernel_cost(instance: KernelInstance) -> int:
+    """The planner's cycles for one call of ``instance`` on one tile."""
+    if instance.family not in KERNEL_COSTS:
+        raise ValueError(f"no closed form for kernel family {instance.family!r}")
+    return KERNEL_COSTS[instance.family](instance.params)

@@ -1,0 +1,101 @@
+"""Helpers more than one test file needs: the CLI in-process, a ``bench`` run and its record,
+an independent tanh GELU, random stored tensors, and the entries of an on-disk cache.
+
+One copy each, so that a change to how the suite drives the command line (or what a random
+FP8 operand looks like) is made once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # no ipu_stack import at run time: the float64 references stay independent
+    from ipu_stack.ir.precision import Precision
+
+
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    """Run ``ipu-stack argv`` in this process; return (exit code, stdout, stderr).
+
+    ``SystemExit`` (argparse) becomes its code; any other exception propagates, so a traceback
+    is a test failure, not a swallowed error.
+    """
+    from ipu_stack.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(code: int, stderr: str) -> str:
+    """The single ``error:`` line of a command that failed the documented way (exit 2, one
+    line, no traceback); asserts that it did."""
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2, (code, stderr)
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+@dataclass
+class Bench:
+    """One ``ipu-stack bench --json`` run: its exit code, record, log (stderr) and the folder
+    it was given (the package is ``folder/pkg/model.ipuexe``)."""
+
+    code: int
+    record: dict
+    stderr: str
+    folder: Path
+
+
+def bench(workload: str, *extra: str, folder: Path, cache_dir: Path, lock: Path | None = None,
+          finalists: int = 1, check_exit: bool = True) -> Bench:
+    """``ipu-stack bench WORKLOAD EXTRA... --json`` with its package in ``folder/pkg``, a
+    private device lock (``folder/lock`` unless given) and the session's cache.
+
+    ``check_exit``: assert the exit code is the one the record's verdict calls for (0 on PASS,
+    1 on FAIL), as every caller that reads the record wants.
+    """
+    code, out, err = cli([
+        "bench", workload, *extra, "--json", "--out", str(folder / "pkg"),
+        "--lock", str(lock or folder / "lock"), "--cache-dir", str(cache_dir),
+        "--finalists", str(finalists),
+    ])
+    assert out.strip(), (code, err[-2000:])
+    record = json.loads(out.strip().splitlines()[-1])
+    if check_exit:
+        assert code == (0 if record["numericalTest"] == "PASS" else 1), (code, record)
+    return Bench(code, record, err, folder)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """The tanh GELU in float64, written from its formula (no ipu_stack code)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def random_stored(rng: np.random.Generator, p: Precision, shape: tuple[int, ...],
+                  std: float = 1.0, offset: float = 0.0) -> np.ndarray:
+    """Random elements stored in ``p``: FP8 from random bytes (every code but NaN can appear,
+    so the kernels meet subnormals and the largest values); otherwise normal values
+    ``* std + offset`` rounded to ``p`` by numpy (not ipu_stack's own rounding, which the
+    tests judge)."""
+    if p.is_fp8:
+        raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        raw[raw == 0x80] = 0  # no NaN operands
+        return raw.view(p.dtype)
+    return (rng.standard_normal(shape) * std + offset).astype(p.dtype)
+
+
+def cache_entries(cache: Path, kind: str) -> list[Path]:
+    """The entries of one kind (``calibration``, ``exchange``) of the on-disk cache."""
+    return sorted((Path(cache) / kind).glob("*.json"))
