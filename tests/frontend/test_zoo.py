@@ -36,6 +36,7 @@ def tower(name: str) -> torch.nn.Module:
             **WIDTH, use_relative_position_bias=True)),
         "dinov3": lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
             **WIDTH, num_register_tokens=4)),
+        "mlcd": lambda: transformers.MLCDVisionModel(transformers.MLCDVisionConfig(**WIDTH)),
         "yolos": lambda: transformers.YolosModel(transformers.YolosConfig(
             **{**WIDTH, "image_size": [64, 64]}, num_detection_tokens=5),
             add_pooling_layer=False),
@@ -98,6 +99,15 @@ def test_yolos_detection_tokens_are_reserved_behind_the_patches() -> None:
     patches = imported.graph.by_role("input")[0]
     assert patches.type.shape == (2, 1 + 16 + 5, 3 * 16 * 16)  # CLS, patches, 5 detection
     assert any("1 + 5 constant token(s)" in r for r in imported.converted.rewrites)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_token_first_attention_output_imports_at_any_batch(batch: int) -> None:
+    """MLCD permutes attention's [B, T, H, d] output to [T, B, H, d], projects it there and
+    permutes back: layout forms only (``theads``, ``tmajor``), no data movement."""
+    imported = import_program(exported("mlcd", batch), precision="f16")
+    assert imported.conversion_error < 1e-5
+    assert _kinds(imported.graph)["rope"] == 4
 
 
 def test_a_transposed_bias_table_is_caught_by_the_conversion_check(monkeypatch) -> None:

@@ -187,7 +187,7 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
         if act.form == "rows" and act.attention is None and act.shape[0] > 1 and (
                 act.shape[1] > 1):
             return act.with_(shape=new_shape, form="tmajor", dims=act.shape[:2], linear=None)
-        if act.form == "tmajor" and _squeezed(act.shape) == act.shape:
+        if act.form == "tmajor" and act.shape == (act.dims[1], act.dims[0], act.shape[-1]):
             return act.with_(shape=new_shape, form="rows", dims=(), linear=None)
         if act.form == "theads":
             b, t, h, d = act.dims
