@@ -36,6 +36,8 @@ def tower(name: str) -> torch.nn.Module:
             **WIDTH, use_relative_position_bias=True)),
         "dinov3": lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
             **WIDTH, num_register_tokens=4)),
+        "dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(**WIDTH, num_register_tokens=4)),
         "mlcd": lambda: transformers.MLCDVisionModel(transformers.MLCDVisionConfig(**WIDTH)),
         "yolos": lambda: transformers.YolosModel(transformers.YolosConfig(
             **{**WIDTH, "image_size": [64, 64]}, num_detection_tokens=5),
@@ -67,6 +69,7 @@ EXPECTED = {  # operations each tower must map to (kind or activation function: 
     "dinov3": {"rope": 4},
     "siglip_head": {"softmax": 3},
     "yolos": {"softmax": 2},
+    "dinov2_registers": {"softmax": 2},
 }
 
 
@@ -174,7 +177,7 @@ def _bench(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: 
 
 @pytest.mark.parametrize("name, precision", [
     ("clip", "fp8"), ("vit_pooler", "f16"), ("aimv2", "fp8"), ("beit", "fp8"),
-    ("dinov3", "f16"), ("siglip_head", "fp8")])
+    ("dinov3", "f16"), ("siglip_head", "fp8"), ("dinov2_registers", "fp8")])
 def test_tower_passes_on_the_device(name: str, precision: str, tmp_path: Path, cache_dir: Path,
                                     lock_path: Path) -> None:
     record = _bench(exported(name), precision, tmp_path, cache_dir, lock_path)
