@@ -80,6 +80,13 @@ def render() -> str:
         lines.append(f"| `{name}` | {fact.value} | {fact.source} | {moved} |")
     lines += [
         "",
+        "The activation prices (`unary_*`, `sigmoid_loop`, `tanh_loop`, `multiply_*`) are the",
+        "vendor's popops estimates, never measured on an ipu21; `rms_norm_fraction` is assumed.",
+        "Neither builtin has these operations, hence +0 above. Measured on an imported model that",
+        "uses them, AIMv2 (`Aimv2VisionModel`, apple/aimv2-large-patch14-224's widths, 2 layers,",
+        "FP8, costed cycles 337127): `rms_norm_fraction` doubled +37206 (+11.04 %),",
+        "`multiply_loop` doubled +8496 (+2.52 %), `sigmoid_loop` doubled +8496 (+2.52 %).",
+        "",
         "Also assumed: `planning/fit.py` `SUPPORT_RESERVE` = 64 KiB per tile for support memory",
         "and activations carried between stages; `memory/support.py` host code and data bytes",
         "(620 and 404, reference log 004). For the layer loop: loading a pass's per-layer weight",

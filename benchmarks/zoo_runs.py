@@ -107,11 +107,12 @@ def table_from(path: str) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table: one line per tower, batch and precision."""
     lines = ["| tower (config of) | batch | precision | verdict | cycles | noiseRatio | "
-             "reason |", "|---|---|---|---|---|---|---|"]
+             "tailRatio | layer loop | reason |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        reason = (r["reason"] or "-").replace("|", "\\|")
         lines.append(f"| {r['tower']} ({r['checkpoint']}) | {r['batch']} | {r['precision']} | "
                      f"{r['verdict']} | {r['cycles'] or '-'} | {r['noiseRatio'] or '-'} | "
-                     f"{r['reason'] or '-'} |")
+                     f"{r['tailRatio'] or '-'} | {r['loopLayers'] or '-'} | {reason} |")
     return "\n".join(lines)
 
 

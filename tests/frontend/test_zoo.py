@@ -36,6 +36,9 @@ def tower(name: str) -> torch.nn.Module:
             **WIDTH, use_relative_position_bias=True)),
         "dinov3": lambda: transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
             **WIDTH, num_register_tokens=4)),
+        "dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(**WIDTH, num_register_tokens=4)),
+        "mlcd": lambda: transformers.MLCDVisionModel(transformers.MLCDVisionConfig(**WIDTH)),
         "yolos": lambda: transformers.YolosModel(transformers.YolosConfig(
             **{**WIDTH, "image_size": [64, 64]}, num_detection_tokens=5),
             add_pooling_layer=False),
@@ -66,6 +69,7 @@ EXPECTED = {  # operations each tower must map to (kind or activation function: 
     "dinov3": {"rope": 4},
     "siglip_head": {"softmax": 3},
     "yolos": {"softmax": 2},
+    "dinov2_registers": {"softmax": 2},
 }
 
 
@@ -98,6 +102,15 @@ def test_yolos_detection_tokens_are_reserved_behind_the_patches() -> None:
     patches = imported.graph.by_role("input")[0]
     assert patches.type.shape == (2, 1 + 16 + 5, 3 * 16 * 16)  # CLS, patches, 5 detection
     assert any("1 + 5 constant token(s)" in r for r in imported.converted.rewrites)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_token_first_attention_output_imports_at_any_batch(batch: int) -> None:
+    """MLCD permutes attention's [B, T, H, d] output to [T, B, H, d], projects it there and
+    permutes back: layout forms only (``theads``, ``tmajor``), no data movement."""
+    imported = import_program(exported("mlcd", batch), precision="f16")
+    assert imported.conversion_error < 1e-5
+    assert _kinds(imported.graph)["rope"] == 4
 
 
 def test_a_transposed_bias_table_is_caught_by_the_conversion_check(monkeypatch) -> None:
@@ -164,7 +177,7 @@ def _bench(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: 
 
 @pytest.mark.parametrize("name, precision", [
     ("clip", "fp8"), ("vit_pooler", "f16"), ("aimv2", "fp8"), ("beit", "fp8"),
-    ("dinov3", "f16"), ("siglip_head", "fp8")])
+    ("dinov3", "f16"), ("siglip_head", "fp8"), ("dinov2_registers", "fp8")])
 def test_tower_passes_on_the_device(name: str, precision: str, tmp_path: Path, cache_dir: Path,
                                     lock_path: Path) -> None:
     record = _bench(exported(name), precision, tmp_path, cache_dir, lock_path)

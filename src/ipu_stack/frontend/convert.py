@@ -256,7 +256,7 @@ class Converter:
     # ------------------------------------------------------------------ lazy values
     def plain(self, act: Act, node: Any) -> Act:
         """``act`` with its lazy factor and addend applied by IR operations."""
-        if act.prefix or act.suffix:
+        if act.prefix or act.suffix or act.gap[1]:
             raise unsupported(node, "patch tokens used before the concatenation that completes "
                               "the token sequence")
         if not act.lazy:

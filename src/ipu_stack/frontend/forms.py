@@ -54,6 +54,7 @@ class Act:
     attention: tuple[int, int, int] | None = None  # scores: (B, H, T)
     prefix: int = 0  # channels: zero patch rows per image hidden ahead of the patches
     suffix: int = 0  # channels: zero patch rows per image hidden behind them
+    gap: tuple[int, int] = (0, 0)  # (k, R): R reserved rows after logical token k (registers)
     bias: np.ndarray | None = field(default=None, compare=False)  # what those rows hold
     linear: tuple[str, str | None] | None = None  # fresh linear output: (weight, bias) keys
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
@@ -187,7 +188,7 @@ def permute(act: Act, perm: tuple[int, ...]) -> Act | None:
         if act.form == "rows" and act.attention is None and act.shape[0] > 1 and (
                 act.shape[1] > 1):
             return act.with_(shape=new_shape, form="tmajor", dims=act.shape[:2], linear=None)
-        if act.form == "tmajor" and _squeezed(act.shape) == act.shape:
+        if act.form == "tmajor" and act.shape == (act.dims[1], act.dims[0], act.shape[-1]):
             return act.with_(shape=new_shape, form="rows", dims=(), linear=None)
         if act.form == "theads":
             b, t, h, d = act.dims
@@ -237,6 +238,15 @@ def transpose_perm(ndim: int, a: int, b: int) -> tuple[int, ...]:
     return tuple(perm)
 
 
+def open_gap(tokens: np.ndarray, gap: tuple[int, int]) -> np.ndarray:
+    """``[B, T, D]`` with ``gap[1]`` zero rows inserted after token ``gap[0]``."""
+    k, count = gap
+    if not count:
+        return tokens
+    zeros = np.zeros((tokens.shape[0], count, tokens.shape[2]), tokens.dtype)
+    return np.concatenate([tokens[:, :k], zeros, tokens[:, k:]], axis=1)
+
+
 def broadcast_rows(constant: np.ndarray, act: Act) -> np.ndarray:
     """A constant broadcast to ``act``'s logical shape as IR rows ``[rows, cols]``."""
     full = np.broadcast_to(np.asarray(constant, dtype=np.float64), act.shape)
@@ -246,4 +256,6 @@ def broadcast_rows(constant: np.ndarray, act: Act) -> np.ndarray:
         return np.broadcast_to(per_image, (b, t, per_image.shape[-1])).reshape(b * t, -1)
     if act.form != "rows":
         raise CompileError(f"a constant added to a {act.form}-form value")
+    if act.gap[1]:  # rows reserved for tokens a later concatenation inserts
+        return open_gap(full.reshape(act.shape), act.gap).reshape(-1, act.shape[-1])
     return full.reshape(-1, act.shape[-1])

@@ -14,15 +14,14 @@ import json
 from typing import Any
 
 from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, where
+from ipu_stack.frontend.ops import HANDLERS
+from ipu_stack.frontend.walk import Importer
+from ipu_stack.frontend.workload import random_inputs, specialize
 from ipu_stack.util.errors import CompileError
 
 
 def list_operations(program: Any) -> list[dict[str, Any]]:
     """One row per call in the program: target, module, source, status, supported."""
-    from ipu_stack.frontend.ops import HANDLERS
-    from ipu_stack.frontend.walk import Importer
-    from ipu_stack.frontend.workload import random_inputs, specialize
-
     program = specialize(program, 0)
     converter = Importer(program, random_inputs(program, 0), "f16", {}, "listing")
     failure: tuple[Any, str] | None = None

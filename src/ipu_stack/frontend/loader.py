@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
 from ipu_stack.util.errors import CompileError, UsageError
 
 LOG = logging.getLogger("ipu_stack.frontend")
@@ -156,8 +157,6 @@ def _raise_unknown_operator(path: Path, torch: Any) -> None:
     """When the archive names an operator this process does not have (a custom op whose
     library is not imported), raise the importer's standard unsupported-operation line for
     its first node, from the node metadata the archive keeps."""
-    from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
-
     for node in _archive_nodes(path):
         target = str(node.get("target", ""))
         parts = target.split(".")

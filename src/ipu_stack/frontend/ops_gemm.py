@@ -159,7 +159,7 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
     b, c, hh, ww = x.shape
     gh, gw = hh // p, ww // q
     n = gh * gw
-    prefix, suffix = conv_reserve(conv, node)
+    prefix, suffix, gap = conv_reserve(conv, node)
     index, name = x.index, f"{x.name}.patches"
 
     def im2col(arrays: list[np.ndarray], index: int = index) -> np.ndarray:
@@ -176,7 +176,7 @@ def _conv2d(conv: Converter, node: Any, x: Any, weight: Any, bias: Any = None,
                       None if bias is None else to_numpy(bias),
                       None if bias is None else conv.const_key(bias, f"{name}.bias"))
     return out.with_(shape=(b, out_ch, gh, gw), form="channels", dims=(b, out_ch, n),
-                     prefix=prefix, suffix=suffix, linear=None,
+                     prefix=prefix, suffix=suffix, gap=gap, linear=None,
                      bias=None if bias is None else to_numpy(bias))
 
 
@@ -187,11 +187,64 @@ def pair(value: Any) -> tuple[int, int]:
     return (int(value), int(value))
 
 
-def conv_reserve(conv: Converter, node: Any) -> tuple[int, int]:
+def conv_reserve(conv: Converter, node: Any) -> tuple[int, int, tuple[int, int]]:
     """Constant tokens a patch embedding's tokens are later concatenated between (a CLS token
     ahead, YOLOS's detection tokens behind): the zero patch rows to reserve ahead of and
-    behind each image's patches."""
+    behind each image's patches; and ``gap`` (position, count): tokens a second
+    concatenation inserts after the first ``position`` tokens (DINOv2's registers after
+    CLS, once the position table is added), reserved as well."""
+    prefix, suffix, cat = _reserve(conv, node)
+    if cat is None:
+        return prefix, suffix, (0, 0)
+    gap = _inserted(conv, cat)
+    return prefix + gap[1], suffix, gap
 
+
+def _constant(conv: Converter, node: Any, seen: dict[Any, bool] | None = None) -> bool:
+    """Whether ``node`` depends on no user input (graph order does not matter here)."""
+    seen = {} if seen is None else seen
+    if node not in seen:
+        users = {spec.arg.name for spec in conv.program.graph_signature.input_specs
+                 if spec.kind.name == "USER_INPUT"}
+        seen[node] = node.op != "placeholder" or node.name not in users
+        seen[node] = seen[node] and all(_constant(conv, n, seen) for n in node.all_input_nodes)
+    return seen[node]
+
+
+def _inserted(conv: Converter, cat: Any) -> tuple[int, int]:
+    """``(k, R)`` when ``cat``'s value, after constant additions, is only read as
+    ``cat([x[:, :k], constants (R tokens), x[:, k:]], 1)``, else ``(0, 0)``."""
+    current = cat
+    while len(current.users) == 1:
+        user = next(iter(current.users))
+        if op_name(user.target) == "aten.add" and len(user.args) == 2 and _constant(
+                conv, user.args[1] if user.args[0] is current else user.args[0]):
+            current = user
+        elif op_name(user.target) in ("aten.dropout", "aten.contiguous", "aten.clone"):
+            current = user
+        else:
+            return 0, 0
+    slices = list(current.users)
+    if len(slices) != 2 or any(op_name(s.target) != "aten.slice" or s.args[1] != 1
+                               for s in slices):
+        return 0, 0
+    joins = {next(iter(s.users)) for s in slices if len(s.users) == 1}
+    if len(joins) != 1:
+        return 0, 0
+    join = joins.pop()
+    parts = list(join.args[0])
+    if op_name(join.target) != "aten.cat" or len(parts) < 3 or parts[0] not in slices or (
+            parts[-1] not in slices) or not all(_constant(conv, p) for p in parts[1:-1]):
+        return 0, 0
+    k = int(parts[0].args[3]) if len(parts[0].args) > 3 else 0
+    if parts[0].args[2] not in (0, None) or parts[-1].args[2] != k:
+        return 0, 0
+    return k, sum(int(p.meta["val"].shape[1]) for p in parts[1:-1])
+
+
+def _reserve(conv: Converter, node: Any) -> tuple[int, int, Any]:
+    """(rows ahead, rows behind, the concatenation) of the first concatenation with
+    constant tokens the patch tokens reach through shape-only operations."""
     current = node
     while len(current.users) == 1:
         user = next(iter(current.users))
@@ -201,14 +254,14 @@ def conv_reserve(conv: Converter, node: Any) -> tuple[int, int]:
             others = [p for p in parts if p is not current]
             dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
             if current not in parts or any(p in conv.dynamic for p in others) or dim % 3 != 1:
-                return 0, 0
+                return 0, 0, None
             at = parts.index(current)
             return (sum(int(p.meta["val"].shape[1]) for p in parts[:at]),
-                    sum(int(p.meta["val"].shape[1]) for p in parts[at + 1:]))
+                    sum(int(p.meta["val"].shape[1]) for p in parts[at + 1:]), user)
         if kind not in ("aten.flatten", "aten.transpose", "aten.permute", "aten.view",
                         "aten.reshape", "aten.contiguous", "aten.clone", "aten.dropout",
                         "aten.to"):
-            return 0, 0
+            return 0, 0, None
         current = user
-    return 0, 0
+    return 0, 0, None
 

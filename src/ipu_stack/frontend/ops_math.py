@@ -86,6 +86,9 @@ def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
     if isinstance(x, (rope.Pairs, rope.PairPart)) or (
             isinstance(x, Act) and is_tensor(y) and y.numel() > 1 and rope.start(x) is not None):
         return _mul_pairs(conv, node, x, y)
+    if isinstance(x, patterns.Pending) and x.stage == "gate" and not isinstance(
+            y, (Act, UserInput, patterns.Pending)):  # silu(a) times a constant after all
+        x = patterns.emit_activation(conv, node, x.act, x.function)
     if isinstance(x, patterns.Pending) or isinstance(y, (Act, UserInput, patterns.Pending)):
         return patterns.multiply(conv, node, activation(conv, node, x) if isinstance(
             x, UserInput) else x, activation(conv, node, y) if isinstance(y, UserInput) else y)

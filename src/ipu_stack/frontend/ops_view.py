@@ -205,6 +205,11 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
     if part is not None:
         return part
     act = activation(conv, node, conv.settle(node, x))
+    if act.gap[1] and dim % len(act.shape) == 1 and step == 1:
+        size = act.shape[1]
+        first = 0 if start is None else (start + size if start < 0 else start)
+        last = size if end is None else min(end + size if end < 0 else end, size)
+        return GapSlice(act, first, last)
     dim %= len(act.shape)
     size = act.shape[dim]
     start = 0 if start is None else (start + size if start < 0 else start)
@@ -321,6 +326,8 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
             raise unsupported(node, "concatenating parts of a query or key other than the "
                               "halves of rotate_half or consecutive token windows")
         return joined
+    if parts and isinstance(parts[0], GapSlice):
+        return _fill_gap(conv, node, list(parts))
     parts = conv.settle(node, parts)
     acts = [p for p in parts if isinstance(p, Act)]
     if len(acts) != 1 or acts[0].prefix + acts[0].suffix == 0:
@@ -337,14 +344,44 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
         return np.concatenate(blocks, axis=1) if blocks else np.zeros((b, 0, d))
 
     head, tail = tokens(list(parts[:at])), tokens(list(parts[at + 1:]))
-    if head.shape[1] != act.prefix or tail.shape[1] != act.suffix:
+    k, gap = act.gap
+    if head.shape[1] != act.prefix - gap or tail.shape[1] != act.suffix:
         raise unsupported(node, "constant tokens do not match the reserved patch rows")
-    total = act.prefix + n + act.suffix
+    logical = head.shape[1] + n + act.suffix
     bias = act.bias if act.bias is not None else 0.0
-    addend = np.zeros((b, total, d))
-    addend[:, :act.prefix] = head - bias
-    addend[:, act.prefix + n:] = tail - bias
+    addend = np.zeros((b, logical, d))
+    addend[:, :head.shape[1]] = head - bias
+    addend[:, head.shape[1] + n:] = tail - bias
     conv.rewrites.append(f"{node.name}: {act.prefix} + {act.suffix} constant token(s) as zero "
                          "patch rows plus a corrected addend")
-    return Act(act.value, (b, total, d), addend=addend.reshape(-1, d), origin=conv.name(node))
+    return Act(act.value, (b, logical, d), addend=forms.open_gap(addend, act.gap).reshape(-1, d),
+               origin=conv.name(node), gap=act.gap, bias=act.bias)
+
+
+@dataclass(frozen=True)
+class GapSlice:
+    """``x[:, start:end]`` of a value with reserved rows (``Act.gap``): waiting for the
+    concatenation that puts constant tokens into them."""
+
+    act: Act
+    start: int
+    end: int
+
+
+def _fill_gap(conv: Converter, node: Any, parts: list[Any]) -> Act:
+    """``cat([x[:, :k], constant tokens, x[:, k:]], 1)`` into the rows reserved after token k."""
+    first, last = parts[0], parts[-1]
+    act = first.act
+    k, gap = act.gap
+    b, t, d = act.shape
+    tokens = [np.broadcast_to(to_numpy(p), (b, p.shape[1], d)) for p in parts[1:-1]]
+    inserted = np.concatenate(tokens, axis=1)
+    if last.act is not act or (first.start, first.end, last.start, last.end) != (0, k, k, t) or (
+            inserted.shape[1] != gap):
+        raise unsupported(node, "tokens inserted somewhere other than the reserved rows")
+    addend = (act.addend if act.addend is not None else np.zeros((b * (t + gap), d))).copy()
+    rows = addend.reshape(b, t + gap, d)
+    rows[:, k:k + gap] = inserted - (act.bias if act.bias is not None else 0.0)
+    conv.rewrites.append(f"{node.name}: {gap} constant token(s) inserted into reserved rows")
+    return Act(act.value, (b, t + gap, d), addend=rows.reshape(-1, d), origin=conv.name(node))
 
