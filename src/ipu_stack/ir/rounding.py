@@ -242,9 +242,9 @@ def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray
     is one float32 matrix product, added to an FP16 partial that is rounded after every
     pass.  Returns the partials as float16 ``[batch, rows, cols]``.
 
-    Each pass is one BLAS call on a contiguous copy of the pass's A columns and a view of
-    B's rows (numpy's stacked matmul runs tile-sized products at a third of the speed of a
-    loop of 2-D calls), into one product buffer that the compiled loop folds into the
+    Each pass is one BLAS call on views of the pass's A columns and B's rows (numpy's
+    stacked matmul runs tile-sized products at a third of the speed of a loop of 2-D
+    calls), into one product buffer that the compiled loop folds into the
     partial at once; the partial is encoded while still in cache."""
     batch, rows, depth = a.shape
     cols = b.shape[-1]
@@ -261,7 +261,7 @@ def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray
             partial.fill(0.0)
         for lo in starts:
             hi = min(lo + pass_depth, depth)
-            a_pass = a_item if hi - lo == depth else np.ascontiguousarray(a_item[:, lo:hi])
+            a_pass = a_item[:, lo:hi]  # a strided view: BLAS reads it in place
             np.matmul(a_pass, b_item[lo:hi], out=dot)
             if lo != starts[-1]:
                 _accumulate(folded, partial)
