@@ -276,7 +276,7 @@ def evaluate_float64_steps(graph: Graph, tensors: dict[str, np.ndarray],
                            keep: Collection[str] | None = None
                            ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """:func:`evaluate_float64` one operation per ``next``; the values are the generator's
-    return value (a host thread interleaves it with other work)."""
+    return value (the host side interleaves it with other work)."""
     return _run_steps(graph, tensors, np.float64,
                       lambda data, precision: np.asarray(data, dtype=np.float64),
                       keep_weights=False, keep=keep)
