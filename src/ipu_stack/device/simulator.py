@@ -238,16 +238,21 @@ class SimulatedIpu:
         name = step.tensor
         rows, cols = self.program.tensors[name].matrix
         checkpoint = step.checkpoint
+        # a tensor's buffer is made by its first piece only (not built and thrown away
+        # for every later piece)
         if checkpoint is None:
-            target = report.outputs.setdefault(name, np.full((rows, cols), np.nan, np.float32))
+            if name not in report.outputs:
+                report.outputs[name] = np.full((rows, cols), np.nan, np.float32)
+            target = report.outputs[name]
             piece = precision.dequantize(piece)
         else:
-            entry = report.checkpoints.setdefault(int(checkpoint), {
-                "tensor": name, "operation": step.operation,
-                "values": StoredTensor(precision, precision.quantize(
-                    np.full((rows, cols), np.nan, np.float32))),
-            })
-            target = entry["values"].stored
+            if int(checkpoint) not in report.checkpoints:
+                report.checkpoints[int(checkpoint)] = {
+                    "tensor": name, "operation": step.operation,
+                    "values": StoredTensor(precision, precision.quantize(
+                        np.full((rows, cols), np.nan, np.float32))),
+                }
+            target = report.checkpoints[int(checkpoint)]["values"].stored
         r0, c0 = step.origin
         if r0 < 0 or c0 < 0 or r0 + piece.shape[0] > rows or c0 + piece.shape[1] > cols:
             raise PackageError(f"host read of {name} at {r0},{c0} lies outside the tensor")
