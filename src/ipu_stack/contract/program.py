@@ -21,7 +21,7 @@ import numpy as np
 
 from ipu_stack.exchange import Schedule, Transfers
 from ipu_stack.exchange.model import chunk_cycles
-from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.layout import WORD, BlockLayout, round_up
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 
@@ -81,9 +81,8 @@ class StreamLayout(_Value):
 
     @property
     def block_bytes(self) -> int:
-        """One block's bytes on a tile (rows padded to whole words)."""
-        pitch = -(-self.col_block * self.precision.itemsize // 4) * 4
-        return self.row_block * pitch
+        """One block's bytes on a tile (rows padded to whole words, as ``BlockLayout``)."""
+        return self.row_block * round_up(self.col_block * self.precision.itemsize, WORD)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,31 +17,27 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, Work, p
-
-
-def _up(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
+from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, Work, cdiv, p
 
 
 def _steps(per_worker: list[int], vector: int) -> int:
     """Steps of the busiest worker, ``vector`` items a step."""
-    return max((_up(n, vector) for n in per_worker), default=0)
+    return max((cdiv(n, vector) for n in per_worker), default=0)
 
 
 def _layer_norm_row(width: int) -> int:
     """One row of the measured layer norm: setup, statistics pass, apply pass."""
     if width >= 96 and width % 8 == 0:  # the aligned statistics path
         setup = p("layer_norm_setup_aligned")
-        stats = (_up(width, 48) * p("layer_norm_stats_per_48")
-                 + _up(width, 24) * p("layer_norm_stats_per_24") + p("layer_norm_stats_base"))
+        stats = (cdiv(width, 48) * p("layer_norm_stats_per_48")
+                 + cdiv(width, 24) * p("layer_norm_stats_per_24") + p("layer_norm_stats_base"))
     else:
         setup = p("layer_norm_setup")
-        stats = _up(width, 12) * p("layer_norm_stats_per_12")
+        stats = cdiv(width, 12) * p("layer_norm_stats_per_12")
     if width % 4 == 0:
-        apply = p("layer_norm_apply_base") + _up(width, 24) * p("layer_norm_apply_per_24")
+        apply = p("layer_norm_apply_base") + cdiv(width, 24) * p("layer_norm_apply_per_24")
     else:
-        apply = _up(width, 12) * p("layer_norm_apply_per_12")
+        apply = cdiv(width, 12) * p("layer_norm_apply_per_12")
     return setup + stats + apply
 
 
@@ -72,21 +68,21 @@ def _softmax_row_whole(keys: int, panels: int) -> int:
 def _softmax(rows: int, keys: int, panels: int) -> int:
     """The softmax a tile ran: the whole-row vertex, or for 128 keys or more the measured
     three-segment split kernel when it is faster (the codelet the vertex selects)."""
-    waves = _up(rows, 6)  # rows go to the six workers in waves
+    waves = cdiv(rows, 6)  # rows go to the six workers in waves
     launch = p("softmax_launch_exact") if keys == 16 * panels else p("softmax_launch_tail")
     whole = launch + 6 * waves * _softmax_row_whole(keys, panels)
     if keys < 128:
         return whole
-    segments = 6 * _up(rows, 2)  # row pairs, three segments each, two passes
+    segments = 6 * cdiv(rows, 2)  # row pairs, three segments each, two passes
     split = (p("softmax_split_call") + p("softmax_wave") * waves
-             + segments * (p("softmax_panel") * _up(16 * panels, 48) + p("softmax_segment")))
+             + segments * (p("softmax_panel") * cdiv(16 * panels, 48) + p("softmax_segment")))
     return min(whole, split)
 
 
 def _vertex(vertex: str, per_worker: int) -> int:
     """A popops supervisor vertex (launch included) whose busiest worker had ``per_worker``
     halves: six worker slots of setup plus 4-half loop steps, and a unary vertex's tail."""
-    steps = _up(per_worker, 4)
+    steps = cdiv(per_worker, 4)
     if vertex in ("multiply", "add"):  # the binary vertex; ADD is priced as MULTIPLY
         return p("launch") + 6 * (p("multiply_worker") + p("multiply_loop") * steps)
     return p("launch") + 6 * (p("unary_worker") + p(f"{vertex}_loop") * steps) + p("unary_tail")
@@ -117,7 +113,7 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
     if kind == "cast_f16":
         return p("cast_call") + p("cast_f16_step") * _steps(c["per_worker"], 2)
     if kind == "copy":
-        return p("copy_call") + _up(c["bytes"], p("copy_bytes_per_cycle"))
+        return p("copy_call") + cdiv(c["bytes"], p("copy_bytes_per_cycle"))
     if kind == "layer_norm":  # rows one after another, each over all six workers
         return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
     if kind == "softmax":
@@ -136,7 +132,7 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
 
 def host_cycles(nbytes: int, clock_hz: float) -> int:
     """Cycles the host link needs for ``nbytes`` at its rate (32 GB/s)."""
-    return _up(int(nbytes) * int(clock_hz), int(PRICES["host_bytes_per_second"].value))
+    return cdiv(int(nbytes) * int(clock_hz), int(PRICES["host_bytes_per_second"].value))
 
 
 # ---------------------------------------------------------------------------- exchange
