@@ -130,24 +130,22 @@ def run_package(
         outputs_only = {v.name for v in graph.by_role("output")}
         gemm_modes = package.manifest.get("gemm_modes")
         with threadpool_limits(limits=1, user_api="blas"):
-            if model is None and fork_available():
-                host = HostProcess(_host_side, graph, tensors, gemm_modes, outputs_only)
-                try:
-                    init_report = device.call("initialize", weights)
-                    run_report = device.call("run", inputs, on_probes=host.put)
-                    host.put(list(run_report.outputs.items()))
-                    host.put(None)
-                except BaseException:
-                    host.abandon()
-                    raise
-                simulate = time.perf_counter() - sim_start
-                waited = time.perf_counter()
-                reference, verdict = host.result()
-                waited = time.perf_counter() - waited
-            else:
-                (init_report, run_report, simulate, reference, verdict,
-                 waited) = _run_with_host_thread(device, graph, tensors, gemm_modes, model,
-                                                 outputs_only, weights, inputs, sim_start)
+            host: HostProcess | _HostThread = (
+                HostProcess(_host_side, graph, tensors, gemm_modes, outputs_only)
+                if model is None and fork_available()
+                else _HostThread(graph, tensors, gemm_modes, model, outputs_only))
+            try:
+                init_report = device.call("initialize", weights)
+                run_report = device.call("run", inputs, on_probes=host.put)
+                host.put(list(run_report.outputs.items()))
+                host.put(None)  # nothing more: the host side finishes
+            except BaseException:
+                host.abandon()
+                raise
+            simulate = time.perf_counter() - sim_start
+            waited = time.perf_counter()
+            reference, verdict = host.result()
+            waited = time.perf_counter() - waited
     outputs = {}
     comparisons = {}
     for value in graph.by_role("output"):
@@ -164,37 +162,37 @@ def run_package(
                      simulate, verdict, "float64" if model is None else "torch")
 
 
-def _run_with_host_thread(device: SimulatedIpu, graph: Graph, tensors: dict[str, np.ndarray],
-                          gemm_modes: dict[str, dict] | None,
-                          model: Callable[[Graph, dict[str, np.ndarray]],
-                                          dict[str, np.ndarray]] | None,
-                          outputs_only: set[str], weights: dict[str, np.ndarray],
-                          inputs: dict[str, np.ndarray], sim_start: float
-                          ) -> tuple[CallReport, CallReport, float, Mapping[str, np.ndarray],
-                                     Verdict, float]:
-    """The device with the host side on a thread of this process (an imported program, or
-    no fork): ``(initialize, run, simulate s, reference, verdict, verdict s)``."""
-    arrivals: queue.SimpleQueue = queue.SimpleQueue()
-    abandon = threading.Event()  # the device failed: the host side stops at once
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        host_side = pool.submit(_host_side, graph, tensors, gemm_modes, model, outputs_only,
-                                arrivals, abandon)
+class _HostThread:
+    """The host side on a thread of this process, with :class:`HostProcess`'s interface:
+    for an imported program (torch's outputs are its fidelity target, and torch is not
+    forked) or where fork does not exist."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, np.ndarray],
+                 gemm_modes: dict[str, dict] | None,
+                 model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
+                 outputs_only: set[str]) -> None:
+        self.arrivals: queue.SimpleQueue = queue.SimpleQueue()
+        self.abandoned = threading.Event()  # the device failed: the host side stops at once
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.future = self.pool.submit(_host_side, graph, tensors, gemm_modes, model,
+                                       outputs_only, self.arrivals, self.abandoned)
+
+    def put(self, items: list | None) -> None:
+        self.arrivals.put(items)
+
+    def result(self) -> tuple[Mapping[str, np.ndarray], Verdict]:
         try:
-            init_report = device.call("initialize", weights)
-            run_report = device.call("run", inputs, on_probes=arrivals.put)
-            arrivals.put(list(run_report.outputs.items()))
-        except BaseException:
-            abandon.set()
-            raise
+            reference, ideal_values, ideal_seconds, judging = self.future.result()
         finally:
-            arrivals.put(None)  # nothing more: the host side finishes (or stops)
-        simulate = time.perf_counter() - sim_start
-        waited = time.perf_counter()
-        reference, ideal_values, ideal_seconds, judging = host_side.result()
+            self.pool.shutdown()
         verdict = judging.finish(ideal_values)
         verdict.ideal_seconds = ideal_seconds
-        return (init_report, run_report, simulate, reference, verdict,
-                time.perf_counter() - waited)
+        return reference, verdict
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+        self.arrivals.put(None)
+        self.pool.shutdown()
 
 
 def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
