@@ -24,10 +24,12 @@ from ipu_stack.frontend import is_program_path
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
-from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
 from ipu_stack.profile.capture import profile_of
+from ipu_stack.runtime.pipelined import pipeline_fields, run_pipeline, stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target import get_target
 from ipu_stack.util import log
@@ -71,6 +73,13 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-stages", metavar="DIR", default=None,
                         help="write each compile stage's artifact into DIR (graph text, plans, "
                         "program, kernels, placement summary, device program)")
+    parser.add_argument("--strategy", choices=("layers", "pipeline", "auto"), default="layers",
+                        help="layers: every layer over the whole chip, one after another (the "
+                        "batch-1 latency answer); pipeline: consecutive layers on tile groups, "
+                        "images streamed through them; auto: the higher images/s that fits")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="pipeline strategy: this many tile groups (default: the planner "
+                        "chooses)")
     parser.add_argument("--unroll-layers", action="store_true",
                         help="plan and lower every layer on its own instead of running "
                         "identical layers as one loop body")
@@ -106,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="compile, run, check and print the benchmark line")
     _add_workload_options(p)
     p.add_argument("--out", help="package and reports folder (default artifacts/<workload>/)")
+    p.add_argument("--images", type=int, default=None,
+                   help="pipeline strategy: images streamed through the groups, each checked "
+                   "(default: as many as there are groups, the fewest that fill a step)")
     _add_run_options(p)
 
     p = sub.add_parser("capacity", help="largest batch or number of layers that compiles")
@@ -305,8 +317,10 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
 
 def cmd_compile(args: argparse.Namespace) -> int:
     workload, params = _params(args)
-    result = compile_workload(workload, params, Path(args.out), _options(args))
-    print(f"package={result.package} estimatedCycles={result.estimate['cycles']} "
+    result = compile_strategy(workload, params, Path(args.out), _options(args), args.strategy,
+                              args.groups)
+    print(f"package={result.package} strategy={result.strategy} "
+          f"estimatedCycles={result.estimate['cycles']} "
           f"compileSeconds={result.timings['compile']:.2f}")
     return 0
 
@@ -315,9 +329,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workload, params = _params(args)
     out = Path(args.out) if args.out else check_output_folder(
         "--out (default)", Path("artifacts") / workload.identifier(params))
-    result = compile_workload(workload, params, out, _options(args))
+    if args.images is not None and args.images < 1:
+        raise UsageError("--images must be at least 1")
+    result = compile_strategy(workload, params, out, _options(args), args.strategy, args.groups)
+    if result.strategy == "pipeline":
+        return _run_pipeline_and_report(args, result, workload, params)
+    if args.images not in (None, 1):
+        raise UsageError("--images streams images through a pipeline; the layers strategy "
+                         "runs one batch (use --batch)")
     return _run_and_report(args, result.package, result.graph, result.tensors, workload, params,
                            result.timings["compile"])
+
+
+def _run_pipeline_and_report(args: argparse.Namespace, result: Any, workload: Any,
+                             params: dict[str, Any]) -> int:
+    if args.profile or args.save_tensors or args.poison or args.device:
+        raise UsageError("--profile, --save-tensors, --poison and --device are not yet "
+                         "supported with the pipeline strategy")
+    package = load_package(result.package)
+    groups = len(package.manifest["pipeline"]["groups"])
+    count = args.images if args.images is not None else groups
+    images = stream_images(workload, params, result.graph, result.tensors, count)
+    run = run_pipeline(package, result.graph, result.tensors, images)
+    record = pipeline_fields(run, package, result.graph, workload.benchmark_fields(params),
+                             result.package, result.timings["compile"])
+    _print_record(record, args.json)
+    return 0 if run.passed else 1
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

@@ -35,7 +35,8 @@ from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.base import Workload
 
-__all__ = ["STAGES", "CompileOptions", "CompileResult", "compile_workload", "refined_estimate",
+__all__ = ["STAGES", "CompileOptions", "CompileResult", "compile_workload", "plan_workload",
+           "refined_estimate",
            "schedule_program", "stage_shape", "to_transfers"]
 
 LOG = logging.getLogger("ipu_stack.package.build")
@@ -97,6 +98,25 @@ def compile_workload(
                   reason=str(failure), memory_proportion=proportion)
 
 
+def plan_workload(workload: Workload, params: dict[str, Any], options: CompileOptions,
+                  prepared: dict[str, Any] | None = None) -> dict[str, int]:
+    """Only the planning stages (construct_mid, lower_mid): whether the plans fit the
+    memory budget (a :class:`CompileError` if not) and their analytical GEMM cycles, for a
+    choice between layouts that would cost a whole compile each."""
+    target = get_target(options.target)
+    if options.tiles:
+        target = target.with_tiles(options.tiles)
+    build = Build(workload, params, Path("."), options, target, None,
+                  prepared if prepared is not None else {})
+    for name, stage in STAGES[:2]:
+        with phase(LOG, name) as fields:
+            fields.update(stage(build))
+    plans = build.finalists[0]
+    times = phases.repeats(build)
+    return {"gemm_cycles": sum(n * p.estimated_cycles for p, n in zip(plans, times, strict=True)
+                               if p is not None)}
+
+
 def _compile_once(
     workload: Workload,
     params: dict[str, Any],
@@ -108,7 +128,10 @@ def _compile_once(
     """One attempt at the whole compile under ``options.memory_proportion``: every stage of
     ``STAGES`` in order (``prepared``: the workload's graph and tensors, once built)."""
     start = time.perf_counter()
-    build = Build(workload, params, Path(out_dir), options, get_target(options.target), memo,
+    target = get_target(options.target)
+    if options.tiles:
+        target = target.with_tiles(options.tiles)
+    build = Build(workload, params, Path(out_dir), options, target, memo,
                   prepared if prepared is not None else {})
     dump = Path(options.dump_stages) if options.dump_stages else None
     if dump is not None:

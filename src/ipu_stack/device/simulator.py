@@ -82,6 +82,10 @@ class CallReport:
     breakdown: dict[str, int] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)  # only when recording
     layer_cycles: list[int] = field(default_factory=list)  # each pass of the layer loop
+    # every superstep's cycles with its sync, in order (a pipeline step merges the groups'
+    # supersteps: all tiles sync together, so the i-th superstep lasts the longest group's)
+    superstep_cycles: list[int] = field(default_factory=list)
+    superstep_layers: list[int] = field(default_factory=list)  # loop pass of each; -1 outside
 
 
 class SimulatedIpu:
@@ -186,6 +190,8 @@ class SimulatedIpu:
                                                + int(cycles[busiest]))
             report.tile_busy += busy
             report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
+            report.superstep_cycles.append((int(busy[busiest]) if busy.size else 0) + sync)
+            report.superstep_layers.append(-1 if layer is None else layer)
             report.sync_cycles += sync
             report.supersteps += 1
             record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
@@ -198,6 +204,8 @@ class SimulatedIpu:
             report.exchange_cycles += cycles
             report.tile_busy += ports
             report.cycles += cycles + sync
+            report.superstep_cycles.append(cycles + sync)
+            report.superstep_layers.append(-1 if layer is None else layer)
             report.sync_cycles += sync
             report.supersteps += 1
             report.phases += 1

@@ -84,10 +84,11 @@ def _group_calls(keys: dict[tuple, list[int]]) -> list[tuple[tuple, np.ndarray]]
     return [(key, np.array(sorted(tiles), dtype=np.int32)) for key, tiles in sorted(keys.items())]
 
 
-def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan) -> list[Group]:
-    """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``)."""
+def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0) -> list[Group]:
+    """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``),
+    for the row chunk that starts at row ``row0`` of each group's A and output."""
     if stage.kind == "matmul":
-        return [Group((0, 0), (0, 0), (0, 0), 0)]
+        return [Group((row0, 0), (0, 0), (row0, 0), 0)]
     heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
     value = graph.value(stage.b).type
     batch, head_dim = value.rows // tokens, value.cols // heads
@@ -97,11 +98,11 @@ def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan) -> list[Group]:
             g = b * heads + h
             base = g * plan.tiles_used
             if stage.attrs["mode"] == "qk":
-                groups.append(Group((b * tokens, h * head_dim), (b * tokens, h * head_dim),
-                                    (g * tokens, 0), base))
+                groups.append(Group((b * tokens + row0, h * head_dim),
+                                    (b * tokens, h * head_dim), (g * tokens + row0, 0), base))
             else:
-                groups.append(Group((g * tokens, 0), (b * tokens, h * head_dim),
-                                    (b * tokens, h * head_dim), base))
+                groups.append(Group((g * tokens + row0, 0), (b * tokens, h * head_dim),
+                                    (b * tokens + row0, h * head_dim), base))
     return groups
 
 
@@ -258,15 +259,22 @@ class Lowering:
         """A GEMM stage in four supersteps' worth of steps: operands to their tiles, the AMP
         into partials, the reduce-scatter of depth partials, the reduce with its fused
         chain into the stage output."""
-        grid = self._gemm_grid(stage, plan)
-        a_buf, b_buf = self._gemm_operands(grid)
-        p_buf = self._gemm_partials(grid, a_buf, b_buf)
-        recv_buf = self._gemm_reduce_scatter(grid, p_buf)
-        self._gemm_epilogue(grid, p_buf, recv_buf)
+        pieces: list[Piece] = []
+        shared: dict[str, int] = {}  # the weight, activation-B and bias buffers, made once
+        for row0, chunk in plan.chunks():
+            grid = self._gemm_grid(stage, chunk, row0,
+                                   f".c{row0}" if plan.row_chunks > 1 else "")
+            a_buf, b_buf = self._gemm_operands(grid, shared)
+            p_buf = self._gemm_partials(grid, a_buf, b_buf)
+            recv_buf = self._gemm_reduce_scatter(grid, p_buf)
+            pieces += self._gemm_epilogue(grid, p_buf, recv_buf, shared)
+        self.where[stage.out] = pieces
 
-    def _gemm_grid(self, stage: GemmStage, plan: GemmPlan) -> _GemmGrid:
+    def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
+                   suffix: str = "") -> _GemmGrid:
         """Which tile holds which (row, column, depth) block, per head group, and the
-        operands' block layouts."""
+        operands' block layouts (``row0``: the first row of a row chunk, ``suffix`` its
+        buffers' name)."""
         g = self.graph
         a_prec = g.value(stage.a).type.precision
         b_prec = g.value(stage.b).type.precision
@@ -274,7 +282,7 @@ class Lowering:
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
         transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
-        groups = stage_groups(g, stage, plan)
+        groups = stage_groups(g, stage, plan, row0)
         if self.paired:
             # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
             # tiles and its broadcasts reach whole tile pairs (two-lane transfers)
@@ -286,7 +294,7 @@ class Lowering:
         all_tiles = np.concatenate([grid.ravel() for grid in grids])
         if all_tiles.max() >= self.target.tiles:
             raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
-        name = f"stage{stage.index}"
+        name = f"stage{stage.index}{suffix}"
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
         if transposed:
@@ -300,8 +308,10 @@ class Lowering:
         return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
                          transposed, partial_prec, bn * partial_prec.itemsize, cols_valid)
 
-    def _gemm_operands(self, gg: _GemmGrid) -> tuple[int, int]:
-        """A's and B's blocks gathered onto the grid; their buffers."""
+    def _gemm_operands(self, gg: _GemmGrid, shared: dict[str, int]) -> tuple[int, int]:
+        """A's and B's blocks gathered onto the grid; their buffers.  B's buffer is made by
+        the first row chunk and kept in ``shared`` for the others: its blocks do not depend
+        on the rows."""
         g, stage, name, groups = self.graph, gg.stage, gg.name, gg.groups
         a_layouts, b_layouts, all_tiles = gg.a_layouts, gg.b_layouts, gg.all_tiles
         # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
@@ -314,8 +324,11 @@ class Lowering:
         builder = TransferBuilder(f"{name}.operands")
         self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
                                              zip(a_layouts, groups, strict=True)], name)
-        if g.value(stage.b).role == "weight":
-            b_buf = self._host_weight(stage.b, b_layouts[0], MemoryClass.INTERLEAVED)
+        if "b" in shared:
+            b_buf = shared["b"]
+        elif g.value(stage.b).role == "weight":
+            b_buf = shared["b"] = self._host_weight(stage.b, b_layouts[0],
+                                                    MemoryClass.INTERLEAVED)
         else:
             b_buf = self.program.add_buffer(
                 f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
@@ -323,6 +336,7 @@ class Lowering:
             )
             # a phase of its own: a tile's A and B blocks come from different replica
             # groups, and one group per phase lets the scheduler meet the bound exactly
+            shared["b"] = b_buf
             self.emit_exchange(builder)
             builder = TransferBuilder(f"{name}.right")
             self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
@@ -412,8 +426,10 @@ class Lowering:
             self.emit_exchange(builder)
         return recv_buf
 
-    def _gemm_epilogue(self, gg: _GemmGrid, p_buf: int, recv_buf: int) -> None:
-        """The reduce kernels with the fused chain, into the stage's output buffer."""
+    def _gemm_epilogue(self, gg: _GemmGrid, p_buf: int, recv_buf: int,
+                       shared: dict[str, int]) -> list[Piece]:
+        """The reduce kernels with the fused chain, into the stage's output buffer; the
+        pieces of the output it wrote (the bias buffer is made once, in ``shared``)."""
         g, stage, plan, name, grids = self.graph, gg.stage, gg.plan, gg.name, gg.grids
         groups, all_tiles, cols_valid = gg.groups, gg.all_tiles, gg.cols_valid
         partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
@@ -428,7 +444,8 @@ class Lowering:
             for grid in grids
         ]
         out_buf = self.program.add_buffer(
-            self._name(stage.out), all_tiles, out_layouts[0].block_bytes, MemoryClass.STANDARD,
+            self._name(stage.out) + name[len(f"stage{stage.index}"):], all_tiles,
+            out_layouts[0].block_bytes, MemoryClass.STANDARD,
             f"{self._name(stage.out)}: {out_layouts[0].describe()}",
         )
         bias_buf, bias_prec = -1, None
@@ -438,7 +455,9 @@ class Lowering:
                 1, n, bias_prec, 1, bn,
                 grids[0].transpose(1, 0, 2).reshape(1, c_n, r_n * d_n).copy(),
             )
-            bias_buf = self._host_weight(stage.bias, bias_layout, MemoryClass.STANDARD)
+            if "bias" not in shared:
+                shared["bias"] = self._host_weight(stage.bias, bias_layout, MemoryClass.STANDARD)
+            bias_buf = shared["bias"]
         sub_valid = out_layouts[0].valid_rows()
         calls = {}
         for grid in grids:
@@ -458,10 +477,8 @@ class Lowering:
                 (bias_buf, ones * 0), (out_buf, ones * 0),
             ]))
         self.program.run.append(compute)
-        self.where[stage.out] = [
-            Piece(group.out_origin[0], group.out_origin[1], layout, out_buf)
-            for group, layout in zip(groups, out_layouts, strict=True)
-        ]
+        return [Piece(group.out_origin[0], group.out_origin[1], layout, out_buf)
+                for group, layout in zip(groups, out_layouts, strict=True)]
 
     # ------------------------------------------------------------------ row stages
     def _in_row_layout(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,

@@ -7,7 +7,7 @@ The compiler writes it with :func:`write_package`; the simulated device loads on
 from __future__ import annotations
 
 from .format import ALLOWED_DTYPES, FORMAT_NAME, FORMAT_VERSION, Package
-from .reader import read_package
+from .reader import read_package, read_package_bytes
 from .writer import package_bytes, write_package
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "Package",
     "package_bytes",
     "read_package",
+    "read_package_bytes",
     "write_package",
 ]

@@ -98,6 +98,21 @@ def read_package(
     return package
 
 
+def read_package_bytes(name: str, data: bytes, *, expected_target: str | None = None,
+                       max_bytes: int = 4 << 30) -> Package:
+    """Verify and read a package held in memory (a pipeline package's group programs are
+    packages inside it): the same checks as :func:`read_package`."""
+    if len(data) > max_bytes:
+        raise PackageError(_too_large(name, len(data), max_bytes))
+    try:
+        return _Reader(name, data, max_bytes).read(expected_target)
+    except (PackageError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the boundary, as in read_package
+        detail = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:200]
+        raise PackageError(f"package {name} is corrupt: {detail}") from None
+
+
 def _too_large(name: str, size: int, max_bytes: int) -> str:
     return f"package {name} is too large: {size} bytes exceeds the limit of {max_bytes} bytes"
 

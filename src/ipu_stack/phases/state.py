@@ -39,6 +39,7 @@ class CompileOptions:
     paired_exchange: bool = False  # target option: tile pairs share an exchange bus
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
+    tiles: int = 0  # plan for this many of the chip's tiles (a pipeline group); 0: all
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -49,7 +50,8 @@ class CompileOptions:
         return {"target": self.target, "finalists": self.finalists,
                 "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
                 "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode,
-                "share_layers": self.share_layers}
+                "share_layers": self.share_layers,
+                **({"tiles": self.tiles} if self.tiles else {})}
 
 
 @dataclass

@@ -7,13 +7,21 @@ D > 1 the partials are reduce-scattered: tile ``(r, c, d)`` finishes rows
 ``[d * br/D, (d+1) * br/D)`` of its block.  The analytical cost adds, for the busiest tile,
 the A exchange (receive words), the GEMM kernel, the reduction exchange and the epilogue
 kernel, each phase with the measured phase cost and each compute set with its sync
-(``target.timing``).  Both modes are searched when the operands are FP8; the planner keeps
-whichever is cheaper (``mode`` forces one).
+(``target.timing``).  Both modes are searched when the operands are FP8; the planner
+keeps whichever is cheaper (``mode`` forces one).
+
+**Row chunks.**  A plan may run its rows in ``row_chunks`` chunks one after another on the
+same tiles: the weight block stays resident once, while the A block, the partials and the
+received slices exist for one chunk at a time.  That is what lets a small tile group (a
+pipeline stage) run a whole image's GEMM: ``R1 x C x D`` over 729 rows would need the
+image's A block and partials on each tile at once.  Each chunk pays its own phases and
+syncs, so chunks never save cycles; the memory fitter takes them only when bytes are short.
+Rows are computed the same way whichever chunk holds them, so chunking changes no bits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ipu_stack.ir.layout import WORD, round_up
 from ipu_stack.kernels.gemm import partial_itemsize
@@ -58,6 +66,7 @@ class GemmPlan:
     col_block: int
     mode: str
     costs: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    row_chunks: int = 1
 
     @property
     def tiles_used(self) -> int:
@@ -80,10 +89,36 @@ class GemmPlan:
         return (r * self.col_splits + c) * self.depth_splits + d
 
     def describe(self) -> str:
+        chunks = f" in {self.row_chunks} row chunks" if self.row_chunks > 1 else ""
         return (
             f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
             f"blocks {self.row_block}x{self.depth_block}x{self.col_block} mode={self.mode}"
+            f"{chunks}"
         )
+
+    def chunks(self) -> list[tuple[int, GemmPlan]]:
+        """``(first row, plan of the chunk)`` for each row chunk, in order (one chunk: the
+        plan itself)."""
+        if self.row_chunks == 1:
+            return [(0, self)]
+        out, row0 = [], 0
+        for rows in chunk_sizes(self.shape.rows, self.row_chunks):
+            plan = cost_plan(replace(self.shape, rows=rows), self.row_splits, self.col_splits,
+                             self.depth_splits, mode=self.mode)
+            assert plan is not None
+            out.append((row0, plan))
+            row0 += rows
+        return out
+
+
+ROW_CHUNKS = (2, 3, 4, 6, 8, 12, 16)
+"""The row chunk counts the search tries (with one row split: chunks replace row splits
+where the weights must stay single)."""
+
+
+def chunk_sizes(rows: int, chunks: int) -> list[int]:
+    """``rows`` cut into ``chunks`` runs as even as possible, the longer ones first."""
+    return [rows // chunks + (i < rows % chunks) for i in range(chunks)]
 
 
 def cast_elements(shape: GemmShape, mode: str, br: int, bk: int, bn: int) -> int:
@@ -92,9 +127,28 @@ def cast_elements(shape: GemmShape, mode: str, br: int, bk: int, bn: int) -> int
 
 
 def cost_plan(
-    shape: GemmShape, r: int, c: int, d: int, target: Target, mode: str = "fp8"
+    shape: GemmShape, r: int, c: int, d: int, target: Target | None = None, mode: str = "fp8",
+    chunks: int = 1,
 ) -> GemmPlan | None:
-    """Build and cost the plan with R=r, C=c, D=d splits in ``mode``, or None if invalid."""
+    """Build and cost the plan with R=r, C=c, D=d splits in ``mode`` over ``chunks`` row
+    chunks (each costed at its own size), or None if invalid."""
+    if chunks > 1:
+        if chunks > shape.rows:
+            return None
+        parts = [cost_plan(replace(shape, rows=rows), r, c, d, target, mode)
+                 for rows in sorted(set(chunk_sizes(shape.rows, chunks)))]
+        if any(part is None for part in parts):
+            return None
+        sizes = chunk_sizes(shape.rows, chunks)
+        costs: dict[str, int] = {}
+        for part in parts:
+            assert part is not None
+            times = sizes.count(part.shape.rows)
+            for key, value in part.costs.items():
+                costs[key] = costs.get(key, 0) + times * value
+        first = parts[-1]  # the longest chunk: its blocks bound the buffers
+        assert first is not None
+        return replace(first, shape=shape, costs=costs, row_chunks=chunks)
     fp8_mode = mode == "fp8"
     step = p("amp_f8_depth") if fp8_mode else p("amp_f16_depth")
     br = round_up(-(-shape.rows // r), d)
@@ -145,7 +199,8 @@ def transient_bytes(plan: GemmPlan) -> int:
     a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
     received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * partial_itemsize(
         plan.mode)
-    out = plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
+    # every chunk's output stays until the next stage reads it
+    out = plan.row_chunks * plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
     return a + interleaved_transient_bytes(plan) + received + out
 
 
@@ -196,7 +251,7 @@ def gemm_search(
     """
     tiles = target.tiles // shape.groups
     col_groups = -(-shape.cols // p("amp_out_columns"))
-    plans: dict[tuple[int, int, int, str], GemmPlan] = {}
+    plans: dict[tuple, GemmPlan] = {}
     budget = target.memory_end - target.memory_base - int(target.runtime_support_bytes)
     smallest = 1 << 62
     for gemm_mode in gemm_modes(shape, mode):
@@ -217,6 +272,14 @@ def gemm_search(
                     smallest = min(smallest, plan_tile_bytes(plan))
                     continue
                 _keep_best(plans, plan)
+            # row chunks (module docstring): one weight copy (R1), the rows in turn
+            c = min(tiles // d, col_groups)
+            col_block = round_up(-(-shape.cols // c), p("amp_out_columns"))
+            for chunks in ROW_CHUNKS:
+                plan = cost_plan(shape, 1, -(-shape.cols // col_block), d, target, gemm_mode,
+                                 chunks)
+                if plan is not None and plan_tile_bytes(plan) <= budget:
+                    _keep_best(plans, plan)
     if not plans:
         if smallest < 1 << 62:
             raise CompileError(
@@ -227,14 +290,14 @@ def gemm_search(
     ranked = sorted(
         plans.values(),
         key=lambda plan: (plan.estimated_cycles, plan.tiles_used, plan.row_splits,
-                          plan.depth_splits, plan.mode),
+                          plan.depth_splits, plan.mode, plan.row_chunks),
     )
     return ranked[:keep], pareto(ranked)
 
 
-def _keep_best(plans: dict[tuple[int, int, int, str], GemmPlan], plan: GemmPlan) -> None:
+def _keep_best(plans: dict[tuple, GemmPlan], plan: GemmPlan) -> None:
     """Keep the cheaper (then smaller) of two plans with the same blocks and mode."""
-    key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode)
+    key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode, plan.row_chunks)
     best = plans.get(key)
     if best is None or (plan.estimated_cycles, plan.tiles_used) < (
         best.estimated_cycles,

@@ -91,6 +91,20 @@ class Target:
     def cycles_to_us(self, cycles: int) -> float:
         return cycles / (self.clock_hz / 1e6)
 
+    def with_tiles(self, tiles: int) -> Target:
+        """The machine seen by a program that owns only ``tiles`` of its tiles (a pipeline
+        group): every other fact is the chip's.  The exchange model prices a phase by its
+        transfers' tiles and words, never by where the tiles sit, so a group's program
+        costs the same at any tile offset."""
+        if not 1 <= tiles <= self.tiles:
+            raise UsageError(f"a tile group of {tiles} tiles does not fit {self.name}'s "
+                             f"{self.tiles}")
+        if tiles == self.tiles:
+            return self
+        facts = dict(self.facts)
+        facts["tiles"] = Fact(tiles, f"a group of {tiles} of the chip's {self.tiles} tiles")
+        return Target(self.name, facts)
+
 
 _LOG004 = "reference log 004"
 

@@ -41,6 +41,8 @@ class Workload:
     build: Callable[[dict[str, Any]], tuple[Graph, dict[str, np.ndarray]]]
     identifier: Callable[[dict[str, Any]], str]
     benchmark_fields: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda p: {})
+    # image ``i`` (i >= 1) of a stream, as the graph's inputs: ``(params, graph, i)``
+    stream_input: Callable[[dict[str, Any], Graph, int], dict[str, np.ndarray]] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}

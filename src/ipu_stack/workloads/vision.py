@@ -117,6 +117,19 @@ def build_tower(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.
     return calibrated_build(params, kind, lambda builder, seed: _build_tower(kind, builder, seed))
 
 
+def stream_image(kind: str, params: dict[str, Any], graph: Graph, index: int
+                 ) -> dict[str, np.ndarray]:
+    """Image ``index`` of a stream (``--images``): new pixels from their own random stream,
+    cut into patch rows and rounded to the input's precision (its scale was fitted on the
+    first image; the pixels are drawn from the same range)."""
+    batch, image, patch = params["batch"], params["image"], params["patch"]
+    pixels = rng_for(params["seed"], f"pixels.{index}").uniform(-1.0, 1.0,
+                                                                (batch, 3, image, image))
+    rows = image_patches(pixels, patch, int(kind == "pe-vision"))
+    value = graph.by_role("input")[0]
+    return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape)}
+
+
 def _identifier(kind: str):
     def make(p: dict[str, Any]) -> str:
         return (f"{kind}-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
@@ -137,7 +150,9 @@ def _fields(kind: str):
 def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) -> None:
     register(Workload(name=kind, description=description, parameters=parameters,
                       build=lambda params: build_tower(kind, params),
-                      identifier=_identifier(kind), benchmark_fields=_fields(kind)))
+                      identifier=_identifier(kind), benchmark_fields=_fields(kind),
+                      stream_input=lambda params, graph, index: stream_image(kind, params, graph,
+                                                                             index)))
 
 
 _register("siglip-vision", "SigLIP so400m/14-384 vision tower: patch embedding, 27 layers, "

@@ -1,0 +1,169 @@
+"""Cut a tower into consecutive layer groups: the pipeline strategy's stages.
+
+A tower is a stem, N identical layers (``planning.repeat``) and a head.  The pipeline
+strategy gives each of G tile groups a run of consecutive layers (the first group also the
+stem, the last the head) and streams images through them: in a steady step every group
+works on a different image, and one activation moves from each group to the next.
+
+:func:`split_tower` cuts the graph at layer boundaries into G graphs of their own.  Each is
+an ordinary graph (its own value and operation numbering, names kept), so every group is
+planned, lowered and placed by the single-program compiler on its share of the tiles.  A
+group's input is the value the previous group's last layer carries out, and its output the
+value its own last layer carries out; weights stay weights.  A tower whose layers read
+anything else from outside their group (an activation from before the loop, say) cannot be
+cut this way, and says so in one line.
+
+:func:`group_layers` balances the layers: the slowest group's step sets the rate, so the
+groups get as equal a number of layers as the count allows; the extra layers go to the
+middle groups first, since the first and last groups also carry the stem and the head.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ipu_stack.ir.graph import Graph, Operation, Value, verify_graph
+from ipu_stack.planning.repeat import LayerLoop, find_layer_loop
+from ipu_stack.planning.stages import find_stages, stage_operations
+from ipu_stack.util.errors import CompileError
+
+
+class PipelineError(CompileError):
+    """The model cannot be cut into layer groups (one line: why)."""
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Group ``index``: layers ``[first, first + layers)`` of the tower as a graph of its own.
+
+    ``source_ops[i]`` is the tower's operation id of the group's operation ``i`` (the host
+    reference rounds each matmul where the group's plan rounds it)."""
+
+    index: int
+    first: int
+    layers: int
+    graph: Graph
+    source_ops: tuple[int, ...]
+    input_name: str | None  # the activation handed over by the previous group
+    output_name: str  # the activation (or the tower's output) this group hands on
+
+    def signature(self) -> str:
+        """What must match for two groups to share one compiled program: everything but
+        the values' names (middle groups differ only in which layer's weights they hold)."""
+        body = {
+            "values": [[v.type.to_json(), v.role] for v in self.graph.values],
+            "ops": [[o.kind, list(o.inputs), list(o.outputs), sorted(o.attrs.items())]
+                    for o in self.graph.operations],
+        }
+        return json.dumps(body, sort_keys=True, default=str)
+
+
+def tower_loop(graph: Graph) -> LayerLoop:
+    """The tower's repeated layers, or a one-line reason it has none."""
+    loop = find_layer_loop(graph, find_stages(graph))
+    if loop is None:
+        raise PipelineError(f"{graph.name} cannot be pipelined: it has no repeated layers")
+    return loop
+
+
+def group_layers(layers: int, groups: int) -> list[int]:
+    """Layers per group, as even as possible, the extra ones in the middle groups first."""
+    if not 1 <= groups <= layers:
+        raise PipelineError(f"cannot cut {layers} layers into {groups} groups")
+    base, extra = divmod(layers, groups)
+    order = list(range(1, groups - 1)) + [0, groups - 1] if groups > 2 else list(range(groups))
+    counts = [base] * groups
+    for index in order[:extra]:
+        counts[index] += 1
+    return counts
+
+
+def split_tower(graph: Graph, counts: list[int]) -> list[LayerGroup]:
+    """The tower cut into ``len(counts)`` groups of ``counts[g]`` consecutive layers."""
+    stages = find_stages(graph)
+    loop = tower_loop(graph)
+    if sum(counts) != loop.count:
+        raise PipelineError(f"the groups hold {sum(counts)} layers, the tower has {loop.count}")
+    ops_of = [stage_operations(s) for s in stages]
+
+    def layer_ops(k: int) -> list[int]:
+        lo = loop.start + k * loop.length
+        return [o for s in ops_of[lo:lo + loop.length] for o in s]
+
+    before = [o for s in ops_of[: loop.start] for o in s]
+    after = [o for s in ops_of[loop.end:] for o in s]
+    groups = []
+    first = 0
+    for index, count in enumerate(counts):
+        ops = [o for k in range(first, first + count) for o in layer_ops(k)]
+        if index == 0:
+            ops = before + ops
+        if index == len(counts) - 1:
+            ops = ops + after
+        carried_in = None if index == 0 else loop.value(first - 1, loop.carried_out)
+        last = index == len(counts) - 1
+        carried_out = loop.value(first + count - 1, loop.carried_out)
+        groups.append(_slice(graph, index, first, count, sorted(ops), carried_in,
+                             None if last else carried_out))
+        first += count
+    return groups
+
+
+def _slice(graph: Graph, index: int, first: int, count: int, op_ids: list[int],
+           carried_in: int | None, carried_out: int | None) -> LayerGroup:
+    """The operations ``op_ids`` as a graph: outside values they read become weights (if
+    weights) or the group's input (the carried activation); ``carried_out`` (or, for the
+    last group, the tower's outputs) its output."""
+    chosen = set(op_ids)
+    produced = {o for op in op_ids for o in graph.operations[op].outputs}
+    used: set[int] = set(produced)
+    for op in op_ids:
+        for value_id in graph.operations[op].inputs:
+            used.add(value_id)
+            if value_id in produced:
+                continue
+            role = graph.value(value_id).role
+            if role == "weight" or value_id == carried_in or (carried_in is None
+                                                             and role == "input"):
+                continue
+            raise PipelineError(
+                f"{graph.name} cannot be pipelined: group {index} reads "
+                f"{graph.value(value_id).name} from outside its layers")
+    for op in graph.operations:  # what the group makes is read only by itself and the next
+        if op.id in chosen:
+            continue
+        for value_id in op.inputs:
+            if value_id in produced and value_id != carried_out:
+                raise PipelineError(
+                    f"{graph.name} cannot be pipelined: {graph.value(value_id).name} is read "
+                    f"outside group {index}")
+    outputs = {carried_out} if carried_out is not None else {
+        v.id for v in graph.by_role("output")}
+    renumber = {old: new for new, old in enumerate(sorted(used))}
+    values = []
+    for old in sorted(used):
+        value = graph.value(old)
+        role = value.role
+        if old == carried_in:
+            role = "input"
+        elif old in outputs:
+            role = "output"
+        elif role == "output":
+            role = "intermediate"
+        values.append(Value(renumber[old], value.name, value.type, role))
+    operations = [
+        Operation(new, graph.operations[op].kind,
+                  tuple(renumber[i] for i in graph.operations[op].inputs),
+                  tuple(renumber[o] for o in graph.operations[op].outputs),
+                  dict(graph.operations[op].attrs))
+        for new, op in enumerate(op_ids)]
+    sliced = Graph(f"{graph.name}.group{index}", values, operations)
+    verify_graph(sliced)
+    output = graph.value(carried_out).name if carried_out is not None else ",".join(
+        graph.value(v).name for v in sorted(outputs))
+    return LayerGroup(index, first, count, sliced, tuple(op_ids),
+                      None if carried_in is None else graph.value(carried_in).name, output)
+
+
+__all__ = ["LayerGroup", "PipelineError", "group_layers", "split_tower", "tower_loop"]

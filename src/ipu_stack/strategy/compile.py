@@ -1,0 +1,295 @@
+"""Compile a tower with the pipeline strategy: layer groups on tile groups, one package.
+
+The planner chooses the grouping (``choose_groups``): for each candidate count G the tower is
+cut into G groups of consecutive layers (``planning.groups``), each group planned for
+``1472 // G`` tiles (rounded down to an even count, so tile pairs stay whole).  Only the
+planning stages run for a candidate: whether every group's plans fit and their analytical
+GEMM cycles.  The slowest group sets the rate, so the candidate whose slowest group is
+fastest wins; one that does not fit is dropped with its reason.  Then each distinct group
+is compiled in full by the single-program compiler (middle groups with the same number of
+layers differ only in their weights' names and share one program), the hand-offs between
+groups are built and scheduled (``strategy.handoff``), and the pipeline package is written:
+its manifest names the groups, their tile ranges and programs, the hand-offs and the step
+counts (fill, steady, drain); the group programs are whole packages inside it, each with its
+own checksums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack import __version__
+from ipu_stack.exchange.instructions import instruction_horizon
+from ipu_stack.ir.graph import Graph
+from ipu_stack.package import write_package
+from ipu_stack.pipeline import CompileOptions, CompileResult, compile_workload, plan_workload
+from ipu_stack.planning.costs import estimate_exchange_phase
+from ipu_stack.planning.groups import (
+    LayerGroup,
+    PipelineError,
+    group_layers,
+    split_tower,
+    tower_loop,
+)
+from ipu_stack.strategy.handoff import handoff_record, handoff_transfers, schedule_handoff
+from ipu_stack.target import get_target, timing
+from ipu_stack.util.errors import CompileError
+from ipu_stack.util.log import event
+from ipu_stack.workloads.base import Workload
+from ipu_stack.workloads.calibration import cache_folder
+
+LOG = logging.getLogger("ipu_stack.strategy")
+GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
+"""The group counts the planner tries (below 2 is the layers strategy)."""
+
+
+@dataclass
+class PipelineResult:
+    """A compiled pipeline: the package, the tower's graph and tensors, the groups."""
+
+    package: Path
+    graph: Graph
+    tensors: Any
+    groups: list[LayerGroup]
+    group_tiles: int
+    estimate: dict[str, Any]
+    reason: str
+    timings: dict[str, float] = field(default_factory=dict)
+    compiled: list[CompileResult] = field(default_factory=list)
+
+
+def _group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workload:
+    """The group's graph as a workload the single-program compiler takes."""
+    return Workload(
+        name=workload.name, description=f"{workload.description} (layer group {group.index})",
+        parameters=workload.parameters, build=lambda params: (group.graph, tensors),
+        identifier=lambda params: f"{workload.identifier(params)}.group{group.index}",
+        benchmark_fields=workload.benchmark_fields)
+
+
+def group_tiles(chip_tiles: int, groups: int) -> int:
+    """Tiles each of ``groups`` groups gets: an even share, so tile pairs stay whole."""
+    return (chip_tiles // groups) & ~1
+
+
+def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
+    """Group index -> the index of the first group with the same signature (its program)."""
+    seen: dict[str, int] = {}
+    return {g.index: seen.setdefault(g.signature(), g.index) for g in groups}
+
+
+def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tensors: Any,
+                  options: CompileOptions, counts: tuple[int, ...]) -> list[tuple[int, int, str]]:
+    """``(G, slowest group's GEMM cycles, why)`` for each candidate that fits, best first."""
+    chip = get_target(options.target).tiles
+    ranked = []
+    for count in counts:
+        try:
+            groups = split_tower(graph, group_layers(_layers(graph), count))
+        except PipelineError as why:
+            event(LOG, "pipeline candidate refused", groups=count, reason=str(why))
+            continue
+        tiles = group_tiles(chip, count)
+        slowest, failed = 0, None
+        for index in sorted(set(_distinct(groups).values())):
+            group = groups[index]
+            try:
+                planned = plan_workload(_group_workload(workload, group, tensors), params,
+                                        dataclasses.replace(options, tiles=tiles))
+            except CompileError as why:
+                failed = str(why)
+                break
+            slowest = max(slowest, planned["gemm_cycles"])
+        if failed is not None:
+            event(LOG, "pipeline candidate does not fit", groups=count, tiles=tiles,
+                  reason=failed)
+            continue
+        event(LOG, "pipeline candidate planned", groups=count, tiles=tiles,
+              slowest_gemm_cycles=slowest)
+        ranked.append((count, slowest, f"{count} groups of {tiles} tiles: the slowest "
+                       f"group's GEMMs are {slowest} cycles"))
+    ranked.sort(key=lambda c: (c[1], c[0]))
+    return ranked
+
+
+def _layers(graph: Graph) -> int:
+    return tower_loop(graph).count
+
+
+def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
+                     options: CompileOptions, groups: int | None = None) -> PipelineResult:
+    """Choose the grouping (or take ``groups``), compile every distinct group and write
+    ``out_dir/model.ipuexe`` holding them and the hand-offs."""
+    start = time.perf_counter()
+    cache = Path(options.cache_dir) if options.cache_dir else None
+    with cache_folder(cache):
+        graph, tensors = workload.build(params)
+    counts = (groups,) if groups else tuple(c for c in GROUP_COUNTS if c <= _layers(graph))
+    ranked = choose_groups(workload, params, graph, tensors, options, counts)
+    if not ranked:
+        raise PipelineError(f"{graph.name} cannot be pipelined within tile memory with "
+                            f"{', '.join(map(str, counts))} groups")
+    failures = []
+    for count, _, reason in ranked:
+        try:
+            result = _compile_groups(workload, params, Path(out_dir), options, graph, tensors,
+                                     count, reason)
+        except CompileError as why:
+            failures.append(f"{count} groups: {why}")
+            event(LOG, "pipeline candidate failed to compile", groups=count, reason=str(why))
+            continue
+        result.timings["compile"] = time.perf_counter() - start
+        return result
+    raise PipelineError("no pipeline grouping compiles: " + "; ".join(failures))
+
+
+def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
+                    options: CompileOptions, graph: Graph, tensors: Any, count: int,
+                    reason: str) -> PipelineResult:
+    chip = get_target(options.target)
+    tiles = group_tiles(chip.tiles, count)
+    groups = split_tower(graph, group_layers(_layers(graph), count))
+    program_of = _distinct(groups)
+    event(LOG, "pipeline grouping chosen", groups=count, tiles=tiles,
+          layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
+          reason=reason)
+    compiled: dict[int, CompileResult] = {}
+    for index in sorted(set(program_of.values())):
+        group = groups[index]
+        compiled[index] = compile_workload(
+            _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
+            dataclasses.replace(options, tiles=tiles, dump_stages=None))
+    order = sorted(compiled)
+    slot = {index: k for k, index in enumerate(order)}
+    arrays: dict[str, np.ndarray] = {
+        f"program.{slot[index]}": np.frombuffer(compiled[index].package.read_bytes(), np.uint8)
+        for index in order}
+    records, handoffs = [], []
+    for group in groups:
+        template = groups[program_of[group.index]]
+        names = [v.name for v in group.graph.values]
+        records.append({
+            "index": group.index, "first_layer": group.first, "layers": group.layers,
+            "tile_base": group.index * tiles, "tiles": tiles,
+            "program": slot[program_of[group.index]], "input": group.input_name,
+            "output": group.output_name,
+            "source_ops": list(group.source_ops),
+            "names": {t.name: own for t, own in zip(template.graph.values, names, strict=True)
+                      if t.name != own}})
+    handoff_cycles = []
+    for sender, receiver in zip(groups, groups[1:], strict=False):
+        send_program = compiled[program_of[sender.index]].device_program
+        receive_program = compiled[program_of[receiver.index]].device_program
+        assert send_program is not None and receive_program is not None
+        template_out = _template_name(groups, program_of, sender, sender.output_name)
+        template_in = _template_name(groups, program_of, receiver, receiver.input_name or "")
+        transfers, nbytes = handoff_transfers(send_program, template_out, receive_program,
+                                              template_in, sender.index * tiles,
+                                              receiver.index * tiles, chip.tiles)
+        schedule = schedule_handoff(transfers, sender.index)
+        record, found = handoff_record(transfers, schedule, sender.index, receiver.index,
+                                       sender.output_name, nbytes)
+        horizon, _ = instruction_horizon(schedule, transfers)
+        record["estimated_cycles"] = estimate_exchange_phase(horizon) + timing.p("sync")
+        handoff_cycles.append(record["estimated_cycles"])
+        handoffs.append(record)
+        arrays.update(found)
+    group_cycles = [int(compiled[program_of[g.index]].estimate["cycles"]) for g in groups]
+    step = max(group_cycles) + max(handoff_cycles, default=0)
+    estimate = {"cycles": step, "group_cycles": group_cycles, "handoff_cycles": handoff_cycles}
+    manifest = {
+        "workload": {"name": workload.name, "identifier": workload.identifier(params),
+                     "params": params},
+        "options": options.to_json(),
+        "strategy": "pipeline",
+        "estimate": estimate,
+        "pipeline": {"chip_tiles": chip.tiles, "group_tiles": tiles, "groups": records,
+                     "handoffs": handoffs, "programs": len(order),
+                     "steps": {"fill": count - 1, "drain": count - 1}, "reason": reason},
+    }
+    package = out_dir / "model.ipuexe"
+    write_package(package, target=chip.name, compiler_version=__version__, manifest=manifest,
+                  arrays=arrays)
+    event(LOG, "pipeline package written", path=str(package), groups=count,
+          estimated_step_cycles=step)
+    return PipelineResult(package, graph, tensors, groups, tiles, estimate, reason,
+                          compiled=[compiled[i] for i in order])
+
+
+def _template_name(groups: list[LayerGroup], program_of: dict[int, int], group: LayerGroup,
+                   name: str) -> str:
+    """``name`` of ``group`` as the program it shares calls it (by value position)."""
+    template = groups[program_of[group.index]]
+    names = [v.name for v in group.graph.values]
+    return template.graph.values[names.index(name)].name if name in names else name
+
+
+
+
+@dataclass
+class StrategyResult:
+    """What ``compile --strategy`` made: the package of the chosen strategy and why."""
+
+    strategy: str
+    package: Path
+    graph: Graph
+    tensors: Any
+    estimate: dict[str, Any]
+    timings: dict[str, float]
+    reason: str
+
+
+def _images_per_second(cycles: int, batch: int, clock_hz: float) -> float:
+    return batch * clock_hz / max(cycles, 1)
+
+
+def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
+                     options: CompileOptions, strategy: str = "layers",
+                     groups: int | None = None) -> StrategyResult:
+    """Compile with ``strategy``: ``layers`` (one program over the chip), ``pipeline``
+    (layer groups) or ``auto`` (both; the higher estimated images/s wins, and when the
+    model cannot be pipelined within memory, layers, with the reason logged)."""
+    start = time.perf_counter()
+    if strategy == "pipeline" or (strategy == "auto" and groups):
+        piped = compile_pipeline(workload, params, out_dir, options, groups)
+        return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
+                              piped.estimate, piped.timings, piped.reason)
+    if strategy == "layers":
+        done = compile_workload(workload, params, out_dir, options)
+        return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
+                              done.timings, "requested")
+    clock = get_target(options.target).clock_hz
+    batch = int(params.get("batch", 1))
+    try:
+        piped = compile_pipeline(workload, params, out_dir / "pipeline", options)
+    except (PipelineError, CompileError) as why:
+        event(LOG, "strategy chosen", strategy="layers", reason=f"no pipeline: {why}")
+        done = compile_workload(workload, params, out_dir, options)
+        done.timings["compile"] = time.perf_counter() - start
+        return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
+                              done.timings, f"no pipeline: {why}")
+    done = compile_workload(workload, params, out_dir, options)
+    layers_rate = _images_per_second(int(done.estimate["cycles"]), batch, clock)
+    piped_rate = _images_per_second(int(piped.estimate["cycles"]), batch, clock)
+    elapsed = {"compile": time.perf_counter() - start}
+    if piped_rate > layers_rate:
+        reason = (f"pipeline {piped_rate:.1f} images/s estimated against layers "
+                  f"{layers_rate:.1f}")
+        event(LOG, "strategy chosen", strategy="pipeline", reason=reason)
+        return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
+                              piped.estimate, elapsed, reason)
+    reason = f"layers {layers_rate:.1f} images/s estimated against pipeline {piped_rate:.1f}"
+    event(LOG, "strategy chosen", strategy="layers", reason=reason)
+    return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
+                          elapsed, reason)
+
+
+__all__ = ["GROUP_COUNTS", "PipelineResult", "StrategyResult", "choose_groups",
+           "compile_pipeline", "compile_strategy", "group_tiles"]

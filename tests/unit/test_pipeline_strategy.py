@@ -1,0 +1,146 @@
+"""The pipeline strategy: layer groups cut from a tower, row chunks, the step schedule, and a
+whole pipelined run on the simulator checked image by image."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ipu_stack.ir.graph import GraphBuilder
+from ipu_stack.ir.interpret import evaluate
+from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import TensorType
+from ipu_stack.pipeline import CompileOptions
+from ipu_stack.planning.gemm import GemmShape, chunk_sizes, cost_plan, transient_bytes
+from ipu_stack.planning.groups import PipelineError, group_layers, split_tower
+from ipu_stack.runtime.pipelined import (
+    GroupRun,
+    merged_step,
+    run_pipeline,
+    step_schedule,
+    stream_images,
+)
+from ipu_stack.runtime.session import load_package
+from ipu_stack.strategy import compile_pipeline
+from ipu_stack.workloads import get_workload
+
+TOWER = {"layers": 3, "image": 28, "patch": 7, "dim": 64, "hidden": 96, "heads": 4}
+
+
+def test_layers_are_balanced_with_extras_in_the_middle():
+    assert group_layers(27, 3) == [9, 9, 9]
+    assert group_layers(27, 4) == [7, 7, 7, 6]
+    assert group_layers(24, 5) == [5, 5, 5, 5, 4]
+    assert group_layers(5, 3) == [2, 2, 1]
+    with pytest.raises(PipelineError, match="cannot cut 2 layers into 3 groups"):
+        group_layers(2, 3)
+
+
+@pytest.mark.parametrize("counts", [[3], [2, 1], [1, 1, 1]])
+def test_groups_chained_compute_the_tower(counts):
+    """Each group is a graph of its own; run one after another (each from the previous
+    group's output) they give exactly the tower's values."""
+    workload = get_workload("siglip-vision")
+    graph, tensors = workload.build(workload.resolve(dict(TOWER)))
+    whole = evaluate(graph, tensors)
+    groups = split_tower(graph, counts)
+    assert [g.layers for g in groups] == counts
+    carried = {v.name: tensors[v.name] for v in graph.by_role("input")}
+    for group in groups:
+        inputs = {v.name: carried[v.name] for v in group.graph.by_role("input")}
+        weights = {v.name: tensors[v.name] for v in group.graph.by_role("weight")}
+        values = evaluate(group.graph, {**inputs, **weights})
+        carried = {v.name: values[v.name] for v in group.graph.by_role("output")}
+        assert group.output_name in carried
+    output = graph.by_role("output")[0].name
+    assert np.array_equal(carried[output], whole[output])
+
+
+def test_a_layer_reading_an_early_activation_is_refused():
+    """Every layer adds the stem's output: nothing but the carried value may cross groups."""
+    b = GraphBuilder("skip")
+    x = b.input("x", TensorType((8, 16), F16))
+    stem = b.op("scale", [x], F16, "stem", factor=0.5)
+    h = stem
+    for k in range(3):
+        w = b.weight(f"l{k}.w", TensorType((16, 16), F16))
+        h = b.op("matmul", [h, w], F16, f"l{k}.mm")
+        h = b.op("add", [h, stem], F16, f"l{k}.out")
+    b.output(h)
+    with pytest.raises(PipelineError, match="reads stem from outside its layers"):
+        split_tower(b.build(), [2, 1])
+
+
+def test_row_chunks_cost_each_chunk_and_hold_one_at_a_time():
+    shape = GemmShape(op=0, rows=729, depth=1152, cols=4304, a_itemsize=1, fp8=True)
+    whole = cost_plan(shape, 1, 36, 12, mode="fp8")
+    chunked = cost_plan(shape, 1, 36, 12, mode="fp8", chunks=3)
+    assert whole is not None and chunked is not None
+    assert chunk_sizes(729, 3) == [243, 243, 243] and chunk_sizes(10, 4) == [3, 3, 2, 2]
+    parts = [cost_plan(dataclasses.replace(shape, rows=243), 1, 36, 12, mode="fp8")]
+    assert chunked.estimated_cycles == 3 * parts[0].estimated_cycles
+    assert chunked.estimated_cycles > whole.estimated_cycles  # chunks never save cycles
+    assert transient_bytes(chunked) < transient_bytes(whole)
+    assert [row0 for row0, _ in chunked.chunks()] == [0, 243, 486]
+    assert "in 3 row chunks" in chunked.describe()
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_fill_steady_and_drain_counts(groups):
+    images = 4
+    steps = step_schedule(groups, images)
+    assert len(steps) == images + groups - 1
+    full = [s for s in steps if len(s) == groups]
+    assert len(full) == images - groups + 1  # steady steps: every group busy
+    assert sum(len(s) for s in steps) == images * groups  # each image through each group
+    for number, busy in enumerate(steps):
+        assert busy == [(g, number - g) for g in range(groups) if 0 <= number - g < images]
+
+
+def test_merged_step_aligns_the_layer_loops():
+    stem_first = GroupRun(0, 0, 0, [5, 10, 20, 30], 0, before_loop=2)
+    middle = GroupRun(1, 0, 0, [1, 25, 25], 0, before_loop=1)
+    # loop starts line up: [5, 10|1, 20|25, 30|25] -> 5 + 10 + 25 + 30, then the hand-off
+    assert merged_step([stem_first, middle], 7) == 5 + 10 + 25 + 30 + 7
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory, cache_dir):
+    workload = get_workload("siglip-vision")
+    params = workload.resolve(dict(TOWER))
+    result = compile_pipeline(workload, params, tmp_path_factory.mktemp("pipe"),
+                              CompileOptions(cache_dir=str(cache_dir)), groups=3)
+    return workload, params, result
+
+
+def test_pipelined_tower_passes_every_image(pipelined):
+    workload, params, result = pipelined
+    package = load_package(result.package)
+    record = package.manifest["pipeline"]
+    assert [g["layers"] for g in record["groups"]] == [1, 1, 1]
+    assert [g["tile_base"] for g in record["groups"]] == [0, 490, 980]
+    images = stream_images(workload, params, result.graph, result.tensors, 4)
+    assert not np.array_equal(images[0]["patches"], images[1]["patches"])
+    run = run_pipeline(package, result.graph, result.tensors, images)
+    assert run.passed and len(run.verdicts) == 4
+    assert len(run.step_cycles) == 4 + 3 - 1
+    # every image's output is the one the groups compute when run alone on that image
+    alone = run_pipeline(package, result.graph, result.tensors, images[2:3])
+    for name, value in alone.outputs[0].items():
+        assert np.array_equal(run.outputs[2][name], value)
+    # steady steps: every group busy, the same cycles (they do not depend on the values)
+    steady = run.step_cycles[2:4]
+    assert steady[0] == steady[1] == run.steady_cycles
+
+
+def test_step_cycles_do_not_depend_on_the_data(pipelined):
+    workload, params, result = pipelined
+    package = load_package(result.package)
+    first = stream_images(workload, params, result.graph, result.tensors, 3)
+    other = [{k: -v for k, v in image.items()} for image in reversed(first)]
+    a = run_pipeline(package, result.graph, result.tensors, first)
+    b = run_pipeline(package, result.graph, result.tensors, other)
+    assert a.step_cycles == b.step_cycles
+    assert not np.array_equal(a.outputs[0]["post_ln.out"], b.outputs[0]["post_ln.out"])
