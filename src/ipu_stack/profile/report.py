@@ -67,12 +67,14 @@ def superstep_chart(profile: Profile, width: int = 1200, height: int = 190) -> s
                      f"{step.sync} cycles</title></rect>")
     axis_y = top + plot_h
     ghz = profile.clock_hz / 1e9
-    for value in nice_ticks(0, profile.cycles, 8, integer=True):
+    ticks = nice_ticks(0, profile.cycles, 8, integer=True)
+    us_step = (ticks[1] - ticks[0] if len(ticks) > 1 else 1) / max(profile.clock_hz, 1) * 1e4
+    for value in ticks:
         x = x_of(value)
         us = (f'<text class="tick-us" x="{x:.2f}" y="{axis_y + 30}" text-anchor="middle" '
-              f'fill="#777">{tick_label(round(value / profile.clock_hz * 1e6, 3))}</text>'
+              f'fill="#777">{tick_label(value / profile.clock_hz * 1e6, us_step)}</text>'
               if profile.clock_hz > 0 else "")
-        parts.append(f'<g class="tick" data-value="{value:g}"><line x1="{x:.2f}" y1="{axis_y}" '
+        parts.append(f'<g class="tick" data-value="{value:.12g}"><line x1="{x:.2f}" y1="{axis_y}" '
                      f'x2="{x:.2f}" y2="{axis_y + 5}" stroke="#333"/><text x="{x:.2f}" '
                      f'y="{axis_y + 17}" text-anchor="middle">{tick_label(value)}</text>{us}</g>')
     unit = f"; grey: microseconds at {ghz:g} GHz" if profile.clock_hz > 0 else ""
@@ -153,12 +155,12 @@ def _heat_axes(profile: Profile, bins: HeatBins, geometry: tuple[int, int, int, 
              'fill="none" stroke="#999"/>']
     for value in nice_ticks(0, profile.tiles, 8, integer=True):
         y = top + plot_h * value / profile.tiles
-        parts.append(f'<g class="tick y-tick" data-value="{value:g}"><line x1="{left - 5}" '
+        parts.append(f'<g class="tick y-tick" data-value="{value:.12g}"><line x1="{left - 5}" '
                      f'y1="{y:.1f}" x2="{left}" y2="{y:.1f}" stroke="#333"/><text x="{left - 8}" '
                      f'y="{y + 4:.1f}" text-anchor="end">{tick_label(value)}</text></g>')
     for value in nice_ticks(0, n, 8, integer=True):
         x = left + plot_w / max(cols, 1) * _column_of(bins.step_edges, value)
-        parts.append(f'<g class="tick x-tick" data-value="{value:g}"><line x1="{x:.1f}" '
+        parts.append(f'<g class="tick x-tick" data-value="{value:.12g}"><line x1="{x:.1f}" '
                      f'y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 5}" stroke="#333"/>'
                      f'<text x="{x:.1f}" y="{top + plot_h + 18}" text-anchor="middle">'
                      f"{tick_label(value)}</text></g>")

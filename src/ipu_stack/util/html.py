@@ -78,8 +78,9 @@ def nice_domain(low: float, high: float, count: int = 5) -> list[float]:
     return [round(i * step, 12) for i in range(first, last + 1)]
 
 
-def tick_label(value: float) -> str:
-    """A tick's text: whole numbers with thin-space thousands (``30 000``), others short."""
-    if float(value).is_integer():
-        return f"{int(value):,}".replace(",", "\u2009")
-    return f"{value:.4g}"
+def tick_label(value: float, step: float = 1.0) -> str:
+    """A tick's text: thin-space thousands (``30 000``) and as many decimals as the tick
+    spacing ``step`` needs, so neighbouring ticks never read the same."""
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step > 0 else 0
+    text = f"{value:,.{decimals}f}".replace(",", "\u2009")
+    return "0" if text.strip("-0.\u2009") == "" else text
