@@ -1,10 +1,11 @@
 """``report.html``: one self-contained page (inline CSS, SVG and JS; works offline).
 
 It shows the summary (cycles split into compute, exchange, sync, host and waiting; the
-efficiency; what limits the run), a chart of the supersteps (SVG, drawn here), a tiles x
-supersteps utilisation heat map of all tiles (a canvas the page's script paints from the
-inline data), the kernels ranked by their share of the critical path, the exchange phases
-against their lower bounds, and a link to the placement page.
+efficiency; what limits the run), a chart of the supersteps on a cycles (and microseconds)
+axis (SVG, drawn here), a tiles x supersteps utilisation heat map binned to a readable size
+(a canvas the page's script paints from the inline data, under an SVG of its axes and colour
+scale), the kernels ranked by their share of the critical path, the exchange phases against
+their lower bounds, and a link to the placement page.  docs/profile.md describes the plots.
 """
 
 from __future__ import annotations
