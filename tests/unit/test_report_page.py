@@ -180,9 +180,18 @@ def test_the_page_paints_the_binned_map_in_headless_chromium(tmp_path) -> None:
     from tests.chromium import rendered_dom
 
     page = tmp_path / "report.html"
-    page.write_text(report_html(_profile(), tracks=[("stage 0", range(0, 24))]))
+    # after the page's script: hover the middle of the cell of tiles 32-39 in superstep 1
+    hover = """<script>
+      var canvas = document.getElementById("heat-map"), box = canvas.getBoundingClientRect();
+      canvas.dispatchEvent(new MouseEvent("mousemove", {clientX: box.left + box.width * 0.75,
+                                                        clientY: box.top + box.height * 5 / 6}));
+    </script>"""
+    text = report_html(_profile(), tracks=[("stage 0", range(0, 24))])
+    page.write_text(text.replace("</body>", hover + "</body>"))
     dom = rendered_dom(tmp_path, page.as_uri())
     canvas = re.search(r"<canvas[^>]*>", dom).group(0)
     assert 'data-rendered="1"' in canvas and 'width="2"' in canvas and 'height="3"' in canvas
     assert 'data-cells="80"' in canvas  # 2 supersteps x 40 tiles
     assert 'data-painted="64"' in canvas  # every bin but tiles 16-31 in beta (16 cells)
+    expected = "superstep 1: beta; tiles 32-39: 13 % busy"  # 32 of 255 (1/8, rounded up)
+    assert f'title="{expected}"' in canvas and f">{expected}</p>" in dom
