@@ -1,26 +1,30 @@
 """``report.html``: one self-contained page (inline CSS, SVG and JS; works offline).
 
 It shows the summary (cycles split into compute, exchange, sync, host and waiting; the
-efficiency; what limits the run), a chart of the supersteps (SVG, drawn here), a tiles x
-supersteps utilisation heat map of all tiles (a canvas the page's script paints from the
-inline data), the kernels ranked by their share of the critical path, the exchange phases
-against their lower bounds, and a link to the placement page.
+efficiency; what limits the run), a chart of the supersteps on a cycles (and microseconds)
+axis (SVG, drawn here), a tiles x supersteps utilisation heat map binned to a readable size
+(a canvas the page's script paints from the inline data, under an SVG of its axes and colour
+scale), the kernels ranked by their share of the critical path, the exchange phases against
+their lower bounds, and a link to the placement page.  docs/profile.md describes the plots.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ipu_stack.profile.record import Profile
+from ipu_stack.profile.record import Profile, Step
 from ipu_stack.profile.summary import summary
 from ipu_stack.util.files import write_text_atomic
-from ipu_stack.util.html import inert_json, standalone_page
+from ipu_stack.util.html import inert_json, nice_ticks, standalone_page, tick_label
 
 COLOURS = {"compute": "#3b7dd8", "exchange": "#e08a2c", "sync": "#999999"}
+HEAT_FULL = "#08306b"  # a fully busy cell; an idle one is white (the script interpolates)
 
 
 def _table(headers: list[str], rows: list[list[object]], ident: str) -> str:
@@ -30,37 +34,210 @@ def _table(headers: list[str], rows: list[list[object]], ident: str) -> str:
     return f'<table id="{ident}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def superstep_chart(profile: Profile, width: int = 1200, height: int = 160) -> str:
-    """Each superstep as a bar as wide as its share of the run (sync in grey)."""
+def _bar_title(step: Step, clock_hz: float) -> str:
+    us = f" ({step.cycles / clock_hz * 1e6:.3f} us)" if clock_hz > 0 else ""
+    return (f"{html.escape(step.name)}: {step.cycles} cycles{us}, superstep {step.index}, "
+            f"{step.kind}; then {step.sync} cycles sync")
+
+
+def superstep_chart(profile: Profile, width: int = 1200, height: int = 190) -> str:
+    """Each superstep as a bar as wide as its share of the run (its sync after it in grey),
+    compute and exchange in two lanes so that neither hides the other, on an x axis of
+    cycles from the run's start with the same ticks in microseconds at the profile's clock
+    (what a reader compares against a wall clock); hovering a bar names it."""
+    left, right, top, bottom = 80, 20, 28, 56
+    plot_w, plot_h = width - left - right, height - top - bottom
+    lane_h = plot_h / 2
+    lanes = {"compute": top, "exchange": top + lane_h}
     total = max(profile.cycles, 1)
-    bars = []
+
+    def x_of(cycles: float) -> float:
+        return left + plot_w * cycles / total
+
+    parts = [f'<rect class="frame" x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" '
+             'fill="none" stroke="#ccc"/>']
     for step in profile.supersteps:
-        x = width * step.start / total
-        w = max(width * step.cycles / total, 0.5)
-        bars.append(f'<rect class="bar" x="{x:.2f}" y="20" width="{w:.2f}" height="{height - 40}" '
-                    f'fill="{COLOURS[step.kind]}"><title>{html.escape(step.name)}: '
-                    f"{step.cycles} cycles</title></rect>")
-        sx = width * (step.start + step.cycles) / total
-        bars.append(f'<rect x="{sx:.2f}" y="20" width="{max(width * step.sync / total, 0.2):.2f}" '
-                    f'height="{height - 40}" fill="{COLOURS["sync"]}"/>')
-    legend = "".join(f'<text x="{10 + 110 * i}" y="{height - 5}" fill="{c}">{k}</text>'
-                     for i, (k, c) in enumerate(COLOURS.items()))
+        y, h = lanes[step.kind] + 3, lane_h - 6
+        parts.append(f'<rect class="bar" x="{x_of(step.start):.2f}" y="{y:.1f}" '
+                     f'width="{max(plot_w * step.cycles / total, 0.5):.2f}" height="{h:.1f}" '
+                     f'fill="{COLOURS[step.kind]}"><title>{_bar_title(step, profile.clock_hz)}'
+                     "</title></rect>")
+        parts.append(f'<rect class="sync" x="{x_of(step.start + step.cycles):.2f}" y="{y:.1f}" '
+                     f'width="{max(plot_w * step.sync / total, 0.2):.2f}" height="{h:.1f}" '
+                     f'fill="{COLOURS["sync"]}"><title>sync after {html.escape(step.name)}: '
+                     f"{step.sync} cycles</title></rect>")
+    axis_y = top + plot_h
+    ghz = profile.clock_hz / 1e9
+    ticks = nice_ticks(0, profile.cycles, 8, integer=True)
+    us_step = (ticks[1] - ticks[0] if len(ticks) > 1 else 1) / max(profile.clock_hz, 1) * 1e4
+    for value in ticks:
+        x = x_of(value)
+        us = (f'<text class="tick-us" x="{x:.2f}" y="{axis_y + 30}" text-anchor="middle" '
+              f'fill="#777">{tick_label(value / profile.clock_hz * 1e6, us_step)}</text>'
+              if profile.clock_hz > 0 else "")
+        parts.append(f'<g class="tick" data-value="{value:.12g}"><line x1="{x:.2f}" y1="{axis_y}" '
+                     f'x2="{x:.2f}" y2="{axis_y + 5}" stroke="#333"/><text x="{x:.2f}" '
+                     f'y="{axis_y + 17}" text-anchor="middle">{tick_label(value)}</text>{us}</g>')
+    unit = f"; grey: microseconds at {ghz:g} GHz" if profile.clock_hz > 0 else ""
+    parts.append(f'<text class="axis-label x-label" x="{left + plot_w / 2}" y="{height - 6}" '
+                 f'text-anchor="middle">cycles from the start of the run{unit}</text>')
+    for kind, y in lanes.items():
+        parts.append(f'<text class="lane-label" x="{left - 6}" y="{y + lane_h / 2 + 4:.1f}" '
+                     f'text-anchor="end">{kind}</text>')
+    parts.append(f'<text class="axis-label y-label" transform="translate(14,{top + plot_h / 2}) '
+                 'rotate(-90)" text-anchor="middle">superstep kind</text>')
+    for i, (kind, colour) in enumerate(COLOURS.items()):
+        x = left + 110 * i
+        parts.append(f'<g class="legend-item" data-kind="{kind}"><rect x="{x}" y="6" width="12" '
+                     f'height="12" fill="{colour}"/><text x="{x + 17}" y="16">{kind}</text></g>')
     return (f'<svg id="superstep-chart" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-            f'height="{height}" data-bars="{len(profile.supersteps)}">{"".join(bars)}{legend}</svg>')
+            f'height="{height}" data-bars="{len(profile.supersteps)}">{"".join(parts)}</svg>')
 
 
-def heat_data(profile: Profile) -> dict[str, object]:
-    """Per superstep, every tile's share of the superstep busy, as one byte (0-255)."""
-    rows = []
-    for step in profile.supersteps:
-        cycles = step.tile_cycles if step.tile_cycles is not None else np.zeros(profile.tiles)
-        share = np.clip(cycles / max(step.cycles, 1), 0, 1)
-        rows.append(base64.b64encode(np.round(share * 255).astype(np.uint8).tobytes()).decode())
-    return {"tiles": profile.tiles, "rows": rows,
-            "names": [s.name for s in profile.supersteps]}
+@dataclass
+class HeatBins:
+    """The heat map's cells: ``values[r, c]`` is the mean busy share of the tiles
+    ``tile_edges[r]:tile_edges[r + 1]`` over the supersteps ``step_edges[c]:step_edges[c + 1]``
+    (busy cycles over the bin's tiles times its supersteps' cycles, so a long superstep
+    weighs more than a short one; a tile's cycles are capped at its superstep's)."""
+
+    values: np.ndarray
+    tile_edges: list[int]
+    step_edges: list[int]
+    step_labels: list[str]
+    tile_labels: list[str]
 
 
-def report_html(profile: Profile) -> str:
+def heat_bins(profile: Profile, tile_bin: int = 16, max_columns: int = 300) -> HeatBins:
+    """Bin the tiles into bins of ``tile_bin`` (the last may be partial) and, past
+    ``max_columns`` supersteps, the supersteps into equal runs: one pixel per tile and
+    superstep is unreadable and, for a deep tower, megabytes of page."""
+    steps = profile.supersteps
+    per = max(1, math.ceil(len(steps) / max_columns))
+    tile_edges = [*range(0, profile.tiles, tile_bin), profile.tiles]
+    step_edges = [*range(0, len(steps), per), len(steps)]
+    busy = np.zeros((len(step_edges) - 1, len(tile_edges) - 1))
+    length = np.zeros(len(step_edges) - 1)
+    for i, step in enumerate(steps):
+        if step.tile_cycles is not None:
+            capped = np.clip(step.tile_cycles, 0, step.cycles)
+            busy[i // per] += np.add.reduceat(capped, tile_edges[:-1])
+        length[i // per] += step.cycles
+    denominator = length[:, None] * np.diff(tile_edges)[None, :]
+    values = np.divide(busy, denominator, out=np.zeros_like(busy), where=denominator > 0)
+    step_labels = [f"superstep {a}: {steps[a].name}" if b - a == 1 else
+                   f"supersteps {a}-{b - 1}: {steps[a].name} .. {steps[b - 1].name}"
+                   for a, b in zip(step_edges, step_edges[1:], strict=False)]
+    tile_labels = [f"tiles {a}-{b - 1}" if b - a > 1 else f"tile {a}"
+                   for a, b in zip(tile_edges, tile_edges[1:], strict=False)]
+    return HeatBins(values.T, tile_edges, step_edges, step_labels, tile_labels)
+
+
+def heat_bytes(values: np.ndarray) -> np.ndarray:
+    """Shares as bytes 0-255, rounded up so that a bin with any work is never blank."""
+    return np.ceil(np.clip(values, 0, 1) * 255 - 1e-9).astype(np.uint8)
+
+
+def _column_of(edges: list[int], index: float) -> float:
+    """Where superstep boundary ``index`` falls in column units (the last column may hold
+    fewer supersteps than the others, so positions interpolate within a column)."""
+    for col, (a, b) in enumerate(zip(edges, edges[1:], strict=False)):
+        if index < b or col == len(edges) - 2:
+            return col + (index - a) / max(b - a, 1)
+    return 0.0
+
+
+def _heat_axes(profile: Profile, bins: HeatBins, geometry: tuple[int, int, int, int],
+               tile_bin: int) -> list[str]:
+    """Ticks and labels of the heat map: tiles down the left, supersteps along the bottom."""
+    left, top, plot_w, plot_h = geometry
+    cols, n = len(bins.step_labels), len(profile.supersteps)
+    parts = [f'<rect class="frame" x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" '
+             'fill="none" stroke="#999"/>']
+    for value in nice_ticks(0, profile.tiles, 8, integer=True):
+        y = top + plot_h * value / profile.tiles
+        parts.append(f'<g class="tick y-tick" data-value="{value:.12g}"><line x1="{left - 5}" '
+                     f'y1="{y:.1f}" x2="{left}" y2="{y:.1f}" stroke="#333"/><text x="{left - 8}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{tick_label(value)}</text></g>')
+    for value in nice_ticks(0, n, 8, integer=True):
+        x = left + plot_w / max(cols, 1) * _column_of(bins.step_edges, value)
+        parts.append(f'<g class="tick x-tick" data-value="{value:.12g}"><line x1="{x:.1f}" '
+                     f'y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 5}" stroke="#333"/>'
+                     f'<text x="{x:.1f}" y="{top + plot_h + 18}" text-anchor="middle">'
+                     f"{tick_label(value)}</text></g>")
+    per = bins.step_edges[1] - bins.step_edges[0] if cols else 1
+    binned = f", {per} per column" if per > 1 else ""
+    parts.append(f'<text class="axis-label x-label" x="{left + plot_w / 2}" '
+                 f'y="{top + plot_h + 36}" text-anchor="middle">superstep (index in the run'
+                 f"{binned})</text>")
+    parts.append(f'<text class="axis-label y-label" transform="translate(14,{top + plot_h / 2}) '
+                 f'rotate(-90)" text-anchor="middle">tile ({tile_bin} per row)</text>')
+    return parts
+
+
+def _heat_overlay(profile: Profile, tracks: list[tuple[str, range]] | None,
+                  geometry: tuple[int, int, int, int]) -> list[str]:
+    """The named tile ranges (a line at each edge inside the map, the name to the right)
+    and the colour scale bar below the map."""
+    left, top, plot_w, plot_h = geometry
+    parts = []
+    for label, span in tracks or []:
+        if not 0 <= span.start < span.stop <= profile.tiles:
+            raise ValueError(f"track {label!r} ({span}) is not within the {profile.tiles} tiles")
+        for edge in (span.start, span.stop):
+            if 0 < edge < profile.tiles:
+                y = top + plot_h * edge / profile.tiles
+                parts.append(f'<line class="track-separator" data-tile="{edge}" x1="{left}" '
+                             f'y1="{y:.1f}" x2="{left + plot_w + 6}" y2="{y:.1f}" stroke="#c00" '
+                             'stroke-width="1.5"/>')
+        middle = top + plot_h * (span.start + span.stop) / 2 / profile.tiles
+        parts.append(f'<text class="track-label" x="{left + plot_w + 8}" y="{middle + 4:.1f}">'
+                     f"{html.escape(label)} ({span.start}-{span.stop - 1})</text>")
+    scale_y = top + plot_h + 50
+    parts.append('<defs><linearGradient id="heat-gradient"><stop offset="0" stop-color="#ffffff"/>'
+                 f'<stop offset="1" stop-color="{HEAT_FULL}"/></linearGradient></defs>'
+                 f'<rect class="scale-bar" x="{left}" y="{scale_y}" width="240" height="12" '
+                 'fill="url(#heat-gradient)" stroke="#999"/>')
+    for share in (0, 25, 50, 75, 100):
+        x = left + 240 * share / 100
+        parts.append(f'<g class="scale-tick" data-value="{share}"><line x1="{x:g}" '
+                     f'y1="{scale_y + 12}" x2="{x:g}" y2="{scale_y + 16}" stroke="#333"/><text '
+                     f'x="{x:g}" y="{scale_y + 28}" text-anchor="middle">{share} %</text></g>')
+    parts.append(f'<text class="axis-label scale-label" x="{left + 252}" y="{scale_y + 11}">'
+                 "busy: mean over the cell's tiles and supersteps (cycle-weighted)</text>")
+    return parts
+
+
+def heat_map(profile: Profile, tracks: list[tuple[str, range]] | None = None,
+             tile_bin: int = 16, max_columns: int = 300) -> tuple[str, dict[str, object]]:
+    """The heat map's HTML (a canvas the page's script paints, under an SVG of the axes, the
+    colour scale and, for ``tracks``, a line and a label at each named tile range) and the
+    data the script reads.  Time runs across as in the chart above, tiles down."""
+    bins = heat_bins(profile, tile_bin, max_columns)
+    rows, cols = bins.values.shape
+    col_px, row_px = max(2, min(24, 960 // max(cols, 1))), max(3, min(24, 420 // max(rows, 1)))
+    geometry = (70, 10, cols * col_px, rows * row_px)
+    left, top, plot_w, plot_h = geometry
+    width = max(left + plot_w + (220 if tracks else 20), 640)
+    height = top + plot_h + 90
+    parts = _heat_axes(profile, bins, geometry, tile_bin) + _heat_overlay(profile, tracks,
+                                                                          geometry)
+    canvas = (f'<canvas id="heat-map" style="left:{left}px;top:{top}px;width:{plot_w}px;'
+              f'height:{plot_h}px"></canvas>')
+    svg = (f'<svg id="heat-axes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{height}" data-rows="{rows}" data-columns="{cols}">{"".join(parts)}</svg>')
+    block = (f'<div class="heat" style="width:{width}px;height:{height}px">{canvas}{svg}</div>'
+             '<p id="heat-hover">Hover over the map: the supersteps, tiles and busy share of a '
+             "cell.</p>")
+    data = {"tiles": profile.tiles, "supersteps": len(profile.supersteps), "rows": rows,
+            "columns": cols, "cells": base64.b64encode(heat_bytes(bins.values).tobytes()).decode(),
+            "tileEdges": bins.tile_edges, "stepEdges": bins.step_edges,
+            "tileLabels": bins.tile_labels, "stepLabels": bins.step_labels, "full": HEAT_FULL}
+    return block, data
+
+
+def report_html(profile: Profile, tracks: list[tuple[str, range]] | None = None) -> str:
+    """The page; ``tracks`` names tile ranges (pipeline stages, chips) on the heat map."""
     data = summary(profile)
     split = data["split"]
     figures = data["figures"]
@@ -76,7 +253,7 @@ def report_html(profile: Profile) -> str:
                   f"{figures.get('estimatedCycles')} cycles" if figures else "")
     placement = (f'<p><a id="placement-link" href="{html.escape(profile.placement_page)}">'
                  "exact tile placement</a></p>" if profile.placement_page else "")
-    heat = heat_data(profile)
+    heat_block, heat = heat_map(profile, tracks)
     body = (
         f"<h1>{html.escape(profile.workload)}</h1>"
         f"<p id=\"headline\">{profile.cycles} cycles = "
@@ -87,8 +264,8 @@ def report_html(profile: Profile) -> str:
         + "<h2>What limits the run: the longest supersteps</h2>"
         + _table(["superstep", "cycles", "share", "why"], limits, "longest")
         + "<h2>Supersteps</h2>" + superstep_chart(profile)
-        + "<h2>Tiles x supersteps (share of each superstep a tile is busy)</h2>"
-        + '<canvas id="heat-map"></canvas>'
+        + "<h2>Tiles x supersteps (share of each superstep the tiles are busy)</h2>"
+        + heat_block
         + "<h2>Kernels by share of the critical path</h2>"
         + _table(["kernel", "cycles on the busiest tile", "share of the run"], kernels,
                  "kernels")
@@ -101,8 +278,10 @@ def report_html(profile: Profile) -> str:
     return standalone_page(f"{profile.workload} execution profile", _CSS, body + scripts)
 
 
-def write_report(path: Path, profile: Profile) -> int:
-    page = report_html(profile)
+def write_report(path: Path, profile: Profile,
+                 tracks: list[tuple[str, range]] | None = None) -> int:
+    """Write ``report.html``; its size in characters."""
+    page = report_html(profile, tracks)
     write_text_atomic(path, page)
     return len(page)
 
@@ -111,33 +290,49 @@ _CSS = """
 body { font: 14px sans-serif; margin: 16px; color: #222; }
 table { border-collapse: collapse; margin: 8px 0 16px; }
 td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; }
-canvas { border: 1px solid #ccc; image-rendering: pixelated; }
+svg text { font: 12px sans-serif; }
+.heat { position: relative; }
+.heat canvas { position: absolute; image-rendering: pixelated; cursor: crosshair; }
+.heat svg { position: absolute; left: 0; top: 0; pointer-events: none; }
+#heat-hover { min-height: 1.4em; color: #444; }
 """
 
 _JS = """
 (function () {
   var data = JSON.parse(document.getElementById("heat-data").textContent);
   var canvas = document.getElementById("heat-map");
-  var rowHeight = 6;
-  canvas.width = data.tiles;
-  canvas.height = Math.max(1, data.rows.length * rowHeight);
+  var hover = document.getElementById("heat-hover");
+  canvas.width = Math.max(1, data.columns);
+  canvas.height = Math.max(1, data.rows);
   var ctx = canvas.getContext("2d");
   var image = ctx.createImageData(canvas.width, canvas.height);
+  var bytes = atob(data.cells);
+  var full = [1, 3, 5].map(function (k) { return parseInt(data.full.slice(k, k + 2), 16); });
   var painted = 0;
-  data.rows.forEach(function (row, r) {
-    var bytes = atob(row);
-    for (var t = 0; t < data.tiles; t++) {
-      var v = bytes.charCodeAt(t);
-      for (var y = r * rowHeight; y < (r + 1) * rowHeight; y++) {
-        var i = (y * canvas.width + t) * 4;
-        image.data[i] = 255 - v; image.data[i + 1] = 255 - Math.round(v * 0.6);
-        image.data[i + 2] = 255; image.data[i + 3] = 255;
+  for (var r = 0; r < data.rows; r++) {
+    for (var c = 0; c < data.columns; c++) {
+      var v = bytes.charCodeAt(r * data.columns + c), i = (r * canvas.width + c) * 4;
+      for (var k = 0; k < 3; k++) { image.data[i + k] = Math.round(255 + (full[k] - 255) * v / 255); }
+      image.data[i + 3] = 255;
+      if (v > 0) {
+        painted += (data.tileEdges[r + 1] - data.tileEdges[r]) *
+                   (data.stepEdges[c + 1] - data.stepEdges[c]);
       }
-      if (v > 0) { painted++; }
     }
-  });
+  }
   ctx.putImageData(image, 0, 0);
-  canvas.setAttribute("data-cells", String(data.rows.length * data.tiles));
+  canvas.addEventListener("mousemove", function (e) {
+    var box = canvas.getBoundingClientRect();
+    var c = Math.floor((e.clientX - box.left) / box.width * data.columns);
+    var r = Math.floor((e.clientY - box.top) / box.height * data.rows);
+    if (c < 0 || r < 0 || c >= data.columns || r >= data.rows) { return; }
+    var v = bytes.charCodeAt(r * data.columns + c);
+    var text = data.stepLabels[c] + "; " + data.tileLabels[r] + ": " +
+               Math.round(100 * v / 255) + " % busy";
+    canvas.title = text;
+    hover.textContent = text;
+  });
+  canvas.setAttribute("data-cells", String(data.supersteps * data.tiles));
   canvas.setAttribute("data-painted", String(painted));
   canvas.setAttribute("data-rendered", "1");
 })();

@@ -1,6 +1,6 @@
 """A sweep's results: ``results.jsonl`` (one record a line, appended as points finish, so a
 killed sweep keeps what it did), ``results.csv``, the summary table, the Pareto front and
-``sweep.html``."""
+``sweep.html`` (with its Pareto plot and its latency-throughput plot)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import csv
 import html
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.files import write_text_atomic
-from ipu_stack.util.html import inert_json, standalone_page
+from ipu_stack.util.html import inert_json, nice_domain, standalone_page, tick_label
 
 Record = dict[str, Any]
 COLUMNS = ("status", "numericalTest", "cycles", "estimatedCycles", "peakTileBytes",
@@ -107,9 +108,97 @@ def best(records: list[Record]) -> dict[str, Record]:
             "least peak tile memory": min(ok, key=lambda r: r["peakTileBytes"])}
 
 
+STRATEGY_COLOURS = ("#36c", "#d62", "#393", "#939", "#c90", "#099", "#c36")
+NO_STRATEGY = "(no strategy)"  # the legend entry of records without one, drawn grey
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def latency_us(record: Record) -> float | None:
+    """A record's latency in microseconds: ``latencyMicroseconds`` where the bench measured
+    one, else the device time of the run (what a single request waits for)."""
+    for name in ("latencyMicroseconds", "deviceMicroseconds"):
+        value = record.get(name)
+        if _number(value):
+            return float(value)
+    return None
+
+
+def _colour(strategy: str | None, strategies: list[str]) -> str:
+    if strategy is None or strategy == NO_STRATEGY:
+        return "#888"
+    return STRATEGY_COLOURS[strategies.index(strategy) % len(STRATEGY_COLOURS)]
+
+
+def _strategy(record: Record) -> str | None:
+    value = record.get("strategy", record.get("point", {}).get("strategy"))
+    return None if value is None else str(value)
+
+
+def latency_plot(records: list[Record], width: int = 640, height: int = 400) -> str:
+    """Latency against throughput, one square per record (hover: its key), coloured by
+    ``strategy`` where records carry one: the trade a deployment chooses along.  Records
+    without ``imagesPerSecond`` or without any latency (failed points) are left out."""
+    points = [(r, float(r["imagesPerSecond"]), latency_us(r)) for r in records
+              if _number(r.get("imagesPerSecond")) and latency_us(r) is not None]
+    strategies = sorted({s for r, _, _ in points if (s := _strategy(r)) is not None})
+    if strategies and any(_strategy(r) is None for r, _, _ in points):
+        strategies.append(NO_STRATEGY)
+    legend_w = 150 if strategies else 0
+    left, right, top, bottom = 80, 20 + legend_w, 20, 56
+    plot_w, plot_h = width - left - right, height - top - bottom
+    parts = [f'<rect class="frame" x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" '
+             'fill="none" stroke="#ccc"/>']
+    if points:
+        xt = nice_domain(min(p[1] for p in points), max(p[1] for p in points))
+        yt = nice_domain(min(p[2] for p in points), max(p[2] for p in points))
+
+        def sx(v: float) -> float:
+            return left + plot_w * (v - xt[0]) / (xt[-1] - xt[0])
+
+        def sy(v: float) -> float:
+            return top + plot_h - plot_h * (v - yt[0]) / (yt[-1] - yt[0])
+
+        base, xs, ys = top + plot_h, xt[1] - xt[0], yt[1] - yt[0]
+        for v in xt:
+            parts.append(f'<g class="tick x-tick" data-value="{v:.12g}"><line x1="{sx(v):.2f}" '
+                         f'y1="{base}" x2="{sx(v):.2f}" y2="{base + 5}" stroke="#333"/><text '
+                         f'x="{sx(v):.2f}" y="{base + 18}" text-anchor="middle">{tick_label(v, xs)}'
+                         "</text></g>")
+        for v in yt:
+            parts.append(f'<g class="tick y-tick" data-value="{v:.12g}"><line x1="{left - 5}" '
+                         f'y1="{sy(v):.2f}" x2="{left}" y2="{sy(v):.2f}" stroke="#333"/><text '
+                         f'x="{left - 8}" y="{sy(v) + 4:.2f}" text-anchor="end">{tick_label(v, ys)}'
+                         "</text></g>")
+        for record, x, y in points:
+            strategy = _strategy(record)
+            colour = _colour(strategy, strategies)
+            note = f", strategy {strategy}" if strategy is not None else ""
+            parts.append(f'<g class="point" data-key="{html.escape(str(record["key"]))}" '
+                         f'transform="translate({sx(x):.2f},{sy(y):.2f})"><rect x="-4" y="-4" '
+                         f'width="8" height="8" fill="{colour}" '
+                         f'fill-opacity="0.75"/><title>'
+                         f"{html.escape(str(record['key']))}: {x:g} images/s, {y:g} us"
+                         f"{html.escape(note)}</title></g>")
+    for i, strategy in enumerate(strategies):
+        y = top + 10 + 18 * i
+        parts.append(f'<g class="legend-item" data-strategy="{html.escape(strategy)}"><rect '
+                     f'x="{left + plot_w + 14}" y="{y - 9}" width="10" height="10" '
+                     f'fill="{_colour(strategy, strategies)}"/><text '
+                     f'x="{left + plot_w + 30}" y="{y}">{html.escape(strategy)}</text></g>')
+    parts.append(f'<text class="axis-label x-label" x="{left + plot_w / 2}" y="{height - 8}" '
+                 'text-anchor="middle">throughput (images per second)</text>')
+    parts.append(f'<text class="axis-label y-label" transform="translate(16,{top + plot_h / 2}) '
+                 'rotate(-90)" text-anchor="middle">latency (microseconds)</text>')
+    return (f'<svg id="latency" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" data-latency-points="{len(points)}">{"".join(parts)}</svg>')
+
+
 def write_page(path: Path, records: list[Record], title: str) -> None:
-    """``sweep.html``: the table, the Pareto front of cycles against peak tile bytes (SVG)
-    and the best point for each objective."""
+    """``sweep.html``: the table, the Pareto front of cycles against peak tile bytes (SVG),
+    latency against throughput (SVG) and the best point for each objective."""
     headers, rows = table(records)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body_rows = "".join(
@@ -127,6 +216,7 @@ def write_page(path: Path, records: list[Record], title: str) -> None:
             f"</p><h2>Best points</h2><ul id=\"best\">{best_rows}</ul>"
             "<h2>Cycles against peak tile bytes (Pareto front joined)</h2>"
             f'<svg id="pareto" width="640" height="360" data-front="{len(front)}"></svg>'
+            "<h2>Latency against throughput</h2>" + latency_plot(records) +
             f'<h2>All points</h2><table id="points"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body_rows}</tbody></table>"
             f'<script type="application/json" id="sweep-data">{inert_json(data)}</script>'
@@ -138,6 +228,7 @@ _CSS = """
 body { font: 14px sans-serif; margin: 16px; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 2px 6px; }
 tr.error td, tr.fail td { color: #a00; }
+svg text { font: 12px sans-serif; }
 """
 
 _JS = """
