@@ -18,6 +18,7 @@ from ipu_stack import __version__
 from ipu_stack.codegen.emit import emit_program
 from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
+from ipu_stack.ir.graph import Graph
 from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
@@ -88,6 +89,16 @@ def construct_mid(build: Build) -> Fields:
     return {"stages": len(build.stages)}
 
 
+def row_stage_bytes(graph: Graph, stage: Any, tiles: int) -> int:
+    """A row stage's inputs and output on one tile: whole rows spread over the tiles (the
+    stage's per-row parameters, a scale or a shift, are small and left out)."""
+    out = graph.value(stage.out).type
+    rows = -(-out.rows // tiles)
+    row = sum(graph.value(v).type.cols * graph.value(v).type.precision.itemsize
+              for v in stage.inputs if graph.value(v).type.rows == out.rows)
+    return rows * (row + out.cols * out.precision.itemsize)
+
+
 def repeats(build: Build) -> list[int]:
     """How many times each planned stage runs (the loop body's once per layer)."""
     if build.loop is None:
@@ -98,7 +109,10 @@ def repeats(build: Build) -> list[int]:
 def lower_mid(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
-    budget = MemoryBudget.for_target(build.target, build.options.memory_proportion)
+    budget = dataclasses.replace(
+        MemoryBudget.for_target(build.target, build.options.memory_proportion),
+        row_bytes=max((row_stage_bytes(build.graph, s, build.target.tiles)
+                       for s in build.stages if not isinstance(s, GemmStage)), default=0))
     times = repeats(build)
     for plans in finalist_choices(build.candidates, build.options.finalists):
         fitted, moves = fit_plans(plans, build.fronts, budget, times)

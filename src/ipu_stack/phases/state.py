@@ -40,6 +40,10 @@ class CompileOptions:
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
     tiles: int = 0  # plan for this many of the chip's tiles (a pipeline group); 0: all
+    # the sweep's strategy axis (strategy.compile_strategy): layers, pipeline or auto, and a
+    # pipeline's group count (0: the planner's choice)
+    strategy: str = "layers"
+    groups: int = 0
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -51,7 +55,9 @@ class CompileOptions:
                 "diagnostics": self.diagnostics, "memory_proportion": self.memory_proportion,
                 "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode,
                 "share_layers": self.share_layers,
-                **({"tiles": self.tiles} if self.tiles else {})}
+                **({"tiles": self.tiles} if self.tiles else {}),
+                **({"strategy": self.strategy} if self.strategy != "layers" else {}),
+                **({"groups": self.groups} if self.groups else {})}
 
 
 @dataclass

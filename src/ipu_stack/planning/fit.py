@@ -39,6 +39,11 @@ class MemoryBudget:
 
     bytes: int
     interleaved: int = 1 << 62
+    # the largest row stage's inputs and output on one tile (whole rows spread over the
+    # tiles): they live while no GEMM stage's transients do, so a tile needs the larger of
+    # the two beside its weights; on a small tile group (a pipeline stage) a whole image's
+    # attention scores can be the larger
+    row_bytes: int = 0
 
     @staticmethod
     def for_target(target: Target, proportion: float) -> MemoryBudget:
@@ -104,7 +109,7 @@ def _fit_under_cap(
     for index, plan in enumerate(current):
         if plan is not None:
             push(index)
-    limit = budget.bytes - cap
+    limit = budget.bytes - max(cap, budget.row_bytes)
     interleaved = _interleaved_limit(budget, current)
     while total > min(limit, interleaved):
         if not heap:
@@ -132,7 +137,8 @@ def fit_plans(
     repeats = repeats or [1] * len(plans)
 
     resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
-    if need(plans, repeats) <= budget.bytes and resident <= _interleaved_limit(budget, plans):
+    if max(need(plans, repeats), resident + budget.row_bytes) <= budget.bytes and \
+            resident <= _interleaved_limit(budget, plans):
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                    for p in ([plan] if plan else []) + front})
@@ -150,6 +156,7 @@ def fit_plans(
             best, best_cycles = choice, cycles
     if best is None:
         weights, transient = _leanest(plans, fronts, caps, repeats)
+        transient = max(transient, budget.row_bytes)
         raise CompileError(
             f"does not fit: the leanest plans need about {weights + transient} bytes per tile "
             f"(weights {weights}, the largest stage's operands and partials {transient}), "

@@ -40,12 +40,13 @@ from ipu_stack.planning.groups import (
 )
 from ipu_stack.strategy.handoff import handoff_record, handoff_transfers, schedule_handoff
 from ipu_stack.target import get_target, timing
-from ipu_stack.util.errors import CompileError
+from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Workload
 from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.strategy")
+STRATEGIES = ("layers", "pipeline", "auto")
 GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
 """The group counts the planner tries (below 2 is the layers strategy)."""
 
@@ -256,6 +257,8 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     """Compile with ``strategy``: ``layers`` (one program over the chip), ``pipeline``
     (layer groups) or ``auto`` (both; the higher estimated images/s wins, and when the
     model cannot be pipelined within memory, layers, with the reason logged)."""
+    if strategy not in STRATEGIES:
+        raise UsageError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     start = time.perf_counter()
     if strategy == "pipeline" or (strategy == "auto" and groups):
         piped = compile_pipeline(workload, params, out_dir, options, groups)

@@ -24,6 +24,8 @@ OPTIONS: dict[str, tuple[str, type]] = {
     "paired-exchange": ("paired_exchange", bool),
     "gemm-mode": ("gemm_mode", str),
     "finalists": ("finalists", int),
+    "strategy": ("strategy", str),
+    "groups": ("groups", int),
 }
 
 

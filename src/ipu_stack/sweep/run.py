@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.pipeline import compile_workload
+from ipu_stack.runtime.pipelined import pipeline_fields, run_pipeline, stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep.grid import Point
 from ipu_stack.util.errors import IpuStackError
 from ipu_stack.workloads import get_workload
@@ -52,16 +53,30 @@ def _run_point(point: dict[str, Any], out_dir: str) -> Record:
     workload = get_workload(p.workload)
     folder = Path(out_dir) / "points" / p.key
     try:
+        options = p.compile_options()
         with contextlib.redirect_stdout(io.StringIO()):
-            compiled = compile_workload(workload, p.params, folder, p.compile_options())
+            compiled = compile_strategy(workload, p.params, folder, options, options.strategy,
+                                        options.groups or None)
             package = load_package(compiled.package)
-            result = run_package(package, compiled.graph, compiled.tensors)
-        record = benchmark_fields(result, compiled.graph, workload.benchmark_fields(p.params),
-                                  compiled.package, compiled.timings["compile"])
-        record["imagesPerSecond"] = round(
-            p.params.get("batch", 1) / (record["deviceMicroseconds"] * 1e-6), 1)
-        status = "ok" if result.passed else "fail"
-        return {**base, "status": status, "error": None if result.passed else
+            if compiled.strategy == "pipeline":  # one image per group: a full steady step
+                groups = len(package.manifest["pipeline"]["groups"])
+                images = stream_images(workload, p.params, compiled.graph, compiled.tensors,
+                                       groups)
+                piped = run_pipeline(package, compiled.graph, compiled.tensors, images)
+                passed = piped.passed
+                record = pipeline_fields(piped, package, compiled.graph,
+                                         workload.benchmark_fields(p.params), compiled.package,
+                                         compiled.timings["compile"])
+            else:
+                result = run_package(package, compiled.graph, compiled.tensors)
+                passed = result.passed
+                record = benchmark_fields(result, compiled.graph,
+                                          workload.benchmark_fields(p.params),
+                                          compiled.package, compiled.timings["compile"])
+                record["strategy"] = "layers"
+                record["latencyMicroseconds"] = record["deviceMicroseconds"]
+        status = "ok" if passed else "fail"
+        return {**base, "status": status, "error": None if passed else
                 f"numericalTest=FAIL ({record['failedParts']})",
                 "seconds": round(time.perf_counter() - started, 2), **record}
     except IpuStackError as exc:
