@@ -100,10 +100,25 @@ def test_fill_steady_and_drain_counts(groups):
 
 
 def test_merged_step_aligns_the_layer_loops():
-    stem_first = GroupRun(0, 0, 0, [5, 10, 20, 30], 0, before_loop=2)
-    middle = GroupRun(1, 0, 0, [1, 25, 25], 0, before_loop=1)
-    # loop starts line up: [5, 10|1, 20|25, 30|25] -> 5 + 10 + 25 + 30, then the hand-off
+    c, x = "compute", "exchange"
+    stem_first = GroupRun(0, 0, 0, [5, 10, 20, 30], 0, [x, c, x, c])
+    middle = GroupRun(1, 0, 0, [25, 25], 0, [x, c])
+    # the middle group's two supersteps line up with the first group's last two:
+    # 5 + 10 + max(20, 25) + max(30, 25), then the hand-off
     assert merged_step([stem_first, middle], 7) == 5 + 10 + 25 + 30 + 7
+    # supersteps of different kinds never share: a lone exchange beside a lone compute
+    assert merged_step([GroupRun(0, 0, 0, [4], 0, [x]), GroupRun(1, 0, 0, [6], 0, [c])],
+                       0) == 10
+
+
+def test_merge_keeps_identical_programs_in_step_and_names_members():
+    from ipu_stack.runtime.alignment import merge
+
+    kinds = ["exchange", "compute"] * 3
+    cycles = [3, 9, 4, 8, 5, 7]
+    merged = merge([(kinds, cycles), (kinds, cycles), (kinds, [c + 1 for c in cycles])])
+    assert merged.total == sum(cycles) + len(cycles)
+    assert merged.members.tolist() == [list(range(6))] * 3
 
 
 @pytest.fixture(scope="module")

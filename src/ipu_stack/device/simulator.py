@@ -86,6 +86,7 @@ class CallReport:
     # supersteps: all tiles sync together, so the i-th superstep lasts the longest group's)
     superstep_cycles: list[int] = field(default_factory=list)
     superstep_layers: list[int] = field(default_factory=list)  # loop pass of each; -1 outside
+    superstep_kinds: list[str] = field(default_factory=list)  # compute or exchange
 
 
 class SimulatedIpu:
@@ -192,6 +193,7 @@ class SimulatedIpu:
             report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
             report.superstep_cycles.append((int(busy[busiest]) if busy.size else 0) + sync)
             report.superstep_layers.append(-1 if layer is None else layer)
+            report.superstep_kinds.append("compute")
             report.sync_cycles += sync
             report.supersteps += 1
             record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
@@ -206,6 +208,7 @@ class SimulatedIpu:
             report.cycles += cycles + sync
             report.superstep_cycles.append(cycles + sync)
             report.superstep_layers.append(-1 if layer is None else layer)
+            report.superstep_kinds.append("exchange")
             report.sync_cycles += sync
             report.supersteps += 1
             report.phases += 1

@@ -26,7 +26,8 @@ def write_profile_files(folder: Path, profile: Profile) -> dict[str, int]:
     save_profile(folder / "profile.json", profile)
     sizes = {"profile.json": (folder / "profile.json").stat().st_size,
              "trace.json": write_trace(folder / "trace.json", profile),
-             "report.html": write_report(folder / "report.html", profile)}
+             "report.html": write_report(folder / "report.html", profile,
+                                         profile.track_ranges() or None)}
     event(LOG, "wrote execution profile", path=str(folder),
           samples=sum(1 for s in profile.steps), **{k.replace(".", "_"): v
                                                     for k, v in sizes.items()})

@@ -86,6 +86,11 @@ class Profile:
     steps: list[Step]
     figures: dict[str, Any] = field(default_factory=dict)  # estimate, efficiency, plans, ...
     placement_page: str = ""
+    # named tile ranges ``[label, first tile, end]``: a pipeline's groups (one track each)
+    tracks: list[list[Any]] = field(default_factory=list)
+
+    def track_ranges(self) -> list[tuple[str, range]]:
+        return [(str(label), range(int(first), int(end))) for label, first, end in self.tracks]
 
     @property
     def supersteps(self) -> list[Step]:
@@ -107,7 +112,7 @@ class Profile:
 
 def build_profile(records: list[StepRecord], totals: dict[str, int], workload: str,
                   target: str, tiles: int, clock_hz: float, figures: dict[str, Any],
-                  placement_page: str = "") -> Profile:
+                  placement_page: str = "", tracks: list[list[Any]] | None = None) -> Profile:
     """Lay the recorded steps out on the run's timeline."""
     steps, now = [], 0
     for record in records:
@@ -119,7 +124,7 @@ def build_profile(records: list[StepRecord], totals: dict[str, int], workload: s
         now += record.cycles + record.sync
     return Profile(workload, target, tiles, clock_hz, totals["cycles"], totals["compute"],
                    totals["exchange"], totals["sync"], totals["host_cycles"],
-                   totals["host_bytes"], steps, figures, placement_page)
+                   totals["host_bytes"], steps, figures, placement_page, list(tracks or []))
 
 
 def save_profile(path: Path, profile: Profile) -> None:

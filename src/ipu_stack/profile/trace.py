@@ -25,7 +25,7 @@ from ipu_stack.profile.record import Profile, Step
 from ipu_stack.target.timing import p
 from ipu_stack.util.files import write_text_atomic
 
-PROGRAM, TILES, CRITICAL = 1, 2, 3
+PROGRAM, TILES, CRITICAL, GROUPS = 1, 2, 3, 4
 WORKERS = 6
 
 
@@ -112,6 +112,11 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
     tiles = sample_tiles(profile, sample)
     for tile, role in tiles.items():
         tracks.name(TILES, tile, f"tile {tile} ({role})")
+    groups = profile.track_ranges()  # a pipeline's tile groups: one track each
+    if groups:
+        tracks.name(GROUPS, None, "tile groups (busiest tile of each)")
+        for number, (label, _) in enumerate(groups):
+            tracks.name(GROUPS, number, label)
     for step in profile.steps:
         if step.kind.startswith("host"):
             tracks.events.append({"name": f"{step.kind} {step.host.get('tensor')}", "ph": "i",
@@ -132,6 +137,10 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
         for tile in tiles:
             own = int(step.tile_cycles[tile]) if step.tile_cycles is not None else 0
             tracks.segments(TILES, tile, step, [(0, own, step.kind, {})] if own else [])
+        for number, (_, span) in enumerate(groups):
+            own = int(step.tile_cycles[span.start:span.stop].max()) \
+                if step.tile_cycles is not None else 0
+            tracks.segments(GROUPS, number, step, [(0, own, step.kind, {})] if own else [])
         supervisor, workers = _critical_parts(step) if step.kind == "compute" else ([], [])
         if step.kind == "exchange":
             workers = [(0, step.cycles, "exchange", {})]

@@ -9,9 +9,10 @@ of the sending group's tiles are written, unchanged, into the receiving group's 
 scheduled hand-off phase, verified and priced by the device's own exchange accounting).
 
 **Timing.**  In step ``s`` group ``g`` works on image ``s - g``: ``G - 1`` fill steps, then
-one image leaves per steady step, then ``G - 1`` drain steps.  All tiles sync together, so
-a step's ``i``-th superstep lasts as long as the longest of the groups' ``i``-th supersteps;
-the step ends with every hand-off in one exchange phase.  A step's cycles are therefore
+one image leaves per steady step, then ``G - 1`` drain steps.  All tiles sync together and
+a superstep is compute or exchange for every tile, so the groups' supersteps share the
+chip's (``runtime.alignment``: same-kind supersteps side by side, each shared one as long as
+the longest); the step ends with every hand-off in one exchange phase.  A step's cycles are therefore
 built from the supersteps each group executed on real bytes for its image of that step.
 On the IPU the cycles of a superstep do not depend on the values, so one executed full
 step gives the period (tested: two different data sets give the same step cycles).  The
@@ -43,6 +44,7 @@ from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, compact_weights
 from ipu_stack.package import Package, read_package_bytes
+from ipu_stack.runtime.alignment import merge
 from ipu_stack.runtime.host_process import HostProcess, fork_available
 from ipu_stack.runtime.session import _host_side, _HostThread
 from ipu_stack.runtime.verdict import Verdict, log_verdict
@@ -62,7 +64,7 @@ class GroupRun:
     cycles: int
     supersteps: list[int]
     host_bytes: int
-    before_loop: int = 0  # supersteps before the layer loop's first pass
+    kinds: list[str]  # compute or exchange, per superstep
 
 
 @dataclass
@@ -93,16 +95,10 @@ class PipelineRun:
 
 
 def merged_step(runs: list[GroupRun], handoff: int) -> int:
-    """One pipeline step: the groups' supersteps run side by side, their layer loops
-    starting together (the first group's stem runs beside the others' input steps), so
-    superstep ``i`` lasts the longest group's ``i``-th; then the hand-off phase."""
-    lead = max(r.before_loop for r in runs)
-    length = max(lead - r.before_loop + len(r.supersteps) for r in runs)
-    table = np.zeros((len(runs), length), dtype=np.int64)
-    for row, run in enumerate(runs):
-        first = lead - run.before_loop
-        table[row, first: first + len(run.supersteps)] = run.supersteps
-    return int(table.max(axis=0).sum()) + handoff
+    """One pipeline step: the groups' supersteps side by side, merged as the chip runs them
+    (``runtime.alignment``: same-kind supersteps share, the longest sets the length), then
+    the hand-off phase."""
+    return merge([(r.kinds, r.supersteps) for r in runs]).total + handoff
 
 
 def step_schedule(groups: int, images: int) -> list[list[tuple[int, int]]]:
@@ -228,11 +224,9 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                     report = group.device.call("run", inputs,
                                                on_probes=_renamed(host, group))
                     carried = {group.tower(k): v for k, v in report.outputs.items()}
-                    layers = report.superstep_layers
                     result.runs[(group.index, number)] = GroupRun(
                         group.index, number, report.cycles, list(report.superstep_cycles),
-                        report.host_bytes,
-                        next((i for i, k in enumerate(layers) if k >= 0), len(layers)))
+                        report.host_bytes, list(report.superstep_kinds))
                 host.put(list(carried.items()))
                 host.put(None)
             except BaseException:
