@@ -26,8 +26,13 @@ from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
-from ipu_stack.profile.capture import profile_of
-from ipu_stack.runtime.pipelined import pipeline_fields, run_pipeline, stream_images
+from ipu_stack.profile.capture import profile_of, profile_of_pipeline
+from ipu_stack.runtime.pipelined import (
+    inspect_pipeline,
+    pipeline_fields,
+    run_pipeline,
+    stream_images,
+)
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
@@ -331,9 +336,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "--out (default)", Path("artifacts") / workload.identifier(params))
     if args.images is not None and args.images < 1:
         raise UsageError("--images must be at least 1")
+    if args.strategy == "layers" and args.images not in (None, 1):
+        raise UsageError("--images streams images through a pipeline; the layers strategy "
+                         "runs one batch (use --batch, or --strategy pipeline)")
     result = compile_strategy(workload, params, out, _options(args), args.strategy, args.groups)
     if result.strategy == "pipeline":
-        return _run_pipeline_and_report(args, result, workload, params)
+        return _run_pipeline_and_report(args, result.package, result.graph, result.tensors,
+                                        workload, params, result.timings["compile"])
     if args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch)")
@@ -341,18 +350,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            result.timings["compile"])
 
 
-def _run_pipeline_and_report(args: argparse.Namespace, result: Any, workload: Any,
-                             params: dict[str, Any]) -> int:
-    if args.profile or args.save_tensors or args.poison or args.device:
-        raise UsageError("--profile, --save-tensors, --poison and --device are not yet "
-                         "supported with the pipeline strategy")
-    package = load_package(result.package)
+def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph: Graph,
+                             tensors: Any, workload: Any, params: dict[str, Any],
+                             compile_seconds: float | None) -> int:
+    if args.save_tensors or args.poison or args.device:
+        raise UsageError("--save-tensors, --poison and --device are not yet supported with "
+                         "the pipeline strategy")
+    package = load_package(package_path)
     groups = len(package.manifest["pipeline"]["groups"])
-    count = args.images if args.images is not None else groups
-    images = stream_images(workload, params, result.graph, result.tensors, count)
-    run = run_pipeline(package, result.graph, result.tensors, images)
-    record = pipeline_fields(run, package, result.graph, workload.benchmark_fields(params),
-                             result.package, result.timings["compile"])
+    count = getattr(args, "images", None) or groups
+    images = stream_images(workload, params, graph, tensors, count)
+    run = run_pipeline(package, graph, tensors, images, record=bool(args.profile))
+    record = pipeline_fields(run, package, graph, workload.benchmark_fields(params),
+                             package_path, compile_seconds)
+    if args.profile:
+        write_profile_files(Path(args.profile), profile_of_pipeline(run, package, record))
     _print_record(record, args.json)
     return 0 if run.passed else 1
 
@@ -379,7 +391,9 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
     """Rebuild the workload a package was compiled from and check it matches the program."""
     check_metadata(package.manifest)
     validate_records(package.manifest)
-    from_manifest(package.manifest, package.arrays)  # every field typed and bounded
+    pipelined = "pipeline" in package.manifest
+    if not pipelined:  # a pipeline's group programs are checked as they load
+        from_manifest(package.manifest, package.arrays)  # every field typed and bounded
     info = package.manifest["workload"]
     try:
         workload = _recorded_workload(info)
@@ -388,6 +402,8 @@ def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dic
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
     with cache_folder(default_cache_dir()):
         graph, tensors = workload.build(params)
+    if pipelined:
+        return workload, params, graph, tensors
     check_gemm_modes(package.manifest, {op.id for op in graph.operations
                                         if op.kind in ("matmul", "head_matmul")})
     recorded = package.manifest["tensors"]
@@ -419,6 +435,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.package)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
+    if "pipeline" in package.manifest:
+        return _run_pipeline_and_report(args, path, graph, tensors, workload, params, None)
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
@@ -435,6 +453,12 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
         return load_profile(path)
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
+    if "pipeline" in package.manifest:
+        count = len(package.manifest["pipeline"]["groups"])
+        run = run_pipeline(package, graph, tensors,
+                           stream_images(workload, params, graph, tensors, count), record=True)
+        return profile_of_pipeline(run, package, pipeline_fields(
+            run, package, graph, workload.benchmark_fields(params), path, None))
     result = run_package(package, graph, tensors, lock, record=True,
                          model=getattr(workload, "reference", None))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), path, None)
@@ -482,9 +506,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(Path(args.package))
     check_metadata(package.manifest)
     validate_records(package.manifest)
-    SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
     m = package.manifest
-    summary = {
+    if "pipeline" in m:
+        summary = inspect_pipeline(package)  # every group program loaded and checked
+    else:
+        SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
+        summary = _inspect_program(package)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for key, value in summary.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def _inspect_program(package: Package) -> dict[str, Any]:
+    m = package.manifest
+    return {
         "workload": m["workload"]["identifier"],
         "target": package.target,
         "compiler": package.compiler_version,
@@ -497,12 +535,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "plans": m["plans"],
         "memory": m["memory"],
     }
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        for key, value in summary.items():
-            print(f"{key}: {value}")
-    return 0
 
 
 def cmd_ops(args: argparse.Namespace) -> int:

@@ -192,3 +192,26 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
         outputs.append(run.outputs)
     for name, value in outputs[0].items():
         assert np.array_equal(value, outputs[1][name]), name
+
+
+def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
+    from ipu_stack.profile import write_profile_files
+    from ipu_stack.profile.capture import profile_of_pipeline
+    from ipu_stack.profile.trace import trace
+
+    workload, params, result = pipelined
+    package = load_package(result.package)
+    images = stream_images(workload, params, result.graph, result.tensors, 3)
+    run = run_pipeline(package, result.graph, result.tensors, images, record=True)
+    profile = profile_of_pipeline(run, package, {"strategy": "pipeline"})
+    assert [t[1:] for t in profile.tracks] == [[0, 490], [490, 980], [980, 1470]]
+    # the profiled step is the period: its merged supersteps and the hand-off
+    assert profile.cycles == run.steady_cycles
+    busy = profile.active_tiles()
+    assert busy.min() < 490 and busy.max() >= 980  # every group's tiles worked
+    events = trace(profile)["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"
+             and e["pid"] == 4}
+    assert names == {"group 0: layers 0-0", "group 1: layers 1-1", "group 2: layers 2-2"}
+    write_profile_files(tmp_path, profile)
+    assert "group 2: layers 2-2" in (tmp_path / "report.html").read_text()

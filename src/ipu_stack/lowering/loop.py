@@ -44,6 +44,7 @@ class LoopLowering:
                                "from pass to pass; compile with --unroll-layers")
         self.lowering.body = BodyState(frozenset(self.loop.slot_weights), self.loop.carried_in,
                                        self.loop.carried_out)
+        self.lowering.gathered.clear()  # a body pass sees nothing gathered before the loop
 
     def end(self, checkpoints: int) -> int:
         """Close the body; returns the next checkpoint number after every pass's probes."""
@@ -59,6 +60,7 @@ class LoopLowering:
         self.step.length = len(program.run) - self.at - 1
         self.step.slots = [self._slot(*weight) for weight in body.weights]
         lowering.body = None
+        lowering.gathered.clear()  # what the body gathered holds the last pass's values
         last = loop.value(loop.count - 1, loop.carried_out)
         lowering.where[last] = [carried]
         return self._name_passes(checkpoints)

@@ -136,6 +136,10 @@ class Lowering:
         self.where: dict[int, list[Piece]] = {}
         # set while the body of a layer loop is lowered (``lowering.loop``)
         self.body: BodyState | None = None
+        # GEMM A operands already gathered, by value and block layout: q, k and v read the
+        # same normed rows in the same tiling, and one gather serves all three (values never
+        # change once made; cleared where the loop body begins and ends)
+        self.gathered: dict[tuple, int] = {}
         for value in graph.values:
             self.program.tensors[value.name] = {"role": value.role, **value.type.to_json()}
 
@@ -317,13 +321,19 @@ class Lowering:
         # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
         # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
         # once per pass; A streams through the workers from standard memory.
-        a_buf = self.program.add_buffer(
-            f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
-            f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
-        )
+        key = (stage.a, tuple(gr.a_origin for gr in groups),
+               tuple((a.rows, a.cols, a.precision, a.row_block, a.col_block,
+                      a.tiles.tobytes()) for a in a_layouts))
         builder = TransferBuilder(f"{name}.operands")
-        self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
-                                             zip(a_layouts, groups, strict=True)], name)
+        if key in self.gathered:
+            a_buf = self.gathered[key]
+        else:
+            a_buf = self.gathered[key] = self.program.add_buffer(
+                f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
+                f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
+            )
+            self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
+                                                 zip(a_layouts, groups, strict=True)], name)
         if "b" in shared:
             b_buf = shared["b"]
         elif g.value(stage.b).role == "weight":

@@ -40,6 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from ipu_stack.device import SimulatedIpu
 from ipu_stack.device.pricing import exchange_cycles
+from ipu_stack.device.record import StepRecord
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, compact_weights
@@ -80,6 +81,10 @@ class PipelineRun:
     step_cycles: list[int] = field(default_factory=list)
     simulate_seconds: float = 0.0
     verdict_seconds: float = 0.0
+    # when recording: each group's superstep records in the profiled step (the first with
+    # every group busy), by group
+    records: dict[int, list[StepRecord]] = field(default_factory=dict)
+    profiled_step: int = -1
 
     @property
     def passed(self) -> bool:
@@ -110,11 +115,13 @@ def step_schedule(groups: int, images: int) -> list[list[tuple[int, int]]]:
 class _Group:
     """A group's program loaded on a device of its tiles, with the names it uses."""
 
-    def __init__(self, record: dict[str, Any], package: Package, target_name: str) -> None:
+    def __init__(self, record: dict[str, Any], package: Package, target_name: str,
+                 recording: bool = False) -> None:
         self.record = record
         self.index = int(record["index"])
         self.package = package
-        self.device = SimulatedIpu(get_target(target_name).with_tiles(int(record["tiles"])))
+        self.device = SimulatedIpu(get_target(target_name).with_tiles(int(record["tiles"])),
+                                   record=recording)
         self.device.load(package)
         self.to_tower = {str(k): str(v) for k, v in (record.get("names") or {}).items()}
         self.from_tower = {v: k for k, v in self.to_tower.items()}
@@ -129,7 +136,7 @@ class _Group:
         return self.from_tower.get(name, name)
 
 
-def _load_groups(package: Package) -> list[_Group]:
+def _load_groups(package: Package, recording: bool = False) -> list[_Group]:
     pipeline = package.manifest["pipeline"]
     programs = []
     for k in range(int(pipeline["programs"])):
@@ -138,7 +145,8 @@ def _load_groups(package: Package) -> list[_Group]:
             raise PackageError(f"pipeline package lacks its group program {k}")
         programs.append(read_package_bytes(f"group program {k}", data.tobytes(),
                                            expected_target=package.target))
-    groups = [_Group(r, programs[int(r["program"])], package.target) for r in pipeline["groups"]]
+    groups = [_Group(r, programs[int(r["program"])], package.target, recording)
+              for r in pipeline["groups"]]
     _check_handoffs(groups, pipeline["handoffs"])
     return groups
 
@@ -173,6 +181,40 @@ def handoff_phase_cycles(package: Package, record: dict[str, Any], chip_tiles: i
     return int(cycles) + timing.p("sync")
 
 
+def inspect_pipeline(package: Package) -> dict[str, Any]:
+    """``ipu-stack inspect`` of a pipeline package: its groups and hand-offs, every group
+    program loaded (verified) on a device of its tiles."""
+    groups = _load_groups(package)
+    pipeline = package.manifest["pipeline"]
+    return {
+        "workload": package.manifest["workload"]["identifier"],
+        "target": package.target, "compiler": package.compiler_version,
+        "sha256": package.sha256, "strategy": "pipeline",
+        "groups": [{"index": g.index, "tiles": [int(g.record["tile_base"]),
+                                                int(g.record["tile_base"]) + int(g.record["tiles"])],
+                    "layers": [int(g.record["first_layer"]),
+                               int(g.record["first_layer"]) + int(g.record["layers"])],
+                    "program": int(g.record["program"]), "plans": g.package.manifest["plans"]}
+                   for g in groups],
+        "handoffs": [{k: h[k] for k in ("from", "to", "tensor", "bytes", "transfers")}
+                     for h in pipeline["handoffs"]],
+        "steps": pipeline["steps"],
+        "estimate": package.manifest["estimate"],
+    }
+
+
+def _check_tower(groups: list[_Group], graph: Graph) -> None:
+    """Every tensor a group program names is the tower's value of that name and type."""
+    values = {v.name: v for v in graph.values}
+    for group in groups:
+        for name, info in group.package.manifest["tensors"].items():
+            value = values.get(group.tower(name))
+            if value is None or info.get("shape") != list(value.type.shape) or \
+                    info.get("precision") != value.type.precision.to_json():
+                raise PackageError(f"pipeline group {group.index} does not match its tower: "
+                                   f"tensor {group.tower(name)}")
+
+
 def tower_gemm_modes(groups: list[_Group]) -> dict[str, dict]:
     """Each group's GEMM modes keyed by the tower's operation ids."""
     modes: dict[str, dict] = {}
@@ -191,14 +233,17 @@ def _renamed(host: HostProcess | _HostThread, group: _Group):  # noqa: ANN202
 
 
 def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
-                 images: list[dict[str, np.ndarray]]) -> PipelineRun:
-    """Stream ``images`` (each the tower's inputs by name) through the pipeline."""
+                 images: list[dict[str, np.ndarray]], record: bool = False) -> PipelineRun:
+    """Stream ``images`` (each the tower's inputs by name) through the pipeline
+    (``record``: keep the superstep records of the first step with every group busy, for
+    an execution profile)."""
     target = get_target(package.target)
     if isinstance(tensors, DeferredTensors) and tensors.pending:
         tensors.make_all(os.cpu_count() or 1)
     event(LOG, "holding weights in their stored precisions",
           bytes=compact_weights(graph, tensors))
-    groups = _load_groups(package)
+    groups = _load_groups(package, record)
+    _check_tower(groups, graph)
     pipeline = package.manifest["pipeline"]
     handoffs = [handoff_phase_cycles(package, r, target.tiles) for r in pipeline["handoffs"]]
     for group in groups:
@@ -209,6 +254,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     outputs_only = {v.name for v in graph.by_role("output")}
     weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
     result = PipelineRun(len(images), len(groups), [], [], {}, handoffs)
+    result.profiled_step = min(len(images), len(groups)) - 1
     started = time.perf_counter()
     waited = 0.0
     for number, image in enumerate(images):
@@ -224,6 +270,9 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                     report = group.device.call("run", inputs,
                                                on_probes=_renamed(host, group))
                     carried = {group.tower(k): v for k, v in report.outputs.items()}
+                    if record and number + group.index == result.profiled_step:
+                        result.records[group.index] = [
+                            r for r in report.steps if r.kind in ("compute", "exchange")]
                     result.runs[(group.index, number)] = GroupRun(
                         group.index, number, report.cycles, list(report.superstep_cycles),
                         report.host_bytes, list(report.superstep_kinds))
@@ -252,7 +301,8 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     return result
 
 
-__all__ = ["GroupRun", "PipelineRun", "merged_step", "run_pipeline", "step_schedule"]
+__all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "pipeline_fields",
+           "run_pipeline", "step_schedule", "stream_images"]
 
 
 def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,

@@ -87,15 +87,19 @@ def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
 
 
 def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tensors: Any,
-                  options: CompileOptions, counts: tuple[int, ...]) -> list[tuple[int, int, str]]:
-    """``(G, slowest group's GEMM cycles, why)`` for each candidate that fits, best first."""
+                  options: CompileOptions, counts: tuple[int, ...],
+                  refused: list[str] | None = None) -> list[tuple[int, int, str]]:
+    """``(G, slowest group's GEMM cycles, why)`` for each candidate that fits, best first
+    (``refused`` collects each other candidate's reason)."""
     chip = get_target(options.target).tiles
+    refused = [] if refused is None else refused
     ranked = []
     for count in counts:
         try:
             groups = split_tower(graph, group_layers(_layers(graph), count))
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, reason=str(why))
+            refused.append(f"{count} groups: {why}")
             continue
         tiles = group_tiles(chip, count)
         slowest, failed = 0, None
@@ -111,6 +115,7 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
         if failed is not None:
             event(LOG, "pipeline candidate does not fit", groups=count, tiles=tiles,
                   reason=failed)
+            refused.append(f"{count} groups: {failed}")
             continue
         event(LOG, "pipeline candidate planned", groups=count, tiles=tiles,
               slowest_gemm_cycles=slowest)
@@ -133,10 +138,10 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     with cache_folder(cache):
         graph, tensors = workload.build(params)
     counts = (groups,) if groups else tuple(c for c in GROUP_COUNTS if c <= _layers(graph))
-    ranked = choose_groups(workload, params, graph, tensors, options, counts)
+    refused: list[str] = []
+    ranked = choose_groups(workload, params, graph, tensors, options, counts, refused)
     if not ranked:
-        raise PipelineError(f"{graph.name} cannot be pipelined within tile memory with "
-                            f"{', '.join(map(str, counts))} groups")
+        raise PipelineError(f"{graph.name} cannot be pipelined: " + "; ".join(refused))
     failures = []
     for count, _, reason in ranked:
         try:
@@ -211,6 +216,12 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         "options": options.to_json(),
         "strategy": "pipeline",
         "estimate": estimate,
+        # what the runtime reports from: each program's plans and its fullest tile
+        "plans": [f"group {g.index}: {plan}" for g in groups if program_of[g.index] == g.index
+                  for plan in compiled[g.index].plans],
+        "memory": {"peak_bytes": max(c.peak_bytes for c in compiled.values()),
+                   "group_peak_bytes": [int(compiled[program_of[g.index]].peak_bytes)
+                                        for g in groups]},
         "pipeline": {"chip_tiles": chip.tiles, "group_tiles": tiles, "groups": records,
                      "handoffs": handoffs, "programs": len(order),
                      "steps": {"fill": count - 1, "drain": count - 1}, "reason": reason},

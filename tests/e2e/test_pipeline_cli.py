@@ -1,0 +1,70 @@
+"""The pipeline strategy through the real CLI: bench, inspect, run and profile of a small
+tower cut into two groups, the auto strategy's fall-back, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import bench, cli, one_error_line
+
+TOWER = ["--layers", "4", "--image", "28", "--patch", "7", "--dim", "64", "--hidden", "96",
+         "--heads", "4"]
+
+
+@pytest.fixture(scope="module")
+def piped(tmp_path_factory, cache_dir):
+    folder = tmp_path_factory.mktemp("piped")
+    return bench("siglip-vision", *TOWER, "--strategy", "pipeline", "--groups", "2",
+                 "--images", "3", "--profile", str(folder / "profile"), folder=folder,
+                 cache_dir=cache_dir)
+
+
+def test_bench_streams_every_image_through_the_groups(piped):
+    record = piped.record
+    assert record["numericalTest"] == "PASS" and record["imagesPassed"] == 3
+    assert record["strategy"] == "pipeline" and record["pipelineGroups"] == 2
+    assert record["groupLayers"] == "2,2" and record["groupTiles"] == 736
+    assert record["cycles"] == record["stepCycles"] >= record["groupCyclesMax"]
+    assert record["groupCyclesMin"] <= record["groupCyclesMax"]
+    assert record["latencyMicroseconds"] > record["cycles"] / 1500  # two steps at least
+    assert record["imagesPerSecond"] == pytest.approx(1.5e9 / record["cycles"], rel=1e-3)
+    assert record["handoffCycles"] > 0 and record["fillCycles"] > 0
+    assert "pipeline grouping chosen groups=2" in piped.stderr
+    assert (piped.folder / "profile" / "report.html").read_text().count("group 1: layers") >= 1
+
+
+def test_inspect_and_run_a_pipeline_package(piped):
+    package = str(piped.folder / "pkg" / "model.ipuexe")
+    code, out, err = cli(["inspect", package, "--json"])
+    assert code == 0, err
+    summary = json.loads(out)
+    assert [g["layers"] for g in summary["groups"]] == [[0, 2], [2, 4]]
+    assert summary["handoffs"][0]["tensor"] == "layer1.residual2"
+    code, out, err = cli(["run", package, "--json"])
+    assert code == 0, err
+    again = json.loads(out.strip().splitlines()[-1])
+    assert again["cycles"] == piped.record["cycles"] and again["images"] == 2
+
+
+def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):
+    result = bench("siglip-mlp", "--tokens", "17", "--dim", "64", "--hidden", "96",
+                   "--strategy", "auto", folder=tmp_path, cache_dir=cache_dir)
+    assert result.record["numericalTest"] == "PASS"
+    assert "strategy chosen strategy=layers reason=\"no pipeline: " in result.stderr
+    assert "has no repeated layers" in result.stderr
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["siglip-mlp", "--tokens", "17", "--strategy", "pipeline"],
+     "cannot be pipelined: it has no repeated layers"),
+    (["siglip-vision", *TOWER, "--strategy", "pipeline", "--groups", "5"],
+     "cannot cut 4 layers into 5 groups"),
+    (["siglip-vision", *TOWER, "--images", "0"], "--images must be at least 1"),
+    (["siglip-vision", *TOWER, "--images", "2"], "--images streams images through a pipeline"),
+])
+def test_refusals_are_one_line(tmp_path, extra, message):
+    code, _, err = cli(["bench", *extra, "--out", str(tmp_path / "pkg")])
+    assert code == 2
+    assert message in one_error_line(code, err)
