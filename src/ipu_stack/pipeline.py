@@ -64,6 +64,7 @@ def compile_workload(
     params: dict[str, Any],
     out_dir: Path,
     options: CompileOptions | None = None,
+    min_proportion: float | None = None,
 ) -> CompileResult:
     """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``.
 
@@ -91,7 +92,8 @@ def compile_workload(
             result.timings["compile"] = time.perf_counter() - start  # every attempt
             return result
         except PlacementError as failure:
-            if proportion - RETRY_STEP < MIN_PROPORTION:
+            if proportion - RETRY_STEP < (MIN_PROPORTION if min_proportion is None
+                                          else min_proportion):
                 raise
             proportion = round(proportion - RETRY_STEP, 2)
             event(LOG, "placement failed, planning again with less memory", level=logging.WARNING,

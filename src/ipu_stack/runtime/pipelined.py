@@ -17,8 +17,9 @@ built from the supersteps each group executed on real bytes for its image of tha
 On the IPU the cycles of a superstep do not depend on the values, so one executed full
 step gives the period (tested: two different data sets give the same step cycles).  The
 simulator runs the groups' work image by image (the groups share no memory, so the order in
-which it runs the parts of a step changes nothing); that lets one host side judge one image
-at a time.
+which it runs the parts of a step changes nothing); that lets a host side judge each image
+as its probes arrive, and the device go on to the next image while the last one's verdict
+finishes (``HOSTS_IN_FLIGHT``).
 
 **Verdict.**  Every image is judged as a layers-strategy run is: each stage against the
 host's rerun of it on the device's own inputs, and the tower's output against the float64
@@ -54,6 +55,9 @@ from ipu_stack.util.errors import PackageError
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
+# host sides judging at once: the device goes on to the next image while the last one's
+# verdict finishes (two lanes on two cores; each host side holds one image's references)
+HOSTS_IN_FLIGHT = 2
 
 
 @dataclass
@@ -256,14 +260,30 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     result = PipelineRun(len(images), len(groups), [], [], {}, handoffs)
     result.profiled_step = min(len(images), len(groups)) - 1
     started = time.perf_counter()
-    waited = 0.0
-    for number, image in enumerate(images):
-        own = {**weights, **image}
-        with threadpool_limits(limits=1, user_api="blas"):
-            host: HostProcess | _HostThread = (
-                HostProcess(_host_side, graph, own, modes, outputs_only)
-                if fork_available() else _HostThread(graph, own, modes, None, outputs_only))
-            try:
+    pending: list[tuple[int, HostProcess | _HostThread, dict[str, np.ndarray]]] = []
+    waited = [0.0]
+
+    def finish() -> None:  # the oldest image's verdict, in image order
+        number, host, carried = pending.pop(0)
+        wait = time.perf_counter()
+        _, verdict = host.result()
+        verdict.seconds = time.perf_counter() - wait
+        waited[0] += verdict.seconds
+        log_verdict(verdict, per_stage=False)
+        event(LOG, "image judged", image=number,
+              numericalTest="PASS" if verdict.passed else "FAIL",
+              failedParts=",".join(verdict.failed_parts) or "-")
+        result.verdicts.append(verdict)
+        result.outputs.append({k: np.asarray(v) for k, v in carried.items()})
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        try:
+            for number, image in enumerate(images):
+                own = {**weights, **image}
+                host: HostProcess | _HostThread = (
+                    HostProcess(_host_side, graph, own, modes, outputs_only)
+                    if fork_available() else _HostThread(graph, own, modes, None, outputs_only))
+                pending.append((number, host, {}))
                 carried: dict[str, np.ndarray] = dict(image)
                 for group in groups:
                     inputs = {name: carried[group.tower(name)] for name in group.inputs}
@@ -278,19 +298,16 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                         report.host_bytes, list(report.superstep_kinds))
                 host.put(list(carried.items()))
                 host.put(None)
-            except BaseException:
+                pending[-1] = (number, host, carried)
+                while len(pending) >= HOSTS_IN_FLIGHT:
+                    finish()
+            while pending:
+                finish()
+        except BaseException:
+            for _, host, _ in pending:
                 host.abandon()
-                raise
-            wait = time.perf_counter()
-            _, verdict = host.result()
-            waited += time.perf_counter() - wait
-        verdict.seconds = time.perf_counter() - wait
-        log_verdict(verdict, per_stage=False)
-        event(LOG, "image judged", image=number,
-              numericalTest="PASS" if verdict.passed else "FAIL",
-              failedParts=",".join(verdict.failed_parts) or "-")
-        result.verdicts.append(verdict)
-        result.outputs.append({k: np.asarray(v) for k, v in carried.items()})
+            raise
+    waited = waited[0]
     result.simulate_seconds = time.perf_counter() - started - waited
     result.verdict_seconds = waited
     handoff = max(handoffs, default=0)

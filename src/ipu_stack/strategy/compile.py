@@ -48,6 +48,7 @@ from ipu_stack.workloads.calibration import cache_folder
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
 GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
+CANDIDATE_MIN_PROPORTION = 0.9
 """The group counts the planner tries (below 2 is the layers strategy)."""
 
 
@@ -143,10 +144,13 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     if not ranked:
         raise PipelineError(f"{graph.name} cannot be pipelined: " + "; ".join(refused))
     failures = []
-    for count, _, reason in ranked:
+    for number, (count, _, reason) in enumerate(ranked):
+        # a grouping that places only with much less memory than planned gives way to the
+        # next one; the last one tried gets every retry
+        floor = None if number == len(ranked) - 1 else CANDIDATE_MIN_PROPORTION
         try:
             result = _compile_groups(workload, params, Path(out_dir), options, graph, tensors,
-                                     count, reason)
+                                     count, reason, floor)
         except CompileError as why:
             failures.append(f"{count} groups: {why}")
             event(LOG, "pipeline candidate failed to compile", groups=count, reason=str(why))
@@ -158,7 +162,7 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
 
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                     options: CompileOptions, graph: Graph, tensors: Any, count: int,
-                    reason: str) -> PipelineResult:
+                    reason: str, min_proportion: float | None = None) -> PipelineResult:
     chip = get_target(options.target)
     tiles = group_tiles(chip.tiles, count)
     groups = split_tower(graph, group_layers(_layers(graph), count))
@@ -171,7 +175,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         group = groups[index]
         compiled[index] = compile_workload(
             _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
-            dataclasses.replace(options, tiles=tiles, dump_stages=None))
+            dataclasses.replace(options, tiles=tiles, dump_stages=None), min_proportion)
     order = sorted(compiled)
     slot = {index: k for k, index in enumerate(order)}
     arrays: dict[str, np.ndarray] = {
