@@ -215,3 +215,43 @@ def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     assert names == {"group 0: layers 0-0", "group 1: layers 1-1", "group 2: layers 2-2"}
     write_profile_files(tmp_path, profile)
     assert "group 2: layers 2-2" in (tmp_path / "report.html").read_text()
+
+
+def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch):
+    """The same tilings with their weights held once and gathered per run give
+    bit-identical outputs, hold less per tile, and move the weights in a phase of their
+    own."""
+    import ipu_stack.phases.stages as stages
+    from ipu_stack.pipeline import compile_workload
+    from ipu_stack.runtime.session import run_package
+
+    workload = get_workload("siglip-layer")
+    params = workload.resolve({"tokens": 37, "dim": 64, "hidden": 96, "heads": 4})
+    options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
+    search = stages.gemm_search
+
+    def fixed(streamed: bool):
+        def pick(shape, target, keep=4, mode="auto"):
+            found, front = search(shape, target, keep, mode)
+            if not shape.b_resident:
+                return found, front
+            plans = [cost_plan(shape, r, c, d, mode=mode_, streamed=streamed)
+                     for r, c, d, mode_ in ((2, 2, 2, "fp8"), (2, 2, 2, "f16"))]
+            return [p for p in plans if p is not None][:1], front
+        return pick
+
+    outputs, packages = [], []
+    for streamed in (False, True):
+        monkeypatch.setattr(stages, "gemm_search", fixed(streamed))
+        result = compile_workload(workload, params, tmp_path / str(streamed), options)
+        package = load_package(result.package)
+        packages.append(package)
+        run = run_package(package, result.graph, result.tensors)
+        assert run.passed
+        outputs.append(run.outputs)
+    assert all("weights streamed" in plan for plan in packages[1].manifest["plans"]
+               if plan.startswith("R2xC2xD2"))
+    assert any(s["name"].endswith(".right") for s in packages[1].manifest["programs"]["run"]
+               if s["kind"] == "exchange")
+    for name, value in outputs[0].items():
+        assert np.array_equal(value, outputs[1][name]), name

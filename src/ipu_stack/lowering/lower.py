@@ -336,10 +336,14 @@ class Lowering:
                                                  zip(a_layouts, groups, strict=True)], name)
         if "b" in shared:
             b_buf = shared["b"]
-        elif g.value(stage.b).role == "weight":
+        elif g.value(stage.b).role == "weight" and not gg.plan.streamed:
             b_buf = shared["b"] = self._host_weight(stage.b, b_layouts[0],
                                                     MemoryClass.INTERLEAVED)
         else:
+            if gg.plan.streamed:  # held once, spread over the row groups (planning.gemm)
+                stored = self._streamed_layout(gg)
+                held = self._host_weight(stage.b, stored, MemoryClass.INTERLEAVED)
+                self.where[stage.b] = [Piece(0, 0, stored, held)]
             b_buf = self.program.add_buffer(
                 f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
                 f"{self._name(stage.b)} as AMP weights: {b_layouts[0].describe()}",
@@ -353,6 +357,21 @@ class Lowering:
                                                  zip(b_layouts, groups, strict=True)], name)
         self.emit_exchange(builder)
         return a_buf, b_buf
+
+    def _streamed_layout(self, gg: _GemmGrid) -> BlockLayout:
+        """Where a streamed plan holds its weights: the depth cut into ``D x R`` row blocks,
+        block ``i`` of column block ``c`` on row group ``i % R`` of depth group ``i // R``,
+        so each tile keeps one slice and most of a block's slices sit in its own depth
+        group."""
+        plan, grid = gg.plan, gg.grids[0]  # [r, c, d] tile numbers (one group: a matmul)
+        k, n = plan.shape.depth, plan.shape.cols
+        slices = plan.depth_splits * plan.row_splits
+        rows = -(-k // slices)
+        blocks = -(-k // rows)
+        index = np.arange(blocks)
+        tiles = grid[index % plan.row_splits, :, index // plan.row_splits]  # [blocks, c]
+        return BlockLayout(k, n, gg.b_layouts[0].precision, rows, plan.col_block,
+                           tiles[:, :, None].astype(np.int32))
 
     def _gemm_partials(self, gg: _GemmGrid, a_buf: int, b_buf: int) -> int:
         """The AMP calls, grouped by valid block shape; the partials' buffer."""

@@ -17,6 +17,14 @@ pipeline stage) run a whole image's GEMM: ``R1 x C x D`` over 729 rows would nee
 image's A block and partials on each tile at once.  Each chunk pays its own phases and
 syncs, so chunks never save cycles; the memory fitter takes them only when bytes are short.
 Rows are computed the same way whichever chunk holds them, so chunking changes no bits.
+
+**Streamed weights.**  A plan with R row groups keeps R copies of its weight block, one per
+row group: with a tower's 27 layers resident, only single-copy (R1) plans fit, and those
+broadcast the whole activation to every column tile.  A streamed plan holds the weights
+once, each block cut into R slices spread over its R row-group tiles, and gathers the block
+onto those tiles with one exchange phase per run (every tile receives the slices it lacks:
+a weight block of a few tens of KB is far fewer words than the activation block an R1 plan
+gathers).  The arithmetic is the resident plan's, bit for bit.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ class GemmPlan:
     mode: str
     costs: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     row_chunks: int = 1
+    streamed: bool = False  # weights stored once, gathered onto the R row groups per run
 
     @property
     def tiles_used(self) -> int:
@@ -82,7 +91,8 @@ class GemmPlan:
 
     @property
     def exchange_cycles(self) -> int:
-        return self.costs.get("a_exchange", 0) + self.costs.get("reduce_exchange", 0)
+        return (self.costs.get("a_exchange", 0) + self.costs.get("b_exchange", 0)
+                + self.costs.get("reduce_exchange", 0))
 
     def tile(self, r: int, c: int, d: int) -> int:
         """Tile of block ``(r, c, d)``: depth groups adjacent so reductions stay local."""
@@ -90,10 +100,11 @@ class GemmPlan:
 
     def describe(self) -> str:
         chunks = f" in {self.row_chunks} row chunks" if self.row_chunks > 1 else ""
+        streamed = " weights streamed" if self.streamed else ""
         return (
             f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
             f"blocks {self.row_block}x{self.depth_block}x{self.col_block} mode={self.mode}"
-            f"{chunks}"
+            f"{chunks}{streamed}"
         )
 
     def chunks(self) -> list[tuple[int, GemmPlan]]:
@@ -128,10 +139,21 @@ def cast_elements(shape: GemmShape, mode: str, br: int, bk: int, bn: int) -> int
 
 def cost_plan(
     shape: GemmShape, r: int, c: int, d: int, target: Target | None = None, mode: str = "fp8",
-    chunks: int = 1,
+    chunks: int = 1, streamed: bool = False,
 ) -> GemmPlan | None:
     """Build and cost the plan with R=r, C=c, D=d splits in ``mode`` over ``chunks`` row
-    chunks (each costed at its own size), or None if invalid."""
+    chunks (each costed at its own size), or None if invalid; ``streamed``: the weights
+    held once, spread over all the plan's tiles, and gathered onto the R row groups by an
+    exchange each run (module docstring)."""
+    if streamed:
+        if r < 2 or chunks > 1 or not shape.b_resident or shape.groups != 1:
+            return None
+        plan = cost_plan(shape, r, c, d, target, mode)
+        if plan is None:
+            return None
+        words = plan.depth_block * round_up(plan.col_block * shape.a_itemsize, WORD) // WORD
+        return replace(plan, streamed=True,
+                       costs={**plan.costs, "b_exchange": estimate_exchange_phase(words)})
     if chunks > 1:
         if chunks > shape.rows:
             return None
@@ -178,7 +200,8 @@ def resident_bytes(plan: GemmPlan) -> int:
     s = plan.shape
     if not s.b_resident:
         return 0
-    weight = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    rows = -(-plan.depth_block // plan.row_splits) if plan.streamed else plan.depth_block
+    weight = rows * round_up(plan.col_block * s.a_itemsize, WORD)
     bias = round_up(plan.col_block * 2, WORD) if s.has_bias else 0
     return weight + bias
 
@@ -187,7 +210,8 @@ def interleaved_transient_bytes(plan: GemmPlan) -> int:
     """The transient bytes that must sit in interleaved memory (``lowering.lower`` places
     them there): an activation B operand, the partial sums and the F16 operand copies."""
     s = plan.shape
-    b = 0 if s.b_resident else plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    gathered = plan.streamed or not s.b_resident
+    b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD) if gathered else 0
     partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
     scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
     return b + partial + scratch
@@ -272,6 +296,11 @@ def gemm_search(
                     smallest = min(smallest, plan_tile_bytes(plan))
                     continue
                 _keep_best(plans, plan)
+                # the same tiling with its weights held once and gathered per run
+                streamed = cost_plan(shape, r, -(-shape.cols // col_block), d, target,
+                                     gemm_mode, streamed=True)
+                if streamed is not None and plan_tile_bytes(streamed) <= budget:
+                    _keep_best(plans, streamed)
             # row chunks (module docstring): one weight copy (R1), the rows in turn
             c = min(tiles // d, col_groups)
             col_block = round_up(-(-shape.cols // c), p("amp_out_columns"))
@@ -290,14 +319,15 @@ def gemm_search(
     ranked = sorted(
         plans.values(),
         key=lambda plan: (plan.estimated_cycles, plan.tiles_used, plan.row_splits,
-                          plan.depth_splits, plan.mode, plan.row_chunks),
+                          plan.depth_splits, plan.mode, plan.row_chunks, plan.streamed),
     )
     return ranked[:keep], pareto(ranked)
 
 
 def _keep_best(plans: dict[tuple, GemmPlan], plan: GemmPlan) -> None:
     """Keep the cheaper (then smaller) of two plans with the same blocks and mode."""
-    key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode, plan.row_chunks)
+    key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode, plan.row_chunks,
+           plan.streamed)
     best = plans.get(key)
     if best is None or (plan.estimated_cycles, plan.tiles_used) < (
         best.estimated_cycles,
