@@ -20,8 +20,9 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
+from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.rounding import fp16_blocked_matmul
-from ipu_stack.ir.values import CompactValues
+from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
@@ -147,6 +148,19 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
     return produced
 
 
+def _device_precision(data: Any, precision: Precision) -> np.ndarray:
+    """A value as the device holds it (float32); a tensor already stored in ``precision``
+    is only decoded (:func:`~ipu_stack.ir.values.as_precision`)."""
+    return as_precision(data, precision)
+
+
+def _reshaped(held: StoredTensor | np.ndarray, shape: tuple[int, ...]
+              ) -> StoredTensor | np.ndarray:
+    if isinstance(held, StoredTensor):
+        return StoredTensor(held.precision, held.stored.reshape(shape))
+    return held.reshape(shape)
+
+
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
          store: Callable[[np.ndarray, object], np.ndarray],
          gemm_modes: dict[str, dict] | None = None,
@@ -188,7 +202,7 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
 
     def load(value_id: int) -> np.ndarray:
         value = graph.value(value_id)
-        data = store(np.asarray(tensors[value.name]), value.type.precision)
+        data = store(tensors[value.name], value.type.precision)
         return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
 
     for value in graph.values:
@@ -201,9 +215,16 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
         out = graph.value(op.outputs[0])
         ins = [values[i] if i in values else load(i) for i in op.inputs]
         result = _apply(op, ins, dtype, modes.get(str(op.id)))
-        values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
-        if results is not None:
-            results.put(out.name, values[out.id].reshape(out.type.shape), out.type.precision)
+        if results is not None and store is _device_precision:
+            # rounded and encoded once: the codes kept are those the rounding made
+            values[out.id], held = stored_round_trip(result.reshape(out.type.rows, -1),
+                                                     out.type.precision)
+            results.hold(out.name, _reshaped(held, out.type.shape))
+        else:
+            values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
+            if results is not None:
+                results.put(out.name, values[out.id].reshape(out.type.shape),
+                            out.type.precision)
         yield  # one operation done: a caller may do other work between operations
         if kept is not None:
             for i in set(op.inputs):
@@ -230,7 +251,7 @@ class HostValues(Mapping):
         value = self.graph.value(value_id)
         if value.role not in ("input", "weight"):
             raise KeyError(value_id)
-        data = value.type.precision.round_trip(np.asarray(self.tensors[value.name]))
+        data = as_precision(self.tensors[value.name], value.type.precision)
         return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
 
     def __contains__(self, value_id: object) -> bool:
@@ -250,8 +271,8 @@ def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
-    return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
-                gemm_modes, keep_weights=keep_weights)
+    return _run(graph, tensors, np.float32, _device_precision, gemm_modes,
+                keep_weights=keep_weights)
 
 
 def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
@@ -259,8 +280,7 @@ def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
                    ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """:func:`evaluate` without the weights, one operation per ``next``, each value stored
     into ``into`` as soon as it is made."""
-    return _run_steps(graph, tensors, np.float32,
-                      lambda data, precision: precision.round_trip(data), gemm_modes,
+    return _run_steps(graph, tensors, np.float32, _device_precision, gemm_modes,
                       keep_weights=False, into=into)
 
 
