@@ -76,6 +76,35 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
     return np.stack([even * c - odd * s, even * s + odd * c], axis=-1).reshape(rows, cols)
 
 
+BLOCK_BYTES = 1 << 19  # a block of rows of a softmax's temporaries: kept within L2
+
+
+def _softmax(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type) -> np.ndarray:
+    """Softmax over the last axis of ``scale * x (+ bias)``, block of rows by block of rows
+    into one result.  Each row goes through the same operations as over the whole matrix
+    (elementwise ones, and that row's own max and sum), so the values are the same; but a
+    tower's attention scores are 34 MB (68 MB in float64) a temporary, above the heap's
+    reuse threshold, and five fresh temporaries of that size cost more in page faults than
+    the arithmetic does."""
+    if x.ndim != 2 or (bias is not None and bias.shape != x.shape):
+        return _softmax_rows(x, bias, scale, dtype)
+    out = np.empty(x.shape, dtype=dtype)
+    step = max(1, BLOCK_BYTES // max(1, x.shape[1] * np.dtype(dtype).itemsize))
+    for lo in range(0, x.shape[0], step):
+        rows = slice(lo, lo + step)
+        out[rows] = _softmax_rows(x[rows], None if bias is None else bias[rows], scale, dtype)
+    return out
+
+
+def _softmax_rows(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type
+                  ) -> np.ndarray:
+    x = x.astype(dtype, copy=False) * scale
+    if bias is not None:
+        x = x + bias.astype(dtype, copy=False)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
 
 
@@ -110,11 +139,9 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "cast":
         return ins[0].astype(dtype, copy=False)
     if op.kind in ("softmax", "biased_softmax"):
-        x = ins[0].astype(dtype, copy=False) * dtype(op.attrs.get("scale", 1.0))
-        if op.kind == "biased_softmax":  # an additive mask or bias (-inf masks a key)
-            x = x + ins[1].astype(dtype, copy=False)
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+        # an additive mask or bias (-inf masks a key)
+        return _softmax(ins[0], ins[1] if op.kind == "biased_softmax" else None,
+                        dtype(op.attrs.get("scale", 1.0)), dtype)
     if op.kind == "layer_norm":
         x = ins[0].astype(dtype, copy=False)
         mean = x.mean(axis=-1, keepdims=True)
