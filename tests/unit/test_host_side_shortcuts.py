@@ -233,3 +233,15 @@ def test_f16_rounding_matches_the_bit_arithmetic() -> None:
         assert mismatches(sign | (0x5F << 23), sign | (0x90 << 23), 1) == 0
     assert mismatches(0, 1 << 32, 251) == 0
     assert mismatches(0x7F800000, 0x7F800000 + (1 << 23), 7) == 0  # inf, NaNs (payloads)
+
+
+@pytest.mark.parametrize("precision", [F16, f143(-3), f152(4)])
+def test_float64_decoding_is_the_float32_values_cast_up(precision: Precision) -> None:
+    bits = np.uint8 if precision.itemsize == 1 else np.uint16
+    codes = np.arange(1 << (8 * precision.itemsize), dtype=np.int64).astype(bits)
+    stored = StoredTensor(precision, codes.view(precision.dtype).reshape(-1, 16))
+    wide = np.asarray(stored, dtype=np.float64)
+    assert wide.dtype == np.float64 and wide.shape == stored.shape
+    with np.errstate(invalid="ignore"):
+        cast = stored.values().astype(np.float64)
+    assert np.array_equal(wide.view(np.uint64), cast.view(np.uint64))

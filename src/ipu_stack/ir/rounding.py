@@ -236,6 +236,26 @@ def _decode(codes: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
         out[i] = table[codes[i]]
 
 
+@lru_cache(maxsize=64)
+def _wide_table(kind: str, scale_exponent: int) -> np.ndarray:
+    narrow = f16_table() if kind == "F16" else fp8_table(kind, scale_exponent)
+    with np.errstate(invalid="ignore"):  # FP16's signalling NaN codes: NaN either way
+        table = narrow.astype(np.float64)
+    table.flags.writeable = False
+    return table
+
+
+def decode_float64(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray:
+    """float64 values of F16 or FP8 storage: one gather from the float32 table widened,
+    so exactly the decoded float32 values cast up (the float64 model reads every weight so),
+    without the float32 array in between."""
+    bits = np.uint16 if kind == "F16" else np.uint8
+    codes = np.ascontiguousarray(stored).view(bits).reshape(-1)
+    out = np.empty(codes.size, dtype=np.float64)
+    _decode(codes, _wide_table(kind, scale_exponent), out)
+    return out.reshape(np.shape(stored))
+
+
 def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray:
     """float32 values of FP8 codes: one gather from the 256-entry table."""
     codes = np.ascontiguousarray(stored).view(np.uint8).reshape(-1)

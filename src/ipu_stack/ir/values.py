@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.ir import rounding
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import Precision
 
@@ -46,6 +47,10 @@ class StoredTensor:
         return self.precision.dequantize(self.stored)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if dtype is not None and np.dtype(dtype) == np.float64 and self.precision.kind != "F32":
+            # the float64 model's weights: decoded straight to float64, the same values
+            return rounding.decode_float64(self.stored, self.precision.kind,
+                                           self.precision.scale_exponent)
         values = self.values()
         return values if dtype is None else values.astype(dtype, copy=False)
 
