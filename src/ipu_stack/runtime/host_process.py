@@ -99,9 +99,9 @@ def keep_pages() -> bool:
     by mmap and unmaps them on free, so each one is fresh memory.  On the virtual machines
     this runs on, a first touch of memory the process has not held recently runs at
     0.1-0.2 GB/s (34 MB: 0.25 s, against 7 ms for memory just freed).  From the heap, a
-    freed block is reused by the next array: the 27-layer tower's host side took 52 s
-    instead of 59-65 s, with half the page faults and no higher peak (2.46 GB against
-    2.74 GB).  Only the host process does this; its arrays repeat layer after layer."""
+    freed block is reused by the next array: the 27-layer tower's host side took 49-52 s
+    instead of 54-65 s, with half the page faults and no higher peak (2.46 GB against
+    2.74-2.77 GB).  Only the host process does this; its arrays repeat layer after layer."""
     name = ctypes.util.find_library("c")
     try:
         mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
