@@ -418,8 +418,8 @@ def differing(a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
 
 def differing_codes(a: np.ndarray, b: np.ndarray, kind: str,
                     scale_exponent: int) -> tuple[int, np.ndarray]:
-    """:func:`differing` of the values two arrays of storage codes of one precision mean,
-    without decoding them."""
+    """:func:`differing` of the values two arrays of storage codes of one F16 or FP8
+    precision mean, without decoding them."""
     table, bits = _code_table(kind, scale_exponent)  # type: ignore[misc]
     x = np.ascontiguousarray(a).view(bits).reshape(-1)
     y = np.ascontiguousarray(b).view(bits).reshape(-1)
