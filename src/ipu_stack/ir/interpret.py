@@ -20,8 +20,9 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
+from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.rounding import fp16_blocked_matmul
-from ipu_stack.ir.values import CompactValues
+from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
@@ -75,6 +76,35 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
     return np.stack([even * c - odd * s, even * s + odd * c], axis=-1).reshape(rows, cols)
 
 
+BLOCK_BYTES = 1 << 19  # a block of rows of a softmax's temporaries: kept within L2
+
+
+def _softmax(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type) -> np.ndarray:
+    """Softmax over the last axis of ``scale * x (+ bias)``, block of rows by block of rows
+    into one result.  Each row goes through the same operations as over the whole matrix
+    (elementwise ones, and that row's own max and sum), so the values are the same; but a
+    tower's attention scores are 34 MB (68 MB in float64) a temporary, above the heap's
+    reuse threshold, and five fresh temporaries of that size cost more in page faults than
+    the arithmetic does."""
+    if x.ndim != 2 or (bias is not None and bias.shape != x.shape):
+        return _softmax_rows(x, bias, scale, dtype)
+    out = np.empty(x.shape, dtype=dtype)
+    step = max(1, BLOCK_BYTES // max(1, x.shape[1] * np.dtype(dtype).itemsize))
+    for lo in range(0, x.shape[0], step):
+        rows = slice(lo, lo + step)
+        out[rows] = _softmax_rows(x[rows], None if bias is None else bias[rows], scale, dtype)
+    return out
+
+
+def _softmax_rows(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type
+                  ) -> np.ndarray:
+    x = x.astype(dtype, copy=False) * scale
+    if bias is not None:
+        x = x + bias.astype(dtype, copy=False)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
 
 
@@ -109,11 +139,9 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "cast":
         return ins[0].astype(dtype, copy=False)
     if op.kind in ("softmax", "biased_softmax"):
-        x = ins[0].astype(dtype, copy=False) * dtype(op.attrs.get("scale", 1.0))
-        if op.kind == "biased_softmax":  # an additive mask or bias (-inf masks a key)
-            x = x + ins[1].astype(dtype, copy=False)
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+        # an additive mask or bias (-inf masks a key)
+        return _softmax(ins[0], ins[1] if op.kind == "biased_softmax" else None,
+                        dtype(op.attrs.get("scale", 1.0)), dtype)
     if op.kind == "layer_norm":
         x = ins[0].astype(dtype, copy=False)
         mean = x.mean(axis=-1, keepdims=True)
@@ -145,6 +173,19 @@ def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np
         stored = out.type.precision.round_trip(result.reshape(-1, out.type.cols))
         values[out.id] = produced[out.id] = stored
     return produced
+
+
+def _device_precision(data: Any, precision: Precision) -> np.ndarray:
+    """A value as the device holds it (float32); a tensor already stored in ``precision``
+    is only decoded (:func:`~ipu_stack.ir.values.as_precision`)."""
+    return as_precision(data, precision)
+
+
+def _reshaped(held: StoredTensor | np.ndarray, shape: tuple[int, ...]
+              ) -> StoredTensor | np.ndarray:
+    if isinstance(held, StoredTensor):
+        return StoredTensor(held.precision, held.stored.reshape(shape))
+    return held.reshape(shape)
 
 
 def _run(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
@@ -188,7 +229,7 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
 
     def load(value_id: int) -> np.ndarray:
         value = graph.value(value_id)
-        data = store(np.asarray(tensors[value.name]), value.type.precision)
+        data = store(tensors[value.name], value.type.precision)
         return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
 
     for value in graph.values:
@@ -201,9 +242,16 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
         out = graph.value(op.outputs[0])
         ins = [values[i] if i in values else load(i) for i in op.inputs]
         result = _apply(op, ins, dtype, modes.get(str(op.id)))
-        values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
-        if results is not None:
-            results.put(out.name, values[out.id].reshape(out.type.shape), out.type.precision)
+        if results is not None and store is _device_precision:
+            # rounded and encoded once: the codes kept are those the rounding made
+            values[out.id], held = stored_round_trip(result.reshape(out.type.rows, -1),
+                                                     out.type.precision)
+            results.hold(out.name, _reshaped(held, out.type.shape))
+        else:
+            values[out.id] = store(result.reshape(out.type.rows, -1), out.type.precision)
+            if results is not None:
+                results.put(out.name, values[out.id].reshape(out.type.shape),
+                            out.type.precision)
         yield  # one operation done: a caller may do other work between operations
         if kept is not None:
             for i in set(op.inputs):
@@ -230,7 +278,7 @@ class HostValues(Mapping):
         value = self.graph.value(value_id)
         if value.role not in ("input", "weight"):
             raise KeyError(value_id)
-        data = value.type.precision.round_trip(np.asarray(self.tensors[value.name]))
+        data = as_precision(self.tensors[value.name], value.type.precision)
         return data.reshape(value.type.rows, -1) if len(value.type.shape) > 1 else data
 
     def __contains__(self, value_id: object) -> bool:
@@ -250,8 +298,8 @@ def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
-    return _run(graph, tensors, np.float32, lambda data, precision: precision.round_trip(data),
-                gemm_modes, keep_weights=keep_weights)
+    return _run(graph, tensors, np.float32, _device_precision, gemm_modes,
+                keep_weights=keep_weights)
 
 
 def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
@@ -259,8 +307,7 @@ def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
                    ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """:func:`evaluate` without the weights, one operation per ``next``, each value stored
     into ``into`` as soon as it is made."""
-    return _run_steps(graph, tensors, np.float32,
-                      lambda data, precision: precision.round_trip(data), gemm_modes,
+    return _run_steps(graph, tensors, np.float32, _device_precision, gemm_modes,
                       keep_weights=False, into=into)
 
 

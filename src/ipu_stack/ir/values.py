@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.ir import rounding
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import Precision
 
@@ -46,6 +47,10 @@ class StoredTensor:
         return self.precision.dequantize(self.stored)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if dtype is not None and np.dtype(dtype) == np.float64 and self.precision.kind != "F32":
+            # the float64 model's weights: decoded straight to float64, the same values
+            return rounding.decode_float64(self.stored, self.precision.kind,
+                                           self.precision.scale_exponent)
         values = self.values()
         return values if dtype is None else values.astype(dtype, copy=False)
 
@@ -72,9 +77,14 @@ class CompactValues(MutableMapping):
     def put(self, name: str, values: np.ndarray, precision: Precision) -> None:
         self._keep(name, _compact(np.asarray(values, dtype=np.float32), precision))
 
-    def hold(self, name: str, stored: StoredTensor) -> None:
-        """Keep an already stored tensor as it is."""
+    def hold(self, name: str, stored: StoredTensor | np.ndarray) -> None:
+        """Keep an already stored tensor (or float32 values, F32's) as it is."""
         self._keep(name, stored)
+
+    def held(self, name: str) -> StoredTensor | np.ndarray:
+        """A value as it is kept (its storage codes, when it has them), not decoded: the
+        verdict compares codes where it can, a quarter of the bytes of FP8's values."""
+        return self._held[name]
 
     def __getitem__(self, name: str) -> np.ndarray:
         held = self._held[name]
@@ -94,6 +104,30 @@ class CompactValues(MutableMapping):
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def stored_round_trip(values: np.ndarray, precision: Precision
+                      ) -> tuple[np.ndarray, StoredTensor | np.ndarray]:
+    """``precision.round_trip(values)`` and what :meth:`CompactValues.put` would keep of it,
+    from one encoding: the round trip's values are exactly representable by construction, so
+    they need not be encoded, decoded and compared again to be kept as codes."""
+    if precision.is_fp8:
+        stored = StoredTensor(precision, precision.quantize(values))
+        return stored.values(), stored
+    rounded = precision.round_trip(values)
+    if precision.kind == "F32":
+        return rounded, rounded
+    return rounded, StoredTensor(precision, precision.quantize(rounded))
+
+
+def as_precision(data: Any, precision: Precision) -> np.ndarray:
+    """``precision.round_trip(np.asarray(data))`` (float32): a tensor already stored in
+    ``precision`` (a compacted weight) is its decoded codes as they are, since rounding an
+    exactly representable value changes nothing; that saves an encode and a decode of every
+    weight each time a reference or a stage rerun reads it."""
+    if isinstance(data, StoredTensor) and data.precision == precision:
+        return data.values()
+    return precision.round_trip(np.asarray(data))
 
 
 def _compact(values: np.ndarray, precision: Precision) -> StoredTensor | np.ndarray:

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, Value
 from ipu_stack.ir.interpret import HostValues, evaluate_float64, evaluate_operations
 from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.rounding import differing, differing_codes, differing_rows
 from ipu_stack.ir.values import CompactValues, StoredTensor
 from ipu_stack.planning.stages import GemmStage, Stage, find_stages, stage_operations
 from ipu_stack.util.log import event
@@ -62,7 +63,8 @@ def ulp_distance(device: np.ndarray, expected: np.ndarray, precision: Precision)
 
 
 def _rms(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
+    # all finite (the rule): the flattened values are the same sequence, without a copy
+    finite = values.reshape(-1) if np.isfinite(values).all() else values[np.isfinite(values)]
     return float(np.sqrt(np.mean(np.square(finite, dtype=np.float64)))) if finite.size else 0.0
 
 
@@ -276,19 +278,37 @@ class StageJudge:
     def _judge(self, stage: Stage, operations: list[int], inputs: set[int],
                produced: set[int], from_device: set[int]) -> None:
         graph, out = self.graph, self.graph.value(stage.out)
-        known = {i: self.host[i] for i in inputs if i in self.host}
-        for value_id in from_device:
-            known[value_id] = self.device[graph.value(value_id).name]
+        known = _Inputs(graph, {i for i in inputs if i in self.host}, self.host, self.device,
+                        from_device)
         expected = _rerun(graph, stage, operations, known, inputs - produced, self.host,
                           self.reference_by_id, self.gemm_modes)
-        device = np.asarray(self.device[out.name], dtype=np.float32).reshape(expected.shape)
-        differ = ~((device == expected) | (np.isnan(device) & np.isnan(expected)))
+        count, differ, device, expected = self._compare(out, expected)
         ulps = scaled_ulps(device[differ], expected[differ], out.type.precision,
-                           _rms(expected)) if differ.any() else np.zeros(0)
+                           _rms(expected)) if count else np.zeros(0)
         self.verdict.stages.append(StageAgreement(
             out.name, layer_of(out.name), out.type.precision.kind,
             int(np.ceil(ulps.max(initial=0) - 1e-9)),
-            float(np.mean(differ)) if differ.size else 0.0, int(differ.size)))
+            count / differ.size if differ.size else 0.0, int(differ.size)))
+
+    def _compare(self, out: Value, expected: np.ndarray | None
+                 ) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Which elements of the device's value of ``out`` differ from ``expected`` (the
+        rerun, or ``None``: the reference's own value), as values (NaN equals NaN); and the
+        two as float32 matrices, decoded only where something differs.  Against the
+        reference, the storage codes are compared where both sides hold them."""
+        if expected is None:
+            mine, theirs = self.device.held(out.name), self.reference_by_id.held(out.id)
+            if (isinstance(mine, StoredTensor) and isinstance(theirs, StoredTensor)
+                    and mine.precision == theirs.precision
+                    and mine.stored.size == theirs.stored.size and mine.precision.kind != "F32"):
+                count, differ = differing_codes(mine.stored, theirs.stored, mine.precision.kind,
+                                                mine.precision.scale_exponent)
+                if not count:
+                    return 0, differ, None, None
+            expected = self.reference_by_id[out.id]
+        device = np.asarray(self.device[out.name], dtype=np.float32).reshape(expected.shape)
+        count, differ = differing(device, expected)
+        return count, differ, device, expected
 
     def _drop(self, position: int) -> None:
         """Forget device values no stage after ``position`` reads, and the reference's
@@ -327,6 +347,21 @@ class _ById(Mapping):
         value = self.graph.value(value_id)
         return np.asarray(self.reference[value.name], np.float32).reshape(value.type.rows, -1)
 
+    def held(self, value_id: int) -> StoredTensor | np.ndarray | None:
+        """The value as the reference keeps it (its storage codes, when a run's own
+        reference has them), or ``None`` when it is not kept that way."""
+        if value_id not in self.ids or not isinstance(self.reference, CompactValues):
+            return None
+        return self.reference.held(self.graph.value(value_id).name)
+
+    def writable(self, value_id: int) -> np.ndarray:
+        """The value as a matrix the caller may change: decoded codes are already a fresh
+        array; a caller's own array is copied."""
+        held = self.held(value_id)
+        if isinstance(held, StoredTensor):
+            return self[value_id]
+        return self[value_id].copy()
+
     def __contains__(self, value_id: object) -> bool:
         return value_id in self.ids
 
@@ -337,56 +372,116 @@ class _ById(Mapping):
         return len(self.ids)
 
 
+class _Inputs(Mapping):
+    """A stage's inputs for its rerun, decoded when first read: weights and graph inputs
+    from the host, the rest the device's values.  A stage whose activations all equal the
+    reference's is not rerun, and then neither its weights nor the device's inputs are
+    decoded (the comparison reads their storage codes)."""
+
+    def __init__(self, graph: Graph, from_host: set[int], host: Mapping[int, np.ndarray],
+                 device: CompactValues, from_device: set[int]) -> None:
+        self.graph, self.host, self.device = graph, host, device
+        self.from_host, self.from_device = from_host, from_device
+        self.read: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, value_id: int) -> np.ndarray:
+        if value_id not in self.read:
+            if value_id in self.from_device:
+                self.read[value_id] = self.device[self.graph.value(value_id).name]
+            elif value_id in self.from_host:
+                self.read[value_id] = self.host[value_id]
+            else:
+                raise KeyError(value_id)
+        return self.read[value_id]
+
+    def held(self, value_id: int) -> StoredTensor | np.ndarray | None:
+        """A device input as the device stored it (its codes), without decoding it."""
+        if value_id in self.from_device:
+            return self.device.held(self.graph.value(value_id).name)
+        return None
+
+    def __contains__(self, value_id: object) -> bool:
+        return value_id in self.from_device or value_id in self.from_host
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.from_host | self.from_device)
+
+    def __len__(self) -> int:
+        return len(self.from_host | self.from_device)
+
+
 ROW_LOCAL = ("matmul", "layer_norm", "rms_norm", "softmax", "biased_softmax", "add", "mul",
              "swiglu", "bias_add", "gelu", "activation", "cast", "scale")
 
 
-def _rerun(graph: Graph, stage: Stage, operations: list[int], known: dict[int, np.ndarray],
-           inputs: set[int], host: dict[int, np.ndarray], reference: dict[int, np.ndarray],
-           gemm_modes: dict[str, dict] | None) -> np.ndarray:
-    """The host's rerun of a stage on the device's inputs.
+def _rerun(graph: Graph, stage: Stage, operations: list[int], known: _Inputs,
+           inputs: set[int], host: Mapping[int, np.ndarray], reference: _ById,
+           gemm_modes: dict[str, dict] | None) -> np.ndarray | None:
+    """The host's rerun of a stage on the device's inputs; ``None`` where it is the
+    reference's own value.
 
-    Where the device fed the stage exactly what the host reference computed, the rerun *is*
-    the reference's value (same operations, same inputs), so it is not redone.  A row-local
-    stage (each result row depends only on the same row of its activations) is rerun only
-    on the rows whose inputs differ, usually a handful after an FP8 rounding flip upstream.
+    Where the device fed the stage exactly what the host reference computed (every
+    activation equal in shape and value, NaN equal to NaN), the rerun *is* the reference's
+    value (same operations, same inputs), so it is not redone; that holds for any stage, also
+    one whose inputs and result have different row counts (attention's scores and context).
+    A row-local stage (each result row depends only on the same row of its activations) is
+    rerun only on the rows whose inputs differ, usually a handful after an FP8 rounding flip
+    upstream; when every row differs, it is rerun whole, with nothing spliced.
     """
-    activations = [i for i in inputs - set(host) if i in reference]
-    if len(activations) != len(inputs - set(host)):
-        return evaluate_operations(graph, operations, known, gemm_modes)[stage.out]
-    expected_out = reference[stage.out]
-    rows_differ = np.zeros(expected_out.shape[0], dtype=bool)
-    same_rows = all(known[i].shape[0] == rows_differ.size for i in activations)
+    outside = inputs - set(host)
+    activations = [i for i in outside if i in reference]
+    if len(activations) != len(outside):
+        return evaluate_operations(graph, operations, dict(known), gemm_modes)[stage.out]
+    rows_out = graph.value(stage.out).type.rows
+    differs = []  # per activation, which of its rows differ from the reference's
     for i in activations:
-        held = reference[i]  # decoded once here
-        if known[i].shape != held.shape:
-            same_rows = False
+        differ = _rows_differing(graph, i, known, reference)
+        if differ is None:  # not the reference's shape: rerun whole
             break
-        differ = ~((known[i] == held) | (np.isnan(known[i]) & np.isnan(held)))
-        if differ.any():
-            if differ.shape[0] != rows_differ.size:
-                same_rows = False
-                break
-            rows_differ |= differ.any(axis=1)
-    if same_rows and not rows_differ.any():
-        return expected_out
+        differs.append(differ)
+    same_shapes = len(differs) == len(activations)
+    if same_shapes and not any(differ.any() for differ in differs):
+        return None
+    same_rows = same_shapes and all(differ.size == rows_out for differ in differs)
+    rows_differ = np.logical_or.reduce(differs) if same_rows and differs else \
+        np.zeros(rows_out, dtype=bool)
     kinds = {graph.operations[op].kind for op in operations}
     row_local = same_rows and kinds <= set(ROW_LOCAL) and (
         not isinstance(stage, GemmStage) or stage.kind == "matmul")
-    if not row_local:
-        return evaluate_operations(graph, operations, known, gemm_modes)[stage.out]
+    if not row_local or rows_differ.all():
+        return evaluate_operations(graph, operations, dict(known), gemm_modes)[stage.out]
     rows = np.flatnonzero(rows_differ)
     sliced = dict(known)
     gemm_weights = {graph.operations[op].inputs[1] for op in operations
                     if graph.operations[op].kind == "matmul"}
     for value_id in inputs:
         # activations, and per-row tables (position embeddings): not a GEMM's weights
-        if value_id not in gemm_weights and known[value_id].ndim == 2 and (
-                known[value_id].shape[0] == rows_differ.size):
-            sliced[value_id] = known[value_id][rows]
-    expected = expected_out.copy()
+        if value_id not in gemm_weights and sliced[value_id].ndim == 2 and (
+                sliced[value_id].shape[0] == rows_out):
+            sliced[value_id] = sliced[value_id][rows]
+    expected = reference.writable(stage.out)
     expected[rows] = evaluate_operations(graph, operations, sliced, gemm_modes)[stage.out]
     return expected
+
+
+def _rows_differing(graph: Graph, value_id: int, known: _Inputs, reference: _ById
+                    ) -> np.ndarray | None:
+    """Which rows of the device's value of an activation differ from the reference's (as
+    values: NaN equals NaN), or ``None`` when the two shapes differ.  Storage codes are
+    compared where both hold them, and a row is read only up to its first difference."""
+    mine, theirs = known.held(value_id), reference.held(value_id)
+    if (isinstance(mine, StoredTensor) and isinstance(theirs, StoredTensor)
+            and mine.precision == theirs.precision and mine.precision.kind != "F32"):
+        rows = graph.value(value_id).type.rows
+        shape = (rows, theirs.stored.size // rows)
+        if mine.stored.shape != shape:
+            return None
+        return differing_rows(mine.stored, theirs.stored.reshape(shape), mine.precision.kind,
+                              mine.precision.scale_exponent)
+    device, held = known[value_id], reference[value_id]
+    if device.shape != held.shape:
+        return None
+    return differing_rows(device, held)
 
 
 def _fidelity(graph: Graph, ideal: dict[str, np.ndarray], device_values: dict[str, np.ndarray],
