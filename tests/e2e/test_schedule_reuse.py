@@ -82,7 +82,9 @@ def test_package_is_identical_with_and_without_reuse(tmp_path, cache_dir, info_l
     (on,) = _fields(info_logs, "select_finalist")
     assert plain == reused
     assert off["reused_phases"] == "0" and off["scheduled_phases"] == off["exchange_phases"]
-    assert int(on["reused_phases"]) > 0
+    if spec is LAYERS:  # two identical layers: the second's phases are the first's
+        # (attention's q, k and v now share one gather, so it has no phase twice)
+        assert int(on["reused_phases"]) > 0
     assert int(on["scheduled_phases"]) + int(on["reused_phases"]) == int(on["exchange_phases"])
     assert on["exchange_phases"] == off["exchange_phases"]
 
