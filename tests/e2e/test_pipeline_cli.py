@@ -68,3 +68,21 @@ def test_refusals_are_one_line(tmp_path, extra, message):
     code, _, err = cli(["bench", *extra, "--out", str(tmp_path / "pkg")])
     assert code == 2
     assert message in one_error_line(code, err)
+
+
+def test_sweep_takes_the_strategy_as_an_axis(tmp_path, cache_dir):
+    from ipu_stack.cli import main
+    from ipu_stack.sweep import read_results
+
+    out = tmp_path / "sweep"
+    code = main(["--quiet", "sweep", "siglip-vision", *TOWER, "--grid",
+                 "strategy=layers,pipeline", "--grid", "groups=2", "-o", str(out),
+                 "--workers", "1", "--cache-dir", str(cache_dir)])
+    assert code == 0
+    records = {r["strategy"]: r for r in read_results(out / "results.jsonl")}
+    assert set(records) == {"layers", "pipeline"}
+    assert all(r["status"] == "ok" for r in records.values())
+    assert records["pipeline"]["pipelineGroups"] == 2
+    assert records["layers"]["latencyMicroseconds"] == records["layers"]["deviceMicroseconds"]
+    page = (out / "sweep.html").read_text()
+    assert "pipeline" in page and "layers" in page
