@@ -25,9 +25,9 @@ from ipu_stack.workloads import get_workload
 
 TOKENS, DIM, HEADS = 17, 64, 4
 HEAD_DIM = DIM // HEADS
-DEFAULT_PHASES = ["stage0.operands", "stage1.operands", "stage2.operands", "stage3.operands",
-                  "stage3.right", "stage4.rows", "stage5.operands", "stage5.right",
-                  "stage6.operands"]
+# q, k and v (stages 0-2) read the same rows in the same tiling: one gather serves all three
+DEFAULT_PHASES = ["stage0.operands", "stage3.operands", "stage3.right", "stage4.rows",
+                  "stage5.operands", "stage5.right", "stage6.operands"]
 
 
 def build(batch: int, precision: str = "fp8"):
