@@ -24,6 +24,7 @@ from ipu_stack.runtime.pipelined import (
 )
 from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_pipeline
+from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import get_workload
 
 TOWER = {"layers": 3, "image": 28, "patch": 7, "dim": 64, "hidden": 96, "heads": 4}
@@ -255,3 +256,24 @@ def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch
                if s["kind"] == "exchange")
     for name, value in outputs[0].items():
         assert np.array_equal(value, outputs[1][name]), name
+
+
+def test_streamed_weights_leave_interleaved_memory_to_the_amp():
+    """A resident plan's weights must sit in interleaved memory (the AMP reads them there);
+    a streamed plan's are read only by the exchange, so a tower whose weights overflow
+    interleaved memory still fits with streamed plans."""
+    from ipu_stack.planning.fit import MemoryBudget, fit_plans
+    from ipu_stack.planning.gemm import resident_bytes
+
+    shape = GemmShape(op=0, rows=512, depth=1024, cols=1024, a_itemsize=2, fp8=False)
+    resident = cost_plan(shape, 2, 16, 4, mode="f16")
+    streamed = cost_plan(shape, 2, 16, 4, mode="f16", streamed=True)
+    assert resident is not None and streamed is not None
+    assert resident_bytes(streamed) < resident_bytes(resident)
+    layers = 24
+    budget = MemoryBudget(bytes=10 * layers * resident_bytes(resident),
+                          interleaved=layers * resident_bytes(resident) // 2 + 300_000)
+    fitted, moves = fit_plans([resident], [[resident, streamed]], budget, [layers])
+    assert moves == 1 and fitted[0].streamed
+    with pytest.raises(CompileError, match="does not fit"):
+        fit_plans([resident], [[resident]], budget, [layers])

@@ -342,7 +342,9 @@ class Lowering:
         else:
             if gg.plan.streamed:  # held once, spread over the row groups (planning.gemm)
                 stored = self._streamed_layout(gg)
-                held = self._host_weight(stage.b, stored, MemoryClass.INTERLEAVED)
+                # read only by the exchange: standard memory, leaving interleaved memory to
+                # the AMP's operands and the weights resident plans keep there
+                held = self._host_weight(stage.b, stored, MemoryClass.STANDARD)
                 self.where[stage.b] = [Piece(0, 0, stored, held)]
             b_buf = self.program.add_buffer(
                 f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,

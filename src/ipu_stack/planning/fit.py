@@ -52,6 +52,13 @@ class MemoryBudget:
         return MemoryBudget(int(usable * proportion), int(interleaved * proportion))
 
 
+def _interleaved_resident(plans: list[GemmPlan | None], repeats: list[int]) -> int:
+    """The resident weights that must sit in interleaved memory, where the AMP reads them:
+    a streamed plan's are only read by the exchange and sit in standard memory."""
+    return sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True)
+               if p is not None and not p.streamed)
+
+
 def _interleaved_limit(budget: MemoryBudget, plans: list[GemmPlan | None]) -> int:
     """What the weights may take of interleaved memory beside the largest transient."""
     return budget.interleaved - max((interleaved_transient_bytes(p) for p in plans if p),
@@ -95,6 +102,7 @@ def _fit_under_cap(
     position = [0] * len(current)
     total = sum(n * resident_bytes(p) for p, n in zip(current, repeats, strict=True)
                 if p is not None)
+    held = _interleaved_resident(current, repeats)
     heap: list[tuple[float, int, int]] = []
 
     def push(index: int) -> None:
@@ -111,7 +119,7 @@ def _fit_under_cap(
             push(index)
     limit = budget.bytes - max(cap, budget.row_bytes)
     interleaved = _interleaved_limit(budget, current)
-    while total > min(limit, interleaved):
+    while total > limit or held > interleaved:
         if not heap:
             return None
         _, index, k = heapq.heappop(heap)
@@ -122,6 +130,7 @@ def _fit_under_cap(
         position[index] = k + 1
         current[index] = options[index][k + 1]
         interleaved = _interleaved_limit(budget, current)
+        held = _interleaved_resident(current, repeats)
         push(index)
     return current
 
@@ -138,7 +147,7 @@ def fit_plans(
 
     resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
     if max(need(plans, repeats), resident + budget.row_bytes) <= budget.bytes and \
-            resident <= _interleaved_limit(budget, plans):
+            _interleaved_resident(plans, repeats) <= _interleaved_limit(budget, plans):
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                    for p in ([plan] if plan else []) + front})
