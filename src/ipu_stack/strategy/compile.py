@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack import __version__
+from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import write_package
@@ -38,7 +39,7 @@ from ipu_stack.planning.groups import (
     split_tower,
     tower_loop,
 )
-from ipu_stack.strategy.handoff import handoff_record, handoff_transfers, schedule_handoff
+from ipu_stack.strategy.handoff import handoff_record, handoff_transfers
 from ipu_stack.target import get_target, timing
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
@@ -175,7 +176,9 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         group = groups[index]
         compiled[index] = compile_workload(
             _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
-            dataclasses.replace(options, tiles=tiles, dump_stages=None), min_proportion)
+            dataclasses.replace(options, tiles=tiles, dump_stages=None if not options.dump_stages
+                                else str(Path(options.dump_stages) / f"group{index}")),
+            min_proportion)
     order = sorted(compiled)
     slot = {index: k for k, index in enumerate(order)}
     arrays: dict[str, np.ndarray] = {
@@ -203,7 +206,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         transfers, nbytes = handoff_transfers(send_program, template_out, receive_program,
                                               template_in, sender.index * tiles,
                                               receiver.index * tiles, chip.tiles)
-        schedule = schedule_handoff(transfers, sender.index)
+        schedule = schedule_exchange(transfers, phase=sender.index)
         record, found = handoff_record(transfers, schedule, sender.index, receiver.index,
                                        sender.output_name, nbytes)
         horizon, _ = instruction_horizon(schedule, transfers)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ipu_stack.contract import DeviceProgram
 from ipu_stack.contract.program import HostRead, HostWrite
-from ipu_stack.exchange import Schedule, Transfers, schedule_exchange
+from ipu_stack.exchange import Schedule, Transfers
 from ipu_stack.ir.layout import WORD, round_up
 from ipu_stack.planning.groups import PipelineError
 
@@ -91,8 +91,4 @@ def handoff_record(transfers: Transfers, schedule: Schedule, sender: int, receiv
     return record, arrays
 
 
-def schedule_handoff(transfers: Transfers, phase: int) -> Schedule:
-    return schedule_exchange(transfers, phase=phase)
-
-
-__all__ = ["handoff_record", "handoff_transfers", "schedule_handoff"]
+__all__ = ["handoff_record", "handoff_transfers"]
