@@ -49,7 +49,7 @@ from ipu_stack.workloads.calibration import cache_folder
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
 GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
-CANDIDATE_MIN_PROPORTION = 0.9
+CANDIDATE_MIN_PROPORTION = 0.8
 """The group counts the planner tries (below 2 is the layers strategy)."""
 
 
