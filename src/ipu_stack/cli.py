@@ -359,6 +359,9 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
     package = load_package(package_path)
     groups = len(package.manifest["pipeline"]["groups"])
     count = getattr(args, "images", None) or groups
+    if count < groups:  # the period is an executed step with every group busy
+        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups: a "
+                         "steady step needs one image in each group")
     images = stream_images(workload, params, graph, tensors, count)
     run = run_pipeline(package, graph, tensors, images, record=bool(args.profile))
     record = pipeline_fields(run, package, graph, workload.benchmark_fields(params),

@@ -62,6 +62,8 @@ def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):
     (["siglip-vision", *TOWER, "--strategy", "pipeline", "--groups", "5"],
      "cannot cut 4 layers into 5 groups"),
     (["siglip-vision", *TOWER, "--images", "0"], "--images must be at least 1"),
+    (["siglip-vision", *TOWER, "--strategy", "pipeline", "--groups", "2", "--images", "1"],
+     "--images 1 is fewer than the pipeline's 2 groups"),
     (["siglip-vision", *TOWER, "--images", "2"], "--images streams images through a pipeline"),
 ])
 def test_refusals_are_one_line(tmp_path, extra, message):
