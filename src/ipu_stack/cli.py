@@ -245,7 +245,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
-        dump_stages=args.dump_stages,
+        dump_stages=args.dump_stages, strategy=args.strategy, groups=args.groups or 0,
     )
 
 
@@ -322,8 +322,7 @@ def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
 
 def cmd_compile(args: argparse.Namespace) -> int:
     workload, params = _params(args)
-    result = compile_strategy(workload, params, Path(args.out), _options(args), args.strategy,
-                              args.groups)
+    result = compile_strategy(workload, params, Path(args.out), _options(args))
     print(f"package={result.package} strategy={result.strategy} "
           f"estimatedCycles={result.estimate['cycles']} "
           f"compileSeconds={result.timings['compile']:.2f}")
@@ -339,7 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.strategy == "layers" and args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch, or --strategy pipeline)")
-    result = compile_strategy(workload, params, out, _options(args), args.strategy, args.groups)
+    result = compile_strategy(workload, params, out, _options(args))
     if result.strategy == "pipeline":
         return _run_pipeline_and_report(args, result.package, result.graph, result.tensors,
                                         workload, params, result.timings["compile"])

@@ -29,7 +29,6 @@ from ipu_stack.phases.costing import (
 )
 from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
-from ipu_stack.target import get_target
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -105,10 +104,7 @@ def plan_workload(workload: Workload, params: dict[str, Any], options: CompileOp
     """Only the planning stages (construct_mid, lower_mid): whether the plans fit the
     memory budget (a :class:`CompileError` if not) and their analytical GEMM cycles, for a
     choice between layouts that would cost a whole compile each."""
-    target = get_target(options.target)
-    if options.tiles:
-        target = target.with_tiles(options.tiles)
-    build = Build(workload, params, Path("."), options, target, None,
+    build = Build(workload, params, Path("."), options, options.machine(), None,
                   prepared if prepared is not None else {})
     for name, stage in STAGES[:2]:
         with phase(LOG, name) as fields:
@@ -130,10 +126,7 @@ def _compile_once(
     """One attempt at the whole compile under ``options.memory_proportion``: every stage of
     ``STAGES`` in order (``prepared``: the workload's graph and tensors, once built)."""
     start = time.perf_counter()
-    target = get_target(options.target)
-    if options.tiles:
-        target = target.with_tiles(options.tiles)
-    build = Build(workload, params, Path(out_dir), options, target, memo,
+    build = Build(workload, params, Path(out_dir), options, options.machine(), memo,
                   prepared if prepared is not None else {})
     dump = Path(options.dump_stages) if options.dump_stages else None
     if dump is not None:

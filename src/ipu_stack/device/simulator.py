@@ -82,10 +82,9 @@ class CallReport:
     breakdown: dict[str, int] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)  # only when recording
     layer_cycles: list[int] = field(default_factory=list)  # each pass of the layer loop
-    # every superstep's cycles with its sync, in order (a pipeline step merges the groups'
-    # supersteps: all tiles sync together, so the i-th superstep lasts the longest group's)
+    # every superstep's cycles with its sync, and its kind, in order: a pipeline step merges
+    # the groups' supersteps as the chip runs them (runtime/alignment.py)
     superstep_cycles: list[int] = field(default_factory=list)
-    superstep_layers: list[int] = field(default_factory=list)  # loop pass of each; -1 outside
     superstep_kinds: list[str] = field(default_factory=list)  # compute or exchange
 
 
@@ -192,7 +191,6 @@ class SimulatedIpu:
             report.tile_busy += busy
             report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
             report.superstep_cycles.append((int(busy[busiest]) if busy.size else 0) + sync)
-            report.superstep_layers.append(-1 if layer is None else layer)
             report.superstep_kinds.append("compute")
             report.sync_cycles += sync
             report.supersteps += 1
@@ -207,7 +205,6 @@ class SimulatedIpu:
             report.tile_busy += ports
             report.cycles += cycles + sync
             report.superstep_cycles.append(cycles + sync)
-            report.superstep_layers.append(-1 if layer is None else layer)
             report.superstep_kinds.append("exchange")
             report.sync_cycles += sync
             report.supersteps += 1

@@ -22,7 +22,7 @@ from ipu_stack.memory.placement import Placement
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
-from ipu_stack.target import Target
+from ipu_stack.target import Target, get_target
 from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.workloads.base import Workload
 
@@ -40,8 +40,8 @@ class CompileOptions:
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
     tiles: int = 0  # plan for this many of the chip's tiles (a pipeline group); 0: all
-    # the sweep's strategy axis (strategy.compile_strategy): layers, pipeline or auto, and a
-    # pipeline's group count (0: the planner's choice)
+    # how strategy.compile_strategy compiles: layers, pipeline or auto, and a pipeline's
+    # group count (0: the planner's choice); --strategy and --groups, or a sweep's axes
     strategy: str = "layers"
     groups: int = 0
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
@@ -49,6 +49,11 @@ class CompileOptions:
     reuse_schedules: bool = True
     exchange_cache: bool = False  # also keep schedules on disk under cache_dir/exchange
     dump_stages: str | None = None  # write each stage's artifact here (phases/dump.py)
+
+    def machine(self) -> Target:
+        """The machine the planner plans for: the target, or ``tiles`` of its tiles."""
+        target = get_target(self.target)
+        return target.with_tiles(self.tiles) if self.tiles else target
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "finalists": self.finalists,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ipu_stack.ir.graph import Graph, Operation, Value, verify_graph
 from ipu_stack.planning.repeat import LayerLoop, find_layer_loop
-from ipu_stack.planning.stages import find_stages, stage_operations
+from ipu_stack.planning.stages import Stage, find_stages, stage_operations
 from ipu_stack.util.errors import CompileError
 
 
@@ -59,9 +59,10 @@ class LayerGroup:
         return json.dumps(body, sort_keys=True, default=str)
 
 
-def tower_loop(graph: Graph) -> LayerLoop:
-    """The tower's repeated layers, or a one-line reason it has none."""
-    loop = find_layer_loop(graph, find_stages(graph))
+def tower_loop(graph: Graph, stages: list[Stage] | None = None) -> LayerLoop:
+    """The tower's repeated layers (``stages``: its stages, when already found), or a
+    one-line reason it has none."""
+    loop = find_layer_loop(graph, find_stages(graph) if stages is None else stages)
     if loop is None:
         raise PipelineError(f"{graph.name} cannot be pipelined: it has no repeated layers")
     return loop
@@ -82,7 +83,7 @@ def group_layers(layers: int, groups: int) -> list[int]:
 def split_tower(graph: Graph, counts: list[int]) -> list[LayerGroup]:
     """The tower cut into ``len(counts)`` groups of ``counts[g]`` consecutive layers."""
     stages = find_stages(graph)
-    loop = tower_loop(graph)
+    loop = tower_loop(graph, stages)
     if sum(counts) != loop.count:
         raise PipelineError(f"the groups hold {sum(counts)} layers, the tower has {loop.count}")
     ops_of = [stage_operations(s) for s in stages]

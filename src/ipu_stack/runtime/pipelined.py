@@ -30,7 +30,6 @@ the tower does; a shared program's names are mapped back).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,16 +38,22 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ipu_stack import __version__
 from ipu_stack.device import SimulatedIpu
 from ipu_stack.device.pricing import exchange_cycles
 from ipu_stack.device.record import StepRecord
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.values import DeferredTensors, compact_weights
 from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.alignment import merge
 from ipu_stack.runtime.host_process import HostProcess, fork_available
-from ipu_stack.runtime.session import _host_side, _HostThread
+from ipu_stack.runtime.session import (
+    _host_side,
+    _HostThread,
+    gemm_flops,
+    hold_weights,
+    verdict_fields,
+)
 from ipu_stack.runtime.verdict import Verdict, log_verdict
 from ipu_stack.target import get_target, timing
 from ipu_stack.util.errors import PackageError
@@ -242,10 +247,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     (``record``: keep the superstep records of the first step with every group busy, for
     an execution profile)."""
     target = get_target(package.target)
-    if isinstance(tensors, DeferredTensors) and tensors.pending:
-        tensors.make_all(os.cpu_count() or 1)
-    event(LOG, "holding weights in their stored precisions",
-          bytes=compact_weights(graph, tensors))
+    hold_weights(graph, tensors)
     groups = _load_groups(package, record)
     _check_tower(groups, graph)
     pipeline = package.manifest["pipeline"]
@@ -313,13 +315,10 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     handoff = max(handoffs, default=0)
     for busy in step_schedule(len(groups), len(images)):
         runs = [result.runs[pair] for pair in busy]
-        result.step_cycles.append(merged_step(runs, handoff if len(busy) > 1 or
-                                              busy[0][0] < len(groups) - 1 else 0))
+        # the step ends with a hand-off when a group other than the last was busy
+        passes_on = any(group < len(groups) - 1 for group, _ in busy)
+        result.step_cycles.append(merged_step(runs, handoff if passes_on else 0))
     return result
-
-
-__all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "pipeline_fields",
-           "run_pipeline", "step_schedule", "stream_images"]
 
 
 def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
@@ -327,9 +326,6 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
                     compile_seconds: float | None) -> dict[str, Any]:
     """The benchmark record of a pipelined run (the layers record's names where they mean
     the same; ``cycles`` is the steady step, the time between two images leaving)."""
-    from ipu_stack import __version__
-    from ipu_stack.runtime.session import gemm_flops, verdict_fields
-
     target = get_target(package.target)
     manifest = package.manifest
     pipeline = manifest["pipeline"]
@@ -340,7 +336,7 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
     group_cycles = [max(r.cycles for (g, _), r in run.runs.items() if g == index)
                     for index in range(run.groups)]
     fill = sum(run.step_cycles[: run.groups - 1])
-    latency = sum(run.step_cycles[: run.groups]) if run.images >= 1 else 0
+    latency = sum(run.step_cycles[: run.groups])  # the first image's G steps
     estimate = int(manifest["estimate"]["cycles"])
     worst = max(run.verdicts, key=lambda v: (not v.passed,
                                              v.fidelity.noise_ratio if v.fidelity else 0.0))
@@ -400,3 +396,7 @@ def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
             shuffled[name] = rows[rng.permutation(rows.shape[0])].reshape(values.shape)
         images.append(shuffled)
     return images
+
+
+__all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "pipeline_fields",
+           "run_pipeline", "step_schedule", "stream_images"]

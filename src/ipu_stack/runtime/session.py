@@ -72,6 +72,23 @@ def load_package(path: Path, target_name: str = "ipu21") -> Package:
     return package
 
 
+def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
+    """Every weight a run needs, made and held as its storage codes (every reader takes
+    them through ``np.asarray``); what the compile and the float32 weights left behind is
+    given back."""
+    keep_freed_memory()
+    if isinstance(tensors, DeferredTensors) and tensors.pending:
+        # a compile made none of the weights' values; the run needs them all, made on
+        # every core (each has its own random stream: the same values whenever made)
+        started = time.perf_counter()
+        made = tensors.make_all(os.cpu_count() or 1)
+        event(LOG, "made weight values", tensors=made,
+              elapsed_ms=int((time.perf_counter() - started) * 1000))
+    event(LOG, "holding weights in their stored precisions",
+          bytes=compact_weights(graph, tensors))
+    release_freed_memory()
+
+
 def run_package(
     package: Package,
     graph: Graph,
@@ -93,18 +110,7 @@ def run_package(
     own float32 outputs (``frontend``), so its verdict says how close the device is to torch
     in units of the noise our device-precision reference has against torch."""
     target = get_target(package.target)
-    keep_freed_memory()
-    if isinstance(tensors, DeferredTensors) and tensors.pending:
-        # a compile made none of the weights' values; the run needs them all, made on
-        # every core (each has its own random stream: the same values whenever made)
-        started = time.perf_counter()
-        made = tensors.make_all(os.cpu_count() or 1)
-        event(LOG, "made weight values", tensors=made,
-              elapsed_ms=int((time.perf_counter() - started) * 1000))
-    # the weights as their storage codes: every reader takes them through np.asarray
-    event(LOG, "holding weights in their stored precisions",
-          bytes=compact_weights(graph, tensors))
-    release_freed_memory()  # what the compile and the float32 weights left behind
+    hold_weights(graph, tensors)
     owner = nullcontext() if lock_path is None else HardwareLock(lock_path, wait=wait)
     name = f"sim://private-{os.getpid()}" if lock_path is None else f"sim://{lock_path.stem}"
     with owner:

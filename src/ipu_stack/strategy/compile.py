@@ -49,8 +49,10 @@ from ipu_stack.workloads.calibration import cache_folder
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
 GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
-CANDIDATE_MIN_PROPORTION = 0.8
 """The group counts the planner tries (below 2 is the layers strategy)."""
+CANDIDATE_MIN_PROPORTION = 0.8
+"""How far a candidate grouping that does not place may retry with less memory before the
+next candidate is tried (the last one tried gets every retry)."""
 
 
 @dataclass
@@ -88,17 +90,22 @@ def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
     return {g.index: seen.setdefault(g.signature(), g.index) for g in groups}
 
 
+Candidate = tuple[int, int, str, list[LayerGroup]]
+"""A grouping that plans: ``(G, the slowest group's GEMM cycles, why, the groups)``."""
+
+
 def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tensors: Any,
                   options: CompileOptions, counts: tuple[int, ...],
-                  refused: list[str] | None = None) -> list[tuple[int, int, str]]:
-    """``(G, slowest group's GEMM cycles, why)`` for each candidate that fits, best first
-    (``refused`` collects each other candidate's reason)."""
+                  refused: list[str] | None = None) -> list[Candidate]:
+    """Each candidate that fits, best first (``refused`` collects each other candidate's
+    reason)."""
     chip = get_target(options.target).tiles
     refused = [] if refused is None else refused
+    layers = tower_loop(graph).count
     ranked = []
     for count in counts:
         try:
-            groups = split_tower(graph, group_layers(_layers(graph), count))
+            groups = split_tower(graph, group_layers(layers, count))
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, reason=str(why))
             refused.append(f"{count} groups: {why}")
@@ -122,13 +129,9 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
         event(LOG, "pipeline candidate planned", groups=count, tiles=tiles,
               slowest_gemm_cycles=slowest)
         ranked.append((count, slowest, f"{count} groups of {tiles} tiles: the slowest "
-                       f"group's GEMMs are {slowest} cycles"))
+                       f"group's GEMMs are {slowest} cycles", groups))
     ranked.sort(key=lambda c: (c[1], c[0]))
     return ranked
-
-
-def _layers(graph: Graph) -> int:
-    return tower_loop(graph).count
 
 
 def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
@@ -139,19 +142,20 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     cache = Path(options.cache_dir) if options.cache_dir else None
     with cache_folder(cache):
         graph, tensors = workload.build(params)
-    counts = (groups,) if groups else tuple(c for c in GROUP_COUNTS if c <= _layers(graph))
+    layers = tower_loop(graph).count
+    counts = (groups,) if groups else tuple(c for c in GROUP_COUNTS if c <= layers)
     refused: list[str] = []
     ranked = choose_groups(workload, params, graph, tensors, options, counts, refused)
     if not ranked:
         raise PipelineError(f"{graph.name} cannot be pipelined: " + "; ".join(refused))
     failures = []
-    for number, (count, _, reason) in enumerate(ranked):
+    for number, (count, _, reason, cut) in enumerate(ranked):
         # a grouping that places only with much less memory than planned gives way to the
         # next one; the last one tried gets every retry
         floor = None if number == len(ranked) - 1 else CANDIDATE_MIN_PROPORTION
         try:
             result = _compile_groups(workload, params, Path(out_dir), options, graph, tensors,
-                                     count, reason, floor)
+                                     cut, reason, floor)
         except CompileError as why:
             failures.append(f"{count} groups: {why}")
             event(LOG, "pipeline candidate failed to compile", groups=count, reason=str(why))
@@ -162,11 +166,12 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
 
 
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
-                    options: CompileOptions, graph: Graph, tensors: Any, count: int,
-                    reason: str, min_proportion: float | None = None) -> PipelineResult:
+                    options: CompileOptions, graph: Graph, tensors: Any,
+                    groups: list[LayerGroup], reason: str,
+                    min_proportion: float | None = None) -> PipelineResult:
     chip = get_target(options.target)
+    count = len(groups)
     tiles = group_tiles(chip.tiles, count)
-    groups = split_tower(graph, group_layers(_layers(graph), count))
     program_of = _distinct(groups)
     event(LOG, "pipeline grouping chosen", groups=count, tiles=tiles,
           layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
@@ -270,11 +275,12 @@ def _images_per_second(cycles: int, batch: int, clock_hz: float) -> float:
 
 
 def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
-                     options: CompileOptions, strategy: str = "layers",
-                     groups: int | None = None) -> StrategyResult:
-    """Compile with ``strategy``: ``layers`` (one program over the chip), ``pipeline``
-    (layer groups) or ``auto`` (both; the higher estimated images/s wins, and when the
-    model cannot be pipelined within memory, layers, with the reason logged)."""
+                     options: CompileOptions) -> StrategyResult:
+    """Compile with ``options.strategy``: ``layers`` (one program over the chip),
+    ``pipeline`` (layer groups; ``options.groups`` of them, or the planner's choice) or
+    ``auto`` (both; the higher estimated images/s wins, and when the model cannot be
+    pipelined within memory, layers, with the reason logged)."""
+    strategy, groups = options.strategy, options.groups or None
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     start = time.perf_counter()

@@ -17,24 +17,23 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.contract import DeviceProgram
-from ipu_stack.contract.program import HostRead, HostWrite
+from ipu_stack.contract.program import HostRead, HostWrite, StreamLayout
 from ipu_stack.exchange import Schedule, Transfers
 from ipu_stack.ir.layout import WORD, round_up
 from ipu_stack.planning.groups import PipelineError
 
 
-def _blocks(layout: Any, tiles: np.ndarray, origin: tuple[int, int]) -> list[tuple]:
+def _blocks(layout: StreamLayout, tiles: np.ndarray, origin: tuple[int, int]) -> list[tuple]:
     """``(row0, row1, col0, col1, tiles)`` of every block, in tensor coordinates."""
+    placed = layout.on(tiles)
     out = []
     for i in range(tiles.shape[0]):
         for j in range(tiles.shape[1]):
-            r0 = origin[0] + i * layout.row_block
-            c0 = origin[1] + j * layout.col_block
-            r1 = min(r0 + layout.row_block, origin[0] + layout.rows)
-            c1 = min(c0 + layout.col_block, origin[1] + layout.cols)
+            r0, r1, c0, c1 = placed.block_extent(i, j)
             holders = tiles[i, j][tiles[i, j] >= 0]
             if r1 > r0 and c1 > c0 and holders.size:
-                out.append((r0, r1, c0, c1, holders))
+                out.append((r0 + origin[0], r1 + origin[0], c0 + origin[1], c1 + origin[1],
+                            holders))
     return out
 
 

@@ -55,8 +55,7 @@ def _run_point(point: dict[str, Any], out_dir: str) -> Record:
     try:
         options = p.compile_options()
         with contextlib.redirect_stdout(io.StringIO()):
-            compiled = compile_strategy(workload, p.params, folder, options, options.strategy,
-                                        options.groups or None)
+            compiled = compile_strategy(workload, p.params, folder, options)
             package = load_package(compiled.package)
             if compiled.strategy == "pipeline":  # one image per group: a full steady step
                 groups = len(package.manifest["pipeline"]["groups"])
