@@ -43,6 +43,7 @@ from ipu_stack.device import SimulatedIpu
 from ipu_stack.device.pricing import exchange_cycles
 from ipu_stack.device.record import StepRecord
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
+from ipu_stack.exchange.model import chunk_cycles
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.alignment import merge
@@ -181,7 +182,7 @@ def handoff_phase_cycles(package: Package, record: dict[str, Any], chip_tiles: i
     transfers = Transfers(chip_tiles, a[prefix + "src_tile"], a[prefix + "dst_offsets"],
                           a[prefix + "dst_tile"], a[prefix + "words"])
     starts, words = a[prefix + "chunk_start"], a[prefix + "chunk_words"]
-    horizon = int((starts + words).max()) if len(starts) else 0
+    horizon = int((starts + chunk_cycles(words, None)).max()) if len(starts) else 0
     schedule = Schedule(horizon, int(record["lower_bound"]), str(record["kind"]),
                         a[prefix + "chunk_transfer"], starts, words)
     verify_schedule(transfers, schedule)
