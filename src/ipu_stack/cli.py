@@ -27,16 +27,13 @@ from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
 from ipu_stack.profile.capture import profile_of, profile_of_pipeline
-from ipu_stack.runtime.pipelined import (
-    inspect_pipeline,
-    pipeline_fields,
-    run_pipeline,
-    stream_images,
-)
+from ipu_stack.runtime.pipelined import inspect_pipeline, stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target import get_target
+from ipu_stack.target.links import get_system
 from ipu_stack.util import log
 from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
@@ -78,10 +75,14 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-stages", metavar="DIR", default=None,
                         help="write each compile stage's artifact into DIR (graph text, plans, "
                         "program, kernels, placement summary, device program)")
-    parser.add_argument("--strategy", choices=("layers", "pipeline", "auto"), default="layers",
-                        help="layers: every layer over the whole chip, one after another (the "
-                        "batch-1 latency answer); pipeline: consecutive layers on tile groups, "
+    parser.add_argument("--strategy", choices=("layers", "pipeline", "auto"), default=None,
+                        help="layers (the default on one chip): every layer over the whole "
+                        "chip, one after another (the batch-1 latency answer); pipeline (the "
+                        "default over several chips): consecutive layers on tile groups, "
                         "images streamed through them; auto: the higher images/s that fits")
+    parser.add_argument("--chips", type=int, default=1,
+                        help="C600 cards joined by IPU-Links in a line (1-8): the tower's "
+                        "layers are pipelined over all of them")
     parser.add_argument("--groups", type=int, default=None,
                         help="pipeline strategy: this many tile groups (default: the planner "
                         "chooses)")
@@ -103,6 +104,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "report.html")
     parser.add_argument("--poison", action="store_true",
                         help="fault on any read of memory that was never written")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="over several chips: simulate each chip in a local process "
+                        "(default) or a Ray actor (pip install 'ipu-stack[ray]')")
     parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
 
@@ -245,8 +249,16 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
-        dump_stages=args.dump_stages, strategy=args.strategy, groups=args.groups or 0,
+        dump_stages=args.dump_stages, strategy=_strategy(args), groups=args.groups or 0,
+        chips=args.chips,
     )
+
+
+def _strategy(args: argparse.Namespace) -> str:
+    """The strategy asked for, or the default: layers on one chip, pipeline over several
+    (one program cannot span chips)."""
+    get_system(args.target, args.chips)  # --chips in range, or one line why not
+    return args.strategy or ("pipeline" if args.chips > 1 else "layers")
 
 
 def save_tensors(
@@ -335,10 +347,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "--out (default)", Path("artifacts") / workload.identifier(params))
     if args.images is not None and args.images < 1:
         raise UsageError("--images must be at least 1")
-    if args.strategy == "layers" and args.images not in (None, 1):
+    options = _options(args)
+    if options.strategy == "layers" and args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch, or --strategy pipeline)")
-    result = compile_strategy(workload, params, out, _options(args))
+    result = compile_strategy(workload, params, out, options)
     if result.strategy == "pipeline":
         return _run_pipeline_and_report(args, result.package, result.graph, result.tensors,
                                         workload, params, result.timings["compile"])
@@ -356,14 +369,15 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
         raise UsageError("--save-tensors, --poison and --device are not yet supported with "
                          "the pipeline strategy")
     package = load_package(package_path)
-    groups = len(package.manifest["pipeline"]["groups"])
+    groups = images_to_fill(package)
     count = getattr(args, "images", None) or groups
     if count < groups:  # the period is an executed step with every group busy
-        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups: a "
-                         "steady step needs one image in each group")
+        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups a "
+                         "chip: a steady step needs one image in each group")
     images = stream_images(workload, params, graph, tensors, count)
-    run = run_pipeline(package, graph, tensors, images, record=bool(args.profile))
-    record = pipeline_fields(run, package, graph, workload.benchmark_fields(params),
+    run = run_streamed(package, graph, tensors, images, args.engine, bool(args.profile),
+                       package_path.read_bytes() if args.engine == "ray" else None)
+    record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
                              package_path, compile_seconds)
     if args.profile:
         write_profile_files(Path(args.profile), profile_of_pipeline(run, package, record))
@@ -456,10 +470,10 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
     package = load_package(path)
     workload, params, graph, tensors = _package_workload(package)
     if "pipeline" in package.manifest:
-        count = len(package.manifest["pipeline"]["groups"])
-        run = run_pipeline(package, graph, tensors,
+        count = images_to_fill(package)
+        run = run_streamed(package, graph, tensors,
                            stream_images(workload, params, graph, tensors, count), record=True)
-        return profile_of_pipeline(run, package, pipeline_fields(
+        return profile_of_pipeline(run, package, streamed_fields(
             run, package, graph, workload.benchmark_fields(params), path, None))
     result = run_package(package, graph, tensors, lock, record=True,
                          model=getattr(workload, "reference", None))

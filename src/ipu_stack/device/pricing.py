@@ -192,3 +192,21 @@ def exchange_cycles(src_tile: np.ndarray, chunk_transfer: np.ndarray, chunk_star
 
 def _up_array(values: np.ndarray, by: int) -> np.ndarray:
     return -(-values.astype(np.int64) // by)
+
+
+def link_cycles(src_tile: np.ndarray, dst_offsets: np.ndarray, dst_tile: np.ndarray,
+                words: np.ndarray, clock_hz: float) -> tuple[int, int]:
+    """``(cycles, bytes over the cable)`` of a hand-off to the next card, from the transfers
+    it moved: each transfer crosses the cable once (its copies fan out on the receiving
+    card), so the phase lasts as long as the slowest of the cable at its rate, the busiest
+    sending tile and the busiest receiving tile (a tile sends or receives a word a cycle),
+    plus the hop and the sync across cards."""
+    if words.size == 0:
+        return 0, 0
+    moved = int(words.sum()) * 4  # words of 4 bytes
+    cable = cdiv(moved * int(clock_hz), int(PRICES["link_bytes_per_second"].value))
+    sender = int(np.bincount(src_tile, weights=words).max())
+    copies = np.diff(dst_offsets)
+    receiver = int(np.bincount(dst_tile, weights=np.repeat(words, copies)).max()) \
+        if dst_tile.size else 0
+    return max(cable, sender, receiver) + p("link_hop_cycles") + p("link_sync"), moved

@@ -312,11 +312,14 @@ def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
 
 
 def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
-                       dtype: type = np.float32) -> dict[str, np.ndarray]:
+                       dtype: type = np.float32, keep: Collection[str] | None = None
+                       ) -> dict[str, np.ndarray]:
     """The graph with no intermediate rounding at ``dtype``: what fitting FP8 scale
-    exponents needs (a power of two per tensor), at half the float64 model's cost."""
+    exponents needs (a power of two per tensor), at half the float64 model's cost; with
+    ``keep``, only those values are returned (the others are dropped after their last
+    reader: a giant tower's every value at once would not fit the host)."""
     return _run(graph, tensors, dtype, lambda data, precision: np.asarray(data, dtype=dtype),
-                keep_weights=False)
+                keep_weights=False, keep=keep)
 
 
 def evaluate_float64_steps(graph: Graph, tensors: dict[str, np.ndarray],

@@ -155,6 +155,19 @@ def compact_weights(graph: Graph, tensors: MutableMapping[str, Any]) -> int:
     return held
 
 
+def weight_storer(graph: Graph) -> Callable[[str, np.ndarray], Any]:
+    """``store(name, value)`` for :meth:`DeferredTensors.make_all`: a weight as the
+    :class:`StoredTensor` :func:`compact_weights` would make of it; anything else as is."""
+    precisions = {v.name: v.type.precision for v in graph.by_role("weight")}
+
+    def store(name: str, value: np.ndarray) -> Any:
+        precision = precisions.get(name)
+        if precision is None or isinstance(value, StoredTensor):
+            return value
+        return _compact(np.asarray(value, dtype=np.float32), precision)
+    return store
+
+
 class _Deferred:
     """A value not made yet: ``make()`` makes it."""
 
@@ -207,16 +220,25 @@ class DeferredTensors(MutableMapping):
         """How many values are still to be made."""
         return sum(isinstance(v, _Deferred) for v in self._items.values())
 
-    def make_all(self, threads: int) -> int:
+    def make_all(self, threads: int,
+                 store: Callable[[str, np.ndarray], Any] | None = None) -> int:
         """Make every pending value on ``threads`` worker threads (numpy's generator and
-        ufuncs release the GIL); how many were made."""
+        ufuncs release the GIL); how many were made.  ``store(name, value)``, when given,
+        turns each value into what is kept (its storage codes) as soon as it is made, so at
+        most one float32 copy a thread is alive: a giant tower's float32 weights (7.5 GB for
+        pe-giant) never exist at once."""
         pending = [(name, value.make) for name, value in self._items.items()
                    if isinstance(value, _Deferred)]
         if not pending:
             return 0
+
+        def make(item: tuple[str, Callable[[], np.ndarray]]) -> Any:
+            value = item[1]()
+            return value if store is None else store(item[0], value)
+
         with ThreadPoolExecutor(max_workers=max(1, threads),
                                 thread_name_prefix="weights") as pool:
-            made = list(pool.map(lambda item: item[1](), pending))
+            made = list(pool.map(make, pending))
         for (name, _), value in zip(pending, made, strict=True):
             self._items[name] = value
         return len(pending)

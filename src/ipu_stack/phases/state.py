@@ -44,6 +44,7 @@ class CompileOptions:
     # group count (0: the planner's choice); --strategy and --groups, or a sweep's axes
     strategy: str = "layers"
     groups: int = 0
+    chips: int = 1  # C600 cards in a line (--chips): the pipeline's groups over all of them
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True
@@ -62,7 +63,8 @@ class CompileOptions:
                 "share_layers": self.share_layers,
                 **({"tiles": self.tiles} if self.tiles else {}),
                 **({"strategy": self.strategy} if self.strategy != "layers" else {}),
-                **({"groups": self.groups} if self.groups else {})}
+                **({"groups": self.groups} if self.groups else {}),
+                **({"chips": self.chips} if self.chips > 1 else {})}
 
 
 @dataclass

@@ -158,6 +158,13 @@ def estimate_exchange_phase(horizon: int) -> int:
     return int(horizon) + p("exchange_phase")
 
 
+def estimate_link_phase(nbytes: int, clock_hz: float) -> int:
+    """A pipeline hand-off over the IPU-Link to the next card: the bytes at the cable's rate
+    (the sending tiles together far outrun it), the hop, and the sync across cards."""
+    return (cdiv(int(nbytes) * int(clock_hz), int(PRICES["link_bytes_per_second"].value))
+            + p("link_hop_cycles") + p("link_sync"))
+
+
 def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
     """A fused elementwise chain over a ``rows x cols`` block, pass by pass."""
     elements = rows * cols

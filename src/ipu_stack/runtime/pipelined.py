@@ -57,7 +57,7 @@ from ipu_stack.runtime.session import (
 )
 from ipu_stack.runtime.verdict import Verdict, log_verdict
 from ipu_stack.target import get_target, timing
-from ipu_stack.util.errors import PackageError
+from ipu_stack.util.errors import DeviceError, PackageError
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
@@ -126,13 +126,14 @@ class _Group:
     """A group's program loaded on a device of its tiles, with the names it uses."""
 
     def __init__(self, record: dict[str, Any], package: Package, target_name: str,
-                 recording: bool = False) -> None:
+                 recording: bool = False, device: bool = True) -> None:
         self.record = record
         self.index = int(record["index"])
         self.package = package
         self.device = SimulatedIpu(get_target(target_name).with_tiles(int(record["tiles"])),
                                    record=recording)
-        self.device.load(package)
+        if device:  # without: the program described, not loaded on tiles
+            self.device.load(package)
         self.to_tower = {str(k): str(v) for k, v in (record.get("names") or {}).items()}
         self.from_tower = {v: k for k, v in self.to_tower.items()}
         tensors = package.manifest.get("tensors", {})
@@ -146,25 +147,43 @@ class _Group:
         return self.from_tower.get(name, name)
 
 
-def _load_groups(package: Package, recording: bool = False) -> list[_Group]:
-    pipeline = package.manifest["pipeline"]
-    programs = []
-    for k in range(int(pipeline["programs"])):
+def group_programs(package: Package, only: set[int] | None = None) -> dict[int, Package]:
+    """The pipeline's group programs by slot (``only``: just those), each read and verified
+    as a package of its own."""
+    programs = {}
+    for k in range(int(package.manifest["pipeline"]["programs"])):
+        if only is not None and k not in only:
+            continue
         data = package.arrays.get(f"program.{k}")
         if data is None:
             raise PackageError(f"pipeline package lacks its group program {k}")
-        programs.append(read_package_bytes(f"group program {k}", data.tobytes(),
-                                           expected_target=package.target))
-    groups = [_Group(r, programs[int(r["program"])], package.target, recording)
-              for r in pipeline["groups"]]
+        programs[k] = read_package_bytes(f"group program {k}", data.tobytes(),
+                                         expected_target=package.target)
+    return programs
+
+
+def _load_groups(package: Package, recording: bool = False,
+                 chip: int | None = None, devices: bool = True) -> list[_Group]:
+    """The groups (``chip``: only that chip's) loaded on devices of their tiles (without
+    ``devices``: only their programs read)."""
+    pipeline = package.manifest["pipeline"]
+    records = [r for r in pipeline["groups"]
+               if chip is None or int(r.get("chip", 0)) == chip]
+    programs = group_programs(package, {int(r["program"]) for r in records})
+    groups = [_Group(r, programs[int(r["program"])], package.target, recording, devices)
+              for r in records]
     _check_handoffs(groups, pipeline["handoffs"])
     return groups
 
 
 def _check_handoffs(groups: list[_Group], handoffs: list[dict[str, Any]]) -> None:
-    """Each group's output is the next group's input: the same tensor, shape and precision."""
+    """Each group's output is the next group's input: the same tensor, shape and precision
+    (between the groups loaded here)."""
+    loaded = {g.index: g for g in groups}
     for record in handoffs:
-        sender, receiver = groups[int(record["from"])], groups[int(record["to"])]
+        if int(record["from"]) not in loaded or int(record["to"]) not in loaded:
+            continue
+        sender, receiver = loaded[int(record["from"])], loaded[int(record["to"])]
         name = str(record["tensor"])
         sent = sender.package.manifest["tensors"].get(sender.local(name))
         taken = receiver.package.manifest["tensors"].get(receiver.local(name))
@@ -334,11 +353,20 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
     batch = int(workload_fields.get("batch", 1))
     seconds = period / target.clock_hz
     flops = gemm_flops(graph)
+    chips = int(getattr(run, "chips", 1))
+    peak = target.peak_flops() * chips
     group_cycles = [max(r.cycles for (g, _), r in run.runs.items() if g == index)
                     for index in range(run.groups)]
     fill = sum(run.step_cycles[: run.groups - 1])
     latency = sum(run.step_cycles[: run.groups])  # the first image's G steps
     estimate = int(manifest["estimate"]["cycles"])
+    rate = round(batch * target.clock_hz / period, 1) if period else 0.0
+    # the FP8 AMP roofline of the chips used: every MAC at 128 a tile a cycle
+    roofline = batch * chips * target.tiles * float(target.amp_f8_macs_per_cycle) * \
+        target.clock_hz / max(flops / 2, 1)
+    if rate > roofline:
+        raise DeviceError(f"{rate} images/s exceeds the FP8 roofline of {chips} chip(s), "
+                          f"{roofline:.1f}: the step's pricing is wrong")
     worst = max(run.verdicts, key=lambda v: (not v.passed,
                                              v.fidelity.noise_ratio if v.fidelity else 0.0))
     passed = sum(v.passed for v in run.verdicts)
@@ -352,10 +380,11 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
         "pipelineGroups": run.groups,
         "groupTiles": int(pipeline["group_tiles"]),
         "groupLayers": ",".join(str(g["layers"]) for g in pipeline["groups"]),
-        "executionTiles": target.tiles,
+        "executionTiles": target.tiles * chips,
         "cycles": period,
         "stepCycles": period,
-        "imagesPerSecond": round(batch * target.clock_hz / period, 1) if period else 0.0,
+        "imagesPerSecond": rate,
+        "fp8RooflineImagesPerSecond": round(roofline, 1),
         "latencyMicroseconds": round(target.cycles_to_us(latency), 3),
         "groupCyclesMax": max(group_cycles),
         "groupCyclesMin": min(group_cycles),
@@ -364,9 +393,8 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
         "handoffCycles": max(run.handoff_cycles, default=0),
         "totalCycles": sum(run.step_cycles),
         "effectiveGemmTflops": round(flops / seconds / 1e12, 3) if seconds else 0.0,
-        "peakTflops": round(target.peak_flops() / 1e12, 3),
-        "efficiencyPercent": round(100 * flops / seconds / target.peak_flops(), 2)
-        if seconds else 0.0,
+        "peakTflops": round(peak / 1e12, 3),
+        "efficiencyPercent": round(100 * flops / seconds / peak, 2) if seconds else 0.0,
         "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
         **verdict_fields(worst),
         "package": str(package_path),

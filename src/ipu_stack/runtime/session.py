@@ -26,7 +26,7 @@ from ipu_stack import __version__
 from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.values import CompactValues, DeferredTensors, compact_weights
+from ipu_stack.ir.values import CompactValues, DeferredTensors, compact_weights, weight_storer
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.host_process import HostProcess, fork_available
 from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
@@ -81,7 +81,7 @@ def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
         # a compile made none of the weights' values; the run needs them all, made on
         # every core (each has its own random stream: the same values whenever made)
         started = time.perf_counter()
-        made = tensors.make_all(os.cpu_count() or 1)
+        made = tensors.make_all(os.cpu_count() or 1, weight_storer(graph))
         event(LOG, "made weight values", tensors=made,
               elapsed_ms=int((time.perf_counter() - started) * 1000))
     event(LOG, "holding weights in their stored precisions",

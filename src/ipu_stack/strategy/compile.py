@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from ipu_stack import __version__
+from ipu_stack.contract.handoff import handoff_transfers
 from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import write_package
 from ipu_stack.pipeline import CompileOptions, CompileResult, compile_workload, plan_workload
-from ipu_stack.planning.costs import estimate_exchange_phase
+from ipu_stack.planning.costs import estimate_exchange_phase, estimate_link_phase
 from ipu_stack.planning.groups import (
     LayerGroup,
     PipelineError,
@@ -39,8 +40,9 @@ from ipu_stack.planning.groups import (
     split_tower,
     tower_loop,
 )
-from ipu_stack.strategy.handoff import handoff_record, handoff_transfers
+from ipu_stack.strategy.handoff import handoff_record, link_record
 from ipu_stack.target import get_target, timing
+from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Workload
@@ -49,7 +51,8 @@ from ipu_stack.workloads.calibration import cache_folder
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
 GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
-"""The group counts the planner tries (below 2 is the layers strategy)."""
+"""The group counts a chip's pipeline tries (below 2 is the layers strategy; over several
+chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
 """How far a candidate grouping that does not place may retry with less memory before the
 next candidate is tried (the last one tried gets every retry)."""
@@ -98,16 +101,19 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                   options: CompileOptions, counts: tuple[int, ...],
                   refused: list[str] | None = None) -> list[Candidate]:
     """Each candidate that fits, best first (``refused`` collects each other candidate's
-    reason)."""
+    reason).  A count is the groups on each of ``options.chips`` chips: the tower is cut
+    into ``count x chips`` groups, each planned for its share of its chip's tiles."""
     chip = get_target(options.target).tiles
+    chips = max(1, options.chips)
     refused = [] if refused is None else refused
     layers = tower_loop(graph).count
     ranked = []
     for count in counts:
         try:
-            groups = split_tower(graph, group_layers(layers, count))
+            groups = split_tower(graph, group_layers(layers, count * chips))
         except PipelineError as why:
-            event(LOG, "pipeline candidate refused", groups=count, reason=str(why))
+            event(LOG, "pipeline candidate refused", groups=count, chips=chips,
+                  reason=str(why))
             refused.append(f"{count} groups: {why}")
             continue
         tiles = group_tiles(chip, count)
@@ -121,17 +127,33 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                 failed = str(why)
                 break
             slowest = max(slowest, planned["gemm_cycles"])
+        where = f"{count} groups a chip" if chips > 1 else f"{count} groups"
         if failed is not None:
-            event(LOG, "pipeline candidate does not fit", groups=count, tiles=tiles,
-                  reason=failed)
-            refused.append(f"{count} groups: {failed}")
+            event(LOG, "pipeline candidate does not fit", groups=count, chips=chips,
+                  tiles=tiles, reason=failed)
+            refused.append(f"{where}: {failed}")
             continue
-        event(LOG, "pipeline candidate planned", groups=count, tiles=tiles,
+        event(LOG, "pipeline candidate planned", groups=count, chips=chips, tiles=tiles,
               slowest_gemm_cycles=slowest)
-        ranked.append((count, slowest, f"{count} groups of {tiles} tiles: the slowest "
-                       f"group's GEMMs are {slowest} cycles", groups))
+        ranked.append((count, slowest, f"{where} of {tiles} tiles: the slowest group's "
+                       f"GEMMs are {slowest} cycles", groups))
     ranked.sort(key=lambda c: (c[1], c[0]))
     return ranked
+
+
+def group_counts(layers: int, chips: int, groups: int | None = None) -> tuple[int, ...]:
+    """The groups a chip the planner tries: ``groups`` when asked, else ``GROUP_COUNTS``
+    (and one a chip over several chips), as far as the tower has layers for them."""
+    if groups:
+        if groups * chips > layers:
+            raise PipelineError(f"{groups} groups on each of {chips} chips need "
+                                f"{groups * chips} layers; the tower has {layers}")
+        return (groups,)
+    counts = ((1,) if chips > 1 else ()) + GROUP_COUNTS
+    found = tuple(c for c in counts if c * chips <= layers)
+    if not found:
+        raise PipelineError(f"the tower's {layers} layers cannot fill {chips} chips")
+    return found
 
 
 def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
@@ -142,8 +164,8 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     cache = Path(options.cache_dir) if options.cache_dir else None
     with cache_folder(cache):
         graph, tensors = workload.build(params)
-    layers = tower_loop(graph).count
-    counts = (groups,) if groups else tuple(c for c in GROUP_COUNTS if c <= layers)
+    get_system(options.target, options.chips)  # --chips in range, or one line why not
+    counts = group_counts(tower_loop(graph).count, max(1, options.chips), groups)
     refused: list[str] = []
     ranked = choose_groups(workload, params, graph, tensors, options, counts, refused)
     if not ranked:
@@ -170,10 +192,12 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                     groups: list[LayerGroup], reason: str,
                     min_proportion: float | None = None) -> PipelineResult:
     chip = get_target(options.target)
+    chips = max(1, options.chips)
     count = len(groups)
-    tiles = group_tiles(chip.tiles, count)
+    per_chip = count // chips
+    tiles = group_tiles(chip.tiles, per_chip)
     program_of = _distinct(groups)
-    event(LOG, "pipeline grouping chosen", groups=count, tiles=tiles,
+    event(LOG, "pipeline grouping chosen", groups=count, chips=chips, tiles=tiles,
           layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
           reason=reason)
     compiled: dict[int, CompileResult] = {}
@@ -195,33 +219,37 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         names = [v.name for v in group.graph.values]
         records.append({
             "index": group.index, "first_layer": group.first, "layers": group.layers,
-            "tile_base": group.index * tiles, "tiles": tiles,
-            "program": slot[program_of[group.index]], "input": group.input_name,
-            "output": group.output_name,
+            "chip": group.index // per_chip, "tile_base": (group.index % per_chip) * tiles,
+            "tiles": tiles, "program": slot[program_of[group.index]],
+            "input": group.input_name, "output": group.output_name,
             "source_ops": list(group.source_ops),
             "names": {t.name: own for t, own in zip(template.graph.values, names, strict=True)
                       if t.name != own}})
-    handoff_cycles = []
     for sender, receiver in zip(groups, groups[1:], strict=False):
         send_program = compiled[program_of[sender.index]].device_program
         receive_program = compiled[program_of[receiver.index]].device_program
         assert send_program is not None and receive_program is not None
         template_out = _template_name(groups, program_of, sender, sender.output_name)
         template_in = _template_name(groups, program_of, receiver, receiver.input_name or "")
-        transfers, nbytes = handoff_transfers(send_program, template_out, receive_program,
-                                              template_in, sender.index * tiles,
-                                              receiver.index * tiles, chip.tiles)
-        schedule = schedule_exchange(transfers, phase=sender.index)
-        record, found = handoff_record(transfers, schedule, sender.index, receiver.index,
-                                       sender.output_name, nbytes)
-        horizon, _ = instruction_horizon(schedule, transfers)
-        record["estimated_cycles"] = estimate_exchange_phase(horizon) + timing.p("sync")
-        handoff_cycles.append(record["estimated_cycles"])
+        send_chip, receive_chip = sender.index // per_chip, receiver.index // per_chip
+        transfers, nbytes = handoff_transfers(
+            send_program, template_out, receive_program, template_in,
+            (sender.index % per_chip) * tiles, (receiver.index % per_chip) * tiles, chip.tiles)
+        if send_chip != receive_chip:
+            record, found = link_record(transfers, sender.index, receiver.index,
+                                        (send_chip, receive_chip), sender.output_name, nbytes)
+            record["estimated_cycles"] = estimate_link_phase(record["link_bytes"],
+                                                            chip.clock_hz)
+        else:
+            schedule = schedule_exchange(transfers, phase=sender.index)
+            record, found = handoff_record(transfers, schedule, sender.index, receiver.index,
+                                           sender.output_name, nbytes)
+            horizon, _ = instruction_horizon(schedule, transfers)
+            record["estimated_cycles"] = estimate_exchange_phase(horizon) + timing.p("sync")
         handoffs.append(record)
         arrays.update(found)
     group_cycles = [int(compiled[program_of[g.index]].estimate["cycles"]) for g in groups]
-    step = max(group_cycles) + max(handoff_cycles, default=0)
-    estimate = {"cycles": step, "group_cycles": group_cycles, "handoff_cycles": handoff_cycles}
+    estimate = _step_estimate(group_cycles, handoffs, per_chip)
     manifest = {
         "workload": {"name": workload.name, "identifier": workload.identifier(params),
                      "params": params},
@@ -237,14 +265,34 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         "pipeline": {"chip_tiles": chip.tiles, "group_tiles": tiles, "groups": records,
                      "handoffs": handoffs, "programs": len(order),
                      "steps": {"fill": count - 1, "drain": count - 1}, "reason": reason},
+        **({"system": get_system(options.target, chips).to_json()} if chips > 1 else {}),
     }
     package = out_dir / "model.ipuexe"
     write_package(package, target=chip.name, compiler_version=__version__, manifest=manifest,
                   arrays=arrays)
-    event(LOG, "pipeline package written", path=str(package), groups=count,
-          estimated_step_cycles=step)
+    event(LOG, "pipeline package written", path=str(package), groups=count, chips=chips,
+          estimated_step_cycles=estimate["cycles"])
     return PipelineResult(package, graph, tensors, groups, tiles, estimate, reason,
                           compiled=[compiled[i] for i in order])
+
+
+def _step_estimate(group_cycles: list[int], handoffs: list[dict[str, Any]],
+                   per_chip: int) -> dict[str, Any]:
+    """The planner's step: each chip's slowest group and its on-chip hand-off, the slowest
+    chip, then the link hand-off (every card syncs, then the links carry at once)."""
+    chips = len(group_cycles) // per_chip
+    chip_cycles = []
+    for chip in range(chips):
+        own = range(chip * per_chip, (chip + 1) * per_chip)
+        on_chip = [int(h["estimated_cycles"]) for h in handoffs
+                   if not h.get("link") and int(h["from"]) in own]
+        chip_cycles.append(max(group_cycles[g] for g in own) + max(on_chip, default=0))
+    links = [int(h["estimated_cycles"]) for h in handoffs if h.get("link")]
+    step = max(chip_cycles) + max(links, default=0)
+    return {"cycles": step, "group_cycles": group_cycles, "chip_cycles": chip_cycles,
+            "handoff_cycles": [int(h["estimated_cycles"]) for h in handoffs
+                               if not h.get("link")],
+            "link_cycles": links}
 
 
 def _template_name(groups: list[LayerGroup], program_of: dict[int, int], group: LayerGroup,
@@ -283,8 +331,11 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     strategy, groups = options.strategy, options.groups or None
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if options.chips > 1 and strategy == "layers":
+        raise UsageError(f"--chips {options.chips} pipelines the tower over the chips; the "
+                         "layers strategy runs on one chip")
     start = time.perf_counter()
-    if strategy == "pipeline" or (strategy == "auto" and groups):
+    if strategy == "pipeline" or (strategy == "auto" and (groups or options.chips > 1)):
         piped = compile_pipeline(workload, params, out_dir, options, groups)
         return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
                               piped.estimate, piped.timings, piped.reason)

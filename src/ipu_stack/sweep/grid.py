@@ -26,6 +26,7 @@ OPTIONS: dict[str, tuple[str, type]] = {
     "finalists": ("finalists", int),
     "strategy": ("strategy", str),
     "groups": ("groups", int),
+    "chips": ("chips", int),
 }
 
 
@@ -113,6 +114,9 @@ def expand(workload_name: str, grid: dict[str, list[str]], base_params: dict[str
             else:
                 params[key] = value
                 chosen[key] = value
+        if int(options["chips"]) > 1 and options["strategy"] == "layers" and \
+                "strategy" not in chosen:
+            options["strategy"] = "pipeline"  # over several chips a tower is pipelined
         if not 0 < float(options["memory_proportion"]) <= 1:
             raise UsageError("--grid memory-proportion values must be in (0, 1]")
         points.append(Point(workload.name, workload.resolve(params), options, chosen))

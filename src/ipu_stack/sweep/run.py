@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.runtime.pipelined import pipeline_fields, run_pipeline, stream_images
+from ipu_stack.runtime.pipelined import stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep.grid import Point
 from ipu_stack.util.errors import IpuStackError
@@ -58,12 +59,11 @@ def _run_point(point: dict[str, Any], out_dir: str) -> Record:
             compiled = compile_strategy(workload, p.params, folder, options)
             package = load_package(compiled.package)
             if compiled.strategy == "pipeline":  # one image per group: a full steady step
-                groups = len(package.manifest["pipeline"]["groups"])
                 images = stream_images(workload, p.params, compiled.graph, compiled.tensors,
-                                       groups)
-                piped = run_pipeline(package, compiled.graph, compiled.tensors, images)
+                                       images_to_fill(package))
+                piped = run_streamed(package, compiled.graph, compiled.tensors, images)
                 passed = piped.passed
-                record = pipeline_fields(piped, package, compiled.graph,
+                record = streamed_fields(piped, package, compiled.graph,
                                          workload.benchmark_fields(p.params), compiled.package,
                                          compiled.timings["compile"])
             else:

@@ -89,6 +89,18 @@ PRICES: dict[str, Fact] = {
         "on an odd event is shifted one event later"),
     "sync": Fact(90, f"{_VENDOR} syncCycles = 90: the sync ending a compute superstep"),
     "host_bytes_per_second": Fact(32e9, "C600 datasheet: PCIe Gen4 x16, 32 GB/s"),
+    # IPU-Links between neighbouring C600 cards (target.links has the system's facts).
+    "link_bytes_per_second": Fact(
+        31.25e9, "derived: 4 IPU-Links per C600 carry 1 Tbps bidirectional in all (ByteMLPerf "
+        "IPU backend README), so one link 250 Gbps bidirectional; the cable between "
+        "neighbouring cards carries 2 links: 500 Gbps bidirectional, 31.25 GB/s each way"),
+    "link_hop_cycles": Fact(
+        1500, "assumed (not public): 1 us from the first byte leaving a card to its arrival "
+        "on the next; a hand-off pays it once a step (docs/multichip.md: sensitivity)"),
+    "link_sync": Fact(
+        3000, "assumed (not public): 2 us for the sync across cards that ends a pipeline "
+        "step before the link hand-off (the on-chip sync is 90); docs/multichip.md: "
+        "sensitivity"),
 }
 
 PRICES.update({

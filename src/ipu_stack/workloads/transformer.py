@@ -37,7 +37,7 @@ from ipu_stack.ir.graph import Graph, GraphBuilder
 from ipu_stack.ir.interpret import evaluate_unrounded
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
-from ipu_stack.ir.values import DeferredTensors
+from ipu_stack.ir.values import DeferredTensors, StoredTensor
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads import calibration as calibration_cache
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
@@ -271,14 +271,20 @@ def calibrated_build(
         make(calibration, params["seed"] + 1)
         graph = calibration.b.build()
         calibration.make_weights()
-        ideal = evaluate_unrounded(graph, calibration.tensors)
-        for value in graph.values:
-            if value.type.precision.is_fp8 and value.role in ("intermediate", "input"):
-                fitted = fit_scale_exponent(ideal[value.name], headroom=2.0)
-                key = role(value.name)
-                scales[key] = max(scales.get(key, fitted), fitted)
+        fitting = [v for v in graph.values
+                   if v.type.precision.is_fp8 and v.role in ("intermediate", "input")]
+        ideal = evaluate_unrounded(graph, calibration.tensors,
+                                   keep={v.name for v in fitting})
+        for value in fitting:
+            fitted = fit_scale_exponent(ideal[value.name], headroom=2.0)
+            key = role(value.name)
+            scales[key] = max(scales.get(key, fitted), fitted)
         weight_scales = calibration.fitted
-        made = calibration.made
+        # the weights this pass made are kept for the real build as their storage codes
+        # (a giant tower's float32 weights are gigabytes)
+        made = {name: (precision, StoredTensor.of(values, precision)
+                       if precision.is_fp8 else values)
+                for name, (precision, values) in calibration.made.items()}
         del calibration, graph, ideal
         calibration_cache.store(name, params, {"activations": scales, "weights": weight_scales})
     builder = LayerBuilder(params, scales, name, weight_scales)

@@ -36,11 +36,11 @@ from ipu_stack.workloads.transformer import GELU_OPTION, LayerBuilder, calibrate
 
 
 def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps: float,
-                gelu: str) -> tuple[Parameter, ...]:
+                gelu: str, patch: int = 14) -> tuple[Parameter, ...]:
     return (
         Parameter("batch", int, 1, "images per run"),
         Parameter("image", int, image, "image side in pixels"),
-        Parameter("patch", int, 14, "patch side in pixels (the conv's kernel and stride)"),
+        Parameter("patch", int, patch, "patch side in pixels (the conv's kernel and stride)"),
         Parameter("layers", int, layers, "encoder layers"),
         Parameter("dim", int, dim, "model dimension"),
         Parameter("heads", int, heads, "attention heads"),
@@ -70,6 +70,11 @@ def image_patches(pixels: np.ndarray, patch: int | tuple[int, int],
     return np.concatenate([zeros, rows, after], axis=1)
 
 
+def _has_cls(kind: str) -> bool:
+    """The Perception Encoder towers have a CLS token (and 2D RoPE, ln_pre); SigLIP's not."""
+    return kind.startswith("pe-")
+
+
 def _tokens(params: dict[str, Any], cls: bool) -> int:
     image, patch = params["image"], params["patch"]
     if image < patch:
@@ -82,7 +87,7 @@ def _tokens(params: dict[str, Any], cls: bool) -> int:
 def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
     """Stem, layers and final norm into ``builder`` (module docstring)."""
     p = builder.p
-    cls = kind == "pe-vision"
+    cls = _has_cls(kind)
     batch, dim, patch = p["batch"], p["dim"], p["patch"]
     tokens = p["tokens"]
     depth = 3 * patch * patch
@@ -113,7 +118,7 @@ def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
 
 def build_tower(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """The tower's graph and tensors, FP8 scales fitted per role on a calibration image."""
-    params = {**params, "tokens": _tokens(params, kind == "pe-vision")}
+    params = {**params, "tokens": _tokens(params, _has_cls(kind))}
     return calibrated_build(params, kind, lambda builder, seed: _build_tower(kind, builder, seed))
 
 
@@ -125,7 +130,7 @@ def stream_image(kind: str, params: dict[str, Any], graph: Graph, index: int
     batch, image, patch = params["batch"], params["image"], params["patch"]
     pixels = rng_for(params["seed"], f"pixels.{index}").uniform(-1.0, 1.0,
                                                                 (batch, 3, image, image))
-    rows = image_patches(pixels, patch, int(kind == "pe-vision"))
+    rows = image_patches(pixels, patch, int(_has_cls(kind)))
     value = graph.by_role("input")[0]
     return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape)}
 
@@ -139,7 +144,7 @@ def _identifier(kind: str):
 
 def _fields(kind: str):
     def make(p: dict[str, Any]) -> dict[str, Any]:
-        tokens = _tokens(p, kind == "pe-vision")
+        tokens = _tokens(p, _has_cls(kind))
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "image": p["image"], "patch": p["patch"], "tokens": tokens,
                 "rows": p["batch"] * tokens, "dimension": p["dim"], "heads": p["heads"],
@@ -159,3 +164,11 @@ _register("siglip-vision", "SigLIP so400m/14-384 vision tower: patch embedding, 
           "post layer norm", _parameters(384, 27, 1152, 16, 4304, 1e-6, "tanh"))
 _register("pe-vision", "Perception Encoder Core L/14-336 vision tower: CLS, 2D RoPE, 24 layers, "
           "ln_pre and ln_post", _parameters(336, 24, 1024, 16, 4096, 1e-5, "erf"))
+# the giant towers do not fit one chip's memory (1.16 GB and 1.88 GB of FP8 weights): they
+# are the multi-chip workloads (--chips N; docs/multichip.md)
+_register("siglip2-giant", "SigLIP2 giant-opt/16-384 vision tower: patch 16, 576 tokens, width "
+          "1536, 40 layers, MLP 6144, post layer norm (1.16 B parameters)",
+          _parameters(384, 40, 1536, 16, 6144, 1e-6, "tanh", patch=16))
+_register("pe-giant", "Perception Encoder Core G/14-448 vision tower: CLS + 1024 patches, 2D "
+          "RoPE, width 1536, 50 layers, MLP 8960, ln_pre and ln_post (1.88 B parameters)",
+          _parameters(448, 50, 1536, 16, 8960, 1e-5, "erf"))

@@ -1,0 +1,170 @@
+"""One chip of a multi-chip pipeline, simulated in a worker of its own.
+
+A :class:`ChipWorker` holds only its own chip: the devices of the pipeline groups placed on
+that chip (each a simulated device of its group's tiles, loaded with its program and
+initialised with its layers' weights).  It runs an image through its groups in order and
+hands back the chip's output activation, the probe reads the verdict judges, and what each
+group executed (its supersteps' kinds and cycles).
+
+Two engines run the workers (``runtime.system``): forked processes that talk over pipes
+(the default) and Ray actors.  Both move arrays in one wire form, a JSON header and the
+raw bytes (:func:`encode` / :func:`decode`), never pickled Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.values import StoredTensor
+from ipu_stack.package import Package, read_package_bytes
+from ipu_stack.runtime.pipelined import _load_groups
+from ipu_stack.util import errors
+
+Wire = list[tuple[str, bytes]]
+"""Arrays as ``(JSON header, raw bytes)`` pairs: what crosses between a worker and the
+coordinator."""
+
+
+def encode(items: list[tuple[str, Any]]) -> Wire:
+    """``(name, array or StoredTensor)`` pairs in the wire form."""
+    out = []
+    for name, value in items:
+        stored = isinstance(value, StoredTensor)
+        array = np.ascontiguousarray(value.stored if stored else np.asarray(value))
+        header = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
+                  "precision": value.precision.to_json() if stored else None}
+        out.append((json.dumps(header), array.view(np.uint8).reshape(-1).tobytes()))
+    return out
+
+
+def decode(wire: Wire) -> list[tuple[str, Any]]:
+    """The pairs :func:`encode` made."""
+    out: list[tuple[str, Any]] = []
+    for header_text, body in wire:
+        header = json.loads(header_text)
+        precision = None if header["precision"] is None else \
+            Precision.from_json(header["precision"])
+        dtype = precision.dtype if precision is not None else np.dtype(header["dtype"])
+        array = np.frombuffer(body, dtype=dtype).reshape(header["shape"]).copy()
+        out.append((header["name"], array if precision is None
+                    else StoredTensor(precision, array)))
+    return out
+
+
+class ChipWorker:
+    """Chip ``chip``'s groups on devices of their tiles, weights loaded."""
+
+    def __init__(self, package: Package, chip: int, weights: dict[str, Any]) -> None:
+        self.chip = chip
+        self.groups = _load_groups(package, chip=chip)
+        if not self.groups:
+            raise errors.PackageError(f"the package places no pipeline group on chip {chip}")
+        for group in self.groups:
+            group.device.call("initialize", {w: weights[group.tower(w)] for w in group.weights})
+
+    @property
+    def weight_names(self) -> list[str]:
+        return [g.tower(w) for g in self.groups for w in g.weights]
+
+    def run(self, inputs: dict[str, Any], on_probes: Callable[[list], None]
+            ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+        """One image through this chip's groups: the chip's output (by the tower's names)
+        and each group's executed supersteps; probe reads go to ``on_probes`` (tower
+        names) as they arrive."""
+        carried = dict(inputs)
+        runs = []
+        for group in self.groups:
+            feed = {name: carried[group.tower(name)] for name in group.inputs}
+
+            def renamed(items: list, group: Any = group) -> None:
+                on_probes([(group.tower(name), values) for name, values in items])
+
+            report = group.device.call("run", feed, on_probes=renamed)
+            carried = {group.tower(k): v for k, v in report.outputs.items()}
+            runs.append({"group": group.index, "cycles": int(report.cycles),
+                         "supersteps": [int(c) for c in report.superstep_cycles],
+                         "kinds": list(report.superstep_kinds),
+                         "host_bytes": int(report.host_bytes)})
+        return carried, runs
+
+
+def chip_weights(package: Package, chip: int, tensors: Any) -> dict[str, Any]:
+    """The weights (by the tower's names) the groups on ``chip`` load: all a worker that
+    does not share the coordinator's memory needs to be sent."""
+    pipeline = package.manifest["pipeline"]
+    records = [r for r in pipeline["groups"] if int(r.get("chip", 0)) == chip]
+    names: list[str] = []
+    for record in records:
+        data = package.arrays[f"program.{int(record['program'])}"]
+        program = read_package_bytes(f"group program {record['program']}", data.tobytes(),
+                                     expected_target=package.target)
+        mapping = {str(k): str(v) for k, v in (record.get("names") or {}).items()}
+        names += [mapping.get(name, name) for name, info in
+                  program.manifest.get("tensors", {}).items() if info.get("role") == "weight"]
+    return {name: tensors[name] for name in names}
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes so far (a worker reports its own)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------- the pipe protocol
+def receive(conn: Connection) -> tuple[dict[str, Any], Wire]:
+    """One message: its header and its arrays in the wire form."""
+    header = json.loads(conn.recv_bytes())
+    wire = [(conn.recv_bytes().decode(), conn.recv_bytes()) for _ in range(header["arrays"])]
+    return header, wire
+
+
+def send(conn: Connection, header: dict[str, Any], wire: Wire | tuple = ()) -> None:
+    """One message: a JSON header and arrays in the wire form."""
+    conn.send_bytes(json.dumps({**header, "arrays": len(wire)}).encode())
+    for head, body in wire:
+        conn.send_bytes(head.encode())
+        conn.send_bytes(body)
+
+
+def serve(conn: Connection, package: Package, chip: int, weights: dict[str, Any]) -> None:
+    """A forked worker's loop: build chip ``chip``, then run each image it is sent until
+    told to stop; a failure goes back as one line naming its type."""
+    try:
+        worker = ChipWorker(package, chip, weights)
+        del weights
+        send(conn, {"op": "ready", "chip": chip})
+        while True:
+            header, wire = receive(conn)
+            if header["op"] == "stop":
+                return
+            number = int(header["image"])
+
+            def probes(items: list, number: int = number) -> None:
+                send(conn, {"op": "probes", "image": number}, encode(items))
+
+            outputs, runs = worker.run(dict(decode(wire)), probes)
+            send(conn, {"op": "done", "image": number, "runs": runs, "peak": peak_rss()},
+                 encode(list(outputs.items())))
+    except (EOFError, BrokenPipeError):
+        return
+    except BaseException as failure:  # noqa: BLE001 - reported to the coordinator
+        kind = type(failure).__name__ if isinstance(failure, errors.IpuStackError) \
+            else "DeviceError"
+        try:
+            send(conn, {"op": "error", "kind": kind,
+                        "message": f"{failure}" if isinstance(failure, errors.IpuStackError)
+                        else f"{type(failure).__name__}: {failure}",
+                        "trace": traceback.format_exc()})
+        except (OSError, ValueError):
+            pass
+
+
+__all__ = ["ChipWorker", "Wire", "chip_weights", "decode", "encode", "peak_rss", "receive",
+           "send", "serve"]
