@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.strategy.compile import compile_pipeline
+from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Workload
@@ -92,6 +94,48 @@ def probe_capacity(
     else:
         reason = f"reached --max-{parameter} {limit}"
     return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start)
+
+
+def _weight_bytes(workload: Workload, params: dict[str, Any]) -> int:
+    """The bytes the tower's weights take in their stored precisions (from the graph's
+    types: no weight is made)."""
+    graph, _ = workload.build(params)
+    return sum(v.type.nbytes for v in graph.by_role("weight"))
+
+
+def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
+                options: CompileOptions) -> CapacityResult:
+    """The fewest chips (1 to ``limit``) the workload fits: one chip when the layers
+    strategy compiles there, more when a pipeline over that many chips compiles.  Counts
+    whose tile memory cannot even hold the weights once are refused without a compile."""
+    get_system(options.target, limit)  # --max-chips in range, or one line why not
+    start = time.perf_counter()
+    chip = options.machine()
+    memory = chip.tiles * (chip.memory_end - chip.memory_base)
+    weights = _weight_bytes(workload, params)
+    tried: dict[int, str] = {}
+    for chips in range(1, limit + 1):
+        if weights > chips * memory:
+            reason = (f"the weights alone take {weights} bytes; {chips} chip(s) hold "
+                      f"{chips * memory}")
+        elif chips == 1:
+            reason = _fits(workload, params, replace(options, strategy="layers", chips=1))
+        else:
+            with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
+                try:
+                    compile_pipeline(workload, params, Path(out),
+                                     replace(options, strategy="pipeline", chips=chips))
+                    reason = ""
+                except CompileError as failure:
+                    reason = str(failure)
+        tried[chips] = reason or "fits"
+        event(LOG, "capacity probe", parameter="chips", size=chips, fits=not reason,
+              reason=reason or None)
+        if not reason:
+            why = f"chips={chips - 1}: {tried[chips - 1]}" if chips > 1 else "one chip fits"
+            return CapacityResult("chips", chips, why, tried, time.perf_counter() - start)
+    return CapacityResult("chips", 0, f"does not fit {limit} chips: {tried[limit]}", tried,
+                          time.perf_counter() - start)
 
 
 def capacity_options(options: CompileOptions) -> CompileOptions:

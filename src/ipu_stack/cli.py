@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack import __version__
-from ipu_stack.capacity import capacity_options, probe_capacity
+from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
 from ipu_stack.contract import check_metadata, from_manifest
 from ipu_stack.device import SimulatedIpu, device_lock
 from ipu_stack.frontend import is_program_path
@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--max-batch", type=int, help="search batch sizes up to N")
     group.add_argument("--max-blocks", type=int, help="search stacked-layer counts up to N")
     group.add_argument("--max-layers", type=int, help="search a tower's layer counts up to N")
+    group.add_argument("--max-chips", type=int,
+                       help="the fewest C600 cards (up to N) the workload fits, pipelined")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
@@ -387,6 +389,20 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     workload, params = _params(args)
+    if args.max_chips is not None:
+        if args.max_chips < 1:
+            raise UsageError("--max-chips must be at least 1")
+        found = probe_chips(workload, params, args.max_chips, capacity_options(_options(args)))
+        record = {"minimumChips": found.maximum, "workload": workload.name,
+                  "reason": found.reason, "probes": len(found.tried),
+                  "seconds": round(found.seconds, 1),
+                  "tried": {str(k): v for k, v in sorted(found.tried.items())}}
+        if args.json:
+            print(json.dumps(record))
+        else:
+            print(f"minimumChips={found.maximum} reason={log.format_value(found.reason)} "
+                  f"seconds={record['seconds']}")
+        return 0 if found.maximum else 1
     parameter, limit = next((name, value) for name, value in (
         ("batch", args.max_batch), ("blocks", args.max_blocks), ("layers", args.max_layers))
         if value is not None)
