@@ -374,8 +374,10 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
     groups = images_to_fill(package)
     count = getattr(args, "images", None) or groups
     if count < groups:  # the period is an executed step with every group busy
-        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups a "
-                         "chip: a steady step needs one image in each group")
+        chips = int(package.manifest.get("system", {}).get("chips", 1))
+        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups"
+                         + (" a chip" if chips > 1 else "")
+                         + ": a steady step needs one image in each group")
     images = stream_images(workload, params, graph, tensors, count)
     run = run_streamed(package, graph, tensors, images, args.engine, bool(args.profile),
                        package_path.read_bytes() if args.engine == "ray" else None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ from ipu_stack.runtime.chip_worker import (
 )
 from ipu_stack.runtime.host_process import HostProcess, fork_available
 from ipu_stack.runtime.pipelined import (
+    HOSTS_IN_FLIGHT,
     GroupRun,
     PipelineRun,
     _check_tower,
@@ -367,14 +369,17 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
         result.verdicts.append(verdict)
         result.outputs.append(finished.pop(number))
 
+    # images in flight: one a chip and one being judged, as far as the host has cores for
+    # their host sides (each holds one image's references: gigabytes for a giant tower)
+    in_flight = min(chips + 1, max(HOSTS_IN_FLIGHT, (os.cpu_count() or 1) // 2))
     judged = 0
     try:
         while judged < len(images):
             for chip in range(chips):
                 if busy[chip] is not None or not queues[chip]:
                     continue
-                if chip == 0 and len(hosts) > chips:
-                    continue  # images in flight: one a chip, one being judged
+                if chip == 0 and len(hosts) >= in_flight:
+                    continue  # enough images in flight (each holds a host side)
                 number = queues[chip].popleft()
                 if chip == 0:
                     own = {**weights, **images[number]}
@@ -408,7 +413,7 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
             hosts[number].put(arrived)
             hosts[number].put(None)
             finished[number] = {k: np.asarray(v) for k, v in arrived}
-            while judged in finished and len(hosts) > chips:
+            while judged in finished and len(hosts) >= in_flight:
                 judge(judged)
                 judged += 1
     except BaseException:

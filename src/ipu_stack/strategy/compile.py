@@ -146,8 +146,9 @@ def group_counts(layers: int, chips: int, groups: int | None = None) -> tuple[in
     (and one a chip over several chips), as far as the tower has layers for them."""
     if groups:
         if groups * chips > layers:
-            raise PipelineError(f"{groups} groups on each of {chips} chips need "
-                                f"{groups * chips} layers; the tower has {layers}")
+            raise PipelineError(f"cannot cut {layers} layers into {groups * chips} groups"
+                                + (f" ({groups} on each of {chips} chips)" if chips > 1
+                                   else ""))
         return (groups,)
     counts = ((1,) if chips > 1 else ()) + GROUP_COUNTS
     found = tuple(c for c in counts if c * chips <= layers)

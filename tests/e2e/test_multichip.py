@@ -1,0 +1,137 @@
+"""A tower pipelined over two linked chips through the real CLI: every image checked, the
+step built from what each chip's worker executed plus the priced link hand-off, the same
+figures from every engine, a package whose chips disagree on a hand-off refused, a worker
+that dies named by its chip, and the one-line refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from tests.helpers import bench, cli, one_error_line
+
+TOWER = ["--layers", "4", "--image", "28", "--patch", "7", "--dim", "64", "--hidden", "96",
+         "--heads", "4"]
+CLOCK = 1.5e9
+LINK_BYTES_PER_SECOND = 31.25e9  # MACHINE.md: 2 links of a 1 Tbps-bidirectional 4, each way
+HOP_AND_SYNC = 1500 + 3000  # the assumed hop and cross-card sync (docs/multichip.md)
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory, cache_dir):
+    folder = tmp_path_factory.mktemp("linked")
+    return bench("siglip-vision", *TOWER, "--chips", "2", "--groups", "2", "--images", "2",
+                 folder=folder, cache_dir=cache_dir)
+
+
+def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
+    r = linked.record
+    assert r["numericalTest"] == "PASS" and r["imagesPassed"] == 2
+    assert r["chips"] == 2 and r["groupsPerChip"] == 2 and r["pipelineGroups"] == 4
+    assert r["executionTiles"] == 2 * 1472 and r["groupTiles"] == 736
+    # the period: the slower chip's full step, then the link phase every card waits for
+    assert r["cycles"] == max(r["chipStepCycles"]) + r["linkCycles"]
+    assert r["imagesPerSecond"] == pytest.approx(CLOCK / r["cycles"], rel=1e-3)
+    assert r["imagesPerSecond"] <= r["fp8RooflineImagesPerSecond"]
+    # one image's activation crosses: 16 tokens x 64 dims, at least one byte each
+    assert r["linkBytes"] >= 16 * 64
+    cable = math.ceil(r["linkBytes"] * CLOCK / LINK_BYTES_PER_SECOND)
+    assert r["linkCycles"] >= cable + HOP_AND_SYNC
+    assert r["linkSharePercent"] == pytest.approx(100 * r["linkCycles"] / r["cycles"], abs=0.01)
+    assert len(r["workerPeakBytes"]) == 2 and min(r["workerPeakBytes"]) > 0
+    assert r["latencyMicroseconds"] * 1500 >= 4 * r["cycles"] * 0.5  # four steps' worth
+    assert "chips loaded chips=2 engine=local" in linked.stderr
+
+
+def test_the_package_places_the_groups_on_both_chips(linked):
+    code, out, err = cli(["inspect", str(linked.folder / "pkg" / "model.ipuexe"), "--json"])
+    assert code == 0, err
+    summary = json.loads(out)
+    assert [g["layers"] for g in summary["groups"]] == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    assert summary["estimate"]["link_cycles"] and len(summary["estimate"]["chip_cycles"]) == 2
+
+
+def test_running_the_package_again_gives_the_same_cycles(linked):
+    code, out, err = cli(["run", str(linked.folder / "pkg" / "model.ipuexe"), "--json"])
+    assert code == 0, err
+    again = json.loads(out.strip().splitlines()[-1])
+    for key in ("cycles", "chipStepCycles", "linkCycles", "latencyMicroseconds"):
+        assert again[key] == linked.record[key], key
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="Ray is not installed (pip install 'ipu-stack[ray]')")
+def test_ray_actors_give_the_same_figures(linked):
+    code, out, err = cli(["run", str(linked.folder / "pkg" / "model.ipuexe"), "--json",
+                          "--engine", "ray"])
+    assert code == 0, err[-3000:]
+    ray = json.loads(out.strip().splitlines()[-1])
+    assert ray["engine"] == "ray" and ray["numericalTest"] == "PASS"
+    for key in ("cycles", "chipStepCycles", "linkCycles", "linkBytes", "latencyMicroseconds",
+                "noiseRatio"):
+        assert ray[key] == linked.record[key], key
+
+
+def test_chips_that_disagree_on_a_handoff_are_refused(linked, tmp_path):
+    from ipu_stack.package import read_package, write_package
+
+    package = read_package(linked.folder / "pkg" / "model.ipuexe")
+    link = next(h for h in package.manifest["pipeline"]["handoffs"] if h.get("link"))
+    arrays = dict(package.arrays)
+    key = f"handoff.{link['from']}.src_tile"
+    assert arrays[key].size >= 2
+    arrays[key] = np.roll(arrays[key], 1)  # the same blocks, sent in another order
+    bad = tmp_path / "bad.ipuexe"
+    write_package(bad, target=package.target, compiler_version=package.compiler_version,
+                  manifest=package.manifest, arrays=arrays)
+    code, _, err = cli(["run", str(bad)])
+    line = one_error_line(code, err)
+    assert "from chip 0 to chip 1" in line and "disagree" in line
+
+
+def test_a_worker_that_dies_is_named_by_its_chip(linked, cache_dir):
+    from ipu_stack.runtime.session import hold_weights, load_package
+    from ipu_stack.runtime.system import LocalEngine, WorkerFailed
+    from ipu_stack.workloads import get_workload
+    from ipu_stack.workloads.calibration import cache_folder
+
+    package = load_package(linked.folder / "pkg" / "model.ipuexe")
+    workload = get_workload("siglip-vision")
+    with cache_folder(cache_dir):
+        graph, tensors = workload.build(workload.resolve(package.manifest["workload"]["params"]))
+    hold_weights(graph, tensors)
+    engine = LocalEngine(package, 2, tensors)
+    try:
+        os.kill(engine.processes[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerFailed, match=r"chip 1's worker died \(exit code -9\)"):
+            engine.next()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--chips", "9"], "--chips 9: a C600 cluster holds 1 to 8 cards"),
+    (["--chips", "0"], "--chips 0: a C600 cluster holds 1 to 8 cards"),
+    (["--chips", "2", "--strategy", "layers"], "the layers strategy runs on one chip"),
+    (["--chips", "4", "--groups", "2"], "cannot cut 4 layers into 8 groups (2 on each of 4 chips)"),
+    (["--chips", "2", "--groups", "2", "--images", "1"],
+     "--images 1 is fewer than the pipeline's 2 groups a chip"),
+])
+def test_multichip_refusals_are_one_line(tmp_path, cache_dir, extra, message):
+    code, _, err = cli(["bench", "siglip-vision", *TOWER, *extra, "--out", str(tmp_path / "p"),
+                        "--cache-dir", str(cache_dir), "--finalists", "1"])
+    assert message in one_error_line(code, err)
+
+
+def test_capacity_finds_the_fewest_chips(cache_dir):
+    code, out, err = cli(["capacity", "siglip-vision", *TOWER, "--max-chips", "4", "--json",
+                          "--cache-dir", str(cache_dir)])
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["minimumChips"] == 1 and record["tried"] == {"1": "fits"}
