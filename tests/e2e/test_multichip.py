@@ -135,3 +135,18 @@ def test_capacity_finds_the_fewest_chips(cache_dir):
     assert code == 0, err
     record = json.loads(out)
     assert record["minimumChips"] == 1 and record["tried"] == {"1": "fits"}
+
+
+def test_sweep_takes_chips_as_an_axis(tmp_path, cache_dir):
+    from ipu_stack.cli import main
+    from ipu_stack.sweep import read_results
+
+    out = tmp_path / "sweep"
+    code = main(["--quiet", "sweep", "siglip-vision", *TOWER, "--grid", "chips=1,2",
+                 "-o", str(out), "--workers", "1", "--cache-dir", str(cache_dir)])
+    assert code == 0
+    records = {r["point"]["chips"]: r for r in read_results(out / "results.jsonl")}
+    assert set(records) == {1, 2} and all(r["status"] == "ok" for r in records.values())
+    assert records[1]["strategy"] == "layers" and "chips" not in records[1]
+    assert records[2]["strategy"] == "pipeline" and records[2]["chips"] == 2
+    assert records[2]["executionTiles"] == 2944

@@ -37,3 +37,24 @@ def test_a_compile_makes_no_weight_and_the_values_do_not_depend_on_order(tmp_pat
     second.make_all(threads=2)  # all at once, on threads
     for name in reversed(weights):
         np.testing.assert_array_equal(np.asarray(second[name]), forward[name])
+
+
+def test_weights_kept_as_their_codes_as_soon_as_they_are_made(tmp_path, cache_dir):
+    from ipu_stack.ir.values import StoredTensor, weight_storer
+
+    workload = get_workload("siglip-vision")
+    params = workload.resolve({"layers": 1, "image": 28, "patch": 7, "dim": 64, "heads": 4,
+                               "hidden": 96})
+    options = CompileOptions(cache_dir=str(cache_dir))
+    compile_workload(workload, params, tmp_path / "a", options)  # fills the calibration cache
+    graph, plain = compile_workload(workload, params, tmp_path / "b", options).graph, \
+        compile_workload(workload, params, tmp_path / "c", options).tensors
+    stored = compile_workload(workload, params, tmp_path / "d", options).tensors
+    stored.make_all(threads=2, store=weight_storer(graph))
+    plain.make_all(threads=2)
+    fp8 = [v for v in graph.by_role("weight") if v.type.precision.is_fp8]
+    assert fp8
+    for value in fp8:
+        assert isinstance(stored[value.name], StoredTensor)
+        assert stored[value.name].stored.dtype.itemsize == 1  # one byte a weight, not four
+        np.testing.assert_array_equal(np.asarray(stored[value.name]), plain[value.name])
