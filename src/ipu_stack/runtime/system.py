@@ -39,6 +39,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ipu_stack.contract import from_manifest
 from ipu_stack.contract.handoff import handoff_transfers, same_transfers
@@ -230,6 +231,7 @@ class _RayChip:
     def __init__(self, package_bytes: bytes, chip: int, weights: Wire) -> None:
         from ipu_stack.package import read_package_bytes
         package = read_package_bytes("system package", package_bytes)
+        threadpool_limits(limits=1, user_api="blas")  # a process a chip, one core each
         self.worker = ChipWorker(package, chip, dict(decode(weights)))
 
     def run(self, number: int, inputs: Wire) -> tuple[int, list[Wire], Wire, list, int]:
@@ -339,10 +341,17 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
                        chip_of=[int(r.get("chip", 0)) for r in pipeline["groups"]],
                        link_cycles=[c for c, _ in links], link_bytes=[b for _, b in links],
                        worker_peak_bytes=[0] * chips)
+    # one BLAS thread in every process (workers and host sides are forked from here): with
+    # a process a core already, more threads only spin against each other
+    limits = threadpool_limits(limits=1, user_api="blas")
     started = time.perf_counter()
-    workers: LocalEngine | RayEngine = (
-        LocalEngine(package, chips, tensors) if engine == "local"
-        else RayEngine(package, chips, tensors, package_bytes or b""))
+    try:
+        workers: LocalEngine | RayEngine = (
+            LocalEngine(package, chips, tensors) if engine == "local"
+            else RayEngine(package, chips, tensors, package_bytes or b""))
+    except BaseException:
+        limits.restore_original_limits()
+        raise
     event(LOG, "chips loaded", chips=chips, engine=engine, groups=groups,
           tile_count=target.tiles * chips)
     outputs_only = {v.name for v in graph.by_role("output")}
@@ -422,6 +431,7 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
         raise
     finally:
         workers.close()
+        limits.restore_original_limits()
     result.simulate_seconds = time.perf_counter() - started - waited
     result.verdict_seconds = waited
     _chip_steps(result, per_chip, on_chip)

@@ -127,7 +127,8 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                 failed = str(why)
                 break
             slowest = max(slowest, planned["gemm_cycles"])
-        where = f"{count} groups a chip" if chips > 1 else f"{count} groups"
+        where = (f"{count} group{'s' if count > 1 else ''} a chip" if chips > 1
+                 else f"{count} groups")
         if failed is not None:
             event(LOG, "pipeline candidate does not fit", groups=count, chips=chips,
                   tiles=tiles, reason=failed)
