@@ -96,7 +96,7 @@ def test_chips_that_disagree_on_a_handoff_are_refused(linked, tmp_path):
 
 
 def test_a_worker_that_dies_is_named_by_its_chip(linked, cache_dir):
-    from ipu_stack.runtime.session import hold_weights, load_package
+    from ipu_stack.runtime.session import load_package
     from ipu_stack.runtime.system import LocalEngine, WorkerFailed
     from ipu_stack.workloads import get_workload
     from ipu_stack.workloads.calibration import cache_folder
@@ -105,9 +105,9 @@ def test_a_worker_that_dies_is_named_by_its_chip(linked, cache_dir):
     workload = get_workload("siglip-vision")
     with cache_folder(cache_dir):
         graph, tensors = workload.build(workload.resolve(package.manifest["workload"]["params"]))
-    hold_weights(graph, tensors)
-    engine = LocalEngine(package, 2, tensors)
+    engine = LocalEngine(package, 2, tensors, graph)
     try:
+        engine.wait_ready()
         os.kill(engine.processes[1].pid, signal.SIGKILL)
         with pytest.raises(WorkerFailed, match=r"chip 1's worker died \(exit code -9\)"):
             engine.next()

@@ -10,7 +10,7 @@ precision (the reference and the device round to it), so keeping the codes loses
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Collection, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -221,14 +221,16 @@ class DeferredTensors(MutableMapping):
         return sum(isinstance(v, _Deferred) for v in self._items.values())
 
     def make_all(self, threads: int,
-                 store: Callable[[str, np.ndarray], Any] | None = None) -> int:
+                 store: Callable[[str, np.ndarray], Any] | None = None,
+                 only: Collection[str] | None = None) -> int:
         """Make every pending value on ``threads`` worker threads (numpy's generator and
         ufuncs release the GIL); how many were made.  ``store(name, value)``, when given,
         turns each value into what is kept (its storage codes) as soon as it is made, so at
         most one float32 copy a thread is alive: a giant tower's float32 weights (7.5 GB for
-        pe-giant) never exist at once."""
+        pe-giant) never exist at once.  ``only``: just those names (a chip's worker makes
+        its own chip's weights)."""
         pending = [(name, value.make) for name, value in self._items.items()
-                   if isinstance(value, _Deferred)]
+                   if isinstance(value, _Deferred) and (only is None or name in only)]
         if not pending:
             return 0
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import Precision
-from ipu_stack.ir.values import StoredTensor
+from ipu_stack.ir.values import DeferredTensors, StoredTensor, weight_storer
 from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.pipelined import _load_groups
 from ipu_stack.util import errors
@@ -99,6 +100,11 @@ class ChipWorker:
 def chip_weights(package: Package, chip: int, tensors: Any) -> dict[str, Any]:
     """The weights (by the tower's names) the groups on ``chip`` load: all a worker that
     does not share the coordinator's memory needs to be sent."""
+    return {name: tensors[name] for name in chip_weight_names(package, chip)}
+
+
+def chip_weight_names(package: Package, chip: int) -> list[str]:
+    """The tower's names of the weights the groups on ``chip`` load."""
     pipeline = package.manifest["pipeline"]
     records = [r for r in pipeline["groups"] if int(r.get("chip", 0)) == chip]
     names: list[str] = []
@@ -109,7 +115,7 @@ def chip_weights(package: Package, chip: int, tensors: Any) -> dict[str, Any]:
         mapping = {str(k): str(v) for k, v in (record.get("names") or {}).items()}
         names += [mapping.get(name, name) for name, info in
                   program.manifest.get("tensors", {}).items() if info.get("role") == "weight"]
-    return {name: tensors[name] for name in names}
+    return names
 
 
 def peak_rss() -> int:
@@ -133,12 +139,15 @@ def send(conn: Connection, header: dict[str, Any], wire: Wire | tuple = ()) -> N
         conn.send_bytes(body)
 
 
-def serve(conn: Connection, package: Package, chip: int, weights: dict[str, Any]) -> None:
-    """A forked worker's loop: build chip ``chip``, then run each image it is sent until
+def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Graph) -> None:
+    """A forked worker's loop: make this chip's weights (and only those: a worker's memory is
+    its chip's, not the model's), build chip ``chip``, then run each image it is sent until
     told to stop; a failure goes back as one line naming its type."""
     try:
-        worker = ChipWorker(package, chip, weights)
-        del weights
+        if isinstance(tensors, DeferredTensors):
+            tensors.make_all(1, weight_storer(graph), only=set(chip_weight_names(package, chip)))
+        worker = ChipWorker(package, chip, tensors)
+        del tensors
         send(conn, {"op": "ready", "chip": chip})
         while True:
             header, wire = receive(conn)
@@ -166,5 +175,5 @@ def serve(conn: Connection, package: Package, chip: int, weights: dict[str, Any]
             pass
 
 
-__all__ = ["ChipWorker", "Wire", "chip_weights", "decode", "encode", "peak_rss", "receive",
-           "send", "serve"]
+__all__ = ["ChipWorker", "Wire", "chip_weight_names", "chip_weights", "decode", "encode",
+           "peak_rss", "receive", "send", "serve"]

@@ -167,7 +167,8 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any]) -> None:
+    def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any],
+                 graph: Graph) -> None:
         if not fork_available():
             raise UsageError("--engine local needs fork (use --engine ray)")
         context = multiprocessing.get_context("fork")
@@ -175,12 +176,16 @@ class LocalEngine:
         for chip in range(chips):
             parent, child = context.Pipe()
             process = context.Process(target=serve, name=f"ipu-chip{chip}",
-                                      args=(child, package, chip, tensors), daemon=True)
+                                      args=(child, package, chip, tensors, graph),
+                                      daemon=True)
             process.start()
             child.close()
             self.conns.append(parent)
             self.processes.append(process)
-        for chip in range(chips):  # every chip built and loaded before the first image
+
+    def wait_ready(self) -> None:
+        """Every chip built and loaded (before the first image)."""
+        for chip in range(len(self.conns)):
             header, _ = self._receive(chip)
             if header["op"] != "ready":
                 raise WorkerFailed(f"chip {chip}'s worker did not start: {header}")
@@ -332,7 +337,6 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
             chip = int(pipeline["groups"][int(record["from"])].get("chip", 0))
             on_chip[chip] = max(on_chip.get(chip, 0),
                                 handoff_phase_cycles(package, record, target.tiles))
-    hold_weights(graph, tensors)
     described = _load_groups(package, devices=False)  # programs read, no tile memories
     _check_tower(described, graph)  # before any worker starts
     modes = tower_gemm_modes(described)
@@ -345,11 +349,19 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     # a process a core already, more threads only spin against each other
     limits = threadpool_limits(limits=1, user_api="blas")
     started = time.perf_counter()
+    local: LocalEngine | None = None
     try:
-        workers: LocalEngine | RayEngine = (
-            LocalEngine(package, chips, tensors) if engine == "local"
-            else RayEngine(package, chips, tensors, package_bytes or b""))
+        if engine == "local":  # forked before the weights are made: each makes its own
+            local = LocalEngine(package, chips, tensors, graph)
+            workers: LocalEngine | RayEngine = local
+            hold_weights(graph, tensors)  # the host sides' copy, while the workers load
+            local.wait_ready()
+        else:
+            hold_weights(graph, tensors)
+            workers = RayEngine(package, chips, tensors, package_bytes or b"")
     except BaseException:
+        if local is not None:
+            local.close()
         limits.restore_original_limits()
         raise
     event(LOG, "chips loaded", chips=chips, engine=engine, groups=groups,
