@@ -171,6 +171,19 @@ def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, loc
     assert code == 2 and "was exported for [1, 3, 16, 16]" in err
 
 
+def test_an_imported_tower_over_two_chips(tmp_path: Path, cache_dir: Path, capsys) -> None:
+    torch.manual_seed(3)
+    path = tmp_path / "four.pt2"
+    torch.export.save(export(TinyVit(dim=32, heads=2, layers=4, hidden=64, image=16),
+                             torch.randn(1, 3, 16, 16)), str(path))
+    code = main(["--quiet", "bench", str(path), "--chips", "2", "--out", str(tmp_path / "b"),
+                 "--json", "--cache-dir", str(cache_dir)])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["chips"] == 2 and record["pipelineGroups"] == 2 * record["groupsPerChip"]
+    assert record["cycles"] == max(record["chipStepCycles"]) + record["linkCycles"]
+
+
 def test_builtin_options_are_refused_for_a_program(tiny: Path, tmp_path: Path, capsys) -> None:
     code = main(["--quiet", "compile", str(tiny), "--tokens", "64", "-o", str(tmp_path / "o")])
     assert code == 2 and "takes no --tokens" in capsys.readouterr().err
