@@ -391,25 +391,18 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     workload, params = _params(args)
+    options = capacity_options(_options(args))
     if args.max_chips is not None:
         if args.max_chips < 1:
             raise UsageError("--max-chips must be at least 1")
-        found = probe_chips(workload, params, args.max_chips, capacity_options(_options(args)))
-        record = {"minimumChips": found.maximum, "workload": workload.name,
-                  "reason": found.reason, "probes": len(found.tried),
-                  "seconds": round(found.seconds, 1),
-                  "tried": {str(k): v for k, v in sorted(found.tried.items())}}
-        if args.json:
-            print(json.dumps(record))
-        else:
-            print(f"minimumChips={found.maximum} reason={log.format_value(found.reason)} "
-                  f"seconds={record['seconds']}")
-        return 0 if found.maximum else 1
-    parameter, limit = next((name, value) for name, value in (
-        ("batch", args.max_batch), ("blocks", args.max_blocks), ("layers", args.max_layers))
-        if value is not None)
-    result = probe_capacity(workload, params, parameter, limit, capacity_options(_options(args)))
-    key = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers"}[parameter]
+        result, key = probe_chips(workload, params, args.max_chips, options), "minimumChips"
+    else:
+        parameter, limit = next((name, value) for name, value in (
+            ("batch", args.max_batch), ("blocks", args.max_blocks),
+            ("layers", args.max_layers)) if value is not None)
+        result = probe_capacity(workload, params, parameter, limit, options)
+        key = {"batch": "maximumBatch", "blocks": "maximumBlocks",
+               "layers": "maximumLayers"}[parameter]
     record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
               "compiles": len(result.tried), "seconds": round(result.seconds, 1),
               "tried": {str(k): v for k, v in sorted(result.tried.items())}}
@@ -418,7 +411,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         print(f"{key}={result.maximum} reason={log.format_value(result.reason)} "
               f"compiles={len(result.tried)} seconds={record['seconds']}")
-    return 0
+    return 0 if result.maximum or args.max_chips is None else 1  # no card count fits: 1
 
 
 def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:

@@ -23,14 +23,20 @@ def test_values_are_made_once_on_first_read_in_the_given_order():
     assert list(tensors) == ["x", "b", "a"]
 
 
-def test_a_compile_makes_no_weight_and_the_values_do_not_depend_on_order(tmp_path, cache_dir):
+def _compiles(tmp_path, cache_dir, layers: int, count: int):
+    """``count`` compiles of a small tower after the one that fills the calibration cache."""
     workload = get_workload("siglip-vision")
-    params = workload.resolve({"layers": 2, "image": 28, "patch": 7, "dim": 64, "heads": 4,
-                               "hidden": 96})
+    params = workload.resolve({"layers": layers, "image": 28, "patch": 7, "dim": 64,
+                               "heads": 4, "hidden": 96})
     options = CompileOptions(cache_dir=str(cache_dir))
     compile_workload(workload, params, tmp_path / "a", options)  # fills the calibration cache
-    first = compile_workload(workload, params, tmp_path / "b", options).tensors
-    second = compile_workload(workload, params, tmp_path / "c", options).tensors
+    return params, [compile_workload(workload, params, tmp_path / f"b{k}", options)
+                    for k in range(count)]
+
+
+def test_a_compile_makes_no_weight_and_the_values_do_not_depend_on_order(tmp_path, cache_dir):
+    params, done = _compiles(tmp_path, cache_dir, 2, 2)
+    first, second = done[0].tensors, done[1].tensors
     assert isinstance(first, DeferredTensors) and first.pending > 0
     weights = [v.name for v in get_workload("siglip-vision").build(params)[0].by_role("weight")]
     forward = {name: np.array(first[name]) for name in weights}  # one by one, in order
@@ -42,14 +48,8 @@ def test_a_compile_makes_no_weight_and_the_values_do_not_depend_on_order(tmp_pat
 def test_weights_kept_as_their_codes_as_soon_as_they_are_made(tmp_path, cache_dir):
     from ipu_stack.ir.values import StoredTensor, weight_storer
 
-    workload = get_workload("siglip-vision")
-    params = workload.resolve({"layers": 1, "image": 28, "patch": 7, "dim": 64, "heads": 4,
-                               "hidden": 96})
-    options = CompileOptions(cache_dir=str(cache_dir))
-    compile_workload(workload, params, tmp_path / "a", options)  # fills the calibration cache
-    graph, plain = compile_workload(workload, params, tmp_path / "b", options).graph, \
-        compile_workload(workload, params, tmp_path / "c", options).tensors
-    stored = compile_workload(workload, params, tmp_path / "d", options).tensors
+    _, done = _compiles(tmp_path, cache_dir, 1, 2)
+    graph, plain, stored = done[0].graph, done[0].tensors, done[1].tensors
     stored.make_all(threads=2, store=weight_storer(graph))
     plain.make_all(threads=2)
     fp8 = [v for v in graph.by_role("weight") if v.type.precision.is_fp8]
