@@ -25,8 +25,15 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions
-from ipu_stack.profile import Profile, format_compare, format_summary, load_profile, write_profile_files
-from ipu_stack.profile.capture import profile_of, profile_of_pipeline
+from ipu_stack.profile import (
+    Profile,
+    format_compare,
+    format_summary,
+    load_profile,
+    write_profile_files,
+    write_system_profile_files,
+)
+from ipu_stack.profile.capture import profile_of, profile_of_pipeline, profiles_of_system
 from ipu_stack.runtime.pipelined import inspect_pipeline, stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
@@ -384,9 +391,25 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
     record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
                              package_path, compile_seconds)
     if args.profile:
-        write_profile_files(Path(args.profile), profile_of_pipeline(run, package, record))
+        _write_pipeline_profile(Path(args.profile), run, package, record)
     _print_record(record, args.json)
     return 0 if run.passed else 1
+
+
+def _write_pipeline_profile(folder: Path, run: Any, package: Package,
+                            record: dict[str, Any]) -> None:
+    """A pipelined run's profile files: one chip's, or every chip's and the system trace."""
+    if "system" not in package.manifest:
+        write_profile_files(folder, profile_of_pipeline(run, package, record))
+        return
+    groups = package.manifest["pipeline"]["groups"]
+    labels = []
+    for chip in range(run.chips):
+        own = [g for g in groups if int(g.get("chip", 0)) == chip]
+        labels.append(f"chip {chip}: layers {own[0]['first_layer']}-"
+                      f"{own[-1]['first_layer'] + own[-1]['layers'] - 1}")
+    write_system_profile_files(folder, profiles_of_system(run, package, record), labels,
+                               max(run.link_cycles, default=0))
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -484,8 +507,11 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
         count = images_to_fill(package)
         run = run_streamed(package, graph, tensors,
                            stream_images(workload, params, graph, tensors, count), record=True)
-        return profile_of_pipeline(run, package, streamed_fields(
-            run, package, graph, workload.benchmark_fields(params), path, None))
+        record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
+                                 path, None)
+        if "system" in package.manifest:  # the chip that sets the period
+            return max(profiles_of_system(run, package, record), key=lambda p: p.cycles)
+        return profile_of_pipeline(run, package, record)
     result = run_package(package, graph, tensors, lock, record=True,
                          model=getattr(workload, "reference", None))
     record = benchmark_fields(result, graph, workload.benchmark_fields(params), path, None)

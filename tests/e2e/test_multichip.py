@@ -27,7 +27,7 @@ HOP_AND_SYNC = 1500 + 3000  # the assumed hop and cross-card sync (docs/multichi
 def linked(tmp_path_factory, cache_dir):
     folder = tmp_path_factory.mktemp("linked")
     return bench("siglip-vision", *TOWER, "--chips", "2", "--groups", "2", "--images", "2",
-                 folder=folder, cache_dir=cache_dir)
+                 "--profile", str(folder / "profile"), folder=folder, cache_dir=cache_dir)
 
 
 def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
@@ -47,6 +47,22 @@ def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
     assert len(r["workerPeakBytes"]) == 2 and min(r["workerPeakBytes"]) > 0
     assert r["latencyMicroseconds"] * 1500 >= 4 * r["cycles"] * 0.5  # four steps' worth
     assert "chips loaded chips=2 engine=local" in linked.stderr
+
+
+def test_the_profile_has_a_track_a_chip_and_each_chip_its_step(linked):
+    from ipu_stack.profile import load_profile
+
+    folder = linked.folder / "profile"
+    events = json.loads((folder / "trace.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {"chip 0: layers 0-1", "chip 1: layers 2-3"}
+    links = [e for e in events if e.get("cat") == "link"]
+    assert len(links) == 2 and {e["args"]["cycles"] for e in links} == {
+        linked.record["linkCycles"]}
+    chips = [load_profile(folder / f"chip{k}" / "profile.json") for k in (0, 1)]
+    assert [p.cycles for p in chips] == linked.record["chipStepCycles"]
+    assert load_profile(folder / "profile.json").cycles == max(linked.record["chipStepCycles"])
+    assert (folder / "chip1" / "report.html").read_text().count("group 3: layers 3-3") >= 1
 
 
 def test_the_package_places_the_groups_on_both_chips(linked):

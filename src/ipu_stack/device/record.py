@@ -7,6 +7,7 @@ records of a call into ``profile.json``, ``trace.json`` and ``report.html``.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,35 @@ class StepRecord:
     exchange: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
     layer: int | None = None  # the pass of the layer loop this step ran in
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (a worker hands its recorded steps to the coordinator this way); the
+        tile cycles as base64 of little-endian int32."""
+        data = {k: _plain(v) for k, v in self.__dict__.items() if k != "tile_cycles"}
+        data["tile_cycles"] = None if self.tile_cycles is None else base64.b64encode(
+            np.asarray(self.tile_cycles).astype("<i4").tobytes()).decode()
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> StepRecord:
+        raw = data.get("tile_cycles")
+        cycles = None if raw is None else \
+            np.frombuffer(base64.b64decode(raw), dtype="<i4").astype(np.int64)
+        return StepRecord(**{k: v for k, v in data.items() if k != "tile_cycles"},
+                          tile_cycles=cycles)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays made plain Python (for JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 @dataclass

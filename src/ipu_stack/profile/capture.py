@@ -41,15 +41,19 @@ def profile_of(result: RunResult, package_path: Path, record: dict[str, Any],
                          target.name, target.tiles, target.clock_hz, figures, link)
 
 
-def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, Any]) -> Profile:
+def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, Any],
+                        chip: int | None = None) -> Profile:
     """The profile of one pipeline step with every group busy (recorded with
     ``run_pipeline(record=True)``): the groups' supersteps merged as the chip runs them
     (``runtime.alignment``), each merged superstep's tiles the groups' tiles at their base,
-    then the hand-off phase; one track per group."""
+    then the hand-off phase; one track per group.  ``chip``: only that chip's groups (a
+    multi-chip run's records hold each chip's first full step)."""
     target = get_target(package.target)
     pipeline = package.manifest["pipeline"]
-    groups = sorted(run.records)
-    bases = {int(g["index"]): int(g["tile_base"]) for g in pipeline["groups"]}
+    records = [g for g in pipeline["groups"] if chip is None or int(g.get("chip", 0)) == chip]
+    groups = sorted(g for g in run.records if chip is None
+                    or int(pipeline["groups"][g].get("chip", 0)) == chip)
+    bases = {int(g["index"]): int(g["tile_base"]) for g in records}
     merged = merge([([r.kind for r in run.records[g]],
                      [r.cycles + r.sync for r in run.records[g]]) for g in groups])
     steps: list[StepRecord] = []
@@ -66,7 +70,8 @@ def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, An
                                 int(np.argmax(tiles)), dict(longest.by_kind),
                                 list(longest.calls), list(longest.busiest_work),
                                 dict(longest.exchange)))
-    handoff = max(run.handoff_cycles, default=0)
+    handoff = max(run.handoff_cycles, default=0) if chip is None else \
+        int(getattr(run, "chip_handoffs", [0])[chip])
     if handoff:
         sync = int(timing.p("sync"))
         steps.append(StepRecord(len(steps), "pipeline hand-offs", "exchange", handoff - sync,
@@ -77,8 +82,17 @@ def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, An
     totals = {"cycles": compute + exchange + sync_total, "compute": compute,
               "exchange": exchange, "sync": sync_total, "host_cycles": 0, "host_bytes": 0}
     figures = {k: record[k] for k in FIGURES + PIPELINE_FIGURES if k in record}
+    if chip is not None:
+        figures["chip"] = chip
     tracks = [[f"group {g['index']}: layers {g['first_layer']}-"
                f"{g['first_layer'] + g['layers'] - 1}", int(g["tile_base"]),
-               int(g["tile_base"]) + int(g["tiles"])] for g in pipeline["groups"]]
+               int(g["tile_base"]) + int(g["tiles"])] for g in records]
     return build_profile(steps, totals, package.manifest["workload"]["identifier"],
                          target.name, target.tiles, target.clock_hz, figures, "", tracks)
+
+
+def profiles_of_system(run: PipelineRun, package: Package, record: dict[str, Any]
+                       ) -> list[Profile]:
+    """A multi-chip run's profiles: each chip's first full step (its groups as tracks)."""
+    chips = int(package.manifest.get("system", {}).get("chips", 1))
+    return [profile_of_pipeline(run, package, record, chip) for chip in range(chips)]

@@ -157,3 +157,43 @@ def write_trace(path: Path, profile: Profile) -> int:
     text = json.dumps(trace(profile), separators=(",", ":"))
     write_text_atomic(path, text)
     return len(text)
+
+
+def system_trace(chips: list[Profile], labels: list[str], link_cycles: int) -> dict[str, Any]:
+    """The trace of a multi-chip pipeline step: one process (track) a chip.  Each chip's
+    supersteps run on its own timeline from 0, since the cards sync with each other only at
+    the end of the step; a card that finishes early waits for the slowest, then every card
+    takes part in the link hand-off.  Each chip's tile groups are threads of its process
+    (their busiest tile in each superstep)."""
+    tracks = _Tracks(chips[0].clock_hz)
+    end = max(profile.cycles for profile in chips)
+    for number, (profile, label) in enumerate(zip(chips, labels, strict=True)):
+        pid = 10 + number
+        tracks.name(pid, None, label)
+        tracks.name(pid, 1, "supersteps")
+        groups = profile.track_ranges()
+        for index, (name, _) in enumerate(groups):
+            tracks.name(pid, index + 2, name)
+        for step in profile.supersteps:
+            tracks.slice(pid, 1, step.name, step.start, step.cycles, step.kind,
+                         busiest_tile=step.busiest_tile)
+            tracks.slice(pid, 1, "sync", step.start + step.cycles, step.sync, "sync")
+            for index, (_, span) in enumerate(groups):
+                own = int(step.tile_cycles[span.start:span.stop].max()) \
+                    if step.tile_cycles is not None else 0
+                tracks.segments(pid, index + 2, step, [(0, own, step.kind, {})] if own else [])
+        tracks.slice(pid, 1, "waiting for the slowest card", profile.cycles,
+                     end - profile.cycles, "idle")
+        tracks.slice(pid, 1, "IPU-Link hand-off (with the sync across cards)", end,
+                     link_cycles, "link")
+    return {"traceEvents": tracks.events, "displayTimeUnit": "ns",
+            "otherData": {"workload": chips[0].workload, "cycles": end + link_cycles,
+                          "clock_hz": chips[0].clock_hz, "chips": len(chips)}}
+
+
+def write_system_trace(path: Path, chips: list[Profile], labels: list[str],
+                       link_cycles: int) -> int:
+    """Write a multi-chip step's ``trace.json`` atomically; returns its size in bytes."""
+    text = json.dumps(system_trace(chips, labels, link_cycles), separators=(",", ":"))
+    write_text_atomic(path, text)
+    return len(text)

@@ -63,26 +63,26 @@ def decode(wire: Wire) -> list[tuple[str, Any]]:
 class ChipWorker:
     """Chip ``chip``'s groups on devices of their tiles, weights loaded."""
 
-    def __init__(self, package: Package, chip: int, weights: dict[str, Any]) -> None:
+    def __init__(self, package: Package, chip: int, weights: dict[str, Any],
+                 record: bool = False) -> None:
         self.chip = chip
-        self.groups = _load_groups(package, chip=chip)
+        self.recording = record
+        self.groups = _load_groups(package, record, chip=chip)
         if not self.groups:
             raise errors.PackageError(f"the package places no pipeline group on chip {chip}")
         for group in self.groups:
             group.device.call("initialize", {w: weights[group.tower(w)] for w in group.weights})
 
-    @property
-    def weight_names(self) -> list[str]:
-        return [g.tower(w) for g in self.groups for w in g.weights]
-
-    def run(self, inputs: dict[str, Any], on_probes: Callable[[list], None]
+    def run(self, inputs: dict[str, Any], on_probes: Callable[[list], None], number: int = 0
             ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
-        """One image through this chip's groups: the chip's output (by the tower's names)
-        and each group's executed supersteps; probe reads go to ``on_probes`` (tower
-        names) as they arrive."""
+        """Image ``number`` through this chip's groups: the chip's output (by the tower's
+        names) and each group's executed supersteps; probe reads go to ``on_probes`` (tower
+        names) as they arrive.  When recording, a group's run carries its superstep records
+        (``records``) if it belongs to the chip's first full step: its ``j``-th group on
+        image ``G - 1 - j``."""
         carried = dict(inputs)
         runs = []
-        for group in self.groups:
+        for position, group in enumerate(self.groups):
             feed = {name: carried[group.tower(name)] for name in group.inputs}
 
             def renamed(items: list, group: Any = group) -> None:
@@ -94,6 +94,9 @@ class ChipWorker:
                          "supersteps": [int(c) for c in report.superstep_cycles],
                          "kinds": list(report.superstep_kinds),
                          "host_bytes": int(report.host_bytes)})
+            if self.recording and number + position == len(self.groups) - 1:
+                runs[-1]["records"] = [r.to_json() for r in report.steps
+                                       if r.kind in ("compute", "exchange")]
         return carried, runs
 
 
@@ -139,14 +142,15 @@ def send(conn: Connection, header: dict[str, Any], wire: Wire | tuple = ()) -> N
         conn.send_bytes(body)
 
 
-def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Graph) -> None:
+def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Graph,
+          record: bool = False) -> None:
     """A forked worker's loop: make this chip's weights (and only those: a worker's memory is
     its chip's, not the model's), build chip ``chip``, then run each image it is sent until
     told to stop; a failure goes back as one line naming its type."""
     try:
         if isinstance(tensors, DeferredTensors):
             tensors.make_all(1, weight_storer(graph), only=set(chip_weight_names(package, chip)))
-        worker = ChipWorker(package, chip, tensors)
+        worker = ChipWorker(package, chip, tensors, record)
         del tensors
         send(conn, {"op": "ready", "chip": chip})
         while True:
@@ -158,7 +162,7 @@ def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Gr
             def probes(items: list, number: int = number) -> None:
                 send(conn, {"op": "probes", "image": number}, encode(items))
 
-            outputs, runs = worker.run(dict(decode(wire)), probes)
+            outputs, runs = worker.run(dict(decode(wire)), probes, number)
             send(conn, {"op": "done", "image": number, "runs": runs, "peak": peak_rss()},
                  encode(list(outputs.items())))
     except (EOFError, BrokenPipeError):

@@ -44,6 +44,7 @@ from threadpoolctl import threadpool_limits
 from ipu_stack.contract import from_manifest
 from ipu_stack.contract.handoff import handoff_transfers, same_transfers
 from ipu_stack.device.pricing import link_cycles
+from ipu_stack.device.record import StepRecord
 from ipu_stack.exchange import Transfers
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
@@ -92,8 +93,8 @@ class SystemRun(PipelineRun):
 
     chips: int = 1
     engine: str = "local"
-    chip_of: list[int] = field(default_factory=list)  # group -> chip
     chip_steps: list[list[int]] = field(default_factory=list)  # chip -> each step's cycles
+    chip_handoffs: list[int] = field(default_factory=list)  # each chip's own hand-off
     link_cycles: list[int] = field(default_factory=list)
     link_bytes: list[int] = field(default_factory=list)
     worker_peak_bytes: list[int] = field(default_factory=list)
@@ -168,7 +169,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any],
-                 graph: Graph) -> None:
+                 graph: Graph, record: bool = False) -> None:
         if not fork_available():
             raise UsageError("--engine local needs fork (use --engine ray)")
         context = multiprocessing.get_context("fork")
@@ -176,7 +177,7 @@ class LocalEngine:
         for chip in range(chips):
             parent, child = context.Pipe()
             process = context.Process(target=serve, name=f"ipu-chip{chip}",
-                                      args=(child, package, chip, tensors, graph),
+                                      args=(child, package, chip, tensors, graph, record),
                                       daemon=True)
             process.start()
             child.close()
@@ -233,16 +234,17 @@ class LocalEngine:
 class _RayChip:
     """A Ray actor's body: one chip's worker, arrays in the wire form both ways."""
 
-    def __init__(self, package_bytes: bytes, chip: int, weights: Wire) -> None:
+    def __init__(self, package_bytes: bytes, chip: int, weights: Wire,
+                 record: bool = False) -> None:
         from ipu_stack.package import read_package_bytes
         package = read_package_bytes("system package", package_bytes)
         threadpool_limits(limits=1, user_api="blas")  # a process a chip, one core each
-        self.worker = ChipWorker(package, chip, dict(decode(weights)))
+        self.worker = ChipWorker(package, chip, dict(decode(weights)), record)
 
     def run(self, number: int, inputs: Wire) -> tuple[int, list[Wire], Wire, list, int]:
         probes: list[Wire] = []
         outputs, runs = self.worker.run(dict(decode(inputs)),
-                                        lambda items: probes.append(encode(items)))
+                                        lambda items: probes.append(encode(items)), number)
         return number, probes, encode(list(outputs.items())), runs, peak_rss()
 
 
@@ -253,7 +255,7 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any],
-                 package_bytes: bytes) -> None:
+                 package_bytes: bytes, record: bool = False) -> None:
         try:
             import ray
         except ImportError:
@@ -263,7 +265,8 @@ class RayEngine:
             ray.init(log_to_driver=False, include_dashboard=False)
         actor = ray.remote(num_cpus=0)(_RayChip)
         self.actors = [actor.remote(package_bytes, chip,
-                                    encode(list(chip_weights(package, chip, tensors).items())))
+                                    encode(list(chip_weights(package, chip, tensors).items())),
+                                    record)
                        for chip in range(chips)]
         self.pending: dict[Any, int] = {}
         self.queue: deque = deque()
@@ -319,9 +322,10 @@ def _chip_steps(run: SystemRun, per_chip: int, handoffs: dict[int, int]) -> None
 
 def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
                images: list[dict[str, np.ndarray]], engine: str = "local",
-               package_bytes: bytes | None = None) -> SystemRun:
+               package_bytes: bytes | None = None, record: bool = False) -> SystemRun:
     """Stream ``images`` through a pipeline spread over the package's chips, one worker a
-    chip (``engine``: ``local`` or ``ray``; Ray is sent ``package_bytes``)."""
+    chip (``engine``: ``local`` or ``ray``; Ray is sent ``package_bytes``; ``record``: keep
+    the superstep records of each chip's first full step, for a profile)."""
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     pipeline = package.manifest["pipeline"]
@@ -342,9 +346,9 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     modes = tower_gemm_modes(described)
     result = SystemRun(len(images), groups, [], [], {}, sorted(on_chip.values()),
                        chips=chips, engine=engine,
-                       chip_of=[int(r.get("chip", 0)) for r in pipeline["groups"]],
                        link_cycles=[c for c, _ in links], link_bytes=[b for _, b in links],
-                       worker_peak_bytes=[0] * chips)
+                       worker_peak_bytes=[0] * chips,
+                       chip_handoffs=[on_chip.get(chip, 0) for chip in range(chips)])
     # one BLAS thread in every process (workers and host sides are forked from here): with
     # a process a core already, more threads only spin against each other
     limits = threadpool_limits(limits=1, user_api="blas")
@@ -352,13 +356,13 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     local: LocalEngine | None = None
     try:
         if engine == "local":  # forked before the weights are made: each makes its own
-            local = LocalEngine(package, chips, tensors, graph)
+            local = LocalEngine(package, chips, tensors, graph, record)
             workers: LocalEngine | RayEngine = local
             hold_weights(graph, tensors)  # the host sides' copy, while the workers load
             local.wait_ready()
         else:
             hold_weights(graph, tensors)
-            workers = RayEngine(package, chips, tensors, package_bytes or b"")
+            workers = RayEngine(package, chips, tensors, package_bytes or b"", record)
     except BaseException:
         if local is not None:
             local.close()
@@ -423,6 +427,9 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
                 continue
             busy[chip] = None
             for run in header["runs"]:
+                if "records" in run:  # the chip's profiled step (``record``)
+                    result.records[int(run["group"])] = [StepRecord.from_json(r)
+                                                         for r in run["records"]]
                 result.runs[(int(run["group"]), number)] = GroupRun(
                     int(run["group"]), number, int(run["cycles"]), list(run["supersteps"]),
                     int(run["host_bytes"]), list(run["kinds"]))
@@ -463,10 +470,7 @@ def run_streamed(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                  record: bool = False, package_bytes: bytes | None = None) -> PipelineRun:
     """A pipeline package's run: on one chip in this process, over several in workers."""
     if int(package.manifest.get("system", {}).get("chips", 1)) > 1:
-        if record:
-            raise UsageError("--profile of a multi-chip run is not supported yet: profile "
-                             "one chip's groups with --chips 1")
-        return run_system(package, graph, tensors, images, engine, package_bytes)
+        return run_system(package, graph, tensors, images, engine, package_bytes, record)
     return run_pipeline(package, graph, tensors, images, record=record)
 
 
