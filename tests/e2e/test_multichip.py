@@ -70,6 +70,8 @@ def test_the_package_places_the_groups_on_both_chips(linked):
     assert code == 0, err
     summary = json.loads(out)
     assert [g["layers"] for g in summary["groups"]] == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    assert summary["chips"] == 2 and [g["chip"] for g in summary["groups"]] == [0, 0, 1, 1]
+    assert [h["link"] for h in summary["handoffs"]] == [False, True, False]
     assert summary["estimate"]["link_cycles"] and len(summary["estimate"]["chip_cycles"]) == 2
 
 

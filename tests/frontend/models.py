@@ -10,8 +10,9 @@ from torch.nn import functional as F  # noqa: N812
 
 
 def _linear(tensors: dict[str, np.ndarray], prefix: str, bias: bool) -> nn.Linear:
-    """An nn.Linear holding a builtin's ``[in, out]`` weight (transposed) and bias."""
-    w = torch.from_numpy(np.ascontiguousarray(tensors[f"{prefix}.w"].T))
+    """An nn.Linear holding a builtin's ``[in, out]`` weight (transposed) and bias (a weight
+    may be held as its FP8 codes: read through ``np.asarray``, as every reader does)."""
+    w = torch.from_numpy(np.ascontiguousarray(np.asarray(tensors[f"{prefix}.w"]).T))
     layer = nn.Linear(w.shape[1], w.shape[0], bias=bias)
     with torch.no_grad():
         layer.weight.copy_(w)
@@ -100,7 +101,7 @@ class TowerTwin(nn.Module):
     def __init__(self, tensors: dict[str, np.ndarray], params: dict, cls: bool):
         super().__init__()
         dim, patch = params["dim"], params["patch"]
-        weight = torch.from_numpy(tensors["patch.w"].T.copy()).reshape(dim, 3, patch, patch)
+        weight = torch.from_numpy(np.asarray(tensors["patch.w"]).T.copy()).reshape(dim, 3, patch, patch)
         self.embed = nn.Conv2d(3, dim, patch, stride=patch, bias=not cls)
         with torch.no_grad():
             self.embed.weight.copy_(weight)
@@ -130,8 +131,8 @@ class MlpTwin(nn.Module):
 
     def __init__(self, tensors: dict[str, np.ndarray]):
         super().__init__()
-        self.w1 = nn.Parameter(torch.from_numpy(tensors["w1.0"].T.copy()))
-        self.w2 = nn.Parameter(torch.from_numpy(tensors["w2.0"].T.copy()))
+        self.w1 = nn.Parameter(torch.from_numpy(np.asarray(tensors["w1.0"]).T.copy()))
+        self.w2 = nn.Parameter(torch.from_numpy(np.asarray(tensors["w2.0"]).T.copy()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.gelu(F.linear(x, self.w1), approximate="tanh"), self.w2)

@@ -219,14 +219,16 @@ def inspect_pipeline(package: Package) -> dict[str, Any]:
         "workload": package.manifest["workload"]["identifier"],
         "target": package.target, "compiler": package.compiler_version,
         "sha256": package.sha256, "strategy": "pipeline",
-        "groups": [{"index": g.index, "tiles": [int(g.record["tile_base"]),
+        "chips": int(package.manifest.get("system", {}).get("chips", 1)),
+        "groups": [{"index": g.index, "chip": int(g.record.get("chip", 0)),
+                    "tiles": [int(g.record["tile_base"]),
                                                 int(g.record["tile_base"]) + int(g.record["tiles"])],
                     "layers": [int(g.record["first_layer"]),
                                int(g.record["first_layer"]) + int(g.record["layers"])],
                     "program": int(g.record["program"]), "plans": g.package.manifest["plans"]}
                    for g in groups],
-        "handoffs": [{k: h[k] for k in ("from", "to", "tensor", "bytes", "transfers")}
-                     for h in pipeline["handoffs"]],
+        "handoffs": [{**{k: h[k] for k in ("from", "to", "tensor", "bytes", "transfers")},
+                      "link": bool(h.get("link"))} for h in pipeline["handoffs"]],
         "steps": pipeline["steps"],
         "estimate": package.manifest["estimate"],
     }
