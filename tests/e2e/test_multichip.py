@@ -168,3 +168,18 @@ def test_sweep_takes_chips_as_an_axis(tmp_path, cache_dir):
     assert records[1]["strategy"] == "layers" and "chips" not in records[1]
     assert records[2]["strategy"] == "pipeline" and records[2]["chips"] == 2
     assert records[2]["executionTiles"] == 2944
+
+
+@pytest.mark.parametrize(("workload", "patch", "tokens"), [
+    ("siglip2-giant", "16", 4),  # 32 px / patch 16: 2 x 2 patches, no CLS
+    ("pe-giant", "14", 5),  # 28 px / patch 14: 2 x 2 patches + CLS, 2D RoPE
+])
+def test_the_giant_towers_small_versions_over_two_chips(tmp_path, cache_dir, workload, patch,
+                                                        tokens):
+    image = str(2 * int(patch))
+    result = bench(workload, "--layers", "2", "--dim", "64", "--hidden", "128", "--heads", "4",
+                   "--image", image, "--chips", "2", folder=tmp_path, cache_dir=cache_dir)
+    r = result.record
+    assert r["numericalTest"] == "PASS" and r["chips"] == 2 and r["groupsPerChip"] == 1
+    assert r["patch"] == int(patch) and r["tokens"] == tokens
+    assert r["linkBytes"] >= tokens * 64 and r["linkCycles"] > 0
