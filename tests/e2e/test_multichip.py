@@ -183,3 +183,21 @@ def test_the_giant_towers_small_versions_over_two_chips(tmp_path, cache_dir, wor
     assert r["numericalTest"] == "PASS" and r["chips"] == 2 and r["groupsPerChip"] == 1
     assert r["patch"] == int(patch) and r["tokens"] == tokens
     assert r["linkBytes"] >= tokens * 64 and r["linkCycles"] > 0
+
+
+def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
+    from ipu_stack.runtime.pipelined import GroupRun, PipelineRun, pipeline_fields
+    from ipu_stack.runtime.session import load_package
+    from ipu_stack.util.errors import DeviceError
+    from ipu_stack.workloads import get_workload
+    from ipu_stack.workloads.calibration import cache_folder
+
+    package = load_package(linked.folder / "pkg" / "model.ipuexe")
+    workload = get_workload("siglip-vision")
+    with cache_folder(cache_dir):
+        graph, _ = workload.build(workload.resolve(package.manifest["workload"]["params"]))
+    # a step of 10 cycles: far beyond what 1472 tiles x 128 MACs a cycle can do
+    run = PipelineRun(4, 4, [], [], {(g, 0): GroupRun(g, 0, 10, [10], 0, ["compute"])
+                                     for g in range(4)}, [], step_cycles=[10] * 7)
+    with pytest.raises(DeviceError, match="exceeds the FP8 roofline of 1 chip"):
+        pipeline_fields(run, package, graph, {"batch": 1}, "pkg", None)
