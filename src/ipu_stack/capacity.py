@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Workload
+from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.capacity")
 
@@ -37,11 +39,13 @@ class CapacityResult:
     seconds: float = 0.0
 
 
-def _fits(workload: Workload, params: dict[str, Any], options: CompileOptions) -> str:
-    """'' when the workload compiles, else the one-line reason it does not."""
+def _fits(workload: Workload, params: dict[str, Any], options: CompileOptions,
+          compile: Callable[..., Any] = compile_workload) -> str:
+    """'' when the workload compiles (by ``compile``: one program, or a pipeline), else the
+    one-line reason it does not."""
     with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
         try:
-            compile_workload(workload, params, Path(out), options)
+            compile(workload, params, Path(out), options)
         except CompileError as failure:
             return str(failure)
     return ""
@@ -96,10 +100,12 @@ def probe_capacity(
     return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start)
 
 
-def _weight_bytes(workload: Workload, params: dict[str, Any]) -> int:
+def _weight_bytes(workload: Workload, params: dict[str, Any], options: CompileOptions) -> int:
     """The bytes the tower's weights take in their stored precisions (from the graph's
-    types: no weight is made)."""
-    graph, _ = workload.build(params)
+    types: no weight is made).  Built under the compile's cache folder, so a tower's FP8
+    calibration runs once, here, and the compiles after it read it from the cache."""
+    with cache_folder(Path(options.cache_dir) if options.cache_dir else None):
+        graph, _ = workload.build(params)
     return sum(v.type.nbytes for v in graph.by_role("weight"))
 
 
@@ -112,7 +118,7 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
     start = time.perf_counter()
     chip = options.machine()
     memory = chip.tiles * (chip.memory_end - chip.memory_base)
-    weights = _weight_bytes(workload, params)
+    weights = _weight_bytes(workload, params, options)
     tried: dict[int, str] = {}
     for chips in range(1, limit + 1):
         if weights > chips * memory:
@@ -121,13 +127,8 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
         elif chips == 1:
             reason = _fits(workload, params, replace(options, strategy="layers", chips=1))
         else:
-            with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
-                try:
-                    compile_pipeline(workload, params, Path(out),
-                                     replace(options, strategy="pipeline", chips=chips))
-                    reason = ""
-                except CompileError as failure:
-                    reason = str(failure)
+            reason = _fits(workload, params, replace(options, strategy="pipeline", chips=chips),
+                           compile_pipeline)
         tried[chips] = reason or "fits"
         event(LOG, "capacity probe", parameter="chips", size=chips, fits=not reason,
               reason=reason or None)

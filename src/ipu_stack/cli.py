@@ -34,7 +34,7 @@ from ipu_stack.profile import (
     write_system_profile_files,
 )
 from ipu_stack.profile.capture import profile_of, profile_of_pipeline, profiles_of_system
-from ipu_stack.runtime.pipelined import inspect_pipeline, stream_images
+from ipu_stack.runtime.pipelined import inspect_pipeline, package_chips, stream_images
 from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
 from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
 from ipu_stack.strategy import compile_strategy
@@ -381,7 +381,7 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
     groups = images_to_fill(package)
     count = getattr(args, "images", None) or groups
     if count < groups:  # the period is an executed step with every group busy
-        chips = int(package.manifest.get("system", {}).get("chips", 1))
+        chips = package_chips(package)
         raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups"
                          + (" a chip" if chips > 1 else "")
                          + ": a steady step needs one image in each group")
@@ -399,7 +399,7 @@ def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph
 def _write_pipeline_profile(folder: Path, run: Any, package: Package,
                             record: dict[str, Any]) -> None:
     """A pipelined run's profile files: one chip's, or every chip's and the system trace."""
-    if "system" not in package.manifest:
+    if package_chips(package) == 1:
         write_profile_files(folder, profile_of_pipeline(run, package, record))
         return
     groups = package.manifest["pipeline"]["groups"]
@@ -509,7 +509,7 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
                            stream_images(workload, params, graph, tensors, count), record=True)
         record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
                                  path, None)
-        if "system" in package.manifest:  # the chip that sets the period
+        if package_chips(package) > 1:  # the chip that sets the period
             return max(profiles_of_system(run, package, record), key=lambda p: p.cycles)
         return profile_of_pipeline(run, package, record)
     result = run_package(package, graph, tensors, lock, record=True,

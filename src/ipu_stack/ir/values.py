@@ -143,15 +143,15 @@ def compact_weights(graph: Graph, tensors: MutableMapping[str, Any]) -> int:
     """Replace, in place, each weight of ``tensors`` that its precision represents exactly
     by its :class:`StoredTensor` (the float32 copies are freed when nothing else holds
     them); returns the bytes the stored forms take."""
+    store = weight_storer(graph)
     held = 0
     for value in graph.by_role("weight"):
         data = tensors.get(value.name)
-        if data is None or isinstance(data, StoredTensor):
-            held += 0 if data is None else data.nbytes
+        if data is None:
             continue
-        compact = _compact(np.asarray(data, dtype=np.float32), value.type.precision)
-        tensors[value.name] = compact
-        held += int(compact.nbytes)
+        if not isinstance(data, StoredTensor):
+            data = tensors[value.name] = store(value.name, data)
+        held += int(data.nbytes)
     return held
 
 

@@ -12,7 +12,7 @@ from ipu_stack.device.record import StepRecord
 from ipu_stack.package import Package
 from ipu_stack.profile.record import Profile, build_profile
 from ipu_stack.runtime.alignment import merge
-from ipu_stack.runtime.pipelined import PipelineRun
+from ipu_stack.runtime.pipelined import PipelineRun, package_chips
 from ipu_stack.runtime.session import RunResult
 from ipu_stack.target import get_target, timing
 
@@ -94,5 +94,5 @@ def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, An
 def profiles_of_system(run: PipelineRun, package: Package, record: dict[str, Any]
                        ) -> list[Profile]:
     """A multi-chip run's profiles: each chip's first full step (its groups as tracks)."""
-    chips = int(package.manifest.get("system", {}).get("chips", 1))
+    chips = package_chips(package)
     return [profile_of_pipeline(run, package, record, chip) for chip in range(chips)]

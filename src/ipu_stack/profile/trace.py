@@ -99,6 +99,15 @@ def _critical_parts(step: Step) -> tuple[list, list]:
     return supervisor, workers
 
 
+def _group_segments(tracks: _Tracks, pid: int, first_tid: int,
+                    groups: list[tuple[str, range]], step: Step) -> None:
+    """Each tile group's busiest tile in ``step``, on threads ``first_tid``, ... of ``pid``."""
+    for number, (_, span) in enumerate(groups):
+        own = int(step.tile_cycles[span.start:span.stop].max()) \
+            if step.tile_cycles is not None else 0
+        tracks.segments(pid, first_tid + number, step, [(0, own, step.kind, {})] if own else [])
+
+
 def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
     """The trace-event object for ``profile``."""
     tracks = _Tracks(profile.clock_hz)
@@ -137,10 +146,7 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
         for tile in tiles:
             own = int(step.tile_cycles[tile]) if step.tile_cycles is not None else 0
             tracks.segments(TILES, tile, step, [(0, own, step.kind, {})] if own else [])
-        for number, (_, span) in enumerate(groups):
-            own = int(step.tile_cycles[span.start:span.stop].max()) \
-                if step.tile_cycles is not None else 0
-            tracks.segments(GROUPS, number, step, [(0, own, step.kind, {})] if own else [])
+        _group_segments(tracks, GROUPS, 0, groups, step)
         supervisor, workers = _critical_parts(step) if step.kind == "compute" else ([], [])
         if step.kind == "exchange":
             workers = [(0, step.cycles, "exchange", {})]
@@ -178,10 +184,7 @@ def system_trace(chips: list[Profile], labels: list[str], link_cycles: int) -> d
             tracks.slice(pid, 1, step.name, step.start, step.cycles, step.kind,
                          busiest_tile=step.busiest_tile)
             tracks.slice(pid, 1, "sync", step.start + step.cycles, step.sync, "sync")
-            for index, (_, span) in enumerate(groups):
-                own = int(step.tile_cycles[span.start:span.stop].max()) \
-                    if step.tile_cycles is not None else 0
-                tracks.segments(pid, index + 2, step, [(0, own, step.kind, {})] if own else [])
+            _group_segments(tracks, pid, 2, groups, step)
         tracks.slice(pid, 1, "waiting for the slowest card", profile.cycles,
                      end - profile.cycles, "idle")
         tracks.slice(pid, 1, "IPU-Link hand-off (with the sync across cards)", end,

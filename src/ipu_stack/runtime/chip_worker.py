@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.precision import Precision
-from ipu_stack.ir.values import DeferredTensors, StoredTensor, weight_storer
+from ipu_stack.ir.values import DeferredTensors, weight_storer
 from ipu_stack.package import Package, read_package_bytes
-from ipu_stack.runtime.pipelined import _load_groups
+from ipu_stack.runtime.host_process import decode_array, encode_array
+from ipu_stack.runtime.pipelined import _load_groups, renamed
 from ipu_stack.util import errors
 
 Wire = list[tuple[str, bytes]]
@@ -35,29 +35,15 @@ coordinator."""
 
 
 def encode(items: list[tuple[str, Any]]) -> Wire:
-    """``(name, array or StoredTensor)`` pairs in the wire form."""
-    out = []
-    for name, value in items:
-        stored = isinstance(value, StoredTensor)
-        array = np.ascontiguousarray(value.stored if stored else np.asarray(value))
-        header = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
-                  "precision": value.precision.to_json() if stored else None}
-        out.append((json.dumps(header), array.view(np.uint8).reshape(-1).tobytes()))
-    return out
+    """``(name, array or StoredTensor)`` pairs in the wire form (``host_process``'s, with
+    the bytes copied out, as Ray sends them)."""
+    return [(header, bytes(body)) for header, body in
+            (encode_array(name, value) for name, value in items)]
 
 
 def decode(wire: Wire) -> list[tuple[str, Any]]:
     """The pairs :func:`encode` made."""
-    out: list[tuple[str, Any]] = []
-    for header_text, body in wire:
-        header = json.loads(header_text)
-        precision = None if header["precision"] is None else \
-            Precision.from_json(header["precision"])
-        dtype = precision.dtype if precision is not None else np.dtype(header["dtype"])
-        array = np.frombuffer(body, dtype=dtype).reshape(header["shape"]).copy()
-        out.append((header["name"], array if precision is None
-                    else StoredTensor(precision, array)))
-    return out
+    return [decode_array(header, body) for header, body in wire]
 
 
 class ChipWorker:
@@ -84,11 +70,7 @@ class ChipWorker:
         runs = []
         for position, group in enumerate(self.groups):
             feed = {name: carried[group.tower(name)] for name in group.inputs}
-
-            def renamed(items: list, group: Any = group) -> None:
-                on_probes([(group.tower(name), values) for name, values in items])
-
-            report = group.device.call("run", feed, on_probes=renamed)
+            report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
             carried = {group.tower(k): v for k, v in report.outputs.items()}
             runs.append({"group": group.index, "cycles": int(report.cycles),
                          "supersteps": [int(c) for c in report.superstep_cycles],

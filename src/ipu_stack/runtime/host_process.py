@@ -39,19 +39,20 @@ from ipu_stack.util import errors
 Items = list[tuple[str, Any]]
 
 
-def _send_array(conn: Connection, name: str, value: Any) -> None:
-    """One named array: a header, then its bytes (storage codes for a stored tensor)."""
+def encode_array(name: str, value: Any) -> tuple[str, Any]:
+    """One named array as ``(JSON header, its bytes)``: storage codes for a stored tensor.
+    The bytes are a view of the array (``b""`` when empty); the wire form of every array
+    that crosses between processes here and in ``runtime.chip_worker``."""
     stored = isinstance(value, StoredTensor)
     array = np.ascontiguousarray(value.stored if stored else np.asarray(value))
     header = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
               "precision": value.precision.to_json() if stored else None}
-    conn.send_bytes(json.dumps(header).encode())
-    conn.send_bytes(array.view(np.uint8).reshape(-1) if array.size else b"")
+    return json.dumps(header), (array.view(np.uint8).reshape(-1) if array.size else b"")
 
 
-def _receive_array(conn: Connection) -> tuple[str, Any]:
-    header = json.loads(conn.recv_bytes())
-    body = conn.recv_bytes()
+def decode_array(header_text: str | bytes, body: bytes) -> tuple[str, Any]:
+    """The ``(name, array or StoredTensor)`` :func:`encode_array` made (a writable copy)."""
+    header = json.loads(header_text)
     precision = None if header["precision"] is None else Precision.from_json(header["precision"])
     # storage codes take their precision's dtype (FP8 has no numpy type string of its own)
     dtype = precision.dtype if precision is not None else np.dtype(header["dtype"])
@@ -59,6 +60,18 @@ def _receive_array(conn: Connection) -> tuple[str, Any]:
     if precision is not None:
         return header["name"], StoredTensor(precision, array)
     return header["name"], array
+
+
+def _send_array(conn: Connection, name: str, value: Any) -> None:
+    """One named array: a header, then its bytes."""
+    header, body = encode_array(name, value)
+    conn.send_bytes(header.encode())
+    conn.send_bytes(body)
+
+
+def _receive_array(conn: Connection) -> tuple[str, Any]:
+    header = conn.recv_bytes()
+    return decode_array(header, conn.recv_bytes())
 
 
 def _send_items(conn: Connection, items: Items | None) -> None:

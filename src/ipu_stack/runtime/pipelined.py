@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +219,7 @@ def inspect_pipeline(package: Package) -> dict[str, Any]:
         "workload": package.manifest["workload"]["identifier"],
         "target": package.target, "compiler": package.compiler_version,
         "sha256": package.sha256, "strategy": "pipeline",
-        "chips": int(package.manifest.get("system", {}).get("chips", 1)),
+        "chips": package_chips(package),
         "groups": [{"index": g.index, "chip": int(g.record.get("chip", 0)),
                     "tiles": [int(g.record["tile_base"]),
                                                 int(g.record["tile_base"]) + int(g.record["tiles"])],
@@ -256,11 +256,17 @@ def tower_gemm_modes(groups: list[_Group]) -> dict[str, dict]:
     return dict(sorted(modes.items(), key=lambda item: int(item[0])))
 
 
-def _renamed(host: HostProcess | _HostThread, group: _Group):  # noqa: ANN202
-    """Hand the host side a group's probe reads under the tower's names."""
-    def put(items: list) -> None:
-        host.put([(group.tower(name), values) for name, values in items])
-    return put
+def renamed(put: Callable[[list], None], group: _Group) -> Callable[[list], None]:
+    """Hand ``put`` (a host side's, or a chip worker's) a group's probe reads under the
+    tower's names."""
+    def forward(items: list) -> None:
+        put([(group.tower(name), values) for name, values in items])
+    return forward
+
+
+def package_chips(package: Package) -> int:
+    """The cards a pipeline package spreads its groups over (1 without a system record)."""
+    return int(package.manifest.get("system", {}).get("chips", 1))
 
 
 def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
@@ -312,7 +318,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                 for group in groups:
                     inputs = {name: carried[group.tower(name)] for name in group.inputs}
                     report = group.device.call("run", inputs,
-                                               on_probes=_renamed(host, group))
+                                               on_probes=renamed(host.put, group))
                     carried = {group.tower(k): v for k, v in report.outputs.items()}
                     if record and number + group.index == result.profiled_step:
                         result.records[group.index] = [
@@ -429,5 +435,5 @@ def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
     return images
 
 
-__all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "pipeline_fields",
-           "run_pipeline", "step_schedule", "stream_images"]
+__all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "package_chips",
+           "pipeline_fields", "renamed", "run_pipeline", "step_schedule", "stream_images"]

@@ -47,7 +47,7 @@ from ipu_stack.device.pricing import link_cycles
 from ipu_stack.device.record import StepRecord
 from ipu_stack.exchange import Transfers
 from ipu_stack.ir.graph import Graph
-from ipu_stack.package import Package
+from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.alignment import merge
 from ipu_stack.runtime.chip_worker import (
     ChipWorker,
@@ -69,6 +69,7 @@ from ipu_stack.runtime.pipelined import (
     _load_groups,
     group_programs,
     handoff_phase_cycles,
+    package_chips,
     pipeline_fields,
     run_pipeline,
     tower_gemm_modes,
@@ -118,13 +119,15 @@ class SystemRun(PipelineRun):
 
 
 # ---------------------------------------------------------------- checks on the package
-def verify_links(package: Package) -> list[tuple[int, int]]:
+def verify_links(package: Package, programs: dict[int, Package] | None = None
+                 ) -> list[tuple[int, int]]:
     """Every hand-off over a link, derived again from the two chips' programs, is the
     package's (the same transfers in the same order, the same bytes): the chips agree on
-    what crosses.  Returns each link's ``(cycles, bytes)`` as the device prices it."""
+    what crosses.  Returns each link's ``(cycles, bytes)`` as the device prices it
+    (``programs``: the group programs by slot, when already read)."""
     pipeline = package.manifest["pipeline"]
     records = {int(r["index"]): r for r in pipeline["groups"]}
-    programs = group_programs(package)
+    programs = group_programs(package) if programs is None else programs
     priced = []
     for handoff in pipeline["handoffs"]:
         if not handoff.get("link"):
@@ -236,7 +239,6 @@ class _RayChip:
 
     def __init__(self, package_bytes: bytes, chip: int, weights: Wire,
                  record: bool = False) -> None:
-        from ipu_stack.package import read_package_bytes
         package = read_package_bytes("system package", package_bytes)
         threadpool_limits(limits=1, user_api="blas")  # a process a chip, one core each
         self.worker = ChipWorker(package, chip, dict(decode(weights)), record)
@@ -329,11 +331,12 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     pipeline = package.manifest["pipeline"]
-    chips = int(package.manifest.get("system", {}).get("chips", 1))
+    chips = package_chips(package)
     groups = len(pipeline["groups"])
     per_chip = groups // chips
     target = get_target(package.target)
-    links = verify_links(package)
+    described = _load_groups(package, devices=False)  # programs read, no tile memories
+    links = verify_links(package, {int(g.record["program"]): g.package for g in described})
     # the chips' own hand-off phases, verified and priced as the device does
     on_chip: dict[int, int] = {}
     for record in pipeline["handoffs"]:
@@ -341,7 +344,6 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
             chip = int(pipeline["groups"][int(record["from"])].get("chip", 0))
             on_chip[chip] = max(on_chip.get(chip, 0),
                                 handoff_phase_cycles(package, record, target.tiles))
-    described = _load_groups(package, devices=False)  # programs read, no tile memories
     _check_tower(described, graph)  # before any worker starts
     modes = tower_gemm_modes(described)
     result = SystemRun(len(images), groups, [], [], {}, sorted(on_chip.values()),
@@ -461,7 +463,7 @@ def images_to_fill(package: Package) -> int:
     """The fewest images whose run executes a full step of every chip: one a group of a
     chip (the chips couple only through the link phase)."""
     pipeline = package.manifest["pipeline"]
-    chips = int(package.manifest.get("system", {}).get("chips", 1))
+    chips = package_chips(package)
     return len(pipeline["groups"]) // chips
 
 
@@ -469,7 +471,7 @@ def run_streamed(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                  images: list[dict[str, np.ndarray]], engine: str = "local",
                  record: bool = False, package_bytes: bytes | None = None) -> PipelineRun:
     """A pipeline package's run: on one chip in this process, over several in workers."""
-    if int(package.manifest.get("system", {}).get("chips", 1)) > 1:
+    if package_chips(package) > 1:
         return run_system(package, graph, tensors, images, engine, package_bytes, record)
     return run_pipeline(package, graph, tensors, images, record=record)
 
