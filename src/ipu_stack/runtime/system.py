@@ -169,8 +169,6 @@ def verify_links(package: Package, programs: dict[int, Package] | None = None
 class LocalEngine:
     """One forked process a chip, pipes to the coordinator."""
 
-    name = "local"
-
     def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any],
                  graph: Graph, record: bool = False) -> None:
         if not fork_available():
@@ -254,8 +252,6 @@ class RayEngine:
     """One Ray actor a chip (``ray.init()`` joins a cluster named by ``RAY_ADDRESS`` or
     starts a local one)."""
 
-    name = "ray"
-
     def __init__(self, package: Package, chips: int, tensors: Mapping[str, Any],
                  package_bytes: bytes, record: bool = False) -> None:
         try:
@@ -301,8 +297,9 @@ class RayEngine:
 
 
 # --------------------------------------------------------------------------- the run
-def _chip_steps(run: SystemRun, per_chip: int, handoffs: dict[int, int]) -> None:
+def _chip_steps(run: SystemRun) -> None:
     """Each chip's cycles in each step, and the system's steps (module docstring)."""
+    per_chip = run.groups // run.chips
     steps = run.images + run.groups - 1
     link = max(run.link_cycles, default=0)
     run.chip_steps = [[0] * steps for _ in range(run.chips)]
@@ -315,7 +312,7 @@ def _chip_steps(run: SystemRun, per_chip: int, handoffs: dict[int, int]) -> None
                 continue
             cycles = merge([(run.runs[p].kinds, run.runs[p].supersteps) for p in busy]).total
             if any(g != own[-1] for g, _ in busy):  # the chip's own hand-off phase
-                cycles += handoffs.get(chip, 0)
+                cycles += run.chip_handoffs[chip]
             run.chip_steps[chip][s] = cycles
             slowest = max(slowest, cycles)
             linked |= any(g == own[-1] and chip < run.chips - 1 for g, _ in busy)
@@ -333,7 +330,6 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     pipeline = package.manifest["pipeline"]
     chips = package_chips(package)
     groups = len(pipeline["groups"])
-    per_chip = groups // chips
     target = get_target(package.target)
     described = _load_groups(package, devices=False)  # programs read, no tile memories
     links = verify_links(package, {int(g.record["program"]): g.package for g in described})
@@ -455,7 +451,7 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
         limits.restore_original_limits()
     result.simulate_seconds = time.perf_counter() - started - waited
     result.verdict_seconds = waited
-    _chip_steps(result, per_chip, on_chip)
+    _chip_steps(result)
     return result
 
 
