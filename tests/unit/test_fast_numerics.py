@@ -17,7 +17,9 @@ import pytest
 from ipu_stack.ir import precision as precision_module
 from ipu_stack.ir import rounding
 from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
+from ipu_stack.kernels import epilogue as epilogue_module
 from ipu_stack.kernels import gemm as gemm_module
+from ipu_stack.kernels import rowwise as rowwise_module
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.epilogue import epilogue_params
@@ -221,6 +223,17 @@ def both_paths(params: dict, family: str, addresses: list[list[int]], legacy,
     assert [(w.kind, w.counts) for w in new_works] == [(w.kind, w.counts) for w in old_works[0]]
 
 
+@pytest.fixture(params=["whole", "chunked"])
+def chunking(request, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the all-tiles path in one batch, or in chunks of one to three tiles with an
+    uneven last chunk (the chunk sizes a tower's calls get, scaled to these small blocks)."""
+    if request.param == "chunked":
+        for module, name in ((rowwise_module, "CHUNK_BYTES"), (epilogue_module, "CHUNK_BYTES"),
+                             (rounding, "PASS_BATCH_BYTES"), (gemm_module, "CHUNK_BYTES")):
+            monkeypatch.setattr(module, name, 2600)
+    return request.param
+
+
 def shifted(base: list[int], step: int = 64) -> list[list[int]]:
     """Each tile's operands at its own addresses (a placement that differs per tile)."""
     return [[address + i * step if address > 0 else address for address in base]
@@ -234,7 +247,7 @@ def shifted(base: list[int], step: int = 64) -> list[list[int]]:
     (f143(-3), f143(-5), 7, 40, 19, "f16", False),
     (F16, F16, 5, 24, 9, "f16", False),
 ])
-def test_gemm_both_paths(pa, pb, rows, depth, cols, mode, transposed, legacy) -> None:
+def test_gemm_both_paths(pa, pb, rows, depth, cols, mode, transposed, legacy, chunking) -> None:
     a_pitch = -(-depth * pa.itemsize // 4) * 4 + 4
     b_rows, b_cols = (cols, depth) if transposed else (depth, cols)
     b_pitch = -(-b_cols * pb.itemsize // 4) * 4
@@ -254,7 +267,7 @@ def test_gemm_both_paths(pa, pb, rows, depth, cols, mode, transposed, legacy) ->
     (F32, [["bias", F32.to_json()], ["gelu_erf", F32.to_json()], ["cast", F16.to_json()]],
      F16, F16),
 ])
-def test_reduce_both_paths(partials, chain, bias, out, legacy) -> None:
+def test_reduce_both_paths(partials, chain, bias, out, legacy, chunking) -> None:
     rows, cols, parts = 11, 21, 3
     pitch = -(-cols * partials.itemsize // 4) * 4
     params = epilogue_params(parts, rows, cols, pitch, 12, chain, bias, out, 64, partials)
@@ -272,7 +285,7 @@ def test_reduce_both_paths(partials, chain, bias, out, legacy) -> None:
     ("chain", {"chain": [["bias", F16.to_json()], ["gelu_tanh", F16.to_json()],
                          ["cast", f152(-3).to_json()]]}, F16, f152(-3)),
 ])
-def test_row_both_paths(op, extra, aux, out, legacy) -> None:
+def test_row_both_paths(op, extra, aux, out, legacy, chunking) -> None:
     rows, cols = 9, 24
     params = row_params(op, rows, cols, F16, 64, out, 64, aux, 64, **extra)
     memory = random_memory(len(op))

@@ -264,38 +264,49 @@ def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray
     return out.reshape(np.shape(stored))
 
 
+PASS_BATCH_BYTES = 256 << 10  # one sub-batch's products and partials: held in L2
+
+
 def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``
     ``[batch, depth, cols]`` (float32 values of FP8 operands); each ``pass_depth``-deep slice
     is one float32 matrix product, added to an FP16 partial that is rounded after every
     pass.  Returns the partials as float16 ``[batch, rows, cols]``.
 
-    Each pass is one BLAS call on views of the pass's A columns and B's rows (numpy's
-    stacked matmul runs tile-sized products at a third of the speed of a loop of 2-D
-    calls), into one product buffer that the compiled loop folds into the
-    partial at once; the partial is encoded while still in cache."""
+    The items go in sub-batches whose products and partials stay in cache.  Each pass is one
+    stacked matmul over the sub-batch (numpy makes one BLAS call per item, on views of the
+    pass's A columns and B rows, the same call a 2-D product makes, so the same bits), and a
+    compiled loop folds it into the partials; the last pass folds and encodes in one sweep.
+    One call per pass and sub-batch, not per item: a tower's GEMMs are about a million
+    tile-sized passes, and the Python around each call cost more than its product."""
     batch, rows, depth = a.shape
     cols = b.shape[-1]
-    codes = np.empty((batch, rows * cols), dtype=np.uint16)
-    partial = np.empty((1, rows * cols), dtype=np.float32)
-    dot = np.empty((rows, cols), dtype=np.float32)
-    folded = dot.reshape(1, 1, rows * cols)
-    flat_dot = dot.reshape(-1)
-    none = np.empty(0, dtype=np.float32)
+    size = rows * cols
+    codes = np.empty((batch, size), dtype=np.uint16)
     starts = list(range(0, depth, pass_depth))
-    for item in range(batch):
-        a_item, b_item = a[item], b[item]
-        if len(starts) > 1:
-            partial.fill(0.0)
+    step = max(1, PASS_BATCH_BYTES // max(1, 8 * size))
+    dots = np.empty((min(step, batch), rows, cols), dtype=np.float32)
+    partial = np.empty((min(step, batch), size if len(starts) > 1 else 0), dtype=np.float32)
+    for first in range(0, batch, step):
+        last = min(first + step, batch)
+        dot, folded = dots[: last - first], partial[: last - first]
+        flat = dot.reshape(last - first, 1, size)
+        folded.fill(0.0)
         for lo in starts:
             hi = min(lo + pass_depth, depth)
-            a_pass = a_item[:, lo:hi]  # a strided view: BLAS reads it in place
-            np.matmul(a_pass, b_item[lo:hi], out=dot)
+            np.matmul(a[first:last, :, lo:hi], b[first:last, lo:hi], out=dot)
             if lo != starts[-1]:
-                _accumulate(folded, partial)
+                _accumulate(flat, folded)
             else:  # the last pass folds and encodes in one sweep
-                _fold_encode(flat_dot, partial[0] if len(starts) > 1 else none, codes[item])
+                _fold_encode_batch(flat, folded, codes[first:last])
     return codes.view(np.float16).reshape(batch, rows, cols)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fold_encode_batch(dots: np.ndarray, partial: np.ndarray, out: np.ndarray) -> None:
+    """:func:`_fold_encode` for each item of a sub-batch (``dots`` ``[batch, 1, size]``)."""
+    for item in range(out.shape[0]):
+        _fold_encode(dots[item, 0], partial[item], out[item])
 
 
 CACHE_BYTES = 1 << 20  # a column strip's partials and products: kept within L2 (1.25-2 MiB)

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import F32, Precision
-from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
+from ipu_stack.kernels.base import (
+    KernelFamily,
+    Region,
+    read_values,
+    register,
+    tile_chunks,
+    write_rows,
+)
 from ipu_stack.kernels.elementwise import apply_chain, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
@@ -34,7 +41,21 @@ def _partial(p: dict[str, Any]) -> Precision:
     return Precision.from_json(p.get("partials", {"kind": "F32"}))
 
 
+CHUNK_BYTES = 1 << 20  # float32 bytes of the sum per chunk of tiles: it stays in L2
+
+
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
+    """A chunk of tiles at a time (``tile_chunks``); each tile's sum is its own."""
+    rows, cols, parts = p["rows"], p["cols"], p["parts"]
+    for chunk, at in tile_chunks(tiles, addresses, 4 * rows * cols, CHUNK_BYTES):
+        _run_chunk(p, mem, chunk, at)
+    reduce = Work("reduce", {"per_worker": split_over_workers(rows * cols), "parts": parts,
+                             "f32_partials": _partial(p).kind == "F32"})
+    return [reduce, *chain_work(p["chain"], rows, cols)]
+
+
+def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
+               addresses: list[np.ndarray]) -> None:
     own_addr, recv_addr, bias_addr, out_addr = addresses
     rows, cols, parts = p["rows"], p["cols"], p["parts"]
     partial = _partial(p)
@@ -51,9 +72,6 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     out = Precision.from_json(p["out"])
     stored = out.quantize(result)
     write_rows(mem, tiles, out_addr, p["out_pitch"], stored.view(np.uint8))
-    reduce = Work("reduce", {"per_worker": split_over_workers(rows * cols), "parts": parts,
-                             "f32_partials": partial.kind == "F32"})
-    return [reduce, *chain_work(p["chain"], rows, cols)]
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:

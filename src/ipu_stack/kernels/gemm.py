@@ -29,10 +29,10 @@ from ipu_stack.ir.rounding import fp16_pass_codes
 from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
-    per_tile,
     read_matrix,
     read_values,
     register,
+    tile_chunks,
     write_rows,
 )
 from ipu_stack.target.timing import Work, p, split_over_workers
@@ -74,18 +74,15 @@ CHUNK_BYTES = 32 << 20  # decoded operand bytes per batch: keeps the working set
 
 def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
          addresses: list[int]) -> list[Work]:
-    a_at, b_at, out_at, scratch_at = (per_tile(address, tiles) for address in addresses)
     pa, pb = Precision.from_json(params["a"]), Precision.from_json(params["b"])
     rows, depth, cols = params["rows"], params["depth"], params["cols"]
     b_rows, b_cols = b_shape(params)
     mode = params["mode"]
     cast = scratch_bytes(params) > 0
-    step = max(1, CHUNK_BYTES // (4 * (rows * depth + depth * cols + rows * cols)))
     depth_passes = 0
-    for start in range(0, len(tiles), step):
-        chunk = tiles[start : start + step]
-        a_addr, b_addr, out_addr, scratch_addr = (
-            at[start : start + step] for at in (a_at, b_at, out_at, scratch_at))
+    tile_bytes = 4 * (rows * depth + depth * cols + rows * cols)
+    for chunk, (a_addr, b_addr, out_addr, scratch_addr) in tile_chunks(
+            tiles, addresses, tile_bytes, CHUNK_BYTES):
         a = read_values(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa)
         b = read_values(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"], pb)
         if cast:  # FP8 -> F16 into the scratch operand, then the F16 AMP reads it back

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.kernels.base import KernelFamily, Region, read_values, register, write_rows
+from ipu_stack.kernels.base import (
+    KernelFamily,
+    Region,
+    read_values,
+    register,
+    tile_chunks,
+    write_rows,
+)
 from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
@@ -83,7 +90,20 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
     return out.reshape(shape).astype(np.float32)
 
 
+CHUNK_BYTES = 1 << 20  # float32 bytes of x per chunk of tiles: its temporaries stay in L2
+
+
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
+    """A chunk of tiles at a time (``tile_chunks``): every operation works along rows, so
+    a row's result does not depend on the chunk it is in."""
+    rows, cols = p["rows"], p["cols"]
+    for chunk, at in tile_chunks(tiles, addresses, 4 * rows * cols, CHUNK_BYTES):
+        _run_chunk(p, mem, chunk, at)
+    return _work(p, (len(tiles), rows, cols))
+
+
+def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
+               addresses: list[np.ndarray]) -> None:
     x_addr, aux0, aux1, out_addr = addresses
     rows, cols, op = p["rows"], p["cols"], p["op"]
     x = _matrix(mem, tiles, x_addr, rows, cols, p["x_pitch"], p["x"])
@@ -125,7 +145,6 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         raise ValueError(f"unknown row operation {op!r}")
     out = Precision.from_json(p["out"])
     write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
-    return _work(p, x.shape)
 
 
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
