@@ -151,6 +151,26 @@ def _gather_decoded(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, r
                     flat[at + c] = table[low | (np.int64(source[start + 2 * c + 1]) << 8)]
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_decoded_add(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
+                        cols: int, pitch: int, item: int, table: np.ndarray,
+                        total: np.ndarray) -> None:
+    """``total += `` the decoded elements, as :func:`_gather_decoded` reads them (one float32
+    add per element, as numpy's ``+=`` of the gathered array makes)."""
+    for t in range(tiles.size):
+        source, base = mem[tiles[t]], addresses[t]
+        flat = total[t].reshape(-1)
+        for r in range(rows):
+            start, at = base + r * pitch, r * cols
+            if item == 1:
+                for c in range(cols):
+                    flat[at + c] += table[source[start + c]]
+            else:
+                for c in range(cols):
+                    low = np.int64(source[start + 2 * c])
+                    flat[at + c] += table[low | (np.int64(source[start + 2 * c + 1]) << 8)]
+
+
 def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
     """An operand's address on each tile of a call (int64 ``[len(tiles)]``)."""
     return np.broadcast_to(np.asarray(address, dtype=np.int64), (len(tiles),))
@@ -213,6 +233,24 @@ def read_matrix(
     return read_rows(mem, tiles, address, rows, cols * item, pitch).view(dtype)
 
 
+def _table(precision: Precision) -> np.ndarray:
+    return (rounding.f16_table() if precision.kind == "F16"
+            else rounding.fp8_table(precision.kind, precision.scale_exponent))
+
+
+def add_values(total: np.ndarray, mem: np.ndarray, tiles: np.ndarray,
+               address: int | np.ndarray, rows: int, cols: int, pitch: int,
+               precision: Precision) -> None:
+    """``total += read_values(...)`` in one pass: a reduce adds up to 27 partials of a
+    tile, and each gathered array was a fresh ``[tiles, rows, cols]`` float32 temporary."""
+    if precision.kind == "F32" or rows == 0:
+        total += read_values(mem, tiles, address, rows, cols, pitch, precision)
+        return
+    _gather_decoded_add(mem, np.asarray(tiles, dtype=np.int64),
+                        np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
+                        precision.itemsize, _table(precision), total)
+
+
 def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, rows: int,
                 cols: int, pitch: int, precision: Precision) -> np.ndarray:
     """The float32 values of a ``[T, rows, cols]`` operand of ``precision``: FP8 and F16
@@ -220,10 +258,8 @@ def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, r
     if precision.kind == "F32" or rows == 0:
         return precision.dequantize(read_matrix(mem, tiles, address, rows, cols, pitch,
                                                 precision.dtype))
-    table = (rounding.f16_table() if precision.kind == "F16"
-             else rounding.fp8_table(precision.kind, precision.scale_exponent))
     out = np.empty((len(tiles), rows, cols), dtype=np.float32)
     _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
                     np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
-                    precision.itemsize, table, out)
+                    precision.itemsize, _table(precision), out)
     return out

@@ -21,6 +21,7 @@ from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
+    add_values,
     read_values,
     register,
     tile_chunks,
@@ -62,8 +63,8 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     total = read_values(mem, tiles, own_addr, rows, cols, p["partial_pitch"], partial)
     slot = p["slot_rows"] * p["partial_pitch"]  # received slices are full sub-blocks
     for k in range(parts - 1):
-        total += read_values(mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"],
-                             partial)
+        add_values(total, mem, tiles, recv_addr + k * slot, rows, cols, p["partial_pitch"],
+                   partial)
     bias = None
     if p["bias"] is not None:
         bp = Precision.from_json(p["bias"])
