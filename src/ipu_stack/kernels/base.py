@@ -107,16 +107,23 @@ class KernelInstance:
         return {"family": self.family, "params": self.params}
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _copy_bytes(source: np.ndarray, target: np.ndarray) -> None:
+    """One row: a loop over two row views, which the compiler vectorises (six times the
+    speed of indexing both whole arrays in the loop, three times a slice assignment)."""
+    for b in range(target.size):
+        target[b] = source[b]
+
+
 @numba.njit(cache=True, nogil=True)
 def _gather(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
             row_bytes: int, pitch: int, out: np.ndarray) -> None:
     for t in range(tiles.size):
         source, base = mem[tiles[t]], addresses[t]
-        flat = out[t].reshape(-1)
+        block = out[t]
         for r in range(rows):
-            start, at = base + r * pitch, r * row_bytes
-            for b in range(row_bytes):
-                flat[at + b] = source[start + b]
+            start = base + r * pitch
+            _copy_bytes(source[start : start + row_bytes], block[r])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -125,50 +132,45 @@ def _scatter(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, pitch: i
     row_bytes = data.shape[2]
     for t in range(tiles.size):
         target, base = mem[tiles[t]], addresses[t]
-        flat = data[t].reshape(-1)
+        block = data[t]
         for r in range(data.shape[1]):
-            start, at = base + r * pitch, r * row_bytes
-            for b in range(row_bytes):
-                target[start + b] = flat[at + b]
+            start = base + r * pitch
+            _copy_bytes(block[r], target[start : start + row_bytes])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _decode_row(codes: np.ndarray, item: int, table: np.ndarray, out: np.ndarray,
+                add: bool) -> None:
+    """One row of 1- or 2-byte little-endian codes looked up in ``table``, stored into or
+    added (one float32 add each) to ``out``; loops over row views, as :func:`_copy_bytes`."""
+    if item == 1:
+        if add:
+            for c in range(out.size):
+                out[c] += table[codes[c]]
+        else:
+            for c in range(out.size):
+                out[c] = table[codes[c]]
+    else:
+        for c in range(out.size):
+            value = table[np.int64(codes[2 * c]) | (np.int64(codes[2 * c + 1]) << 8)]
+            if add:
+                out[c] += value
+            else:
+                out[c] = value
 
 
 @numba.njit(cache=True, nogil=True)
 def _gather_decoded(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
                     cols: int, pitch: int, item: int, table: np.ndarray,
-                    out: np.ndarray) -> None:
-    """Elements of 1 or 2 bytes, each looked up in ``table`` (little-endian codes)."""
+                    out: np.ndarray, add: bool) -> None:
+    """Elements of 1 or 2 bytes, each looked up in ``table``: ``out`` ``[tiles, rows,
+    cols]`` gets them (``add``: ``out +=`` them, as numpy's ``+=`` of the gathered array)."""
     for t in range(tiles.size):
         source, base = mem[tiles[t]], addresses[t]
-        flat = out[t].reshape(-1)
+        block = out[t]
         for r in range(rows):
-            start, at = base + r * pitch, r * cols
-            if item == 1:
-                for c in range(cols):
-                    flat[at + c] = table[source[start + c]]
-            else:
-                for c in range(cols):
-                    low = np.int64(source[start + 2 * c])
-                    flat[at + c] = table[low | (np.int64(source[start + 2 * c + 1]) << 8)]
-
-
-@numba.njit(cache=True, nogil=True)
-def _gather_decoded_add(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int,
-                        cols: int, pitch: int, item: int, table: np.ndarray,
-                        total: np.ndarray) -> None:
-    """``total += `` the decoded elements, as :func:`_gather_decoded` reads them (one float32
-    add per element, as numpy's ``+=`` of the gathered array makes)."""
-    for t in range(tiles.size):
-        source, base = mem[tiles[t]], addresses[t]
-        flat = total[t].reshape(-1)
-        for r in range(rows):
-            start, at = base + r * pitch, r * cols
-            if item == 1:
-                for c in range(cols):
-                    flat[at + c] += table[source[start + c]]
-            else:
-                for c in range(cols):
-                    low = np.int64(source[start + 2 * c])
-                    flat[at + c] += table[low | (np.int64(source[start + 2 * c + 1]) << 8)]
+            start = base + r * pitch
+            _decode_row(source[start : start + cols * item], item, table, block[r], add)
 
 
 def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
@@ -246,9 +248,9 @@ def add_values(total: np.ndarray, mem: np.ndarray, tiles: np.ndarray,
     if precision.kind == "F32" or rows == 0:
         total += read_values(mem, tiles, address, rows, cols, pitch, precision)
         return
-    _gather_decoded_add(mem, np.asarray(tiles, dtype=np.int64),
-                        np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
-                        precision.itemsize, _table(precision), total)
+    _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
+                    np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
+                    precision.itemsize, _table(precision), total, True)
 
 
 def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, rows: int,
@@ -261,5 +263,5 @@ def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, r
     out = np.empty((len(tiles), rows, cols), dtype=np.float32)
     _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
                     np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
-                    precision.itemsize, _table(precision), out)
+                    precision.itemsize, _table(precision), out, False)
     return out
