@@ -56,6 +56,7 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.package import Package
 from ipu_stack.target import Target, timing
 from ipu_stack.util.errors import DeviceFault, PackageError
+from ipu_stack.util.heap import zeroed_pages
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.device")
@@ -95,7 +96,7 @@ class SimulatedIpu:
         self.target = target
         self.base = target.memory_base
         self.size = target.memory_end - target.memory_base
-        self.memory = np.zeros((target.tiles, self.size), dtype=np.uint8)
+        self.memory = zeroed_pages(target.tiles, self.size)
         # poison mode: which bytes have been written; reading any other byte is a fault
         self.written = np.zeros_like(self.memory, dtype=bool) if poison else None
         self.program: DeviceProgram | None = None

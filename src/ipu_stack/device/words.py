@@ -14,23 +14,30 @@ import numba
 import numpy as np
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _copy(source: np.ndarray, target: np.ndarray) -> None:
+    """A loop over two views, which the compiler vectorises (indexing the whole memory
+    inside the loop kept it to a word at a time)."""
+    for w in range(target.size):
+        target[w] = source[w]
+
+
 @numba.njit(cache=True, nogil=True)
 def _move(memory: np.ndarray, src_word: np.ndarray, words: np.ndarray,
           dst_offsets: np.ndarray, dst_word: np.ndarray) -> None:
     staged = np.empty(int(words.sum()), dtype=memory.dtype)
     at = 0
     for t in range(src_word.size):
-        start = src_word[t]
-        for w in range(words[t]):
-            staged[at + w] = memory[start + w]
-        at += words[t]
+        start, count = src_word[t], words[t]
+        _copy(memory[start : start + count], staged[at : at + count])
+        at += count
     at = 0
     for t in range(src_word.size):
+        count = words[t]
         for d in range(dst_offsets[t], dst_offsets[t + 1]):
             start = dst_word[d]
-            for w in range(words[t]):
-                memory[start + w] = staged[at + w]
-        at += words[t]
+            _copy(staged[at : at + count], memory[start : start + count])
+        at += count
 
 
 def move_words(memory: np.ndarray, src_word: np.ndarray, words: np.ndarray,

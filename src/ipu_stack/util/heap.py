@@ -11,6 +11,8 @@ be reused; the peak RSS of a run is unchanged (it is set by what is live at once
 The price is that memory freed stays with the process: :func:`release_freed_memory`
 hands it back (``malloc_trim``) where a phase ends and a larger one begins, as a run does
 after its compile.  Elsewhere (another C library, or no ``mallopt``) both do nothing.
+
+:func:`zeroed_pages` gives the simulator its tile memory in small pages (see there why).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import mmap
 from functools import lru_cache
+
+import numpy as np
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -57,3 +62,22 @@ def release_freed_memory() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def zeroed_pages(rows: int, cols: int) -> np.ndarray:
+    """A zeroed ``uint8 [rows, cols]`` array in its own anonymous mapping of small pages.
+
+    numpy asks the kernel for transparent huge pages on every large array.  Faulted in as
+    huge pages, the 918 MB of a chip's tile memory stalled its first write for 6 s in a
+    tower run (the kernel compacts memory, which the run's other arrays have fragmented, to
+    find each 2 MiB page); in 4 KiB pages the whole run simulated 10 s faster
+    (docs/benchmarks.md).  Pages are still mapped on first touch, so a small program's
+    memory stays small.  Where there is no anonymous ``mmap`` it is ``np.zeros``."""
+    nbytes = rows * cols
+    try:
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (AttributeError, OSError, ValueError):  # no POSIX mmap, or an empty array
+        return np.zeros((rows, cols), dtype=np.uint8)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapping.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mapping, dtype=np.uint8).reshape(rows, cols)
