@@ -21,7 +21,7 @@ from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
 from ipu_stack.ir.precision import Precision
-from ipu_stack.ir.rounding import fp16_blocked_matmul
+from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
 from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
 
@@ -47,17 +47,62 @@ def _activation(x: np.ndarray, function: str, dtype: type) -> np.ndarray:
     return sig if function == "sigmoid" else x * sig
 
 
-def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def depth_owners(rows: int, split: dict) -> np.ndarray | None:
+    """Each row's depth tile in a depth-split GEMM's reduce (``None``: no split).
+
+    ``split`` is the plan's record: ``depth_splits`` and its row chunks ``[first row, rows,
+    row block]``.  The reduce gives the rows of sub-slice ``s`` of a row block (``row block
+    / depth splits`` rows each) to depth tile ``s``, which adds its own block's partial
+    first, then the others in depth order (``lowering._gemm_reduce_scatter``); float32 sums
+    depend on that order, so the reference adds in it too."""
+    splits = int(split.get("depth_splits", 1))
+    chunks = split.get("row_chunks", [])
+    # a plan over other rows than these (a head's GEMM planned per image) keeps depth order
+    if splits <= 1 or sum(int(count) for _, count, _ in chunks) != rows:
+        return None
+    owners = np.zeros(rows, dtype=np.int64)
+    for first, count, row_block in chunks:
+        sub = max(1, int(row_block) // splits)
+        owners[first : first + count] = (np.arange(count) % int(row_block)) // sub
+    return owners
+
+
+def split_depth_matmul(a: np.ndarray, b: np.ndarray, split: dict | None) -> np.ndarray:
+    """``a @ b`` with float32 partials, summed as a depth-split F16-mode GEMM sums them:
+    one float32 product per depth block (as each depth tile makes it), added in the
+    reduce's order (:func:`depth_owners`); without a split, one product at full depth."""
+    owners = None if split is None or a.shape[0] == 0 else depth_owners(a.shape[0], split)
+    if owners is None:
+        return np.matmul(a, b)
+    depth, block = a.shape[1], int(split["depth_block"])  # type: ignore[index]
+    parts = [np.matmul(a[:, k : k + block], b[k : k + block]) for k in range(0, depth, block)]
+    return add_in_owner_order(parts, owners)
+
+
+def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
+                 split: dict | None = None) -> np.ndarray:
+    """Every image's and head's product (``split``: summed as the device's depth tiles sum
+    it, :func:`split_depth_matmul`; each image and head is a GEMM of its own there)."""
     heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
     batch = b.shape[0] // tokens
     head_dim = b.shape[1] // heads
     # contiguous per-head operands: a batched matmul over strided views is several times slower
     bh = np.ascontiguousarray(b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
+    split = split if split is not None and int(split.get("depth_splits", 1)) > 1 else None
     if op.attrs["mode"] == "qk":
         ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
-        return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens, tokens)
+        if split is None:
+            return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens,
+                                                                    tokens)
+        return np.stack([split_depth_matmul(ah[i, h], bh[i, h].T, split)
+                         for i in range(batch) for h in range(heads)]).reshape(
+                             batch * heads * tokens, tokens)
     p = a.reshape(batch, heads, tokens, tokens)
-    o = np.matmul(p, bh)  # [B, H, T, d]
+    if split is None:
+        o = np.matmul(p, bh)  # [B, H, T, d]
+    else:
+        o = np.stack([np.stack([split_depth_matmul(p[i, h], bh[i, h], split)
+                                for h in range(heads)]) for i in range(batch)])
     return o.transpose(0, 2, 1, 3).reshape(batch * tokens, heads * head_dim)
 
 
@@ -108,11 +153,14 @@ def _softmax_rows(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: typ
 FP8_PASS_DEPTH = 32  # FP8 channels one AMP pass adds to the FP16 partial
 
 
-def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
+def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
+                        split: dict | None = None) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: per depth block, 32-deep passes added to an FP16
-    partial (rounded after each pass); the blocks' FP16 partials summed in float32."""
+    partial (rounded after each pass); the blocks' FP16 partials summed in float32, in the
+    order the device's reduce adds them where ``split`` (the plan's record) says it."""
+    owners = None if split is None else depth_owners(np.shape(a)[0], split)
     return fp16_blocked_matmul(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32),
-                               depth_block, FP8_PASS_DEPTH)
+                               depth_block, FP8_PASS_DEPTH, owners)
 
 
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
@@ -120,10 +168,13 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "matmul":
         a = ins[0].reshape(-1, ins[0].shape[-1]).astype(dtype, copy=False)
         if mode is not None and mode.get("mode") == "fp8" and dtype is np.float32:
-            return fp16_partial_matmul(a, ins[1], int(mode["depth_block"]))
+            return fp16_partial_matmul(a, ins[1], int(mode["depth_block"]), mode)
+        if mode is not None and dtype is np.float32:
+            return split_depth_matmul(a, ins[1].astype(dtype, copy=False), mode)
         return a @ ins[1].astype(dtype, copy=False)
     if op.kind == "head_matmul":
-        return _head_matmul(op, ins[0].astype(dtype, copy=False), ins[1].astype(dtype, copy=False))
+        return _head_matmul(op, ins[0].astype(dtype, copy=False), ins[1].astype(dtype, copy=False),
+                            mode if dtype is np.float32 else None)
     if op.kind in ("bias_add", "add"):
         return ins[0].astype(dtype, copy=False) + ins[1].astype(dtype, copy=False)
     if op.kind == "gelu":

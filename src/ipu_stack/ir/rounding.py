@@ -313,11 +313,13 @@ CACHE_BYTES = 1 << 20  # a column strip's partials and products: kept within L2 
 
 
 def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
-                        pass_depth: int) -> np.ndarray:
+                        pass_depth: int, owners: np.ndarray | None = None) -> np.ndarray:
     """``a @ b`` (``[rows, depth] @ [depth, cols]``) as a depth-split FP8 GEMM computes it:
     each ``depth_block`` of the depth is summed as :func:`fp16_pass_codes` does (FP16
     partials rounded after every ``pass_depth``-deep pass), and the blocks' partials are
-    added in float32, in order.
+    added in float32, in order; with ``owners`` (each row's depth block that is added
+    first, then the others in order: :func:`add_in_owner_order`), in the order the device's
+    depth tiles add them.
 
     Column strip by strip, so that one strip's partial, products and total stay in cache
     while every block and pass runs over it (a whole so400m MLP output is 12.5 MB a pass)."""
@@ -338,13 +340,39 @@ def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
         product = dot[:, :width]
         folded = partial[:, : rows * width]
         out = total[:, c0 : c0 + width]
+        blocks = []
         for index, (lo, hi) in enumerate(passes):
             if lo % depth_block == 0:
                 folded[:] = 0
             np.matmul(a_passes[index], b[lo:hi, c0 : c0 + width], out=product)
             _accumulate(np.ascontiguousarray(product).reshape(1, 1, -1), folded)
             if hi % depth_block == 0 or hi == depth:
-                out += folded.reshape(rows, width)
+                if owners is None:
+                    out += folded.reshape(rows, width)
+                else:
+                    blocks.append(folded.reshape(rows, width).copy())
+        if owners is not None:
+            out[:] = add_in_owner_order(blocks, owners)
+    return total
+
+
+def add_in_owner_order(parts: list[np.ndarray], owners: np.ndarray) -> np.ndarray:
+    """``sum(parts)`` row by row in float32, each row starting from ``parts[owners[row]]``
+    and adding the others in order: how a depth-split GEMM's reduce adds its partials (the
+    depth tile that finishes a row adds its own partial first)."""
+    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < len(parts):
+        raise ValueError(f"rows owned by depth blocks {int(owners.min())}..{int(owners.max())}"
+                         f" of {len(parts)}")
+    total = np.empty(parts[0].shape, dtype=np.float32)
+    for own in range(len(parts)):
+        rows = np.flatnonzero(owners == own)
+        if rows.size == 0:
+            continue
+        acc = parts[own][rows].astype(np.float32)
+        for k, part in enumerate(parts):
+            if k != own:
+                acc += part[rows]
+        total[rows] = acc
     return total
 
 

@@ -144,13 +144,17 @@ def finalist_choices(
 
 def gemm_modes(stages: list, plans: list[GemmPlan | None],
                loop: LayerLoop | None = None) -> dict[str, dict[str, Any]]:
-    """Per matmul operation (by id): the GEMM mode its stage runs in and its depth block,
-    which the host reference needs to round where the device rounds (every layer of a
-    loop runs its body's plan)."""
+    """Per matmul operation (by id): the GEMM mode its stage runs in, its depth block and
+    split, and its row chunks' row blocks, which the host reference needs to round where
+    the device rounds and to add float32 partials in the order its depth tiles add them
+    (every layer of a loop runs its body's plan)."""
     modes: dict[str, dict[str, Any]] = {}
     for stage, plan in zip(stages, plans, strict=True):
         if isinstance(stage, GemmStage) and plan is not None:
-            mode = {"mode": plan.mode, "depth_block": plan.depth_block}
+            mode = {"mode": plan.mode, "depth_block": plan.depth_block,
+                    "depth_splits": plan.depth_splits,
+                    "row_chunks": [[first, chunk.shape.rows, chunk.row_block]
+                                   for first, chunk in plan.chunks()]}
             op = stage.operations[0]
             for ops in (loop.operations if loop is not None else ({},)):
                 modes[str(ops.get(op, op))] = mode
