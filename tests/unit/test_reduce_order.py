@@ -97,3 +97,14 @@ def test_fp8_blocks_added_in_owner_order() -> None:
     blocks = [fp16_partial_matmul(a[:, k : k + 32], b[k : k + 32], 32) for k in (0, 32, 64)]
     want = add_in_owner_order(blocks, depth_owners(ROWS, split))
     np.testing.assert_array_equal(fp16_partial_matmul(a, b, 32, split), want)
+
+
+def test_tile_products_cover_every_row_chunk_and_column_block() -> None:
+    """Made tile by tile (row chunks of their own row blocks, ragged column blocks), the
+    products land where the wide product puts them (small integers: every order exact)."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(-4, 5, (12, 30)).astype(np.float32)
+    b = rng.integers(-4, 5, (30, 13)).astype(np.float32)
+    split = {"depth_block": 11, "depth_splits": 3, "col_block": 5,
+             "row_chunks": [[0, 7, 6], [7, 5, 3]]}
+    np.testing.assert_array_equal(split_depth_matmul(a, b, split), a @ b)

@@ -5,10 +5,12 @@ float32 from the exactly dequantised inputs and rounds to its output precision, 
 says.  A matmul follows the GEMM mode the compiler chose for it (``gemm_modes``): in the
 native FP8 mode the hardware keeps FP16 partials, so each 32-deep pass of each depth block
 is added to an FP16 partial and rounded there, and the blocks' partials are summed in
-float32; in the F16 mode (and by default) partials are float32.  What is left to the device
-is the order of float32 additions, which the tolerance policy (``docs/tolerance.md``)
-accounts for.  ``evaluate_float64`` runs the same graph in float64 with no intermediate
-rounding (the ideal answer, for reports).
+float32; in the F16 mode (and by default) partials are float32.  A depth-split GEMM's
+block partials are made tile by tile and added in the order the device's reduce adds them
+(``depth_owners``).  What is left to the device is how BLAS rounds a float32 product,
+which the tolerance policy (``docs/tolerance.md``) accounts for.  ``evaluate_float64``
+runs the same graph in float64 with no intermediate rounding (the ideal answer, for
+reports).
 """
 
 from __future__ import annotations
@@ -69,14 +71,35 @@ def depth_owners(rows: int, split: dict) -> np.ndarray | None:
 
 def split_depth_matmul(a: np.ndarray, b: np.ndarray, split: dict | None) -> np.ndarray:
     """``a @ b`` with float32 partials, summed as a depth-split F16-mode GEMM sums them:
-    one float32 product per depth block (as each depth tile makes it), added in the
-    reduce's order (:func:`depth_owners`); without a split, one product at full depth."""
+    each depth block's float32 products made tile by tile (:func:`_tile_products`), added
+    in the reduce's order (:func:`depth_owners`); without a split, one product at full
+    depth."""
     owners = None if split is None or a.shape[0] == 0 else depth_owners(a.shape[0], split)
     if owners is None:
         return np.matmul(a, b)
-    depth, block = a.shape[1], int(split["depth_block"])  # type: ignore[index]
-    parts = [np.matmul(a[:, k : k + block], b[k : k + block]) for k in range(0, depth, block)]
+    assert split is not None
+    depth, block = a.shape[1], int(split["depth_block"])
+    parts = [_tile_products(a, b, split, k, min(k + block, depth))
+             for k in range(0, depth, block)]
     return add_in_owner_order(parts, owners)
+
+
+def _tile_products(a: np.ndarray, b: np.ndarray, split: dict, k0: int, k1: int
+                   ) -> np.ndarray:
+    """``a[:, k0:k1] @ b[k0:k1]`` one product per tile, each of the tile's valid shape (row
+    block by column block), as the device's GEMM kernel makes them: BLAS may round an
+    element of a wide product differently from the same element of a tile's (its edge
+    rows take another kernel), one element in a million on so400m's attention."""
+    cols = b.shape[1]
+    out = np.empty((a.shape[0], cols), dtype=np.result_type(a, b))
+    width = int(split.get("col_block") or cols)
+    for first, count, row_block in split["row_chunks"]:
+        for r0 in range(first, first + count, int(row_block)):
+            r1 = min(r0 + int(row_block), first + count)
+            for c0 in range(0, cols, width):
+                c1 = min(c0 + width, cols)
+                np.matmul(a[r0:r1, k0:k1], b[k0:k1, c0:c1], out=out[r0:r1, c0:c1])
+    return out
 
 
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,

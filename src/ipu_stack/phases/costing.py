@@ -152,7 +152,7 @@ def gemm_modes(stages: list, plans: list[GemmPlan | None],
     for stage, plan in zip(stages, plans, strict=True):
         if isinstance(stage, GemmStage) and plan is not None:
             mode = {"mode": plan.mode, "depth_block": plan.depth_block,
-                    "depth_splits": plan.depth_splits,
+                    "depth_splits": plan.depth_splits, "col_block": plan.col_block,
                     "row_chunks": [[first, chunk.shape.rows, chunk.row_block]
                                    for first, chunk in plan.chunks()]}
             op = stage.operations[0]
