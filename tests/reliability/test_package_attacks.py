@@ -263,6 +263,13 @@ def test_hostile_packages_through_the_installed_command(tmp_path: Path, original
      f"gemm_modes['1'].depth_block: 0 is outside [1, {2**40}]"),
     ({"gemm_modes": {"999": {"mode": "fp8", "depth_block": 32}}},
      "gemm_modes['999']: names no matmul of the package's workload"),
+    ({"gemm_modes": {"1": {"mode": "f16", "depth_block": 32, "depth_splits": 0}}},
+     f"gemm_modes['1'].depth_splits: 0 is outside [1, {2**40}]"),
+    ({"gemm_modes": {"1": {"mode": "f16", "depth_block": 32, "row_chunks": [[0, 8]]}}},
+     "gemm_modes['1'].row_chunks[0]: expected [first row, rows, row block]"),
+    ({"gemm_modes": {"1": {"mode": "f16", "depth_block": 32,
+                           "row_chunks": [[0, 8, 4], [9, 8, 4]]}}},
+     "gemm_modes['1'].row_chunks[1][0]: chunk starts at row 9, not 8"),
 ])
 def test_bad_run_records_name_the_field(arena: Path, original: bytes, edit: dict,
                                         message: str) -> None:

@@ -46,6 +46,22 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _row_chunks(value: Any, where: str) -> None:
+    """A GEMM plan's row chunks: ``[first row, rows, row block]`` each, in row order."""
+    if not isinstance(value, list):
+        raise _fail(where, f"expected a list, found {_kind(value)}")
+    end = 0
+    for index, chunk in enumerate(value):
+        if not isinstance(chunk, list) or len(chunk) != 3:
+            raise _fail(f"{where}[{index}]", "expected [first row, rows, row block]")
+        first = _count(chunk[0], f"{where}[{index}][0]")
+        rows = _count(chunk[1], f"{where}[{index}][1]")
+        _count(chunk[2], f"{where}[{index}][2]", least=1)
+        if first != end:
+            raise _fail(f"{where}[{index}][0]", f"chunk starts at row {first}, not {end}")
+        end = first + rows
+
+
 def validate_records(manifest: Any) -> None:
     """Check ``options``, ``gemm_modes`` and ``layer_loop`` of ``manifest`` (when present);
     raise one :class:`PackageError` naming the first bad field."""
@@ -65,6 +81,11 @@ def validate_records(manifest: Any) -> None:
             if mode.get("mode") not in GEMM_MODES:
                 raise _fail(f"{where}.mode", f"expected one of {', '.join(GEMM_MODES)}")
             _count(mode.get("depth_block"), f"{where}.depth_block", least=1)
+            for name in ("depth_splits", "col_block"):
+                if name in mode:
+                    _count(mode[name], f"{where}.{name}", least=1)
+            if "row_chunks" in mode:
+                _row_chunks(mode["row_chunks"], f"{where}.row_chunks")
     if "layer_loop" in manifest:
         loop = _object(manifest["layer_loop"], "layer_loop")
         layers = _count(loop.get("layers"), "layer_loop.layers")
