@@ -59,7 +59,7 @@ def depth_owners(rows: int, split: dict) -> np.ndarray | None:
     depend on that order, so the reference adds in it too."""
     splits = int(split.get("depth_splits", 1))
     chunks = split.get("row_chunks", [])
-    # a plan over other rows than these (a head's GEMM planned per image) keeps depth order
+    # a record made for other rows than these (it happens) keeps the plain depth order
     if splits <= 1 or sum(int(count) for _, count, _ in chunks) != rows:
         return None
     owners = np.zeros(rows, dtype=np.int64)

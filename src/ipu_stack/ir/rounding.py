@@ -368,7 +368,7 @@ def add_in_owner_order(parts: list[np.ndarray], owners: np.ndarray) -> np.ndarra
         rows = np.flatnonzero(owners == own)
         if rows.size == 0:
             continue
-        acc = parts[own][rows].astype(np.float32)
+        acc = parts[own][rows].astype(np.float32, copy=False)  # a copy: fancy indexing
         for k, part in enumerate(parts):
             if k != own:
                 acc += part[rows]
