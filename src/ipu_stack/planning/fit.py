@@ -166,6 +166,13 @@ def fit_plans(
     if best is None:
         weights, transient = _leanest(plans, fronts, caps, repeats)
         transient = max(transient, budget.row_bytes)
+        if weights + transient <= budget.bytes:  # the tile has room; interleaved memory not
+            raise CompileError(
+                f"does not fit: the leanest plans need about {weights + transient} bytes per "
+                f"tile of the {budget.bytes} the planner may use, but the fitter found no "
+                "choice that also keeps the AMP's weights and partials within the "
+                f"{budget.interleaved} bytes of interleaved memory it may use (raise "
+                "--memory-proportion or use fewer layers or a smaller batch)")
         raise CompileError(
             f"does not fit: the leanest plans need about {weights + transient} bytes per tile "
             f"(weights {weights}, the largest stage's operands and partials {transient}), "
