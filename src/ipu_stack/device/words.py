@@ -13,13 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _copy(source: np.ndarray, target: np.ndarray) -> None:
-    """A loop over two views, which the compiler vectorises (indexing the whole memory
-    inside the loop kept it to a word at a time)."""
-    for w in range(target.size):
-        target[w] = source[w]
+from ipu_stack.kernels.base import copy_elements
 
 
 @numba.njit(cache=True, nogil=True)
@@ -29,14 +23,14 @@ def _move(memory: np.ndarray, src_word: np.ndarray, words: np.ndarray,
     at = 0
     for t in range(src_word.size):
         start, count = src_word[t], words[t]
-        _copy(memory[start : start + count], staged[at : at + count])
+        copy_elements(memory[start : start + count], staged[at : at + count])
         at += count
     at = 0
     for t in range(src_word.size):
         count = words[t]
         for d in range(dst_offsets[t], dst_offsets[t + 1]):
             start = dst_word[d]
-            _copy(staged[at : at + count], memory[start : start + count])
+            copy_elements(staged[at : at + count], memory[start : start + count])
         at += count
 
 

@@ -111,7 +111,8 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
     head_dim = b.shape[1] // heads
     # contiguous per-head operands: a batched matmul over strided views is several times slower
     bh = np.ascontiguousarray(b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
-    split = split if split is not None and int(split.get("depth_splits", 1)) > 1 else None
+    if split is not None and depth_owners(tokens, split) is None:
+        split = None  # no depth split: every image and head in one batched product
     if op.attrs["mode"] == "qk":
         ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
         if split is None:

@@ -108,11 +108,12 @@ class KernelInstance:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _copy_bytes(source: np.ndarray, target: np.ndarray) -> None:
-    """One row: a loop over two row views, which the compiler vectorises (six times the
-    speed of indexing both whole arrays in the loop, three times a slice assignment)."""
-    for b in range(target.size):
-        target[b] = source[b]
+def copy_elements(source: np.ndarray, target: np.ndarray) -> None:
+    """``target[:] = source`` for two 1-D views (a row of tile memory, a transfer's words):
+    a loop over the views, which the compiler vectorises (six times the speed of indexing
+    both whole arrays inside the loop, three times a slice assignment)."""
+    for i in range(target.size):
+        target[i] = source[i]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -123,7 +124,7 @@ def _gather(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, rows: int
         block = out[t]
         for r in range(rows):
             start = base + r * pitch
-            _copy_bytes(source[start : start + row_bytes], block[r])
+            copy_elements(source[start : start + row_bytes], block[r])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -135,14 +136,14 @@ def _scatter(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, pitch: i
         block = data[t]
         for r in range(data.shape[1]):
             start = base + r * pitch
-            _copy_bytes(block[r], target[start : start + row_bytes])
+            copy_elements(block[r], target[start : start + row_bytes])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _decode_row(codes: np.ndarray, item: int, table: np.ndarray, out: np.ndarray,
                 add: bool) -> None:
     """One row of 1- or 2-byte little-endian codes looked up in ``table``, stored into or
-    added (one float32 add each) to ``out``; loops over row views, as :func:`_copy_bytes`."""
+    added (one float32 add each) to ``out``; loops over row views, as :func:`copy_elements`."""
     if item == 1:
         if add:
             for c in range(out.size):
