@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from ipu_stack.phases.costing import (
 )
 from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
+from ipu_stack.planning.fit import planned_bytes, usable_bytes
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -53,9 +55,26 @@ STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
 )
 
 MIN_PROPORTION = 0.45
-# a placement failure plans again with this much less of tile memory: small steps, because a
-# whole tower's tiles are full and a coarse step overshoots into "does not fit"
-RETRY_STEP = 0.05
+# a placement failure plans again for the planner's estimate of the failed plans less what
+# placement found no room for and this margin (a share of the planned tile bytes): the
+# estimate misses support memory that grows with the program, and fragmentation
+RETRY_MARGIN = 0.005
+# ... and at least this much less, doubled with every failed try, so a retry never repeats
+# the failed choice and a program that keeps failing reaches the floor in a few tries
+MIN_RETRY_STEP = 0.005
+
+
+def retry_proportion(failure: PlacementError, proportion: float, usable: int,
+                     tries: int = 1) -> float:
+    """The memory proportion of the next try after the ``tries``-th failure (``failure``,
+    at ``proportion``): sized by the bytes placement could not place, so a tile 128 bytes
+    short gives up a little memory (and keeps its fast plans) while a tile 100 KB short jumps
+    at once."""
+    wanted = proportion - MIN_RETRY_STEP * 2 ** (tries - 1)
+    if failure.planned_bytes:
+        wanted = min(wanted, (failure.planned_bytes - failure.shortfall) / usable
+                     - RETRY_MARGIN)
+    return math.floor(wanted * 1000) / 1000
 
 
 def compile_workload(
@@ -69,8 +88,10 @@ def compile_workload(
 
     The planner's memory estimate cannot see support memory (exchange tables grow with the
     program) or fragmentation exactly, so when placement fails the compile is planned again
-    with ``RETRY_STEP`` less of tile memory, down to ``MIN_PROPORTION``.  One schedule memo serves every
-    attempt: most phases of a retry are the ones the failed attempt already scheduled.
+    for less of tile memory (:func:`retry_proportion`), down to ``MIN_PROPORTION`` (or
+    ``min_proportion``), which gets the last try.  One
+    schedule memo serves every attempt: most phases of a retry are the ones the failed
+    attempt already scheduled.
     """
     options = options or CompileOptions()
     keep_freed_memory()
@@ -81,8 +102,11 @@ def compile_workload(
             store = ScheduleStore(Path(options.cache_dir))
         memo = ScheduleMemo(store)
     proportion = options.memory_proportion
+    floor = MIN_PROPORTION if min_proportion is None else min_proportion
+    usable = usable_bytes(options.machine())
     prepared: dict[str, Any] = {}
     start = time.perf_counter()
+    tries = 0
     while True:
         try:
             result = _compile_once(workload, params, out_dir,
@@ -91,12 +115,14 @@ def compile_workload(
             result.timings["compile"] = time.perf_counter() - start  # every attempt
             return result
         except PlacementError as failure:
-            if proportion - RETRY_STEP < (MIN_PROPORTION if min_proportion is None
-                                          else min_proportion):
+            tries += 1
+            if proportion <= floor:
                 raise
-            proportion = round(proportion - RETRY_STEP, 2)
+            # the last try is at the floor
+            proportion = max(retry_proportion(failure, proportion, usable, tries), floor)
             event(LOG, "placement failed, planning again with less memory", level=logging.WARNING,
-                  reason=str(failure), memory_proportion=proportion)
+                  reason=str(failure), short_bytes=failure.shortfall,
+                  planned_bytes=failure.planned_bytes, memory_proportion=proportion)
 
 
 def plan_workload(workload: Workload, params: dict[str, Any], options: CompileOptions,
@@ -132,8 +158,14 @@ def _compile_once(
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
     for number, (name, stage) in enumerate(STAGES, start=1):
-        with phase(LOG, name) as fields:
-            fields.update(stage(build))
+        try:
+            with phase(LOG, name) as fields:
+                fields.update(stage(build))
+        except PlacementError as failure:
+            if build.budget is not None and build.plans:
+                failure.planned_bytes = planned_bytes(build.plans, phases.repeats(build),
+                                                      build.budget.row_bytes)
+            raise
         if dump is not None:
             written = dump_stage(dump, number, name, build)
             if written is not None:

@@ -27,7 +27,7 @@ from ipu_stack.exchange import (
     schedule_exchange,
     verify_schedule,
 )
-from ipu_stack.pipeline import CompileOptions, compile_workload, to_transfers
+from ipu_stack.pipeline import MIN_PROPORTION, CompileOptions, compile_workload, to_transfers
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.workloads import get_workload
@@ -193,11 +193,18 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
     retried = _compile(tmp_path, cache_dir, ATTENTION, "retried")
     first, second = _fields(info_logs, "select_finalist")
     assert int(first["scheduled_phases"]) > 0
-    # the retry plans the same finalists at 0.95 (they fit): nothing is scheduled twice
+    # the retry plans the same finalists with a little less memory (they fit): nothing is
+    # scheduled twice
     assert second["scheduled_phases"] == "0"
     assert second["reused_phases"] == second["exchange_phases"]
+    (retry,) = [dict(re.findall(r"(\w+)=(\S+)", r.getMessage())) for r in info_logs.records
+                if r.getMessage().startswith("placement failed, planning again")]
+    proportion = float(retry["memory_proportion"])
+    # no byte was short, and the plans were estimated far under the budget: the retry
+    # plans for what they were estimated at, here below the floor, so at the floor
+    assert proportion == MIN_PROPORTION and retry["short_bytes"] == "0"
     monkeypatch.setattr(stages_module, "place_storage", original)
-    direct = _compile(tmp_path, cache_dir, ATTENTION, "direct", memory_proportion=0.95,
+    direct = _compile(tmp_path, cache_dir, ATTENTION, "direct", memory_proportion=proportion,
                       reuse_schedules=False)
     assert retried == direct
 

@@ -135,3 +135,41 @@ def test_live_buffers_that_together_overflow_fail_but_fit_when_lifetimes_split()
     disjoint = program_with([([9], 400_000, STD, 0, 1), ([9], 300_000, STD, 2, 3)])
     placement = place_storage(disjoint, support, IPU21)
     check_invariants(disjoint, placement, support)
+
+
+def test_shortfall_is_the_most_unplaced_bytes_live_at_one_step() -> None:
+    """The figure is the largest over the tiles, and counts unplaced buffers only where their
+    lifetimes overlap: tile 4 of the second program misses a 300 KB and a 310 KB buffer that
+    are never live together, so it is short 310 KB, not 610 KB."""
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    program = program_with([([4], 300_000, STD, 0, 3), ([4], 300_000, STD, 0, 1),
+                            ([4], 310_000, STD, 2, 3),
+                            ([5], 800_000, STD, 0, 0), ([5], 200_000, STD, 0, 0)])
+    with pytest.raises(PlacementError) as info:
+        place_storage(program, support, IPU21)
+    # tile 4 places all three by lifetime; tile 5's 800 KB buffer fits nowhere
+    assert info.value.tile == 5 and info.value.shortfall == 800_000
+    program = program_with([([4], 600_000, STD, 0, 3), ([4], 300_000, STD, 0, 1),
+                            ([4], 310_000, STD, 2, 3)])
+    with pytest.raises(PlacementError) as info:
+        place_storage(program, support, IPU21)
+    assert info.value.tile == 4 and info.value.shortfall == 310_000
+
+
+def test_retry_gives_up_what_placement_missed_and_more_each_try() -> None:
+    from ipu_stack.pipeline import MIN_RETRY_STEP, RETRY_MARGIN, retry_proportion
+
+    usable = 500_000
+    failure = PlacementError("test")
+    failure.planned_bytes, failure.shortfall = 490_000, 128
+    # a few bytes short: just under what the failed plans were estimated at
+    assert retry_proportion(failure, 1.0, usable) == pytest.approx(
+        (490_000 - 128) / usable - RETRY_MARGIN, abs=1e-3)
+    failure.shortfall = 100_000  # far short: one jump, not twenty small steps
+    assert retry_proportion(failure, 1.0, usable) == pytest.approx(0.775, abs=1e-3)
+    failure.planned_bytes, failure.shortfall = 300_000, 0  # the plans were far under budget
+    assert retry_proportion(failure, 1.0, usable) == pytest.approx(0.595, abs=1e-3)
+    unknown = PlacementError("test")  # no estimate: the minimum step, doubled per try
+    assert retry_proportion(unknown, 0.9, usable, tries=1) == 0.9 - MIN_RETRY_STEP
+    assert retry_proportion(unknown, 0.9, usable, tries=3) == pytest.approx(
+        0.9 - 4 * MIN_RETRY_STEP)

@@ -152,7 +152,20 @@ def place_signature(
                      target.alignment(buffer.memory_class)),
         )
         failure.tile = tile
+        failure.shortfall = _unplaced_peak([b for b, a in zip(order, addresses, strict=True)
+                                            if a < 0])
     return {bid: lo for bid, (lo, _) in placed.items()}, failure
+
+
+def _unplaced_peak(unplaced: list[Buffer]) -> int:
+    """The most bytes of ``unplaced`` buffers live at one step: how much the tile is short.
+    A lower bound when fragmentation, not the total, made them fail, so a retry that frees
+    this much may fail again (and then frees more)."""
+    steps = max(b.last for b in unplaced) + 1
+    live = np.zeros(steps, dtype=np.int64)
+    for b in unplaced:
+        live[b.first:b.last + 1] += b.nbytes
+    return int(live.max())
 
 
 def _details(
@@ -196,8 +209,10 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
         present = [program.buffers[i] for i in np.flatnonzero(row[:-1])]
         tile = int(first_tile[index])
         chosen, failure = place_signature(present, int(row[-1]), target, tile)
-        if failure is not None and first_failure is None:
-            first_failure = failure
+        if failure is not None:
+            if first_failure is None:
+                first_failure = failure
+            first_failure.shortfall = max(first_failure.shortfall, failure.shortfall)
         members = np.flatnonzero(inverse == index)
         for bid, address in chosen.items():
             addresses[bid, members] = address

@@ -113,6 +113,7 @@ def lower_mid(build: Build) -> Fields:
         MemoryBudget.for_target(build.target, build.options.memory_proportion),
         row_bytes=max((row_stage_bytes(build.graph, s, build.target.tiles)
                        for s in build.stages if not isinstance(s, GemmStage)), default=0))
+    build.budget = budget
     times = repeats(build)
     for plans in finalist_choices(build.candidates, build.options.finalists):
         fitted, moves = fit_plans(plans, build.fronts, budget, times)

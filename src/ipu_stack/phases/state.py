@@ -19,6 +19,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
+from ipu_stack.planning.fit import MemoryBudget
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
@@ -103,6 +104,7 @@ class Build:
     fronts: list[list[GemmPlan]] = field(default_factory=list)
     # lower_mid
     finalists: list[list[GemmPlan | None]] = field(default_factory=list)
+    budget: MemoryBudget | None = None  # what the fitter planned the finalists for
     # select_finalist
     plans: list[GemmPlan | None] = field(default_factory=list)
     program: Program | None = None

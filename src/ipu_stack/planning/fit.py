@@ -47,9 +47,21 @@ class MemoryBudget:
 
     @staticmethod
     def for_target(target: Target, proportion: float) -> MemoryBudget:
-        usable = target.memory_end - target.memory_base - SUPPORT_RESERVE
         interleaved = target.memory_end - target.interleaved_base
-        return MemoryBudget(int(usable * proportion), int(interleaved * proportion))
+        return MemoryBudget(int(usable_bytes(target) * proportion),
+                            int(interleaved * proportion))
+
+
+def usable_bytes(target: Target) -> int:
+    """A tile's bytes the planner plans for at memory proportion 1."""
+    return target.memory_end - target.memory_base - SUPPORT_RESERVE
+
+
+def planned_bytes(plans: list[GemmPlan | None], repeats: list[int], row_bytes: int) -> int:
+    """What the planner estimates a tile holds with ``plans``: the weights beside the
+    larger of the largest GEMM stage's transients and the largest row stage's bytes."""
+    resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
+    return max(need(plans, repeats), resident + row_bytes)
 
 
 def _interleaved_resident(plans: list[GemmPlan | None], repeats: list[int]) -> int:
@@ -145,8 +157,7 @@ def fit_plans(
     how many times each stage runs (a layer loop's body stages: once per layer)."""
     repeats = repeats or [1] * len(plans)
 
-    resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
-    if max(need(plans, repeats), resident + budget.row_bytes) <= budget.bytes and \
+    if planned_bytes(plans, repeats, budget.row_bytes) <= budget.bytes and \
             _interleaved_resident(plans, repeats) <= _interleaved_limit(budget, plans):
         return list(plans), 0
     caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)

@@ -29,6 +29,10 @@ class PlacementError(CompileError):
         self.details = details
         self.placement: object | None = None  # the partial placement, when there is one
         self.tile: int | None = None  # the tile that ran out
+        # the most bytes that found no place at one step on any tile: how far the program
+        # overshoots its memory, which sizes the compile's next try
+        self.shortfall: int = 0
+        self.planned_bytes: int = 0  # the planner's estimate for the plans that failed
 
 
 class PackageError(IpuStackError):
