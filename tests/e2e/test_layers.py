@@ -46,6 +46,9 @@ CASES = {
     "pe-block-batch2": ("pe-block", ["--batch", "2"], "erf"),
     "attention-f16": ("attention", ["--precision", "f16"], "tanh"),
     "siglip-layer-paired": ("siglip-layer", ["--paired-exchange"], "tanh"),
+    # q, k, v and the probabilities in FP8: both attention products in the FP8 mode
+    "siglip-layer-attention-fp8": ("siglip-layer", ["--attention", "fp8"], "tanh"),
+    "pe-block-attention-fp8": ("pe-block", ["--attention", "fp8"], "erf"),
 }
 
 

@@ -31,8 +31,10 @@ def test_correct_stacks_pass_both_parts(tmp_path, lock_path, cache_dir, blocks, 
 
 # ---------------------------------------------------------------------------- the faults
 def _softmax_times_1_01(monkeypatch, layer: int) -> str:
-    """Every softmax's probabilities scaled by 1.01 (the row kernel is shared by all
-    layers, so the first layer is the first to break)."""
+    """Every softmax's probabilities scaled by 1.01 before they are stored (the row kernel
+    is shared by all layers, so the first layer is the first to break).  Scaled before the
+    rounding: a stored FP8 probability (3 mantissa bits) scaled by 1.01 rounds back to the
+    same code, a fault that would change nothing."""
     from ipu_stack.ir.precision import Precision
     from ipu_stack.kernels import rowwise
     from ipu_stack.kernels.base import FAMILIES, write_rows
@@ -42,8 +44,10 @@ def _softmax_times_1_01(monkeypatch, layer: int) -> str:
     def run(p, mem, tiles, addresses):
         work = original.run(p, mem, tiles, addresses)
         if p["op"] == "softmax":
-            out = rowwise._matrix(mem, tiles, addresses[3], p["rows"], p["cols"],
-                                  p["out_pitch"], p["out"])
+            x = rowwise._matrix(mem, tiles, addresses[0], p["rows"], p["cols"], p["x_pitch"],
+                                p["x"]) * np.float32(p["scale"])
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            out = e / e.sum(axis=-1, keepdims=True)
             stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
             write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
         return work

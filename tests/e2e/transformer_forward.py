@@ -128,7 +128,8 @@ class Forward:
                 rows = slice((b * self.heads + h) * t, (b * self.heads + h + 1) * t)
                 qh = q[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
                 kh = k[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
-                scores[rows] = qh @ kh.T
+                scores[rows] = gemm(qh, kh.T, self.modes.get(f"{prefix}.scores"),
+                                    self.rounded)
         scores = self.store(scores, f"{prefix}.scores")
         logits = scores / math.sqrt(hd)
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -138,7 +139,8 @@ class Forward:
             for h in range(self.heads):
                 p = probs[(b * self.heads + h) * t : (b * self.heads + h + 1) * t]
                 vh = v[b * t : (b + 1) * t, h * hd : (h + 1) * hd]
-                context[b * t : (b + 1) * t, h * hd : (h + 1) * hd] = p @ vh
+                context[b * t : (b + 1) * t, h * hd : (h + 1) * hd] = gemm(
+                    p, vh, self.modes.get(f"{prefix}.context"), self.rounded)
         context = self.store(context, f"{prefix}.context")
         if f"{prefix}.context8" in self.meta:
             context = self.store(context, f"{prefix}.context8")

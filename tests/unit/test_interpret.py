@@ -140,6 +140,40 @@ def test_head_matmul(mode: str) -> None:
     _close(got["out"], want)
 
 
+@pytest.mark.parametrize("mode", ["qk", "pv"])
+def test_head_matmul_in_fp8_mode_keeps_fp16_partials(mode: str) -> None:
+    """Each head's product is its own FP8 GEMM: 64 deep, two 32-deep passes.  Head 1 is
+    set up as the matmul case above (2049 stored as 2048 after pass one, then + 1 again:
+    2048 with FP16 partials, 2050 with float32 ones); head 0 is all zeros."""
+    heads, tokens = 2, 64
+    head_dim = 64 if mode == "qk" else 2
+    b = GraphBuilder("fp8-heads")
+    if mode == "qk":  # scores[h] = q_h @ k_h.T: q is [tokens, heads * 64], its depth 64
+        a = np.zeros((tokens, heads * head_dim), np.float32)
+        c = np.zeros((tokens, heads * head_dim), np.float32)
+        a[0, 64], a[0, 65], a[0, 96] = 128, 1, 1  # row 0 of head 1's q
+        c[0, 64], c[0, 65], c[0, 96] = 16, 1, 1  # row 0 of head 1's k
+        want = (1, 0)  # head 1's block starts at row `tokens`: element (tokens, 0)
+    else:  # context[:, h] = p_h @ v_h: p is [heads * tokens, tokens], its depth the tokens
+        a = np.zeros((heads * tokens, tokens), np.float32)
+        c = np.zeros((tokens, heads * head_dim), np.float32)
+        a[tokens, 0], a[tokens, 1], a[tokens, 32] = 128, 1, 1  # row 0 of head 1's probs
+        c[0, 2:4], c[1, 2:4], c[32, 2:4] = 16, 1, 1  # head 1's v columns
+        want = (0, 2)
+    x = b.input("x", TensorType(a.shape, f143(0)))
+    w = b.input("w", TensorType(c.shape, f143(0)))
+    b.output(b.op("head_matmul", [x, w], F32, "out", mode=mode, heads=heads, tokens=tokens))
+    graph = b.build()
+    t = {"x": a, "w": c}
+    row = want[0] * tokens
+    fp8 = evaluate(graph, t, {"0": {"mode": "fp8", "depth_block": 64}})["out"]
+    assert fp8[row, want[1]] == 2048 and np.count_nonzero(fp8) == (1 if mode == "qk" else 2)
+    f16 = evaluate(graph, t, {"0": {"mode": "f16", "depth_block": 64}})["out"]
+    assert f16[row, want[1]] == 2050
+    split = evaluate(graph, t, {"0": {"mode": "fp8", "depth_block": 32}})["out"]
+    assert split[row, want[1]] == 2049
+
+
 def test_outputs_are_rounded_to_their_precision() -> None:
     got, ideal, t = _run("scale", [(2, 3)], out_precision=f143(-2), factor=1.0)
     stored = f143(-2).round_trip(t["in0"])

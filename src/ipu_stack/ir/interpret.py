@@ -2,15 +2,15 @@
 
 Written independently of the device kernels.  ``evaluate`` computes every operation in
 float32 from the exactly dequantised inputs and rounds to its output precision, as the graph
-says.  A matmul follows the GEMM mode the compiler chose for it (``gemm_modes``): in the
-native FP8 mode the hardware keeps FP16 partials, so each 32-deep pass of each depth block
-is added to an FP16 partial and rounded there, and the blocks' partials are summed in
-float32; in the F16 mode (and by default) partials are float32.  A depth-split GEMM's
-block partials are made tile by tile and added in the order the device's reduce adds them
-(``depth_owners``).  What is left to the device is how BLAS rounds a float32 product,
-which the tolerance policy (``docs/tolerance.md``) accounts for.  ``evaluate_float64``
-runs the same graph in float64 with no intermediate rounding (the ideal answer, for
-reports).
+says.  A matmul (and a head matmul) follows the GEMM mode the compiler chose for it
+(``gemm_modes``): in the native FP8 mode the hardware keeps FP16 partials, so each 32-deep
+pass of each depth block is added to an FP16 partial and rounded there, and the blocks'
+partials are summed in float32; in the F16 mode (and by default) partials are float32.  A
+depth-split GEMM's block partials are made tile by tile and added in the order the device's
+reduce adds them (``depth_owners``).  What is left to the device is how BLAS rounds a
+float32 product, which the tolerance policy (``docs/tolerance.md``) accounts for.
+``evaluate_float64`` runs the same graph in float64 with no intermediate rounding (the ideal
+answer, for reports).
 """
 
 from __future__ import annotations
@@ -104,28 +104,38 @@ def _tile_products(a: np.ndarray, b: np.ndarray, split: dict, k0: int, k1: int
 
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
                  split: dict | None = None) -> np.ndarray:
-    """Every image's and head's product (``split``: summed as the device's depth tiles sum
-    it, :func:`split_depth_matmul`; each image and head is a GEMM of its own there)."""
+    """Every image's and head's product (``split``, the plan's record: in the FP8 mode with
+    FP16 partials, :func:`fp16_partial_matmul`; in the F16 mode summed as the device's depth
+    tiles sum it, :func:`split_depth_matmul`; each image and head is a GEMM of its own
+    there)."""
     heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
     batch = b.shape[0] // tokens
     head_dim = b.shape[1] // heads
     # contiguous per-head operands: a batched matmul over strided views is several times slower
     bh = np.ascontiguousarray(b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
-    if split is not None and depth_owners(tokens, split) is None:
+    fp8 = split is not None and split.get("mode") == "fp8"
+    if split is not None and not fp8 and depth_owners(tokens, split) is None:
         split = None  # no depth split: every image and head in one batched product
+
+    def product(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        assert split is not None
+        if fp8:
+            return fp16_partial_matmul(x, y, int(split["depth_block"]), split)
+        return split_depth_matmul(x, y, split)
+
     if op.attrs["mode"] == "qk":
         ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
         if split is None:
             return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens,
                                                                     tokens)
-        return np.stack([split_depth_matmul(ah[i, h], bh[i, h].T, split)
+        return np.stack([product(ah[i, h], bh[i, h].T)
                          for i in range(batch) for h in range(heads)]).reshape(
                              batch * heads * tokens, tokens)
     p = a.reshape(batch, heads, tokens, tokens)
     if split is None:
         o = np.matmul(p, bh)  # [B, H, T, d]
     else:
-        o = np.stack([np.stack([split_depth_matmul(p[i, h], bh[i, h], split)
+        o = np.stack([np.stack([product(p[i, h], bh[i, h])
                                 for h in range(heads)]) for i in range(batch)])
     return o.transpose(0, 2, 1, 3).reshape(batch * tokens, heads * head_dim)
 

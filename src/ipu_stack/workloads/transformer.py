@@ -197,16 +197,25 @@ class LayerBuilder:
         p = self.p
         d, heads, tokens = p["dim"], p["heads"], p["tokens"]
         head_dim = d // heads
-        q = self.linear(h, d, d, f"{prefix}.q", F16, bias)
-        k = self.linear(h, d, d, f"{prefix}.k", F16, bias)
-        v = self.linear(h, d, d, f"{prefix}.v", F16, bias)
+        # FP8 operands (ATTENTION_OPTION): the projections (or RoPE after them) round
+        # q, k and v to FP8, and the softmax its probabilities
+        fp8 = self.fp8 and p.get("attention", "f16") == "fp8"
+
+        def operand(name: str) -> Precision:
+            return self.act(name) if fp8 else F16
+
+        q = self.linear(h, d, d, f"{prefix}.q", F16 if rope else operand(f"{prefix}.q.out"), bias)
+        k = self.linear(h, d, d, f"{prefix}.k", F16 if rope else operand(f"{prefix}.k.out"), bias)
+        v = self.linear(h, d, d, f"{prefix}.v", operand(f"{prefix}.v.out"), bias)
         if rope:
             c, s = self.rope_tables(head_dim)
-            q = self.b.op("rope", [q, c, s], F16, f"{prefix}.q.rope", head_dim=head_dim)
-            k = self.b.op("rope", [k, c, s], F16, f"{prefix}.k.rope", head_dim=head_dim)
+            q = self.b.op("rope", [q, c, s], operand(f"{prefix}.q.rope"), f"{prefix}.q.rope",
+                          head_dim=head_dim)
+            k = self.b.op("rope", [k, c, s], operand(f"{prefix}.k.rope"), f"{prefix}.k.rope",
+                          head_dim=head_dim)
         scores = self.b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
                            heads=heads, tokens=tokens)
-        probs = self.b.op("softmax", [scores], F16, f"{prefix}.probs",
+        probs = self.b.op("softmax", [scores], operand(f"{prefix}.probs"), f"{prefix}.probs",
                           scale=1.0 / float(np.sqrt(head_dim)))
         o = self.b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                       heads=heads, tokens=tokens)
@@ -306,8 +315,21 @@ def _identifier(kind: str):
             return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-d{p['dim']}"
                     f"-h{p['heads']}")
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-d{p['dim']}"
-                f"-h{p['heads']}-f{p['hidden']}-n{p['blocks']}")
+                f"-h{p['heads']}-f{p['hidden']}-n{p['blocks']}{attention_suffix(p, 'f16')}")
     return make
+
+
+def attention_precision(p: dict[str, Any]) -> str:
+    """The precision the attention products run in: ``--attention`` with FP8 GEMMs, else
+    F16."""
+    return str(p.get("attention", "f16")) if p["precision"] == "fp8" else "f16"
+
+
+def attention_suffix(p: dict[str, Any], default: str) -> str:
+    """The identifier's mark of an attention precision other than the workload's default
+    (identifiers name artifact folders: two builds that differ must not share one)."""
+    chosen = attention_precision(p)
+    return "" if chosen == default or p["precision"] != "fp8" else f"-attn{chosen}"
 
 
 def _fields(kind: str):
@@ -315,8 +337,20 @@ def _fields(kind: str):
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "tokens": p["tokens"], "rows": p["batch"] * p["tokens"], "dimension": p["dim"],
                 "heads": p["heads"], "hiddenDimension": p.get("hidden", 0),
-                "blocks": p.get("blocks", 1), "biases": kind != "attention"}
+                "blocks": p.get("blocks", 1), "biases": kind != "attention",
+                "attention": attention_precision(p)}
     return make
+
+
+def ATTENTION_OPTION(default: str) -> Parameter:  # noqa: N802  (reads as a constant)
+    """The ``--attention`` option: the precision of the attention products' operands when the
+    GEMMs run in FP8.  ``fp8``: q, k, v and the probabilities are FP8 (each with its own
+    calibrated scale) and both products run in the AMP's native FP8 mode with FP16 partials;
+    ``f16``: F16 operands, products in the F16 mode with F32 partials (the reference's
+    mixed FP8 + F16 build of seed 003).  docs/tolerance.md has what each costs in accuracy."""
+    return Parameter("attention", str, default, "attention products' operands when "
+                     "--precision is fp8: fp8 (native FP8 AMP, FP16 partials) or f16",
+                     choices=("fp8", "f16"))
 
 
 def GELU_OPTION(default: str) -> Parameter:  # noqa: N802  (reads as a constant)
@@ -333,14 +367,16 @@ def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) ->
     ))
 
 
+# the layer workloads keep the reference's F16 attention (seed 003) by default, so their
+# figures compare with its logs; the towers (workloads.vision) run it in FP8
 _register("siglip-layer", "SigLIP-so400m encoder layer (pre-norm, biases, GELU tanh)",
-          _common(729, 1152, 16, 4304, 1e-6))
+          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16")))
 _register("pe-block", "Perception Encoder L/14-336 layer with 2D RoPE (eps 1e-5, exact GELU)",
-          (*_common(577, 1024, 16, 4096, 1e-5), GELU_OPTION("erf")))
+          (*_common(577, 1024, 16, 4096, 1e-5), GELU_OPTION("erf"), ATTENTION_OPTION("f16")))
 _register("siglip-attention", "SigLIP attention sub-layer: norm, q/k/v, attention, out, residual",
-          _common(729, 1152, 16, 4304, 1e-6))
+          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16")))
 _register("attention", "diagnostic attention block of reference log 001 (7 operations)",
           tuple(p for p in _common(197, 768, 12, 3072, 1e-6)
                 if p.name not in ("hidden", "blocks", "eps")))
 _register("vit-layer", "generic pre-norm ViT layer (exact GELU, as ViT defines it)",
-          (*_common(197, 768, 12, 3072, 1e-6), GELU_OPTION("erf")))
+          (*_common(197, 768, 12, 3072, 1e-6), GELU_OPTION("erf"), ATTENTION_OPTION("f16")))

@@ -32,7 +32,14 @@ from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
-from ipu_stack.workloads.transformer import GELU_OPTION, LayerBuilder, calibrated_build
+from ipu_stack.workloads.transformer import (
+    ATTENTION_OPTION,
+    GELU_OPTION,
+    LayerBuilder,
+    attention_precision,
+    attention_suffix,
+    calibrated_build,
+)
 
 
 def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps: float,
@@ -49,6 +56,7 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
         Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0),
         GELU_OPTION(gelu),
+        ATTENTION_OPTION("fp8"),
     )
 
 
@@ -138,7 +146,8 @@ def stream_image(kind: str, params: dict[str, Any], graph: Graph, index: int
 def _identifier(kind: str):
     def make(p: dict[str, Any]) -> str:
         return (f"{kind}-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
-                f"-d{p['dim']}-h{p['heads']}-f{p['hidden']}-n{p['layers']}")
+                f"-d{p['dim']}-h{p['heads']}-f{p['hidden']}-n{p['layers']}"
+                f"{attention_suffix(p, 'fp8')}")
     return make
 
 
@@ -148,7 +157,8 @@ def _fields(kind: str):
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "image": p["image"], "patch": p["patch"], "tokens": tokens,
                 "rows": p["batch"] * tokens, "dimension": p["dim"], "heads": p["heads"],
-                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": True}
+                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": True,
+                "attention": attention_precision(p)}
     return make
 
 
