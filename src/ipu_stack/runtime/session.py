@@ -288,12 +288,21 @@ def verdict_fields(verdict: Verdict) -> dict[str, Any]:
 
 
 def gemm_flops(graph: Graph) -> int:
+    """Two flops per multiply-accumulate of every GEMM: the matmuls and the attention
+    products (a head matmul is ``batch x heads`` products of ``tokens x tokens`` over the
+    head width, in either order), which the roofline and the TFLOPS figures must count."""
     flops = 0
     for op in graph.operations:
+        if op.kind not in ("matmul", "head_matmul"):
+            continue
+        a = graph.value(op.inputs[0]).type
+        b = graph.value(op.inputs[1]).type
         if op.kind == "matmul":
-            a = graph.value(op.inputs[0]).type
-            b = graph.value(op.inputs[1]).type
             flops += 2 * a.rows * a.cols * b.shape[1]
+        elif op.kind == "head_matmul":
+            heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
+            batch, head_dim = b.rows // tokens, b.cols // heads
+            flops += 2 * batch * heads * tokens * tokens * head_dim
     return flops
 
 
