@@ -208,3 +208,28 @@ def test_every_stage_result_gets_a_probe_read_and_no_exchange() -> None:
         pieces[r.tensor] = pieces.get(r.tensor, 0) + 1
     assert pieces == {"attn.q.mm": 1, "attn.k.mm": 1, "attn.v.mm": 1, "attn.scores": HEADS,
                       "attn.probs": 1, "attn.context8": HEADS}
+
+
+def test_fp8_scores_without_a_depth_split_are_read_where_the_amp_stored_them() -> None:
+    """With FP8 operands (``--attention fp8``) Q.K^T runs in the FP8 mode; with one depth
+    block its FP16 partials are its F16 result, so no reduce kernel runs and the softmax
+    reads the partials' buffer.  A depth-split plan still sums its partials (one head of
+    64, so the 64-deep product can split into two 32-deep FP8 blocks)."""
+    workload = get_workload("siglip-attention")
+    params = workload.resolve({"tokens": TOKENS, "dim": DIM, "heads": 1, "hidden": 96,
+                               "attention": "fp8"})
+    graph, _ = workload.build(params)
+    stages = find_stages(graph)
+    (qk,) = [s for s in stages if isinstance(s, GemmStage) and s.attrs.get("mode") == "qk"]
+    assert graph.value(qk.a).type.precision.is_fp8 and graph.value(qk.b).type.precision.is_fp8
+    found = gemm_candidates(stage_shape(graph, qk), IPU21, keep=200)
+    single = [p for p in found if p.depth_splits == 1 and p.mode == "fp8"][0]
+    split = [p for p in found if p.depth_splits > 1 and p.mode == "fp8"][0]
+    assert "epilogue" not in single.costs and split.costs["epilogue"] > 0
+    for plan, reduced in ((single, False), (split, True)):
+        plans = [plan if s is qk else p for s, p in zip(stages, default_plans(graph, stages),
+                                                        strict=True)]
+        program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+        names = {c.name for c in program.compute_sets()}
+        assert (f"stage{qk.index}.reduce" in names) is reduced
+        _check_schedules(program)

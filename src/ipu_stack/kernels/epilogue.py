@@ -31,6 +31,17 @@ from ipu_stack.kernels.elementwise import apply_chain, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
 
+def partials_are_result(depth_splits: int, mode: str, chain: Any, has_bias: bool) -> bool:
+    """Whether a GEMM stage's partials already are its result, so no reduce kernel runs:
+    one depth block (nothing to sum) in the FP8 mode, whose partials the AMP stores as FP16,
+    and a chain that only rounds to F16 (no bias, activation or cast).  Rounding an FP16
+    partial to F16 changes no bit, and the next kernel reads the AMP's output where the AMP
+    stored it, as any kernel reads tile memory; a copy would add cycles and no work."""
+    steps = [list(step) for step in chain]
+    return (depth_splits == 1 and mode == "fp8" and not has_bias and len(steps) == 1
+            and steps[0][0] == "round" and Precision.from_json(steps[0][1]).kind == "F16")
+
+
 def _name(p: dict[str, Any]) -> str:
     ops = "_".join(step[0] for step in p["chain"]) or "store"
     out = Precision.from_json(p["out"])

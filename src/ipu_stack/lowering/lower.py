@@ -25,7 +25,7 @@ from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16, F32, Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
-from ipu_stack.kernels.epilogue import epilogue_params
+from ipu_stack.kernels.epilogue import epilogue_params, partials_are_result
 from ipu_stack.kernels.gemm import gemm_params, scratch_bytes
 from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
@@ -270,9 +270,26 @@ class Lowering:
                                    f".c{row0}" if plan.row_chunks > 1 else "")
             a_buf, b_buf = self._gemm_operands(grid, shared)
             p_buf = self._gemm_partials(grid, a_buf, b_buf)
+            if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,
+                                   stage.bias is not None):
+                pieces += self._partials_as_result(grid, p_buf)
+                continue
             recv_buf = self._gemm_reduce_scatter(grid, p_buf)
             pieces += self._gemm_epilogue(grid, p_buf, recv_buf, shared)
         self.where[stage.out] = pieces
+
+    def _partials_as_result(self, gg: _GemmGrid, p_buf: int) -> list[Piece]:
+        """The output's pieces where the partials already are the result
+        (``partials_are_result``): the partials' buffer, read in place."""
+        plan, grids = gg.plan, gg.grids
+        out_prec = self.graph.value(gg.stage.out).type.precision
+        layouts = [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, plan.row_block,
+                               plan.col_block, grid.reshape(plan.row_splits, plan.col_splits,
+                                                            1).copy())
+                   for grid in grids]
+        assert layouts[0].pitch == gg.partial_pitch, "partials and result pitches differ"
+        return [Piece(group.out_origin[0], group.out_origin[1], layout, p_buf)
+                for group, layout in zip(gg.groups, layouts, strict=True)]
 
     def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
                    suffix: str = "") -> _GemmGrid:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ipu_stack.ir.layout import WORD, round_up
+from ipu_stack.kernels.epilogue import partials_are_result
 from ipu_stack.kernels.gemm import partial_itemsize
 from ipu_stack.planning.costs import (
     estimate_chain,
@@ -190,8 +191,9 @@ def cost_plan(
     if d > 1:
         costs["reduce_exchange"] = estimate_exchange_phase((d - 1) * sub * bn * item // WORD)
     chain = [list(step_) for step_ in shape.chain]
-    costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
-                         + estimate_chain(chain, sub, bn) + sync)
+    if not partials_are_result(d, mode, chain, shape.has_bias):  # else no reduce kernel
+        costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
+                             + estimate_chain(chain, sub, bn) + sync)
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
 
 
