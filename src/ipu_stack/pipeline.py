@@ -56,8 +56,8 @@ STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
 
 MIN_PROPORTION = 0.45
 # a placement failure plans again for the planner's estimate of the failed plans less what
-# placement found no room for and this margin (a share of the planned tile bytes): the
-# estimate misses support memory that grows with the program, and fragmentation
+# placement found no room for and this margin (a share of the tile bytes the planner plans
+# for): the estimate misses support memory that grows with the program, and fragmentation
 RETRY_MARGIN = 0.005
 # ... and at least this much less, doubled with every failed try, so a retry never repeats
 # the failed choice and a program that keeps failing reaches the floor in a few tries
@@ -89,9 +89,8 @@ def compile_workload(
     The planner's memory estimate cannot see support memory (exchange tables grow with the
     program) or fragmentation exactly, so when placement fails the compile is planned again
     for less of tile memory (:func:`retry_proportion`), down to ``MIN_PROPORTION`` (or
-    ``min_proportion``), which gets the last try.  One
-    schedule memo serves every attempt: most phases of a retry are the ones the failed
-    attempt already scheduled.
+    ``min_proportion``), which gets the last try.  One schedule memo serves every attempt:
+    most phases of a retry are the ones the failed attempt already scheduled.
     """
     options = options or CompileOptions()
     keep_freed_memory()
