@@ -30,7 +30,7 @@ from ipu_stack.phases.costing import (
 )
 from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
-from ipu_stack.planning.fit import planned_bytes, usable_bytes
+from ipu_stack.planning.fit import usable_bytes
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -157,14 +157,8 @@ def _compile_once(
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
     for number, (name, stage) in enumerate(STAGES, start=1):
-        try:
-            with phase(LOG, name) as fields:
-                fields.update(stage(build))
-        except PlacementError as failure:
-            if build.budget is not None and build.plans:
-                failure.planned_bytes = planned_bytes(build.plans, phases.repeats(build),
-                                                      build.budget.row_bytes)
-            raise
+        with phase(LOG, name) as fields:
+            fields.update(stage(build))
         if dump is not None:
             written = dump_stage(dump, number, name, build)
             if written is not None:

@@ -281,15 +281,21 @@ class Lowering:
     def _partials_as_result(self, gg: _GemmGrid, p_buf: int) -> list[Piece]:
         """The output's pieces where the partials already are the result
         (``partials_are_result``): the partials' buffer, read in place."""
-        plan, grids = gg.plan, gg.grids
-        out_prec = self.graph.value(gg.stage.out).type.precision
-        layouts = [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, plan.row_block,
-                               plan.col_block, grid.reshape(plan.row_splits, plan.col_splits,
-                                                            1).copy())
-                   for grid in grids]
+        layouts = self._out_layouts(gg)
         assert layouts[0].pitch == gg.partial_pitch, "partials and result pitches differ"
         return [Piece(group.out_origin[0], group.out_origin[1], layout, p_buf)
                 for group, layout in zip(gg.groups, layouts, strict=True)]
+
+    def _out_layouts(self, gg: _GemmGrid) -> list[BlockLayout]:
+        """The stage output's layout in each head group: tile ``(r, c, d)`` holds rows
+        ``[d * sub, (d + 1) * sub)`` of row block ``r`` in column block ``c``."""
+        plan = gg.plan
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        out_prec = self.graph.value(gg.stage.out).type.precision
+        return [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, plan.sub_rows,
+                            plan.col_block,
+                            grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy())
+                for grid in gg.grids]
 
     def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
                    suffix: str = "") -> _GemmGrid:
@@ -481,16 +487,12 @@ class Lowering:
         g, stage, plan, name, grids = self.graph, gg.stage, gg.plan, gg.name, gg.grids
         groups, all_tiles, cols_valid = gg.groups, gg.all_tiles, gg.cols_valid
         partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
-        m, n = plan.shape.rows, plan.shape.cols
+        n = plan.shape.cols
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         bn, sub = plan.col_block, plan.sub_rows
         out_prec = g.value(stage.out).type.precision
         # 4. Reduce + fused chain into the stage output.
-        out_layouts = [
-            BlockLayout(m, n, out_prec, sub, bn,
-                        grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy())
-            for grid in grids
-        ]
+        out_layouts = self._out_layouts(gg)
         out_buf = self.program.add_buffer(
             self._name(stage.out) + name[len(f"stage{stage.index}"):], all_tiles,
             out_layouts[0].block_bytes, MemoryClass.STANDARD,

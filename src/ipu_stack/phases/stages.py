@@ -39,7 +39,7 @@ from ipu_stack.phases.costing import (
     to_transfers,
 )
 from ipu_stack.phases.state import Build
-from ipu_stack.planning.fit import MemoryBudget, fit_plans, need
+from ipu_stack.planning.fit import MemoryBudget, fit_plans, need, planned_bytes
 from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
 from ipu_stack.planning.repeat import find_layer_loop, loop_fields
 from ipu_stack.planning.stages import GemmStage, find_stages
@@ -202,6 +202,9 @@ def place_storage_stage(build: Build) -> Fields:
     try:
         build.placement = place_storage(program, build.support["total"], target)
     except PlacementError as failure:
+        if build.budget is not None:  # what the next try's memory is sized from
+            failure.planned_bytes = planned_bytes(build.plans, repeats(build),
+                                                  build.budget.row_bytes)
         if isinstance(failure.placement, Placement) and failure.tile is not None:
             filled = tile_categories(program, failure.placement, build.support, failure.tile)
             failure.args = (f"{failure} (tile {failure.tile} holds {describe(filled)} bytes)",)
