@@ -3,14 +3,16 @@ against the planner's independent closed forms on the same shapes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from ipu_stack.device.pricing import exchange_cycles, price_work
 from ipu_stack.exchange import Schedule, Transfers
 from ipu_stack.exchange.instructions import instruction_horizon
-from ipu_stack.planning.costs import estimate_layer_norm, estimate_softmax
-from ipu_stack.target.timing import Work, p
+from ipu_stack.planning.costs import estimate_activation, estimate_layer_norm, estimate_softmax
+from ipu_stack.target.timing import Work, p, split_over_workers
 
 PHASE = p("exchange_phase")
 
@@ -91,3 +93,19 @@ def test_layer_norm_is_within_a_few_cycles_of_the_measured_kernels():
     assert price_work(Work("layer_norm", {"row_widths": [1152]})) == pytest.approx(6732, abs=5)
     assert price_work(Work("layer_norm", {"row_widths": [1152] * 3})) == pytest.approx(
         19938, abs=5)
+
+
+@pytest.mark.parametrize("elements", [1, 6, 24, 25, 1708, 6403])
+def test_residual_add_and_rope_price_as_the_vendors_binary_vertices(elements):
+    """A residual add is one popops ADD HALF supervisor vertex: launch 11 + 6 worker slots x
+    (26 setup + 3 cycles per 4-half vector of the busiest worker); RoPE is three of them
+    (two MULTIPLY, one ADD). Hand count for 1,708 halves: 285 per worker -> 72 vectors ->
+    11 + 6 (26 + 216) = 1,463. The device prices the worker split it ran, the planner the
+    even split: the same here."""
+    busiest = math.ceil(elements / 6)
+    vertex = 11 + 6 * (26 + 3 * math.ceil(busiest / 4))
+    work = {"per_worker": split_over_workers(elements)}
+    assert price_work(Work("add", work)) == vertex == estimate_activation(elements, "add")
+    assert price_work(Work("rope", work)) == 3 * vertex == estimate_activation(elements, "rope")
+    if elements == 1708:
+        assert vertex == 1463

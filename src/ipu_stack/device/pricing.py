@@ -124,9 +124,6 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
     if kind in ACTIVATION_VERTICES:
         busiest = max(c["per_worker"], default=0)
         return sum(_vertex(v, busiest) for v in ACTIVATION_VERTICES[kind]) if busiest else 0
-    if kind in ("add", "rope"):
-        step = "binary_step" if kind == "add" else "rope_step"
-        return p("cast_call") + p(step) * _steps(c["per_worker"], 2)
     raise ValueError(f"no price for work {kind!r}")
 
 

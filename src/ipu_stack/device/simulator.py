@@ -446,7 +446,8 @@ def _placed_groups(tiles: np.ndarray, interleaved: np.ndarray
 
 _WORK_CLASSES = {"amp": "gemm", "cast_from_f8": "cast", "cast_f8": "cast", "cast_f16": "cast",
                  "bias_gelu": "gelu", "layer_norm": "layerNorm", "rms_norm": "rmsNorm",
-                 **dict.fromkeys(timing.ACTIVATION_VERTICES, "activation")}
+                 **dict.fromkeys(timing.ACTIVATION_VERTICES, "activation"), "add": "add",
+                 "rope": "rope"}
 
 
 def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, works: list,

@@ -131,8 +131,9 @@ def _vertex_cycles(vertex: str, per_worker: int) -> int:
 
 
 def estimate_activation(elements: int, function: str) -> int:
-    """An activation (or ``mul``/``swiglu``/``add_bias``) over ``elements`` dealt evenly to
-    the six workers: its vendor vertices back to back, one launch each."""
+    """An activation (or ``mul``/``swiglu``/``add_bias``, a residual ``add``, ``rope``) over
+    ``elements`` dealt evenly to the six workers: its vendor vertices back to back, one
+    launch each."""
     if not elements:
         return 0
     per_worker = cdiv(elements, 6)
@@ -142,11 +143,6 @@ def estimate_activation(elements: int, function: str) -> int:
 def estimate_rms_norm(rows: int, width: int) -> int:
     """RMS norm over ``rows`` rows of ``width`` (assumed: the measured layer norm's price)."""
     return int(estimate_layer_norm(rows, width) * float(PRICES["rms_norm_fraction"].value))
-
-
-def estimate_binary(elements: int, step: str = "binary_step") -> int:
-    """A two-input F16 elementwise pass (residual add; RoPE with ``rope_step``)."""
-    return p("cast_call") + p(step) * cdiv(elements, 12) if elements else 0
 
 
 def estimate_copy(nbytes: int) -> int:
@@ -212,10 +208,8 @@ def _row(params: dict[str, Any]) -> int:
         cycles = estimate_softmax(rows, cols)
     elif op == "biased_softmax":
         cycles = estimate_softmax(rows, cols) + estimate_activation(rows * cols, "add_bias")
-    elif op == "add":
-        cycles = estimate_binary(rows * cols)
-    elif op == "rope":
-        cycles = estimate_binary(rows * cols, "rope_step")
+    elif op in ("add", "rope"):
+        cycles = estimate_activation(rows * cols, op)
     else:
         cycles = estimate_chain(params["chain"], rows, cols)
     if op != "chain" and Precision.from_json(params["out"]).is_fp8:

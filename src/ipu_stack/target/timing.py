@@ -117,12 +117,6 @@ PRICES.update({
     "softmax_wave": Fact(126, f"{_REF}: 126 cycles per six-row wave (rows over 128 keys "
                               "use this split kernel; the whole-row kernel for fewer keys is "
                               "the reference's model, _softmax_whole)"),
-    "binary_step": Fact(
-        48, "assumed: a residual add (two F16 inputs, one F16 output) streams like the "
-        "reference's F32 -> F16 stream, 330 + 48 ceil(n/12); siglip-mlp has none"),
-    "rope_step": Fact(
-        96, "assumed: RoPE (two multiplies and an add per element, cos/sin loads) at twice "
-        "the residual add's price; only pe-block uses it"),
 })
 
 # The measured layer norm's cost of one row of ``width`` (after ``layer_norm_call``): a
@@ -183,7 +177,11 @@ PRICES.update({
 # the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
 # then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;
 # ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``; ``add_bias`` is the ADD of an
-# attention bias or mask table before a softmax)
+# attention bias or mask table before a softmax; ``add`` is a residual add, the same ADD HALF
+# vertex; ``rope`` is x cos + rot(x) sin as popops runs it: two MULTIPLY vertices, the
+# rotation a view of x with its sign folded into the ADD/SUBTRACT, then the ADD.  Until the
+# seventh session these two were "assumed" at 4 and 8 cycles an element, 5.3x the vendor's
+# estimate for the same vertices; docs/machine.md gives the sensitivity)
 ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
     "sigmoid": ("sigmoid",),
     "tanh": ("tanh",),
@@ -192,6 +190,8 @@ ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
     "swiglu": ("sigmoid", "multiply", "multiply"),
     "mul": ("multiply",),
     "add_bias": ("add",),
+    "add": ("add",),
+    "rope": ("multiply", "multiply", "add"),
 }
 
 
