@@ -27,10 +27,11 @@ def _peaked_vit():
     return export(TinyVit(layers=2, sharpen=5.0, gelu="tanh"), torch.randn(2, 3, 32, 32))
 
 
-def _run(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: Path):
+def _run(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: Path,
+         **extra):
     workload = make_workload(program, "tiny")
-    params = workload.resolve({"precision": precision})
-    result = compile_workload(workload, params, tmp_path / precision,
+    params = workload.resolve({"precision": precision, **extra})
+    result = compile_workload(workload, params, tmp_path / workload.identifier(params),
                               CompileOptions(cache_dir=str(cache_dir)))
     from ipu_stack.runtime.session import load_package
 
@@ -60,6 +61,53 @@ def test_peaked_attention_passes_against_torch_at_fp8(tmp_path: Path, cache_dir:
         torch_out = program.module()(torch.from_numpy(_inputs(program))).numpy().reshape(-1)
     error = device - torch_out
     assert np.sqrt(np.mean(error**2)) == pytest.approx(run.verdict.fidelity.rms_error, rel=1e-4)
+
+
+def test_attention_in_fp8_passes_against_torch(tmp_path: Path, cache_dir: Path,
+                                              lock_path: Path) -> None:
+    """``--attention fp8`` on an imported model (the eager q @ k^T pattern): both products of
+    every layer read FP8 operands written by their producers (no cast added), the run
+    PASSes against torch, and the identifier and record say which attention ran."""
+    program = _peaked_vit()
+    result, run, record = _run(program, "fp8", tmp_path, cache_dir, lock_path,
+                               attention="fp8")
+    graph = result.graph
+    products = [op for op in graph.operations if op.kind == "head_matmul"]
+    assert len(products) == 4
+    for op in products:
+        for operand in op.inputs:
+            assert graph.value(operand).type.precision.is_fp8
+            assert graph.producer(operand).kind != "cast"
+    assert record["numericalTest"] == "PASS", record
+    assert record["attention"] == "fp8"
+    assert result.package.parent.name.endswith("-attnfp8")
+    f16 = import_program(program, precision="fp8", name="tiny")
+    assert sum(v.type.precision.is_fp8 for v in f16.graph.values) + 8 == sum(
+        v.type.precision.is_fp8 for v in graph.values)  # q, k, v, probs of each layer
+
+
+def test_attention_operand_read_elsewhere_keeps_f16() -> None:
+    """An attention operand that something else reads too is not rounded to FP8 for it:
+    that product keeps F16 and the import says why."""
+
+    class Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(1, 8, 3, 2, 16).permute(2, 0, 3, 1, 4)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return o.transpose(1, 2).reshape(1, 8, 32) + v.transpose(1, 2).reshape(1, 8, 32)
+
+    torch.manual_seed(5)
+    imported = import_program(export(Shared(), torch.randn(1, 8, 32)), precision="fp8",
+                              attention="fp8")
+    graph = imported.graph
+    qk, pv = [op for op in graph.operations if op.kind == "head_matmul"]
+    assert all(graph.value(i).type.precision.is_fp8 for i in qk.inputs)
+    assert not any(graph.value(i).type.precision.is_fp8 for i in pv.inputs)
+    assert any("kept in F16" in r for r in imported.converted.rewrites)
 
 
 def _inputs(program) -> np.ndarray:

@@ -1,8 +1,10 @@
 """Attention helpers two rule families share (eager attention in ``ops_math``, SDPA in
-``ops_gemm``): constant masks and biases as the additive table a ``biased_softmax`` adds."""
+``ops_gemm``): constant masks and biases as the additive table a ``biased_softmax`` adds;
+and the ``--attention fp8`` pass the walk runs on the finished graph."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,7 +12,9 @@ import numpy as np
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act
 from ipu_stack.frontend.rules import to_numpy
+from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import TensorType
 
 
 def additive_mask(conv: Converter, node: Any, mask: Any, dims: tuple[int, ...]
@@ -46,3 +50,51 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
     table = conv.weight(f"{name}.bias", bias.reshape(-1, bias.shape[-1]), False)
     conv.rewrites.append(f"{name}: additive attention bias/mask as the table {name}.bias")
     return conv.b.op("biased_softmax", [scores.value, table], F16, name, scale=float(factor))
+
+
+# the ops whose output a tile can store in FP8 itself (a GEMM epilogue's last step, or a row
+# kernel's store), as the builtins' --attention fp8 has the projections, RoPE and the softmax do
+WRITES_FP8 = ("matmul", "bias_add", "rope", "softmax", "biased_softmax")
+
+
+def attention_operands_in_fp8(conv: Converter) -> int:
+    """``--attention fp8`` on an imported graph: give both operands of each ``head_matmul``
+    FP8 storage at their role's calibrated exponent, so that Q.K^T and P.V run in the AMP's
+    native FP8 mode with FP16 partials, as the builtin towers' do.
+
+    An operand changes only where its producer can write FP8 itself (``WRITES_FP8``) and
+    nothing but attention products reads it, so no cast is added and no other consumer sees
+    a rounding it did not ask for; a product whose two operands cannot both change (a
+    constant pooling query, a value read elsewhere) keeps F16 and is named in the rewrites.
+    Returns how many products now run in FP8."""
+    graph = conv.b.graph
+    converted = 0
+    for op in graph.operations:
+        if op.kind != "head_matmul":
+            continue
+        operands = [graph.value(i) for i in op.inputs]
+        if all(v.type.precision.is_fp8 for v in operands):
+            converted += 1
+            continue
+        movable = [v for v in operands if not v.type.precision.is_fp8]
+        if not all(_writes_fp8_for_attention_only(graph, v.id) for v in movable):
+            conv.rewrites.append(f"{graph.value(op.outputs[0]).name}: attention product kept "
+                                 "in F16 (an operand is not an FP8-storable value read only "
+                                 "by attention)")
+            continue
+        for value in movable:
+            precision = conv.act_precision(value.name)
+            graph.values[value.id] = replace(value, type=TensorType(value.type.shape,
+                                                                    precision))
+        conv.rewrites.append(f"{graph.value(op.outputs[0]).name}: attention operands "
+                             f"{', '.join(v.name for v in movable)} stored in FP8")
+        converted += 1
+    return converted
+
+
+def _writes_fp8_for_attention_only(graph: Graph, value_id: int) -> bool:
+    value = graph.value(value_id)
+    producer = graph.producer(value_id)
+    if value.role != "intermediate" or producer is None or producer.kind not in WRITES_FP8:
+        return False
+    return all(user.kind == "head_matmul" for user in graph.consumers(value_id))

@@ -11,7 +11,8 @@ per-operation rules are the families ``frontend/ops.py`` gathers, both above thi
 Precision policy (the builtins'): with ``fp8``, GEMM weights are FP8 F143 with one scale
 exponent per weight role (fitted to the data, the largest over the role's layers), GEMM
 A-operands are FP8 (a layer norm or GELU that feeds only GEMMs writes FP8 itself; anything
-else gets a ``cast``), and attention and the residual stream stay F16; FP8 activation
+else gets a ``cast``), and attention and the residual stream stay F16 (with ``attention``
+"fp8", attention's operands are FP8 too: ``frontend/attention.py``); FP8 activation
 exponents come from ``scales``, by role (fitted by the caller on a calibration input).  With
 ``f16`` everything is F16 but RoPE tables (F32).
 """
@@ -136,13 +137,14 @@ class Converter:
     """Walks an ``ExportedProgram``'s graph in order and builds the IR graph."""
 
     def __init__(self, program: Any, user_inputs: list[np.ndarray], precision: str,
-                 scales: dict[str, int], name: str) -> None:
+                 scales: dict[str, int], name: str, attention: str = "f16") -> None:
         import torch
 
         self.torch = torch
         self.program = program
         self.user = [np.asarray(u, dtype=np.float32) for u in user_inputs]
         self.fp8 = precision == "fp8"
+        self.attention_fp8 = self.fp8 and attention == "fp8"  # --attention fp8
         self.scales = scales
         self.b = GraphBuilder(name)
         self.env: dict[Any, Any] = {}

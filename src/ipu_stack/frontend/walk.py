@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend import fused, rope
+from ipu_stack.frontend.attention import attention_operands_in_fp8
 from ipu_stack.frontend.convert import (
     PAIR_AWARE,
     SIDE_EFFECTS,
@@ -80,6 +81,8 @@ class Importer(Converter):
                 self._outputs(node)
         if user_index != len(self.user):
             raise CompileError(f"the program takes {user_index} inputs, {len(self.user)} given")
+        if self.attention_fp8:
+            attention_operands_in_fp8(self)
         return self.finish()
 
     def settle(self, node: Any, value: Any) -> Any:

@@ -34,6 +34,7 @@ from ipu_stack.ir.precision import fit_scale_exponent
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, rng_for
+from ipu_stack.workloads.transformer import ATTENTION_OPTION, attention_precision, attention_suffix
 
 LOG = logging.getLogger("ipu_stack.frontend")
 NAME = IMPORTED
@@ -158,11 +159,12 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
             if isinstance(leaf, torch.Tensor)]
 
 
-def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[str, int]:
+def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
+                attention: str = "f16") -> dict[str, int]:
     """FP8 exponents of activations, one per role (the largest over its layers), fitted
     with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
     own scales, and identical layers keep identical precisions."""
-    first = Importer(program, calibration, "fp8", {}, name).run()
+    first = Importer(program, calibration, "fp8", {}, name, attention).run()
     ideal = evaluate_unrounded(first.graph, first.exact)  # float32, as the builtins fit
     scales: dict[str, int] = {}
     for v in first.graph.values:
@@ -175,10 +177,11 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str) -> dict[
 def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,
                    inputs: list[np.ndarray] | None = None, precision: str = "fp8", seed: int = 0,
                    calibration: list[np.ndarray] | None = None, name: str = "imported",
-                   ) -> Imported:
+                   attention: str = "f16") -> Imported:
     """Import ``program`` (an ``ExportedProgram``, or an ``nn.Module`` exported here with
     ``example_inputs``) into the IR; ``inputs`` default to random ones from ``seed`` and
-    ``calibration`` to random ones from ``seed + 1``."""
+    ``calibration`` to random ones from ``seed + 1``; ``attention`` "fp8" stores attention's
+    operands in FP8 (with ``precision`` fp8), as the builtin towers do."""
     torch = require_torch()
     if isinstance(program, torch.nn.Module):
         if example_inputs is None:
@@ -187,12 +190,14 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
     program = specialize(program, 0)
     if precision not in ("fp8", "f16"):
         raise UsageError(f"precision {precision!r} is not fp8 or f16")
+    if attention not in ("fp8", "f16"):
+        raise UsageError(f"attention {attention!r} is not fp8 or f16")
     user = inputs if inputs is not None else random_inputs(program, seed)
     scales: dict[str, int] = {}
     if precision == "fp8":
         calib = calibration if calibration is not None else random_inputs(program, seed + 1)
-        scales = _fit_scales(program, calib, name)
-    converted = Importer(program, user, precision, scales, name).run()
+        scales = _fit_scales(program, calib, name, attention)
+    converted = Importer(program, user, precision, scales, name, attention).run()
     outputs = torch_outputs(program, user)
     if len(outputs) != len(converted.outputs):
         raise CompileError(f"torch returned {len(outputs)} tensors, the import has "
@@ -248,6 +253,7 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
                   "dynamic batch dimension in the export)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
+        ATTENTION_OPTION("f16"),
         Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0),
         Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
     )
@@ -267,7 +273,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "") ->
         sized = at_batch(params["batch"])
         user = inputs_from_file(sized, params["inputs"]) if params["inputs"] else None
         imported = import_program(sized, inputs=user, precision=params["precision"],
-                                  seed=params["seed"], name=label)
+                                  seed=params["seed"], name=label,
+                                  attention=attention_precision(params))
         holder.clear()  # one import at a time: the graph the pipeline holds now
         holder[id(imported.graph)] = imported
         return imported.graph, imported.tensors
@@ -275,7 +282,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "") ->
     def identifier(params: dict[str, Any]) -> str:
         digest = (params["sha256"] or hashlib.sha256(label.encode()).hexdigest())[:8]
         batch = f"-b{params['batch']}" if params["batch"] else ""
-        return f"{label}-{params['precision']}{batch}-{digest}"
+        return (f"{label}-{params['precision']}{batch}-{digest}"
+                f"{attention_suffix(params, 'f16')}")
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)
@@ -283,7 +291,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "") ->
         return {"benchmark": f"{label}-{params['precision']}", "model": params["model"] or label,
                 "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
                 "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
-                "conversionError": None if last is None else float(f"{last.conversion_error:.3g}")}
+                "conversionError": None if last is None else float(f"{last.conversion_error:.3g}"),
+                "attention": attention_precision(params)}
 
     return ImportedWorkload(
         name=NAME, description=f"torch.export program {label}", parameters=_parameters(),
