@@ -2,6 +2,7 @@
 
     python benchmarks/bench_frontend.py siglip --layers 1 --precision fp8
     python benchmarks/bench_frontend.py vit --layers 2 --precision f16
+    python benchmarks/bench_frontend.py siglip --layers 2 --attention fp8
     python benchmarks/bench_frontend.py all            # the table of docs/frontend.md
     python benchmarks/bench_frontend.py zoo            # every ViT-family tower (zoo.py)
     python benchmarks/bench_frontend.py zoo --import-only --only CLIP
@@ -66,10 +67,11 @@ def export(kind: str, layers: int, seed: int, folder: Path) -> tuple[Path, float
     return path, seconds
 
 
-def bench(path: Path, precision: str, out: Path, seed: int, compare: bool = True
-          ) -> dict[str, Any]:
-    """``ipu-stack bench MODEL.pt2 --precision P --json --save-tensors``; the parsed record
-    plus (``compare``) the device's error against torch's float32 output on the same input."""
+def bench(path: Path, precision: str, out: Path, seed: int, compare: bool = True,
+          attention: str = "f16") -> dict[str, Any]:
+    """``ipu-stack bench MODEL.pt2 --precision P --attention A --json --save-tensors``; the
+    parsed record plus (``compare``) the device's error against torch's float32 output on the
+    same input."""
     import numpy as np
     import torch
 
@@ -80,7 +82,7 @@ def bench(path: Path, precision: str, out: Path, seed: int, compare: bool = True
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
         saving = ["--save-tensors", str(out / "tensors")] if compare else []
         code = main(["--quiet", "bench", str(path), "--precision", precision, "--out", str(out),
-                     "--json", *saving, "--seed", str(seed)])
+                     "--json", *saving, "--seed", str(seed), "--attention", attention])
     lines = [line for line in buffer.getvalue().splitlines() if line.startswith("{")]
     record = json.loads(lines[-1]) if lines else {"numericalTest": "ERROR"}
     record["exitCode"] = code
@@ -89,7 +91,7 @@ def bench(path: Path, precision: str, out: Path, seed: int, compare: bool = True
         record["reason"] = reasons[-1][len("error:"):].strip()
     if lines and compare:  # every output against torch's, laid out as the graph's outputs
         program = torch.export.load(str(path))
-        imported = import_program(program, precision=precision, seed=seed)
+        imported = import_program(program, precision=precision, seed=seed, attention=attention)
         device = np.load(out / "tensors" / "outputs.npz")
         diffs, refs = [], []
         for name, expected in imported.torch_outputs.items():
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, action="append")
     parser.add_argument("--precision", choices=("fp8", "f16"), action="append")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", choices=("fp8", "f16"), default="f16",
+                        help="attention products' operands with --precision fp8")
     parser.add_argument("--folder", default="artifacts/frontend")
     parser.add_argument("--results", default="artifacts/frontend/results.jsonl")
     parser.add_argument("--batch", type=int, action="append", help="zoo: batches (1 and 2)")
@@ -132,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for kind, layers, precision in runs:
         path, export_seconds = export(kind, layers, args.seed, folder)
-        record = bench(path, precision, folder / f"{kind}-{layers}l-{precision}", args.seed)
+        record = bench(path, precision, folder / f"{kind}-{layers}l-{precision}", args.seed,
+                       attention=args.attention)
         summary = {"model": kind, "layers": layers, "precision": precision,
+                   "attention": record.get("attention"),
                    "exportSeconds": round(export_seconds, 2),
                    **{k: record.get(k) for k in (
                        "numericalTest", "referenceSource", "cycles", "deviceMicroseconds",

@@ -18,7 +18,7 @@ from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.lower import stage_groups
 from ipu_stack.lowering.program import ComputeSet, Exchange, Program
 from ipu_stack.pipeline import schedule_program, stage_shape, to_transfers
-from ipu_stack.planning.gemm import GemmPlan, gemm_candidates
+from ipu_stack.planning.gemm import GemmPlan, cost_plan, gemm_candidates
 from ipu_stack.planning.stages import GemmStage, RowStage, find_stages
 from ipu_stack.target import IPU21
 from ipu_stack.workloads import get_workload
@@ -122,8 +122,13 @@ def test_head_groups_compute_on_disjoint_tiles(lowered) -> None:
         assert max(owner) < IPU21.tiles
         per_group = np.bincount([owner[t] for t in tiles.tolist()], minlength=len(groups))
         assert (per_group == plan.tiles_used).all()
+        # the epilogue runs on the group's tiles that finish rows (a depth split's last
+        # sub-block can be empty when the rows do not divide)
         reduce = compute_set(program, f"stage{stage.index}.reduce")
-        assert set(np.concatenate([c.tiles for c in reduce.calls]).tolist()) == set(owner)
+        finishing = set(np.concatenate([c.tiles for c in reduce.calls]).tolist())
+        assert finishing <= set(owner)
+        assert len(finishing) >= len(groups) * plan.col_splits * (
+            -(-TOKENS // plan.sub_rows) if plan.depth_splits > 1 else plan.row_splits)
 
         # every group receives exactly one head window of A and of B, replicated as planned
         # (rows move as whole words: a row of 17 F16 takes 36 bytes)
@@ -176,8 +181,14 @@ def _check_schedules(program: Program) -> list[str]:
 
 
 def test_exchange_phases_verify(lowered) -> None:
-    _, _, _, _, program = lowered
-    assert _check_schedules(program) == DEFAULT_PHASES
+    _, _, stages, plans, program = lowered
+    expected = []  # a depth-split head product adds its reduce phase after its operands
+    for name in DEFAULT_PHASES:
+        expected.append(name)
+        index = int(name.split(".")[0][len("stage"):])
+        if name.endswith(".right") and plans[index].depth_splits > 1:
+            expected.append(f"stage{index}.reduce")
+    assert _check_schedules(program) == expected
     assert all(step.transfers > 0 for step in program.exchanges())
 
 
@@ -233,3 +244,29 @@ def test_fp8_scores_without_a_depth_split_are_read_where_the_amp_stored_them() -
         names = {c.name for c in program.compute_sets()}
         assert (f"stage{qk.index}.reduce" in names) is reduced
         _check_schedules(program)
+
+
+def test_a_softmax_runs_where_whole_row_scores_lie() -> None:
+    """With a Q.K^T plan of one column block every score block holds whole rows: the
+    softmax runs on those tiles (no gather into the landing layout, no second copy), and
+    the planner charged that plan no gather while a column-split plan pays one."""
+    graph, stages = build(1)
+    qk = stages[3]
+    assert stage_shape(graph, qk).rows_read_in_place
+    split = gemm_candidates(stage_shape(graph, qk), IPU21)[0]
+    assert split.col_splits > 1
+    whole = cost_plan(stage_shape(graph, qk), 9, 1, 1, IPU21, mode=split.mode)
+    assert "rows_exchange" not in whole.costs and split.costs["rows_exchange"] > 0
+    plans = [whole if s is qk else p for s, p in zip(stages, default_plans(graph, stages),
+                                                     strict=True)]
+    program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+    names = _check_schedules(program)
+    assert "stage4.rows" not in names
+    softmax = compute_set(program, "stage4.softmax")
+    scores = {c.operands[0][0] for c in compute_set(program, "stage3.gemm").calls}
+    scores |= {c.operands[3][0] for c in compute_set(program, "stage3.reduce").calls}
+    assert {c.operands[0][0] for c in softmax.calls} <= scores
+    rows = sum(c.instance.params["rows"] * len(c.tiles) for c in softmax.calls)
+    assert rows == HEADS * TOKENS  # every row of every head once
+    ran = np.concatenate([c.tiles for c in softmax.calls])
+    assert len(ran) == len(np.unique(ran))  # one call a tile

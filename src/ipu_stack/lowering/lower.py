@@ -548,7 +548,61 @@ class Lowering:
         self.gather(builder, value_id, layout, buffer)
         return buffer
 
+    def _whole_row_pieces(self, value_id: int) -> list[Piece] | None:
+        """The value's pieces when each holds whole rows in row blocks (no replicas) on
+        tiles no other piece uses, so a row kernel can run on each where it lies; else None."""
+        pieces = self.where[value_id]
+        cols = self.graph.value(value_id).type.cols
+        seen: set[int] = set()
+        for piece in pieces:
+            lay = piece.layout
+            if piece.col0 or lay.cols != cols or lay.col_block < cols or lay.replicas != 1:
+                return None
+            tiles = {int(t) for t in lay.tiles.ravel() if t >= 0}
+            if tiles & seen or len(tiles) != lay.grid[0]:
+                return None
+            seen |= tiles
+        return pieces
+
+    def softmax_in_place(self, stage: RowStage) -> bool:
+        """A softmax run where its scores lie, when their pieces hold whole rows (a Q.K^T
+        plan with one column block, ``GemmShape.rows_read_in_place``): no exchange into the
+        landing layout and no second copy of the scores. Each row's arithmetic is the same
+        wherever it runs, so the bits are too. False when the scores are not laid out so."""
+        pieces = self._whole_row_pieces(stage.inputs[0]) if stage.kind == "softmax" else None
+        if pieces is None:
+            return False
+        _, cols, out_prec = self._matrix(stage.out)
+        x_prec = self.graph.value(stage.inputs[0]).type.precision
+        compute = ComputeSet(f"stage{stage.index}.{stage.kind}")
+        out_pieces = []
+        for number, piece in enumerate(pieces):
+            lay = piece.layout
+            out_layout = BlockLayout(lay.rows, cols, out_prec, lay.row_block, cols, lay.tiles)
+            name = self._name(stage.out) + (f".{number}" if len(pieces) > 1 else "")
+            out_buf = self.program.add_buffer(name, out_layout.used_tiles(),
+                                              out_layout.block_bytes, MemoryClass.STANDARD,
+                                              f"{name}: {out_layout.describe()} (in place)")
+            calls: dict[tuple, list[int]] = {}
+            for tile, valid in zip(lay.tiles[:, 0, 0], lay.valid_rows(), strict=True):
+                if valid > 0:
+                    calls.setdefault((int(valid),), []).append(int(tile))
+            for (valid_rows,), tiles in _group_calls(calls):
+                params = row_params("softmax", valid_rows, cols, x_prec, lay.pitch, out_prec,
+                                    out_layout.pitch, None, 0,
+                                    scale=float(stage.attrs.get("scale", 1.0)))
+                zero = np.zeros(len(tiles), dtype=np.int64)
+                compute.calls.append(Call(KernelInstance("row", params), tiles,
+                                          [(piece.buffer, zero), (-1, zero), (-1, zero),
+                                           (out_buf, zero)]))
+            out_pieces.append(Piece(piece.row0, 0, out_layout, out_buf))
+        self.program.run.append(compute)
+        self.where[stage.out] = out_pieces
+        return True
+
     def row_stage(self, stage: RowStage) -> None:
+        if self.softmax_in_place(stage):
+            return
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)
         x_prec = g.value(stage.inputs[0]).type.precision

@@ -52,7 +52,16 @@ def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
         groups=groups,
         b_resident=graph.value(stage.b).role == "weight",
         out_itemsize=graph.value(stage.out).type.precision.itemsize,
+        rows_read_in_place=softmax_reads_in_place(graph, stage.out),
     )
+
+
+def softmax_reads_in_place(graph: Graph, value_id: int) -> bool:
+    """Whether only softmaxes read ``value_id`` (the lowering runs them where whole-row
+    blocks of it lie, with no gather)."""
+    users = graph.consumers(value_id)
+    return (graph.value(value_id).role == "intermediate" and bool(users)
+            and all(op.kind == "softmax" for op in users))
 
 
 def schedule_program(

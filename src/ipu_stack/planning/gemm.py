@@ -60,6 +60,9 @@ class GemmShape:
     groups: int = 1
     b_resident: bool = True
     out_itemsize: int = 2
+    # a softmax reads the output: in place when the plan's blocks hold whole rows (C = 1),
+    # else after an exchange that gathers it into whole rows (a second copy on each tile)
+    rows_read_in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class GemmPlan:
     @property
     def exchange_cycles(self) -> int:
         return (self.costs.get("a_exchange", 0) + self.costs.get("b_exchange", 0)
-                + self.costs.get("reduce_exchange", 0))
+                + self.costs.get("reduce_exchange", 0) + self.costs.get("rows_exchange", 0))
 
     def tile(self, r: int, c: int, d: int) -> int:
         """Tile of block ``(r, c, d)``: depth groups adjacent so reductions stay local."""
@@ -115,8 +118,9 @@ class GemmPlan:
             return [(0, self)]
         out, row0 = [], 0
         for rows in chunk_sizes(self.shape.rows, self.row_chunks):
-            plan = cost_plan(replace(self.shape, rows=rows), self.row_splits, self.col_splits,
-                             self.depth_splits, mode=self.mode)
+            plan = cost_plan(replace(self.shape, rows=rows, rows_read_in_place=False),
+                             self.row_splits, self.col_splits, self.depth_splits,
+                             mode=self.mode)
             assert plan is not None
             out.append((row0, plan))
             row0 += rows
@@ -158,7 +162,8 @@ def cost_plan(
     if chunks > 1:
         if chunks > shape.rows:
             return None
-        parts = [cost_plan(replace(shape, rows=rows), r, c, d, target, mode)
+        parts = [cost_plan(replace(shape, rows=rows, rows_read_in_place=False), r, c, d,
+                           target, mode)
                  for rows in sorted(set(chunk_sizes(shape.rows, chunks)))]
         if any(part is None for part in parts):
             return None
@@ -168,9 +173,13 @@ def cost_plan(
             assert part is not None
             times = sizes.count(part.shape.rows)
             for key, value in part.costs.items():
-                costs[key] = costs.get(key, 0) + times * value
+                if key == "b_exchange":  # B's blocks do not depend on the rows: gathered once
+                    costs[key] = max(costs.get(key, 0), value)
+                else:
+                    costs[key] = costs.get(key, 0) + times * value
         first = parts[-1]  # the longest chunk: its blocks bound the buffers
         assert first is not None
+        costs.update(_rows_gather(shape, r * c * d, c))
         return replace(first, shape=shape, costs=costs, row_chunks=chunks)
     fp8_mode = mode == "fp8"
     step = p("amp_f8_depth") if fp8_mode else p("amp_f16_depth")
@@ -186,6 +195,9 @@ def cost_plan(
         "gemm": estimate_gemm(br, bk, bn, fp8_mode,
                               cast_elements=cast_elements(shape, mode, br, bk, bn)) + sync,
     }
+    if not shape.b_resident:  # an activation B (attention's k, v): a phase of its own
+        costs["b_exchange"] = estimate_exchange_phase(
+            bk * round_up(bn * shape.a_itemsize, WORD) // WORD)
     sub = br // d
     item = partial_itemsize(mode)
     if d > 1:
@@ -194,7 +206,22 @@ def cost_plan(
     if not partials_are_result(d, mode, chain, shape.has_bias):  # else no reduce kernel
         costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
                              + estimate_chain(chain, sub, bn) + sync)
+    costs.update(_rows_gather(shape, r * c * d, c))
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
+
+
+def gathered_row_bytes(shape: GemmShape, tiles: int, col_splits: int) -> int:
+    """Bytes a tile receives when a softmax must gather the output into whole rows (its
+    rows spread evenly over the plan's tiles, as ``lowering``'s landing layout spreads
+    them), or 0 when the plan's blocks already hold whole rows or nothing reads it so."""
+    if not shape.rows_read_in_place or col_splits == 1:
+        return 0
+    return -(-shape.rows // tiles) * round_up(shape.cols * shape.out_itemsize, WORD)
+
+
+def _rows_gather(shape: GemmShape, tiles: int, col_splits: int) -> dict[str, int]:
+    nbytes = gathered_row_bytes(shape, tiles, col_splits)
+    return {"rows_exchange": estimate_exchange_phase(nbytes // WORD)} if nbytes else {}
 
 
 def resident_bytes(plan: GemmPlan) -> int:
@@ -225,9 +252,14 @@ def transient_bytes(plan: GemmPlan) -> int:
     a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
     received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * partial_itemsize(
         plan.mode)
-    # every chunk's output stays until the next stage reads it
+    # every chunk's output stays until the next stage reads it (and is copied into whole rows
+    # when a softmax reads it and the blocks are not whole rows)
     out = plan.row_chunks * plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
-    return a + interleaved_transient_bytes(plan) + received + out
+    if partials_are_result(plan.depth_splits, plan.mode, [list(c) for c in s.chain],
+                           s.has_bias):  # the partials are read in place: one copy a chunk
+        out -= plan.row_block * plan.col_block * partial_itemsize(plan.mode)
+    gathered = gathered_row_bytes(s, plan.tiles_used, plan.col_splits)
+    return a + interleaved_transient_bytes(plan) + received + out + gathered
 
 
 def plan_tile_bytes(plan: GemmPlan) -> int:
