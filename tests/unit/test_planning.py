@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ipu_stack.ir.graph import GraphBuilder, Operation
@@ -161,3 +163,39 @@ def test_unfusable_graphs_name_the_operation() -> None:
     g.operations[1] = Operation(1, "fft", (m,), g.operations[1].outputs)
     with pytest.raises(CompileError, match=r"operation 1 \(fft\) has no lowering"):
         find_stages(g)
+
+
+def test_an_activation_b_is_gathered_once_per_stage_and_costed() -> None:
+    """Attention's k or v (B not a weight) costs its `.right` phase: bk x bn FP8 bytes as
+    words plus the measured phase cost, once however many row chunks the stage runs in; a
+    weight B costs nothing to gather (it is resident)."""
+    from ipu_stack.target.timing import p
+
+    keys = GemmShape(0, 729, 72, 729, 1, True, b_resident=False)
+    plan = cost_plan(keys, 10, 1, 1, IPU21)
+    assert plan.costs["b_exchange"] == 96 * 736 // 4 + p("exchange_phase")  # 72 -> 96 deep
+    chunked = cost_plan(keys, 10, 1, 1, IPU21, chunks=3)
+    assert chunked.costs["b_exchange"] == plan.costs["b_exchange"]
+    assert chunked.costs["a_exchange"] > plan.costs["a_exchange"]  # A pays a phase a chunk
+    assert "b_exchange" not in cost_plan(SHAPES[0], 9, 18, 9, IPU21).costs
+
+
+def test_a_key_split_scores_plan_pays_the_softmax_gather_and_its_copy() -> None:
+    """With a softmax reading the output, a plan that splits the keys over C tiles pays the
+    exchange into whole rows and a tile's share of the copy; a whole-row plan pays neither,
+    and FP16 partials read in place are counted once."""
+    from ipu_stack.planning.gemm import transient_bytes
+
+    scores = GemmShape(0, 729, 72, 729, 1, True, (("round", {"kind": "F16"}),),
+                       b_resident=False, rows_read_in_place=True)
+    split = cost_plan(scores, 5, 6, 1, IPU21)
+    whole = cost_plan(scores, 10, 1, 1, IPU21)
+    rows = -(-729 // 30)  # the 30 tiles' share of the rows, 1 460 bytes each (729 F16, padded)
+    assert split.costs["rows_exchange"] == rows * 1460 // 4 + 237
+    assert "rows_exchange" not in whole.costs
+    plain = cost_plan(replace(scores, rows_read_in_place=False), 5, 6, 1, IPU21)
+    assert transient_bytes(split) - transient_bytes(plain) == rows * 1460
+    out = whole.row_block * 736 * 2  # one copy: the FP16 partials are the F16 scores
+    b = whole.depth_block * 736
+    a = whole.row_block * 96
+    assert transient_bytes(whole) == a + b + out
