@@ -16,7 +16,9 @@ they are already there, and runs one row kernel.  Weights are written by the hos
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +84,19 @@ def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -
 
 def _group_calls(keys: dict[tuple, list[int]]) -> list[tuple[tuple, np.ndarray]]:
     return [(key, np.array(sorted(tiles), dtype=np.int32)) for key, tiles in sorted(keys.items())]
+
+
+def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
+                   params: Callable[[int], dict[str, Any]], buffers: list[int]) -> None:
+    """One row-kernel call for each set of ``tiles`` with the same ``valid`` rows, reading
+    and writing ``buffers`` (x, two auxiliaries, out; -1 for none) at offset 0."""
+    calls: dict[tuple, list[int]] = {}
+    for tile, rows in zip(tiles, valid, strict=True):
+        calls.setdefault((int(rows),), []).append(int(tile))
+    for (rows,), group in _group_calls(calls):
+        zero = np.zeros(len(group), dtype=np.int64)
+        compute.calls.append(Call(KernelInstance("row", params(rows)), group,
+                                  [(buffer, zero) for buffer in buffers]))
 
 
 def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0) -> list[Group]:
@@ -583,18 +598,13 @@ class Lowering:
             out_buf = self.program.add_buffer(name, out_layout.used_tiles(),
                                               out_layout.block_bytes, MemoryClass.STANDARD,
                                               f"{name}: {out_layout.describe()} (in place)")
-            calls: dict[tuple, list[int]] = {}
-            for tile, valid in zip(lay.tiles[:, 0, 0], lay.valid_rows(), strict=True):
-                if valid > 0:
-                    calls.setdefault((int(valid),), []).append(int(tile))
-            for (valid_rows,), tiles in _group_calls(calls):
-                params = row_params("softmax", valid_rows, cols, x_prec, lay.pitch, out_prec,
-                                    out_layout.pitch, None, 0,
-                                    scale=float(stage.attrs.get("scale", 1.0)))
-                zero = np.zeros(len(tiles), dtype=np.int64)
-                compute.calls.append(Call(KernelInstance("row", params), tiles,
-                                          [(piece.buffer, zero), (-1, zero), (-1, zero),
-                                           (out_buf, zero)]))
+            valid = lay.valid_rows()
+            _add_row_calls(compute, lay.tiles[:, 0, 0][valid > 0], valid[valid > 0],
+                           lambda rows, lay=lay, out_layout=out_layout: row_params(
+                               "softmax", rows, cols, x_prec, lay.pitch, out_prec,
+                               out_layout.pitch, None, 0,
+                               scale=float(stage.attrs.get("scale", 1.0))),
+                           [piece.buffer, -1, -1, out_buf])
             out_pieces.append(Piece(piece.row0, 0, out_layout, out_buf))
         self.program.run.append(compute)
         self.where[stage.out] = out_pieces
@@ -657,18 +667,11 @@ class Lowering:
                 self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
                 MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
             )
-        valid = base.valid_rows()
-        calls: dict[tuple, list[int]] = {}
-        for i, tile in enumerate(base.tiles.ravel()):
-            calls.setdefault((int(valid[i]),), []).append(int(tile))
         compute = ComputeSet(f"{name}.{stage.kind}")
-        for (valid_rows,), tiles in _group_calls(calls):
-            params = row_params(op, valid_rows, cols, x_prec, base.pitch, out_prec,
-                                out_layout.pitch, aux_prec, aux_pitch, **extra)
-            zero = np.zeros(len(tiles), dtype=np.int64)
-            compute.calls.append(Call(KernelInstance("row", params), tiles,
-                                      [(x_buf, zero), (aux[0], zero), (aux[1], zero),
-                                       (out_buf, zero)]))
+        _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),
+                       lambda rows: row_params(op, rows, cols, x_prec, base.pitch, out_prec,
+                                               out_layout.pitch, aux_prec, aux_pitch, **extra),
+                       [x_buf, aux[0], aux[1], out_buf])
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
 
