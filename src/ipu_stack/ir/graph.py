@@ -179,6 +179,27 @@ class Graph:
         return "\n".join(lines)
 
 
+def gemm_macs(graph: Graph, op_ids: list[int] | None = None) -> int:
+    """Multiply-accumulates of every GEMM (of ``op_ids`` only, when given): the matmuls and
+    the attention products (a head matmul is ``batch x heads`` products of ``tokens x
+    tokens`` over the head width, in either order).  The roofline and TFLOPS figures count
+    them, and the pipeline shares a chip's tiles among its groups by them."""
+    chosen = None if op_ids is None else set(op_ids)
+    macs = 0
+    for op in graph.operations:
+        if op.kind not in ("matmul", "head_matmul") or (chosen is not None
+                                                         and op.id not in chosen):
+            continue
+        a = graph.value(op.inputs[0]).type
+        b = graph.value(op.inputs[1]).type
+        if op.kind == "matmul":
+            macs += a.rows * a.cols * b.shape[1]
+        else:
+            heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
+            batch, head_dim = b.rows // tokens, b.cols // heads
+            macs += batch * heads * tokens * tokens * head_dim
+    return macs
+
 class GraphBuilder:
     """Builds a graph op by op, inferring output shapes from ``OPERATION_RULES``."""
 

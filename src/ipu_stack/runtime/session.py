@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from ipu_stack import __version__
 from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, gemm_macs
 from ipu_stack.ir.values import CompactValues, DeferredTensors, compact_weights, weight_storer
 from ipu_stack.package import Package, read_package
 from ipu_stack.runtime.host_process import HostProcess, fork_available
@@ -288,22 +288,8 @@ def verdict_fields(verdict: Verdict) -> dict[str, Any]:
 
 
 def gemm_flops(graph: Graph) -> int:
-    """Two flops per multiply-accumulate of every GEMM: the matmuls and the attention
-    products (a head matmul is ``batch x heads`` products of ``tokens x tokens`` over the
-    head width, in either order), which the roofline and the TFLOPS figures must count."""
-    flops = 0
-    for op in graph.operations:
-        if op.kind not in ("matmul", "head_matmul"):
-            continue
-        a = graph.value(op.inputs[0]).type
-        b = graph.value(op.inputs[1]).type
-        if op.kind == "matmul":
-            flops += 2 * a.rows * a.cols * b.shape[1]
-        elif op.kind == "head_matmul":
-            heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
-            batch, head_dim = b.rows // tokens, b.cols // heads
-            flops += 2 * batch * heads * tokens * tokens * head_dim
-    return flops
+    """Two flops per multiply-accumulate of every GEMM (``ir.graph.gemm_macs``)."""
+    return 2 * gemm_macs(graph)
 
 
 def _loop_fields(manifest: dict[str, Any], layer_cycles: list[int]) -> dict[str, Any]:

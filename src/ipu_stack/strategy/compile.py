@@ -1,14 +1,17 @@
 """Compile a tower with the pipeline strategy: layer groups on tile groups, one package.
 
-The planner chooses the grouping (``choose_groups``): for each candidate count G the tower is
-cut into G groups of consecutive layers (``planning.groups``), each group planned for
-``1472 // G`` tiles (rounded down to an even count, so tile pairs stay whole).  Only the
-planning stages run for a candidate: whether every group's plans fit and their analytical
-GEMM cycles.  The slowest group sets the rate, so the candidate whose slowest group is
-fastest wins; one that does not fit is dropped with its reason.  Then each distinct group
-is compiled in full by the single-program compiler (middle groups with the same number of
-layers differ only in their weights' names and share one program), the hand-offs between
-groups are built and scheduled (``strategy.handoff``), and the pipeline package is written:
+The planner chooses the grouping (``choose_groups``): for each candidate count G a chip the
+tower is cut into groups of consecutive layers (``planning.groups``; the chips' layers are
+balanced first, then each chip's groups), and a chip's tiles are shared among its groups in
+proportion to their GEMMs' multiply-accumulates, in tile pairs (``share_tiles``: a group with
+an extra layer, the stem or the head gets more tiles, so the groups' steps stay even where
+their layer counts cannot).  Only the planning stages run for a candidate: whether every
+group's plans fit and their analytical GEMM cycles.  The slowest group sets the rate, so the
+candidate whose slowest group is fastest wins; one that does not fit is dropped with its
+reason.  Then each distinct group is compiled in full by the single-program compiler
+(groups with the same layers on as many tiles differ only in their weights' names and share
+one program), the hand-offs between groups are built and scheduled (``strategy.handoff``),
+and the pipeline package is written:
 its manifest names the groups, their tile ranges and programs, the hand-offs and the step
 counts (fill, steady, drain); the group programs are whole packages inside it, each with its
 own checksums.
@@ -29,14 +32,15 @@ from ipu_stack import __version__
 from ipu_stack.contract.handoff import handoff_transfers
 from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, gemm_macs
 from ipu_stack.package import write_package
 from ipu_stack.pipeline import CompileOptions, CompileResult, compile_workload, plan_workload
 from ipu_stack.planning.costs import estimate_exchange_phase, estimate_link_phase
 from ipu_stack.planning.groups import (
     LayerGroup,
     PipelineError,
-    group_layers,
+    chip_group_layers,
+    share_tiles,
     split_tower,
     tower_loop,
 )
@@ -56,6 +60,12 @@ chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
 """How far a candidate grouping that does not place may retry with less memory before the
 next candidate is tried (the last one tried gets every retry)."""
+class GroupCompileError(CompileError):
+    """Group ``group`` of a grouping does not compile (one line: why)."""
+
+    def __init__(self, group: int, why: str):
+        super().__init__(f"group {group}: {why}")
+        self.group = group
 
 
 @dataclass
@@ -66,7 +76,7 @@ class PipelineResult:
     graph: Graph
     tensors: Any
     groups: list[LayerGroup]
-    group_tiles: int
+    group_tiles: list[int]
     estimate: dict[str, Any]
     reason: str
     timings: dict[str, float] = field(default_factory=dict)
@@ -82,19 +92,40 @@ def _group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Work
         benchmark_fields=workload.benchmark_fields)
 
 
-def group_tiles(chip_tiles: int, groups: int) -> int:
-    """Tiles each of ``groups`` groups gets: an even share, so tile pairs stay whole."""
-    return (chip_tiles // groups) & ~1
+def group_tiles(chip_tiles: int, work: list[int], per_chip: int) -> list[int]:
+    """Tiles of each group: each chip's tiles shared among its ``per_chip`` groups in
+    proportion to their ``work``, their GEMMs' multiply-accumulates
+    (``planning.groups.share_tiles``)."""
+    return [t for first in range(0, len(work), per_chip)
+            for t in share_tiles(chip_tiles, work[first:first + per_chip])]
 
 
-def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
-    """Group index -> the index of the first group with the same signature (its program)."""
-    seen: dict[str, int] = {}
-    return {g.index: seen.setdefault(g.signature(), g.index) for g in groups}
+def tile_bases(tiles: list[int], per_chip: int) -> list[int]:
+    """The first tile of each group on its chip: its chip's earlier groups' tiles."""
+    return [sum(tiles[index - index % per_chip:index]) for index in range(len(tiles))]
 
 
-Candidate = tuple[int, int, str, list[LayerGroup]]
-"""A grouping that plans: ``(G, the slowest group's GEMM cycles, why, the groups)``."""
+def _distinct(groups: list[LayerGroup], tiles: list[int]) -> dict[int, int]:
+    """Group index -> the index of the first group with the same signature on as many
+    tiles (the program they share)."""
+    seen: dict[tuple[str, int], int] = {}
+    return {g.index: seen.setdefault((g.signature(), tiles[g.index]), g.index) for g in groups}
+
+
+def _tiles_text(tiles: list[int]) -> str:
+    return str(tiles[0]) if len(set(tiles)) == 1 else f"{min(tiles)}-{max(tiles)}"
+
+
+@dataclass
+class Candidate:
+    """A grouping that plans: ``count`` groups a chip, the slowest group's GEMM cycles, why,
+    the groups and their tiles."""
+
+    count: int
+    slowest: int
+    reason: str
+    groups: list[LayerGroup]
+    tiles: list[int]
 
 
 def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tensors: Any,
@@ -110,19 +141,19 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     ranked = []
     for count in counts:
         try:
-            groups = split_tower(graph, group_layers(layers, count * chips))
+            groups = split_tower(graph, chip_group_layers(layers, chips, count))
+            tiles = group_tiles(chip, [max(1, gemm_macs(g.graph)) for g in groups], count)
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, chips=chips,
                   reason=str(why))
             refused.append(f"{count} groups: {why}")
             continue
-        tiles = group_tiles(chip, count)
         slowest, failed = 0, None
-        for index in sorted(set(_distinct(groups).values())):
+        for index in sorted(set(_distinct(groups, tiles).values())):
             group = groups[index]
             try:
                 planned = plan_workload(_group_workload(workload, group, tensors), params,
-                                        dataclasses.replace(options, tiles=tiles))
+                                        dataclasses.replace(options, tiles=tiles[index]))
             except CompileError as why:
                 failed = str(why)
                 break
@@ -131,14 +162,14 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                  else f"{count} groups")
         if failed is not None:
             event(LOG, "pipeline candidate does not fit", groups=count, chips=chips,
-                  tiles=tiles, reason=failed)
+                  tiles=_tiles_text(tiles), reason=failed)
             refused.append(f"{where}: {failed}")
             continue
-        event(LOG, "pipeline candidate planned", groups=count, chips=chips, tiles=tiles,
-              slowest_gemm_cycles=slowest)
-        ranked.append((count, slowest, f"{where} of {tiles} tiles: the slowest group's "
-                       f"GEMMs are {slowest} cycles", groups))
-    ranked.sort(key=lambda c: (c[1], c[0]))
+        event(LOG, "pipeline candidate planned", groups=count, chips=chips,
+              tiles=_tiles_text(tiles), slowest_gemm_cycles=slowest)
+        ranked.append(Candidate(count, slowest, f"{where} of {_tiles_text(tiles)} tiles: the "
+                                f"slowest group's GEMMs are {slowest} cycles", groups, tiles))
+    ranked.sort(key=lambda c: (c.slowest, c.count))
     return ranked
 
 
@@ -173,43 +204,61 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     if not ranked:
         raise PipelineError(f"{graph.name} cannot be pipelined: " + "; ".join(refused))
     failures = []
-    for number, (count, _, reason, cut) in enumerate(ranked):
+    for number, candidate in enumerate(ranked):
         # a grouping that places only with much less memory than planned gives way to the
         # next one; the last one tried gets every retry
         floor = None if number == len(ranked) - 1 else CANDIDATE_MIN_PROPORTION
-        try:
-            result = _compile_groups(workload, params, Path(out_dir), options, graph, tensors,
-                                     cut, reason, floor)
-        except CompileError as why:
-            failures.append(f"{count} groups: {why}")
-            event(LOG, "pipeline candidate failed to compile", groups=count, reason=str(why))
-            continue
-        result.timings["compile"] = time.perf_counter() - start
-        return result
+        result = _compile_candidate(workload, params, Path(out_dir), options, graph, tensors,
+                                    candidate, floor, failures)
+        if result is not None:
+            result.timings["compile"] = time.perf_counter() - start
+            return result
     raise PipelineError("no pipeline grouping compiles: " + "; ".join(failures))
+
+
+def _compile_candidate(workload: Workload, params: dict[str, Any], out_dir: Path,
+                       options: CompileOptions, graph: Graph, tensors: Any,
+                       candidate: Candidate, floor: float | None,
+                       failures: list[str]) -> PipelineResult | None:
+    """The candidate compiled, or None (the group that does not compile, and why, added to
+    ``failures``)."""
+    try:
+        return _compile_groups(workload, params, out_dir, options, graph, tensors, candidate,
+                               floor)
+    except CompileError as why:
+        failures.append(f"{candidate.count} groups: {why}")
+        event(LOG, "pipeline candidate failed to compile", groups=candidate.count,
+              reason=str(why))
+        return None
 
 
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                     options: CompileOptions, graph: Graph, tensors: Any,
-                    groups: list[LayerGroup], reason: str,
+                    candidate: Candidate,
                     min_proportion: float | None = None) -> PipelineResult:
     chip = get_target(options.target)
     chips = max(1, options.chips)
+    groups, tiles, reason = candidate.groups, candidate.tiles, candidate.reason
     count = len(groups)
     per_chip = count // chips
-    tiles = group_tiles(chip.tiles, per_chip)
-    program_of = _distinct(groups)
-    event(LOG, "pipeline grouping chosen", groups=count, chips=chips, tiles=tiles,
+    bases = tile_bases(tiles, per_chip)
+    program_of = _distinct(groups, tiles)
+    event(LOG, "pipeline grouping chosen", groups=count, chips=chips,
+          tiles=",".join(str(t) for t in tiles),
           layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
           reason=reason)
     compiled: dict[int, CompileResult] = {}
     for index in sorted(set(program_of.values())):
         group = groups[index]
-        compiled[index] = compile_workload(
-            _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
-            dataclasses.replace(options, tiles=tiles, dump_stages=None if not options.dump_stages
-                                else str(Path(options.dump_stages) / f"group{index}")),
-            min_proportion)
+        try:
+            compiled[index] = compile_workload(
+                _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
+                dataclasses.replace(options, tiles=tiles[index], dump_stages=None
+                                    if not options.dump_stages
+                                    else str(Path(options.dump_stages) / f"group{index}")),
+                min_proportion)
+        except CompileError as why:
+            raise GroupCompileError(index, str(why)) from why
     order = sorted(compiled)
     slot = {index: k for k, index in enumerate(order)}
     arrays: dict[str, np.ndarray] = {
@@ -221,8 +270,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         names = [v.name for v in group.graph.values]
         records.append({
             "index": group.index, "first_layer": group.first, "layers": group.layers,
-            "chip": group.index // per_chip, "tile_base": (group.index % per_chip) * tiles,
-            "tiles": tiles, "program": slot[program_of[group.index]],
+            "chip": group.index // per_chip, "tile_base": bases[group.index],
+            "tiles": tiles[group.index], "program": slot[program_of[group.index]],
             "input": group.input_name, "output": group.output_name,
             "source_ops": list(group.source_ops),
             "names": {t.name: own for t, own in zip(template.graph.values, names, strict=True)
@@ -236,7 +285,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         send_chip, receive_chip = sender.index // per_chip, receiver.index // per_chip
         transfers, nbytes = handoff_transfers(
             send_program, template_out, receive_program, template_in,
-            (sender.index % per_chip) * tiles, (receiver.index % per_chip) * tiles, chip.tiles)
+            bases[sender.index], bases[receiver.index], chip.tiles)
         if send_chip != receive_chip:
             record, found = link_record(transfers, sender.index, receiver.index,
                                         (send_chip, receive_chip), sender.output_name, nbytes)
