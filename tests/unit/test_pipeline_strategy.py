@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ipu_stack.ir.graph import GraphBuilder, gemm_macs
+from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
@@ -18,7 +18,6 @@ from ipu_stack.planning.groups import (
     PipelineError,
     chip_group_layers,
     group_layers,
-    share_tiles,
     split_tower,
 )
 from ipu_stack.runtime.pipelined import (
@@ -51,17 +50,6 @@ def test_chips_are_balanced_before_their_groups():
     assert chip_group_layers(27, 1, 4) == group_layers(27, 4)
     with pytest.raises(PipelineError, match="cannot cut 5 layers into 6 groups"):
         chip_group_layers(5, 2, 3)
-
-
-def test_tiles_are_shared_by_work_in_pairs_and_alike_groups_stay_alike():
-    # 1472 tiles for 4, 5 and 4 layers: 452.9 and 566.2 tiles exactly; 368 pairs floor to
-    # 226 + 283 + 226 = 735, and the one pair left cannot go to both 4-layer groups
-    assert share_tiles(1472, [4, 5, 4]) == [452, 568, 452]
-    assert share_tiles(1472, [3] * 8) == [184] * 8
-    assert share_tiles(1472, [100, 90, 90, 90, 110]) == [306, 276, 276, 276, 338]
-    assert share_tiles(10, [1, 1000]) == [2, 8]  # every group keeps at least a pair
-    with pytest.raises(PipelineError, match="every group needs some work"):
-        share_tiles(1472, [4, 0])
 
 
 @pytest.mark.parametrize("counts", [[3], [2, 1], [1, 1, 1]])
@@ -161,15 +149,8 @@ def test_pipelined_tower_passes_every_image(pipelined):
     package = load_package(result.package)
     record = package.manifest["pipeline"]
     assert [g["layers"] for g in record["groups"]] == [1, 1, 1]
-    # the chip's tiles are shared by the groups' GEMM work, in pairs: the stem's patch
-    # embedding outweighs a layer of this small tower, so group 0 gets the most
-    tiles = [g["tiles"] for g in record["groups"]]
-    work = [gemm_macs(g.graph) for g in result.groups]
-    assert all(t % 2 == 0 for t in tiles) and 1472 - 2 * 3 <= sum(tiles) <= 1472
-    for t, w in zip(tiles, work, strict=True):
-        assert abs(t - 1472 * w / sum(work)) <= 2
-    assert tiles[0] > tiles[1] and result.group_tiles == tiles
-    assert [g["tile_base"] for g in record["groups"]] == [0, tiles[0], tiles[0] + tiles[1]]
+    assert [g["tile_base"] for g in record["groups"]] == [0, 490, 980]
+    assert [g["tiles"] for g in record["groups"]] == [490] * 3 and result.group_tiles == 490
     images = stream_images(workload, params, result.graph, result.tensors, 4)
     assert not np.array_equal(images[0]["patches"], images[1]["patches"])
     run = run_pipeline(package, result.graph, result.tensors, images)
@@ -238,14 +219,11 @@ def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     images = stream_images(workload, params, result.graph, result.tensors, 3)
     run = run_pipeline(package, result.graph, result.tensors, images, record=True)
     profile = profile_of_pipeline(run, package, {"strategy": "pipeline"})
-    bounds = [[g["tile_base"], g["tile_base"] + g["tiles"]]
-              for g in package.manifest["pipeline"]["groups"]]
-    assert [t[1:] for t in profile.tracks] == bounds and bounds[0][0] == 0
-    assert bounds[0][1] == bounds[1][0] and bounds[1][1] == bounds[2][0]
+    assert [t[1:] for t in profile.tracks] == [[0, 490], [490, 980], [980, 1470]]
     # the profiled step is the period: its merged supersteps and the hand-off
     assert profile.cycles == run.steady_cycles
     busy = profile.active_tiles()
-    assert busy.min() < bounds[0][1] and busy.max() >= bounds[2][0]  # every group worked
+    assert busy.min() < 490 and busy.max() >= 980  # every group's tiles worked
     events = trace(profile)["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"
              and e["pid"] == 4}

@@ -91,38 +91,6 @@ def chip_group_layers(layers: int, chips: int, per_chip: int) -> list[int]:
             for n in group_layers(on_chip, per_chip)]
 
 
-def share_tiles(chip_tiles: int, work: list[int]) -> list[int]:
-    """A chip's tiles shared among its groups in proportion to their ``work`` (their GEMMs'
-    multiply-accumulates), in tile pairs.
-
-    A group's step falls about as its tiles grow, so tiles in proportion to work balance the
-    groups where their layer counts cannot: 13 layers on 3 groups are 4, 5 and 4, and the
-    5-layer group gets 5/13 of the tiles instead of a third.  It also evens the memory a
-    tile holds, since a group's weights grow with its layers.  Each group gets its share
-    rounded down to whole pairs; the pairs left over go to the largest remainders, a whole
-    class of groups with equal work at a time (or none of it), so that groups alike stay
-    alike and share one program."""
-    if not work or min(work) <= 0:
-        raise PipelineError("every group needs some work to share the tiles by")
-    pairs = chip_tiles // 2
-    total = sum(work)
-    exact = [pairs * w / total for w in work]
-    shares = [max(1, int(e)) for e in exact]
-    left = pairs - sum(shares)
-    classes: dict[int, list[int]] = {}
-    for index, w in enumerate(work):
-        classes.setdefault(w, []).append(index)
-    for w in sorted(classes, key=lambda w: (-(exact[classes[w][0]] - shares[classes[w][0]]), w)):
-        members = classes[w]
-        if len(members) <= left:
-            for index in members:
-                shares[index] += 1
-            left -= len(members)
-    if left < 0:
-        raise PipelineError(f"{len(work)} groups cannot share {chip_tiles} tiles")
-    return [2 * s for s in shares]
-
-
 def split_tower(graph: Graph, counts: list[int]) -> list[LayerGroup]:
     """The tower cut into ``len(counts)`` groups of ``counts[g]`` consecutive layers."""
     stages = find_stages(graph)
@@ -210,5 +178,5 @@ def _slice(graph: Graph, index: int, first: int, count: int, op_ids: list[int],
                       None if carried_in is None else graph.value(carried_in).name, output)
 
 
-__all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "group_layers", "share_tiles",
-           "split_tower", "tower_loop"]
+__all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "group_layers", "split_tower",
+           "tower_loop"]

@@ -2,19 +2,21 @@
 
 The planner chooses the grouping (``choose_groups``): for each candidate count G a chip the
 tower is cut into groups of consecutive layers (``planning.groups``; the chips' layers are
-balanced first, then each chip's groups), and a chip's tiles are shared among its groups in
-proportion to their GEMMs' multiply-accumulates, in tile pairs (``share_tiles``: a group with
-an extra layer, the stem or the head gets more tiles, so the groups' steps stay even where
-their layer counts cannot).  Only the planning stages run for a candidate: whether every
-group's plans fit and their analytical GEMM cycles.  The slowest group sets the rate, so the
-candidate whose slowest group is fastest wins; one that does not fit is dropped with its
-reason.  Then each distinct group is compiled in full by the single-program compiler
-(groups with the same layers on as many tiles differ only in their weights' names and share
-one program), the hand-offs between groups are built and scheduled (``strategy.handoff``),
-and the pipeline package is written:
-its manifest names the groups, their tile ranges and programs, the hand-offs and the step
-counts (fill, steady, drain); the group programs are whole packages inside it, each with its
-own checksums.
+balanced first, then each chip's groups), each group planned for an equal share of its
+chip's tiles, rounded down to an even count so tile pairs stay whole.  The shares stay
+equal: all tiles of a chip sync together, so groups side by side share supersteps
+(``runtime.alignment``) and a group on fewer tiles lengthens every superstep it shares;
+groups of the same layers on the same tiles align superstep for superstep.  (Tiles shared
+by the groups' work were tried and measured: pe-vision's 9 groups of 2 and 3 layers on 122
+and 184 tiles planned at 3.19 M cycles a step and ran at 4.12 M.)  Only the planning stages
+run for a candidate: whether every group's plans fit and their analytical GEMM cycles.  The
+slowest group sets the rate, so the candidate whose slowest group is fastest wins; one that
+does not fit is dropped with its reason.  Then each distinct group is compiled in full by
+the single-program compiler (middle groups with the same number of layers differ only in
+their weights' names and share one program), the hand-offs between groups are built and
+scheduled (``strategy.handoff``), and the pipeline package is written: its manifest names
+the groups, their tile ranges and programs, the hand-offs and the step counts (fill, steady,
+drain); the group programs are whole packages inside it, each with its own checksums.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ipu_stack import __version__
 from ipu_stack.contract.handoff import handoff_transfers
 from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
-from ipu_stack.ir.graph import Graph, gemm_macs
+from ipu_stack.ir.graph import Graph
 from ipu_stack.package import write_package
 from ipu_stack.pipeline import CompileOptions, CompileResult, compile_workload, plan_workload
 from ipu_stack.planning.costs import estimate_exchange_phase, estimate_link_phase
@@ -40,7 +42,6 @@ from ipu_stack.planning.groups import (
     LayerGroup,
     PipelineError,
     chip_group_layers,
-    share_tiles,
     split_tower,
     tower_loop,
 )
@@ -60,6 +61,8 @@ chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
 """How far a candidate grouping that does not place may retry with less memory before the
 next candidate is tried (the last one tried gets every retry)."""
+
+
 class GroupCompileError(CompileError):
     """Group ``group`` of a grouping does not compile (one line: why)."""
 
@@ -76,7 +79,7 @@ class PipelineResult:
     graph: Graph
     tensors: Any
     groups: list[LayerGroup]
-    group_tiles: list[int]
+    group_tiles: int
     estimate: dict[str, Any]
     reason: str
     timings: dict[str, float] = field(default_factory=dict)
@@ -92,40 +95,28 @@ def _group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Work
         benchmark_fields=workload.benchmark_fields)
 
 
-def group_tiles(chip_tiles: int, work: list[int], per_chip: int) -> list[int]:
-    """Tiles of each group: each chip's tiles shared among its ``per_chip`` groups in
-    proportion to their ``work``, their GEMMs' multiply-accumulates
-    (``planning.groups.share_tiles``)."""
-    return [t for first in range(0, len(work), per_chip)
-            for t in share_tiles(chip_tiles, work[first:first + per_chip])]
+def group_tiles(chip_tiles: int, groups: int) -> int:
+    """Tiles each of ``groups`` groups on a chip gets: an even share, so tile pairs stay
+    whole."""
+    return (chip_tiles // groups) & ~1
 
 
-def tile_bases(tiles: list[int], per_chip: int) -> list[int]:
-    """The first tile of each group on its chip: its chip's earlier groups' tiles."""
-    return [sum(tiles[index - index % per_chip:index]) for index in range(len(tiles))]
-
-
-def _distinct(groups: list[LayerGroup], tiles: list[int]) -> dict[int, int]:
-    """Group index -> the index of the first group with the same signature on as many
-    tiles (the program they share)."""
-    seen: dict[tuple[str, int], int] = {}
-    return {g.index: seen.setdefault((g.signature(), tiles[g.index]), g.index) for g in groups}
-
-
-def _tiles_text(tiles: list[int]) -> str:
-    return str(tiles[0]) if len(set(tiles)) == 1 else f"{min(tiles)}-{max(tiles)}"
+def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
+    """Group index -> the index of the first group with the same signature (its program)."""
+    seen: dict[str, int] = {}
+    return {g.index: seen.setdefault(g.signature(), g.index) for g in groups}
 
 
 @dataclass
 class Candidate:
     """A grouping that plans: ``count`` groups a chip, the slowest group's GEMM cycles, why,
-    the groups and their tiles."""
+    the groups and the tiles of each."""
 
     count: int
     slowest: int
     reason: str
     groups: list[LayerGroup]
-    tiles: list[int]
+    tiles: int
 
 
 def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tensors: Any,
@@ -142,18 +133,18 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     for count in counts:
         try:
             groups = split_tower(graph, chip_group_layers(layers, chips, count))
-            tiles = group_tiles(chip, [max(1, gemm_macs(g.graph)) for g in groups], count)
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, chips=chips,
                   reason=str(why))
             refused.append(f"{count} groups: {why}")
             continue
+        tiles = group_tiles(chip, count)
         slowest, failed = 0, None
-        for index in sorted(set(_distinct(groups, tiles).values())):
+        for index in sorted(set(_distinct(groups).values())):
             group = groups[index]
             try:
                 planned = plan_workload(_group_workload(workload, group, tensors), params,
-                                        dataclasses.replace(options, tiles=tiles[index]))
+                                        dataclasses.replace(options, tiles=tiles))
             except CompileError as why:
                 failed = str(why)
                 break
@@ -162,13 +153,13 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                  else f"{count} groups")
         if failed is not None:
             event(LOG, "pipeline candidate does not fit", groups=count, chips=chips,
-                  tiles=_tiles_text(tiles), reason=failed)
+                  tiles=tiles, reason=failed)
             refused.append(f"{where}: {failed}")
             continue
-        event(LOG, "pipeline candidate planned", groups=count, chips=chips,
-              tiles=_tiles_text(tiles), slowest_gemm_cycles=slowest)
-        ranked.append(Candidate(count, slowest, f"{where} of {_tiles_text(tiles)} tiles: the "
-                                f"slowest group's GEMMs are {slowest} cycles", groups, tiles))
+        event(LOG, "pipeline candidate planned", groups=count, chips=chips, tiles=tiles,
+              slowest_gemm_cycles=slowest)
+        ranked.append(Candidate(count, slowest, f"{where} of {tiles} tiles: the slowest "
+                                f"group's GEMMs are {slowest} cycles", groups, tiles))
     ranked.sort(key=lambda c: (c.slowest, c.count))
     return ranked
 
@@ -208,28 +199,17 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
         # a grouping that places only with much less memory than planned gives way to the
         # next one; the last one tried gets every retry
         floor = None if number == len(ranked) - 1 else CANDIDATE_MIN_PROPORTION
-        result = _compile_candidate(workload, params, Path(out_dir), options, graph, tensors,
-                                    candidate, floor, failures)
-        if result is not None:
-            result.timings["compile"] = time.perf_counter() - start
-            return result
+        try:
+            result = _compile_groups(workload, params, Path(out_dir), options, graph, tensors,
+                                     candidate, floor)
+        except CompileError as why:
+            failures.append(f"{candidate.count} groups: {why}")
+            event(LOG, "pipeline candidate failed to compile", groups=candidate.count,
+                  reason=str(why))
+            continue
+        result.timings["compile"] = time.perf_counter() - start
+        return result
     raise PipelineError("no pipeline grouping compiles: " + "; ".join(failures))
-
-
-def _compile_candidate(workload: Workload, params: dict[str, Any], out_dir: Path,
-                       options: CompileOptions, graph: Graph, tensors: Any,
-                       candidate: Candidate, floor: float | None,
-                       failures: list[str]) -> PipelineResult | None:
-    """The candidate compiled, or None (the group that does not compile, and why, added to
-    ``failures``)."""
-    try:
-        return _compile_groups(workload, params, out_dir, options, graph, tensors, candidate,
-                               floor)
-    except CompileError as why:
-        failures.append(f"{candidate.count} groups: {why}")
-        event(LOG, "pipeline candidate failed to compile", groups=candidate.count,
-              reason=str(why))
-        return None
 
 
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
@@ -241,10 +221,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
     groups, tiles, reason = candidate.groups, candidate.tiles, candidate.reason
     count = len(groups)
     per_chip = count // chips
-    bases = tile_bases(tiles, per_chip)
-    program_of = _distinct(groups, tiles)
-    event(LOG, "pipeline grouping chosen", groups=count, chips=chips,
-          tiles=",".join(str(t) for t in tiles),
+    program_of = _distinct(groups)
+    event(LOG, "pipeline grouping chosen", groups=count, chips=chips, tiles=tiles,
           layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
           reason=reason)
     compiled: dict[int, CompileResult] = {}
@@ -253,7 +231,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         try:
             compiled[index] = compile_workload(
                 _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
-                dataclasses.replace(options, tiles=tiles[index], dump_stages=None
+                dataclasses.replace(options, tiles=tiles, dump_stages=None
                                     if not options.dump_stages
                                     else str(Path(options.dump_stages) / f"group{index}")),
                 min_proportion)
@@ -270,8 +248,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         names = [v.name for v in group.graph.values]
         records.append({
             "index": group.index, "first_layer": group.first, "layers": group.layers,
-            "chip": group.index // per_chip, "tile_base": bases[group.index],
-            "tiles": tiles[group.index], "program": slot[program_of[group.index]],
+            "chip": group.index // per_chip, "tile_base": (group.index % per_chip) * tiles,
+            "tiles": tiles, "program": slot[program_of[group.index]],
             "input": group.input_name, "output": group.output_name,
             "source_ops": list(group.source_ops),
             "names": {t.name: own for t, own in zip(template.graph.values, names, strict=True)
@@ -285,7 +263,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         send_chip, receive_chip = sender.index // per_chip, receiver.index // per_chip
         transfers, nbytes = handoff_transfers(
             send_program, template_out, receive_program, template_in,
-            bases[sender.index], bases[receiver.index], chip.tiles)
+            (sender.index % per_chip) * tiles, (receiver.index % per_chip) * tiles, chip.tiles)
         if send_chip != receive_chip:
             record, found = link_record(transfers, sender.index, receiver.index,
                                         (send_chip, receive_chip), sender.output_name, nbytes)
