@@ -137,6 +137,29 @@ def test_live_buffers_that_together_overflow_fail_but_fit_when_lifetimes_split()
     check_invariants(disjoint, placement, support)
 
 
+def test_longest_lived_first_places_what_largest_first_fragments(monkeypatch) -> None:
+    """Largest first puts the 370 000-byte late transient at the bottom, the long-lived
+    190 000 above it, and leaves the 130 000 of step 0 two holes of 110 000 and 77 872
+    though 580 000 of 637 872 bytes are live; packing the long-lived buffer low first
+    places all four."""
+    import ipu_stack.memory.placement as placement_module
+
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    specs = [([5], 190_000, STD, 0, 2), ([5], 260_000, STD, 0, 0), ([5], 130_000, STD, 0, 1),
+             ([5], 370_000, STD, 2, 3)]
+    largest_first = placement_module.PLACEMENT_ORDERS[:1]
+    monkeypatch.setattr(placement_module, "PLACEMENT_ORDERS", largest_first)
+    with pytest.raises(PlacementError, match="tile 5 has insufficient Ipu21Standard SRAM for "
+                                             "130000 bytes"):
+        place_storage(program_with(specs), support, IPU21)
+    monkeypatch.undo()
+    program = program_with(specs)
+    placement = place_storage(program, support, IPU21)
+    check_invariants(program, placement, support)
+    assert placement.addresses[:, 5].tolist() == [BASE, BASE + 320_000, BASE + 190_000,
+                                                  BASE + 190_000]
+
+
 def test_shortfall_is_the_most_unplaced_bytes_live_at_one_step() -> None:
     """The figure is the largest over the tiles, and counts unplaced buffers only where their
     lifetimes overlap: tile 4 of the second program misses a 300 KB and a 310 KB buffer that

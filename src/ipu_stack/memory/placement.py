@@ -108,6 +108,16 @@ def _fit_all(nbytes: np.ndarray, first: np.ndarray, last: np.ndarray, align: np.
     return address
 
 
+PLACEMENT_ORDERS = (
+    lambda b: (-b.nbytes, b.first, b.id),
+    lambda b: (-(b.last - b.first), -b.nbytes, b.first, b.id),
+)
+"""The orders the first fit tries, until one places every buffer: largest first; then the
+longest-lived first (the weights and other whole-program buffers packed low, the transients
+fitted around them), which leaves fewer holes where large transients of different
+lifetimes interleave with long-lived buffers."""
+
+
 def place_signature(
     buffers: list[Buffer], support: int, target: Target, tile: int
 ) -> tuple[dict[int, int], PlacementError | None]:
@@ -120,21 +130,32 @@ def place_signature(
     """
     base = target.memory_base
     support_range = (base, base + support)
-    order = sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id))
     by_id = {b.id: b for b in buffers}
 
     def column(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64).reshape(-1)
 
-    ranges = [target.class_range(b.memory_class) for b in order]
-    addresses = _fit_all(
-        column([b.nbytes for b in order]), column([b.first for b in order]),
-        column([b.last for b in order]),
-        column([target.alignment(b.memory_class) for b in order]),
-        column([lo for lo, _ in ranges]),
-        column([target.interleaved_base if b.memory_class is MemoryClass.STANDARD else -1
-                for b in order]), column([hi for _, hi in ranges]),
-        support_range[0], support_range[1])
+    def fit(order: list[Buffer]) -> np.ndarray:
+        ranges = [target.class_range(b.memory_class) for b in order]
+        return _fit_all(
+            column([b.nbytes for b in order]), column([b.first for b in order]),
+            column([b.last for b in order]),
+            column([target.alignment(b.memory_class) for b in order]),
+            column([lo for lo, _ in ranges]),
+            column([target.interleaved_base if b.memory_class is MemoryClass.STANDARD else -1
+                    for b in order]), column([hi for _, hi in ranges]),
+            support_range[0], support_range[1])
+
+    orders = PLACEMENT_ORDERS
+    for number, key in enumerate(orders):
+        order = sorted(buffers, key=key)
+        addresses = fit(order)
+        if (addresses >= 0).all():
+            break
+        if number == 0:  # a failure names what the first order left without room
+            first_order, first_addresses = order, addresses
+    else:
+        order, addresses = first_order, first_addresses
     placed = {b.id: (int(a), int(a) + b.nbytes) for b, a in zip(order, addresses, strict=True)
               if a >= 0}
     failure: PlacementError | None = None

@@ -55,7 +55,7 @@ from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
-GROUP_COUNTS = (2, 3, 4, 6, 8, 9)
+GROUP_COUNTS = (2, 3, 4, 5, 6, 8, 9)
 """The group counts a chip's pipeline tries (below 2 is the layers strategy; over several
 chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
