@@ -87,6 +87,30 @@ def test_a_layer_reading_an_early_activation_is_refused():
         split_tower(b.build(), [1, 1])
 
 
+def test_a_group_that_does_not_compile_is_named(tmp_path, cache_dir, monkeypatch):
+    """Every candidate's failure says which group failed: the groups are compiled one
+    after another and the first that fails ends the candidate."""
+    import ipu_stack.strategy.compile as strategy
+
+    compiled = []
+
+    def refuse_group_one(workload, params, out_dir, options, min_proportion=None):
+        compiled.append(out_dir.name)
+        if out_dir.name == "group1":
+            raise CompileError("does not fit: a test's refusal")
+        return real(workload, params, out_dir, options, min_proportion)
+
+    real = strategy.compile_workload
+    monkeypatch.setattr(strategy, "compile_workload", refuse_group_one)
+    workload = get_workload("siglip-vision")
+    params = workload.resolve(dict(TOWER))
+    with pytest.raises(CompileError, match="no pipeline grouping compiles: 3 groups: group 1: "
+                                           "does not fit: a test's refusal$"):
+        compile_pipeline(workload, params, tmp_path, CompileOptions(cache_dir=str(cache_dir)),
+                         groups=3)
+    assert compiled == ["group0", "group1"]
+
+
 def test_row_chunks_cost_each_chunk_and_hold_one_at_a_time():
     shape = GemmShape(op=0, rows=729, depth=1152, cols=4304, a_itemsize=1, fp8=True)
     whole = cost_plan(shape, 1, 34, 12, mode="fp8")
