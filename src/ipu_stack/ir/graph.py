@@ -179,16 +179,13 @@ class Graph:
         return "\n".join(lines)
 
 
-def gemm_macs(graph: Graph, op_ids: list[int] | None = None) -> int:
-    """Multiply-accumulates of every GEMM (of ``op_ids`` only, when given): the matmuls and
-    the attention products (a head matmul is ``batch x heads`` products of ``tokens x
-    tokens`` over the head width, in either order).  The roofline and TFLOPS figures count
-    them, and the pipeline shares a chip's tiles among its groups by them."""
-    chosen = None if op_ids is None else set(op_ids)
+def gemm_macs(graph: Graph) -> int:
+    """Multiply-accumulates of every GEMM: the matmuls and the attention products (a head
+    matmul is ``batch x heads`` products of ``tokens x tokens`` over the head width, in either
+    order), which the roofline and the TFLOPS figures count."""
     macs = 0
     for op in graph.operations:
-        if op.kind not in ("matmul", "head_matmul") or (chosen is not None
-                                                         and op.id not in chosen):
+        if op.kind not in ("matmul", "head_matmul"):
             continue
         a = graph.value(op.inputs[0]).type
         b = graph.value(op.inputs[1]).type
@@ -199,6 +196,7 @@ def gemm_macs(graph: Graph, op_ids: list[int] | None = None) -> int:
             batch, head_dim = b.rows // tokens, b.cols // heads
             macs += batch * heads * tokens * tokens * head_dim
     return macs
+
 
 class GraphBuilder:
     """Builds a graph op by op, inferring output shapes from ``OPERATION_RULES``."""

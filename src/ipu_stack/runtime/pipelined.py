@@ -264,12 +264,6 @@ def renamed(put: Callable[[list], None], group: _Group) -> Callable[[list], None
     return forward
 
 
-def group_tile_counts(pipeline: dict[str, Any]) -> str:
-    """Each group's tiles, in group order ("490,490,490"): a chip's groups share its tiles
-    by their work, so they need not be equal."""
-    return ",".join(str(int(g["tiles"])) for g in pipeline["groups"])
-
-
 def package_chips(package: Package) -> int:
     """The cards a pipeline package spreads its groups over (1 without a system record)."""
     return int(package.manifest.get("system", {}).get("chips", 1))
@@ -289,7 +283,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
     for group in groups:
         group.device.call("initialize", {w: tensors[group.tower(w)] for w in group.weights})
     event(LOG, "pipeline loaded", groups=len(groups), tile_count=target.tiles,
-          group_tiles=group_tile_counts(pipeline))
+          group_tiles=int(pipeline["group_tiles"]))
     modes = tower_gemm_modes(groups)
     outputs_only = {v.name for v in graph.by_role("output")}
     weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
@@ -392,7 +386,7 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
         "images": run.images,
         "imagesPassed": passed,
         "pipelineGroups": run.groups,
-        "groupTiles": group_tile_counts(pipeline),
+        "groupTiles": int(pipeline["group_tiles"]),
         "groupLayers": ",".join(str(g["layers"]) for g in pipeline["groups"]),
         "executionTiles": target.tiles * chips,
         "cycles": period,

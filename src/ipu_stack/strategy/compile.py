@@ -63,14 +63,6 @@ CANDIDATE_MIN_PROPORTION = 0.8
 next candidate is tried (the last one tried gets every retry)."""
 
 
-class GroupCompileError(CompileError):
-    """Group ``group`` of a grouping does not compile (one line: why)."""
-
-    def __init__(self, group: int, why: str):
-        super().__init__(f"group {group}: {why}")
-        self.group = group
-
-
 @dataclass
 class PipelineResult:
     """A compiled pipeline: the package, the tower's graph and tensors, the groups."""
@@ -236,7 +228,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                                     else str(Path(options.dump_stages) / f"group{index}")),
                 min_proportion)
         except CompileError as why:
-            raise GroupCompileError(index, str(why)) from why
+            raise CompileError(f"group {index}: {why}") from why
     order = sorted(compiled)
     slot = {index: k for k, index in enumerate(order)}
     arrays: dict[str, np.ndarray] = {
