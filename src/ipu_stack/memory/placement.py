@@ -3,7 +3,8 @@
 Tiles that hold the same buffers (and the same support size) share one placement, so the
 allocator runs once per distinct tile *signature*, not once per tile.  Within a signature,
 buffers are placed largest first at the lowest aligned address where they overlap no
-placed buffer whose lifetime overlaps theirs (a byte is reused once its value is dead).
+placed buffer whose lifetime overlaps theirs (a byte is reused once its value is dead);
+when that leaves one without room, longest-lived first (``PLACEMENT_ORDERS``).
 ``Ipu21Interleaved`` buffers (AMP operands) go at or above ``0x80000``; ``Ipu21Standard``
 buffers go below it when they fit there, anywhere free otherwise.
 """
