@@ -147,16 +147,15 @@ def place_signature(
                     for b in order]), column([hi for _, hi in ranges]),
             support_range[0], support_range[1])
 
-    orders = PLACEMENT_ORDERS
-    for number, key in enumerate(orders):
-        order = sorted(buffers, key=key)
-        addresses = fit(order)
+    order = sorted(buffers, key=PLACEMENT_ORDERS[0])
+    addresses = fit(order)
+    for key in PLACEMENT_ORDERS[1:]:  # a failure names what the first order left out
         if (addresses >= 0).all():
             break
-        if number == 0:  # a failure names what the first order left without room
-            first_order, first_addresses = order, addresses
-    else:
-        order, addresses = first_order, first_addresses
+        other = sorted(buffers, key=key)
+        placed_other = fit(other)
+        if (placed_other >= 0).all():
+            order, addresses = other, placed_other
     placed = {b.id: (int(a), int(a) + b.nbytes) for b, a in zip(order, addresses, strict=True)
               if a >= 0}
     failure: PlacementError | None = None
