@@ -360,7 +360,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if options.strategy == "layers" and args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch, or --strategy pipeline)")
-    result = compile_strategy(workload, params, out, options)
+    # a steady step needs an image in each group: --images N plans at most N groups a chip
+    result = compile_strategy(workload, params, out, options, args.images)
     if result.strategy == "pipeline":
         return _run_pipeline_and_report(args, result.package, result.graph, result.tensors,
                                         workload, params, result.timings["compile"])

@@ -65,6 +65,8 @@ def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):
     (["siglip-vision", *TOWER, "--strategy", "pipeline", "--groups", "2", "--images", "1"],
      "--images 1 is fewer than the pipeline's 2 groups"),
     (["siglip-vision", *TOWER, "--images", "2"], "--images streams images through a pipeline"),
+    (["siglip-vision", *TOWER, "--strategy", "pipeline", "--images", "1"],
+     "1 image cannot fill a pipeline of 2 or more groups"),
 ])
 def test_refusals_are_one_line(tmp_path, extra, message):
     code, _, err = cli(["bench", *extra, "--out", str(tmp_path / "pkg")])

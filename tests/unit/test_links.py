@@ -69,6 +69,12 @@ def test_groups_a_chip_the_planner_tries():
     assert group_counts(27, 1) == (2, 3, 4, 5, 6, 8, 9)  # one group on one chip is layers
     assert group_counts(4, 4) == (1,)
     assert group_counts(40, 4, groups=2) == (2,)
+    # a run of N images fills at most N groups a chip
+    assert group_counts(27, 1, most=4) == (2, 3, 4)
+    assert group_counts(40, 2, most=1) == (1,)
+    with pytest.raises(PipelineError, match="1 image cannot fill a pipeline of 2 or more "
+                                            "groups"):
+        group_counts(27, 1, most=1)
     with pytest.raises(PipelineError, match="cannot fill 4 chips"):
         group_counts(3, 4)
     with pytest.raises(PipelineError, match=r"into 12 groups \(3 on each of 4 chips\)"):

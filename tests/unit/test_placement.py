@@ -160,6 +160,30 @@ def test_longest_lived_first_places_what_largest_first_fragments(monkeypatch) ->
                                                   BASE + 190_000]
 
 
+def test_program_order_places_what_both_other_orders_fragment(monkeypatch) -> None:
+    """Four buffers of 270 000 (step 0), 150 000 (0-1), 230 000 (1-3) and 310 000 (2-3)
+    bytes in 637 872.  Largest first leaves the 150 000 holes of 40 000 and 97 872; longest
+    lived first leaves the 270 000 holes of 230 000 and 257 872; in program order each
+    transient goes low beside the ones that died before it, and all four place."""
+    import ipu_stack.memory.placement as placement_module
+
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    specs = [([5], 270_000, STD, 0, 0), ([5], 150_000, STD, 0, 1), ([5], 230_000, STD, 1, 3),
+             ([5], 310_000, STD, 2, 3)]
+    orders = placement_module.PLACEMENT_ORDERS
+    for alone, size in ((orders[:1], 150_000), (orders[1:2], 270_000)):
+        monkeypatch.setattr(placement_module, "PLACEMENT_ORDERS", alone)
+        with pytest.raises(PlacementError, match=f"tile 5 has insufficient Ipu21Standard SRAM "
+                                                 f"for {size} bytes"):
+            place_storage(program_with(specs), support, IPU21)
+    monkeypatch.undo()
+    program = program_with(specs)
+    placement = place_storage(program, support, IPU21)
+    check_invariants(program, placement, support)
+    assert placement.addresses[:, 5].tolist() == [BASE, BASE + 270_000, BASE,
+                                                  BASE + 230_000]
+
+
 def test_shortfall_is_the_most_unplaced_bytes_live_at_one_step() -> None:
     """The figure is the largest over the tiles, and counts unplaced buffers only where their
     lifetimes overlap: tile 4 of the second program misses a 300 KB and a 310 KB buffer that

@@ -156,9 +156,12 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     return ranked
 
 
-def group_counts(layers: int, chips: int, groups: int | None = None) -> tuple[int, ...]:
+def group_counts(layers: int, chips: int, groups: int | None = None,
+                 most: int | None = None) -> tuple[int, ...]:
     """The groups a chip the planner tries: ``groups`` when asked, else ``GROUP_COUNTS``
-    (and one a chip over several chips), as far as the tower has layers for them."""
+    (and one a chip over several chips), as far as the tower has layers for them and, with
+    ``most`` (the images a run streams: a steady step needs one in each group of a chip),
+    no more than that many."""
     if groups:
         if groups * chips > layers:
             raise PipelineError(f"cannot cut {layers} layers into {groups * chips} groups"
@@ -169,19 +172,28 @@ def group_counts(layers: int, chips: int, groups: int | None = None) -> tuple[in
     found = tuple(c for c in counts if c * chips <= layers)
     if not found:
         raise PipelineError(f"the tower's {layers} layers cannot fill {chips} chips")
+    if most is not None:
+        found = tuple(c for c in found if c <= most)
+        if not found:
+            raise PipelineError(f"{most} image{'s' if most > 1 else ''} cannot fill a "
+                                f"pipeline of {min(counts)} or more groups"
+                                + (" a chip" if chips > 1 else ""))
     return found
 
 
 def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
-                     options: CompileOptions, groups: int | None = None) -> PipelineResult:
-    """Choose the grouping (or take ``groups``), compile every distinct group and write
-    ``out_dir/model.ipuexe`` holding them and the hand-offs."""
+                     options: CompileOptions, groups: int | None = None,
+                     most_groups: int | None = None) -> PipelineResult:
+    """Choose the grouping (or take ``groups``; at most ``most_groups`` a chip), compile
+    every distinct group and write ``out_dir/model.ipuexe`` holding them and the
+    hand-offs."""
     start = time.perf_counter()
     cache = Path(options.cache_dir) if options.cache_dir else None
     with cache_folder(cache):
         graph, tensors = workload.build(params)
     get_system(options.target, options.chips)  # --chips in range, or one line why not
-    counts = group_counts(tower_loop(graph).count, max(1, options.chips), groups)
+    counts = group_counts(tower_loop(graph).count, max(1, options.chips), groups,
+                          None if groups else most_groups)
     refused: list[str] = []
     ranked = choose_groups(workload, params, graph, tensors, options, counts, refused)
     if not ranked:
@@ -344,11 +356,12 @@ def _images_per_second(cycles: int, batch: int, clock_hz: float) -> float:
 
 
 def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
-                     options: CompileOptions) -> StrategyResult:
+                     options: CompileOptions, images: int | None = None) -> StrategyResult:
     """Compile with ``options.strategy``: ``layers`` (one program over the chip),
-    ``pipeline`` (layer groups; ``options.groups`` of them, or the planner's choice) or
-    ``auto`` (both; the higher estimated images/s wins, and when the model cannot be
-    pipelined within memory, layers, with the reason logged)."""
+    ``pipeline`` (layer groups; ``options.groups`` of them, or the planner's choice, of at
+    most ``images`` groups a chip when a run will stream that many) or ``auto`` (both; the
+    higher estimated images/s wins, and when the model cannot be pipelined within memory,
+    layers, with the reason logged)."""
     strategy, groups = options.strategy, options.groups or None
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -357,7 +370,7 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
                          "layers strategy runs on one chip")
     start = time.perf_counter()
     if strategy == "pipeline" or (strategy == "auto" and (groups or options.chips > 1)):
-        piped = compile_pipeline(workload, params, out_dir, options, groups)
+        piped = compile_pipeline(workload, params, out_dir, options, groups, images)
         return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
                               piped.estimate, piped.timings, piped.reason)
     if strategy == "layers":
@@ -367,7 +380,8 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     clock = get_target(options.target).clock_hz
     batch = int(params.get("batch", 1))
     try:
-        piped = compile_pipeline(workload, params, out_dir / "pipeline", options)
+        piped = compile_pipeline(workload, params, out_dir / "pipeline", options,
+                                 most_groups=images)
     except (PipelineError, CompileError) as why:
         event(LOG, "strategy chosen", strategy="layers", reason=f"no pipeline: {why}")
         done = compile_workload(workload, params, out_dir, options)
