@@ -83,6 +83,7 @@ def compile_workload(
     out_dir: Path,
     options: CompileOptions | None = None,
     min_proportion: float | None = None,
+    body_hints: tuple[str, ...] = (),
 ) -> CompileResult:
     """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``.
 
@@ -91,6 +92,8 @@ def compile_workload(
     for less of tile memory (:func:`retry_proportion`), down to ``MIN_PROPORTION`` (or
     ``min_proportion``), which gets the last try.  One schedule memo serves every attempt:
     most phases of a retry are the ones the failed attempt already scheduled.
+    ``body_hints``: the layer loop body's GEMM plans to take where its stages have them
+    (:func:`~ipu_stack.phases.stages.pin_body_plans`).
     """
     options = options or CompileOptions()
     keep_freed_memory()
@@ -110,7 +113,7 @@ def compile_workload(
         try:
             result = _compile_once(workload, params, out_dir,
                                    dataclasses.replace(options, memory_proportion=proportion),
-                                   memo, prepared)
+                                   memo, prepared, body_hints)
             result.timings["compile"] = time.perf_counter() - start  # every attempt
             return result
         except PlacementError as failure:
@@ -147,12 +150,13 @@ def _compile_once(
     options: CompileOptions,
     memo: ScheduleMemo | None = None,
     prepared: dict[str, Any] | None = None,
+    body_hints: tuple[str, ...] = (),
 ) -> CompileResult:
     """One attempt at the whole compile under ``options.memory_proportion``: every stage of
     ``STAGES`` in order (``prepared``: the workload's graph and tensors, once built)."""
     start = time.perf_counter()
     build = Build(workload, params, Path(out_dir), options, options.machine(), memo,
-                  prepared if prepared is not None else {})
+                  prepared if prepared is not None else {}, body_hints)
     dump = Path(options.dump_stages) if options.dump_stages else None
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
@@ -170,6 +174,8 @@ def _compile_once(
         package=build.package, graph=build.graph, tensors=build.tensors,
         estimate=build.estimate, timings={"compile": time.perf_counter() - start},
         plans=[p.describe() for p in build.plans if p],
+        body_plans=[p.describe() for p, n in zip(build.plans, phases.repeats(build), strict=True)
+                    if p and n > 1],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
         device_program=build.device_program,
     )

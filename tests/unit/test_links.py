@@ -65,8 +65,9 @@ def test_the_system_is_a_line_of_up_to_eight_cards():
 
 
 def test_groups_a_chip_the_planner_tries():
-    assert group_counts(40, 2) == (1, 2, 3, 4, 5, 6, 8, 9)
-    assert group_counts(27, 1) == (2, 3, 4, 5, 6, 8, 9)  # one group on one chip is layers
+    assert group_counts(40, 2) == (1, 2, 3, 4, 5, 6, 8, 9, 12)
+    assert group_counts(27, 1) == (2, 3, 4, 5, 6, 8, 9, 12)  # one group on one chip is layers
+    assert group_counts(50, 4) == (1, 2, 3, 4, 5, 6, 8, 9, 12)
     assert group_counts(4, 4) == (1,)
     assert group_counts(40, 4, groups=2) == (2,)
     # a run of N images fills at most N groups a chip

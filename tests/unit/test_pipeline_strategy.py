@@ -317,3 +317,43 @@ def test_streamed_weights_leave_interleaved_memory_to_the_amp():
     with pytest.raises(CompileError, match=r"does not fit: .* found no choice that also keeps "
                        r"the AMP's weights and partials within the \d+ bytes of interleaved"):
         fit_plans([resident], [[resident]], budget, [layers])
+
+
+def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_dir, caplog):
+    """A program compiled with ``body_hints`` runs those plans in every layer (another
+    group's, so that the two groups' supersteps line up) and still equals the reference;
+    a hint that is no candidate of its stage leaves the program's own plans."""
+    import logging
+
+    from ipu_stack.phases.stages import construct_mid, repeats
+    from ipu_stack.phases.state import Build
+    from ipu_stack.pipeline import compile_workload
+    from ipu_stack.planning.stages import GemmStage
+    from ipu_stack.runtime.session import run_package
+
+    workload = get_workload("siglip-vision")
+    params = workload.resolve(dict(TOWER))
+    options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
+    own = compile_workload(workload, params, tmp_path / "own", options)
+    assert len(own.body_plans) >= 4  # the loop body's GEMMs (q, k, v, scores, ...)
+    build = Build(workload, params, tmp_path, options, options.machine(), None, {})
+    construct_mid(build)
+    body = [i for i, (stage, n) in enumerate(zip(build.stages, repeats(build), strict=True))
+            if n > 1 and isinstance(stage, GemmStage)]
+    # the first body GEMM on another plan of its stage, the rest as the program chose
+    other = next(p.describe() for p in [*build.candidates[body[0]], *build.fronts[body[0]]]
+                 if p is not None and p.describe() != own.body_plans[0])
+    hints = (other, *own.body_plans[1:])
+    with caplog.at_level(logging.INFO):
+        pinned = compile_workload(workload, params, tmp_path / "pinned", options,
+                                  body_hints=hints)
+    assert tuple(pinned.body_plans) == hints
+    assert "took the layer body's plans asked for stages=" in caplog.text
+    run = run_package(load_package(pinned.package), pinned.graph, pinned.tensors)
+    assert run.passed
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        kept = compile_workload(workload, params, tmp_path / "kept", options,
+                                body_hints=("R99xC1xD1 no such plan", *own.body_plans[1:]))
+    assert kept.body_plans == own.body_plans
+    assert "kept its own layer body plans: a plan asked for is not a candidate" in caplog.text

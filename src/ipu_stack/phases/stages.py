@@ -106,6 +106,30 @@ def repeats(build: Build) -> list[int]:
     return [build.loop.multiplicity(i) for i in range(len(build.stages))]
 
 
+def pin_body_plans(build: Build, times: list[int]) -> bool:
+    """Take ``build.body_hints`` as the layer loop body's GEMM plans (the k-th hint for the
+    body's k-th GEMM stage), each the only choice its stage has; whether every hint was
+    found among its stage's candidates (if not, nothing is pinned).
+
+    Why: pipeline groups run side by side and share the chip's supersteps; a group whose
+    layers are planned otherwise than the slowest group's (less memory beside a stem: an MLP
+    GEMM in 4 row chunks instead of 3) misaligns every layer's supersteps with it."""
+    body = [i for i, (stage, n) in enumerate(zip(build.stages, times, strict=True))
+            if n > 1 and isinstance(stage, GemmStage)]
+    if len(body) != len(build.body_hints):
+        return False
+    chosen = {}
+    for index, hint in zip(body, build.body_hints, strict=True):
+        found = [p for p in [*build.candidates[index], *build.fronts[index]]
+                 if p is not None and p.describe() == hint]
+        if not found:
+            return False
+        chosen[index] = found[0]
+    for index, plan in chosen.items():
+        build.candidates[index], build.fronts[index] = [plan], []
+    return True
+
+
 def lower_mid(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
@@ -115,6 +139,11 @@ def lower_mid(build: Build) -> Fields:
                        for s in build.stages if not isinstance(s, GemmStage)), default=0))
     build.budget = budget
     times = repeats(build)
+    if build.body_hints:
+        pinned = pin_body_plans(build, times)
+        event(LOG, "took the layer body's plans asked for" if pinned
+              else "kept its own layer body plans: a plan asked for is not a candidate",
+              stages=len(build.body_hints))
     for plans in finalist_choices(build.candidates, build.options.finalists):
         fitted, moves = fit_plans(plans, build.fronts, budget, times)
         if moves:

@@ -76,6 +76,7 @@ class CompileResult:
     estimate: dict[str, int]
     timings: dict[str, float] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
+    body_plans: list[str] = field(default_factory=list)  # the layer loop body's, in order
     peak_bytes: int = 0
     active_tiles: int = 0
     device_program: DeviceProgram | None = None  # what the package holds, typed
@@ -94,6 +95,9 @@ class Build:
     # the workload's graph and tensors, kept by ``compile_workload`` across placement
     # retries (building a 27-layer tower's weights again would cost tens of seconds)
     prepared: dict[str, Any] = field(default_factory=dict)
+    # the layer loop body's GEMM plans to take (``Plan.describe()``, in body order), so that
+    # this program's layers run superstep for superstep beside another's (pipeline groups)
+    body_hints: tuple[str, ...] = ()
     # construct_mid
     graph: Graph | None = None
     tensors: dict[str, np.ndarray] = field(default_factory=dict)

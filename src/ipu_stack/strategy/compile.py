@@ -13,7 +13,9 @@ run for a candidate: whether every group's plans fit and their analytical GEMM c
 slowest group sets the rate, so the candidate whose slowest group is fastest wins; one that
 does not fit is dropped with its reason.  Then each distinct group is compiled in full by
 the single-program compiler (middle groups with the same number of layers differ only in
-their weights' names and share one program), the hand-offs between groups are built and
+their weights' names and share one program); where groups share a chip, a program whose
+layers are planned otherwise than the slowest program's is compiled again with its layer
+plans (``_align_programs``), so that their supersteps line up; the hand-offs between groups are built and
 scheduled (``strategy.handoff``), and the pipeline package is written: its manifest names
 the groups, their tile ranges and programs, the hand-offs and the step counts (fill, steady,
 drain); the group programs are whole packages inside it, each with its own checksums.
@@ -55,7 +57,7 @@ from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
-GROUP_COUNTS = (2, 3, 4, 5, 6, 8, 9)
+GROUP_COUNTS = (2, 3, 4, 5, 6, 8, 9, 12)
 """The group counts a chip's pipeline tries (below 2 is the layers strategy; over several
 chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
@@ -241,6 +243,9 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                 min_proportion)
         except CompileError as why:
             raise CompileError(f"group {index}: {why}") from why
+    if per_chip > 1:  # groups side by side on a chip
+        _align_programs(workload, params, out_dir, options, groups, tensors, tiles, compiled,
+                        min_proportion)
     order = sorted(compiled)
     slot = {index: k for k, index in enumerate(order)}
     arrays: dict[str, np.ndarray] = {
@@ -307,6 +312,43 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
           estimated_step_cycles=estimate["cycles"])
     return PipelineResult(package, graph, tensors, groups, tiles, estimate, reason,
                           compiled=[compiled[i] for i in order])
+
+
+def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
+                    options: CompileOptions, groups: list[LayerGroup], tensors: Any,
+                    tiles: int, compiled: dict[int, CompileResult],
+                    min_proportion: float | None) -> None:
+    """Compile again, with the slowest program's layer plans, each program whose layers
+    are planned otherwise (kept only when it takes them all).
+
+    Why: the chip syncs all its tiles together, so side-by-side groups share supersteps
+    (``runtime.alignment``), and the slowest group sets each shared one's length.  A first
+    group that holds the stem has less memory for its layers and may plan a GEMM otherwise
+    (siglip-vision's 9 groups: fc1 in 4 row chunks beside the others' 3).  Then no
+    superstep of its layers lines up with theirs: that grouping planned 5 006 794 cycles a
+    step and ran 5 308 339.  The other programs have the memory for the slowest one's
+    plans, which makes them no faster than it but lets the chip run every group's layers
+    side by side."""
+    pace = max(compiled, key=lambda index: int(compiled[index].estimate["cycles"]))
+    hints = tuple(compiled[pace].body_plans)
+    for index, result in list(compiled.items()):
+        if index == pace or not hints or tuple(result.body_plans) == hints \
+                or len(result.body_plans) != len(hints):
+            continue
+        try:
+            again = compile_workload(
+                _group_workload(workload, groups[index], tensors), params,
+                out_dir / f"group{index}.aligned",
+                dataclasses.replace(options, tiles=tiles, dump_stages=None), min_proportion,
+                body_hints=hints)
+        except CompileError as why:
+            event(LOG, "group keeps its own layer plans", group=index, slowest=pace,
+                  reason=str(why))
+            continue
+        if tuple(again.body_plans) == hints:
+            compiled[index] = again
+            event(LOG, "group takes the slowest group's layer plans", group=index,
+                  slowest=pace, estimated_cycles=again.estimate["cycles"])
 
 
 def _step_estimate(group_cycles: list[int], handoffs: list[dict[str, Any]],
