@@ -344,7 +344,7 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
     other = next(p.describe() for p in [*build.candidates[body[0]], *build.fronts[body[0]]]
                  if p is not None and p.describe() != own.body_plans[0])
     hints = (other, *own.body_plans[1:])
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="ipu_stack"):
         pinned = compile_workload(workload, params, tmp_path / "pinned", options,
                                   body_hints=hints)
     assert tuple(pinned.body_plans) == hints
@@ -352,7 +352,7 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
     run = run_package(load_package(pinned.package), pinned.graph, pinned.tensors)
     assert run.passed
     caplog.clear()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="ipu_stack"):
         kept = compile_workload(workload, params, tmp_path / "kept", options,
                                 body_hints=("R99xC1xD1 no such plan", *own.body_plans[1:]))
     assert kept.body_plans == own.body_plans
