@@ -357,3 +357,41 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
                                 body_hints=("R99xC1xD1 no such plan", *own.body_plans[1:]))
     assert kept.body_plans == own.body_plans
     assert "kept its own layer body plans: a plan asked for is not a candidate" in caplog.text
+
+
+def test_programs_take_the_slowest_programs_layer_plans_only_when_no_slower(tmp_path,
+                                                                            monkeypatch):
+    """``_align_programs`` compiles again, with the slowest program's layer body plans,
+    each program whose body is planned otherwise; it keeps the new one only when it took
+    them all and is no slower than the slowest, and leaves alone a program that already
+    agrees or has another body."""
+    import ipu_stack.strategy.compile as strategy
+    from ipu_stack.phases.state import CompileResult
+
+    def result(cycles: int, body: list[str]) -> CompileResult:
+        return CompileResult(tmp_path, None, {}, {"cycles": cycles}, body_plans=body)
+
+    pace_body = ["A in 2 row chunks", "B"]
+    compiled = {0: result(300, pace_body),            # the slowest: the stem's group
+                1: result(250, ["A", "B"]),            # planned otherwise: aligned
+                2: result(260, ["A", "B"]),            # aligned, but then slower than 300
+                3: result(240, list(pace_body)),       # agrees already
+                4: result(200, ["A"])}                 # another body: left alone
+    asked = []
+    aligned_cycles = {1: 280, 2: 310}
+
+    def compile_again(workload, params, out_dir, options, min_proportion=None,
+                      body_hints=()):
+        index = int(out_dir.name.removeprefix("group").removesuffix(".aligned"))
+        asked.append((out_dir.name, body_hints))
+        return result(aligned_cycles[index], list(body_hints))
+
+    monkeypatch.setattr(strategy, "compile_workload", compile_again)
+    monkeypatch.setattr(strategy, "_group_workload", lambda workload, group, tensors: None)
+    before = dict(compiled)
+    strategy._align_programs(None, {}, tmp_path, CompileOptions(), [None] * 5, None, 122,
+                             compiled, None)
+    assert asked == [("group1.aligned", tuple(pace_body)), ("group2.aligned", tuple(pace_body))]
+    assert compiled[1].body_plans == pace_body and compiled[1].estimate["cycles"] == 280
+    assert compiled[2] is before[2]  # 310 would lengthen the step: kept its own
+    assert all(compiled[i] is before[i] for i in (0, 3, 4))

@@ -15,10 +15,11 @@ does not fit is dropped with its reason.  Then each distinct group is compiled i
 the single-program compiler (middle groups with the same number of layers differ only in
 their weights' names and share one program); where groups share a chip, a program whose
 layers are planned otherwise than the slowest program's is compiled again with its layer
-plans (``_align_programs``), so that their supersteps line up; the hand-offs between groups are built and
-scheduled (``strategy.handoff``), and the pipeline package is written: its manifest names
-the groups, their tile ranges and programs, the hand-offs and the step counts (fill, steady,
-drain); the group programs are whole packages inside it, each with its own checksums.
+plans (``_align_programs``), so that their supersteps line up.  The hand-offs between
+groups are built and scheduled (``strategy.handoff``), and the pipeline package is written:
+its manifest names the groups, their tile ranges and programs, the hand-offs and the step
+counts (fill, steady, drain); the group programs are whole packages inside it, each with its
+own checksums.
 """
 
 from __future__ import annotations
@@ -318,8 +319,9 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
                     options: CompileOptions, groups: list[LayerGroup], tensors: Any,
                     tiles: int, compiled: dict[int, CompileResult],
                     min_proportion: float | None) -> None:
-    """Compile again, with the slowest program's layer plans, each program whose layers
-    are planned otherwise (kept only when it takes them all).
+    """Compile again (into ``group<N>.aligned``), with the slowest program's layer plans,
+    each program whose layers are planned otherwise; the new one is kept only when it takes
+    them all and is no slower than the slowest program, so the step estimate never grows.
 
     Why: the chip syncs all its tiles together, so side-by-side groups share supersteps
     (``runtime.alignment``), and the slowest group sets each shared one's length.  A first
@@ -345,7 +347,8 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
             event(LOG, "group keeps its own layer plans", group=index, slowest=pace,
                   reason=str(why))
             continue
-        if tuple(again.body_plans) == hints:
+        if tuple(again.body_plans) == hints and \
+                int(again.estimate["cycles"]) <= int(compiled[pace].estimate["cycles"]):
             compiled[index] = again
             event(LOG, "group takes the slowest group's layer plans", group=index,
                   slowest=pace, estimated_cycles=again.estimate["cycles"])
