@@ -174,8 +174,8 @@ def _compile_once(
         package=build.package, graph=build.graph, tensors=build.tensors,
         estimate=build.estimate, timings={"compile": time.perf_counter() - start},
         plans=[p.describe() for p in build.plans if p],
-        body_plans=[p.describe() for p, n in zip(build.plans, phases.repeats(build), strict=True)
-                    if p and n > 1],
+        body_plans=[plan.describe() for i in phases.body_gemm_stages(build, phases.repeats(build))
+                    if (plan := build.plans[i]) is not None],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
         device_program=build.device_program,
     )

@@ -106,6 +106,13 @@ def repeats(build: Build) -> list[int]:
     return [build.loop.multiplicity(i) for i in range(len(build.stages))]
 
 
+def body_gemm_stages(build: Build, times: list[int]) -> list[int]:
+    """The layer loop body's GEMM stages (those run once per layer), in order: what
+    ``body_hints`` and a compile's ``body_plans`` are listed by."""
+    return [i for i, (stage, n) in enumerate(zip(build.stages, times, strict=True))
+            if n > 1 and isinstance(stage, GemmStage)]
+
+
 def pin_body_plans(build: Build, times: list[int]) -> bool:
     """Take ``build.body_hints`` as the layer loop body's GEMM plans (the k-th hint for the
     body's k-th GEMM stage), each the only choice its stage has; whether every hint was
@@ -114,8 +121,7 @@ def pin_body_plans(build: Build, times: list[int]) -> bool:
     Why: pipeline groups run side by side and share the chip's supersteps; a group whose
     layers are planned otherwise than the slowest group's (less memory beside a stem: an MLP
     GEMM in 4 row chunks instead of 3) misaligns every layer's supersteps with it."""
-    body = [i for i, (stage, n) in enumerate(zip(build.stages, times, strict=True))
-            if n > 1 and isinstance(stage, GemmStage)]
+    body = body_gemm_stages(build, times)
     if len(body) != len(build.body_hints):
         return False
     chosen = {}

@@ -333,8 +333,10 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
     side by side."""
     pace = max(compiled, key=lambda index: int(compiled[index].estimate["cycles"]))
     hints = tuple(compiled[pace].body_plans)
+    if not hints:  # no layer loop: nothing to line up
+        return
     for index, result in list(compiled.items()):
-        if index == pace or not hints or tuple(result.body_plans) == hints \
+        if index == pace or tuple(result.body_plans) == hints \
                 or len(result.body_plans) != len(hints):
             continue
         try:
