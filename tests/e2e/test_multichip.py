@@ -201,3 +201,39 @@ def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
                                      for g in range(4)}, [], step_cycles=[10] * 7)
     with pytest.raises(DeviceError, match="exceeds the FP8 roofline of 1 chip"):
         pipeline_fields(run, package, graph, {"batch": 1}, "pkg", None)
+
+
+def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path, cache_dir,
+                                                                          monkeypatch):
+    """Within a chip each group's hand-off, and between chips the chip's output, go to the
+    host side as soon as they are made: every stage is judged while the workers run, none
+    is left for the verdict's end."""
+    import ipu_stack.runtime.system as system
+    from ipu_stack.pipeline import CompileOptions
+    from ipu_stack.runtime.pipelined import stream_images
+    from ipu_stack.runtime.session import _HostThread, load_package
+    from ipu_stack.runtime.verdict import StageJudge
+    from ipu_stack.strategy import compile_pipeline
+    from ipu_stack.workloads import get_workload
+
+    workload = get_workload("siglip-vision")
+    params = workload.resolve({"layers": 4, "image": 28, "patch": 7, "dim": 64, "hidden": 96,
+                               "heads": 4})
+    result = compile_pipeline(workload, params, tmp_path,
+                              CompileOptions(cache_dir=str(cache_dir), chips=2), groups=2)
+    # the host sides on threads of this process, to count what each left for its end
+    monkeypatch.setattr(system, "HostProcess", lambda side, graph, own, modes, outputs:
+                        _HostThread(graph, own, modes, None, outputs))
+    left: list[int] = []
+    finish = StageJudge.finish
+
+    def counting_finish(self, ideal=None):
+        left.append(len(self.pending))
+        return finish(self, ideal)
+
+    monkeypatch.setattr(StageJudge, "finish", counting_finish)
+    images = stream_images(workload, params, result.graph, result.tensors, 2)
+    run = system.run_system(load_package(result.package), result.graph, result.tensors,
+                            images)
+    assert run.passed and left == [0, 0]
+    assert all(len(v.stages) > 4 * 10 for v in run.verdicts)  # four layers' stages judged

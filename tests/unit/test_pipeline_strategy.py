@@ -395,3 +395,28 @@ def test_programs_take_the_slowest_programs_layer_plans_only_when_no_slower(tmp_
     assert compiled[1].body_plans == pace_body and compiled[1].estimate["cycles"] == 280
     assert compiled[2] is before[2]  # 310 would lengthen the step: kept its own
     assert all(compiled[i] is before[i] for i in (0, 3, 4))
+
+
+def test_each_hand_off_reaches_the_host_side_as_its_group_finishes(pipelined, monkeypatch):
+    """The verdict judges a group's first stage on the hand-off the group before it made.
+    That value goes to the host side as soon as that group has run, so every stage is
+    judged while the device works: none waits for the verdict's end (where the 27-layer
+    tower's host side once judged two thirds of its stages one after another, alone)."""
+    import ipu_stack.runtime.pipelined as pipelined_module
+    from ipu_stack.runtime.verdict import StageJudge
+
+    workload, params, result = pipelined
+    monkeypatch.setattr(pipelined_module, "fork_available", lambda: False)  # host side here
+    left: list[int] = []
+    finish = StageJudge.finish
+
+    def counting_finish(self, ideal=None):
+        left.append(len(self.pending))
+        return finish(self, ideal)
+
+    monkeypatch.setattr(StageJudge, "finish", counting_finish)
+    package = load_package(result.package)
+    images = stream_images(workload, params, result.graph, result.tensors, 2)
+    run = run_pipeline(package, result.graph, result.tensors, images)
+    assert run.passed and left == [0, 0]
+    assert all(len(v.stages) > 3 * 10 for v in run.verdicts)  # three layers' stages judged

@@ -72,6 +72,10 @@ class ChipWorker:
             feed = {name: carried[group.tower(name)] for name in group.inputs}
             report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
             carried = {group.tower(k): v for k, v in report.outputs.items()}
+            if position < len(self.groups) - 1:
+                # the hand-off to the chip's next group: the verdict judges that group's first
+                # stage on it, so it goes to the host side now, not after the chip's last group
+                on_probes(list(carried.items()))
             runs.append({"group": group.index, "cycles": int(report.cycles),
                          "supersteps": [int(c) for c in report.superstep_cycles],
                          "kinds": list(report.superstep_kinds),

@@ -320,13 +320,15 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                     report = group.device.call("run", inputs,
                                                on_probes=renamed(host.put, group))
                     carried = {group.tower(k): v for k, v in report.outputs.items()}
+                    # each hand-off (and at the end the tower's output) goes to the host side
+                    # at once: the next group's stages are judged on it while the device runs
+                    host.put(list(carried.items()))
                     if record and number + group.index == result.profiled_step:
                         result.records[group.index] = [
                             r for r in report.steps if r.kind in ("compute", "exchange")]
                     result.runs[(group.index, number)] = GroupRun(
                         group.index, number, report.cycles, list(report.superstep_cycles),
                         report.host_bytes, list(report.superstep_kinds))
-                host.put(list(carried.items()))
                 host.put(None)
                 pending[-1] = (number, host, carried)
                 while len(pending) >= HOSTS_IN_FLIGHT:

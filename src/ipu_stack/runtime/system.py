@@ -432,11 +432,11 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
                     int(run["group"]), number, int(run["cycles"]), list(run["supersteps"]),
                     int(run["host_bytes"]), list(run["kinds"]))
             arrived = decode(wire)
+            hosts[number].put(arrived)  # the hand-off the next chip's first stage is judged on
             if chip < chips - 1:
                 carried[number] = arrived
                 queues[chip + 1].append(number)
                 continue
-            hosts[number].put(arrived)
             hosts[number].put(None)
             finished[number] = {k: np.asarray(v) for k, v in arrived}
             while judged in finished and len(hosts) >= in_flight:
