@@ -58,34 +58,6 @@ def test_a_failure_in_the_child_is_raised_as_the_same_error(compiled, monkeypatc
         _run(compiled)
 
 
-@pytest.mark.parametrize("forked", [True, False])
-def test_a_failure_of_the_float64_model_thread_is_raised(compiled, monkeypatch, forked):
-    """The float64 model runs on a thread of its own beside the reference: what it raises
-    is the run's error, from the child or from the thread host side alike."""
-    def broken_model(graph, tensors, keep=None):
-        yield
-        raise CompileError("the float64 model has no rule for frobnicate")
-
-    monkeypatch.setattr(session, "evaluate_float64_steps", broken_model)
-    if not forked:
-        monkeypatch.setattr(session, "fork_available", lambda: False)
-    with pytest.raises(CompileError, match="the float64 model has no rule for frobnicate"):
-        _run(compiled)
-
-
-def test_the_model_thread_gives_the_model_of_the_single_thread(compiled):
-    """The model thread's outputs are those of the float64 model run alone."""
-    from ipu_stack.ir.interpret import evaluate_float64
-
-    outputs = {v.name for v in compiled.graph.by_role("output")}
-    thread = session._ModelThread(compiled.graph, dict(compiled.tensors), outputs, None)
-    values, seconds = thread.result()
-    alone = evaluate_float64(compiled.graph, dict(compiled.tensors), keep=outputs)
-    assert set(values) == outputs and seconds > 0
-    for name in outputs:
-        np.testing.assert_array_equal(values[name], alone[name])
-
-
 def test_a_device_failure_stops_the_child(compiled, monkeypatch):
     original = SimulatedIpu.call
 

@@ -211,15 +211,8 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
     weights: the verdict rounds each stage's weights when it reruns it), then the
     stage-by-stage verdict on the device's values as they arrive (``arrivals``: lists of
     ``(name, values)``, ``None`` at the end), with the model fidelity is measured against
-    (and its seconds).
-
-    The float64 model needs nothing from the device or the reference, so it runs on a
-    thread of its own (:class:`_ModelThread`; its products are BLAS calls and its other
-    work numpy loops, both without the interpreter lock).  Interleaved with the reference
-    on one thread, it was the last image's serial tail: after the device had finished, one
-    core ran the model and the rest of the reference while the other waited."""
+    (and its seconds) computed in between."""
     device_done = False
-    thread = None
     try:
         reference = CompactValues()
         reference_steps = evaluate_steps(graph, tensors, gemm_modes, reference)
@@ -229,8 +222,8 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
         if model is not None:  # an imported program's fidelity target: torch's outputs
             started = time.perf_counter()
             ideal, ideal_seconds = model(graph, tensors), time.perf_counter() - started
-        else:
-            thread = _ModelThread(graph, tensors, outputs_only, abandon)
+        model_steps = evaluate_float64_steps(graph, tensors, outputs_only) if ideal is None \
+            else None
         while abandon is None or not abandon.is_set():
             while not device_done:  # take whatever the device has handed over
                 try:
@@ -249,6 +242,11 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
                     event(LOG, "evaluated host reference", referencePrecision="device",
                           elapsed_ms=int(reference_seconds * 1000))
                 reference_seconds += time.perf_counter() - started
+            elif model_steps is not None:
+                finished, value = _advance(model_steps)
+                if finished:
+                    ideal, model_steps = value, None
+                ideal_seconds += time.perf_counter() - started
             elif not device_done:  # nothing to do until the device hands something over
                 arrived = arrivals.get()
                 device_done = arrived is None
@@ -256,55 +254,11 @@ def _host_side(graph: Graph, tensors: dict[str, np.ndarray],
                     judging.arrive(name, values)
             elif reference_steps is None:
                 break
-        if thread is not None:
-            ideal, ideal_seconds = thread.result()
         return reference, ideal, ideal_seconds, judging
     except BaseException:
-        if thread is not None:
-            thread.stop()
         while not device_done and arrivals.get() is not None:  # let the device finish
             pass
         raise
-
-
-class _ModelThread:
-    """The float64 model of one image on a thread of its own, step by step, stopping when
-    ``abandon`` is set or :meth:`stop` is called."""
-
-    def __init__(self, graph: Graph, tensors: dict[str, np.ndarray], outputs_only: set[str],
-                 abandon: threading.Event | None) -> None:
-        self.steps = evaluate_float64_steps(graph, tensors, outputs_only)
-        self.stopping = threading.Event()
-        self.abandon = abandon
-        self.value: dict[str, np.ndarray] | None = None
-        self.failure: BaseException | None = None
-        self.seconds = 0.0
-        self.thread = threading.Thread(target=self._run, name="float64-model", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            while not self.stopping.is_set() and not (
-                    self.abandon is not None and self.abandon.is_set()):
-                finished, value = _advance(self.steps)
-                if finished:
-                    self.value = value
-                    break
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            self.failure = exc
-        self.seconds = time.perf_counter() - started
-
-    def result(self) -> tuple[dict[str, np.ndarray] | None, float]:
-        """The model's values (``None`` when it was stopped) and its seconds."""
-        self.thread.join()
-        if self.failure is not None:
-            raise self.failure
-        return self.value, self.seconds
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join()
 
 
 def _advance(steps: Generator[None, None, Any]) -> tuple[bool, Any]:
