@@ -99,3 +99,19 @@ def random_stored(rng: np.random.Generator, p: Precision, shape: tuple[int, ...]
 def cache_entries(cache: Path, kind: str) -> list[Path]:
     """The entries of one kind (``calibration``, ``exchange``) of the on-disk cache."""
     return sorted((Path(cache) / kind).glob("*.json"))
+
+
+def stages_left_at_finish(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """A list that gets, each time a verdict finishes in this process, how many stages it
+    still had to judge then (a host side that ran on a thread here)."""
+    from ipu_stack.runtime.verdict import StageJudge
+
+    left: list[int] = []
+    finish = StageJudge.finish
+
+    def counting_finish(self, ideal=None):  # type: ignore[no-untyped-def]
+        left.append(len(self.pending))
+        return finish(self, ideal)
+
+    monkeypatch.setattr(StageJudge, "finish", counting_finish)
+    return left

@@ -14,7 +14,7 @@ import signal
 import numpy as np
 import pytest
 
-from tests.helpers import bench, cli, one_error_line
+from tests.helpers import bench, cli, one_error_line, stages_left_at_finish
 
 TOWER = ["--layers", "4", "--image", "28", "--patch", "7", "--dim", "64", "--hidden", "96",
          "--heads", "4"]
@@ -212,7 +212,6 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     from ipu_stack.pipeline import CompileOptions
     from ipu_stack.runtime.pipelined import stream_images
     from ipu_stack.runtime.session import _HostThread, load_package
-    from ipu_stack.runtime.verdict import StageJudge
     from ipu_stack.strategy import compile_pipeline
     from ipu_stack.workloads import get_workload
 
@@ -224,14 +223,7 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     # the host sides on threads of this process, to count what each left for its end
     monkeypatch.setattr(system, "HostProcess", lambda side, graph, own, modes, outputs:
                         _HostThread(graph, own, modes, None, outputs))
-    left: list[int] = []
-    finish = StageJudge.finish
-
-    def counting_finish(self, ideal=None):
-        left.append(len(self.pending))
-        return finish(self, ideal)
-
-    monkeypatch.setattr(StageJudge, "finish", counting_finish)
+    left = stages_left_at_finish(monkeypatch)
     images = stream_images(workload, params, result.graph, result.tensors, 2)
     run = system.run_system(load_package(result.package), result.graph, result.tensors,
                             images)

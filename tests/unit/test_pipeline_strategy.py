@@ -31,6 +31,7 @@ from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_pipeline
 from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import get_workload
+from tests.helpers import stages_left_at_finish
 
 TOWER = {"layers": 3, "image": 28, "patch": 7, "dim": 64, "hidden": 96, "heads": 4}
 
@@ -403,18 +404,10 @@ def test_each_hand_off_reaches_the_host_side_as_its_group_finishes(pipelined, mo
     judged while the device works: none waits for the verdict's end (where the 27-layer
     tower's host side once judged two thirds of its stages one after another, alone)."""
     import ipu_stack.runtime.pipelined as pipelined_module
-    from ipu_stack.runtime.verdict import StageJudge
 
     workload, params, result = pipelined
     monkeypatch.setattr(pipelined_module, "fork_available", lambda: False)  # host side here
-    left: list[int] = []
-    finish = StageJudge.finish
-
-    def counting_finish(self, ideal=None):
-        left.append(len(self.pending))
-        return finish(self, ideal)
-
-    monkeypatch.setattr(StageJudge, "finish", counting_finish)
+    left = stages_left_at_finish(monkeypatch)
     package = load_package(result.package)
     images = stream_images(workload, params, result.graph, result.tensors, 2)
     run = run_pipeline(package, result.graph, result.tensors, images)
