@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from tests.helpers import stages_left_at_finish
 
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate
@@ -31,7 +32,6 @@ from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_pipeline
 from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import get_workload
-from tests.helpers import stages_left_at_finish
 
 TOWER = {"layers": 3, "image": 28, "patch": 7, "dim": 64, "hidden": 96, "heads": 4}
 
