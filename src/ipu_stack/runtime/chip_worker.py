@@ -26,7 +26,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, weight_storer
 from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.host_process import decode_array, encode_array
-from ipu_stack.runtime.pipelined import _load_groups, renamed
+from ipu_stack.runtime.pipelined import _load_groups, run_through
 from ipu_stack.util import errors
 
 Wire = list[tuple[str, bytes]]
@@ -66,16 +66,9 @@ class ChipWorker:
         names) as they arrive.  When recording, a group's run carries its superstep records
         (``records``) if it belongs to the chip's first full step: its ``j``-th group on
         image ``G - 1 - j``."""
-        carried = dict(inputs)
+        carried, reports = run_through(self.groups, inputs, on_probes)
         runs = []
-        for position, group in enumerate(self.groups):
-            feed = {name: carried[group.tower(name)] for name in group.inputs}
-            report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
-            carried = {group.tower(k): v for k, v in report.outputs.items()}
-            if position < len(self.groups) - 1:
-                # the hand-off to the chip's next group: the verdict judges that group's first
-                # stage on it, so it goes to the host side now, not after the chip's last group
-                on_probes(list(carried.items()))
+        for position, (group, report) in enumerate(zip(self.groups, reports, strict=True)):
             runs.append({"group": group.index, "cycles": int(report.cycles),
                          "supersteps": [int(c) for c in report.superstep_cycles],
                          "kinds": list(report.superstep_kinds),

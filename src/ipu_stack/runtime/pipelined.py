@@ -42,6 +42,7 @@ from ipu_stack import __version__
 from ipu_stack.device import SimulatedIpu
 from ipu_stack.device.pricing import exchange_cycles
 from ipu_stack.device.record import StepRecord
+from ipu_stack.device.simulator import CallReport
 from ipu_stack.exchange import Schedule, Transfers, verify_schedule
 from ipu_stack.exchange.model import chunk_cycles
 from ipu_stack.ir.graph import Graph
@@ -264,6 +265,28 @@ def renamed(put: Callable[[list], None], group: _Group) -> Callable[[list], None
     return forward
 
 
+def run_through(groups: list[_Group], inputs: Mapping[str, Any],
+                on_probes: Callable[[list], None]
+                ) -> tuple[dict[str, np.ndarray], list[CallReport]]:
+    """One image through ``groups`` in order: a one-chip pipeline's groups, or one chip's in
+    a multi-chip worker (the one loop both run).  Each group is fed from the one before; its
+    probe reads go to ``on_probes`` under the tower's names as they arrive, and so does each
+    hand-off between the groups, as soon as it is made (the verdict judges the next group's
+    first stage on it while the device runs).  Returns the last group's output (tower
+    names) and each group's run report, in order; the caller sends that output on (to the
+    host side, or over a link)."""
+    carried = dict(inputs)
+    reports: list[CallReport] = []
+    for position, group in enumerate(groups):
+        feed = {name: carried[group.tower(name)] for name in group.inputs}
+        report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
+        carried = {group.tower(k): v for k, v in report.outputs.items()}
+        if position < len(groups) - 1:
+            on_probes(list(carried.items()))
+        reports.append(report)
+    return carried, reports
+
+
 def package_chips(package: Package) -> int:
     """The cards a pipeline package spreads its groups over (1 without a system record)."""
     return int(package.manifest.get("system", {}).get("chips", 1))
@@ -314,15 +337,9 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
                     HostProcess(_host_side, graph, own, modes, outputs_only)
                     if fork_available() else _HostThread(graph, own, modes, None, outputs_only))
                 pending.append((number, host, {}))
-                carried: dict[str, np.ndarray] = dict(image)
-                for group in groups:
-                    inputs = {name: carried[group.tower(name)] for name in group.inputs}
-                    report = group.device.call("run", inputs,
-                                               on_probes=renamed(host.put, group))
-                    carried = {group.tower(k): v for k, v in report.outputs.items()}
-                    # each hand-off (and at the end the tower's output) goes to the host side
-                    # at once: the next group's stages are judged on it while the device runs
-                    host.put(list(carried.items()))
+                carried, reports = run_through(groups, image, host.put)
+                host.put(list(carried.items()))  # the tower's output, judged at once
+                for group, report in zip(groups, reports, strict=True):
                     if record and number + group.index == result.profiled_step:
                         result.records[group.index] = [
                             r for r in report.steps if r.kind in ("compute", "exchange")]
@@ -438,4 +455,5 @@ def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
 
 
 __all__ = ["GroupRun", "PipelineRun", "inspect_pipeline", "merged_step", "package_chips",
-           "pipeline_fields", "renamed", "run_pipeline", "step_schedule", "stream_images"]
+           "pipeline_fields", "renamed", "run_pipeline", "run_through", "step_schedule",
+           "stream_images"]
