@@ -61,3 +61,44 @@ def test_a_damaged_entry_is_ignored_and_rewritten(tmp_path, caplog):
 def test_no_folder_no_cache(tmp_path):
     _build(None)
     assert not (tmp_path / "calibration").exists()
+
+
+def test_a_cold_build_holds_no_weight_the_calibration_made(tmp_path, caplog):
+    """The calibration pass runs in a forked child: this process builds as from the cache,
+    every weight still to be made, and the child's exponents are the in-process pass's."""
+    from ipu_stack.workloads.transformer import _calibrate
+    from ipu_stack.workloads.vision import _build_tower, _has_cls, _tokens
+
+    caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
+    graph, tensors = _build(tmp_path)
+    assert "calibration fitted in a child process workload=pe-vision" in caplog.text
+    weights = [v.name for v in graph.by_role("weight")]
+    _, again = _build(tmp_path)  # from the cache
+    pending = again.pending
+    assert tensors.pending == pending > len(weights) // 2
+    assert all((tensors[k] == again[k]).all() for k in tensors)
+    workload, params = parse_workload("pe-vision", ARGS)
+    params = {**params, "tokens": _tokens(params, _has_cls("pe-vision"))}
+    scales, weight_scales, made = _calibrate(
+        params, "pe-vision", lambda builder, seed: _build_tower("pe-vision", builder, seed))
+    (entry,) = cache_entries(tmp_path, "calibration")
+    stored = json.loads(entry.read_text())["payload"]["scales"]
+    assert stored == {"activations": scales, "weights": weight_scales}
+    assert len(made) == pending  # the in-process pass made every weight a build defers
+
+
+def test_the_pass_runs_here_when_the_child_fails(tmp_path, caplog, monkeypatch):
+    from ipu_stack.util.forked import Forked
+    from ipu_stack.workloads import transformer
+
+    monkeypatch.setattr(transformer, "call_forked",
+                        lambda work: Forked(failure="MemoryError: no room"))
+    caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
+    graph, tensors = _build(tmp_path)
+    assert "calibration fitted in this process workload=pe-vision reason=" in caplog.text
+    assert "MemoryError: no room" in caplog.text
+    monkeypatch.undo()
+    apart, again = _build(tmp_path / "apart")
+    assert tensors.pending < again.pending // 2  # the real build took the pass's weights
+    assert _precisions(graph) == _precisions(apart)
+    assert all((tensors[k] == again[k]).all() for k in tensors)

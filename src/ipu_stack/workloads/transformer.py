@@ -25,8 +25,10 @@ whose values are smaller than the largest layer's only gives up range it does no
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -39,8 +41,12 @@ from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.ir.values import DeferredTensors, StoredTensor
 from ipu_stack.util.errors import UsageError
+from ipu_stack.util.forked import call_forked
+from ipu_stack.util.log import event
 from ipu_stack.workloads import calibration as calibration_cache
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+
+LOG = logging.getLogger("ipu_stack.workloads")
 
 
 def role(name: str) -> str:
@@ -262,39 +268,63 @@ def _build(kind: str, builder: LayerBuilder, seed: int) -> None:
     builder.tensors["x"] = builder.tensors["x"].reshape(params["batch"], params["tokens"], -1)
 
 
+def _calibrate(params: dict[str, Any], name: str, make: Callable[[LayerBuilder, int], None]
+               ) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[Precision, Any]]]:
+    """The calibration pass: the workload built on a calibration input (seed + 1, batch 1),
+    evaluated unrounded, every FP8 activation's and weight's exponent fitted per role.
+    Returns the activation and weight exponents, and the weights it made (storage codes)."""
+    scales: dict[str, int] = {}
+    calibration = LayerBuilder({**params, "batch": 1}, {}, name)
+    make(calibration, params["seed"] + 1)
+    graph = calibration.b.build()
+    calibration.make_weights()
+    fitting = [v for v in graph.values
+               if v.type.precision.is_fp8 and v.role in ("intermediate", "input")]
+    ideal = evaluate_unrounded(graph, calibration.tensors, keep={v.name for v in fitting})
+    for value in fitting:
+        fitted = fit_scale_exponent(ideal[value.name], headroom=2.0)
+        key = role(value.name)
+        scales[key] = max(scales.get(key, fitted), fitted)
+    # a giant tower's float32 weights are gigabytes: kept as their storage codes
+    made = {name: (precision, StoredTensor.of(values, precision) if precision.is_fp8
+                   else values)
+            for name, (precision, values) in calibration.made.items()}
+    return scales, calibration.fitted, made
+
+
 def calibrated_build(
     params: dict[str, Any], name: str, make: Callable[[LayerBuilder, int], None],
 ) -> tuple[Graph, dict[str, np.ndarray]]:
-    """Two-pass build: with FP8, build once on a calibration input (seed + 1, batch 1) to
-    fit every FP8 activation's and weight's exponent per role, then build for real.  The
-    fitted exponents are cached on disk (``workloads.calibration``) when the compile sets a
-    cache folder."""
+    """Two-pass build: with FP8, a calibration pass (:func:`_calibrate`) fits every FP8
+    activation's and weight's exponent per role, then the build for real.  The fitted
+    exponents are cached on disk (``workloads.calibration``) when the compile sets a cache
+    folder.
+
+    The calibration pass runs in a forked child (``util.forked``) and hands back only the
+    exponents, so this process builds as it does from the cache: its weights made when
+    first read, not held from the pass.  Its memory (all the weights and the model's
+    float32 activations) then never becomes part of this process, nor of the chip workers
+    and host sides forked from it.  Where the child cannot run, the pass runs here and the
+    real build reuses the weights it made."""
     scales: dict[str, int] = {}
     weight_scales: dict[str, int] | None = None
-    made: dict[str, tuple[Precision, np.ndarray]] = {}
+    made: dict[str, tuple[Precision, Any]] = {}
     cached = calibration_cache.load(name, params) if params["precision"] == "fp8" else None
     if cached is not None:
         scales, weight_scales = cached["activations"], cached["weights"]
     elif params["precision"] == "fp8":
-        calibration = LayerBuilder({**params, "batch": 1}, {}, name)
-        make(calibration, params["seed"] + 1)
-        graph = calibration.b.build()
-        calibration.make_weights()
-        fitting = [v for v in graph.values
-                   if v.type.precision.is_fp8 and v.role in ("intermediate", "input")]
-        ideal = evaluate_unrounded(graph, calibration.tensors,
-                                   keep={v.name for v in fitting})
-        for value in fitting:
-            fitted = fit_scale_exponent(ideal[value.name], headroom=2.0)
-            key = role(value.name)
-            scales[key] = max(scales.get(key, fitted), fitted)
-        weight_scales = calibration.fitted
-        # the weights this pass made are kept for the real build as their storage codes
-        # (a giant tower's float32 weights are gigabytes)
-        made = {name: (precision, StoredTensor.of(values, precision)
-                       if precision.is_fp8 else values)
-                for name, (precision, values) in calibration.made.items()}
-        del calibration, graph, ideal
+        started = time.perf_counter()
+        apart = call_forked(lambda: _calibrate(params, name, make)[:2])
+        if apart.ok:
+            scales, weight_scales = apart.result
+            event(LOG, "calibration fitted in a child process", workload=name,
+                  roles=len(scales) + len(weight_scales),
+                  seconds=round(time.perf_counter() - started, 2),
+                  child_peak_bytes=apart.peak_bytes)
+        else:
+            event(LOG, "calibration fitted in this process", workload=name,
+                  reason=apart.failure)
+            scales, weight_scales, made = _calibrate(params, name, make)
         calibration_cache.store(name, params, {"activations": scales, "weights": weight_scales})
     builder = LayerBuilder(params, scales, name, weight_scales)
     builder.made = made
