@@ -9,8 +9,8 @@ coordinator (this module) routes the messages, hands each image's probe reads to
 image's host side, and judges every image against the float64 model of the whole tower,
 as a one-chip pipeline does.
 
-**Engines.**  ``local`` forks one process per chip (they share the coordinator's weights
-page by page and talk over pipes); ``ray`` starts one Ray actor per chip, on a cluster or
+**Engines.**  ``local`` forks one process per chip before any weight is made (each makes
+its own chip's, and talks over pipes); ``ray`` starts one Ray actor per chip, on a cluster or
 a local Ray, and sends each its own weights.  The same packages run on the same simulated
 devices either way, so the cycles are the same (tested).  A worker that dies is reported
 by chip, never waited on.
