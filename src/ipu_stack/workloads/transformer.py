@@ -164,7 +164,9 @@ class LayerBuilder:
         fitted = fit_scale_exponent(value)
         self.fitted[key] = max(self.fitted.get(key, fitted), fitted)
         precision = Precision("F8F143", self.weight_scales.get(key, fitted))
-        self.tensors[name] = precision.round_trip(value.astype(np.float32))
+        # held as its storage codes (a byte a weight): a calibration build of a giant tower
+        # makes every GEMM weight here, 4.6 GB in float32 for siglip2-giant's
+        self.tensors[name] = StoredTensor(precision, precision.quantize(value.astype(np.float32)))
         self.made[name] = (precision, self.tensors[name])
         return self.b.weight(name, TensorType(shape, precision))
 
@@ -286,8 +288,8 @@ def _calibrate(params: dict[str, Any], name: str, make: Callable[[LayerBuilder, 
         key = role(value.name)
         scales[key] = max(scales.get(key, fitted), fitted)
     # a giant tower's float32 weights are gigabytes: kept as their storage codes
-    made = {name: (precision, StoredTensor.of(values, precision) if precision.is_fp8
-                   else values)
+    made = {name: (precision, StoredTensor.of(values, precision)
+                   if precision.is_fp8 and not isinstance(values, StoredTensor) else values)
             for name, (precision, values) in calibration.made.items()}
     return scales, calibration.fitted, made
 
