@@ -7,9 +7,9 @@ process forked from it later (a chip's worker, a host side) starts with that pea
 own.  In a child the peak is the child's: the parent receives only the JSON of the result.
 
 Only a result that JSON carries comes back.  Where the platform has no ``fork``, or the
-child fails (an exception, a signal, memory), :func:`call_forked` returns ``None`` with
-the reason, and the caller does the work itself, which raises the same error where it has
-one, with its own type and message.
+child fails (an exception, a signal, memory), :func:`call_forked`'s answer says why
+(``Forked.failure``) and the caller does the work itself, which raises the same error
+where it has one, with its own type and message.
 """
 
 from __future__ import annotations
