@@ -16,7 +16,7 @@ answer, for reports).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import special
@@ -25,6 +25,12 @@ from ipu_stack.ir.graph import Graph, Operation
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
 from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
+
+
+class ValueSink(Protocol):
+    """Where an evaluation hands each value as it is made (``CompactValues`` keeps them)."""
+
+    def put(self, name: str, values: np.ndarray, precision: Precision) -> None: ...
 
 
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
@@ -295,7 +301,7 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
                store: Callable[[np.ndarray, object], np.ndarray],
                gemm_modes: dict[str, dict] | None = None,
                keep_weights: bool = True, keep: Collection[str] | None = None,
-               into: CompactValues | None = None
+               into: CompactValues | ValueSink | None = None
                ) -> Generator[None, None, Mapping[str, np.ndarray]]:
     """Every value of ``graph``; without ``keep_weights`` a weight is converted when an
     operation reads it and neither kept nor returned (a 27-layer tower's weights in float64
@@ -303,7 +309,8 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
     other one is dropped after its last reader.  With ``into``, every value is stored there
     in its stored precision (:class:`~ipu_stack.ir.values.CompactValues`, float32 when read)
     as soon as it is made (a caller may read each at once), that is what is returned, and
-    the float32 working copies are dropped after their last reader."""
+    the float32 working copies are dropped after their last reader (any other
+    :class:`ValueSink` is handed each value instead, to keep what it needs of it)."""
     modes = gemm_modes or {}
     values: dict[int, np.ndarray] = {}
     last_use = {i: op.id for op in graph.operations for i in op.inputs}
@@ -327,7 +334,7 @@ def _run_steps(graph: Graph, tensors: dict[str, np.ndarray], dtype: type,
         out = graph.value(op.outputs[0])
         ins = [values[i] if i in values else load(i) for i in op.inputs]
         result = _apply(op, ins, dtype, modes.get(str(op.id)))
-        if results is not None and store is _device_precision:
+        if isinstance(results, CompactValues) and store is _device_precision:
             # rounded and encoded once: the codes kept are those the rounding made
             values[out.id], held = stored_round_trip(result.reshape(out.type.rows, -1),
                                                      out.type.precision)
@@ -405,6 +412,17 @@ def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
     reader: a giant tower's every value at once would not fit the host)."""
     return _run(graph, tensors, dtype, lambda data, precision: np.asarray(data, dtype=dtype),
                 keep_weights=False, keep=keep)
+
+
+def watch_unrounded(graph: Graph, tensors: dict[str, np.ndarray], sink: ValueSink,
+                    dtype: type = np.float32) -> None:
+    """:func:`evaluate_unrounded` with each input and computed value handed to
+    ``sink.put`` as soon as it is made, and dropped after its last reader: a caller that
+    needs only something of each value (a calibration's largest magnitude) holds one
+    layer's values at a time, not the tower's."""
+    drain(_run_steps(graph, tensors, dtype,
+                     lambda data, precision: np.asarray(data, dtype=dtype),
+                     keep_weights=False, into=sink))
 
 
 def evaluate_float64_steps(graph: Graph, tensors: dict[str, np.ndarray],
