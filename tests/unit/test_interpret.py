@@ -179,3 +179,33 @@ def test_outputs_are_rounded_to_their_precision() -> None:
     stored = f143(-2).round_trip(t["in0"])
     np.testing.assert_array_equal(got["out"], stored)
     _close(ideal["out"], t["in0"].astype(np.float64), 1e-12)  # the ideal never rounds
+
+
+def test_watched_values_are_the_unrounded_values_each_handed_over_once() -> None:
+    """``watch_unrounded`` hands the input and every computed value to the sink as it is
+    made, with ``evaluate_unrounded``'s values, and keeps none of them itself."""
+    from ipu_stack.ir.interpret import evaluate_unrounded, watch_unrounded
+
+    b = GraphBuilder("chain")
+    x = b.input("x", TensorType((4, 6), f143(0)))
+    w = b.weight("w", TensorType((6, 5), F32))
+    h = b.op("matmul", [x, w], f143(-1), "h")
+    y = b.op("gelu", [h], F16, "y", form="tanh")
+    b.output(b.op("scale", [y], F32, "out", factor=0.5))
+    graph = b.build()
+    tensors = {"x": f143(0).round_trip(RNG.standard_normal((4, 6)).astype(np.float32)),
+               "w": RNG.standard_normal((6, 5)).astype(np.float32)}
+    want = evaluate_unrounded(graph, tensors)
+    seen: list[tuple[str, np.ndarray, object]] = []
+
+    class Sink:
+        def put(self, name, values, precision) -> None:
+            seen.append((name, np.array(values), precision))
+
+    assert watch_unrounded(graph, tensors, Sink()) is None
+    assert [name for name, _, _ in seen] == ["x", "h", "y", "out"]
+    for name, values, precision in seen:
+        np.testing.assert_array_equal(values, want[name])
+        assert precision == graph.values[[v.name for v in graph.values].index(name)].type.precision
+    # unrounded: h is not rounded to its FP8 precision
+    assert not np.array_equal(seen[1][1], f143(-1).round_trip(seen[1][1]))
