@@ -209,3 +209,26 @@ def test_watched_values_are_the_unrounded_values_each_handed_over_once() -> None
         assert precision == graph.values[[v.name for v in graph.values].index(name)].type.precision
     # unrounded: h is not rounded to its FP8 precision
     assert not np.array_equal(seen[1][1], f143(-1).round_trip(seen[1][1]))
+
+
+def test_fitted_scales_are_the_largest_of_each_roles_values() -> None:
+    """``fit_scales``: one exponent per role (2x headroom), the largest over the role's
+    named values, from the unrounded values."""
+    from ipu_stack.ir.interpret import evaluate_unrounded, fit_scales
+    from ipu_stack.ir.precision import fit_scale_exponent
+
+    b = GraphBuilder("two roles")
+    x = b.input("x", TensorType((3, 4), F32))
+    a = b.op("scale", [x], f143(0), "a.out", factor=8.0)
+    c = b.op("scale", [a], f143(0), "c.out", factor=0.25)
+    b.output(b.op("scale", [c], F32, "y", factor=1.0))
+    graph = b.build()
+    tensors = {"x": RNG.standard_normal((3, 4)).astype(np.float32)}
+    want = evaluate_unrounded(graph, tensors)
+    got = fit_scales(graph, tensors, ["x", "a.out", "c.out"],
+                     lambda name: "act" if name.endswith(".out") else name)
+    assert got == {"x": fit_scale_exponent(want["x"], headroom=2.0),
+                   "act": max(fit_scale_exponent(want[n], headroom=2.0)
+                              for n in ("a.out", "c.out"))}
+    assert got["act"] == fit_scale_exponent(want["a.out"], headroom=2.0) != \
+        fit_scale_exponent(want["c.out"], headroom=2.0)  # the larger role member wins

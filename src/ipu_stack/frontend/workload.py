@@ -29,8 +29,7 @@ from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.interpret import evaluate_float64, evaluate_unrounded
-from ipu_stack.ir.precision import fit_scale_exponent
+from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, rng_for
@@ -165,13 +164,11 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
     with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
     own scales, and identical layers keep identical precisions."""
     first = Importer(program, calibration, "fp8", {}, name, attention).run()
-    ideal = evaluate_unrounded(first.graph, first.exact)  # float32, as the builtins fit
-    scales: dict[str, int] = {}
-    for v in first.graph.values:
-        if v.role in ("intermediate", "output") and v.type.precision.is_fp8:
-            fitted = fit_scale_exponent(ideal[v.name], headroom=2.0)
-            scales[role(v.name)] = max(scales.get(role(v.name), fitted), fitted)
-    return scales
+    # float32, as the builtins fit; each value fitted as it is made, then dropped
+    return fit_scales(first.graph, first.exact,
+                      [v.name for v in first.graph.values
+                       if v.role in ("intermediate", "output") and v.type.precision.is_fp8],
+                      role)
 
 
 def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,

@@ -22,7 +22,7 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.precision import Precision, fit_scale_exponent
 from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
 from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
@@ -404,17 +404,42 @@ def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],
 
 
 def evaluate_unrounded(graph: Graph, tensors: dict[str, np.ndarray],
-                       dtype: type = np.float32, keep: Collection[str] | None = None
-                       ) -> dict[str, np.ndarray]:
+                       dtype: type = np.float32) -> dict[str, np.ndarray]:
     """The graph with no intermediate rounding at ``dtype``: what fitting FP8 scale
-    exponents needs (a power of two per tensor), at half the float64 model's cost; with
-    ``keep``, only those values are returned (the others are dropped after their last
-    reader: a giant tower's every value at once would not fit the host)."""
+    exponents needs (a power of two per tensor), at half the float64 model's cost; every
+    input and computed value (:func:`fit_scales` keeps only the exponents)."""
     return _run(graph, tensors, dtype, lambda data, precision: np.asarray(data, dtype=dtype),
-                keep_weights=False, keep=keep)
+                keep_weights=False)
 
 
-def watch_unrounded(graph: Graph, tensors: dict[str, np.ndarray], sink: ValueSink,
+class ScaleFitter:
+    """FP8 exponents fitted per role (``role(name)``; the largest over a role's values),
+    with 2x headroom, on the values named in ``names`` as an evaluation hands them over
+    (:func:`watch_unrounded`): only the exponents are kept, never the values."""
+
+    def __init__(self, names: Collection[str], role: Callable[[str], str]) -> None:
+        self.names = set(names)
+        self.role = role
+        self.scales: dict[str, int] = {}
+
+    def put(self, name: str, values: np.ndarray, precision: Precision) -> None:
+        if name in self.names:
+            fitted = fit_scale_exponent(values, headroom=2.0)
+            key = self.role(name)
+            self.scales[key] = max(self.scales.get(key, fitted), fitted)
+
+
+def fit_scales(graph: Graph, tensors: Mapping[str, Any], names: Collection[str],
+               role: Callable[[str], str]) -> dict[str, int]:
+    """The FP8 exponents of the values ``names`` per role, fitted on an unrounded float32
+    run of ``graph``, each value fitted as it is made and then dropped after its last
+    reader (a giant tower's activations, all kept, would be gigabytes)."""
+    fitter = ScaleFitter(names, role)
+    watch_unrounded(graph, tensors, fitter)
+    return fitter.scales
+
+
+def watch_unrounded(graph: Graph, tensors: Mapping[str, Any], sink: ValueSink,
                     dtype: type = np.float32) -> None:
     """:func:`evaluate_unrounded` with each input and computed value handed to
     ``sink.put`` as soon as it is made, and dropped after its last reader: a caller that

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.graph import Graph, GraphBuilder
-from ipu_stack.ir.interpret import watch_unrounded
+from ipu_stack.ir.interpret import fit_scales
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.ir.values import DeferredTensors, StoredTensor
@@ -279,30 +279,14 @@ def _calibrate(params: dict[str, Any], name: str, make: Callable[[LayerBuilder, 
     make(calibration, params["seed"] + 1)
     graph = calibration.b.build()
     calibration.make_weights()
-    fitter = _ScaleFitter({v.name for v in graph.values if v.type.precision.is_fp8
-                           and v.role in ("intermediate", "input")})
-    watch_unrounded(graph, calibration.tensors, fitter)
+    scales = fit_scales(graph, calibration.tensors,
+                        [v.name for v in graph.values if v.type.precision.is_fp8
+                         and v.role in ("intermediate", "input")], role)
     # a giant tower's float32 weights are gigabytes: kept as their storage codes
     made = {name: (precision, StoredTensor.of(values, precision)
                    if precision.is_fp8 and not isinstance(values, StoredTensor) else values)
             for name, (precision, values) in calibration.made.items()}
-    return fitter.scales, calibration.fitted, made
-
-
-class _ScaleFitter:
-    """Each FP8 value's exponent (2x headroom), fitted per role as the calibration's
-    evaluation makes the value, which is then dropped after its last reader: the pass holds
-    one layer's activations at a time, not every layer's (a giant tower's are gigabytes)."""
-
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self.scales: dict[str, int] = {}
-
-    def put(self, name: str, values: np.ndarray, precision: Precision) -> None:
-        if name in self.names:
-            fitted = fit_scale_exponent(values, headroom=2.0)
-            key = role(name)
-            self.scales[key] = max(self.scales.get(key, fitted), fitted)
+    return scales, calibration.fitted, made
 
 
 def calibrated_build(
