@@ -45,6 +45,7 @@ def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
     assert r["linkCycles"] >= cable + HOP_AND_SYNC
     assert r["linkSharePercent"] == pytest.approx(100 * r["linkCycles"] / r["cycles"], abs=0.01)
     assert len(r["workerPeakBytes"]) == 2 and min(r["workerPeakBytes"]) > 0
+    assert isinstance(r["hostPeakBytes"], int) and r["hostPeakBytes"] > 2**20
     assert r["latencyMicroseconds"] * 1500 >= 4 * r["cycles"] * 0.5  # four steps' worth
     assert "chips loaded chips=2 engine=local" in linked.stderr
 

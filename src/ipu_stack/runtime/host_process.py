@@ -23,6 +23,7 @@ import ctypes.util
 import json
 import multiprocessing
 import queue
+import resource
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -152,8 +153,11 @@ def _child(conn: Connection, host_side: HostWork, graph: Graph, tensors: dict[st
         verdict = judging.finish(ideal)
         verdict.ideal_seconds = ideal_seconds
         names = [v.name for v in graph.by_role("output")]
+        # this process's peak resident memory (pages it shares with the process it was
+        # forked from count too, as they do for any process)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         conn.send_bytes(json.dumps({"kind": "result", "verdict": _verdict_json(verdict),
-                                    "outputs": len(names)}).encode())
+                                    "outputs": len(names), "peak_bytes": peak}).encode())
         for name in names:
             _send_array(conn, name, np.asarray(reference[name], dtype=np.float32))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as one line
@@ -176,6 +180,7 @@ class HostProcess:
         self.process.start()
         child_conn.close()
         self.outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self.peak_bytes = 0  # the host side's peak resident memory, once it has finished
         self.sender = threading.Thread(target=self._send, daemon=True)
         self.sender.start()
 
@@ -208,6 +213,7 @@ class HostProcess:
             if isinstance(kind, type) and issubclass(kind, Exception):
                 raise kind(header["message"])
             raise RuntimeError(f"host side: {header['type']}: {header['message']}")
+        self.peak_bytes = int(header.get("peak_bytes", 0))
         outputs = dict(_receive_array(self.conn) for _ in range(header["outputs"]))
         self.process.join()
         self.conn.close()

@@ -96,6 +96,9 @@ class PipelineRun:
     # every group busy), by group
     records: dict[int, list[StepRecord]] = field(default_factory=dict)
     profiled_step: int = -1
+    # the largest peak resident memory of the images' host sides (forked processes; 0 when
+    # they ran as threads of this process)
+    host_peak_bytes: int = 0
 
     @property
     def passed(self) -> bool:
@@ -320,6 +323,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
         number, host, carried = pending.pop(0)
         wait = time.perf_counter()
         _, verdict = host.result()
+        result.host_peak_bytes = max(result.host_peak_bytes, getattr(host, "peak_bytes", 0))
         verdict.seconds = time.perf_counter() - wait
         waited[0] += verdict.seconds
         log_verdict(verdict, per_stage=False)
@@ -429,6 +433,7 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
         "estimateError": round(abs(estimate - period) / max(period, 1), 4),
         "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
         "simulateSeconds": round(run.simulate_seconds, 2),
+        "hostPeakBytes": run.host_peak_bytes or None,
         "verdictSeconds": round(run.verdict_seconds, 2),
         "compiler": __version__,
     }

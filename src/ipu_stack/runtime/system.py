@@ -383,6 +383,7 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
         host = hosts.pop(number)
         wait_from = time.perf_counter()
         _, verdict = host.result()
+        result.host_peak_bytes = max(result.host_peak_bytes, getattr(host, "peak_bytes", 0))
         verdict.seconds = time.perf_counter() - wait_from
         waited += verdict.seconds
         log_verdict(verdict, per_stage=False)
