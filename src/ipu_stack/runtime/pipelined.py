@@ -104,6 +104,22 @@ class PipelineRun:
     def passed(self) -> bool:
         return all(v.passed for v in self.verdicts)
 
+    def judge(self, number: int, host: Any, outputs: dict[str, np.ndarray]) -> float:
+        """Image ``number``'s verdict from its host side, kept and logged with the image's
+        ``outputs`` (a one-chip pipeline's and a multi-chip system's runs take it alike);
+        the seconds spent waiting for it."""
+        wait = time.perf_counter()
+        _, verdict = host.result()
+        self.host_peak_bytes = max(self.host_peak_bytes, getattr(host, "peak_bytes", 0))
+        verdict.seconds = time.perf_counter() - wait
+        log_verdict(verdict, per_stage=False)
+        event(LOG, "image judged", image=number,
+              numericalTest="PASS" if verdict.passed else "FAIL",
+              failedParts=",".join(verdict.failed_parts) or "-")
+        self.verdicts.append(verdict)
+        self.outputs.append(outputs)
+        return verdict.seconds
+
     @property
     def steady_cycles(self) -> int:
         """A step with every group busy (the period); with fewer images than groups, the
@@ -321,17 +337,7 @@ def run_pipeline(package: Package, graph: Graph, tensors: Mapping[str, np.ndarra
 
     def finish() -> None:  # the oldest image's verdict, in image order
         number, host, carried = pending.pop(0)
-        wait = time.perf_counter()
-        _, verdict = host.result()
-        result.host_peak_bytes = max(result.host_peak_bytes, getattr(host, "peak_bytes", 0))
-        verdict.seconds = time.perf_counter() - wait
-        waited[0] += verdict.seconds
-        log_verdict(verdict, per_stage=False)
-        event(LOG, "image judged", image=number,
-              numericalTest="PASS" if verdict.passed else "FAIL",
-              failedParts=",".join(verdict.failed_parts) or "-")
-        result.verdicts.append(verdict)
-        result.outputs.append({k: np.asarray(v) for k, v in carried.items()})
+        waited[0] += result.judge(number, host, {k: np.asarray(v) for k, v in carried.items()})
 
     with threadpool_limits(limits=1, user_api="blas"):
         try:

@@ -75,7 +75,6 @@ from ipu_stack.runtime.pipelined import (
     tower_gemm_modes,
 )
 from ipu_stack.runtime.session import _host_side, _HostThread, hold_weights
-from ipu_stack.runtime.verdict import log_verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import DeviceError, PackageError, UsageError
 from ipu_stack.util.log import event
@@ -380,18 +379,7 @@ def run_system(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
 
     def judge(number: int) -> None:
         nonlocal waited
-        host = hosts.pop(number)
-        wait_from = time.perf_counter()
-        _, verdict = host.result()
-        result.host_peak_bytes = max(result.host_peak_bytes, getattr(host, "peak_bytes", 0))
-        verdict.seconds = time.perf_counter() - wait_from
-        waited += verdict.seconds
-        log_verdict(verdict, per_stage=False)
-        event(LOG, "image judged", image=number,
-              numericalTest="PASS" if verdict.passed else "FAIL",
-              failedParts=",".join(verdict.failed_parts) or "-")
-        result.verdicts.append(verdict)
-        result.outputs.append(finished.pop(number))
+        waited += result.judge(number, hosts.pop(number), finished.pop(number))
 
     # images in flight: one a chip and one being judged, as far as the host has cores for
     # their host sides (each holds one image's references: gigabytes for a giant tower)
