@@ -140,7 +140,8 @@ def lower_mid(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
     budget = dataclasses.replace(
-        MemoryBudget.for_target(build.target, build.options.memory_proportion),
+        MemoryBudget.for_target(build.target, build.options.memory_proportion,
+                                build.options.support_reserve),
         row_bytes=max((row_stage_bytes(build.graph, s, build.target.tiles)
                        for s in build.stages if not isinstance(s, GemmStage)), default=0))
     build.budget = budget
@@ -152,6 +153,7 @@ def lower_mid(build: Build) -> Fields:
               stages=len(build.body_hints))
     for plans in finalist_choices(build.candidates, build.options.finalists):
         fitted, moves = fit_plans(plans, build.fronts, budget, times)
+        build.traded += moves
         if moves:
             event(LOG, "traded cycles for memory", moves=moves, budget_bytes=budget.bytes,
                   estimated_bytes=need(fitted, times))

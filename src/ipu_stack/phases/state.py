@@ -19,7 +19,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
-from ipu_stack.planning.fit import MemoryBudget
+from ipu_stack.planning.fit import SUPPORT_RESERVE, MemoryBudget
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import Stage
@@ -37,6 +37,9 @@ class CompileOptions:
     cache_dir: str | None = str(default_cache_dir())
     diagnostics: bool = False
     memory_proportion: float = 1.0  # retried lower when placement fails
+    # a tile's bytes left out of the plan for support memory (code, exchange tables, carried
+    # activations): assumed at first, then the compile's own placement measures it
+    support_reserve: int = SUPPORT_RESERVE
     paired_exchange: bool = False  # target option: tile pairs share an exchange bus
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
@@ -63,6 +66,8 @@ class CompileOptions:
                 "paired_exchange": self.paired_exchange, "gemm_mode": self.gemm_mode,
                 "share_layers": self.share_layers,
                 **({"tiles": self.tiles} if self.tiles else {}),
+                **({"support_reserve": self.support_reserve}
+                   if self.support_reserve != SUPPORT_RESERVE else {}),
                 **({"strategy": self.strategy} if self.strategy != "layers" else {}),
                 **({"groups": self.groups} if self.groups else {}),
                 **({"chips": self.chips} if self.chips > 1 else {})}
@@ -109,6 +114,7 @@ class Build:
     # lower_mid
     finalists: list[list[GemmPlan | None]] = field(default_factory=list)
     budget: MemoryBudget | None = None  # what the fitter planned the finalists for
+    traded: int = 0  # moves to leaner plans the fitter made to fit the budget, all finalists
     # select_finalist
     plans: list[GemmPlan | None] = field(default_factory=list)
     program: Program | None = None

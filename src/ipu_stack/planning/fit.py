@@ -30,6 +30,8 @@ from ipu_stack.target import Target
 from ipu_stack.util.errors import CompileError
 
 SUPPORT_RESERVE = 64 * 1024  # assumed: code, exchange tables and carried activations
+"""What a first plan leaves a tile for support memory.  A compile that placed with room to
+spare plans once more with the reserve its placement measured (``pipeline.compile_workload``)."""
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,17 @@ class MemoryBudget:
     row_bytes: int = 0
 
     @staticmethod
-    def for_target(target: Target, proportion: float) -> MemoryBudget:
+    def for_target(target: Target, proportion: float,
+                   reserve: int = SUPPORT_RESERVE) -> MemoryBudget:
         interleaved = target.memory_end - target.interleaved_base
-        return MemoryBudget(int(usable_bytes(target) * proportion),
+        return MemoryBudget(int(usable_bytes(target, reserve) * proportion),
                             int(interleaved * proportion))
 
 
-def usable_bytes(target: Target) -> int:
-    """A tile's bytes the planner plans for at memory proportion 1."""
-    return target.memory_end - target.memory_base - SUPPORT_RESERVE
+def usable_bytes(target: Target, reserve: int = SUPPORT_RESERVE) -> int:
+    """A tile's bytes the planner plans for at memory proportion 1, leaving ``reserve``
+    bytes for support memory."""
+    return target.memory_end - target.memory_base - reserve
 
 
 def planned_bytes(plans: list[GemmPlan | None], repeats: list[int], row_bytes: int) -> int:
