@@ -137,3 +137,22 @@ def test_the_replanned_package_is_deterministic(tmp_path, cache_dir):
     one = _compile(tmp_path, cache_dir, "one", support_reserve=TIGHT)
     two = _compile(tmp_path, cache_dir, "two", support_reserve=TIGHT)
     assert one.package.read_bytes() == two.package.read_bytes()
+
+
+@pytest.mark.parametrize("chips, groups", [(2, 1), (1, 2)], ids=["alone-on-its-chip",
+                                                                 "side-by-side"])
+def test_only_a_group_alone_on_its_chip_is_planned_again(tmp_path, cache_dir, info_logs,
+                                                         chips, groups):
+    """Groups side by side on a chip share its supersteps and take the slowest group's layer
+    plans (``strategy.compile._align_programs``): planning one of them for its own room
+    would be undone there, so only a group alone on its chip is planned again."""
+    from ipu_stack.strategy import compile_pipeline
+
+    workload = get_workload("siglip-vision")
+    params = workload.resolve({"layers": 4, "image": 28, "patch": 7, "dim": 64, "hidden": 96,
+                               "heads": 4})
+    compile_pipeline(workload, params, tmp_path, CompileOptions(
+        cache_dir=str(cache_dir), chips=chips, support_reserve=TIGHT), groups=groups)
+    assert _lines(info_logs, "traded cycles for memory")
+    replanned = _lines(info_logs, "planned again into the placed slack")
+    assert (len(replanned) == 2) if chips == 2 else not replanned

@@ -13,7 +13,8 @@ run for a candidate: whether every group's plans fit and their analytical GEMM c
 slowest group sets the rate, so the candidate whose slowest group is fastest wins; one that
 does not fit is dropped with its reason.  Then each distinct group is compiled in full by
 the single-program compiler (middle groups with the same number of layers differ only in
-their weights' names and share one program); where groups share a chip, a program whose
+their weights' names and share one program; a group alone on its chip is planned again for
+the room its placement left, ``pipeline._into_slack``); where groups share a chip, a program whose
 layers are planned otherwise than the slowest program's is compiled again with its layer
 plans (``_align_programs``), so that their supersteps line up.  The hand-offs between
 groups are built and scheduled (``strategy.handoff``), and the pipeline package is written:
@@ -241,7 +242,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                 dataclasses.replace(options, tiles=tiles, dump_stages=None
                                     if not options.dump_stages
                                     else str(Path(options.dump_stages) / f"group{index}")),
-                min_proportion)
+                min_proportion, use_slack=per_chip == 1)
         except CompileError as why:
             raise CompileError(f"group {index}: {why}") from why
     if per_chip > 1:  # groups side by side on a chip
