@@ -44,8 +44,8 @@ def _fits(workload: Workload, params: dict[str, Any], options: CompileOptions,
     """'' when the workload compiles (by ``compile``: one program, or a pipeline), else the
     one-line reason it does not."""
     with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
-        try:
-            compile(workload, params, Path(out), options)
+        try:  # whether it fits, not how fast: no second plan for the room it leaves
+            compile(workload, params, Path(out), replace(options, slack=False))
         except CompileError as failure:
             return str(failure)
     return ""

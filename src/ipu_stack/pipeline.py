@@ -92,7 +92,6 @@ def compile_workload(
     options: CompileOptions | None = None,
     min_proportion: float | None = None,
     body_hints: tuple[str, ...] = (),
-    use_slack: bool = True,
 ) -> CompileResult:
     """Compile ``workload`` with ``params`` into ``out_dir/model.ipuexe``.
 
@@ -103,9 +102,8 @@ def compile_workload(
     room is planned for once more (:func:`_into_slack`).  One schedule memo serves every
     attempt: most phases of a retry are the ones the failed attempt already scheduled.
     ``body_hints``: the layer loop body's GEMM plans to take where its stages have them
-    (:func:`~ipu_stack.phases.stages.pin_body_plans`); ``use_slack``: whether the room is
-    planned for (not for a group that shares its chip's supersteps with others: those take
-    the slowest group's layer plans).
+    (:func:`~ipu_stack.phases.stages.pin_body_plans`).  ``options.slack``: whether the room
+    is planned for.
     """
     options = options or CompileOptions()
     keep_freed_memory()
@@ -141,7 +139,7 @@ def compile_workload(
     # the room left is planned for where the plans are the ones asked for (no retry, the
     # whole memory, the layer body not pinned to another program's plans) and leaner than
     # the fastest: only then can more memory buy cycles
-    if use_slack and tries == 0 and proportion == 1.0 and not body_hints and build.traded:
+    if options.slack and tries == 0 and proportion == 1.0 and not body_hints and build.traded:
         build = _into_slack(build, dump)
     _run_stages(build, PLACED, len(STAGES), dump)
     result = _result(build)

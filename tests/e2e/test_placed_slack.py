@@ -123,14 +123,16 @@ def test_plans_for_the_slack_that_do_not_place_leave_the_first_package(tmp_path,
 
 
 def test_untraded_or_retried_plans_are_not_planned_again(tmp_path, cache_dir, info_logs):
-    """With the default reserve the small layer's fastest plans fit: no trial; and a compile
-    asked for less memory keeps to it."""
+    """With the default reserve the small layer's fastest plans fit: no trial; a compile
+    asked for less memory keeps to it; and one asked only whether it fits (a capacity
+    probe: ``slack=False``) is not planned twice."""
     _compile(tmp_path, cache_dir, "roomy")
     _compile(tmp_path, cache_dir, "asked", support_reserve=TIGHT, memory_proportion=0.9)
-    assert _lines(info_logs, "traded cycles for memory")  # the second compile traded
+    _compile(tmp_path, cache_dir, "probe", support_reserve=TIGHT, slack=False)
+    assert len(_lines(info_logs, "traded cycles for memory")) >= 2  # the last two traded
     assert not [r for r in info_logs.records
                 if "slack" in r.getMessage()]
-    assert len(_lines(info_logs, "placed storage")) == 2
+    assert len(_lines(info_logs, "placed storage")) == 3
 
 
 def test_the_replanned_package_is_deterministic(tmp_path, cache_dir):

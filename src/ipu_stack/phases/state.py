@@ -49,6 +49,10 @@ class CompileOptions:
     strategy: str = "layers"
     groups: int = 0
     chips: int = 1  # C600 cards in a line (--chips): the pipeline's groups over all of them
+    # plan a placed program again for the room it left (pipeline._into_slack); off where only
+    # whether it fits matters (capacity probes).  A package planned so records its reserve,
+    # so the flag itself is not recorded.
+    slack: bool = True
     # Neither changes the package (a reused or cached schedule is the one scheduling gives),
     # so neither is recorded in it.
     reuse_schedules: bool = True

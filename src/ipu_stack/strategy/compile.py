@@ -241,8 +241,10 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                 _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
                 dataclasses.replace(options, tiles=tiles, dump_stages=None
                                     if not options.dump_stages
-                                    else str(Path(options.dump_stages) / f"group{index}")),
-                min_proportion, use_slack=per_chip == 1)
+                                    else str(Path(options.dump_stages) / f"group{index}"),
+                                    # groups side by side take the slowest one's layer plans
+                                    slack=options.slack and per_chip == 1),
+                min_proportion)
         except CompileError as why:
             raise CompileError(f"group {index}: {why}") from why
     if per_chip > 1:  # groups side by side on a chip
