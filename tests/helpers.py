@@ -115,3 +115,21 @@ def stages_left_at_finish(monkeypatch) -> list[int]:  # type: ignore[no-untyped-
 
     monkeypatch.setattr(StageJudge, "finish", counting_finish)
     return left
+
+
+def placement_fails_on_call(monkeypatch, number: int, why: str) -> None:  # type: ignore[no-untyped-def]
+    """The compile's ``number``-th placement (1 is the first) fails with ``why``; every
+    other placement is the real one."""
+    import ipu_stack.phases.stages as stages_module
+    from ipu_stack.util.errors import PlacementError
+
+    original = stages_module.place_storage
+    calls: list[int] = []
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == number:
+            raise PlacementError(why)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stages_module, "place_storage", failing)

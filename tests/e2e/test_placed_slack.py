@@ -21,8 +21,8 @@ import ipu_stack.pipeline as pipeline_module
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import load_package, run_package
 from ipu_stack.target import IPU21
-from ipu_stack.util.errors import PlacementError
 from ipu_stack.workloads import get_workload
+from tests.helpers import placement_fails_on_call
 
 LAYER = ("siglip-layer", {"tokens": 64, "dim": 256, "heads": 4, "hidden": 512})
 TILE = IPU21.memory_end - IPU21.memory_base
@@ -95,15 +95,7 @@ def test_the_replanned_package_runs_faster_and_passes(tmp_path, cache_dir, lock_
 def test_plans_for_the_slack_that_do_not_place_leave_the_first_package(tmp_path, cache_dir,
                                                                       info_logs, monkeypatch):
     original = stages_module.place_storage
-    calls: list[int] = []
-
-    def second_fails(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise PlacementError("test: the plans for the slack do not fit")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(stages_module, "place_storage", second_fails)
+    placement_fails_on_call(monkeypatch, 2, "test: the plans for the slack do not fit")
     kept = _compile(tmp_path, cache_dir, "kept", support_reserve=TIGHT)
     (line,) = _lines(info_logs, "kept the first plans: the plans for the placed slack do not "
                                 "place")

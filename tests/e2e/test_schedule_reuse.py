@@ -29,10 +29,9 @@ from ipu_stack.exchange import (
 )
 from ipu_stack.pipeline import MIN_PROPORTION, CompileOptions, compile_workload, to_transfers
 from ipu_stack.target import IPU21
-from ipu_stack.util.errors import PlacementError
 from ipu_stack.workloads import get_workload
 from tests.e2e.test_builtin_schedules import lowered
-from tests.helpers import cache_entries
+from tests.helpers import cache_entries, placement_fails_on_call
 
 ATTENTION = ("attention", {"tokens": 17, "dim": 64, "heads": 4})
 LAYERS = ("siglip-layer", {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96, "blocks": 2})
@@ -181,15 +180,7 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
     import ipu_stack.phases.stages as stages_module
 
     original = stages_module.place_storage
-    calls = []
-
-    def fail_once(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise PlacementError("test: pretend the first placement does not fit")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(stages_module, "place_storage", fail_once)
+    placement_fails_on_call(monkeypatch, 1, "test: pretend the first placement does not fit")
     retried = _compile(tmp_path, cache_dir, ATTENTION, "retried")
     first, second = _fields(info_logs, "select_finalist")
     assert int(first["scheduled_phases"]) > 0
