@@ -150,3 +150,15 @@ def test_only_a_group_alone_on_its_chip_is_planned_again(tmp_path, cache_dir, in
     assert _lines(info_logs, "traded cycles for memory")
     replanned = _lines(info_logs, "planned again into the placed slack")
     assert (len(replanned) == 2) if chips == 2 else not replanned
+
+
+def test_stage_dumps_are_the_plans_taken(tmp_path, cache_dir):
+    """``--dump-stages`` shows what was compiled: after a replan, every stage's artifact is
+    the replanned build's, not the first build's."""
+    dump = tmp_path / "dump"
+    slack = _compile(tmp_path, cache_dir, "slack", support_reserve=TIGHT, dump_stages=str(dump))
+    chosen = (dump / "03-select_finalist.txt").read_text()
+    assert f'"cycles": {slack.estimate["cycles"]}' in chosen
+    assert all(f"  {plan}" in chosen for plan in slack.plans)
+    placed = json.loads((dump / "06-place_storage.json").read_text())
+    assert placed["peak_bytes"] == slack.peak_bytes
