@@ -19,8 +19,12 @@ from ipu_stack.planning.groups import (
     PipelineError,
     chip_group_layers,
     group_layers,
+    mid_layer_cuts,
+    split_at_stages,
     split_tower,
+    tower_loop,
 )
+from ipu_stack.planning.stages import find_stages
 from ipu_stack.runtime.pipelined import (
     GroupRun,
     merged_step,
@@ -71,6 +75,34 @@ def test_groups_chained_compute_the_tower(counts):
         assert group.output_name in carried
     output = graph.by_role("output")[0].name
     assert np.array_equal(carried[output], whole[output])
+
+
+def test_a_tower_cut_inside_a_layer_computes_the_tower():
+    """After attention's residual add one activation alone crosses: cut there (1.5 layers
+    a group), the two groups chained give exactly the tower's values; a cut where more
+    cross is refused in one line."""
+    workload = get_workload("siglip-vision")
+    graph, tensors = workload.build(workload.resolve(dict(TOWER)))
+    stages = find_stages(graph)
+    loop = tower_loop(graph, stages)
+    (offset,) = mid_layer_cuts(graph)
+    cut = loop.start + loop.length + offset  # layer 1, after its attention
+    first, second = split_at_stages(graph, [cut])
+    assert first.output_name == second.input_name == "layer1.residual1"
+    assert (first.first, first.layers, second.first, second.layers) == (0, 2, 1, 2)
+    assert sorted(first.source_ops + second.source_ops) == list(range(len(graph.operations)))
+    whole = evaluate(graph, tensors)
+    inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
+    values = evaluate(first.graph, {**inputs, **{v.name: tensors[v.name]
+                                                 for v in first.graph.by_role("weight")}})
+    handed = {first.output_name: values[first.output_name]}
+    values = evaluate(second.graph, {**handed, **{v.name: tensors[v.name]
+                                                  for v in second.graph.by_role("weight")}})
+    output = graph.by_role("output")[0].name
+    assert np.array_equal(values[output], whole[output])
+    with pytest.raises(PipelineError, match=f"cannot be cut before stage {cut - 1}: "
+                                            "2 activations cross there"):
+        split_at_stages(graph, [cut - 1])
 
 
 def test_a_layer_reading_an_early_activation_is_refused():
@@ -388,7 +420,7 @@ def test_programs_take_the_slowest_programs_layer_plans_only_when_no_slower(tmp_
         return result(aligned_cycles[index], list(body_hints))
 
     monkeypatch.setattr(strategy, "compile_workload", compile_again)
-    monkeypatch.setattr(strategy, "_group_workload", lambda workload, group, tensors: None)
+    monkeypatch.setattr(strategy, "group_workload", lambda workload, group, tensors: None)
     before = dict(compiled)
     strategy._align_programs(None, {}, tmp_path, CompileOptions(), [None] * 5, None, 122,
                              compiled, None)

@@ -20,6 +20,7 @@ middle groups first, since the first and last groups also carry the stem and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -97,28 +98,72 @@ def split_tower(graph: Graph, counts: list[int]) -> list[LayerGroup]:
     loop = tower_loop(graph, stages)
     if sum(counts) != loop.count:
         raise PipelineError(f"the groups hold {sum(counts)} layers, the tower has {loop.count}")
-    ops_of = [stage_operations(s) for s in stages]
-
-    def layer_ops(k: int) -> list[int]:
-        lo = loop.start + k * loop.length
-        return [o for s in ops_of[lo:lo + loop.length] for o in s]
-
-    before = [o for s in ops_of[: loop.start] for o in s]
-    after = [o for s in ops_of[loop.end:] for o in s]
-    groups = []
-    first = 0
-    for index, count in enumerate(counts):
-        ops = [o for k in range(first, first + count) for o in layer_ops(k)]
-        if index == 0:
-            ops = before + ops
-        if index == len(counts) - 1:
-            ops = ops + after
-        carried_in = None if index == 0 else loop.value(first - 1, loop.carried_out)
-        last = index == len(counts) - 1
-        carried_out = loop.value(first + count - 1, loop.carried_out)
-        groups.append(_slice(graph, index, first, count, sorted(ops), carried_in,
-                             None if last else carried_out))
+    bounds, first = [], 0
+    for count in counts[:-1]:
         first += count
+        bounds.append(loop.start + first * loop.length)
+    groups = split_at_stages(graph, bounds, stages)
+    first = 0
+    for index, count in enumerate(counts):  # name each group by its whole layers
+        groups[index] = dataclasses.replace(groups[index], first=first, layers=count)
+        first += count
+    return groups
+
+
+def crossing_values(graph: Graph, stages: list[Stage], position: int) -> list[int]:
+    """The activations made by ``stages[:position]`` and read by ``stages[position:]``: what
+    a cut before stage ``position`` would hand over."""
+    made = {o for stage in stages[:position] for op in stage_operations(stage)
+            for o in graph.operations[op].outputs}
+    read = {i for stage in stages[position:] for op in stage_operations(stage)
+            for i in graph.operations[op].inputs}
+    return sorted(v for v in made & read if graph.value(v).role not in ("weight", "input"))
+
+
+def mid_layer_cuts(graph: Graph) -> list[int]:
+    """Stage offsets inside a layer (0 < offset < the layer's stages) where one activation
+    alone crosses, so the tower could be cut there as at a layer's end; in a pre-norm
+    transformer, after attention's residual add."""
+    stages = find_stages(graph)
+    loop = tower_loop(graph, stages)
+    return [offset for offset in range(1, loop.length)
+            if len(crossing_values(graph, stages, loop.start + offset)) == 1]
+
+
+def split_at_stages(graph: Graph, bounds: list[int],
+                    stages: list[Stage] | None = None) -> list[LayerGroup]:
+    """The tower cut before each stage position in ``bounds`` (increasing), wherever exactly
+    one activation crosses (a layer's end, or a :func:`mid_layer_cuts` offset); each group's
+    ``first``/``layers`` are the tower layers its stages start in and span."""
+    stages = find_stages(graph) if stages is None else stages
+    loop = tower_loop(graph, stages)
+    cuts = [0, *bounds, len(stages)]
+    if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)):
+        raise PipelineError(f"cut positions {bounds} are not increasing inside the tower's "
+                            f"{len(stages)} stages")
+    handed = {}
+    for position in bounds:
+        offset = position - loop.start
+        if loop.start < position <= loop.end and offset % loop.length == 0:
+            # a layer's end: its carried value (a group that reads anything else is named
+            # by _slice)
+            handed[position] = loop.value(offset // loop.length - 1, loop.carried_out)
+            continue
+        crossing = crossing_values(graph, stages, position)
+        if len(crossing) != 1:
+            raise PipelineError(f"{graph.name} cannot be cut before stage {position}: "
+                                f"{len(crossing)} activations cross there")
+        handed[position] = crossing[0]
+
+    def layer_at(position: int) -> int:
+        return min(max(0, (position - loop.start) // loop.length), loop.count - 1)
+
+    groups = []
+    for index, (lo, hi) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        ops = sorted(op for stage in stages[lo:hi] for op in stage_operations(stage))
+        first = layer_at(lo)
+        groups.append(_slice(graph, index, first, layer_at(hi - 1) - first + 1, ops,
+                             handed.get(lo), handed.get(hi)))
     return groups
 
 
@@ -178,5 +223,5 @@ def _slice(graph: Graph, index: int, first: int, count: int, op_ids: list[int],
                       None if carried_in is None else graph.value(carried_in).name, output)
 
 
-__all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "group_layers", "split_tower",
-           "tower_loop"]
+__all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "crossing_values", "group_layers",
+           "mid_layer_cuts", "split_at_stages", "split_tower", "tower_loop"]

@@ -82,7 +82,7 @@ class PipelineResult:
     compiled: list[CompileResult] = field(default_factory=list)
 
 
-def _group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workload:
+def group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workload:
     """The group's graph as a workload the single-program compiler takes."""
     return Workload(
         name=workload.name, description=f"{workload.description} (layer group {group.index})",
@@ -139,7 +139,7 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
         for index in sorted(set(_distinct(groups).values())):
             group = groups[index]
             try:
-                planned = plan_workload(_group_workload(workload, group, tensors), params,
+                planned = plan_workload(group_workload(workload, group, tensors), params,
                                         dataclasses.replace(options, tiles=tiles))
             except CompileError as why:
                 failed = str(why)
@@ -238,7 +238,7 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         group = groups[index]
         try:
             compiled[index] = compile_workload(
-                _group_workload(workload, group, tensors), params, out_dir / f"group{index}",
+                group_workload(workload, group, tensors), params, out_dir / f"group{index}",
                 dataclasses.replace(options, tiles=tiles, dump_stages=None
                                     if not options.dump_stages
                                     else str(Path(options.dump_stages) / f"group{index}"),
@@ -344,7 +344,7 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
             continue
         try:
             again = compile_workload(
-                _group_workload(workload, groups[index], tensors), params,
+                group_workload(workload, groups[index], tensors), params,
                 out_dir / f"group{index}.aligned",
                 dataclasses.replace(options, tiles=tiles, dump_stages=None), min_proportion,
                 body_hints=hints)
