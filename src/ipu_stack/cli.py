@@ -25,6 +25,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions
+from ipu_stack.planning.groups import layer_range
 from ipu_stack.profile import (
     Profile,
     format_compare,
@@ -407,8 +408,9 @@ def _write_pipeline_profile(folder: Path, run: Any, package: Package,
     labels = []
     for chip in range(run.chips):
         own = [g for g in groups if int(g.get("chip", 0)) == chip]
-        labels.append(f"chip {chip}: layers {own[0]['first_layer']}-"
-                      f"{own[-1]['first_layer'] + own[-1]['layers'] - 1}")
+        first = own[0]["first_layer"]
+        labels.append(f"chip {chip}: layers " + layer_range(
+            first, own[-1]["first_layer"] + own[-1]["layers"] - first))
     write_system_profile_files(folder, profiles_of_system(run, package, record), labels,
                                max(run.link_cycles, default=0))
 

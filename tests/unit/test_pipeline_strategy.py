@@ -19,6 +19,8 @@ from ipu_stack.planning.groups import (
     PipelineError,
     chip_group_layers,
     group_layers,
+    half_layer_bounds,
+    layer_range,
     mid_layer_cuts,
     split_at_stages,
     split_tower,
@@ -89,7 +91,12 @@ def test_a_tower_cut_inside_a_layer_computes_the_tower():
     cut = loop.start + loop.length + offset  # layer 1, after its attention
     first, second = split_at_stages(graph, [cut])
     assert first.output_name == second.input_name == "layer1.residual1"
-    assert (first.first, first.layers, second.first, second.layers) == (0, 2, 1, 2)
+    assert (first.first, first.layers, second.first, second.layers) == (0, 1.5, 1.5, 1.5)
+    assert half_layer_bounds(graph, [1.5, 1.5]) == [cut]
+    assert half_layer_bounds(graph, [2, 1]) == [loop.start + 2 * loop.length]
+    with pytest.raises(PipelineError, match=r"layer shares \[1.5, 1\] are not halves adding "
+                                            "up to the tower's 3 layers"):
+        half_layer_bounds(graph, [1.5, 1])
     assert sorted(first.source_ops + second.source_ops) == list(range(len(graph.operations)))
     whole = evaluate(graph, tensors)
     inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
@@ -103,6 +110,35 @@ def test_a_tower_cut_inside_a_layer_computes_the_tower():
     with pytest.raises(PipelineError, match=f"cannot be cut before stage {cut - 1}: "
                                             "2 activations cross there"):
         split_at_stages(graph, [cut - 1])
+
+
+def test_layer_ranges_read_whole_layers_inclusively_and_halves_as_spans():
+    assert layer_range(0, 12) == "0-11"
+    assert layer_range(12, 13) == "12-24"
+    assert layer_range(0, 12.5) == "0-12.5"
+    assert layer_range(12.5, 12.5) == "12.5-25"
+
+
+def test_chips_whose_layers_do_not_divide_are_cut_inside_a_layer(tmp_path, cache_dir):
+    """3 layers on 2 chips, one group a chip: the whole-layer cut gives one chip 2 layers;
+    cut after layer 1's attention each chip gets 1.5, the planner ranks that cut first, and
+    the system runs it and passes every image."""
+    from ipu_stack.runtime.system import run_system
+
+    workload = get_workload("siglip-vision")
+    params = workload.resolve(dict(TOWER))
+    result = compile_pipeline(workload, params, tmp_path,
+                              CompileOptions(cache_dir=str(cache_dir), chips=2), groups=1)
+    assert [g.layers for g in result.groups] == [1.5, 1.5]
+    assert result.groups[0].output_name == result.groups[1].input_name == "layer1.residual1"
+    assert "cut inside layers (1.5,1.5 layers)" in result.reason
+    package = load_package(result.package)
+    assert [(g["first_layer"], g["layers"]) for g in package.manifest["pipeline"]["groups"]] \
+        == [(0, 1.5), (1.5, 1.5)]
+    images = stream_images(workload, params, result.graph, result.tensors, 2)
+    run = run_system(package, result.graph, result.tensors, images)
+    assert run.passed and len(run.verdicts) == 2
+    assert all(v.passed for v in run.verdicts)
 
 
 def test_a_layer_reading_an_early_activation_is_refused():

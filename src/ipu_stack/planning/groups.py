@@ -13,6 +13,14 @@ value its own last layer carries out; weights stay weights.  A tower whose layer
 anything else from outside their group (an activation from before the loop, say) cannot be
 cut this way, and says so in one line.
 
+:func:`split_at_stages` cuts before any stage where one activation alone crosses: a layer's
+end, or inside a layer where :func:`mid_layer_cuts` finds such a point (in a pre-norm
+transformer, after attention's residual add; stage 11 of pe-giant's 15 a layer).  Chips
+whose layers do not divide evenly (50 on 4) are then cut into equal shares of half layers
+(:func:`half_layer_bounds`: 12.5 each) instead of leaving two chips a layer more; the
+single-program compiler finds the repeated body of such a group (the second half of one
+layer and the first of the next) as it finds whole layers.
+
 :func:`group_layers` balances the layers: the slowest group's step sets the rate, so the
 groups get as equal a number of layers as the count allows; the extra layers go to the
 middle groups first, since the first and last groups also carry the stem and the head.
@@ -20,7 +28,6 @@ middle groups first, since the first and last groups also carry the stem and the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -38,12 +45,14 @@ class PipelineError(CompileError):
 class LayerGroup:
     """Group ``index``: layers ``[first, first + layers)`` of the tower as a graph of its own.
 
-    ``source_ops[i]`` is the tower's operation id of the group's operation ``i`` (the host
-    reference rounds each matmul where the group's plan rounds it)."""
+    A group cut inside a layer (:func:`split_at_stages`) counts that layer as a half:
+    ``first`` 12.5 starts after layer 12's attention.  ``source_ops[i]`` is the tower's
+    operation id of the group's operation ``i`` (the host reference rounds each matmul where
+    the group's plan rounds it)."""
 
     index: int
-    first: int
-    layers: int
+    first: float  # an int for a group that starts at a layer's start
+    layers: float
     graph: Graph
     source_ops: tuple[int, ...]
     input_name: str | None  # the activation handed over by the previous group
@@ -102,12 +111,37 @@ def split_tower(graph: Graph, counts: list[int]) -> list[LayerGroup]:
     for count in counts[:-1]:
         first += count
         bounds.append(loop.start + first * loop.length)
-    groups = split_at_stages(graph, bounds, stages)
-    first = 0
-    for index, count in enumerate(counts):  # name each group by its whole layers
-        groups[index] = dataclasses.replace(groups[index], first=first, layers=count)
-        first += count
-    return groups
+    return split_at_stages(graph, bounds, stages)
+
+
+def half_layer_bounds(graph: Graph, shares: list[float],
+                      stages: list[Stage] | None = None) -> list[int]:
+    """Stage positions that cut the tower into ``shares`` layers each, a half being a cut
+    after the layer's :func:`mid_layer_cuts` offset (a one-line error where the tower has
+    none, or the shares do not add up)."""
+    stages = find_stages(graph) if stages is None else stages
+    loop = tower_loop(graph, stages)
+    if sum(shares) != loop.count or any(2 * x != int(2 * x) or x <= 0 for x in shares):
+        raise PipelineError(f"layer shares {shares} are not halves adding up to the tower's "
+                            f"{loop.count} layers")
+    offsets = mid_layer_cuts(graph)
+    bounds, done = [], 0.0
+    for share in shares[:-1]:
+        done += share
+        whole = int(done)
+        if done != whole and not offsets:
+            raise PipelineError(f"{graph.name} has no point inside a layer where one "
+                                "activation alone crosses")
+        bounds.append(loop.start + whole * loop.length + (offsets[0] if done != whole else 0))
+    return bounds
+
+
+def layer_range(first: float, layers: float) -> str:
+    """A group's layers for a label: ``12-24`` (inclusive) for whole layers, ``12.5-25`` (from
+    the middle of layer 12 to the end of layer 24) where a group is cut inside a layer."""
+    if first == int(first) and layers == int(layers):
+        return f"{int(first)}-{int(first + layers) - 1}"
+    return f"{first:g}-{first + layers:g}"
 
 
 def crossing_values(graph: Graph, stages: list[Stage], position: int) -> list[int]:
@@ -134,7 +168,8 @@ def split_at_stages(graph: Graph, bounds: list[int],
                     stages: list[Stage] | None = None) -> list[LayerGroup]:
     """The tower cut before each stage position in ``bounds`` (increasing), wherever exactly
     one activation crosses (a layer's end, or a :func:`mid_layer_cuts` offset); each group's
-    ``first``/``layers`` are the tower layers its stages start in and span."""
+    ``first``/``layers`` count the tower's layers before it and in it, a layer cut inside
+    counting as a half."""
     stages = find_stages(graph) if stages is None else stages
     loop = tower_loop(graph, stages)
     cuts = [0, *bounds, len(stages)]
@@ -155,19 +190,21 @@ def split_at_stages(graph: Graph, bounds: list[int],
                                 f"{len(crossing)} activations cross there")
         handed[position] = crossing[0]
 
-    def layer_at(position: int) -> int:
-        return min(max(0, (position - loop.start) // loop.length), loop.count - 1)
+    def layers_before(position: int) -> float:  # a cut inside a layer counts it as a half
+        whole, inside = divmod(min(max(0, position - loop.start), loop.end - loop.start),
+                               loop.length)
+        return whole + 0.5 if inside else whole
 
     groups = []
     for index, (lo, hi) in enumerate(zip(cuts, cuts[1:], strict=False)):
         ops = sorted(op for stage in stages[lo:hi] for op in stage_operations(stage))
-        first = layer_at(lo)
-        groups.append(_slice(graph, index, first, layer_at(hi - 1) - first + 1, ops,
+        first = layers_before(lo)
+        groups.append(_slice(graph, index, first, layers_before(hi) - first, ops,
                              handed.get(lo), handed.get(hi)))
     return groups
 
 
-def _slice(graph: Graph, index: int, first: int, count: int, op_ids: list[int],
+def _slice(graph: Graph, index: int, first: float, count: float, op_ids: list[int],
            carried_in: int | None, carried_out: int | None) -> LayerGroup:
     """The operations ``op_ids`` as a graph: outside values they read become weights (if
     weights) or the group's input (the carried activation); ``carried_out`` (or, for the
@@ -224,4 +261,5 @@ def _slice(graph: Graph, index: int, first: int, count: int, op_ids: list[int],
 
 
 __all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "crossing_values", "group_layers",
-           "mid_layer_cuts", "split_at_stages", "split_tower", "tower_loop"]
+           "half_layer_bounds", "layer_range", "mid_layer_cuts", "split_at_stages",
+           "split_tower", "tower_loop"]

@@ -10,6 +10,7 @@ import numpy as np
 
 from ipu_stack.device.record import StepRecord
 from ipu_stack.package import Package
+from ipu_stack.planning.groups import layer_range
 from ipu_stack.profile.record import Profile, build_profile
 from ipu_stack.runtime.alignment import merge
 from ipu_stack.runtime.pipelined import PipelineRun, package_chips
@@ -84,8 +85,8 @@ def profile_of_pipeline(run: PipelineRun, package: Package, record: dict[str, An
     figures = {k: record[k] for k in FIGURES + PIPELINE_FIGURES if k in record}
     if chip is not None:
         figures["chip"] = chip
-    tracks = [[f"group {g['index']}: layers {g['first_layer']}-"
-               f"{g['first_layer'] + g['layers'] - 1}", int(g["tile_base"]),
+    tracks = [[f"group {g['index']}: layers {layer_range(g['first_layer'], g['layers'])}",
+               int(g["tile_base"]),
                int(g["tile_base"]) + int(g["tiles"])] for g in records]
     return build_profile(steps, totals, package.manifest["workload"]["identifier"],
                          target.name, target.tiles, target.clock_hz, figures, "", tracks)

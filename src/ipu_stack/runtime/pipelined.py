@@ -243,8 +243,8 @@ def inspect_pipeline(package: Package) -> dict[str, Any]:
         "groups": [{"index": g.index, "chip": int(g.record.get("chip", 0)),
                     "tiles": [int(g.record["tile_base"]),
                                                 int(g.record["tile_base"]) + int(g.record["tiles"])],
-                    "layers": [int(g.record["first_layer"]),
-                               int(g.record["first_layer"]) + int(g.record["layers"])],
+                    "layers": [g.record["first_layer"],  # halves where cut inside a layer
+                               g.record["first_layer"] + g.record["layers"]],
                     "program": int(g.record["program"]), "plans": g.package.manifest["plans"]}
                    for g in groups],
         "handoffs": [{**{k: h[k] for k in ("from", "to", "tensor", "bytes", "transfers")},

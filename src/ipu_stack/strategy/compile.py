@@ -46,6 +46,9 @@ from ipu_stack.planning.groups import (
     LayerGroup,
     PipelineError,
     chip_group_layers,
+    half_layer_bounds,
+    mid_layer_cuts,
+    split_at_stages,
     split_tower,
     tower_loop,
 )
@@ -126,9 +129,10 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     refused = [] if refused is None else refused
     layers = tower_loop(graph).count
     ranked = []
-    for count in counts:
+    for count, shares in _groupings(graph, layers, chips, counts):
         try:
-            groups = split_tower(graph, chip_group_layers(layers, chips, count))
+            groups = split_tower(graph, chip_group_layers(layers, chips, count)) \
+                if shares is None else split_at_stages(graph, half_layer_bounds(graph, shares))
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, chips=chips,
                   reason=str(why))
@@ -147,17 +151,34 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
             slowest = max(slowest, planned["gemm_cycles"])
         where = (f"{count} group{'s' if count > 1 else ''} a chip" if chips > 1
                  else f"{count} groups")
+        if shares is not None:
+            where += f" cut inside layers ({','.join(f'{x:g}' for x in shares)} layers)"
         if failed is not None:
             event(LOG, "pipeline candidate does not fit", groups=count, chips=chips,
                   tiles=tiles, reason=failed)
             refused.append(f"{where}: {failed}")
             continue
         event(LOG, "pipeline candidate planned", groups=count, chips=chips, tiles=tiles,
-              slowest_gemm_cycles=slowest)
+              slowest_gemm_cycles=slowest, **({} if shares is None else {
+                  "layer_shares": ",".join(f"{x:g}" for x in shares)}))
         ranked.append(Candidate(count, slowest, f"{where} of {tiles} tiles: the slowest "
                                 f"group's GEMMs are {slowest} cycles", groups, tiles))
     ranked.sort(key=lambda c: (c.slowest, c.count))
     return ranked
+
+
+def _groupings(graph: Graph, layers: int, chips: int, counts: tuple[int, ...]
+               ) -> list[tuple[int, list[float] | None]]:
+    """Each count of groups a chip to try, cut at layers' ends (``None``); and, with one
+    group a chip over chips whose layers do not divide evenly, also cut inside layers into
+    equal shares of half layers (12.5 each for 50 layers on 4 chips), where the tower has
+    a point inside a layer that one activation alone crosses (``mid_layer_cuts``): the
+    whole-layer cut leaves some chips a layer more, and they set the step."""
+    found: list[tuple[int, list[float] | None]] = [(count, None) for count in counts]
+    if chips > 1 and 1 in counts and layers % chips and mid_layer_cuts(graph):
+        ends = [round(2 * layers * k / chips) / 2 for k in range(chips + 1)]
+        found.append((1, [b - a for a, b in zip(ends, ends[1:], strict=False)]))
+    return found
 
 
 def group_counts(layers: int, chips: int, groups: int | None = None,
