@@ -1,17 +1,14 @@
-"""What cutting a tower's chips inside a layer would give: each chip's program compiled.
+"""Each chip's program of a tower cut into given layer shares, halves cutting inside a layer.
 
 Usage: ``python benchmarks/mid_layer_cuts.py WORKLOAD LAYERS_PER_CHIP [workload options]``,
 e.g. ``python benchmarks/mid_layer_cuts.py pe-giant 12.5,12.5,12.5,12.5``.
 
-The pipeline strategy cuts a tower between layers, so 50 layers on 4 chips are 12, 13, 13,
-12 and the 13-layer chips set the step.  A pre-norm layer can also be cut after attention's
-residual add, where one activation alone crosses (``planning.groups.mid_layer_cuts``): a
-half in ``LAYERS_PER_CHIP`` cuts there.  Each chip's range is cut out
-(``planning.groups.split_at_stages``) and compiled in full as a group alone on its chip is
-(all its tiles, the placed slack planned for); the step is the slowest chip plus the link's
-estimate for the largest hand-off.  The runtime does not run such packages yet: these are
-the compiler's costed figures (for pe-giant's whole-layer chips they equal the simulator's
-cycles exactly).
+The pipeline strategy cuts chips whose layers do not divide evenly into equal half-layer
+shares itself (``planning.groups.half_layer_bounds``); this script compiles any shares
+(``12,13,12.5,12.5``, say) to compare, each chip's range as a group alone on its chip is
+compiled (all its tiles, the placed slack planned for).  The step is the slowest chip plus
+the link's estimate for the largest hand-off: the compiler's costed figures, which for
+pe-giant equal the simulator's count (docs/benchmarks.md, issue 22's twelfth session).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ from pathlib import Path
 from ipu_stack.cli import parse_workload
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.planning.costs import estimate_link_phase
-from ipu_stack.planning.groups import mid_layer_cuts, split_at_stages, tower_loop
-from ipu_stack.planning.stages import find_stages
+from ipu_stack.planning.groups import PipelineError, half_layer_bounds, split_at_stages
 from ipu_stack.strategy.compile import group_workload
 from ipu_stack.target import get_target
 
@@ -41,22 +37,11 @@ def main(argv: list[str]) -> int:
     workload, params = parse_workload(argv[0], argv[2:])
     shares = [float(x) for x in argv[1].split(",")]
     graph, tensors = workload.build(params)
-    stages = find_stages(graph)
-    loop = tower_loop(graph, stages)
-    if sum(shares) != loop.count or any(2 * x != int(2 * x) for x in shares):
-        print(f"error: the shares must be halves summing to the {loop.count} layers",
-              file=sys.stderr)
+    try:
+        groups = split_at_stages(graph, half_layer_bounds(graph, shares))
+    except PipelineError as why:
+        print(f"error: {why}", file=sys.stderr)
         return 2
-    offsets = mid_layer_cuts(graph)
-    bounds, done = [], 0.0
-    for share in shares[:-1]:
-        done += share
-        whole = int(done)
-        if done != whole and not offsets:
-            print("error: no layer of this tower can be cut inside", file=sys.stderr)
-            return 2
-        bounds.append(loop.start + whole * loop.length + (offsets[0] if done != whole else 0))
-    groups = split_at_stages(graph, bounds, stages)
     chip = get_target(CompileOptions().target)
     cycles = []
     with tempfile.TemporaryDirectory() as folder:
