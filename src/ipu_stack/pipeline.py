@@ -30,7 +30,7 @@ from ipu_stack.phases.costing import (
 )
 from ipu_stack.phases.dump import dump_stage
 from ipu_stack.phases.state import Build, CompileOptions, CompileResult
-from ipu_stack.planning.fit import usable_bytes
+from ipu_stack.planning.fit import planned_cycles, usable_bytes
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -198,8 +198,7 @@ def _into_slack(build: Build, dump: Path | None) -> Build:
 def _analytical(build: Build) -> int:
     """The best finalist's analytical GEMM cycles."""
     times = phases.repeats(build)
-    return min(sum(n * p.estimated_cycles for p, n in zip(plans, times, strict=True) if p)
-               for plans in build.finalists)
+    return min(planned_cycles(plans, times) for plans in build.finalists)
 
 
 def _run_stages(build: Build, first: int, end: int, dump: Path | None) -> None:
@@ -227,13 +226,8 @@ def plan_workload(workload: Workload, params: dict[str, Any], options: CompileOp
     choice between layouts that would cost a whole compile each."""
     build = Build(workload, params, Path("."), options, options.machine(), None,
                   prepared if prepared is not None else {})
-    for name, stage in STAGES[:2]:
-        with phase(LOG, name) as fields:
-            fields.update(stage(build))
-    plans = build.finalists[0]
-    times = phases.repeats(build)
-    return {"gemm_cycles": sum(n * p.estimated_cycles for p, n in zip(plans, times, strict=True)
-                               if p is not None)}
+    _run_stages(build, 0, PLANNED, None)
+    return {"gemm_cycles": planned_cycles(build.finalists[0], phases.repeats(build))}
 
 
 def _result(build: Build) -> CompileResult:

@@ -39,7 +39,13 @@ from ipu_stack.phases.costing import (
     to_transfers,
 )
 from ipu_stack.phases.state import Build
-from ipu_stack.planning.fit import MemoryBudget, fit_plans, need, planned_bytes
+from ipu_stack.planning.fit import (
+    MemoryBudget,
+    fit_plans,
+    need,
+    planned_bytes,
+    planned_cycles,
+)
 from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
 from ipu_stack.planning.repeat import find_layer_loop, loop_fields
 from ipu_stack.planning.stages import GemmStage, find_stages
@@ -163,7 +169,7 @@ def lower_mid(build: Build) -> Fields:
         event(
             LOG, "retained operator-plan finalist", finalist=index,
             values=len(build.graph.values), operations=len(build.graph.operations),
-            estimated_cycles=sum(n * p.estimated_cycles for p, n in zip(plans, times, strict=True) if p),
+            estimated_cycles=planned_cycles(plans, times),
             estimated_exchange_cycles=sum(n * p.exchange_cycles for p, n in zip(plans, times, strict=True)
                                           if p),
             resident_bytes=sum(n * resident_bytes(p) for p, n in zip(plans, times, strict=True) if p),

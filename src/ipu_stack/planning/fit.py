@@ -81,6 +81,13 @@ def _interleaved_limit(budget: MemoryBudget, plans: list[GemmPlan | None]) -> in
                                     default=0)
 
 
+def planned_cycles(plans: list[GemmPlan | None], repeats: list[int]) -> int:
+    """The analytical GEMM cycles of a choice of plans, a layer loop's body ``repeats``
+    times."""
+    return sum(n * p.estimated_cycles for p, n in zip(plans, repeats, strict=True)
+               if p is not None)
+
+
 def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
     """Estimated bytes per tile for a choice of plans; a stage that ``repeats`` (a layer
     loop's body) keeps one weight block per layer but its transients once."""
@@ -174,8 +181,7 @@ def fit_plans(
         choice = _fit_under_cap(plans, fronts, cap, budget, repeats)
         if choice is None:
             continue
-        cycles = sum(n * p.estimated_cycles for p, n in zip(choice, repeats, strict=True)
-                     if p is not None)
+        cycles = planned_cycles(choice, repeats)
         if best_cycles is None or cycles < best_cycles:
             best, best_cycles = choice, cycles
     if best is None:

@@ -124,7 +124,7 @@ def half_layer_bounds(graph: Graph, shares: list[float],
     if sum(shares) != loop.count or any(2 * x != int(2 * x) or x <= 0 for x in shares):
         raise PipelineError(f"layer shares {shares} are not halves adding up to the tower's "
                             f"{loop.count} layers")
-    offsets = mid_layer_cuts(graph)
+    offsets = mid_layer_cuts(graph, stages)
     bounds, done = [], 0.0
     for share in shares[:-1]:
         done += share
@@ -154,11 +154,11 @@ def crossing_values(graph: Graph, stages: list[Stage], position: int) -> list[in
     return sorted(v for v in made & read if graph.value(v).role not in ("weight", "input"))
 
 
-def mid_layer_cuts(graph: Graph) -> list[int]:
+def mid_layer_cuts(graph: Graph, stages: list[Stage] | None = None) -> list[int]:
     """Stage offsets inside a layer (0 < offset < the layer's stages) where one activation
     alone crosses, so the tower could be cut there as at a layer's end; in a pre-norm
-    transformer, after attention's residual add."""
-    stages = find_stages(graph)
+    transformer, after attention's residual add (``stages``: the graph's, when found)."""
+    stages = find_stages(graph) if stages is None else stages
     loop = tower_loop(graph, stages)
     return [offset for offset in range(1, loop.length)
             if len(crossing_values(graph, stages, loop.start + offset)) == 1]

@@ -52,6 +52,7 @@ from ipu_stack.planning.groups import (
     split_tower,
     tower_loop,
 )
+from ipu_stack.planning.stages import Stage, find_stages
 from ipu_stack.strategy.handoff import handoff_record, link_record
 from ipu_stack.target import get_target, timing
 from ipu_stack.target.links import get_system
@@ -127,12 +128,14 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     chip = get_target(options.target).tiles
     chips = max(1, options.chips)
     refused = [] if refused is None else refused
-    layers = tower_loop(graph).count
+    stages = find_stages(graph)
+    layers = tower_loop(graph, stages).count
     ranked = []
-    for count, shares in _groupings(graph, layers, chips, counts):
+    for count, shares in _groupings(graph, stages, layers, chips, counts):
         try:
             groups = split_tower(graph, chip_group_layers(layers, chips, count)) \
-                if shares is None else split_at_stages(graph, half_layer_bounds(graph, shares))
+                if shares is None else split_at_stages(
+                    graph, half_layer_bounds(graph, shares, stages), stages)
         except PipelineError as why:
             event(LOG, "pipeline candidate refused", groups=count, chips=chips,
                   reason=str(why))
@@ -167,15 +170,15 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     return ranked
 
 
-def _groupings(graph: Graph, layers: int, chips: int, counts: tuple[int, ...]
-               ) -> list[tuple[int, list[float] | None]]:
+def _groupings(graph: Graph, stages: list[Stage], layers: int, chips: int,
+               counts: tuple[int, ...]) -> list[tuple[int, list[float] | None]]:
     """Each count of groups a chip to try, cut at layers' ends (``None``); and, with one
     group a chip over chips whose layers do not divide evenly, also cut inside layers into
     equal shares of half layers (12.5 each for 50 layers on 4 chips), where the tower has
     a point inside a layer that one activation alone crosses (``mid_layer_cuts``): the
     whole-layer cut leaves some chips a layer more, and they set the step."""
     found: list[tuple[int, list[float] | None]] = [(count, None) for count in counts]
-    if chips > 1 and 1 in counts and layers % chips and mid_layer_cuts(graph):
+    if chips > 1 and 1 in counts and layers % chips and mid_layer_cuts(graph, stages):
         ends = [round(2 * layers * k / chips) / 2 for k in range(chips + 1)]
         found.append((1, [b - a for a, b in zip(ends, ends[1:], strict=False)]))
     return found
