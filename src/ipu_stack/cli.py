@@ -72,9 +72,11 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None,
                         help="cache of tower calibrations and (with --exchange-cache) exchange "
                         "schedules (default ~/.cache/ipu-stack)")
-    parser.add_argument("--paired-exchange", action="store_true",
+    parser.add_argument("--paired-exchange", action=argparse.BooleanOptionalAction,
+                        default=True,
                         help="target option: paired tiles share an exchange bus (two-lane "
-                        "transfers to whole tile pairs)")
+                        "transfers to whole tile pairs; default on, --no-paired-exchange "
+                        "sends every word on one lane)")
     parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
                         help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "
                         "(FP8 data cast first), or auto (the planner picks per stage)")

@@ -45,17 +45,20 @@ def copy(p: dict) -> int:
 
 
 def exchange(step: dict, arrays: dict) -> int:
-    """Each source tile sends its chunks in start order; a send on an odd event waits one."""
+    """Each source tile sends its chunks in start order; a send on an odd event waits one.
+    A two-lane chunk (paired tiles) moves two words a cycle."""
     transfer = arrays[step["chunk_transfer"]]
     start = arrays[step["chunk_start"]]
     words = arrays[step["chunk_words"]]
+    lanes = arrays[step["chunk_lanes"]] if "chunk_lanes" in step else np.ones_like(words)
+    cycles = -(-words // lanes)
     source = arrays[step["src_tile"]][transfer]
-    horizon = int((start + words).max())
+    horizon = int((start + cycles).max())
     free: dict[int, int] = {}
     for k in sorted(range(len(start)), key=lambda k: (source[k], start[k])):
         at = max(int(start[k]), free.get(int(source[k]), 0))
         at += at % 2
-        free[int(source[k])] = at + int(words[k])
+        free[int(source[k])] = at + int(cycles[k])
         horizon = max(horizon, free[int(source[k])])
     return horizon + PHASE
 

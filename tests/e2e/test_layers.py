@@ -337,14 +337,15 @@ def test_softmax_in_place_on_whole_row_scores_passes(tmp_path, lock_path, cache_
 
 
 def test_paired_exchange_uses_two_lanes_and_fewer_cycles(tmp_path, lock_path, cache_dir, capsys):
-    """The paired-tiles option lays GEMM grids out so that operand broadcasts reach whole
-    tile pairs: the package carries two-lane chunks (the simulator verified them at load),
-    the answer is unchanged, and exchange takes fewer cycles than without the option."""
+    """The paired-tiles option (the default) lays GEMM grids out so that operand broadcasts
+    reach whole tile pairs: the package carries two-lane chunks (the simulator verified them
+    at load), the answer is unchanged, and exchange takes fewer cycles than without the
+    option (``--no-paired-exchange``)."""
     from ipu_stack.package import read_package
 
-    plain = _layer_bench(tmp_path / "plain", lock_path, cache_dir, "siglip-layer")
-    paired = _layer_bench(tmp_path / "paired", lock_path, cache_dir, "siglip-layer",
-                    "--paired-exchange")
+    plain = _layer_bench(tmp_path / "plain", lock_path, cache_dir, "siglip-layer",
+                         "--no-paired-exchange")
+    paired = _layer_bench(tmp_path / "paired", lock_path, cache_dir, "siglip-layer")
     assert plain.code == paired.code == 0
     assert paired.record["exchangeCycles"] < plain.record["exchangeCycles"]
     package = read_package(tmp_path / "paired" / "pkg" / "model.ipuexe")
@@ -353,3 +354,7 @@ def test_paired_exchange_uses_two_lanes_and_fewer_cycles(tmp_path, lock_path, ca
     assert all(set(np.unique(x).tolist()) <= {1, 2} for x in lanes)
     assert any((x == 2).any() for x in lanes)
     assert package.manifest["options"]["paired_exchange"] is True
+    unpaired = read_package(tmp_path / "plain" / "pkg" / "model.ipuexe")
+    assert unpaired.manifest["options"]["paired_exchange"] is False
+    assert all("chunk_lanes" not in s for s in unpaired.manifest["programs"]["run"]
+               if s["kind"] == "exchange")

@@ -16,7 +16,7 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.target.timing import Work, split_over_workers
+from ipu_stack.target.timing import Work, cdiv, p, split_over_workers
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -81,19 +81,39 @@ def apply_chain(
 GELUS = ("gelu_tanh", "gelu_erf")
 
 
-def chain_passes(chain: list[list[Any]]) -> list[str]:
-    """The kernel passes a chain takes: ``bias_gelu`` (a bias immediately followed by GELU is
-    one fused pass with its own measured price), ``gelu``, one pass named after each activation
-(priced from the vendor's popops vertices), ``elementwise`` (bias, scale),
-    ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to the
-    precision a value already has, or the producing kernel's own store, costs nothing."""
+def fuses_bias_gelu(rows: int, cols: int) -> bool:
+    """Whether a bias followed by GELU over a ``rows x cols`` block runs as the fused vertex.
+
+    The fused vertex (measured) walks the block row by row and pays a row's setup each time,
+    so on a narrow block (a GEMM tile's 49 x 128 output) a bias pass and the measured GELU
+    vertex over the whole block cost less; the kernel takes whichever of the two vertex
+    sequences the price table makes cheaper for the block's shape, as poplibs picks a vertex
+    by shape.  ``rows = cols = 0`` (shape unknown) keeps the fused vertex."""
+    if rows <= 0 or cols <= 0:
+        return True
+    elements = rows * cols
+    fused = rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(cols, 24)) \
+        + p("bias_gelu_call")
+    apart = (p("cast_call") + p("elementwise_step") * cdiv(elements, 48)
+             + p("gelu_call") + p("gelu_step") * cdiv(elements, 96))
+    return fused <= apart
+
+
+def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0) -> list[str]:
+    """The kernel passes a chain takes over a ``rows x cols`` block: ``bias_gelu`` (a bias
+    immediately followed by GELU is one fused pass with its own measured price, where
+    :func:`fuses_bias_gelu`), ``gelu``, one pass named after each activation (priced from
+    the vendor's popops vertices), ``elementwise`` (bias, scale), ``cast_f8`` (any rounding
+    to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to the precision a value already has,
+    or the producing kernel's own store, costs nothing."""
     passes: list[str] = []
     previous = "F32"
     index = 0
     while index < len(chain):
         kind = chain[index][0]
         out = Precision.from_json(chain[index][1])
-        if kind == "bias" and index + 1 < len(chain) and chain[index + 1][0] in GELUS:
+        if kind == "bias" and index + 1 < len(chain) and chain[index + 1][0] in GELUS \
+                and fuses_bias_gelu(rows, cols):
             passes.append("bias_gelu")
             index += 1
             out = Precision.from_json(chain[index][1])
@@ -117,7 +137,7 @@ def chain_work(chain: list[list[Any]], rows: int, cols: int) -> list[Work]:
     as the kernel deals them (elements, or the columns of each row for the fused pass)."""
     per_worker = split_over_workers(rows * cols)
     work = []
-    for kind in chain_passes(chain):
+    for kind in chain_passes(chain, rows, cols):
         if kind == "bias_gelu":
             work.append(Work(kind, {"rows": rows, "cols_per_worker": split_over_workers(cols)}))
         else:

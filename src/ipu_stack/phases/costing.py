@@ -26,8 +26,9 @@ from ipu_stack.target import Target, timing
 from ipu_stack.util.log import Progress
 
 
-def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
-    """The per-group GEMM a stage computes (``head_matmul``: one image and head)."""
+def stage_shape(graph: Graph, stage: GemmStage, pair_lanes: int = 1) -> GemmShape:
+    """The per-group GEMM a stage computes (``head_matmul``: one image and head);
+    ``pair_lanes``: tiles per shared exchange bus when the exchange is paired, else 1."""
     a = graph.value(stage.a).type
     b = graph.value(stage.b).type
     groups = 1
@@ -53,6 +54,7 @@ def stage_shape(graph: Graph, stage: GemmStage) -> GemmShape:
         b_resident=graph.value(stage.b).role == "weight",
         out_itemsize=graph.value(stage.out).type.precision.itemsize,
         rows_read_in_place=softmax_reads_in_place(graph, stage.out),
+        pair_lanes=pair_lanes,
     )
 
 

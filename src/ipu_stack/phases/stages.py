@@ -81,7 +81,8 @@ def construct_mid(build: Build) -> Fields:
             build.candidates.append([None])
             build.fronts.append([])
             continue
-        shape = stage_shape(graph, stage)
+        shape = stage_shape(graph, stage, int(build.target.tiles_per_shared_exchange_bus)
+                            if build.options.paired_exchange else 1)
         key = repr(dataclasses.replace(shape, op=0))  # repeated layers search once
         if key not in searched:
             with phase(LOG, "gemm_candidates", stage=stage.index):

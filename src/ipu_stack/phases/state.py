@@ -40,7 +40,10 @@ class CompileOptions:
     # a tile's bytes left out of the plan for support memory (code, exchange tables, carried
     # activations): assumed at first, then the compile's own placement measures it
     support_reserve: int = SUPPORT_RESERVE
-    paired_exchange: bool = False  # target option: tile pairs share an exchange bus
+    # tile pairs share an exchange bus: a broadcast to whole pairs moves two words a cycle
+    # (the vendor's and the reference's production width selection, hardware-replayed;
+    # docs/machine.md).  On by default; off (``--no-paired-exchange``) for one-lane phases
+    paired_exchange: bool = True
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
     tiles: int = 0  # plan for this many of the chip's tiles (a pipeline group); 0: all

@@ -172,7 +172,7 @@ def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
         "cast_f8": lambda: estimate_cast(elements, to_fp8=True),
         "cast_f16": lambda: estimate_cast(elements, to_fp8=False),
     }
-    return sum(prices[kind]() for kind in chain_passes(chain))
+    return sum(prices[kind]() for kind in chain_passes(chain, rows, cols))
 
 
 # ---------------------------------------------------------------------------- kernel instances

@@ -63,6 +63,10 @@ class GemmShape:
     # a softmax reads the output: in place when the plan's blocks hold whole rows (C = 1),
     # else after an exchange that gathers it into whole rows (a second copy on each tile)
     rows_read_in_place: bool = False
+    # tiles per shared exchange bus when the compile pairs its exchanges (1: unpaired): A's
+    # broadcast to its C column replicas, laid out side by side (``lowering``), then reaches
+    # whole tile pairs and moves two words a cycle
+    pair_lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,7 @@ def cost_plan(
     sync = p("sync")
     a_words = br * round_up(bk * shape.a_itemsize, WORD) // WORD
     costs = {
-        "a_exchange": estimate_exchange_phase(a_words),
+        "a_exchange": estimate_exchange_phase(a_exchange_words(shape, a_words, c)),
         "gemm": estimate_gemm(br, bk, bn, fp8_mode,
                               cast_elements=cast_elements(shape, mode, br, bk, bn)) + sync,
     }
@@ -208,6 +212,16 @@ def cost_plan(
                              + estimate_chain(chain, sub, bn) + sync)
     costs.update(_rows_gather(shape, r * c * d, c))
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
+
+
+def a_exchange_words(shape: GemmShape, a_words: int, col_splits: int) -> int:
+    """The busiest tile's receive cycles for its A block of ``a_words`` words: half of
+    them when the exchange is paired and the block's C replicas, side by side from an even
+    tile, fill whole pairs (an even C), every word otherwise."""
+    lanes = shape.pair_lanes
+    if lanes > 1 and col_splits % lanes == 0:
+        return -(-a_words // lanes)
+    return a_words
 
 
 def gathered_row_bytes(shape: GemmShape, tiles: int, col_splits: int) -> int:

@@ -131,7 +131,8 @@ _IPU21_FACTS: dict[str, Fact] = {
     "tiles_per_shared_exchange_bus": Fact(
         2, "PopLibs getTilesPerSharedExchangeBus() == 2 and supportsSuperTileSendReceive: a "
         "tile pair sends 64 bits per cycle and both tiles of a pair take 64 bits per cycle "
-        "of data both receive (used only with the paired-exchange option)"
+        "of data both receive; the reference's production width selection pairs every eligible "
+        "multicast, hardware-replayed on whole QKV and MLP-up phases (on by default)"
     ),
     "exchange_table_bytes_per_send": Fact(
         8, "reference (decoded vendor exchange programs): a send (sendpicp) is a two-word "
