@@ -392,3 +392,32 @@ def test_copy_moves_rows_between_pitches_and_nothing_else() -> None:
         else:
             np.testing.assert_array_equal(mem[t], before[t])
     assert inst.impl.accesses(params) == [(0, 4 * 20 + 12, False), (1, 4 * 16 + 12, True)]
+
+
+def test_a_bias_and_gelu_run_as_the_cheaper_vertex_sequence_for_the_block() -> None:
+    """The fused bias + GELU vertex pays a row's setup per row (CALIBRATION.md: rows x (228
+    + 90 ceil(w / 24)) + 222); a bias pass (330 + 24 ceil(n / 48), assumed) and the GELU
+    vertex (330 + 462 ceil(n / 96)) cost less on a narrow block.  The choice changes the
+    price, never the values."""
+    from ipu_stack.kernels.elementwise import apply_chain, chain_passes, fuses_bias_gelu
+    from ipu_stack.planning.costs import estimate_chain
+
+    chain = [["round", {"kind": "F16"}], ["bias", {"kind": "F16"}],
+             ["gelu_erf", {"kind": "F16"}]]
+    assert not fuses_bias_gelu(49, 128)
+    assert chain_passes(chain, 49, 128) == ["elementwise", "gelu"]
+    assert estimate_chain(chain, 49, 128) == (330 + 24 * 131) + (330 + 462 * 66) == 34296
+    assert 49 * (228 + 90 * 6) + 222 == 37854  # what the fused vertex would have cost
+    assert fuses_bias_gelu(1, 2208) and fuses_bias_gelu(8, 192)
+    assert chain_passes(chain, 1, 2208) == ["bias_gelu"]
+    assert estimate_chain(chain, 1, 2208) == 8730  # the measured point
+    assert chain_passes(chain) == ["bias_gelu"]  # shape unknown: the fused vertex
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((49, 128)).astype(np.float32)
+    bias = rng.standard_normal(128).astype(np.float16)
+    expected = (values.astype(np.float16).astype(np.float32) + bias.astype(np.float32))
+    expected = expected.astype(np.float16).astype(np.float64)
+    from scipy import special
+    gelu = (0.5 * expected * (1 + special.erf(expected / np.sqrt(2)))).astype(np.float32)
+    assert np.array_equal(apply_chain(values, chain, bias),
+                          gelu.astype(np.float16).astype(np.float32))

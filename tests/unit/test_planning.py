@@ -199,3 +199,34 @@ def test_a_key_split_scores_plan_pays_the_softmax_gather_and_its_copy() -> None:
     b = whole.depth_block * 736
     a = whole.row_block * 96
     assert transient_bytes(whole) == a + b + out
+
+
+def test_a_paired_gather_is_priced_at_half_its_words_only_when_replicas_fill_pairs() -> None:
+    """Paired tiles (the default): A's C column replicas lie side by side from an even
+    tile, so with an even C every receiving pair takes the same words at two a cycle; an
+    odd C leaves pairs split between two A blocks, and the gather is one lane."""
+    shape = GemmShape(0, 1025, 1536, 8960, 1, True)
+    paired = replace(shape, pair_lanes=2)
+    words = 147 * 512 // 4  # R7 x D3: blocks 147 x 512 FP8 bytes
+    even = cost_plan(paired, 7, 70, 3, IPU21)
+    assert even is not None and even.costs["a_exchange"] == -(-words // 2) + 237
+    plain = cost_plan(shape, 7, 70, 3, IPU21)
+    assert plain is not None and plain.costs["a_exchange"] == words + 237
+    odd = cost_plan(paired, 7, 35, 3, IPU21)
+    assert odd is not None and odd.costs["a_exchange"] == words + 237
+    # nothing else of the plan changes
+    assert {k: v for k, v in even.costs.items() if k != "a_exchange"} == \
+        {k: v for k, v in plain.costs.items() if k != "a_exchange"}
+
+
+def test_paired_gathers_change_what_the_planner_prefers() -> None:
+    """Halving A's gathers makes plans with more (even) column splits cheaper: the fastest
+    paired plan for so400m's fc1 is at least as fast as the fastest unpaired one, and its
+    A gather is priced at half its words."""
+    shape = GemmShape(0, 729, 1152, 4304, 1, True)
+    paired = gemm_candidates(replace(shape, pair_lanes=2), IPU21)[0]
+    plain = gemm_candidates(shape, IPU21)[0]
+    assert paired.estimated_cycles < plain.estimated_cycles
+    assert paired.col_splits % 2 == 0
+    words = paired.row_block * paired.depth_block // 4
+    assert paired.costs["a_exchange"] == -(-words // 2) + 237
