@@ -285,3 +285,22 @@ def test_on_tile_copies_where_the_source_is_a_destination() -> None:
     assert ex.src_tile.tolist() == [5] and ex.dst_tile.tolist() == [6]
     assert ex.words.tolist() == [2 * 8 * 2 // 4]  # whole rows in both: one merged transfer
     assert [(c.tile, c.rows, c.row_bytes) for c in builder.local] == [(5, 1, 32)]
+
+
+def test_calls_on_one_tile_add_up_in_the_compute_estimate() -> None:
+    """A tile runs its calls of a compute set one after another (the simulator adds them
+    per tile), so the planner's estimate of a copy set is its busiest tile's sum, not its
+    largest call: two copies on tile 0 (288 + 1024/8 and 288 + 2048/8) and one on tile 1."""
+    from ipu_stack.kernels.base import KernelInstance
+    from ipu_stack.kernels.copy import copy_params
+    from ipu_stack.lowering.program import Call, ComputeSet, Program
+    from ipu_stack.phases.costing import row_stage_cycles
+    from ipu_stack.target import IPU21
+
+    def copy(nbytes: int, tiles: list[int]) -> Call:
+        instance = KernelInstance("copy", copy_params(1, nbytes, nbytes, nbytes))
+        at = np.zeros(len(tiles), dtype=np.int64)
+        return Call(instance, np.array(tiles, dtype=np.int32), [(0, at), (1, at)])
+
+    program = Program(run=[ComputeSet("copies", [copy(1024, [0, 1]), copy(2048, [0])])])
+    assert row_stage_cycles(program, IPU21) == (288 + 128) + (288 + 256) + 90

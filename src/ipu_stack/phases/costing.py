@@ -96,8 +96,9 @@ def to_transfers(step: Exchange, target: Target) -> Transfers:
 
 
 def row_stage_cycles(program: Program, target: Target) -> int:
-    """The analytical cost of row and copy compute sets: the busiest call plus a sync, as
-    many times as each runs (a loop body's once per layer)."""
+    """The analytical cost of row and copy compute sets: the busiest tile (the calls a tile
+    runs one after another, so their costs add) plus a sync, as many times as each runs (a
+    loop body's once per layer)."""
     total = 0
     times = program.repeats()
     for _, index, step in program.steps():
@@ -105,8 +106,11 @@ def row_stage_cycles(program: Program, target: Target) -> int:
             continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            cost = max(kernel_cost(call.instance) for call in step.calls) + timing.p("sync")
-            total += int(times[index]) * cost
+            busy = np.zeros(target.tiles, dtype=np.int64)
+            for call in step.calls:
+                np.add.at(busy, np.asarray(call.tiles, dtype=np.int64),
+                          kernel_cost(call.instance))
+            total += int(times[index]) * (int(busy.max()) + timing.p("sync"))
     return total
 
 
