@@ -101,10 +101,11 @@ def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
 
 def _fit_under_cap(
     plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, budget: MemoryBudget,
-    repeats: list[int],
+    repeats: list[int], transient: dict[int, int],
 ) -> list[GemmPlan | None] | None:
     """Fastest choice with every transient <= cap, the resident sum within what the cap
-    leaves of ``budget`` and within interleaved memory, greedily."""
+    leaves of ``budget`` and within interleaved memory, greedily.  ``transient``: each
+    plan's transient bytes by ``id`` (the fitter tries every cap: counted once)."""
     options: list[list[GemmPlan]] = []
     current: list[GemmPlan | None] = []
     for plan, front in zip(plans, fronts, strict=True):
@@ -112,7 +113,7 @@ def _fit_under_cap(
             options.append([])
             current.append(None)
             continue
-        allowed = [p for p in [plan, *front] if transient_bytes(p) <= cap]
+        allowed = [p for p in [plan, *front] if transient[id(p)] <= cap]
         allowed.sort(key=lambda p: (p.estimated_cycles, -resident_bytes(p)))
         lean: list[GemmPlan] = []
         for p in allowed:  # strictly decreasing resident bytes as cycles grow
@@ -171,14 +172,15 @@ def fit_plans(
     if planned_bytes(plans, repeats, budget.row_bytes) <= budget.bytes and \
             _interleaved_resident(plans, repeats) <= _interleaved_limit(budget, plans):
         return list(plans), 0
-    caps = sorted({transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
-                   for p in ([plan] if plan else []) + front})
+    transient = {id(p): transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
+                 for p in ([plan] if plan else []) + front}
+    caps = sorted(set(transient.values()))
     best: list[GemmPlan | None] | None = None
     best_cycles = None
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget, repeats)
+        choice = _fit_under_cap(plans, fronts, cap, budget, repeats, transient)
         if choice is None:
             continue
         cycles = planned_cycles(choice, repeats)
