@@ -106,7 +106,9 @@ def row_stage_cycles(program: Program, target: Target) -> int:
             continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            busy = np.zeros(target.tiles, dtype=np.int64)
+            size = max((int(np.max(call.tiles)) + 1 for call in step.calls
+                        if len(call.tiles)), default=1)
+            busy = np.zeros(size, dtype=np.int64)
             for call in step.calls:
                 np.add.at(busy, np.asarray(call.tiles, dtype=np.int64),
                           kernel_cost(call.instance))
