@@ -27,6 +27,17 @@ def test_compiled_programs_never_read_unwritten_memory(tmp_path, cache_dir, lock
     assert run_package(package, graph, tensors, lock_path, poison=True).passed
 
 
+def test_moving_padding_nothing_wrote_is_no_fault_until_a_kernel_reads_it(
+        tmp_path, cache_dir, lock_path):
+    """A reduce-scatter sends a ragged column block's whole rows, padding included; the
+    padding's bytes arrive unwritten, as they left, and the reduce never reads them.  At
+    these widths (49 tokens, 2 heads of 64) that move was a fault before definedness
+    travelled with the words."""
+    package, graph, tensors = _compiled(tmp_path, cache_dir, "siglip-layer", tokens=49,
+                                        dim=128, hidden=256, heads=2)
+    assert run_package(package, graph, tensors, lock_path, poison=True).passed
+
+
 def test_missing_input_is_a_poison_fault(tmp_path, cache_dir, lock_path, monkeypatch):
     package, graph, tensors = _compiled(tmp_path, cache_dir, "siglip-mlp", tokens=17, dim=64,
                                         hidden=96)

@@ -365,6 +365,78 @@ def test_reduce_cost_counts_parts_and_chain() -> None:
     assert cost(1, gelu, F16) == 282 + 12 * 11 + 330 + 462 + 330 + 24 * 2
 
 
+def test_a_merged_bias_and_gelu_gives_the_same_values_and_lays_the_bias_out_side_by_side(
+) -> None:
+    """With the received partial slots summed, the bias is copied k times side by side into
+    them and the fused vertex takes k contiguous rows as one (rows of k x cols): the values
+    are those of the unmerged kernel and of an independent reference, the price is the
+    measured vertex's formula on the longer rows plus the copy (288 + bytes / 8), and the
+    planner's closed form and the device's pricing of the run's work agree."""
+    from ipu_stack.device.pricing import price_work
+    from ipu_stack.kernels.elementwise import bias_gelu_merge
+    from ipu_stack.kernels.epilogue import bias_room
+
+    rng = np.random.default_rng(21)
+    parts, rows, cols = 3, 9, 24
+    chain = [["round", F16.to_json()], ["bias", F16.to_json()],
+             ["gelu_tanh", f143(-4).to_json()]]
+    results = {}
+    for pitch in (2 * cols, 2 * cols + 16):  # contiguous rows, then padded ones
+        mem = fake_memory(1)
+        own, recv, bias_addr, out = 0, 1024, 3072, 4096
+        rng = np.random.default_rng(21)  # the same values for both pitches
+        slices = [(rng.standard_normal((rows, cols))).astype(np.float16) for _ in range(parts)]
+        put_matrix(mem, 0, own, pitch, slices[0])
+        for k in range(1, parts):
+            put_matrix(mem, 0, recv + (k - 1) * rows * pitch, pitch, slices[k])
+        bias = np.linspace(-1, 1, cols).astype(np.float16)
+        mem[0, bias_addr:bias_addr + 2 * cols] = bias.view(np.uint8)
+        params = epilogue_params(parts, rows, cols, pitch, rows, chain, F16, f143(-4), cols,
+                                 F16)
+        inst = KernelInstance("reduce", params)
+        work = inst.impl.run(params, mem, np.array([0]), [own, recv, bias_addr, out])
+        assert sum(price_work(w) for w in work) == kernel_cost(inst)
+        room, _ = bias_room(params)
+        merge = bias_gelu_merge(rows, cols, room)
+        results[pitch] = (get_matrix(mem, 0, out, cols, rows, cols, np.uint8), work, merge,
+                          mem[0, recv:recv + 2 * cols * merge].view(np.float16))
+        total = sum(s.astype(np.float32) for s in slices).astype(np.float16)
+        want_f16 = (total.astype(np.float32) + bias.astype(np.float32)).astype(np.float16)
+        want = gelu_tanh(want_f16.astype(np.float64))
+        got = f143(-4).dequantize(results[pitch][0]).astype(np.float64)
+        # FP8 E4M3: within half a step (2^-4 relative) of the float64 reference
+        np.testing.assert_allclose(got, want, rtol=2.0**-4, atol=2.0**-14)
+    merged, apart = results[2 * cols], results[2 * cols + 16]
+    assert merged[2] == 9 and apart[2] == 1  # the whole contiguous block as one row
+    assert np.array_equal(merged[0], apart[0])
+    assert np.array_equal(merged[3], np.tile(np.linspace(-1, 1, cols).astype(np.float16), 9))
+    kinds = [w.kind for w in merged[1]]
+    assert kinds == ["reduce", "copy", "bias_gelu", "cast_f8"]
+    copy, fused = merged[1][1], merged[1][2]
+    assert price_work(copy) == 288 + 9 * 24 * 2 // 8
+    assert price_work(fused) == 1 * (228 + 90 * 9) + 222  # one row of 216 columns
+    assert [w.kind for w in apart[1]] == ["reduce", "elementwise", "gelu", "cast_f8"]
+
+
+def test_a_merged_bias_and_gelu_with_a_shorter_last_row_is_priced_alike_on_both_paths(
+) -> None:
+    """Room for four rows' bias: 10 rows run as two rows of 96 columns and one of 48."""
+    from ipu_stack.device.pricing import price_work
+    from ipu_stack.kernels.elementwise import bias_gelu_merge, chain_work
+    from ipu_stack.planning.costs import estimate_bias_gelu, estimate_chain
+
+    chain = [["round", F16.to_json()], ["bias", F16.to_json()], ["gelu_tanh", F16.to_json()]]
+    assert bias_gelu_merge(10, 24, 96) == 4
+    work = chain_work(chain, 10, 24, room=96)
+    assert [w.kind for w in work] == ["copy", "bias_gelu"]
+    expected = 2 * (228 + 90 * 4) + (228 + 90 * 2) + 222 + 288 + 4 * 24 * 2 // 8
+    assert sum(price_work(w) for w in work) == estimate_bias_gelu(10, 24, 4) == expected
+    assert estimate_chain(chain, 10, 24, room=96) == expected
+    # no room: row by row the fused vertex would cost 10 x (228 + 90) + 222 = 3402, so the
+    # bias pass and the GELU vertex run instead
+    assert estimate_chain(chain, 10, 24) == (330 + 24 * 5) + (330 + 462 * 3)
+
+
 # ---------------------------------------------------------------------------------- copy
 
 

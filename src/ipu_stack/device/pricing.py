@@ -103,9 +103,11 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         return p("reduce_call") + 6 * _steps(c["per_worker"], vector) * step
     if kind == "gelu":
         return p("gelu_call") + p("gelu_step") * _steps(c["per_worker"], 16)
-    if kind == "bias_gelu":
+    if kind == "bias_gelu":  # rows of equal width, then a shorter merged last row if any
         row = p("bias_gelu_row") + p("bias_gelu_step") * _steps(c["cols_per_worker"], 4)
-        return c["rows"] * row + p("bias_gelu_call")
+        tail = c.get("tail_cols_per_worker", [])
+        last = p("bias_gelu_row") + p("bias_gelu_step") * _steps(tail, 4) if any(tail) else 0
+        return c["rows"] * row + last + p("bias_gelu_call")
     if kind in ("cast_f8", "cast_from_f8", "elementwise"):
         step = {"cast_f8": "cast_f8_step", "cast_from_f8": "cast_from_f8_step",
                 "elementwise": "elementwise_step"}[kind]

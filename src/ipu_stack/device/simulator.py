@@ -337,13 +337,20 @@ class SimulatedIpu:
 
     def _poison_check(self, kernel: KernelInstance, tiles: np.ndarray, row: np.ndarray,
                       step: str) -> None:
-        """Fault if the kernel is about to read a byte nothing has written."""
+        """Fault if the kernel is about to read a word nothing has written.  Word
+        granularity, as for the exchange: a row's last word that its producer wrote in part
+        (an odd number of F16 values, the rest row padding) counts as written, so a copy
+        that moves whole words of such a row reads no unwritten word."""
         assert self.written is not None
         for region in kernel.impl.regions(kernel.params):
             if region.writes or region.rows * region.row_bytes == 0:
                 continue
             where = int(row[region.operand]) + region.byte_offsets()
-            unset = ~self.written[tiles[:, None], where[None, :]]
+            first = (where - where % WORD)[None, :]
+            written = self.written[tiles[:, None], first]
+            for byte in range(1, WORD):
+                written |= self.written[tiles[:, None], first + byte]
+            unset = ~written
             if unset.any():
                 t, b = np.argwhere(unset)[0]
                 raise DeviceFault(
@@ -354,8 +361,13 @@ class SimulatedIpu:
     def _move_poisoned(self, step: Exchange, mem32: np.ndarray, src_word: np.ndarray,
                        dst_word: np.ndarray, words: np.ndarray, fanout: np.ndarray
                        ) -> np.ndarray:
-        """The exchange's word moves with poison checks: every word sent must have been
-        written.  Returns the words each destination received."""
+        """The exchange's word moves with poison tracking, as a memory checker tracks
+        definedness: each destination byte is written exactly where its source byte was, so
+        moving bytes nothing wrote is no fault (a reduce-scatter sends a ragged block's
+        whole rows, padding columns included, and the reduce reads only the valid ones),
+        and the kernel that reads them is (``_poison_check``).  A transfer that sends only
+        unwritten words moves nothing anyone wrote, so it is a fault naming it.  Returns the
+        words each destination received."""
         assert self.written is not None
         per_tile = self.size // WORD
         total = int(words.sum())
@@ -363,11 +375,13 @@ class SimulatedIpu:
         np.cumsum(words[:-1], out=starts[1:])
         within = np.arange(total, dtype=np.int64) - np.repeat(starts, words)
         gather = np.repeat(src_word, words) + within
-        # word granularity: a word the producer partly wrote (a row's last, padded word)
-        # counts as written; a word nothing wrote is a fault
-        done = self.written.reshape(-1, WORD)[gather].any(axis=1)
-        if not done.all():
-            word = int(gather[np.argmin(done)])
+        defined = self.written.reshape(-1, WORD)[gather]
+        sent = np.ones(len(words), dtype=bool)
+        some = words > 0
+        if total:
+            sent[some] = np.add.reduceat(defined.any(axis=1), starts[some]) > 0
+        if not sent.all():
+            word = int(src_word[np.argmin(sent)])
             tile, offset = divmod(word, per_tile)
             raise DeviceFault(
                 f"poison: exchange {step.name} sends from tile {tile} address "
@@ -381,8 +395,9 @@ class SimulatedIpu:
             np.cumsum(dst_words) - dst_words, dst_words
         )
         scatter = np.repeat(dst_word, dst_words) + d_within
-        mem32[scatter] = values[np.repeat(dst_starts, dst_words) + d_within]
-        self.written.reshape(-1, WORD)[scatter] = True
+        moved = np.repeat(dst_starts, dst_words) + d_within
+        mem32[scatter] = values[moved]
+        self.written.reshape(-1, WORD)[scatter] = defined[moved]
         return dst_words
 
     def _exchange_step(self, step: Exchange, layer: int = 0

@@ -9,6 +9,7 @@ GELU and the activations are evaluated in F32 (SciPy's ``expit`` for the logisti
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -81,31 +82,73 @@ def apply_chain(
 GELUS = ("gelu_tanh", "gelu_erf")
 
 
-def fuses_bias_gelu(rows: int, cols: int) -> bool:
+def _bias_gelu_row(width: int) -> int:
+    """One row of the measured fused bias + GELU vertex (its setup, then 24 columns a step)."""
+    return p("bias_gelu_row") + p("bias_gelu_step") * cdiv(width, 24)
+
+
+def merged_bias_gelu_cycles(rows: int, cols: int, merge: int, bias_itemsize: int = 2) -> int:
+    """The fused vertex over a contiguous ``rows x cols`` block whose rows it takes
+    ``merge`` at a time (rows of ``merge * cols``, the last one shorter when ``merge`` does
+    not divide ``rows``), plus the six-worker copy that lays the bias out ``merge`` times
+    side by side when ``merge > 1``."""
+    full, tail = divmod(rows, merge)
+    cycles = full * _bias_gelu_row(merge * cols) + p("bias_gelu_call")
+    if tail:
+        cycles += _bias_gelu_row(tail * cols)
+    if merge > 1:
+        cycles += p("copy_call") + cdiv(merge * cols * bias_itemsize, p("copy_bytes_per_cycle"))
+    return cycles
+
+
+@functools.lru_cache(maxsize=8192)
+def bias_gelu_merge(rows: int, cols: int, room: int, bias_itemsize: int = 2) -> int:
+    """How many rows of a contiguous ``rows x cols`` block one row of the fused bias + GELU
+    vertex covers (1: row by row).
+
+    The measured vertex pays a row's setup (228 cycles) per row and rounds each row up to
+    24 columns, so on a GEMM tile's narrow block (81 x 80) most of its time is setup.  The
+    vertex reads a bias row as long as its data row; with the bias copied ``k`` times side by
+    side into ``room`` spare elements (an epilogue's received partial slots, dead once they
+    are summed), ``k`` consecutive rows of a contiguous block are one row of ``k * cols``,
+    priced by the same measured formula (its measured points are rows of 2,152 and 2,208).
+    ``k`` is the cheapest with the copy counted; ``room = 0`` keeps rows apart."""
+    best, best_cycles = 1, merged_bias_gelu_cycles(rows, cols, 1, bias_itemsize)
+    for merge in range(2, min(rows, room // cols if cols else 0) + 1):
+        cycles = merged_bias_gelu_cycles(rows, cols, merge, bias_itemsize)
+        if cycles < best_cycles:
+            best, best_cycles = merge, cycles
+    return best
+
+
+def fuses_bias_gelu(rows: int, cols: int, room: int = 0, bias_itemsize: int = 2) -> bool:
     """Whether a bias followed by GELU over a ``rows x cols`` block runs as the fused vertex.
 
     The fused vertex (measured) walks the block row by row and pays a row's setup each time,
     so on a narrow block (a GEMM tile's 49 x 128 output) a bias pass and the measured GELU
-    vertex over the whole block cost less; the kernel takes whichever of the two vertex
-    sequences the price table makes cheaper for the block's shape, as poplibs picks a vertex
-    by shape.  ``rows = cols = 0`` (shape unknown) keeps the fused vertex."""
+    vertex over the whole block cost less unless the rows can be merged
+    (:func:`bias_gelu_merge`, with ``room`` spare elements for the bias copies); the kernel
+    takes whichever of the two vertex sequences the price table makes cheaper for the
+    block's shape, as poplibs picks a vertex by shape.  ``rows = cols = 0`` (shape unknown)
+    keeps the fused vertex."""
     if rows <= 0 or cols <= 0:
         return True
     elements = rows * cols
-    fused = rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(cols, 24)) \
-        + p("bias_gelu_call")
+    merge = bias_gelu_merge(rows, cols, room, bias_itemsize)
+    fused = merged_bias_gelu_cycles(rows, cols, merge, bias_itemsize)
     apart = (p("cast_call") + p("elementwise_step") * cdiv(elements, 48)
              + p("gelu_call") + p("gelu_step") * cdiv(elements, 96))
     return fused <= apart
 
 
-def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0) -> list[str]:
+def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0, room: int = 0,
+                 bias_itemsize: int = 2) -> list[str]:
     """The kernel passes a chain takes over a ``rows x cols`` block: ``bias_gelu`` (a bias
     immediately followed by GELU is one fused pass with its own measured price, where
-    :func:`fuses_bias_gelu`), ``gelu``, one pass named after each activation (priced from
-    the vendor's popops vertices), ``elementwise`` (bias, scale), ``cast_f8`` (any rounding
-    to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to the precision a value already has,
-    or the producing kernel's own store, costs nothing."""
+    :func:`fuses_bias_gelu` with ``room`` spare elements), ``gelu``, one pass named after
+    each activation (priced from the vendor's popops vertices), ``elementwise`` (bias,
+    scale), ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to
+    the precision a value already has, or the producing kernel's own store, costs nothing."""
     passes: list[str] = []
     previous = "F32"
     index = 0
@@ -113,7 +156,7 @@ def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0) -> list[s
         kind = chain[index][0]
         out = Precision.from_json(chain[index][1])
         if kind == "bias" and index + 1 < len(chain) and chain[index + 1][0] in GELUS \
-                and fuses_bias_gelu(rows, cols):
+                and fuses_bias_gelu(rows, cols, room, bias_itemsize):
             passes.append("bias_gelu")
             index += 1
             out = Precision.from_json(chain[index][1])
@@ -132,14 +175,23 @@ def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0) -> list[s
     return passes
 
 
-def chain_work(chain: list[list[Any]], rows: int, cols: int) -> list[Work]:
+def chain_work(chain: list[list[Any]], rows: int, cols: int, room: int = 0,
+               bias_itemsize: int = 2) -> list[Work]:
     """The work records of a chain over a ``rows x cols`` block, dealt to the six workers
-    as the kernel deals them (elements, or the columns of each row for the fused pass)."""
+    as the kernel deals them (elements, or the columns of each row for the fused pass; with
+    ``room`` spare elements a contiguous block's rows merged, :func:`bias_gelu_merge`, after
+    the copy that lays the bias out side by side)."""
     per_worker = split_over_workers(rows * cols)
     work = []
-    for kind in chain_passes(chain, rows, cols):
+    for kind in chain_passes(chain, rows, cols, room, bias_itemsize):
         if kind == "bias_gelu":
-            work.append(Work(kind, {"rows": rows, "cols_per_worker": split_over_workers(cols)}))
+            merge = bias_gelu_merge(rows, cols, room, bias_itemsize)
+            full, tail = divmod(rows, merge)
+            if merge > 1:
+                work.append(Work("copy", {"bytes": merge * cols * bias_itemsize}))
+            work.append(Work(kind, {"rows": full,
+                                    "cols_per_worker": split_over_workers(merge * cols),
+                                    "tail_cols_per_worker": split_over_workers(tail * cols)}))
         else:
             work.append(Work(kind, {"per_worker": per_worker}))
     return work

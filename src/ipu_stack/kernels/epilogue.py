@@ -22,12 +22,13 @@ from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
     add_values,
+    read_rows,
     read_values,
     register,
     tile_chunks,
     write_rows,
 )
-from ipu_stack.kernels.elementwise import apply_chain, chain_work
+from ipu_stack.kernels.elementwise import apply_chain, bias_gelu_merge, chain_passes, chain_work
 from ipu_stack.target.timing import Work, split_over_workers
 
 
@@ -40,6 +41,29 @@ def partials_are_result(depth_splits: int, mode: str, chain: Any, has_bias: bool
     steps = [list(step) for step in chain]
     return (depth_splits == 1 and mode == "fp8" and not has_bias and len(steps) == 1
             and steps[0][0] == "round" and Precision.from_json(steps[0][1]).kind == "F16")
+
+
+def bias_room(p: dict[str, Any]) -> tuple[int, int]:
+    """Spare bias elements for a merged bias + GELU (``elementwise.bias_gelu_merge``), and
+    the bias's item size: the received partial slots, which the sum has consumed, when the
+    tile's block is contiguous (its columns fill the partials' pitch, so the sum, kept in
+    place in the tile's own partial slice, is one run of ``rows * cols`` values); none
+    without a bias, a depth split or a contiguous block."""
+    if p["bias"] is None or p["parts"] < 2 or p["rows"] * p["cols"] == 0:
+        return 0, 2
+    itemsize = Precision.from_json(p["bias"]).itemsize
+    if p["partial_pitch"] != p["cols"] * _partial(p).itemsize:
+        return 0, itemsize
+    return (p["parts"] - 1) * p["slot_rows"] * p["partial_pitch"] // itemsize, itemsize
+
+
+def _bias_copies(p: dict[str, Any]) -> int:
+    """How many times the kernel lays its bias out in the received slots (1: not at all)."""
+    room, itemsize = bias_room(p)
+    if room == 0 or "bias_gelu" not in chain_passes(p["chain"], p["rows"], p["cols"], room,
+                                                    itemsize):
+        return 1
+    return bias_gelu_merge(p["rows"], p["cols"], room, itemsize)
 
 
 def _name(p: dict[str, Any]) -> str:
@@ -63,7 +87,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         _run_chunk(p, mem, chunk, at)
     reduce = Work("reduce", {"per_worker": split_over_workers(rows * cols), "parts": parts,
                              "f32_partials": _partial(p).kind == "F32"})
-    return [reduce, *chain_work(p["chain"], rows, cols)]
+    return [reduce, *chain_work(p["chain"], rows, cols, *bias_room(p))]
 
 
 def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
@@ -80,6 +104,11 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     if p["bias"] is not None:
         bp = Precision.from_json(p["bias"])
         bias = read_values(mem, tiles, bias_addr, 1, cols, cols * bp.itemsize, bp)
+        copies = _bias_copies(p)
+        if copies > 1:  # the merged vertex's bias row: the bias side by side, summed slots
+            row = read_rows(mem, tiles, bias_addr, 1, cols * bp.itemsize, cols * bp.itemsize)
+            write_rows(mem, tiles, recv_addr, copies * cols * bp.itemsize,
+                       np.tile(row, (1, 1, copies)))
     result = apply_chain(total, p["chain"], bias)
     out = Precision.from_json(p["out"])
     stored = out.quantize(result)
@@ -95,7 +124,10 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
         (3, (p["rows"] - 1) * p["out_pitch"] + p["cols"] * out.itemsize, True),
     ]
     if p["bias"] is not None:
-        result.append((2, p["cols"] * Precision.from_json(p["bias"]).itemsize, False))
+        item = Precision.from_json(p["bias"]).itemsize
+        result.append((2, p["cols"] * item, False))
+        if _bias_copies(p) > 1:
+            result.append((1, _bias_copies(p) * p["cols"] * item, True))
     return result
 
 
@@ -108,7 +140,10 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     result += [Region(1, k * slot, rows, cols * item, pitch, False)
                for k in range(p["parts"] - 1)]
     if p["bias"] is not None:
-        result.append(Region(2, 0, 1, cols * Precision.from_json(p["bias"]).itemsize, 0, False))
+        bias_bytes = cols * Precision.from_json(p["bias"]).itemsize
+        result.append(Region(2, 0, 1, bias_bytes, 0, False))
+        if _bias_copies(p) > 1:  # written after the slots were read
+            result.append(Region(1, 0, 1, _bias_copies(p) * bias_bytes, 0, True))
     result.append(Region(3, 0, rows, cols * out.itemsize, p["out_pitch"], True))
     return result
 

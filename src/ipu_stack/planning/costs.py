@@ -12,7 +12,8 @@ from typing import Any
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.elementwise import ACTIVATIONS, chain_passes
+from ipu_stack.kernels.elementwise import ACTIVATIONS, bias_gelu_merge, chain_passes
+from ipu_stack.kernels.epilogue import bias_room
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
 from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, cdiv, p
 
@@ -49,10 +50,19 @@ def estimate_gelu(elements: int) -> int:
     return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
 
 
-def estimate_bias_gelu(rows: int, width: int) -> int:
+def estimate_bias_gelu(rows: int, width: int, merge: int = 1, bias_itemsize: int = 2) -> int:
+    """The fused bias + GELU vertex over ``rows`` rows of ``width``, taken ``merge`` rows at
+    a time (the last merged row shorter when ``merge`` does not divide ``rows``), with the
+    copy of the bias ``merge`` times side by side when ``merge > 1``."""
     if rows == 0 or width == 0:
         return 0
-    return rows * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(width, 24)) + p("bias_gelu_call")
+    full, tail = divmod(rows, merge)
+    cycles = full * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(merge * width, 24))
+    if tail:
+        cycles += p("bias_gelu_row") + p("bias_gelu_step") * cdiv(tail * width, 24)
+    if merge > 1:
+        cycles += estimate_copy(bias_itemsize * merge * width)
+    return cycles + p("bias_gelu_call")
 
 
 def estimate_cast(elements: int, to_fp8: bool) -> int:
@@ -161,18 +171,22 @@ def estimate_link_phase(nbytes: int, clock_hz: float) -> int:
             + p("link_hop_cycles") + p("link_sync"))
 
 
-def estimate_chain(chain: list[list[Any]], rows: int, cols: int) -> int:
-    """A fused elementwise chain over a ``rows x cols`` block, pass by pass."""
+def estimate_chain(chain: list[list[Any]], rows: int, cols: int, room: int = 0,
+                   bias_itemsize: int = 2) -> int:
+    """A fused elementwise chain over a ``rows x cols`` block, pass by pass (``room``: spare
+    bias elements for the copies of a merged bias + GELU, ``bias_gelu_merge``)."""
     elements = rows * cols
+    merge = bias_gelu_merge(rows, cols, room, bias_itemsize) if room else 1
     prices = {
-        "bias_gelu": lambda: estimate_bias_gelu(rows, cols),
+        "bias_gelu": lambda: estimate_bias_gelu(rows, cols, merge, bias_itemsize),
         "gelu": lambda: estimate_gelu(elements),
         **{name: lambda name=name: estimate_activation(elements, name) for name in ACTIVATIONS},
         "elementwise": lambda: estimate_elementwise(elements),
         "cast_f8": lambda: estimate_cast(elements, to_fp8=True),
         "cast_f16": lambda: estimate_cast(elements, to_fp8=False),
     }
-    return sum(prices[kind]() for kind in chain_passes(chain, rows, cols))
+    return sum(prices[kind]()
+               for kind in chain_passes(chain, rows, cols, room, bias_itemsize))
 
 
 # ---------------------------------------------------------------------------- kernel instances
@@ -191,7 +205,8 @@ def _epilogue(params: dict[str, Any]) -> int:
         return 0
     f32 = Precision.from_json(params.get("partials", {"kind": "F32"})).kind == "F32"
     return (estimate_reduce(elements, params["parts"], f32)
-            + estimate_chain(params["chain"], params["rows"], params["cols"]))
+            + estimate_chain(params["chain"], params["rows"], params["cols"],
+                             *bias_room(params)))
 
 
 def _row(params: dict[str, Any]) -> int:

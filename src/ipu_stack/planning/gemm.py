@@ -208,8 +208,10 @@ def cost_plan(
         costs["reduce_exchange"] = estimate_exchange_phase((d - 1) * sub * bn * item // WORD)
     chain = [list(step_) for step_ in shape.chain]
     if not partials_are_result(d, mode, chain, shape.has_bias):  # else no reduce kernel
+        # the received slots, summed, hold a merged bias + GELU's bias copies (F16 bias)
+        room = (d - 1) * sub * bn * item // 2 if shape.has_bias else 0
         costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
-                             + estimate_chain(chain, sub, bn) + sync)
+                             + estimate_chain(chain, sub, bn, room) + sync)
     costs.update(_rows_gather(shape, r * c * d, c))
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
 
