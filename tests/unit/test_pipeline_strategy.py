@@ -365,6 +365,51 @@ def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch
         assert np.array_equal(value, outputs[1][name]), name
 
 
+def test_streamed_weights_are_all_gathered_as_unicasts_at_the_bound(tmp_path, cache_dir,
+                                                                      monkeypatch):
+    """Three row groups hold a streamed B's slices and each needs all three: as multicasts
+    the phase could not meet its bound (while a holder sends, its two peers listen to it);
+    split into unicasts, every tile sends and receives two slices and the schedule meets
+    the endpoint bound exactly, with outputs bit-identical to resident weights."""
+    import ipu_stack.phases.stages as stages
+    from ipu_stack.contract.parse import from_manifest
+    from ipu_stack.contract.program import Exchange
+    from ipu_stack.pipeline import compile_workload
+    from ipu_stack.runtime.session import run_package
+
+    workload = get_workload("siglip-layer")
+    params = workload.resolve({"tokens": 37, "dim": 96, "hidden": 192, "heads": 4})
+    options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
+    search = stages.gemm_search
+
+    def fixed(streamed: bool):
+        def pick(shape, target, keep=4, mode="auto"):
+            found, front = search(shape, target, keep, mode)
+            if not shape.b_resident:
+                return found, front
+            plan = cost_plan(shape, 3, 2, 1, mode="fp8", streamed=streamed)
+            return ([plan] if plan is not None else found[:1]), front
+        return pick
+
+    outputs = []
+    for streamed in (False, True):
+        monkeypatch.setattr(stages, "gemm_search", fixed(streamed))
+        result = compile_workload(workload, params, tmp_path / str(streamed), options)
+        package = load_package(result.package)
+        run = run_package(package, result.graph, result.tensors)
+        assert run.passed
+        outputs.append(run.outputs)
+    program = from_manifest(package.manifest, package.arrays)
+    gathers = [s for s in program.run if isinstance(s, Exchange) and s.name.endswith(".right")]
+    plans = package.manifest["plans"]  # one per GEMM stage, each with its B phase
+    assert len(gathers) == len(plans) and sum("streamed" in p for p in plans) >= 4
+    for step in (g for g, plan in zip(gathers, plans, strict=True) if "streamed" in plan):
+        assert np.all(np.diff(step.dst_offsets) == 1), step.name  # one destination each
+        assert step.schedule().horizon == step.lower_bound > 0, step.name
+    for name, value in outputs[0].items():
+        assert np.array_equal(value, outputs[1][name]), name
+
+
 def test_streamed_weights_leave_interleaved_memory_to_the_amp():
     """A resident plan's weights must sit in interleaved memory (the AMP reads them there);
     a streamed plan's are read only by the exchange, so a tower whose weights overflow

@@ -395,6 +395,8 @@ class Lowering:
             builder = TransferBuilder(f"{name}.right")
             self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
                                                  zip(b_layouts, groups, strict=True)], name)
+            if gg.plan.streamed:  # an all-gather over the row groups: at its bound as unicasts
+                builder.split_multicasts()
         self.emit_exchange(builder)
         return a_buf, b_buf
 

@@ -108,6 +108,24 @@ class TransferBuilder:
             return 0
         return int(np.bincount(np.concatenate(self.dst)[:, 0]).max())
 
+    def split_multicasts(self) -> None:
+        """Make every transfer to ``k`` tiles ``k`` transfers to one tile each.
+
+        For an all-gather (each of R tiles holds one slice of a block all R need: a streamed
+        plan's weights) the multicasts cannot meet their own bound: while a slice's holder
+        sends to its R - 1 peers, they all listen to it, so R - 1 other slices wait.  As
+        unicasts every tile sends (R - 1) slices and receives (R - 1) slices, so the phase's
+        bound is unchanged and the full-duplex scheduler meets it exactly (R = 3: 2/3 of
+        the block's words, where the multicast schedule took the whole block's)."""
+        if not self.src:
+            return
+        src = np.concatenate(self.src)
+        fanout = np.concatenate(self.dst_count)
+        self.src = [np.repeat(src, fanout, axis=0)]
+        self.words = [np.repeat(np.concatenate(self.words), fanout)]
+        self.dst_count = [np.ones(int(fanout.sum()), dtype=np.int64)]
+        self.dst = [np.concatenate(self.dst)]
+
     def absorb(self, other: TransferBuilder) -> None:
         """Take over ``other``'s transfers and local copies (a trial built separately)."""
         self.src += other.src
