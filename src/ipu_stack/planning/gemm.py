@@ -160,11 +160,7 @@ def cost_plan(
         plan = cost_plan(shape, r, c, d, target, mode)
         if plan is None:
             return None
-        # each tile holds about 1/R of its block and receives the rest (as unicasts: an
-        # all-gather at its bound, ``lowering.transfers.TransferBuilder.split_multicasts``)
-        held = -(-shape.depth // (d * r))
-        rows = max(plan.depth_block - held, 0)
-        words = rows * round_up(plan.col_block * shape.a_itemsize, WORD) // WORD
+        words = plan.depth_block * round_up(plan.col_block * shape.a_itemsize, WORD) // WORD
         return replace(plan, streamed=True,
                        costs={**plan.costs, "b_exchange": estimate_exchange_phase(words)})
     if chunks > 1:
