@@ -325,16 +325,16 @@ def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     assert "group 2: layers 2-2" in (tmp_path / "report.html").read_text()
 
 
-def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch):
-    """The same tilings with their weights held once and gathered per run give
-    bit-identical outputs, hold less per tile, and move the weights in a phase of their
-    own."""
+def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tilings):
+    """siglip-layer at ``params`` compiled and run twice, every weight GEMM forced to the
+    first of ``tilings`` (``(r, c, d, mode)``) that fits, with its weights resident and then
+    streamed: the two packages and the two runs' outputs (each run passed)."""
     import ipu_stack.phases.stages as stages
     from ipu_stack.pipeline import compile_workload
     from ipu_stack.runtime.session import run_package
 
     workload = get_workload("siglip-layer")
-    params = workload.resolve({"tokens": 37, "dim": 64, "hidden": 96, "heads": 4})
+    resolved = workload.resolve(params)
     options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
     search = stages.gemm_search
 
@@ -344,19 +344,29 @@ def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch
             if not shape.b_resident:
                 return found, front
             plans = [cost_plan(shape, r, c, d, mode=mode_, streamed=streamed)
-                     for r, c, d, mode_ in ((2, 2, 2, "fp8"), (2, 2, 2, "f16"))]
-            return [p for p in plans if p is not None][:1], front
+                     for r, c, d, mode_ in tilings]
+            return [p for p in plans if p is not None][:1] or found[:1], front
         return pick
 
-    outputs, packages = [], []
+    packages, outputs = [], []
     for streamed in (False, True):
         monkeypatch.setattr(stages, "gemm_search", fixed(streamed))
-        result = compile_workload(workload, params, tmp_path / str(streamed), options)
+        result = compile_workload(workload, resolved, tmp_path / str(streamed), options)
         package = load_package(result.package)
-        packages.append(package)
         run = run_package(package, result.graph, result.tensors)
         assert run.passed
+        packages.append(package)
         outputs.append(run.outputs)
+    return packages, outputs
+
+
+def test_streamed_weights_compute_the_same_bits(tmp_path, cache_dir, monkeypatch):
+    """The same tilings with their weights held once and gathered per run give
+    bit-identical outputs, hold less per tile, and move the weights in a phase of their
+    own."""
+    packages, outputs = _resident_then_streamed(
+        tmp_path, cache_dir, monkeypatch, {"tokens": 37, "dim": 64, "hidden": 96, "heads": 4},
+        ((2, 2, 2, "fp8"), (2, 2, 2, "f16")))
     assert all("weights streamed" in plan for plan in packages[1].manifest["plans"]
                if plan.startswith("R2xC2xD2"))
     assert any(s["name"].endswith(".right") for s in packages[1].manifest["programs"]["run"]
@@ -371,34 +381,13 @@ def test_streamed_weights_are_all_gathered_as_unicasts_at_the_bound(tmp_path, ca
     the phase could not meet its bound (while a holder sends, its two peers listen to it);
     split into unicasts, every tile sends and receives two slices and the schedule meets
     the endpoint bound exactly, with outputs bit-identical to resident weights."""
-    import ipu_stack.phases.stages as stages
     from ipu_stack.contract.parse import from_manifest
     from ipu_stack.contract.program import Exchange
-    from ipu_stack.pipeline import compile_workload
-    from ipu_stack.runtime.session import run_package
 
-    workload = get_workload("siglip-layer")
-    params = workload.resolve({"tokens": 37, "dim": 96, "hidden": 192, "heads": 4})
-    options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
-    search = stages.gemm_search
-
-    def fixed(streamed: bool):
-        def pick(shape, target, keep=4, mode="auto"):
-            found, front = search(shape, target, keep, mode)
-            if not shape.b_resident:
-                return found, front
-            plan = cost_plan(shape, 3, 2, 1, mode="fp8", streamed=streamed)
-            return ([plan] if plan is not None else found[:1]), front
-        return pick
-
-    outputs = []
-    for streamed in (False, True):
-        monkeypatch.setattr(stages, "gemm_search", fixed(streamed))
-        result = compile_workload(workload, params, tmp_path / str(streamed), options)
-        package = load_package(result.package)
-        run = run_package(package, result.graph, result.tensors)
-        assert run.passed
-        outputs.append(run.outputs)
+    packages, outputs = _resident_then_streamed(
+        tmp_path, cache_dir, monkeypatch, {"tokens": 37, "dim": 96, "hidden": 192, "heads": 4},
+        ((3, 2, 1, "fp8"),))
+    package = packages[1]
     program = from_manifest(package.manifest, package.arrays)
     gathers = [s for s in program.run if isinstance(s, Exchange) and s.name.endswith(".right")]
     plans = package.manifest["plans"]  # one per GEMM stage, each with its B phase
