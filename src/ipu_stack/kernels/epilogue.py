@@ -126,8 +126,9 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     if p["bias"] is not None:
         item = Precision.from_json(p["bias"]).itemsize
         result.append((2, p["cols"] * item, False))
-        if _bias_copies(p) > 1:
-            result.append((1, _bias_copies(p) * p["cols"] * item, True))
+        copies = _bias_copies(p)
+        if copies > 1:
+            result.append((1, copies * p["cols"] * item, True))
     return result
 
 
@@ -142,8 +143,9 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     if p["bias"] is not None:
         bias_bytes = cols * Precision.from_json(p["bias"]).itemsize
         result.append(Region(2, 0, 1, bias_bytes, 0, False))
-        if _bias_copies(p) > 1:  # written after the slots were read
-            result.append(Region(1, 0, 1, _bias_copies(p) * bias_bytes, 0, True))
+        copies = _bias_copies(p)
+        if copies > 1:  # written after the slots were read
+            result.append(Region(1, 0, 1, copies * bias_bytes, 0, True))
     result.append(Region(3, 0, rows, cols * out.itemsize, p["out_pitch"], True))
     return result
 

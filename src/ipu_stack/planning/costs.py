@@ -12,7 +12,12 @@ from typing import Any
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.elementwise import ACTIVATIONS, bias_gelu_merge, chain_passes
+from ipu_stack.kernels.elementwise import (
+    ACTIVATIONS,
+    bias_gelu_merge,
+    chain_passes,
+    merged_bias_gelu_cycles,
+)
 from ipu_stack.kernels.epilogue import bias_room
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
 from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, cdiv, p
@@ -56,13 +61,7 @@ def estimate_bias_gelu(rows: int, width: int, merge: int = 1, bias_itemsize: int
     copy of the bias ``merge`` times side by side when ``merge > 1``."""
     if rows == 0 or width == 0:
         return 0
-    full, tail = divmod(rows, merge)
-    cycles = full * (p("bias_gelu_row") + p("bias_gelu_step") * cdiv(merge * width, 24))
-    if tail:
-        cycles += p("bias_gelu_row") + p("bias_gelu_step") * cdiv(tail * width, 24)
-    if merge > 1:
-        cycles += estimate_copy(bias_itemsize * merge * width)
-    return cycles + p("bias_gelu_call")
+    return merged_bias_gelu_cycles(rows, width, merge, bias_itemsize)
 
 
 def estimate_cast(elements: int, to_fp8: bool) -> int:
