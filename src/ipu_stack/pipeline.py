@@ -26,6 +26,7 @@ from ipu_stack.phases.costing import (
     refined_estimate,
     schedule_program,
     stage_shape,
+    superstep_estimates,
     to_transfers,
 )
 from ipu_stack.phases.dump import dump_stage
@@ -235,6 +236,7 @@ def _result(build: Build) -> CompileResult:
     assert build.package is not None and build.graph is not None
     assert build.program is not None and build.placement is not None
     active = np.unique(np.concatenate([b.tiles for b in build.program.buffers]))
+    kinds, cycles = superstep_estimates(build.program, build.schedules, build.target)
     return CompileResult(
         package=build.package, graph=build.graph, tensors=build.tensors,
         estimate=build.estimate, timings={},
@@ -242,5 +244,5 @@ def _result(build: Build) -> CompileResult:
         body_plans=[plan.describe() for i in phases.body_gemm_stages(build, phases.repeats(build))
                     if (plan := build.plans[i]) is not None],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
-        device_program=build.device_program,
+        device_program=build.device_program, superstep_kinds=kinds, superstep_cycles=cycles,
     )

@@ -37,6 +37,8 @@ def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
     assert r["executionTiles"] == 2 * 1472 and r["groupTiles"] == 736
     # the period: the slower chip's full step, then the link phase every card waits for
     assert r["cycles"] == max(r["chipStepCycles"]) + r["linkCycles"]
+    # the planner's step: each chip's groups' priced supersteps merged as the chip runs them
+    assert r["estimatedCycles"] == r["cycles"]
     assert r["imagesPerSecond"] == pytest.approx(CLOCK / r["cycles"], rel=1e-3)
     assert r["imagesPerSecond"] <= r["fp8RooflineImagesPerSecond"]
     # one image's activation crosses: 16 tokens x 64 dims, at least one byte each

@@ -33,6 +33,11 @@ def test_bench_streams_every_image_through_the_groups(piped):
     assert record["latencyMicroseconds"] > record["cycles"] / 1500  # two steps at least
     assert record["imagesPerSecond"] == pytest.approx(1.5e9 / record["cycles"], rel=1e-3)
     assert record["handoffCycles"] > 0 and record["fillCycles"] > 0
+    # the planner merges the groups' priced supersteps as the chip runs them: its step is
+    # the executed one, alignment included
+    assert record["estimatedCycles"] == record["cycles"] and record["estimateError"] == 0
+    assert record["alignmentCycles"] == \
+        record["cycles"] - record["groupCyclesMax"] - record["handoffCycles"] >= 0
     assert "pipeline grouping chosen groups=2" in piped.stderr
     assert (piped.folder / "profile" / "report.html").read_text().count("group 1: layers") >= 1
 

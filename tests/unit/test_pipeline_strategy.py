@@ -256,6 +256,18 @@ def test_pipelined_tower_passes_every_image(pipelined):
     # steady steps: every group busy, the same cycles (they do not depend on the values)
     steady = run.step_cycles[2:4]
     assert steady[0] == steady[1] == run.steady_cycles
+    # the planner prices each group's supersteps as the device executed them, and merges
+    # them as the chip runs them side by side: its step is the executed one, and sharing
+    # supersteps costs more than the slowest group alone here
+    for group in record["groups"]:
+        priced = result.compiled[group["program"]]
+        executed = run.runs[(group["index"], 0)]
+        assert (priced.superstep_kinds, priced.superstep_cycles) == \
+            (executed.kinds, executed.supersteps)
+    assert result.estimate["cycles"] == run.steady_cycles
+    assert result.estimate["alignment_cycles"][0] > 0
+    assert run.steady_cycles > max(result.estimate["group_cycles"]) \
+        + max(result.estimate["handoff_cycles"])
 
 
 def test_step_cycles_do_not_depend_on_the_data(pipelined):

@@ -15,7 +15,7 @@ from ipu_stack.exchange import Schedule, ScheduleMemo, Transfers, schedule_excha
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.lowering.program import ComputeSet, Exchange, Program
+from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.memory.support import LAYER_ADDRESS_BYTES
 from ipu_stack.planning.costs import estimate_exchange_phase, kernel_cost
@@ -114,6 +114,59 @@ def row_stage_cycles(program: Program, target: Target) -> int:
                           kernel_cost(call.instance))
             total += int(times[index]) * (int(busy.max()) + timing.p("sync"))
     return total
+
+
+def superstep_estimates(program: Program, schedules: dict[int, Schedule],
+                        target: Target) -> tuple[list[str], list[int]]:
+    """The run program's supersteps as the planner prices them, in the order they run (a
+    loop body once per pass): each compute set's busiest tile (its calls' closed forms added
+    up) and each exchange phase at its scheduled horizon, each with its sync.
+
+    Why: a pipeline's groups share the chip's supersteps, so a step lasts as long as their
+    supersteps merged side by side, not as the slowest group's total.  The strategy merges
+    these sequences as the chip runs them, superstep for superstep."""
+    by_index = {i: step for _, i, step in program.steps()}
+    sync = timing.p("sync")
+
+    def priced(index: int) -> tuple[str, int] | None:
+        step = by_index[index]
+        if isinstance(step, Exchange):
+            horizon = 0
+            if index in schedules:
+                horizon, _ = instruction_horizon(schedules[index], to_transfers(step, target))
+            return "exchange", estimate_exchange_phase(horizon) + sync
+        if not isinstance(step, ComputeSet):
+            return None
+        size = max((int(np.max(call.tiles)) + 1 for call in step.calls if len(call.tiles)),
+                   default=1)
+        busy = np.zeros(size, dtype=np.int64)
+        for call in step.calls:
+            np.add.at(busy, np.asarray(call.tiles, dtype=np.int64), kernel_cost(call.instance))
+        return "compute", int(busy.max()) + sync
+
+    base = len(program.initialize)
+    order: list[int] = []
+    index = 0
+    while index < len(program.run):
+        step = program.run[index]
+        if isinstance(step, Loop):
+            body = list(range(base + index + 1, base + index + 1 + step.length))
+            order += body * step.count
+            index += 1 + step.length
+        else:
+            order.append(base + index)
+            index += 1
+    kinds: list[str] = []
+    cycles: list[int] = []
+    memo: dict[int, tuple[str, int] | None] = {}
+    for global_index in order:
+        if global_index not in memo:
+            memo[global_index] = priced(global_index)
+        found = memo[global_index]
+        if found is not None:
+            kinds.append(found[0])
+            cycles.append(found[1])
+    return kinds, cycles
 
 
 def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],

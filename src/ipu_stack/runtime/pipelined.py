@@ -428,6 +428,9 @@ def pipeline_fields(run: PipelineRun, package: Package, graph: Graph,
         "balance": round(min(group_cycles) / max(max(group_cycles), 1), 4),
         "fillCycles": fill,
         "handoffCycles": max(run.handoff_cycles, default=0),
+        # what sharing the chip's supersteps costs the step over its slowest group alone
+        "alignmentCycles": period - max(group_cycles) - max(run.handoff_cycles, default=0)
+        if chips == 1 else None,
         "totalCycles": sum(run.step_cycles),
         "effectiveGemmTflops": round(flops / seconds / 1e12, 3) if seconds else 0.0,
         "peakTflops": round(peak / 1e12, 3),

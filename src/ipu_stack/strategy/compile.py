@@ -53,6 +53,7 @@ from ipu_stack.planning.groups import (
     tower_loop,
 )
 from ipu_stack.planning.stages import Stage, find_stages
+from ipu_stack.runtime.alignment import merge
 from ipu_stack.strategy.handoff import handoff_record, link_record
 from ipu_stack.target import get_target, timing
 from ipu_stack.target.links import get_system
@@ -314,8 +315,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
             record["estimated_cycles"] = estimate_exchange_phase(horizon) + timing.p("sync")
         handoffs.append(record)
         arrays.update(found)
-    group_cycles = [int(compiled[program_of[g.index]].estimate["cycles"]) for g in groups]
-    estimate = _step_estimate(group_cycles, handoffs, per_chip)
+    estimate = _step_estimate([compiled[program_of[g.index]] for g in groups], handoffs,
+                              per_chip)
     manifest = {
         "workload": {"name": workload.name, "identifier": workload.identifier(params),
                      "params": params},
@@ -383,20 +384,30 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
                   slowest=pace, estimated_cycles=again.estimate["cycles"])
 
 
-def _step_estimate(group_cycles: list[int], handoffs: list[dict[str, Any]],
+def _step_estimate(compiled: list[CompileResult], handoffs: list[dict[str, Any]],
                    per_chip: int) -> dict[str, Any]:
-    """The planner's step: each chip's slowest group and its on-chip hand-off, the slowest
-    chip, then the link hand-off (every card syncs, then the links carry at once)."""
+    """The planner's steady step (every group busy; ``compiled``: each group's program).
+
+    Each chip: its groups' priced supersteps merged as the chip runs them side by side
+    (``runtime.alignment``: a shared superstep lasts as long as its longest member), then
+    its on-chip hand-off; the slowest chip, then the link hand-off (every card syncs, then
+    the links carry at once).  ``alignment_cycles``: what sharing supersteps costs over each
+    chip's slowest group alone."""
+    group_cycles = [int(c.estimate["cycles"]) for c in compiled]
     chips = len(group_cycles) // per_chip
-    chip_cycles = []
+    chip_cycles, alignment = [], []
     for chip in range(chips):
         own = range(chip * per_chip, (chip + 1) * per_chip)
         on_chip = [int(h["estimated_cycles"]) for h in handoffs
                    if not h.get("link") and int(h["from"]) in own]
-        chip_cycles.append(max(group_cycles[g] for g in own) + max(on_chip, default=0))
+        merged = merge([(compiled[g].superstep_kinds, compiled[g].superstep_cycles)
+                        for g in own]).total
+        alignment.append(merged - max(group_cycles[g] for g in own))
+        chip_cycles.append(merged + max(on_chip, default=0))
     links = [int(h["estimated_cycles"]) for h in handoffs if h.get("link")]
     step = max(chip_cycles) + max(links, default=0)
     return {"cycles": step, "group_cycles": group_cycles, "chip_cycles": chip_cycles,
+            "alignment_cycles": alignment,
             "handoff_cycles": [int(h["estimated_cycles"]) for h in handoffs
                                if not h.get("link")],
             "link_cycles": links}
