@@ -36,7 +36,13 @@ from ipu_stack.profile import (
 )
 from ipu_stack.profile.capture import profile_of, profile_of_pipeline, profiles_of_system
 from ipu_stack.runtime.pipelined import inspect_pipeline, package_chips, stream_images
-from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.runtime.session import (
+    benchmark_fields,
+    group_program_tiles,
+    load_package,
+    refuse_group_program,
+    run_package,
+)
 from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
@@ -489,6 +495,7 @@ def _recorded_workload(info: dict[str, Any]) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.package)
     package = load_package(path)
+    refuse_group_program(package, path)
     workload, params, graph, tensors = _package_workload(package)
     if "pipeline" in package.manifest:
         return _run_pipeline_and_report(args, path, graph, tensors, workload, params, None)
@@ -507,6 +514,7 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
     if path.suffix == ".json":
         return load_profile(path)
     package = load_package(path)
+    refuse_group_program(package, path)
     workload, params, graph, tensors = _package_workload(package)
     if "pipeline" in package.manifest:
         count = images_to_fill(package)
@@ -567,9 +575,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     m = package.manifest
     if "pipeline" in m:
         summary = inspect_pipeline(package)  # every group program loaded and checked
-    else:
-        SimulatedIpu(get_target(package.target)).load(package)  # every check the device makes
+    else:  # every check the device makes, on the tiles the program was compiled for
+        tiles = group_program_tiles(package)
+        target = get_target(package.target)
+        SimulatedIpu(target if tiles is None else target.with_tiles(tiles)).load(package)
         summary = _inspect_program(package)
+        if tiles is not None:
+            summary["tiles"] = f"{tiles} of {target.tiles}: one pipeline group's program"
     if args.json:
         print(json.dumps(summary, indent=1))
     else:

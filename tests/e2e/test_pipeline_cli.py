@@ -55,6 +55,22 @@ def test_inspect_and_run_a_pipeline_package(piped):
     assert again["cycles"] == piped.record["cycles"] and again["images"] == 2
 
 
+def test_a_group_program_is_inspected_on_its_tiles_and_not_run_alone(piped):
+    whole = piped.folder / "pkg" / "model.ipuexe"
+    group = piped.folder / "pkg" / "group1" / "model.ipuexe"
+    code, out, err = cli(["inspect", str(group), "--json"])
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["tiles"] == "736 of 1472: one pipeline group's program"
+    assert summary["workload"].endswith(".group1")
+    for command in ("run", "profile"):
+        code, _, err = cli([command, str(group)])
+        line = one_error_line(code, err)
+        assert line == (f"error: {group} is one pipeline group's program (736 of 1472 tiles), "
+                        f"which runs only inside its pipeline: run the pipeline's package "
+                        f"{whole}")
+
+
 def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):
     result = bench("siglip-mlp", "--tokens", "17", "--dim", "64", "--hidden", "96",
                    "--strategy", "auto", folder=tmp_path, cache_dir=cache_dir)

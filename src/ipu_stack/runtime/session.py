@@ -33,6 +33,7 @@ from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
 from ipu_stack.runtime.tolerance import Comparison, compare
 from ipu_stack.runtime.verdict import StageJudge, Verdict, log_verdict
 from ipu_stack.target import get_target
+from ipu_stack.util.errors import UsageError
 from ipu_stack.util.heap import keep_freed_memory, release_freed_memory
 from ipu_stack.util.log import event
 
@@ -70,6 +71,30 @@ def load_package(path: Path, target_name: str = "ipu21") -> Package:
     event(LOG, "application package read", tiles=get_target(target_name).tiles,
           compiler=package.compiler_version)
     return package
+
+
+def group_program_tiles(package: Package) -> int | None:
+    """The tiles a package's program was compiled for when that is part of its chip (one
+    pipeline group's program, written under ``DIR/group<N>/`` beside the pipeline's own
+    package), else ``None``."""
+    tiles = (package.manifest.get("options") or {}).get("tiles")
+    if "pipeline" in package.manifest or not tiles \
+            or int(tiles) >= get_target(package.target).tiles:
+        return None
+    return int(tiles)
+
+
+def refuse_group_program(package: Package, path: Path) -> None:
+    """One line, not a device fault, for a run of one group's program on its own: its input
+    is the previous group's output, which only the pipeline's package streams in."""
+    tiles = group_program_tiles(package)
+    if tiles is None:
+        return
+    whole = Path(path).parent.parent / "model.ipuexe"
+    raise UsageError(f"{path} is one pipeline group's program ({tiles} of "
+                     f"{get_target(package.target).tiles} tiles), which runs only inside its "
+                     f"pipeline: run the pipeline's package"
+                     + (f" {whole}" if whole.is_file() else ""))
 
 
 def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
