@@ -314,6 +314,17 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
         assert np.array_equal(value, outputs[1][name]), name
 
 
+def test_the_step_by_kind_of_work_adds_up_to_the_planned_step(pipelined):
+    from benchmarks.pipeline_limits import step_by_kind
+
+    _, _, result = pipelined
+    by_kind = step_by_kind(result)
+    assert sum(by_kind.values()) == result.estimate["cycles"]
+    assert by_kind["hand-off between groups"] == max(result.estimate["handoff_cycles"])
+    assert by_kind["AMP (GEMM)"] > 0 and by_kind["softmax"] > 0 \
+        and by_kind["exchange: A operands"] > 0 and "exchange: other" not in by_kind
+
+
 def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     from ipu_stack.profile import write_profile_files
     from ipu_stack.profile.capture import profile_of_pipeline
