@@ -106,14 +106,19 @@ def row_stage_cycles(program: Program, target: Target) -> int:
             continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            size = max((int(np.max(call.tiles)) + 1 for call in step.calls
-                        if len(call.tiles)), default=1)
-            busy = np.zeros(size, dtype=np.int64)
-            for call in step.calls:
-                np.add.at(busy, np.asarray(call.tiles, dtype=np.int64),
-                          kernel_cost(call.instance))
-            total += int(times[index]) * (int(busy.max()) + timing.p("sync"))
+            total += int(times[index]) * (busiest_tile_cycles(step) + timing.p("sync"))
     return total
+
+
+def busiest_tile_cycles(step: ComputeSet) -> int:
+    """A compute set's busiest tile: the closed forms of the calls it runs one after
+    another, added up."""
+    size = max((int(np.max(call.tiles)) + 1 for call in step.calls if len(call.tiles)),
+               default=1)
+    busy = np.zeros(size, dtype=np.int64)
+    for call in step.calls:
+        np.add.at(busy, np.asarray(call.tiles, dtype=np.int64), kernel_cost(call.instance))
+    return int(busy.max())
 
 
 def superstep_estimates(program: Program, schedules: dict[int, Schedule],
@@ -137,12 +142,7 @@ def superstep_estimates(program: Program, schedules: dict[int, Schedule],
             return "exchange", estimate_exchange_phase(horizon) + sync
         if not isinstance(step, ComputeSet):
             return None
-        size = max((int(np.max(call.tiles)) + 1 for call in step.calls if len(call.tiles)),
-                   default=1)
-        busy = np.zeros(size, dtype=np.int64)
-        for call in step.calls:
-            np.add.at(busy, np.asarray(call.tiles, dtype=np.int64), kernel_cost(call.instance))
-        return "compute", int(busy.max()) + sync
+        return "compute", busiest_tile_cycles(step) + sync
 
     base = len(program.initialize)
     order: list[int] = []
