@@ -77,11 +77,12 @@ def group_program_tiles(package: Package) -> int | None:
     """The tiles a package's program was compiled for when that is part of its chip (one
     pipeline group's program, written under ``DIR/group<N>/`` beside the pipeline's own
     package), else ``None``."""
-    tiles = (package.manifest.get("options") or {}).get("tiles")
-    if "pipeline" in package.manifest or not tiles \
-            or int(tiles) >= get_target(package.target).tiles:
-        return None
-    return int(tiles)
+    options = package.manifest.get("options")
+    tiles = options.get("tiles") if isinstance(options, dict) else None
+    if "pipeline" in package.manifest or type(tiles) is not int \
+            or not 0 < tiles < get_target(package.target).tiles:
+        return None  # a whole chip's program (or a malformed record, refused where read)
+    return tiles
 
 
 def refuse_group_program(package: Package, path: Path) -> None:
