@@ -338,7 +338,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
     write_package(package, target=chip.name, compiler_version=__version__, manifest=manifest,
                   arrays=arrays)
     event(LOG, "pipeline package written", path=str(package), groups=count, chips=chips,
-          estimated_step_cycles=estimate["cycles"])
+          estimated_step_cycles=estimate["cycles"],
+          alignment_cycles=max(estimate["alignment_cycles"], default=0))
     return PipelineResult(package, graph, tensors, groups, tiles, estimate, reason,
                           compiled=[compiled[i] for i in order])
 
