@@ -250,3 +250,20 @@ def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_d
                            keep_weights=False))
     assert streamed.verdict.stages == whole.stages
     assert len(whole.stages) > 10 and streamed.passed and whole.passed
+
+
+def test_the_estimate_prices_the_program_as_lowered(tmp_path, cache_dir):
+    """The compiler's estimate is the lowered program's compute sets at their kernels'
+    closed forms (plus the scheduled phases), not the stage plans' block closed forms: in
+    the F16 mode an attention product's plan prices its block where the program runs one
+    call a head, and only the first equals what the device executes."""
+    result = bench("siglip-vision", "--layers", "1", "--image", "224", "--dim", "576",
+                   "--heads", "8", "--hidden", "1024", "--gemm-mode", "f16",
+                   folder=tmp_path, cache_dir=cache_dir)
+    record = result.record
+    assert record["numericalTest"] == "PASS"
+    assert record["estimatedCycles"] == record["cycles"] and record["estimateError"] == 0
+    estimate = read_package(tmp_path / "pkg" / "model.ipuexe").manifest["estimate"]
+    plans = estimate["analytical_cycles"] - estimate["analytical_exchange_cycles"] \
+        + estimate["scheduled_exchange_cycles"]
+    assert plans > estimate["cycles"] == record["cycles"]

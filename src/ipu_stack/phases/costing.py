@@ -1,8 +1,9 @@
 """How the compiler costs a lowered program, and the small records its stages log.
 
-The planner's own estimate (``refined_estimate``): analytical compute from the stage plans
-plus every exchange phase at its scheduled, instruction-level horizon and the measured phase
-cost (``target.timing``).  The simulator never calls any of this.
+The planner's own estimate (``refined_estimate``): every compute set of the lowered program
+at its busiest tile's kernel closed forms, plus every exchange phase at its scheduled,
+instruction-level horizon and the measured phase cost (``target.timing``), superstep by
+superstep (``superstep_estimates``).  The simulator never calls any of this.
 """
 
 from __future__ import annotations
@@ -185,16 +186,23 @@ def refined_estimate(
     plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule],
     target: Target, repeats: list[int] | None = None,
 ) -> dict[str, int]:
-    """The compiler's cost: analytical compute plus the scheduled exchange horizons
-    (``repeats``: how many times each planned stage runs)."""
+    """The compiler's cost of a lowered program: every compute set at its busiest tile's
+    kernel closed forms plus a sync, every exchange phase at its scheduled horizon (so
+    ``cycles`` is the sum of :func:`superstep_estimates`).  ``analytical_cycles``: the stage
+    plans' own closed forms (``repeats``: how many times each planned stage runs), which the
+    search ranks plans by; a grouped GEMM's plan prices its block where the program runs
+    one call a head, so the two can differ by a little."""
     repeats = repeats or [1] * len(plans)
     gemms = [(p, n) for p, n in zip(plans, repeats, strict=True) if p is not None]
-    compute = sum(n * (p.estimated_cycles - p.exchange_cycles) for p, n in gemms)
-    compute += row_stage_cycles(program, target)
+    analytical = sum(n * (p.estimated_cycles - p.exchange_cycles) for p, n in gemms) \
+        + row_stage_cycles(program, target)
     analytical_exchange = sum(n * p.exchange_cycles for p, n in gemms)
+    times = program.repeats()
+    compute = sum(int(times[index]) * (busiest_tile_cycles(step) + timing.p("sync"))
+                  for _, index, step in program.steps() if isinstance(step, ComputeSet))
     scheduled = scheduled_exchange_cycles(program, schedules, target)
     return {
-        "analytical_cycles": compute + analytical_exchange,
+        "analytical_cycles": analytical + analytical_exchange,
         "analytical_exchange_cycles": analytical_exchange,
         "scheduled_exchange_cycles": scheduled,
         "cycles": compute + scheduled,
