@@ -25,9 +25,8 @@ from collections import Counter
 from pathlib import Path
 
 from ipu_stack.cli import parse_workload
-from ipu_stack.contract.program import Compute, Exchange, Loop
 from ipu_stack.ir.graph import gemm_macs
-from ipu_stack.pipeline import CompileOptions, CompileResult
+from ipu_stack.pipeline import CompileOptions
 from ipu_stack.runtime.alignment import merge
 from ipu_stack.strategy import compile_pipeline
 from ipu_stack.strategy.compile import PipelineResult
@@ -41,25 +40,6 @@ EXCHANGE = {"operands": "exchange: A operands", "right": "exchange: B operands",
             "reduce": "exchange: partials (reduce-scatter)", "rows": "exchange: whole rows"}
 
 
-def superstep_names(result: CompileResult) -> list[str]:
-    """The run program's compute and exchange step names in the order they run (a loop
-    body once per pass), as ``superstep_estimates`` prices them."""
-    assert result.device_program is not None
-    run, names, index = list(result.device_program.run), [], 0
-    while index < len(run):
-        step = run[index]
-        if isinstance(step, Loop):
-            body = [s.name for s in run[index + 1:index + 1 + step.length]
-                    if isinstance(s, (Compute, Exchange))]
-            names += body * step.count
-            index += 1 + step.length
-            continue
-        if isinstance(step, (Compute, Exchange)):
-            names.append(step.name)
-        index += 1
-    return names
-
-
 def kind_of(name: str, kind: str) -> str:
     last = name.rsplit(".", 1)[-1]
     if kind == "exchange":
@@ -71,19 +51,15 @@ def step_by_kind(result: PipelineResult) -> Counter[str]:
     """The planner's steady step of a one-chip pipeline, each merged superstep put down to
     the kind of work that sets its length, and the hand-off; the values add up to the
     step."""
-    # the groups that share a program have one signature; programs are in first-group order
-    slot: dict[object, int] = {}
-    for group in result.groups:
-        slot.setdefault(group.signature(), len(slot))
-    programs = [result.compiled[slot[g.signature()]] for g in result.groups]
-    names = [superstep_names(p) for p in programs]
+    programs = [result.program_of(g) for g in result.groups]
     merged = merge([(p.superstep_kinds, p.superstep_cycles) for p in programs])
     by_kind: Counter[str] = Counter()
     for j, cycles in enumerate(merged.cycles.tolist()):
         longest = max((g for g in range(len(programs)) if merged.members[g, j] >= 0),
                       key=lambda g: programs[g].superstep_cycles[merged.members[g, j]])
         k = int(merged.members[longest, j])
-        by_kind[kind_of(names[longest][k], programs[longest].superstep_kinds[k])] += cycles
+        by_kind[kind_of(programs[longest].superstep_names[k],
+                        programs[longest].superstep_kinds[k])] += cycles
     by_kind["hand-off between groups"] += max(result.estimate["handoff_cycles"], default=0)
     return by_kind
 

@@ -236,7 +236,7 @@ def _result(build: Build) -> CompileResult:
     assert build.package is not None and build.graph is not None
     assert build.program is not None and build.placement is not None
     active = np.unique(np.concatenate([b.tiles for b in build.program.buffers]))
-    kinds, cycles = superstep_estimates(build.program, build.schedules, build.target)
+    kinds, cycles, names = superstep_estimates(build.program, build.schedules, build.target)
     return CompileResult(
         package=build.package, graph=build.graph, tensors=build.tensors,
         estimate=build.estimate, timings={},
@@ -245,4 +245,5 @@ def _result(build: Build) -> CompileResult:
                     if (plan := build.plans[i]) is not None],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
         device_program=build.device_program, superstep_kinds=kinds, superstep_cycles=cycles,
+        superstep_names=names,
     )

@@ -122,91 +122,74 @@ def busiest_tile_cycles(step: ComputeSet) -> int:
     return int(busy.max())
 
 
-def superstep_estimates(program: Program, schedules: dict[int, Schedule],
-                        target: Target) -> tuple[list[str], list[int]]:
-    """The run program's supersteps as the planner prices them, in the order they run (a
-    loop body once per pass): each compute set's busiest tile (its calls' closed forms added
-    up) and each exchange phase at its scheduled horizon, each with its sync.
+def step_prices(program: Program, schedules: dict[int, Schedule],
+                target: Target) -> dict[int, tuple[str, int]]:
+    """Every compute set and exchange phase of ``program`` priced once, by global step
+    index: ``("compute", busiest tile + sync)`` or ``("exchange", scheduled horizon + the
+    measured phase cost + sync)`` (``schedule_program`` schedules every phase)."""
+    sync = timing.p("sync")
+    prices: dict[int, tuple[str, int]] = {}
+    for _, index, step in program.steps():
+        if isinstance(step, ComputeSet):
+            prices[index] = ("compute", busiest_tile_cycles(step) + sync)
+        elif isinstance(step, Exchange):
+            horizon, _ = instruction_horizon(schedules[index], to_transfers(step, target))
+            prices[index] = ("exchange", estimate_exchange_phase(horizon) + sync)
+    return prices
+
+
+def superstep_estimates(program: Program, schedules: dict[int, Schedule], target: Target
+                        ) -> tuple[list[str], list[int], list[str]]:
+    """The run program's supersteps as the planner prices them (:func:`step_prices`), in
+    the order they run (a loop body once per pass): their kinds, cycles and names.
 
     Why: a pipeline's groups share the chip's supersteps, so a step lasts as long as their
     supersteps merged side by side, not as the slowest group's total.  The strategy merges
     these sequences as the chip runs them, superstep for superstep."""
-    by_index = {i: step for _, i, step in program.steps()}
-    sync = timing.p("sync")
-
-    def priced(index: int) -> tuple[str, int] | None:
-        step = by_index[index]
-        if isinstance(step, Exchange):
-            horizon = 0
-            if index in schedules:
-                horizon, _ = instruction_horizon(schedules[index], to_transfers(step, target))
-            return "exchange", estimate_exchange_phase(horizon) + sync
-        if not isinstance(step, ComputeSet):
-            return None
-        return "compute", busiest_tile_cycles(step) + sync
-
+    prices = step_prices(program, schedules, target)
     base = len(program.initialize)
     order: list[int] = []
     index = 0
     while index < len(program.run):
         step = program.run[index]
         if isinstance(step, Loop):
-            body = list(range(base + index + 1, base + index + 1 + step.length))
-            order += body * step.count
+            order += list(range(base + index + 1, base + index + 1 + step.length)) * step.count
             index += 1 + step.length
         else:
             order.append(base + index)
             index += 1
-    kinds: list[str] = []
-    cycles: list[int] = []
-    memo: dict[int, tuple[str, int] | None] = {}
-    for global_index in order:
-        if global_index not in memo:
-            memo[global_index] = priced(global_index)
-        found = memo[global_index]
-        if found is not None:
-            kinds.append(found[0])
-            cycles.append(found[1])
-    return kinds, cycles
-
-
-def scheduled_exchange_cycles(program: Program, schedules: dict[int, Schedule],
-                              target: Target) -> int:
-    """Every phase at its instruction-level horizon + the measured phase cost + a sync."""
-    by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
-    times = program.repeats()
-    total = 0
-    for index, schedule in schedules.items():
-        horizon, _ = instruction_horizon(schedule, to_transfers(by_index[index], target))
-        total += int(times[index]) * (estimate_exchange_phase(horizon) + timing.p("sync"))
-    return total
+    order = [i for i in order if i in prices]
+    steps = program.initialize + program.run
+    return ([prices[i][0] for i in order], [prices[i][1] for i in order],
+            [steps[i].name for i in order])  # type: ignore[union-attr]
 
 
 def refined_estimate(
     plans: list[GemmPlan | None], program: Program, schedules: dict[int, Schedule],
     target: Target, repeats: list[int] | None = None,
 ) -> dict[str, int]:
-    """The compiler's cost of a lowered program: every compute set at its busiest tile's
-    kernel closed forms plus a sync, every exchange phase at its scheduled horizon (so
-    ``cycles`` is the sum of :func:`superstep_estimates`).  ``analytical_cycles``: the stage
-    plans' own closed forms (``repeats``: how many times each planned stage runs), which the
-    search ranks plans by; a grouped GEMM's plan prices its block where the program runs
-    one call a head, so the two can differ by a little."""
+    """The compiler's cost of a lowered program (:func:`step_prices`, each step as many
+    times as it runs): every compute set at its busiest tile's kernel closed forms plus a
+    sync, every exchange phase at its scheduled horizon, so ``cycles`` is the sum of
+    :func:`superstep_estimates`.  ``analytical_cycles``: the stage plans' own closed forms
+    (``repeats``: how many times each planned stage runs), which the search ranks plans by;
+    a grouped GEMM's plan prices its block where the program runs one call a head, so the
+    two can differ by a little."""
     repeats = repeats or [1] * len(plans)
     gemms = [(p, n) for p, n in zip(plans, repeats, strict=True) if p is not None]
     analytical = sum(n * (p.estimated_cycles - p.exchange_cycles) for p, n in gemms) \
         + row_stage_cycles(program, target)
     analytical_exchange = sum(n * p.exchange_cycles for p, n in gemms)
     times = program.repeats()
-    compute = sum(int(times[index]) * (busiest_tile_cycles(step) + timing.p("sync"))
-                  for _, index, step in program.steps() if isinstance(step, ComputeSet))
-    scheduled = scheduled_exchange_cycles(program, schedules, target)
+    totals = {"compute": 0, "exchange": 0}
+    for index, (kind, cycles) in step_prices(program, schedules, target).items():
+        totals[kind] += int(times[index]) * cycles
     return {
         "analytical_cycles": analytical + analytical_exchange,
         "analytical_exchange_cycles": analytical_exchange,
-        "scheduled_exchange_cycles": scheduled,
-        "cycles": compute + scheduled,
-        "compute_cycles": compute,
+        "scheduled_exchange_cycles": totals["exchange"],
+        "cycles": totals["compute"] + totals["exchange"],
+        "compute_cycles": totals["compute"],
     }
 
 

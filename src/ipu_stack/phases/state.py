@@ -92,10 +92,11 @@ class CompileResult:
     peak_bytes: int = 0
     active_tiles: int = 0
     device_program: DeviceProgram | None = None  # what the package holds, typed
-    # the run program's supersteps as the planner prices them, in order (kind, cycles):
-    # what a pipeline's step estimate merges (``phases.costing.superstep_estimates``)
+    # the run program's supersteps as the planner prices them, in order (kind, cycles,
+    # name): what a pipeline's step estimate merges (``phases.costing.superstep_estimates``)
     superstep_kinds: list[str] = field(default_factory=list)
     superstep_cycles: list[int] = field(default_factory=list)
+    superstep_names: list[str] = field(default_factory=list)
 
 
 @dataclass

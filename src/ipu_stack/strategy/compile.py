@@ -86,6 +86,12 @@ class PipelineResult:
     timings: dict[str, float] = field(default_factory=dict)
     compiled: list[CompileResult] = field(default_factory=list)
 
+    def program_of(self, group: LayerGroup) -> CompileResult:
+        """The compiled program ``group`` runs: groups of one signature share one, and
+        ``compiled`` holds them in the order of their first groups."""
+        first = _distinct(self.groups)
+        return self.compiled[sorted(set(first.values())).index(first[group.index])]
+
 
 def group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workload:
     """The group's graph as a workload the single-program compiler takes."""
