@@ -20,7 +20,7 @@ from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
 from ipu_stack.kernels import epilogue as epilogue_module
 from ipu_stack.kernels import gemm as gemm_module
 from ipu_stack.kernels import rowwise as rowwise_module
-from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.base import KernelInstance, read_shared_values, read_values
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.epilogue import epilogue_params
 from ipu_stack.kernels.gemm import gemm_params
@@ -63,8 +63,9 @@ def legacy_pass_matmul(a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray:
     return partial.astype(np.float32)
 
 
-def legacy_pass_codes(a: np.ndarray, b: np.ndarray, step: int) -> np.ndarray:
-    return legacy_pass_matmul(a, b, step).astype(np.float16)
+def legacy_pass_codes(a: np.ndarray, b: np.ndarray, step: int,
+                      a_of: np.ndarray | None = None) -> np.ndarray:
+    return legacy_pass_matmul(a if a_of is None else a[a_of], b, step).astype(np.float16)
 
 
 @pytest.fixture
@@ -188,6 +189,22 @@ def test_fp16_pass_matmul_matches_the_legacy_passes(rows: int, depth: int, cols:
     np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("batch_bytes", [256 << 10, 600])
+def test_pass_products_of_a_shared_a_are_the_per_item_ones(batch_bytes: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Items that share their A (``a_of``: runs) give the bits each item's own copy gives,
+    whether a sub-batch holds a whole run or the runs are cut into sub-batches."""
+    monkeypatch.setattr(rounding, "PASS_BATCH_BYTES", batch_bytes)
+    rng = np.random.default_rng(5)
+    shared = random_fp8_values(rng, (3, 6, 70), -3)
+    run_of = np.array([0, 0, 0, 1, 2, 2, 2, 2])
+    b = random_fp8_values(rng, (8, 70, 11), -6)
+    got = rounding.fp16_pass_codes(shared, b, 32, run_of)
+    want = rounding.fp16_pass_codes(np.ascontiguousarray(shared[run_of]), b, 32)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(got.astype(np.float32), legacy_pass_matmul(shared[run_of], b, 32))
+
+
 # ------------------------------------------------------------------ kernels, both paths
 
 TILES = np.array([0, 2, 3, 5], dtype=np.int64)
@@ -270,6 +287,36 @@ def test_gemm_both_paths(pa, pb, rows, depth, cols, mode, transposed, legacy, ch
     fill(memory, 0, 4096, pa, 1)
     fill(memory, 4096, 4096, pb, 2)
     both_paths(params, "gemm", shifted([64, 4096, 9000, 12000]), legacy, memory)
+
+
+def test_gemm_decodes_an_a_block_once_for_the_tiles_that_repeat_it(legacy, chunking) -> None:
+    """A row block's column tiles hold the same A bytes: the kernel decodes them once a run
+    of repeating tiles and gives every tile the product with its own B; a tile whose A
+    differs in one byte of its last row is a run of its own.  The bytes written are the
+    per-tile legacy path's."""
+    pa, pb, rows, depth, cols = f143(-3), f143(-5), 9, 70, 21
+    a_pitch, b_pitch, out_pitch = 72, 24, 2 * cols + 8
+    params = gemm_params(pa, pb, rows, depth, cols, a_pitch, b_pitch, out_pitch, "fp8")
+    addresses = shifted([64, 4096, 9000, 12000])
+    memory = random_memory(11)
+    extent = (rows - 1) * a_pitch + depth
+    block = memory[TILES[0], 64 : 64 + extent].copy()
+    for i in (1, 2, 3):  # the same A on tiles 2 and 3; on tile 5 with one byte changed
+        memory[TILES[i], addresses[i][0] : addresses[i][0] + extent] = block
+    memory[TILES[3], addresses[3][0] + extent - 1] ^= 0x01
+    a_at = np.array([a[0] for a in addresses], dtype=np.int64)
+    values, run_of = read_shared_values(memory, TILES, a_at, rows, depth, a_pitch, pa)
+    assert run_of is not None and run_of.tolist() == [0, 0, 0, 1] and len(values) == 2
+    each = read_values(memory, TILES, a_at, rows, depth, a_pitch, pa)
+    np.testing.assert_array_equal(values[run_of], each)
+    both_paths(params, "gemm", addresses, legacy, memory)
+
+
+def test_an_operand_no_tile_repeats_is_read_per_tile() -> None:
+    memory = random_memory(12)
+    values, run_of = read_shared_values(memory, TILES, 64, 5, 16, 16, f143(0))
+    assert run_of is None
+    np.testing.assert_array_equal(values, read_values(memory, TILES, 64, 5, 16, 16, f143(0)))
 
 
 @pytest.mark.parametrize(("partials", "chain", "bias", "out"), [

@@ -267,11 +267,16 @@ def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray
 PASS_BATCH_BYTES = 256 << 10  # one sub-batch's products and partials: held in L2
 
 
-def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray:
+def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int,
+                    a_of: np.ndarray | None = None) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``
     ``[batch, depth, cols]`` (float32 values of FP8 operands); each ``pass_depth``-deep slice
     is one float32 matrix product, added to an FP16 partial that is rounded after every
-    pass.  Returns the partials as float16 ``[batch, rows, cols]``.
+    pass.  Returns the partials as float16 ``[batch, rows, cols]``.  With ``a_of`` (each
+    item's row of ``a``, non-decreasing: runs of items that share their A operand, as
+    ``kernels.base.read_shared_values`` reads them), ``a`` holds one matrix a run and a
+    sub-batch never spans two runs: its product takes the run's matrix broadcast, the same
+    BLAS call per item on the same values.
 
     The items go in sub-batches whose products and partials stay in cache.  Each pass is one
     stacked matmul over the sub-batch (numpy makes one BLAS call per item, on views of the
@@ -279,27 +284,38 @@ def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int) -> np.ndarray
     compiled loop folds it into the partials; the last pass folds and encodes in one sweep.
     One call per pass and sub-batch, not per item: a tower's GEMMs are about a million
     tile-sized passes, and the Python around each call cost more than its product."""
-    batch, rows, depth = a.shape
-    cols = b.shape[-1]
+    batch, depth, cols = b.shape
+    rows = a.shape[1]
     size = rows * cols
     codes = np.empty((batch, size), dtype=np.uint16)
     starts = list(range(0, depth, pass_depth))
     step = max(1, PASS_BATCH_BYTES // max(1, 8 * size))
     dots = np.empty((min(step, batch), rows, cols), dtype=np.float32)
     partial = np.empty((min(step, batch), size if len(starts) > 1 else 0), dtype=np.float32)
-    for first in range(0, batch, step):
-        last = min(first + step, batch)
+    for first, last in _sub_batches(batch, step, a_of):
         dot, folded = dots[: last - first], partial[: last - first]
         flat = dot.reshape(last - first, 1, size)
         folded.fill(0.0)
+        left = a[first:last] if a_of is None else a[a_of[first]]
         for lo in starts:
             hi = min(lo + pass_depth, depth)
-            np.matmul(a[first:last, :, lo:hi], b[first:last, lo:hi], out=dot)
+            np.matmul(left[..., lo:hi], b[first:last, lo:hi], out=dot)
             if lo != starts[-1]:
                 _accumulate(flat, folded)
             else:  # the last pass folds and encodes in one sweep
                 _fold_encode_batch(flat, folded, codes[first:last])
     return codes.view(np.float16).reshape(batch, rows, cols)
+
+
+def _sub_batches(batch: int, step: int, a_of: np.ndarray | None) -> list[tuple[int, int]]:
+    """``[first, last)`` item ranges of at most ``step`` items, none spanning two runs of
+    ``a_of``."""
+    if a_of is None:
+        return [(first, min(first + step, batch)) for first in range(0, batch, step)]
+    starts = np.flatnonzero(np.diff(a_of, prepend=-1)).tolist() + [batch]
+    return [(first, min(first + step, end))
+            for start, end in zip(starts[:-1], starts[1:], strict=True)
+            for first in range(start, end, step)]
 
 
 @numba.njit(cache=True, nogil=True)

@@ -30,6 +30,7 @@ from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
     read_matrix,
+    read_shared_values,
     read_values,
     register,
     tile_chunks,
@@ -83,9 +84,11 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     tile_bytes = 4 * (rows * depth + depth * cols + rows * cols)
     for chunk, (a_addr, b_addr, out_addr, scratch_addr) in tile_chunks(
             tiles, addresses, tile_bytes, CHUNK_BYTES):
-        a = read_values(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa)
+        # the A block is the same bytes on a row block's column tiles: decoded once a run
+        a, a_of = read_shared_values(mem, chunk, a_addr, rows, depth, params["a_pitch"], pa)
         b = read_values(mem, chunk, b_addr, b_rows, b_cols, params["b_pitch"], pb)
         if cast:  # FP8 -> F16 into the scratch operand, then the F16 AMP reads it back
+            a, a_of = (a if a_of is None else a[a_of]), None  # each tile casts its own
             a16, b16 = F16.quantize(a), F16.quantize(b)
             write_rows(mem, chunk, scratch_addr, depth * 2, a16.view(np.uint8))
             b_scratch = scratch_addr + rows * depth * 2
@@ -97,10 +100,10 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
             b = b.transpose(0, 2, 1)
         if mode == "fp8":
             pass_depth = p("amp_f8_depth")
-            partial = fp16_pass_codes(a, b, pass_depth)
+            partial = fp16_pass_codes(a, b, pass_depth, a_of)
             depth_passes = -(-depth // pass_depth)
         else:
-            partial = np.matmul(a, b).astype(np.float32)
+            partial = np.matmul(a if a_of is None else a[a_of], b).astype(np.float32)
             depth_passes = -(-depth // p("amp_f16_depth"))
         write_rows(mem, chunk, out_addr, params["out_pitch"], partial.view(np.uint8))
     col_groups = -(-cols // p("amp_out_columns"))
