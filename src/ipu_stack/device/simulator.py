@@ -52,7 +52,7 @@ from ipu_stack.device.record import ComputeTrace, StepRecord
 from ipu_stack.device.words import move_words
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.values import StoredTensor
-from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.base import KernelInstance, read_rows
 from ipu_stack.package import Package
 from ipu_stack.target import Target, timing
 from ipu_stack.util.errors import DeviceFault, PackageError
@@ -280,9 +280,13 @@ class SimulatedIpu:
         nbytes = layout.block_bytes
         blocks = np.zeros((tiles.shape[0] * tiles.shape[1], nbytes), dtype=np.uint8)
         flat_t, flat_a = tiles.ravel(), addresses.ravel() - self.base
-        for address in np.unique(flat_a[flat_t >= 0]):
-            sel = (flat_a == address) & (flat_t >= 0)
-            blocks[sel] = self.memory[flat_t[sel], address : address + nbytes]
+        held = flat_t >= 0
+        if held.any():  # one compiled gather of every held block
+            at = flat_a[held]
+            if int(at.min()) < 0 or int(at.max()) + nbytes > self.memory.shape[1]:
+                raise DeviceFault(f"host read of {step.tensor} reaches outside tile memory")
+            blocks[held] = read_rows(self.memory, flat_t[held], flat_a[held], 1, nbytes,
+                                     nbytes)[:, 0]
         return layout.from_blocks(blocks), layout.precision
 
     def _compute(self, step: Compute, trace: ComputeTrace | None = None, layer: int = 0

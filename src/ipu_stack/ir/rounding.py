@@ -350,46 +350,61 @@ def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
     a_passes = [np.ascontiguousarray(a[:, lo:hi]) for lo, hi in passes]
     strip = int(min(cols, max(16, CACHE_BYTES // (12 * rows) // 16 * 16)))
     dot = np.empty((rows, strip), dtype=np.float32)
-    partial = np.empty((1, rows * strip), dtype=np.float32)
+    # each depth block's partial of a strip: one slot (no owners: one slot, added at once)
+    count = -(-depth // depth_block) if owners is not None else 1
+    if owners is not None and owners.size and not 0 <= int(owners.min()) <= int(
+            owners.max()) < count:
+        raise ValueError(f"rows owned by depth blocks {int(owners.min())}.."
+                         f"{int(owners.max())} of {count}")
+    partials = np.empty((count, rows * strip), dtype=np.float32)
     for c0 in range(0, cols, strip):
         width = min(strip, cols - c0)
         product = dot[:, :width]
-        folded = partial[:, : rows * width]
         out = total[:, c0 : c0 + width]
-        blocks = []
         for index, (lo, hi) in enumerate(passes):
+            slot = lo // depth_block if owners is not None else 0
+            folded = partials[slot : slot + 1, : rows * width]
             if lo % depth_block == 0:
                 folded[:] = 0
             np.matmul(a_passes[index], b[lo:hi, c0 : c0 + width], out=product)
             _accumulate(np.ascontiguousarray(product).reshape(1, 1, -1), folded)
-            if hi % depth_block == 0 or hi == depth:
-                if owners is None:
-                    out += folded.reshape(rows, width)
-                else:
-                    blocks.append(folded.reshape(rows, width).copy())
+            if owners is None and (hi % depth_block == 0 or hi == depth):
+                out += folded.reshape(rows, width)
         if owners is not None:
-            out[:] = add_in_owner_order(blocks, owners)
+            _add_owner_first(partials[:, : rows * width].reshape(count, rows, width),
+                             owners.astype(np.int64, copy=False), out)
     return total
 
 
-def add_in_owner_order(parts: list[np.ndarray], owners: np.ndarray) -> np.ndarray:
+def add_in_owner_order(parts: list[np.ndarray] | np.ndarray, owners: np.ndarray
+                       ) -> np.ndarray:
     """``sum(parts)`` row by row in float32, each row starting from ``parts[owners[row]]``
     and adding the others in order: how a depth-split GEMM's reduce adds its partials (the
-    depth tile that finishes a row adds its own partial first)."""
-    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < len(parts):
+    depth tile that finishes a row adds its own partial first).  One compiled sweep over the
+    rows: the row sets of each owner, gathered part by part, cost more than the adds."""
+    stacked = parts if isinstance(parts, np.ndarray) else np.stack(parts)
+    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < len(stacked):
         raise ValueError(f"rows owned by depth blocks {int(owners.min())}..{int(owners.max())}"
-                         f" of {len(parts)}")
-    total = np.empty(parts[0].shape, dtype=np.float32)
-    for own in range(len(parts)):
-        rows = np.flatnonzero(owners == own)
-        if rows.size == 0:
-            continue
-        acc = parts[own][rows].astype(np.float32, copy=False)  # a copy: fancy indexing
-        for k, part in enumerate(parts):
+                         f" of {len(stacked)}")
+    rows = stacked.shape[1]
+    total = np.empty((rows, stacked[0].size // max(rows, 1)), dtype=np.float32)
+    _add_owner_first(stacked.astype(np.float32, copy=False).reshape(len(stacked), rows, -1),
+                     owners.astype(np.int64, copy=False), total)
+    return total.reshape(stacked.shape[1:])
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_owner_first(parts: np.ndarray, owners: np.ndarray, out: np.ndarray) -> None:
+    for r in range(out.shape[0]):
+        own = owners[r]
+        row, first = out[r], parts[own, r]
+        for c in range(row.size):
+            row[c] = first[c]
+        for k in range(parts.shape[0]):
             if k != own:
-                acc += part[rows]
-        total[rows] = acc
-    return total
+                part = parts[k, r]
+                for c in range(row.size):
+                    row[c] += part[c]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

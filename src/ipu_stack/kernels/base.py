@@ -175,8 +175,15 @@ def _gather_decoded(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, r
 
 
 def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
-    """An operand's address on each tile of a call (int64 ``[len(tiles)]``)."""
-    return np.broadcast_to(np.asarray(address, dtype=np.int64), (len(tiles),))
+    """An operand's address on each tile of a call (int64 ``[len(tiles)]``, contiguous).
+    A shared address is filled in, not broadcast: ``np.broadcast_to`` costs microseconds a
+    call and a tower's run makes millions of these."""
+    if isinstance(address, np.ndarray) and address.ndim == 1 and len(address) == len(tiles):
+        return np.ascontiguousarray(address, dtype=np.int64)
+    if isinstance(address, (int, np.integer)) or np.ndim(address) == 0:
+        return np.full(len(tiles), int(address), dtype=np.int64)
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(address, dtype=np.int64),
+                                                (len(tiles),)))
 
 
 def tile_chunks(tiles: np.ndarray, addresses: list[int | np.ndarray], tile_bytes: int,
