@@ -285,8 +285,7 @@ class SimulatedIpu:
             at = flat_a[held]
             if int(at.min()) < 0 or int(at.max()) + nbytes > self.memory.shape[1]:
                 raise DeviceFault(f"host read of {step.tensor} reaches outside tile memory")
-            blocks[held] = read_rows(self.memory, flat_t[held], flat_a[held], 1, nbytes,
-                                     nbytes)[:, 0]
+            blocks[held] = read_rows(self.memory, flat_t[held], at, 1, nbytes, nbytes)[:, 0]
         return layout.from_blocks(blocks), layout.precision
 
     def _compute(self, step: Compute, trace: ComputeTrace | None = None, layer: int = 0

@@ -352,10 +352,8 @@ def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
     dot = np.empty((rows, strip), dtype=np.float32)
     # each depth block's partial of a strip: one slot (no owners: one slot, added at once)
     count = -(-depth // depth_block) if owners is not None else 1
-    if owners is not None and owners.size and not 0 <= int(owners.min()) <= int(
-            owners.max()) < count:
-        raise ValueError(f"rows owned by depth blocks {int(owners.min())}.."
-                         f"{int(owners.max())} of {count}")
+    if owners is not None:
+        _check_owners(owners, count)
     partials = np.empty((count, rows * strip), dtype=np.float32)
     for c0 in range(0, cols, strip):
         width = min(strip, cols - c0)
@@ -383,14 +381,20 @@ def add_in_owner_order(parts: list[np.ndarray] | np.ndarray, owners: np.ndarray
     depth tile that finishes a row adds its own partial first).  One compiled sweep over the
     rows: the row sets of each owner, gathered part by part, cost more than the adds."""
     stacked = parts if isinstance(parts, np.ndarray) else np.stack(parts)
-    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < len(stacked):
-        raise ValueError(f"rows owned by depth blocks {int(owners.min())}..{int(owners.max())}"
-                         f" of {len(stacked)}")
+    _check_owners(owners, len(stacked))
     rows = stacked.shape[1]
     total = np.empty((rows, stacked[0].size // max(rows, 1)), dtype=np.float32)
     _add_owner_first(stacked.astype(np.float32, copy=False).reshape(len(stacked), rows, -1),
                      owners.astype(np.int64, copy=False), total)
     return total.reshape(stacked.shape[1:])
+
+
+def _check_owners(owners: np.ndarray, blocks: int) -> None:
+    """Every row's owner is one of the ``blocks`` depth blocks (the compiled sweep does not
+    check its indices)."""
+    if owners.size and not 0 <= int(owners.min()) <= int(owners.max()) < blocks:
+        raise ValueError(f"rows owned by depth blocks {int(owners.min())}..{int(owners.max())}"
+                         f" of {blocks}")
 
 
 @numba.njit(cache=True, nogil=True)

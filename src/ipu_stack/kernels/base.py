@@ -206,7 +206,7 @@ def read_rows(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, row
     tile: ``uint8 [len(tiles), rows, row_bytes]``.  One compiled loop gathers every tile of a
     call, whatever its address (tiles of one call share parameters, not addresses)."""
     out = np.empty((len(tiles), rows, row_bytes), dtype=np.uint8)
-    _gather(mem, np.asarray(tiles, dtype=np.int64), np.ascontiguousarray(per_tile(address, tiles)),
+    _gather(mem, np.asarray(tiles, dtype=np.int64), per_tile(address, tiles),
             rows, row_bytes, pitch, out)
     return out
 
@@ -222,7 +222,7 @@ def write_rows(
     if data.shape[1] == 0:
         return
     _scatter(mem, np.asarray(tiles, dtype=np.int64),
-             np.ascontiguousarray(per_tile(address, tiles)), pitch,
+             per_tile(address, tiles), pitch,
              np.ascontiguousarray(data.reshape(data.shape[0], data.shape[1], -1)))
 
 
@@ -257,7 +257,7 @@ def add_values(total: np.ndarray, mem: np.ndarray, tiles: np.ndarray,
         total += read_values(mem, tiles, address, rows, cols, pitch, precision)
         return
     _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
-                    np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
+                    per_tile(address, tiles), rows, cols, pitch,
                     precision.itemsize, _table(precision), total, True)
 
 
@@ -270,7 +270,7 @@ def read_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.ndarray, r
                                                 precision.dtype))
     out = np.empty((len(tiles), rows, cols), dtype=np.float32)
     _gather_decoded(mem, np.asarray(tiles, dtype=np.int64),
-                    np.ascontiguousarray(per_tile(address, tiles)), rows, cols, pitch,
+                    per_tile(address, tiles), rows, cols, pitch,
                     precision.itemsize, _table(precision), out, False)
     return out
 
@@ -318,7 +318,7 @@ def read_shared_values(mem: np.ndarray, tiles: np.ndarray, address: int | np.nda
     count = len(tiles)
     if precision.kind == "F32" or rows == 0 or count < 2:
         return read_values(mem, tiles, address, rows, cols, pitch, precision), None
-    addresses = np.ascontiguousarray(per_tile(address, tiles))
+    addresses = per_tile(address, tiles)
     repeats = np.empty(count, dtype=np.bool_)
     _repeats_previous(mem, tiles, addresses, rows, cols * precision.itemsize, pitch, repeats)
     if not repeats.any():
