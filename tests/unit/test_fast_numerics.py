@@ -136,6 +136,9 @@ def test_encode_fp8_matches_ml_dtypes(kind: str, scale: int) -> None:
         (finite * 2.0**scale).astype(np.float32), mids, np.nextafter(mids, np.float32(np.inf)),
         np.nextafter(mids, np.float32(-np.inf)), probes,
         (rng.standard_normal(20000) * 2.0 ** rng.integers(-20, 20, 20000)).astype(np.float32),
+        # a sweep of every float32 bit pattern (each 4099th: every exponent, both signs,
+        # NaNs, infinities and float32 subnormals), for the branch-free encoder's selects
+        np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32),
     ])
     with np.errstate(all="ignore"):
         expected = np.clip(np.ldexp(values, -scale), -limit, limit).astype(dtype)

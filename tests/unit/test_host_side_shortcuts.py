@@ -195,7 +195,19 @@ def _f16_by_hand():  # type: ignore[no-untyped-def]
     import numba
 
     bits_of, from_bits = rounding._bits, rounding._from_bits
-    round_mantissa, round_quantum = rounding._round_mantissa, rounding._round_quantum
+
+    @numba.njit(nogil=True, inline="always")
+    def round_mantissa(magnitude, drop):  # type: ignore[no-untyped-def]
+        # nearest even with the low ``drop`` mantissa bits cleared (a carry moves up)
+        half = np.uint32((1 << (drop - 1)) - 1)
+        odd = (magnitude >> np.uint32(drop)) & np.uint32(1)
+        return (magnitude + half + odd) & ~np.uint32((1 << drop) - 1)
+
+    @numba.njit(nogil=True, inline="always")
+    def round_quantum(magnitude, quantum_exponent):  # type: ignore[no-untyped-def]
+        # nearest even on the grid of 2^quantum_exponent (float64's mantissa keeps it)
+        magic = 2.0 ** (quantum_exponent + 52)
+        return (magnitude + magic) - magic
 
     @numba.njit(nogil=True, inline="always")
     def by_hand(x):  # type: ignore[no-untyped-def]

@@ -60,24 +60,6 @@ def _from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
     return types.float32(types.uint32), codegen
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _round_mantissa(magnitude: np.uint32, drop: int) -> np.uint32:
-    """Positive float32 bits rounded to nearest even with the low ``drop`` mantissa bits
-    cleared (a carry moves into the exponent, as it should)."""
-    half = np.uint32((1 << (drop - 1)) - 1)
-    odd = (magnitude >> np.uint32(drop)) & np.uint32(1)
-    return (magnitude + half + odd) & ~np.uint32((1 << drop) - 1)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _round_quantum(magnitude: float, quantum_exponent: int) -> float:
-    """A non-negative value below the normal range rounded to nearest even on the grid of
-    ``2^quantum_exponent`` (adding ``2^(quantum_exponent + 52)`` leaves exactly that grid in
-    float64's mantissa)."""
-    magic = 2.0 ** (quantum_exponent + 52)
-    return (magnitude + magic) - magic
-
-
 @intrinsic
 def _through_half(typingctx, value):  # type: ignore[no-untyped-def]
     """A float32 converted to IEEE half precision and back (LLVM's ``fptrunc``/``fpext``):
@@ -121,23 +103,36 @@ def _accumulate(dots: np.ndarray, partial: np.ndarray) -> None:
 @numba.njit(cache=True, nogil=True)
 def _encode_fp8(values: np.ndarray, out: np.ndarray, scale: np.float32, mantissa_bits: int,
                 min_quantum: int, bias: int, limit: np.float32) -> None:
+    """FP8 codes of ``values * scale``.  Branch-free, so that the loop vectorises (every
+    GEMM operand of a tower passes through here, on the device and on the host: 4.7 ns an
+    element with a branch for NaN and one for the subnormal range, 1.3 ns without).  Both
+    candidates are computed for every element and the right one selected: the normal one by
+    rounding the float32 bits to the format's mantissa, the subnormal one by adding and
+    subtracting a float32 whose unit in the last place is the subnormal grid.  Every
+    float32 gives the codes of the branchy form (checked over all 2^32 of them, both
+    formats, three scales) and ml_dtypes' cast of the clipped value
+    (``tests/unit/test_fast_numerics.py``)."""
+    one = np.uint32(1)
     min_normal = _bits(np.float32(2.0 ** (min_quantum + mantissa_bits)))
     limit_bits = _bits(limit)
-    drop = 23 - mantissa_bits
+    drop = np.uint32(23 - mantissa_bits) & np.uint32(31)  # a shift LLVM sees is below 32
+    half = np.uint32((1 << (22 - mantissa_bits)) - 1)
     rebias = np.uint32((127 - bias) << mantissa_bits)
+    magic = np.float32(2.0 ** (min_quantum + 23))  # its float32 ulp is the subnormal grid
+    per_quantum = np.float32(2.0 ** -min_quantum)
     for i in range(values.size):
         bits = _bits(np.float32(values[i] * scale))  # exact: a power of two, as np.ldexp
         magnitude = bits & np.uint32(0x7FFFFFFF)
-        if magnitude > np.uint32(0x7F800000):
-            out[i] = 0x80  # NaN
-            continue
-        magnitude = min(magnitude, limit_bits)  # saturate
-        if magnitude < min_normal:
-            grid = _round_quantum(np.float64(_from_bits(magnitude)), min_quantum)
-            code = np.uint32(grid * 2.0 ** -min_quantum)
-        else:
-            code = (_round_mantissa(magnitude, drop) >> np.uint32(drop)) - rebias
-        out[i] = code | np.uint32(0x80) if (code != 0 and bits >> np.uint32(31)) else code
+        nan = magnitude > np.uint32(0x7F800000)
+        magnitude = magnitude if magnitude < limit_bits else limit_bits  # saturate
+        # nearest even: add half an ulp less one, plus the kept lowest bit
+        normal = ((magnitude + half + ((magnitude >> drop) & one)) >> drop) - rebias
+        small = _from_bits(magnitude if magnitude < min_normal else min_normal)
+        grid = (small + magic) - magic  # nearest even on the grid of 2^min_quantum
+        code = np.uint32(np.int32(grid * per_quantum)) if magnitude < min_normal else normal
+        sign = (bits >> np.uint32(24)) & np.uint32(0x80)
+        code = code | (sign if code != np.uint32(0) else np.uint32(0))  # no negative zero
+        out[i] = np.uint8(np.uint32(0x80) if nan else code)
 
 
 @numba.njit(cache=True, nogil=True)
