@@ -349,6 +349,7 @@ def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
     count = -(-depth // depth_block) if owners is not None else 1
     if owners is not None:
         _check_owners(owners, count)
+        owners = owners.astype(np.int64, copy=False)  # once, not a strip
     partials = np.empty((count, rows * strip), dtype=np.float32)
     for c0 in range(0, cols, strip):
         width = min(strip, cols - c0)
@@ -365,7 +366,7 @@ def fp16_blocked_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
                 out += folded.reshape(rows, width)
         if owners is not None:
             _add_owner_first(partials[:, : rows * width].reshape(count, rows, width),
-                             owners.astype(np.int64, copy=False), out)
+                             owners, out)
     return total
 
 
