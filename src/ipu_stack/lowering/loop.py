@@ -2,7 +2,7 @@
 
 ``lower`` calls :meth:`LoopLowering.begin` before the first stage of the repeated block and
 :meth:`LoopLowering.end` after its last.  In between, the ordinary stage lowering runs for
-iteration 0 while :class:`~ipu_stack.lowering.lower.BodyState` records every per-layer
+iteration 0 while :class:`~ipu_stack.lowering.base.BodyState` records every per-layer
 weight it writes and lets the block's last stage write the carried value straight into the
 buffer the block read it from.  ``end`` then
 
@@ -16,7 +16,8 @@ buffer the block read it from.  ``end`` then
 
 from __future__ import annotations
 
-from ipu_stack.lowering.lower import BodyState, Lowering
+from ipu_stack.lowering.base import BodyState
+from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import HostRead, HostWrite, Loop, Slot
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.repeat import LayerLoop

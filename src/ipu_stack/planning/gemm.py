@@ -252,8 +252,9 @@ def resident_bytes(plan: GemmPlan) -> int:
 
 
 def interleaved_transient_bytes(plan: GemmPlan) -> int:
-    """The transient bytes that must sit in interleaved memory (``lowering.lower`` places
-    them there): an activation B operand, the partial sums and the F16 operand copies."""
+    """The transient bytes that must sit in interleaved memory (``lowering.gemm_stage``
+    places them there): an activation B operand, the partial sums and the F16 operand
+    copies."""
     s = plan.shape
     gathered = plan.streamed or not s.b_resident
     b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD) if gathered else 0

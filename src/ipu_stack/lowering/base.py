@@ -1,0 +1,235 @@
+"""What every kind of stage lowering shares: where each value lies, and the helpers that move it.
+
+A tensor on the machine is a list of :class:`Piece` s, each a block layout of a rectangle of
+the tensor in one buffer (attention heads give one piece per head).  :class:`LoweringBase`
+holds the :class:`Program` being built and ``where`` (value to pieces), and gives the stage
+lowerings (``lowering.gemm_stage``, ``lowering.row_stage``) their common steps: gathering a
+value into a layout, emitting an exchange phase with its local copies, host-written weights
+and row parameters, landing the inputs, reading the outputs and the per-stage probe reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.precision import Precision
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.copy import copy_params
+from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
+from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
+from ipu_stack.planning.stages import GemmStage, Stage
+from ipu_stack.target import MemoryClass, Target
+
+PARAM_BLOCK = 64  # columns per holder tile of a per-layer row parameter inside a loop
+# transfers one tile may receive in one gather before the value goes through whole rows
+# first (8 bytes of exchange table each: 1024 is 8 KB of one tile's memory for one phase)
+FRAGMENT_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The rectangle of a tensor at ``(row0, col0)`` held in ``layout`` in ``buffer``."""
+
+    row0: int
+    col0: int
+    layout: BlockLayout
+    buffer: int
+
+
+@dataclass
+class BodyState:
+    """What lowering a loop body records: per-layer weights written so far, and the carried
+    values (``lowering.loop`` reads it back)."""
+
+    slot_weights: frozenset[int]
+    carried_in: int
+    carried_out: int
+    weights: list[tuple[int, BlockLayout, MemoryClass, int]] = field(default_factory=list)
+
+
+def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -> BlockLayout:
+    """Whole rows spread evenly over the tiles (host landing and row stages)."""
+    row_block = -(-rows // target.tiles)
+    blocks = -(-rows // row_block)
+    spread = (np.arange(blocks, dtype=np.int64) * target.tiles) // blocks
+    return BlockLayout(rows, cols, precision, row_block, cols, spread.reshape(blocks, 1, 1))
+
+
+def group_calls(keys: dict[tuple, list[int]]) -> list[tuple[tuple, np.ndarray]]:
+    """Each call shape of ``keys`` with its tiles as a sorted int32 array, in shape order."""
+    return [(key, np.array(sorted(tiles), dtype=np.int32)) for key, tiles in sorted(keys.items())]
+
+
+class LoweringBase:
+    """The program being built, where each value lies, and the steps every stage uses."""
+
+    def __init__(self, graph: Graph, target: Target, paired: bool = False) -> None:
+        self.graph = graph
+        self.target = target
+        self.paired = paired
+        self.program = Program()
+        self.where: dict[int, list[Piece]] = {}
+        # set while the body of a layer loop is lowered (``lowering.loop``)
+        self.body: BodyState | None = None
+        # GEMM A operands already gathered, by value and block layout: q, k and v read the
+        # same normed rows in the same tiling, and one gather serves all three (values never
+        # change once made; cleared where the loop body begins and ends)
+        self.gathered: dict[tuple, int] = {}
+        for value in graph.values:
+            self.program.tensors[value.name] = {"role": value.role, **value.type.to_json()}
+
+    def _matrix(self, value_id: int) -> tuple[int, int, Precision]:
+        ttype = self.graph.value(value_id).type
+        return ttype.rows, ttype.cols, ttype.precision
+
+    def _name(self, value_id: int) -> str:
+        return self.graph.value(value_id).name
+
+    # ------------------------------------------------------------------ helpers
+    def gather(
+        self, builder: TransferBuilder, value_id: int, dst: BlockLayout, dst_buf: int,
+        origin: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Transfers filling ``dst`` (a window of the value at ``origin``) from its pieces."""
+        r0, c0 = origin
+        for piece in self.where[value_id]:
+            lay = piece.layout
+            if (piece.row0 >= r0 + dst.rows or r0 >= piece.row0 + lay.rows
+                    or piece.col0 >= c0 + dst.cols or c0 >= piece.col0 + lay.cols):
+                continue
+            add_layout_transfers(builder, self._name(value_id), lay, piece.buffer, dst, dst_buf,
+                                 (piece.row0, piece.col0), origin)
+
+    def gather_whole(self, builder: TransferBuilder, value_id: int,
+                     targets: list[tuple[BlockLayout, int, tuple[int, int]]], stage: str) -> None:
+        """Gather ``value_id`` into every ``(layout, buffer, origin)`` of ``targets``; when
+        that would land more than ``FRAGMENT_LIMIT`` transfers on one tile (a block of
+        many rows assembled from narrow column blocks, row by row), move the value into
+        whole rows first (one extra phase) and gather from those: each transfer then
+        carries a whole row's share, and every transfer costs its receiver an
+        exchange-table entry."""
+        trial = TransferBuilder(builder.name)
+        for layout, buffer, origin in targets:
+            self.gather(trial, value_id, layout, buffer, origin)
+        pieces = self.where[value_id]
+        in_rows = len(pieces) == 1 and pieces[0].layout.col_block == pieces[0].layout.cols
+        if trial.most_received() <= FRAGMENT_LIMIT or in_rows:
+            builder.absorb(trial)
+            return
+        rows, cols, precision = self._matrix(value_id)
+        layout = landing_layout(rows, cols, precision, self.target)
+        staging = TransferBuilder(f"{stage}.rows")
+        buffer = self._in_row_layout(staging, value_id, layout, f"{stage}.whole")
+        self.emit_exchange(staging)
+        self.where[value_id] = [Piece(0, 0, layout, buffer)]
+        for layout, target, origin in targets:
+            self.gather(builder, value_id, layout, target, origin)
+
+    def emit_exchange(self, builder: TransferBuilder) -> None:
+        exchange = builder.build()
+        if exchange.transfers:
+            self.program.run.append(exchange)
+        self._local_copies(f"{builder.name}.copy", builder.local)
+
+    def _local_copies(self, name: str, copies: list[LocalCopy]) -> None:
+        if not copies:
+            return
+        groups: dict[tuple, list[LocalCopy]] = {}
+        for copy in copies:
+            key = (copy.rows, copy.row_bytes, copy.src_pitch, copy.dst_pitch, copy.src_buf,
+                   copy.dst_buf, copy.src_off, copy.dst_off)
+            groups.setdefault(key, []).append(copy)
+        compute = ComputeSet(name)
+        for key, members in sorted(groups.items()):
+            rows, row_bytes, src_pitch, dst_pitch, src_buf, dst_buf, src_off, dst_off = key
+            tiles = np.array(sorted({c.tile for c in members}), dtype=np.int32)
+            instance = KernelInstance("copy", copy_params(rows, row_bytes, src_pitch, dst_pitch))
+            compute.calls.append(
+                Call(instance, tiles, [(src_buf, np.full(len(tiles), src_off)),
+                                       (dst_buf, np.full(len(tiles), dst_off))])
+            )
+        self.program.run.append(compute)
+
+    def _host_weight(self, value_id: int, layout: BlockLayout, memory_class: MemoryClass) -> int:
+        name = self._name(value_id)
+        buffer = self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
+                                         memory_class, f"weight {name}: {layout.describe()}")
+        self.program.initialize.append(HostWrite(name, layout, buffer))
+        if self.body is not None and value_id in self.body.slot_weights:
+            self.body.weights.append((value_id, layout, memory_class, buffer))
+        return buffer
+
+    def _row_param(self, builder: TransferBuilder, value_id: int, shared: BlockLayout,
+                   stage: int) -> int:
+        """A ``[1, cols]`` parameter (layer-norm scale or shift) on every row tile.
+
+        Outside a loop it is written there by the host.  A per-layer parameter inside a
+        loop body would cost its full size on every row tile for every layer, so it is kept
+        in column blocks on a few holder tiles instead and gathered into a row buffer by the
+        stage's exchange (the per-layer address table points the sends at layer ``k``'s
+        blocks)."""
+        if self.body is None or value_id not in self.body.slot_weights:
+            return self._host_weight(value_id, shared, MemoryClass.STANDARD)
+        cols = shared.cols
+        block = min(cols, PARAM_BLOCK)
+        blocks = -(-cols // block)
+        stride = max(self.target.tiles // blocks, 1)
+        offset = (stage * 7 + len(self.body.weights) * 3) % stride
+        holders = (np.arange(blocks) * stride + offset) % self.target.tiles
+        held = BlockLayout(1, cols, shared.precision, 1, block,
+                           holders.reshape(1, blocks, 1).astype(np.int32))
+        buffer = self._host_weight(value_id, held, MemoryClass.STANDARD)
+        self.where[value_id] = [Piece(0, 0, held, buffer)]
+        return self._in_row_layout(builder, value_id, shared, f"stage{stage}.{self._name(value_id)}")
+
+    def land_inputs(self) -> None:
+        for value in self.graph.by_role("input"):
+            rows, cols, precision = self._matrix(value.id)
+            layout = landing_layout(rows, cols, precision, self.target)
+            buffer = self.program.add_buffer(
+                value.name, layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+                f"input {value.name}: {value.type}",
+            )
+            self.program.run.append(HostWrite(value.name, layout, buffer))
+            self.where[value.id] = [Piece(0, 0, layout, buffer)]
+
+
+    def _in_row_layout(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
+                       what: str) -> int:
+        """A buffer holding ``value_id`` in ``layout``: reused if it is already there."""
+        pieces = self.where[value_id]
+        if len(pieces) == 1 and pieces[0].row0 == pieces[0].col0 == 0:
+            held = pieces[0].layout
+            if (held.row_block, held.col_block, held.precision) == (
+                layout.row_block, layout.col_block, layout.precision
+            ) and np.array_equal(held.tiles, layout.tiles):
+                return pieces[0].buffer
+        buffer = self.program.add_buffer(
+            f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(value_id)} in rows: {layout.describe()}",
+        )
+        self.gather(builder, value_id, layout, buffer)
+        return buffer
+
+
+    def read_outputs(self) -> None:
+        for value in self.graph.by_role("output"):
+            for piece in self.where[value.id]:
+                self.program.run.append(HostRead(value.name, piece.layout, piece.buffer,
+                                                 (piece.row0, piece.col0)))
+
+    def checkpoint(self, stage: Stage, index: int) -> None:
+        """Probe read of a stage's result, right after the stage: the simulator hands it to
+        the verdict, which judges every stage on the device's own inputs (not device
+        traffic: the device does not count it as host bytes)."""
+        value = self.graph.value(stage.out)
+        if value.role == "output":
+            return
+        operation = stage.operations[-1] if isinstance(stage, GemmStage) else stage.op
+        for piece in self.where[stage.out]:
+            self.program.run.append(HostRead(value.name, piece.layout, piece.buffer,
+                                             (piece.row0, piece.col0), index, operation))

@@ -1,0 +1,361 @@
+"""Lowering a GEMM stage.
+
+A GEMM stage of G groups (``head_matmul``: one group per image and head) runs every group on
+its own tiles:
+1. one exchange phase gathers every group's ``A`` blocks (replicated over column groups) and,
+   when ``B`` is an activation, its ``B`` blocks (the AMP weights, in interleaved memory);
+2. compute set ``gemm``: one AMP call per tile into a partial (FP16 in FP8 mode, F32 in F16
+   mode, interleaved);
+3. with depth splits, exchange ``reduce``: each tile sends the rows the other depth tiles
+   finish; 4. compute set ``reduce``: sum, then the fused chain, into the stage output.
+Weights are written by the host in ``initialize`` straight into the blocks that use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.precision import F16, F32, Precision
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.epilogue import epilogue_params, partials_are_result
+from ipu_stack.kernels.gemm import gemm_params, scratch_bytes
+from ipu_stack.lowering.base import LoweringBase, Piece, group_calls
+from ipu_stack.lowering.program import Call, ComputeSet
+from ipu_stack.lowering.transfers import TransferBuilder
+from ipu_stack.planning.gemm import GemmPlan
+from ipu_stack.planning.stages import GemmStage
+from ipu_stack.target import MemoryClass
+from ipu_stack.util.errors import CompileError
+
+
+@dataclass(frozen=True)
+class Group:
+    """One independent GEMM of a stage: where its operands and result sit in the tensors."""
+
+    a_origin: tuple[int, int]
+    b_origin: tuple[int, int]
+    out_origin: tuple[int, int]
+    tile_base: int
+
+
+def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0) -> list[Group]:
+    """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``),
+    for the row chunk that starts at row ``row0`` of each group's A and output."""
+    if stage.kind == "matmul":
+        return [Group((row0, 0), (0, 0), (row0, 0), 0)]
+    heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
+    value = graph.value(stage.b).type
+    batch, head_dim = value.rows // tokens, value.cols // heads
+    groups = []
+    for b in range(batch):
+        for h in range(heads):
+            g = b * heads + h
+            base = g * plan.tiles_used
+            if stage.attrs["mode"] == "qk":
+                groups.append(Group((b * tokens + row0, h * head_dim),
+                                    (b * tokens, h * head_dim), (g * tokens + row0, 0), base))
+            else:
+                groups.append(Group((g * tokens + row0, 0), (b * tokens, h * head_dim),
+                                    (b * tokens + row0, h * head_dim), base))
+    return groups
+
+
+@dataclass
+class _GemmGrid:
+    """What the four parts of a GEMM stage share: the tile grids (one per head group, each
+    ``[rows, cols, depth]`` of tile numbers), the operand layouts and the partials' format."""
+
+    stage: GemmStage
+    plan: GemmPlan
+    name: str
+    groups: list
+    grids: list[np.ndarray]
+    all_tiles: np.ndarray
+    a_layouts: list[BlockLayout]
+    b_layouts: list[BlockLayout]
+    transposed: bool
+    partial_prec: Precision
+    partial_pitch: int
+    cols_valid: np.ndarray
+
+
+class GemmLowering(LoweringBase):
+    """The GEMM stages of a :class:`~ipu_stack.lowering.lower.Lowering` (module docstring)."""
+
+    def gemm_stage(self, stage: GemmStage, plan: GemmPlan) -> None:
+        """A GEMM stage in four supersteps' worth of steps: operands to their tiles, the AMP
+        into partials, the reduce-scatter of depth partials, the reduce with its fused
+        chain into the stage output."""
+        pieces: list[Piece] = []
+        shared: dict[str, int] = {}  # the weight, activation-B and bias buffers, made once
+        for row0, chunk in plan.chunks():
+            grid = self._gemm_grid(stage, chunk, row0,
+                                   f".c{row0}" if plan.row_chunks > 1 else "")
+            a_buf, b_buf = self._gemm_operands(grid, shared)
+            p_buf = self._gemm_partials(grid, a_buf, b_buf)
+            if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,
+                                   stage.bias is not None):
+                pieces += self._partials_as_result(grid, p_buf)
+                continue
+            recv_buf = self._gemm_reduce_scatter(grid, p_buf)
+            pieces += self._gemm_epilogue(grid, p_buf, recv_buf, shared)
+        self.where[stage.out] = pieces
+
+    def _partials_as_result(self, gg: _GemmGrid, p_buf: int) -> list[Piece]:
+        """The output's pieces where the partials already are the result
+        (``partials_are_result``): the partials' buffer, read in place."""
+        layouts = self._out_layouts(gg)
+        assert layouts[0].pitch == gg.partial_pitch, "partials and result pitches differ"
+        return [Piece(group.out_origin[0], group.out_origin[1], layout, p_buf)
+                for group, layout in zip(gg.groups, layouts, strict=True)]
+
+    def _out_layouts(self, gg: _GemmGrid) -> list[BlockLayout]:
+        """The stage output's layout in each head group: tile ``(r, c, d)`` holds rows
+        ``[d * sub, (d + 1) * sub)`` of row block ``r`` in column block ``c``."""
+        plan = gg.plan
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        out_prec = self.graph.value(gg.stage.out).type.precision
+        return [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, plan.sub_rows,
+                            plan.col_block,
+                            grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy())
+                for grid in gg.grids]
+
+    def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
+                   suffix: str = "") -> _GemmGrid:
+        """Which tile holds which (row, column, depth) block, per head group, and the
+        operands' block layouts (``row0``: the first row of a row chunk, ``suffix`` its
+        buffers' name)."""
+        g = self.graph
+        a_prec = g.value(stage.a).type.precision
+        b_prec = g.value(stage.b).type.precision
+        m, k, n = plan.shape.rows, plan.shape.depth, plan.shape.cols
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
+        transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+        groups = stage_groups(g, stage, plan, row0)
+        if self.paired:
+            # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
+            # tiles and its broadcasts reach whole tile pairs (two-lane transfers)
+            local = np.arange(r_n * d_n * c_n, dtype=np.int32).reshape(r_n, d_n, c_n)
+            local = local.transpose(0, 2, 1).copy()
+        else:  # depth blocks innermost: the reduce-scatter stays between neighbours
+            local = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
+        grids = [local + group.tile_base for group in groups]
+        all_tiles = np.concatenate([grid.ravel() for grid in grids])
+        if all_tiles.max() >= self.target.tiles:
+            raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
+        name = f"stage{stage.index}{suffix}"
+        a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
+                     for grid in grids]
+        if transposed:
+            b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
+                         for grid in grids]
+        else:
+            b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
+                         for grid in grids]
+        partial_prec = F16 if plan.mode == "fp8" else F32
+        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
+        return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
+                         transposed, partial_prec, bn * partial_prec.itemsize, cols_valid)
+
+    def _gemm_operands(self, gg: _GemmGrid, shared: dict[str, int]) -> tuple[int, int]:
+        """A's and B's blocks gathered onto the grid; their buffers.  B's buffer is made by
+        the first row chunk and kept in ``shared`` for the others: its blocks do not depend
+        on the rows."""
+        g, stage, name, groups = self.graph, gg.stage, gg.name, gg.groups
+        a_layouts, b_layouts, all_tiles = gg.a_layouts, gg.b_layouts, gg.all_tiles
+        # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
+        # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
+        # once per pass; A streams through the workers from standard memory.
+        key = (stage.a, tuple(gr.a_origin for gr in groups),
+               tuple((a.rows, a.cols, a.precision, a.row_block, a.col_block,
+                      a.tiles.tobytes()) for a in a_layouts))
+        builder = TransferBuilder(f"{name}.operands")
+        if key in self.gathered:
+            a_buf = self.gathered[key]
+        else:
+            a_buf = self.gathered[key] = self.program.add_buffer(
+                f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
+                f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
+            )
+            self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
+                                                 zip(a_layouts, groups, strict=True)], name)
+        if "b" in shared:
+            b_buf = shared["b"]
+        elif g.value(stage.b).role == "weight" and not gg.plan.streamed:
+            b_buf = shared["b"] = self._host_weight(stage.b, b_layouts[0],
+                                                    MemoryClass.INTERLEAVED)
+        else:
+            if gg.plan.streamed:  # held once, spread over the row groups (planning.gemm)
+                stored = self._streamed_layout(gg)
+                # read only by the exchange: standard memory, leaving interleaved memory to
+                # the AMP's operands and the weights resident plans keep there
+                held = self._host_weight(stage.b, stored, MemoryClass.STANDARD)
+                self.where[stage.b] = [Piece(0, 0, stored, held)]
+            b_buf = self.program.add_buffer(
+                f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
+                f"{self._name(stage.b)} as AMP weights: {b_layouts[0].describe()}",
+            )
+            # a phase of its own: a tile's A and B blocks come from different replica
+            # groups, and one group per phase lets the scheduler meet the bound exactly
+            shared["b"] = b_buf
+            self.emit_exchange(builder)
+            builder = TransferBuilder(f"{name}.right")
+            self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
+                                                 zip(b_layouts, groups, strict=True)], name)
+            if gg.plan.streamed:  # an all-gather over the row groups: at its bound as unicasts
+                builder.split_multicasts()
+        self.emit_exchange(builder)
+        return a_buf, b_buf
+
+    def _streamed_layout(self, gg: _GemmGrid) -> BlockLayout:
+        """Where a streamed plan holds its weights: the depth cut into ``D x R`` row blocks,
+        block ``i`` of column block ``c`` on row group ``i % R`` of depth group ``i // R``,
+        so each tile keeps one slice and most of a block's slices sit in its own depth
+        group."""
+        plan, grid = gg.plan, gg.grids[0]  # [r, c, d] tile numbers (one group: a matmul)
+        k, n = plan.shape.depth, plan.shape.cols
+        slices = plan.depth_splits * plan.row_splits
+        rows = -(-k // slices)
+        blocks = -(-k // rows)
+        index = np.arange(blocks)
+        tiles = grid[index % plan.row_splits, :, index // plan.row_splits]  # [blocks, c]
+        return BlockLayout(k, n, gg.b_layouts[0].precision, rows, plan.col_block,
+                           tiles[:, :, None].astype(np.int32))
+
+    def _gemm_partials(self, gg: _GemmGrid, a_buf: int, b_buf: int) -> int:
+        """The AMP calls, grouped by valid block shape; the partials' buffer."""
+        stage, plan, name, grids, all_tiles = gg.stage, gg.plan, gg.name, gg.grids, gg.all_tiles
+        a_layouts, b_layouts, transposed = gg.a_layouts, gg.b_layouts, gg.transposed
+        partial_prec, partial_pitch, cols_valid = gg.partial_prec, gg.partial_pitch, gg.cols_valid
+        a_prec, b_prec = a_layouts[0].precision, b_layouts[0].precision
+        br, bn = plan.row_block, plan.col_block
+        # 2. GEMM into partials (FP16 in FP8 mode, F32 in F16 mode), in interleaved memory
+        # where the AMP reads and writes them 128 bits at a time.
+        p_buf = self.program.add_buffer(
+            f"{name}.partial", all_tiles, br * partial_pitch, MemoryClass.INTERLEAVED,
+            f"{partial_prec} partial [{br}, {bn}] of {self._name(stage.out)}",
+        )
+        rows_valid = a_layouts[0].valid_rows()
+        depth_valid = a_layouts[0].valid_cols()
+        calls: dict[tuple, list[int]] = {}
+        for grid in grids:
+            for (r, c, d), tile in np.ndenumerate(grid):
+                key = (int(rows_valid[r]), int(depth_valid[d]), int(cols_valid[c]))
+                calls.setdefault(key, []).append(int(tile))
+        compute = ComputeSet(f"{name}.gemm")
+        instances = []
+        for (rows, depth, cols), tiles in group_calls(calls):
+            if rows == 0:
+                continue
+            params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layouts[0].pitch,
+                                 b_layouts[0].pitch, partial_pitch, plan.mode, transposed)
+            instances.append((KernelInstance("gemm", params), tiles))
+        scratch = max((scratch_bytes(i.params) for i, _ in instances), default=0)
+        s_buf = -1
+        if scratch:  # F16 mode on FP8 data: the F16 copies of the operands
+            s_buf = self.program.add_buffer(
+                f"{name}.f16", all_tiles, scratch, MemoryClass.INTERLEAVED,
+                f"F16 copies of the FP8 operands of {self._name(stage.out)}",
+            )
+        for instance, tiles in instances:
+            zero = np.zeros(len(tiles), dtype=np.int64)
+            compute.calls.append(Call(instance, tiles, [(a_buf, zero), (b_buf, zero),
+                                                        (p_buf, zero), (s_buf, zero)]))
+        self.program.run.append(compute)
+        return p_buf
+
+    def _gemm_reduce_scatter(self, gg: _GemmGrid, p_buf: int) -> int:
+        """Each depth tile sends every other one its slice of the partials; the buffer the
+        slices land in (-1 with no depth split)."""
+        plan, name, grids, all_tiles = gg.plan, gg.name, gg.grids, gg.all_tiles
+        partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
+        m, r_n, c_n, d_n = plan.shape.rows, plan.row_splits, plan.col_splits, plan.depth_splits
+        br, bn, sub = plan.row_block, plan.col_block, plan.sub_rows
+        # 3. Reduce-scatter of the partials over the depth tiles.
+        recv_buf = -1
+        if d_n > 1:
+            slot = sub * partial_pitch
+            recv_buf = self.program.add_buffer(
+                f"{name}.received", all_tiles, (d_n - 1) * slot, MemoryClass.STANDARD,
+                f"{d_n - 1} received {partial_prec} partial slices [{sub}, {bn}]",
+            )
+            d_src, d_dst = np.meshgrid(np.arange(d_n), np.arange(d_n), indexing="ij")
+            mask = d_src != d_dst
+            d_src, d_dst = d_src[mask], d_dst[mask]
+            slot_index = d_src - (d_src > d_dst)
+            builder = TransferBuilder(f"{name}.reduce")
+            # only the valid rows of each slice move (a ragged last row block holds fewer)
+            valid = np.clip(m - (np.arange(r_n)[:, None] * br + np.arange(d_n)[None, :] * sub),
+                            0, sub)  # [r, d_dst]
+            for grid in grids:
+                for r in range(r_n):
+                    rows = valid[r, d_dst]
+                    keep = rows > 0
+                    if not keep.any():
+                        continue
+                    count = c_n
+                    builder.add(
+                        grid[r, :, d_src[keep]].T.reshape(-1), p_buf,
+                        np.tile(d_dst[keep] * slot, count),
+                        np.tile(-(-rows[keep] * partial_pitch // 4), count),
+                        grid[r, :, d_dst[keep]].T.reshape(-1, 1), recv_buf,
+                        np.tile(slot_index[keep] * slot, count),
+                    )
+            self.emit_exchange(builder)
+        return recv_buf
+
+    def _gemm_epilogue(self, gg: _GemmGrid, p_buf: int, recv_buf: int,
+                       shared: dict[str, int]) -> list[Piece]:
+        """The reduce kernels with the fused chain, into the stage's output buffer; the
+        pieces of the output it wrote (the bias buffer is made once, in ``shared``)."""
+        g, stage, plan, name, grids = self.graph, gg.stage, gg.plan, gg.name, gg.grids
+        groups, all_tiles, cols_valid = gg.groups, gg.all_tiles, gg.cols_valid
+        partial_prec, partial_pitch = gg.partial_prec, gg.partial_pitch
+        n = plan.shape.cols
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        bn, sub = plan.col_block, plan.sub_rows
+        out_prec = g.value(stage.out).type.precision
+        # 4. Reduce + fused chain into the stage output.
+        out_layouts = self._out_layouts(gg)
+        out_buf = self.program.add_buffer(
+            self._name(stage.out) + name[len(f"stage{stage.index}"):], all_tiles,
+            out_layouts[0].block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.out)}: {out_layouts[0].describe()}",
+        )
+        bias_buf, bias_prec = -1, None
+        if stage.bias is not None:
+            bias_prec = g.value(stage.bias).type.precision
+            bias_layout = BlockLayout(
+                1, n, bias_prec, 1, bn,
+                grids[0].transpose(1, 0, 2).reshape(1, c_n, r_n * d_n).copy(),
+            )
+            if "bias" not in shared:
+                shared["bias"] = self._host_weight(stage.bias, bias_layout, MemoryClass.STANDARD)
+            bias_buf = shared["bias"]
+        sub_valid = out_layouts[0].valid_rows()
+        calls = {}
+        for grid in grids:
+            for (r, c, d), tile in np.ndenumerate(grid):
+                key = (int(sub_valid[r * d_n + d]), int(cols_valid[c]), d)
+                calls.setdefault(key, []).append(int(tile))
+        compute = ComputeSet(f"{name}.reduce")
+        chain = [list(step) for step in stage.chain]
+        for (rows, cols, d), tiles in group_calls(calls):
+            if rows == 0:
+                continue
+            params = epilogue_params(d_n, rows, cols, partial_pitch, sub, chain, bias_prec,
+                                     out_prec, out_layouts[0].pitch, partial_prec)
+            ones = np.ones(len(tiles), dtype=np.int64)
+            compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
+                (p_buf, ones * d * sub * partial_pitch), (recv_buf, ones * 0),
+                (bias_buf, ones * 0), (out_buf, ones * 0),
+            ]))
+        self.program.run.append(compute)
+        return [Piece(group.out_origin[0], group.out_origin[1], layout, out_buf)
+                for group, layout in zip(groups, out_layouts, strict=True)]
+

@@ -1,0 +1,167 @@
+"""Lowering a row stage (norms, softmax, elementwise ops and chains, rope).
+
+A row stage gathers its inputs into a row layout (whole rows spread over the tiles) unless
+they are already there, and runs one row kernel; a softmax whose scores already hold whole
+rows runs where they lie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.rowwise import row_params
+from ipu_stack.lowering.base import LoweringBase, Piece, group_calls, landing_layout
+from ipu_stack.lowering.program import Call, ComputeSet
+from ipu_stack.lowering.transfers import TransferBuilder
+from ipu_stack.planning.stages import RowStage, chain_step
+from ipu_stack.target import MemoryClass
+
+
+def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
+                   params: Callable[[int], dict[str, Any]], buffers: list[int]) -> None:
+    """One row-kernel call for each set of ``tiles`` with the same ``valid`` rows, reading
+    and writing ``buffers`` (x, two auxiliaries, out; -1 for none) at offset 0."""
+    calls: dict[tuple, list[int]] = {}
+    for tile, rows in zip(tiles, valid, strict=True):
+        calls.setdefault((int(rows),), []).append(int(tile))
+    for (rows,), group in group_calls(calls):
+        zero = np.zeros(len(group), dtype=np.int64)
+        compute.calls.append(Call(KernelInstance("row", params(rows)), group,
+                                  [(buffer, zero) for buffer in buffers]))
+
+
+class RowLowering(LoweringBase):
+    """The row stages of a :class:`~ipu_stack.lowering.lower.Lowering` (module docstring)."""
+
+    def _whole_row_pieces(self, value_id: int) -> list[Piece] | None:
+        """The value's pieces when each holds whole rows in row blocks (no replicas) on
+        tiles no other piece uses, so a row kernel can run on each where it lies; else None."""
+        pieces = self.where[value_id]
+        cols = self.graph.value(value_id).type.cols
+        seen: set[int] = set()
+        for piece in pieces:
+            lay = piece.layout
+            if piece.col0 or lay.cols != cols or lay.col_block < cols or lay.replicas != 1:
+                return None
+            tiles = {int(t) for t in lay.tiles.ravel() if t >= 0}
+            if tiles & seen or len(tiles) != lay.grid[0]:
+                return None
+            seen |= tiles
+        return pieces
+
+    def softmax_in_place(self, stage: RowStage) -> bool:
+        """A softmax run where its scores lie, when their pieces hold whole rows (a Q.K^T
+        plan with one column block, ``GemmShape.rows_read_in_place``): no exchange into the
+        landing layout and no second copy of the scores. Each row's arithmetic is the same
+        wherever it runs, so the bits are too. False when the scores are not laid out so."""
+        pieces = self._whole_row_pieces(stage.inputs[0]) if stage.kind == "softmax" else None
+        if pieces is None:
+            return False
+        _, cols, out_prec = self._matrix(stage.out)
+        x_prec = self.graph.value(stage.inputs[0]).type.precision
+        compute = ComputeSet(f"stage{stage.index}.{stage.kind}")
+        out_pieces = []
+        for number, piece in enumerate(pieces):
+            lay = piece.layout
+            out_layout = BlockLayout(lay.rows, cols, out_prec, lay.row_block, cols, lay.tiles)
+            name = self._name(stage.out) + (f".{number}" if len(pieces) > 1 else "")
+            out_buf = self.program.add_buffer(name, out_layout.used_tiles(),
+                                              out_layout.block_bytes, MemoryClass.STANDARD,
+                                              f"{name}: {out_layout.describe()} (in place)")
+            valid = lay.valid_rows()
+            _add_row_calls(compute, lay.tiles[:, 0, 0][valid > 0], valid[valid > 0],
+                           lambda rows, lay=lay, out_layout=out_layout: row_params(
+                               "softmax", rows, cols, x_prec, lay.pitch, out_prec,
+                               out_layout.pitch, None, 0,
+                               scale=float(stage.attrs.get("scale", 1.0))),
+                           [piece.buffer, -1, -1, out_buf])
+            out_pieces.append(Piece(piece.row0, 0, out_layout, out_buf))
+        self.program.run.append(compute)
+        self.where[stage.out] = out_pieces
+        return True
+
+    def row_stage(self, stage: RowStage) -> None:
+        if self.softmax_in_place(stage):
+            return
+        g = self.graph
+        rows, cols, out_prec = self._matrix(stage.out)
+        x_prec = g.value(stage.inputs[0]).type.precision
+        base = landing_layout(rows, cols, x_prec, self.target)
+        name = f"stage{stage.index}"
+        builder = TransferBuilder(f"{name}.rows")
+        x_buf = self._in_row_layout(builder, stage.inputs[0], base, name)
+        aux = [-1, -1]
+        aux_prec, aux_pitch, extra = None, 0, {}
+        op = stage.kind
+        spread = base.tiles.reshape(1, 1, -1)
+        if op in ("layer_norm", "rms_norm"):
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+            params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
+            aux = [*params, -1][:2]
+            aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
+        elif op in ("add", "mul", "swiglu", "biased_softmax"):
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
+            if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)
+                aux[0] = self._host_weight(stage.inputs[1], layout, MemoryClass.STANDARD)
+            else:
+                aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")
+            aux_pitch = layout.pitch
+        elif op == "rope":
+            aux_prec = g.value(stage.inputs[1]).type.precision
+            half = int(stage.attrs["head_dim"]) // 2
+            table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
+            aux = [self._host_weight(i, table, MemoryClass.STANDARD) for i in stage.inputs[1:]]
+            aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
+            if stage.attrs.get("pairs") == "halves":
+                extra["pairs"] = "halves"
+        elif op == "softmax":
+            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
+        else:
+            op_node = g.operations[stage.op]
+            extra = {"chain": [list(chain_step(g, op_node))]}
+            if op_node.kind == "bias_add":
+                aux_prec = g.value(stage.inputs[1]).type.precision
+                shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+                aux[0] = self._row_param(builder, stage.inputs[1], shared, stage.index)
+                aux_pitch = shared.pitch
+            op = "chain"
+        if op == "biased_softmax":
+            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
+        self.emit_exchange(builder)
+        out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
+        out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)
+        if out_buf < 0:
+            out_buf = self.program.add_buffer(
+                self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
+                MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
+            )
+        compute = ComputeSet(f"{name}.{stage.kind}")
+        _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),
+                       lambda rows: row_params(op, rows, cols, x_prec, base.pitch, out_prec,
+                                               out_layout.pitch, aux_prec, aux_pitch, **extra),
+                       [x_buf, aux[0], aux[1], out_buf])
+        self.program.run.append(compute)
+        self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
+
+    def _carried_buffer(self, value_id: int, layout: BlockLayout, inputs: tuple[int, ...]) -> int:
+        """The loop's carried input buffer, when this stage makes the carried output in the
+        same layout and does not read the carried input: the next pass then finds its input
+        where the first pass did, with no copy.  -1 otherwise."""
+        body = self.body
+        if body is None or value_id != body.carried_out or body.carried_in in inputs:
+            return -1
+        pieces = self.where[body.carried_in]
+        if len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:
+            return -1
+        held = pieces[0].layout
+        same = (held.rows, held.cols, held.precision, held.row_block, held.col_block) == (
+            layout.rows, layout.cols, layout.precision, layout.row_block, layout.col_block)
+        return pieces[0].buffer if same and np.array_equal(held.tiles, layout.tiles) else -1
+
