@@ -4,20 +4,22 @@ accumulation of the FP8 AMP.
 Why this module exists: a tower's run rounds about ten billion values (every 32-deep AMP pass
 adds to an FP16 partial and rounds it, and every stored FP8 value is encoded and decoded).
 numpy does each of those roundings as a separate ``astype`` pass over memory, and ml_dtypes'
-FP8 casts cost 10-20 ns an element.  Here:
+FP8 casts cost several times what the compiled loops below do (each conversion's time an
+element, against ml_dtypes' and numpy's: docs/benchmarks.md, "The simulator and the verdict
+at BLAS speed" and "Whole towers at the speed the chip allows").  Here:
 
 * FP8 decoding is a 256-entry table per (format, scale exponent): one gather;
 * FP8 encoding is a compiled loop (numba) that rounds to nearest even on the float32 bits
   (add half an ulp minus one plus the kept last bit, clear the dropped bits), and on a
-  float64 grid below the normal range: a few nanoseconds an element;
+  float64 grid below the normal range, without branches so that it vectorises;
 * the FP16 rounding is the hardware's own conversion to half precision and back (LLVM's
-  ``fptrunc``; F16C on x86), which vectorises: a third of a nanosecond an element, the same
-  bits as the rounding by hand it replaced (checked on every float32 FP16 can reach);
+  ``fptrunc``; F16C on x86), which vectorises and gives numpy's ``float16`` bits (checked
+  on every tie and edge, ``tests/unit/test_fast_numerics.py``);
 * :func:`fp16_pass_codes` and :func:`fp16_blocked_matmul` add each AMP pass's product to an
   FP16 partial and round it in one compiled loop, instead of three array passes per pass.
 
-Each result is bit-identical to the numpy/ml_dtypes conversion it replaces (saturating FP8
-encode of the clipped value, round-to-nearest-even, NaN kept):
+Each result is bit-identical to the numpy/ml_dtypes conversion of the same values
+(saturating FP8 encode of the clipped value, round-to-nearest-even, NaN kept):
 ``tests/unit/test_fast_numerics.py`` checks every float16 value, the midpoints between
 neighbouring FP8 values at several scales, and random float32 values against ml_dtypes and
 numpy.
@@ -104,13 +106,14 @@ def _accumulate(dots: np.ndarray, partial: np.ndarray) -> None:
 def _encode_fp8(values: np.ndarray, out: np.ndarray, scale: np.float32, mantissa_bits: int,
                 min_quantum: int, bias: int, limit: np.float32) -> None:
     """FP8 codes of ``values * scale``.  Branch-free, so that the loop vectorises (every
-    GEMM operand of a tower passes through here, on the device and on the host: 4.7 ns an
-    element with a branch for NaN and one for the subnormal range, 1.3 ns without).  Both
-    candidates are computed for every element and the right one selected: the normal one by
+    GEMM operand of a tower passes through here, on the device and on the host; a branch
+    for NaN and one for the subnormal range stop LLVM vectorising it: the figures are in
+    docs/benchmarks.md, "Whole towers at the speed the chip allows").  Both candidates are
+    computed for every element and the right one selected: the normal one by
     rounding the float32 bits to the format's mantissa, the subnormal one by adding and
     subtracting a float32 whose unit in the last place is the subnormal grid.  Every
-    float32 gives the codes of the branchy form (checked over all 2^32 of them, both
-    formats, three scales) and ml_dtypes' cast of the clipped value
+    float32 gives the codes of the form with those two branches (checked over all 2^32 of
+    them, both formats, three scales) and ml_dtypes' cast of the clipped value
     (``tests/unit/test_fast_numerics.py``)."""
     one = np.uint32(1)
     min_normal = _bits(np.float32(2.0 ** (min_quantum + mantissa_bits)))

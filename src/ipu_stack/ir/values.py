@@ -1,11 +1,12 @@
 """Tensors held in the precision they are stored in, decoded to float32 when read.
 
 A whole tower's run holds every stage's value three ways: the host reference's, the device's
-probe read, and the weights.  Held as float32 they were 1.6 GB of weights and about 2.7 GB
-each of activations for SigLIP so400m (27 layers); held as their FP8 or F16 codes they are a
-quarter or half of that.  Every value of the graph is exactly representable in its stored
+probe read, and the weights.  Held as float32 they would be 1.6 GB of weights and about
+2.7 GB each of activations for SigLIP so400m (27 layers); held as their FP8 or F16 codes they
+are a quarter or half of that.  Every value of the graph is exactly representable in its stored
 precision (the reference and the device round to it), so keeping the codes loses nothing:
-:class:`StoredTensor` decodes on every read (a table lookup, about a nanosecond an element).
+:class:`StoredTensor` decodes on every read (a table lookup; its time an element is in
+docs/benchmarks.md, "The simulator and the verdict at BLAS speed").
 """
 
 from __future__ import annotations

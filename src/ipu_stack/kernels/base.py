@@ -110,8 +110,9 @@ class KernelInstance:
 @numba.njit(cache=True, nogil=True, inline="always")
 def copy_elements(source: np.ndarray, target: np.ndarray) -> None:
     """``target[:] = source`` for two 1-D views (a row of tile memory, a transfer's words):
-    a loop over the views, which the compiler vectorises (six times the speed of indexing
-    both whole arrays inside the loop, three times a slice assignment)."""
+    a loop over the views, which the compiler vectorises, and faster than indexing both
+    whole arrays inside the loop or a slice assignment (the figures: docs/benchmarks.md,
+    "The simulator and the verdict at BLAS speed")."""
     for i in range(target.size):
         target[i] = source[i]
 
@@ -176,8 +177,8 @@ def _gather_decoded(mem: np.ndarray, tiles: np.ndarray, addresses: np.ndarray, r
 
 def per_tile(address: int | np.ndarray, tiles: np.ndarray) -> np.ndarray:
     """An operand's address on each tile of a call (int64 ``[len(tiles)]``, contiguous).
-    A shared address is filled in, not broadcast: ``np.broadcast_to`` costs microseconds a
-    call and a tower's run makes millions of these."""
+    A shared address is filled in, not broadcast: ``np.broadcast_to`` has a fixed cost a
+    call far above the fill's, and a tower's run makes millions of these."""
     if isinstance(address, np.ndarray) and address.ndim == 1 and len(address) == len(tiles):
         return np.ascontiguousarray(address, dtype=np.int64)
     if isinstance(address, (int, np.integer)) or np.ndim(address) == 0:
@@ -192,8 +193,9 @@ def tile_chunks(tiles: np.ndarray, addresses: list[int | np.ndarray], tile_bytes
     one tile a chunk), each with its operands' per-tile addresses.
 
     A kernel runs a chunk at a time so that its float32 temporaries stay in cache: a whole
-    call's (an attention's scores over 1458 tiles are 34 MB) were fresh pages at every
-    step.  Tiles are independent, so the chunking changes no result."""
+    call's (an attention's scores over 1458 tiles are 34 MB, above glibc's largest mmap
+    threshold, ``util.heap``) would be fresh pages at every step.  Tiles are independent,
+    so the chunking changes no result."""
     step = max(1, chunk_bytes // max(1, tile_bytes))
     at = [per_tile(address, tiles) for address in addresses]
     for start in range(0, len(tiles), step):
@@ -252,7 +254,7 @@ def add_values(total: np.ndarray, mem: np.ndarray, tiles: np.ndarray,
                address: int | np.ndarray, rows: int, cols: int, pitch: int,
                precision: Precision) -> None:
     """``total += read_values(...)`` in one pass: a reduce adds up to 27 partials of a
-    tile, and each gathered array was a fresh ``[tiles, rows, cols]`` float32 temporary."""
+    tile, and ``read_values`` makes each a fresh ``[tiles, rows, cols]`` float32 temporary."""
     if precision.kind == "F32" or rows == 0:
         total += read_values(mem, tiles, address, rows, cols, pitch, precision)
         return

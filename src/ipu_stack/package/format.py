@@ -25,7 +25,8 @@ ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 ZIP_CREATE_SYSTEM = 3  # "Unix", so external_attr carries the permission bits below
 ZIP_EXTERNAL_ATTR = 0o100644 << 16  # regular file, rw-r--r--
 DEFLATE_LEVEL = 1  # fastest level: packages are written every build, read once per run
-# Arrays larger than this are STORED: weights barely compress and deflate costs ~50 MB/s.
+# Arrays larger than this are STORED: weights barely compress, so deflating them costs time
+# and saves almost no bytes.
 STORE_THRESHOLD = 1 << 20
 
 # Reader limits against zip bombs: a member above RATIO_CHECK_MIN_BYTES that claims to expand

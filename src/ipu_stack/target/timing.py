@@ -179,9 +179,9 @@ PRICES.update({
 # ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``; ``add_bias`` is the ADD of an
 # attention bias or mask table before a softmax; ``add`` is a residual add, the same ADD HALF
 # vertex; ``rope`` is x cos + rot(x) sin as popops runs it: two MULTIPLY vertices, the
-# rotation a view of x with its sign folded into the ADD/SUBTRACT, then the ADD.  Until the
-# seventh session these two were "assumed" at 4 and 8 cycles an element, 5.3x the vendor's
-# estimate for the same vertices; docs/machine.md gives the sensitivity)
+# rotation a view of x with its sign folded into the ADD/SUBTRACT, then the ADD.  Both are
+# priced by the vendor's estimators for these vertices (``_POPOPS``), never measured on an
+# ipu21; docs/machine.md gives the sensitivity)
 ACTIVATION_VERTICES: dict[str, tuple[str, ...]] = {
     "sigmoid": ("sigmoid",),
     "tanh": ("tanh",),

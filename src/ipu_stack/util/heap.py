@@ -3,8 +3,9 @@
 A simulated run allocates and frees tens of thousands of arrays of a few kilobytes to tens of
 megabytes (a tile group's operands, a pass's products).  glibc serves those above its mmap
 threshold with fresh mappings and unmaps them on free, so every one is paid for again in page
-faults: on a virtual machine a first touch runs at under 1 GB/s, against 7-8 GB/s for memory
-the process already holds (``benchmarks/bench_speed.py``; docs/benchmarks.md).  Raising the
+faults, and on a virtual machine a first touch of fresh memory is several times slower than
+a touch of memory the process already holds (``benchmarks/bench_speed.py`` prints both; the
+figures: docs/benchmarks.md, "The simulator and the verdict at BLAS speed").  Raising the
 mmap threshold to glibc's maximum (32 MiB) and the trim threshold to 1 GiB lets freed blocks
 be reused; the peak RSS of a run is unchanged (it is set by what is live at once).
 
@@ -68,11 +69,12 @@ def zeroed_pages(rows: int, cols: int) -> np.ndarray:
     """A zeroed ``uint8 [rows, cols]`` array in its own anonymous mapping of small pages.
 
     numpy asks the kernel for transparent huge pages on every large array.  Faulted in as
-    huge pages, the 918 MB of a chip's tile memory stalled its first write for 6 s in a
-    tower run (the kernel compacts memory, which the run's other arrays have fragmented, to
-    find each 2 MiB page); in 4 KiB pages the whole run simulated 10 s faster
-    (docs/benchmarks.md).  Pages are still mapped on first touch, so a small program's
-    memory stays small.  Where there is no anonymous ``mmap`` it is ``np.zeros``."""
+    huge pages, the 918 MB of a chip's tile memory stall a tower run's first write while the
+    kernel compacts memory, which the run's other arrays have fragmented, to find each 2 MiB
+    page; in 4 KiB pages the whole run simulates faster (the figures: docs/benchmarks.md,
+    "The simulator and the verdict at BLAS speed").  Pages are still mapped on first touch,
+    so a small program's memory stays small.  Where there is no anonymous ``mmap`` it is
+    ``np.zeros``."""
     nbytes = rows * cols
     try:
         mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
