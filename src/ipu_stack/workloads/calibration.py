@@ -1,8 +1,8 @@
 """A disk cache of fitted FP8 scale exponents, so a tower is calibrated once, not per compile.
 
-Fitting a 27-layer tower's activation scales runs the whole model on a calibration image
-(its time in a compile: docs/benchmarks.md); the result is a few dozen integers that depend only on the
-workload, its sizes and seed and this compiler's version.  They are kept under the compile's
+Fitting a 27-layer tower's activation scales runs the whole model on a calibration image (its
+time in a compile: docs/benchmarks.md); the result is a few dozen integers that depend only on
+the workload, its sizes and seed and this compiler's version.  They are kept under the compile's
 cache folder (``calibration/<key>.json``, the key a SHA-256 of those inputs) by the shared
 :class:`~ipu_stack.util.cache.EntryCache`: verified on every read, written atomically, and a
 damaged entry dropped with a warning and rewritten.  The compile sets the folder for the
