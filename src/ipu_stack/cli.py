@@ -14,46 +14,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
-from ipu_stack.contract import check_metadata, from_manifest
-from ipu_stack.device import SimulatedIpu, device_lock
+from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_program_path
-from ipu_stack.ir.graph import Graph
-from ipu_stack.package import Package
-from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.pipeline import CompileOptions
-from ipu_stack.planning.groups import layer_range
-from ipu_stack.profile import (
-    Profile,
-    format_compare,
-    format_summary,
-    load_profile,
-    write_profile_files,
-    write_system_profile_files,
+from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
+from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
+from ipu_stack.runtime.engines import ENGINES
+from ipu_stack.runtime.execute import (
+    RunSettings,
+    inspect_package,
+    rebuild_workload,
+    run_any,
+    save_tensors,
 )
-from ipu_stack.profile.capture import profile_of, profile_of_pipeline, profiles_of_system
-from ipu_stack.runtime.pipelined import inspect_pipeline, package_chips, stream_images
-from ipu_stack.runtime.session import (
-    benchmark_fields,
-    group_program_tiles,
-    load_package,
-    refuse_group_program,
-    run_package,
-)
-from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
+from ipu_stack.runtime.session import load_package, refuse_group_program
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
-from ipu_stack.target import get_target
 from ipu_stack.target.links import get_system
 from ipu_stack.util import log
-from ipu_stack.util.cache import default_cache_dir
-from ipu_stack.util.errors import IpuStackError, PackageError, PlacementError, UsageError
-from ipu_stack.util.files import check_output_file, check_output_folder, write_atomic
+from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
+from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.workloads import REGISTRY, get_workload
-from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.cli")
 
@@ -120,9 +103,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "report.html")
     parser.add_argument("--poison", action="store_true",
                         help="fault on any read of memory that was never written")
-    parser.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="over several chips: simulate each chip in a local process "
-                        "(default) or a Ray actor (pip install 'ipu-stack[ray]')")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="where a pipeline's chips are simulated: in this process (the "
+                        "default on one chip), a forked process a chip (local, the default "
+                        "over several) or a Ray actor a chip (pip install 'ipu-stack[ray]')")
     parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
 
@@ -132,7 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="tracebacks and debug logs")
     parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_model_commands(sub)
+    _add_sweep_command(sub)
+    _add_package_commands(sub)
+    _add_profile_commands(sub)
+    return parser
 
+
+def _add_model_commands(sub: Any) -> None:
+    """``compile``, ``bench`` and ``capacity``: the commands that take a workload."""
     p = sub.add_parser("compile", help="compile a workload into DIR/model.ipuexe")
     _add_workload_options(p)
     p.add_argument("-o", "--out", required=True)
@@ -155,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the fewest C600 cards (up to N) the workload fits, pipelined")
     p.add_argument("--json", action="store_true")
 
+
+def _add_package_commands(sub: Any) -> None:
+    """The commands that take a package, a profile, a torch program or nothing."""
     p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
     p.add_argument("package")
     _add_run_options(p)
@@ -162,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a package")
     p.add_argument("package")
     p.add_argument("--json", action="store_true")
+    sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
 
+
+def _add_sweep_command(sub: Any) -> None:
     p = sub.add_parser("sweep", help="compile and run a grid of points; results.jsonl, "
                        "results.csv, sweep.html in DIR (resumes where it stopped)")
     p.add_argument("workload", nargs="?", help="builtin workload (see `ipu-stack workloads`)")
@@ -183,15 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-proportion", type=float, default=1.0)
     p.add_argument("--cache-dir", default=None)
 
+
+def _add_profile_commands(sub: Any) -> None:
     p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
                        "(PROFILE.json, its folder, or a package to run)")
     p.add_argument("paths", nargs="+", metavar="PROFILE_OR_PACKAGE")
     p.add_argument("--device", metavar="NAME",
                    help="run a package on the shared simulated device NAME (default: private)")
     p.add_argument("--lock", default=None, help=argparse.SUPPRESS)
-
-    sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
-
     p = sub.add_parser("ops", help="list every operation of a torch program (MODEL.pt2), "
                        "supported or not")
     p.add_argument("model")
@@ -207,7 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     q = esub.add_parser("verify")
     q.add_argument("instance")
     q.add_argument("schedule")
-    return parser
 
 
 def workload_parameters() -> dict[str, tuple[type, str]]:
@@ -279,33 +275,6 @@ def _strategy(args: argparse.Namespace) -> str:
     return args.strategy or ("pipeline" if args.chips > 1 else "layers")
 
 
-def save_tensors(
-    folder: str, graph: Graph, tensors: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
-    gemm_modes: dict[str, dict] | None = None,
-) -> None:
-    """Write ``inputs_weights.npz`` (float32 values, plus every value's precision as JSON in
-    ``__precisions__`` and, by matmul result name, the GEMM mode and depth block the package
-    ran it in, in ``__gemm_modes__``) and ``outputs.npz``, so anyone can check the run with
-    plain numpy."""
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    precisions = {v.name: v.type.precision.to_json() for v in graph.values}
-    modes = {graph.value(graph.operations[int(op)].outputs[0]).name: mode
-             for op, mode in (gemm_modes or {}).items()}
-
-    def dump(name: str, data: dict[str, np.ndarray], meta: bool) -> None:
-        arrays: dict[str, np.ndarray] = {
-            k: np.asarray(v, dtype=np.float32) for k, v in data.items()
-        }
-        if meta:
-            arrays["__precisions__"] = np.array(json.dumps(precisions, sort_keys=True))
-            arrays["__gemm_modes__"] = np.array(json.dumps(modes, sort_keys=True))
-        write_atomic(out / name, lambda handle: np.savez(handle, **arrays))
-
-    dump("inputs_weights.npz", tensors, True)
-    dump("outputs.npz", outputs, False)
-
-
 def _print_record(record: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(record))
@@ -332,22 +301,26 @@ def _check_outputs(args: argparse.Namespace) -> None:
                                 value)
 
 
-def _run_and_report(args, package_path: Path, graph, tensors, workload, params,
-                    compile_seconds: float | None) -> int:
-    package = load_package(package_path)
-    result = run_package(package, graph, tensors, _lock(args), wait=not args.no_wait,
-                         poison=args.poison, record=bool(args.profile),
-                         model=getattr(workload, "reference", None))
-    record = benchmark_fields(result, graph, workload.benchmark_fields(params), package_path,
-                              compile_seconds)
+def _settings(args: argparse.Namespace) -> RunSettings:
+    """The run options of ``bench`` and ``run``, the same for every strategy and chip count."""
+    images = getattr(args, "images", None)
+    if images is not None and images < 1:
+        raise UsageError("--images must be at least 1")
+    return RunSettings(images=images, engine=args.engine, record=bool(args.profile),
+                       poison=args.poison, lock_path=_lock(args), wait=not args.no_wait,
+                       send_package=args.engine == "ray")
+
+
+def _run_and_report(args: argparse.Namespace, package_path: Path, graph, tensors, workload,
+                    params, compile_seconds: float | None) -> int:
+    outcome = run_any(package_path, graph, tensors, workload, params, compile_seconds,
+                      _settings(args))
     if args.profile:
-        folder = Path(args.profile)
-        write_profile_files(folder, profile_of(result, package_path, record, folder))
+        write_run_profile(Path(args.profile), outcome)
     if args.save_tensors:
-        save_tensors(args.save_tensors, graph, tensors, result.outputs,
-                     package.manifest.get("gemm_modes"))
-    _print_record(record, args.json)
-    return 0 if result.passed else 1
+        save_tensors(args.save_tensors, graph, tensors, outcome)
+    _print_record(outcome.record, args.json)
+    return 0 if outcome.passed else 1
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -363,64 +336,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workload, params = _params(args)
     out = Path(args.out) if args.out else check_output_folder(
         "--out (default)", Path("artifacts") / workload.identifier(params))
-    if args.images is not None and args.images < 1:
-        raise UsageError("--images must be at least 1")
+    _settings(args)  # every run option checked before the compile
     options = _options(args)
     if options.strategy == "layers" and args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch, or --strategy pipeline)")
     # a steady step needs an image in each group: --images N plans at most N groups a chip
     result = compile_strategy(workload, params, out, options, args.images)
-    if result.strategy == "pipeline":
-        return _run_pipeline_and_report(args, result.package, result.graph, result.tensors,
-                                        workload, params, result.timings["compile"])
-    if args.images not in (None, 1):
-        raise UsageError("--images streams images through a pipeline; the layers strategy "
-                         "runs one batch (use --batch)")
-    return _run_and_report(args, result.package, result.graph, result.tensors, workload, params,
-                           result.timings["compile"])
-
-
-def _run_pipeline_and_report(args: argparse.Namespace, package_path: Path, graph: Graph,
-                             tensors: Any, workload: Any, params: dict[str, Any],
-                             compile_seconds: float | None) -> int:
-    if args.save_tensors or args.poison or args.device:
-        raise UsageError("--save-tensors, --poison and --device are not yet supported with "
-                         "the pipeline strategy")
-    package = load_package(package_path)
-    groups = images_to_fill(package)
-    count = getattr(args, "images", None) or groups
-    if count < groups:  # the period is an executed step with every group busy
-        chips = package_chips(package)
-        raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups"
-                         + (" a chip" if chips > 1 else "")
-                         + ": a steady step needs one image in each group")
-    images = stream_images(workload, params, graph, tensors, count)
-    run = run_streamed(package, graph, tensors, images, args.engine, bool(args.profile),
-                       package_path.read_bytes() if args.engine == "ray" else None)
-    record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
-                             package_path, compile_seconds)
-    if args.profile:
-        _write_pipeline_profile(Path(args.profile), run, package, record)
-    _print_record(record, args.json)
-    return 0 if run.passed else 1
-
-
-def _write_pipeline_profile(folder: Path, run: Any, package: Package,
-                            record: dict[str, Any]) -> None:
-    """A pipelined run's profile files: one chip's, or every chip's and the system trace."""
-    if package_chips(package) == 1:
-        write_profile_files(folder, profile_of_pipeline(run, package, record))
-        return
-    groups = package.manifest["pipeline"]["groups"]
-    labels = []
-    for chip in range(run.chips):
-        own = [g for g in groups if int(g.get("chip", 0)) == chip]
-        first = own[0]["first_layer"]
-        labels.append(f"chip {chip}: layers " + layer_range(
-            first, own[-1]["first_layer"] + own[-1]["layers"] - first))
-    write_system_profile_files(folder, profiles_of_system(run, package, record), labels,
-                               max(run.link_cycles, default=0))
+    return _run_and_report(args, result.package, result.graph, result.tensors, workload,
+                           params, result.timings["compile"])
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -448,57 +372,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0 if result.maximum or args.max_chips is None else 1  # no card count fits: 1
 
 
-def _package_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, dict]:
-    """Rebuild the workload a package was compiled from and check it matches the program."""
-    check_metadata(package.manifest)
-    validate_records(package.manifest)
-    pipelined = "pipeline" in package.manifest
-    if not pipelined:  # a pipeline's group programs are checked as they load
-        from_manifest(package.manifest, package.arrays)  # every field typed and bounded
-    info = package.manifest["workload"]
-    try:
-        workload = _recorded_workload(info)
-        params = workload.resolve(dict(info["params"]))
-    except UsageError as exc:
-        raise PackageError(f"package names a workload this build cannot make: {exc}") from None
-    with cache_folder(default_cache_dir()):
-        graph, tensors = workload.build(params)
-    if pipelined:
-        return workload, params, graph, tensors
-    check_gemm_modes(package.manifest, {op.id for op in graph.operations
-                                        if op.kind in ("matmul", "head_matmul")})
-    recorded = package.manifest["tensors"]
-    for value in graph.values:
-        entry = recorded.get(value.name)
-        if entry is None or entry.get("shape") != list(value.type.shape) or entry.get(
-            "precision"
-        ) != value.type.precision.to_json():
-            raise PackageError(
-                f"package does not match its workload: tensor {value.name} is "
-                f"{value.type} for {info['name']} with the recorded parameters"
-            )
-    return workload, params, graph, tensors
-
-
-def _recorded_workload(info: dict[str, Any]) -> Any:
-    """The workload a package names: a builtin, or the torch program it was imported from
-    (the same file, checked by its sha256)."""
-    from ipu_stack.frontend.names import IMPORTED
-
-    if info.get("name") == IMPORTED:
-        from ipu_stack.frontend.workload import reimport
-
-        return reimport(dict(info.get("params", {})))
-    return get_workload(info["name"])
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.package)
     package = load_package(path)
     refuse_group_program(package, path)
-    workload, params, graph, tensors = _package_workload(package)
-    if "pipeline" in package.manifest:
-        return _run_pipeline_and_report(args, path, graph, tensors, workload, params, None)
+    workload, params, graph, tensors = rebuild_workload(package)
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
@@ -508,27 +386,18 @@ def _lock(args: argparse.Namespace) -> Path | None:
 
 
 def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
-    """A saved profile (``profile.json`` or its folder), or a package run here to get one."""
+    """A saved profile (``profile.json`` or its folder), or a package run here to get one
+    (a stream's: the step of the chip that sets its period)."""
     if path.is_dir():
         path = path / "profile.json"
     if path.suffix == ".json":
         return load_profile(path)
     package = load_package(path)
     refuse_group_program(package, path)
-    workload, params, graph, tensors = _package_workload(package)
-    if "pipeline" in package.manifest:
-        count = images_to_fill(package)
-        run = run_streamed(package, graph, tensors,
-                           stream_images(workload, params, graph, tensors, count), record=True)
-        record = streamed_fields(run, package, graph, workload.benchmark_fields(params),
-                                 path, None)
-        if package_chips(package) > 1:  # the chip that sets the period
-            return max(profiles_of_system(run, package, record), key=lambda p: p.cycles)
-        return profile_of_pipeline(run, package, record)
-    result = run_package(package, graph, tensors, lock, record=True,
-                         model=getattr(workload, "reference", None))
-    record = benchmark_fields(result, graph, workload.benchmark_fields(params), path, None)
-    return profile_of(result, path, record)
+    workload, params, graph, tensors = rebuild_workload(package)
+    outcome = run_any(path, graph, tensors, workload, params, None,
+                      RunSettings(record=True, lock_path=lock))
+    return profile_of_outcome(outcome)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -569,42 +438,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    package = load_package(Path(args.package))
-    check_metadata(package.manifest)
-    validate_records(package.manifest)
-    m = package.manifest
-    if "pipeline" in m:
-        summary = inspect_pipeline(package)  # every group program loaded and checked
-    else:  # every check the device makes, on the tiles the program was compiled for
-        tiles = group_program_tiles(package)
-        target = get_target(package.target)
-        SimulatedIpu(target if tiles is None else target.with_tiles(tiles)).load(package)
-        summary = _inspect_program(package)
-        if tiles is not None:
-            summary["tiles"] = f"{tiles} of {target.tiles}: one pipeline group's program"
+    summary = inspect_package(load_package(Path(args.package)))
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         for key, value in summary.items():
             print(f"{key}: {value}")
     return 0
-
-
-def _inspect_program(package: Package) -> dict[str, Any]:
-    m = package.manifest
-    return {
-        "workload": m["workload"]["identifier"],
-        "target": package.target,
-        "compiler": package.compiler_version,
-        "sha256": package.sha256,
-        "kernels": [k["name"] for k in m["kernels"]],
-        "initialize_steps": len(m["programs"]["initialize"]),
-        "run_steps": len(m["programs"]["run"]),
-        "exchange_phases": sum(1 for s in m["programs"]["run"] if s["kind"] == "exchange"),
-        "estimate": m["estimate"],
-        "plans": m["plans"],
-        "memory": m["memory"],
-    }
 
 
 def cmd_ops(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 
 
-class _Value:
+class ByValue:
     """Equality by value for dataclasses that hold arrays (``==`` compares every field)."""
 
     def __eq__(self, other: object) -> bool:
@@ -49,7 +49,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 @dataclass(frozen=True, eq=False)
-class TensorSpec(_Value):
+class TensorSpec(ByValue):
     """A host tensor the programs read or write: its shape and stored precision (``info``
     is the manifest entry as written, role included, kept for the runtime)."""
 
@@ -65,7 +65,7 @@ class TensorSpec(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class StreamLayout(_Value):
+class StreamLayout(ByValue):
     """How a host stream cuts its tensor into blocks: ``rows x cols`` in blocks of
     ``row_block x col_block``, stored at ``precision``."""
 
@@ -86,7 +86,7 @@ class StreamLayout(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class HostWrite(_Value):
+class HostWrite(ByValue):
     """The host writes a whole tensor: block ``(i, j)`` to every tile in ``tiles[i, j]``
     (-1: no replica) at ``addresses[i, j]``."""
 
@@ -99,7 +99,7 @@ class HostWrite(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class HostRead(_Value):
+class HostRead(ByValue):
     """The host reads a piece of a tensor at ``origin`` from each block's first replica.
 
     ``checkpoint`` / ``operation``: a probe read (a stage's value for the verdict), not an
@@ -129,7 +129,7 @@ class HostRead(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class Call(_Value):
+class Call(ByValue):
     """Kernel ``kernel`` (an index into the program's kernels) on ``tiles``, with operand
     ``k`` of tile ``t`` at ``addresses[t, k]``.  ``slots``: ``(operand, slot)`` pairs whose
     address moves to layer ``k``'s copy on pass ``k`` of the loop."""
@@ -141,7 +141,7 @@ class Call(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class Compute(_Value):
+class Compute(ByValue):
     """A compute superstep: every call runs, then the tiles sync."""
 
     name: str
@@ -151,7 +151,7 @@ class Compute(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class Exchange(_Value):
+class Exchange(ByValue):
     """An exchange phase: transfers (destinations in CSR form) with absolute addresses and
     the compiler's chunk schedule.  ``src_slot``: per transfer, the slot whose per-layer
     copy it sends (-1: none)."""
@@ -187,7 +187,7 @@ class Exchange(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class Loop(_Value):
+class Loop(ByValue):
     """The layer loop: the next ``length`` steps run ``count`` times; slot ``s``'s table
     (``[count, tiles]``, -1 where the tile holds none) gives each layer's address."""
 
@@ -203,7 +203,7 @@ Step = HostWrite | HostRead | Compute | Exchange | Loop
 
 
 @dataclass(frozen=True, eq=False)
-class Allocations(_Value):
+class Allocations(ByValue):
     """The compiler's allocation map: what lives where, from which step to which (global
     step indices: ``initialize`` first, then ``run``)."""
 
@@ -215,7 +215,7 @@ class Allocations(_Value):
 
 
 @dataclass(frozen=True, eq=False)
-class DeviceProgram(_Value):
+class DeviceProgram(ByValue):
     """Everything the device runs: kernel instances, the two host-callable programs, the
     host tensors they stream, and the allocation map the verifier checks accesses against."""
 

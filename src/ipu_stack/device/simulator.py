@@ -84,7 +84,7 @@ class CallReport:
     steps: list[StepRecord] = field(default_factory=list)  # only when recording
     layer_cycles: list[int] = field(default_factory=list)  # each pass of the layer loop
     # every superstep's cycles with its sync, and its kind, in order: a pipeline step merges
-    # the groups' supersteps as the chip runs them (runtime/alignment.py)
+    # the groups' supersteps as the chip runs them (device/alignment.py)
     superstep_cycles: list[int] = field(default_factory=list)
     superstep_kinds: list[str] = field(default_factory=list)  # compute or exchange
 

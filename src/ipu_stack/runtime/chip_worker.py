@@ -1,4 +1,4 @@
-"""One chip of a multi-chip pipeline, simulated in a worker of its own.
+"""One chip of a system package, simulated in a worker of its own.
 
 A :class:`ChipWorker` holds only its own chip: the devices of the pipeline groups placed on
 that chip (each a simulated device of its group's tiles, loaded with its program and
@@ -6,9 +6,9 @@ initialised with its layers' weights).  It runs an image through its groups in o
 hands back the chip's output activation, the probe reads the verdict judges, and what each
 group executed (its supersteps' kinds and cycles).
 
-Two engines run the workers (``runtime.system``): forked processes that talk over pipes
-(the default) and Ray actors.  Both move arrays in one wire form, a JSON header and the
-raw bytes (:func:`encode` / :func:`decode`), never pickled Python objects.
+Three engines run the workers (``runtime.engines``): in this process, forked processes that
+talk over pipes, and Ray actors.  The last two move arrays in one wire form, a JSON header and
+the raw bytes (:func:`encode` / :func:`decode`), never pickled Python objects.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.contract.system import SystemProgram
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, weight_storer
-from ipu_stack.package import Package, read_package_bytes
+from ipu_stack.package import Package
+from ipu_stack.runtime.groups import chip_weight_names, load_groups, read_system, run_through
 from ipu_stack.runtime.host_process import decode_array, encode_array
-from ipu_stack.runtime.pipelined import _load_groups, run_through
 from ipu_stack.util import errors
 
 Wire = list[tuple[str, bytes]]
@@ -49,15 +50,15 @@ def decode(wire: Wire) -> list[tuple[str, Any]]:
 class ChipWorker:
     """Chip ``chip``'s groups on devices of their tiles, weights loaded."""
 
-    def __init__(self, package: Package, chip: int, weights: dict[str, Any],
-                 record: bool = False) -> None:
+    def __init__(self, package: Package, system: SystemProgram, chip: int,
+                 weights: Any, record: bool = False, poison: bool = False) -> None:
         self.chip = chip
         self.recording = record
-        self.groups = _load_groups(package, record, chip=chip)
+        self.groups = load_groups(package, system, record, chip=chip, poison=poison)
         if not self.groups:
             raise errors.PackageError(f"the package places no pipeline group on chip {chip}")
         for group in self.groups:
-            group.device.call("initialize", {w: weights[group.tower(w)] for w in group.weights})
+            group.initialize(weights)
 
     def run(self, inputs: dict[str, Any], on_probes: Callable[[list], None], number: int = 0
             ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
@@ -79,25 +80,11 @@ class ChipWorker:
         return carried, runs
 
 
-def chip_weights(package: Package, chip: int, tensors: Any) -> dict[str, Any]:
+def chip_weights(package: Package, system: SystemProgram, chip: int,
+                 tensors: Any) -> dict[str, Any]:
     """The weights (by the tower's names) the groups on ``chip`` load: all a worker that
     does not share the coordinator's memory needs to be sent."""
-    return {name: tensors[name] for name in chip_weight_names(package, chip)}
-
-
-def chip_weight_names(package: Package, chip: int) -> list[str]:
-    """The tower's names of the weights the groups on ``chip`` load."""
-    pipeline = package.manifest["pipeline"]
-    records = [r for r in pipeline["groups"] if int(r.get("chip", 0)) == chip]
-    names: list[str] = []
-    for record in records:
-        data = package.arrays[f"program.{int(record['program'])}"]
-        program = read_package_bytes(f"group program {record['program']}", data.tobytes(),
-                                     expected_target=package.target)
-        mapping = {str(k): str(v) for k, v in (record.get("names") or {}).items()}
-        names += [mapping.get(name, name) for name, info in
-                  program.manifest.get("tensors", {}).items() if info.get("role") == "weight"]
-    return names
+    return {name: tensors[name] for name in chip_weight_names(package, system, chip)}
 
 
 def peak_rss() -> int:
@@ -122,14 +109,16 @@ def send(conn: Connection, header: dict[str, Any], wire: Wire | tuple = ()) -> N
 
 
 def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Graph,
-          record: bool = False) -> None:
+          record: bool = False, poison: bool = False) -> None:
     """A forked worker's loop: make this chip's weights (and only those: a worker's memory is
     its chip's, not the model's), build chip ``chip``, then run each image it is sent until
     told to stop; a failure goes back as one line naming its type."""
     try:
+        system = read_system(package)
         if isinstance(tensors, DeferredTensors):
-            tensors.make_all(1, weight_storer(graph), only=set(chip_weight_names(package, chip)))
-        worker = ChipWorker(package, chip, tensors, record)
+            tensors.make_all(1, weight_storer(graph),
+                             only=set(chip_weight_names(package, system, chip)))
+        worker = ChipWorker(package, system, chip, tensors, record, poison)
         del tensors
         send(conn, {"op": "ready", "chip": chip})
         while True:
@@ -158,5 +147,5 @@ def serve(conn: Connection, package: Package, chip: int, tensors: Any, graph: Gr
             pass
 
 
-__all__ = ["ChipWorker", "Wire", "chip_weight_names", "chip_weights", "decode", "encode",
+__all__ = ["ChipWorker", "Wire", "chip_weights", "decode", "encode",
            "peak_rss", "receive", "send", "serve"]

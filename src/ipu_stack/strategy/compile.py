@@ -5,7 +5,7 @@ tower is cut into groups of consecutive layers (``planning.groups``; the chips' 
 balanced first, then each chip's groups), each group planned for an equal share of its
 chip's tiles, rounded down to an even count so tile pairs stay whole.  The shares stay
 equal: all tiles of a chip sync together, so groups side by side share supersteps
-(``runtime.alignment``) and a group on fewer tiles lengthens every superstep it shares;
+(``device.alignment``) and a group on fewer tiles lengthens every superstep it shares;
 groups of the same layers on the same tiles align superstep for superstep.  (Tiles shared
 by the groups' work were tried and measured: pe-vision's 9 groups of 2 and 3 layers on 122
 and 184 tiles planned at 3.19 M cycles a step and ran at 4.12 M.)  Only the planning stages
@@ -17,8 +17,8 @@ their weights' names and share one program; a group alone on its chip is planned
 the room its placement left, ``pipeline._into_slack``); where groups share a chip, a program whose
 layers are planned otherwise than the slowest program's is compiled again with its layer
 plans (``_align_programs``), so that their supersteps line up.  The hand-offs between
-groups are built and scheduled (``strategy.handoff``), and the pipeline package is written:
-its manifest names the groups, their tile ranges and programs, the hand-offs and the step
+groups are built and scheduled, and the system program (``contract.system``) is verified
+and written: its manifest names the groups, their tile ranges and programs, the hand-offs and the step
 counts (fill, steady, drain); the group programs are whole packages inside it, each with its
 own checksums.
 """
@@ -36,6 +36,15 @@ import numpy as np
 
 from ipu_stack import __version__
 from ipu_stack.contract.handoff import handoff_transfers
+from ipu_stack.contract.system import (
+    GroupSpec,
+    Handoff,
+    Steps,
+    SystemProgram,
+    system_to_manifest,
+    verify_system,
+)
+from ipu_stack.device.alignment import merge
 from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
@@ -53,9 +62,7 @@ from ipu_stack.planning.groups import (
     tower_loop,
 )
 from ipu_stack.planning.stages import Stage, find_stages
-from ipu_stack.runtime.alignment import merge
-from ipu_stack.strategy.handoff import handoff_record, link_record
-from ipu_stack.target import get_target, timing
+from ipu_stack.target import Target, get_target, timing
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
@@ -255,21 +262,38 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                     options: CompileOptions, graph: Graph, tensors: Any,
                     candidate: Candidate,
                     min_proportion: float | None = None) -> PipelineResult:
-    chip = get_target(options.target)
+    """Compile each distinct group of ``candidate``, build the system program joining them
+    and write the package."""
     chips = max(1, options.chips)
-    groups, tiles, reason = candidate.groups, candidate.tiles, candidate.reason
-    count = len(groups)
-    per_chip = count // chips
+    groups, tiles = candidate.groups, candidate.tiles
     program_of = _distinct(groups)
-    event(LOG, "pipeline grouping chosen", groups=count, chips=chips, tiles=tiles,
+    event(LOG, "pipeline grouping chosen", groups=len(groups), chips=chips, tiles=tiles,
           layers=",".join(str(g.layers) for g in groups), programs=len(set(program_of.values())),
-          reason=reason)
+          reason=candidate.reason)
+    compiled = _compile_programs(workload, params, out_dir, options, groups, tensors, tiles,
+                                 min_proportion)
+    system = _system_program(options, groups, compiled, program_of, tiles, candidate.reason)
+    verify_system(system, get_target(options.target))
+    estimate = _step_estimate([compiled[program_of[g.index]] for g in groups],
+                              system.handoffs, system.per_chip)
+    package = _write_system_package(workload, params, out_dir, options, system, compiled,
+                                    program_of, estimate)
+    return PipelineResult(package, graph, tensors, groups, tiles, estimate, candidate.reason,
+                          compiled=[compiled[i] for i in sorted(compiled)])
+
+
+def _compile_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
+                      options: CompileOptions, groups: list[LayerGroup], tensors: Any,
+                      tiles: int, min_proportion: float | None) -> dict[int, CompileResult]:
+    """Each distinct group's program (by its first group's index), compiled for ``tiles``;
+    where groups share a chip, aligned to the slowest one's layer plans."""
+    per_chip = len(groups) // max(1, options.chips)
     compiled: dict[int, CompileResult] = {}
-    for index in sorted(set(program_of.values())):
-        group = groups[index]
+    for index in sorted(set(_distinct(groups).values())):
         try:
             compiled[index] = compile_workload(
-                group_workload(workload, group, tensors), params, out_dir / f"group{index}",
+                group_workload(workload, groups[index], tensors), params,
+                out_dir / f"group{index}",
                 dataclasses.replace(options, tiles=tiles, dump_stages=None
                                     if not options.dump_stages
                                     else str(Path(options.dump_stages) / f"group{index}"),
@@ -281,48 +305,67 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
     if per_chip > 1:  # groups side by side on a chip
         _align_programs(workload, params, out_dir, options, groups, tensors, tiles, compiled,
                         min_proportion)
-    order = sorted(compiled)
-    slot = {index: k for k, index in enumerate(order)}
-    arrays: dict[str, np.ndarray] = {
-        f"program.{slot[index]}": np.frombuffer(compiled[index].package.read_bytes(), np.uint8)
-        for index in order}
-    records, handoffs = [], []
+    return compiled
+
+
+def _system_program(options: CompileOptions, groups: list[LayerGroup],
+                    compiled: dict[int, CompileResult], program_of: dict[int, int],
+                    tiles: int, reason: str) -> SystemProgram:
+    """The groups on their chips' tiles and the hand-offs between them, typed."""
+    chip = get_target(options.target)
+    per_chip = len(groups) // max(1, options.chips)
+    slot = {index: k for k, index in enumerate(sorted(compiled))}
+    specs = []
     for group in groups:
         template = groups[program_of[group.index]]
         names = [v.name for v in group.graph.values]
-        records.append({
-            "index": group.index, "first_layer": group.first, "layers": group.layers,
-            "chip": group.index // per_chip, "tile_base": (group.index % per_chip) * tiles,
-            "tiles": tiles, "program": slot[program_of[group.index]],
-            "input": group.input_name, "output": group.output_name,
-            "source_ops": list(group.source_ops),
-            "names": {t.name: own for t, own in zip(template.graph.values, names, strict=True)
-                      if t.name != own}})
-    for sender, receiver in zip(groups, groups[1:], strict=False):
-        send_program = compiled[program_of[sender.index]].device_program
-        receive_program = compiled[program_of[receiver.index]].device_program
-        assert send_program is not None and receive_program is not None
-        template_out = _template_name(groups, program_of, sender, sender.output_name)
-        template_in = _template_name(groups, program_of, receiver, receiver.input_name or "")
-        send_chip, receive_chip = sender.index // per_chip, receiver.index // per_chip
-        transfers, nbytes = handoff_transfers(
-            send_program, template_out, receive_program, template_in,
-            (sender.index % per_chip) * tiles, (receiver.index % per_chip) * tiles, chip.tiles)
-        if send_chip != receive_chip:
-            record, found = link_record(transfers, sender.index, receiver.index,
-                                        (send_chip, receive_chip), sender.output_name, nbytes)
-            record["estimated_cycles"] = estimate_link_phase(record["link_bytes"],
-                                                            chip.clock_hz)
-        else:
-            schedule = schedule_exchange(transfers, phase=sender.index)
-            record, found = handoff_record(transfers, schedule, sender.index, receiver.index,
-                                           sender.output_name, nbytes)
-            horizon, _ = instruction_horizon(schedule, transfers)
-            record["estimated_cycles"] = estimate_exchange_phase(horizon) + timing.p("sync")
-        handoffs.append(record)
-        arrays.update(found)
-    estimate = _step_estimate([compiled[program_of[g.index]] for g in groups], handoffs,
-                              per_chip)
+        specs.append(GroupSpec(
+            group.index, group.index // per_chip, (group.index % per_chip) * tiles, tiles,
+            slot[program_of[group.index]], group.first, group.layers, group.input_name,
+            group.output_name, tuple(group.source_ops),
+            tuple((t.name, own) for t, own in zip(template.graph.values, names, strict=True)
+                  if t.name != own)))
+    handoffs = tuple(_handoff(groups, compiled, program_of, specs, k, chip)
+                     for k in range(len(groups) - 1))
+    return SystemProgram(chip.name, max(1, options.chips), chip.tiles, tiles, tuple(specs),
+                         handoffs, len(compiled), Steps(len(groups) - 1, len(groups) - 1),
+                         reason)
+
+
+def _handoff(groups: list[LayerGroup], compiled: dict[int, CompileResult],
+             program_of: dict[int, int], specs: list[GroupSpec], k: int,
+             chip: Target) -> Handoff:
+    """Group ``k``'s output into group ``k + 1``: the transfers the two programs imply,
+    scheduled as an exchange phase on one chip, or carried by the link between two."""
+    sender, receiver = groups[k], groups[k + 1]
+    send_spec, receive_spec = specs[k], specs[k + 1]
+    send_program = compiled[program_of[sender.index]].device_program
+    receive_program = compiled[program_of[receiver.index]].device_program
+    assert send_program is not None and receive_program is not None
+    transfers, nbytes = handoff_transfers(
+        send_program, send_spec.local(sender.output_name), receive_program,
+        receive_spec.local(receiver.input_name or ""), send_spec.tile_base,
+        receive_spec.tile_base, chip.tiles)
+    route = (send_spec.chip, receive_spec.chip)
+    if route[0] != route[1]:
+        return Handoff(k, k + 1, sender.output_name, nbytes, route, transfers, None,
+                       estimate_link_phase(int(transfers.words.sum()) * 4, chip.clock_hz))
+    schedule = schedule_exchange(transfers, phase=k)
+    horizon, _ = instruction_horizon(schedule, transfers)
+    return Handoff(k, k + 1, sender.output_name, nbytes, route, transfers, schedule,
+                   estimate_exchange_phase(horizon) + timing.p("sync"))
+
+
+def _write_system_package(workload: Workload, params: dict[str, Any], out_dir: Path,
+                          options: CompileOptions, system: SystemProgram,
+                          compiled: dict[int, CompileResult], program_of: dict[int, int],
+                          estimate: dict[str, Any]) -> Path:
+    """``out_dir/model.ipuexe``: the system's records, the group programs as packages of
+    their own, the hand-offs' arrays."""
+    records, arrays = system_to_manifest(system)
+    order = sorted(compiled)
+    arrays.update({f"program.{k}": np.frombuffer(compiled[index].package.read_bytes(), np.uint8)
+                   for k, index in enumerate(order)})
     manifest = {
         "workload": {"name": workload.name, "identifier": workload.identifier(params),
                      "params": params},
@@ -330,24 +373,20 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
         "strategy": "pipeline",
         "estimate": estimate,
         # what the runtime reports from: each program's plans and its fullest tile
-        "plans": [f"group {g.index}: {plan}" for g in groups if program_of[g.index] == g.index
-                  for plan in compiled[g.index].plans],
+        "plans": [f"group {g.index}: {plan}" for g in system.groups
+                  if program_of[g.index] == g.index for plan in compiled[g.index].plans],
         "memory": {"peak_bytes": max(c.peak_bytes for c in compiled.values()),
                    "group_peak_bytes": [int(compiled[program_of[g.index]].peak_bytes)
-                                        for g in groups]},
-        "pipeline": {"chip_tiles": chip.tiles, "group_tiles": tiles, "groups": records,
-                     "handoffs": handoffs, "programs": len(order),
-                     "steps": {"fill": count - 1, "drain": count - 1}, "reason": reason},
-        **({"system": get_system(options.target, chips).to_json()} if chips > 1 else {}),
+                                        for g in system.groups]},
+        **records,
     }
     package = out_dir / "model.ipuexe"
-    write_package(package, target=chip.name, compiler_version=__version__, manifest=manifest,
-                  arrays=arrays)
-    event(LOG, "pipeline package written", path=str(package), groups=count, chips=chips,
-          estimated_step_cycles=estimate["cycles"],
+    write_package(package, target=system.target, compiler_version=__version__,
+                  manifest=manifest, arrays=arrays)
+    event(LOG, "pipeline package written", path=str(package), groups=len(system.groups),
+          chips=system.chips, estimated_step_cycles=estimate["cycles"],
           alignment_cycles=max(estimate["alignment_cycles"], default=0))
-    return PipelineResult(package, graph, tensors, groups, tiles, estimate, reason,
-                          compiled=[compiled[i] for i in order])
+    return package
 
 
 def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
@@ -359,7 +398,7 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
     them all and is no slower than the slowest program, so the step estimate never grows.
 
     Why: the chip syncs all its tiles together, so side-by-side groups share supersteps
-    (``runtime.alignment``), and the slowest group sets each shared one's length.  A first
+    (``device.alignment``), and the slowest group sets each shared one's length.  A first
     group that holds the stem has less memory for its layers and may plan a GEMM otherwise
     (siglip-vision's 9 groups: fc1 in 4 row chunks beside the others' 3).  Then no
     superstep of its layers lines up with theirs: that grouping planned 5 006 794 cycles a
@@ -391,12 +430,12 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
                   slowest=pace, estimated_cycles=again.estimate["cycles"])
 
 
-def _step_estimate(compiled: list[CompileResult], handoffs: list[dict[str, Any]],
+def _step_estimate(compiled: list[CompileResult], handoffs: tuple[Handoff, ...],
                    per_chip: int) -> dict[str, Any]:
     """The planner's steady step (every group busy; ``compiled``: each group's program).
 
     Each chip: its groups' priced supersteps merged as the chip runs them side by side
-    (``runtime.alignment``: a shared superstep lasts as long as its longest member), then
+    (``device.alignment``: a shared superstep lasts as long as its longest member), then
     its on-chip hand-off; the slowest chip, then the link hand-off (every card syncs, then
     the links carry at once).  ``alignment_cycles``: what sharing supersteps costs over each
     chip's slowest group alone."""
@@ -405,29 +444,17 @@ def _step_estimate(compiled: list[CompileResult], handoffs: list[dict[str, Any]]
     chip_cycles, alignment = [], []
     for chip in range(chips):
         own = range(chip * per_chip, (chip + 1) * per_chip)
-        on_chip = [int(h["estimated_cycles"]) for h in handoffs
-                   if not h.get("link") and int(h["from"]) in own]
+        on_chip = [h.estimated_cycles for h in handoffs if not h.link and h.sender in own]
         merged = merge([(compiled[g].superstep_kinds, compiled[g].superstep_cycles)
                         for g in own]).total
         alignment.append(merged - max(group_cycles[g] for g in own))
         chip_cycles.append(merged + max(on_chip, default=0))
-    links = [int(h["estimated_cycles"]) for h in handoffs if h.get("link")]
+    links = [h.estimated_cycles for h in handoffs if h.link]
     step = max(chip_cycles) + max(links, default=0)
     return {"cycles": step, "group_cycles": group_cycles, "chip_cycles": chip_cycles,
             "alignment_cycles": alignment,
-            "handoff_cycles": [int(h["estimated_cycles"]) for h in handoffs
-                               if not h.get("link")],
+            "handoff_cycles": [h.estimated_cycles for h in handoffs if not h.link],
             "link_cycles": links}
-
-
-def _template_name(groups: list[LayerGroup], program_of: dict[int, int], group: LayerGroup,
-                   name: str) -> str:
-    """``name`` of ``group`` as the program it shares calls it (by value position)."""
-    template = groups[program_of[group.index]]
-    names = [v.name for v in group.graph.values]
-    return template.graph.values[names.index(name)].name if name in names else name
-
-
 
 
 @dataclass

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.runtime.pipelined import stream_images
-from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
-from ipu_stack.runtime.system import images_to_fill, run_streamed, streamed_fields
+from ipu_stack.runtime.execute import RunSettings, run_any
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep.grid import Point
 from ipu_stack.util.errors import IpuStackError
@@ -57,23 +55,10 @@ def _run_point(point: dict[str, Any], out_dir: str) -> Record:
         options = p.compile_options()
         with contextlib.redirect_stdout(io.StringIO()):
             compiled = compile_strategy(workload, p.params, folder, options)
-            package = load_package(compiled.package)
-            if compiled.strategy == "pipeline":  # one image per group: a full steady step
-                images = stream_images(workload, p.params, compiled.graph, compiled.tensors,
-                                       images_to_fill(package))
-                piped = run_streamed(package, compiled.graph, compiled.tensors, images)
-                passed = piped.passed
-                record = streamed_fields(piped, package, compiled.graph,
-                                         workload.benchmark_fields(p.params), compiled.package,
-                                         compiled.timings["compile"])
-            else:
-                result = run_package(package, compiled.graph, compiled.tensors)
-                passed = result.passed
-                record = benchmark_fields(result, compiled.graph,
-                                          workload.benchmark_fields(p.params),
-                                          compiled.package, compiled.timings["compile"])
-                record["strategy"] = "layers"
-                record["latencyMicroseconds"] = record["deviceMicroseconds"]
+            # a pipeline streams one image a group: a full steady step
+            outcome = run_any(compiled.package, compiled.graph, compiled.tensors, workload,
+                              p.params, compiled.timings["compile"], RunSettings())
+            passed, record = outcome.passed, outcome.record
         status = "ok" if passed else "fail"
         return {**base, "status": status, "error": None if passed else
                 f"numericalTest=FAIL ({record['failedParts']})",

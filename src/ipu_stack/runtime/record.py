@@ -1,0 +1,209 @@
+"""The benchmark record: one builder for a whole-chip run and a stream over groups and chips.
+
+Every record has the same core (the verdict, the cycles and the rate, the share of peak, the
+estimate against what ran, the package and the seconds); a stream through more than one
+group adds the pipeline's fields (``stepCycles``, ``latencyMicroseconds``, the groups'
+balance and hand-offs), and one over more than one chip adds the chips' (each chip's step,
+the link phase and its share, the bytes a link carries, each worker's peak memory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack import __version__
+from ipu_stack.contract.system import SystemProgram
+from ipu_stack.ir.graph import Graph, gemm_macs
+from ipu_stack.package import Package
+from ipu_stack.runtime.session import RunResult
+from ipu_stack.runtime.stream import StreamRun
+from ipu_stack.runtime.verdict import Verdict
+from ipu_stack.target import get_target
+from ipu_stack.util.errors import DeviceError
+
+
+def verdict_fields(verdict: Verdict) -> dict[str, Any]:
+    """The verdict's part of the record: which part failed and where."""
+    worst = verdict.worst
+    fidelity = verdict.fidelity
+    return {
+        "failedParts": ",".join(verdict.failed_parts) or "none",
+        "stageAgreement": None if worst is None else worst.max_ulps,
+        "stageMismatch": None if worst is None else round(worst.mismatch, 6),
+        "worstStage": None if worst is None else worst.stage,
+        "firstFailingStage": getattr(verdict.first_failure, "stage", None),
+        "noiseRatio": None if fidelity is None else round(fidelity.noise_ratio, 4),
+        "tailRatio": None if fidelity is None else round(fidelity.tail_ratio, 4),
+        "verdictSeconds": round(verdict.seconds, 2),
+        "modelSeconds": round(verdict.ideal_seconds, 2),
+    }
+
+
+def gemm_flops(graph: Graph) -> int:
+    """Two flops per multiply-accumulate of every GEMM (``ir.graph.gemm_macs``)."""
+    return 2 * gemm_macs(graph)
+
+
+def loop_fields(manifest: dict[str, Any], layer_cycles: list[int]) -> dict[str, Any]:
+    """The layer loop's figures: layers run as one body, cycles per pass, and the bytes per
+    tile one more layer would add (none of these without a loop)."""
+    loop = manifest.get("layer_loop", {})
+    if not loop.get("layers"):
+        return {}
+    return {"loopLayers": int(loop["layers"]),
+            "layerCycles": int(np.mean(layer_cycles)) if layer_cycles else 0,
+            "layerCyclesMax": int(max(layer_cycles, default=0)),
+            "bytesPerLayer": int(loop["bytes_per_layer_max"])}
+
+
+def benchmark_fields(
+    result: RunResult, graph: Graph, workload_fields: dict[str, Any], package_path: Path,
+    compile_seconds: float | None,
+) -> dict[str, Any]:
+    """The benchmark record, in the order of reference log 004, plus our extra fields."""
+    target = get_target(result.package.target)
+    manifest = result.package.manifest
+    run = result.run
+    active = run.tile_busy > run.sync_cycles
+    cycles = run.cycles
+    seconds = cycles / target.clock_hz
+    flops = gemm_flops(graph)
+    tflops = flops / seconds / 1e12 if seconds else 0.0
+    peak = target.peak_flops() / 1e12
+    max_error = max((c.max_abs_error for c in result.comparisons.values()), default=0.0)
+    input_bytes = sum(v.type.nbytes for v in graph.by_role("input"))
+    weight_bytes = sum(v.type.nbytes for v in graph.by_role("weight"))
+    record: dict[str, Any] = {
+        "numericalTest": "PASS" if result.passed else "FAIL",
+        "workload": manifest["workload"]["identifier"],
+        "referenceSource": result.reference_source,
+        "strategy": "layers",
+        **workload_fields,
+        "activeTiles": int(active.sum()),
+        "executionTiles": target.tiles,
+        "inputBytes": input_bytes,
+        "weightBytes": weight_bytes,
+        "cycles": cycles,
+        "minimumTileCycles": int(run.tile_busy[active].min()) if active.any() else 0,
+        "deviceMicroseconds": round(target.cycles_to_us(cycles), 3),
+        "latencyMicroseconds": round(target.cycles_to_us(cycles), 3),
+        "effectiveGemmTflops": round(tflops, 3),
+        "peakTflops": round(peak, 3),
+        "efficiencyPercent": round(100 * tflops / peak, 2),
+        "maximumAbsoluteError": round(max_error, 6),
+        "diagnosticCheckpoints": len(result.verdict.stages)
+        if manifest.get("options", {}).get("diagnostics") else 0,
+        **verdict_fields(result.verdict),
+        "package": str(package_path),
+        "estimatedCycles": int(manifest["estimate"]["cycles"]),
+        "estimateError": round(abs(int(manifest["estimate"]["cycles"]) - cycles)
+                               / max(cycles, 1), 4),
+        "hostCycles": run.host_cycles,
+        "exchangeCycles": run.exchange_cycles,
+        "computeCycles": run.compute_cycles,
+        "syncCycles": run.sync_cycles,
+        "hostBytes": run.host_bytes,
+        **{f"{kind}Cycles": cycles for kind, cycles in sorted(run.breakdown.items())
+           if kind not in ("exchange", "sync", "host", "compute")},
+        "gemmModes": ",".join(sorted({m["mode"] for m in manifest.get("gemm_modes", {}).values()})),
+        "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
+        **loop_fields(manifest, run.layer_cycles),
+        "imagesPerSecond": round(int(workload_fields.get("batch", 1)) / seconds, 1)
+        if seconds else 0.0,
+        "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
+        "simulateSeconds": round(result.simulate_seconds, 2),
+        "compiler": __version__,
+    }
+    return record
+
+
+def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph: Graph,
+                  workload_fields: dict[str, Any], package_path: Any,
+                  compile_seconds: float | None) -> dict[str, Any]:
+    """The benchmark record of a stream (the whole-chip record's names where they mean the
+    same; ``cycles`` is the steady step, the time between two images leaving), with the
+    chips' part over several chips."""
+    target = get_target(package.target)
+    manifest = package.manifest
+    period = run.steady_cycles
+    batch = int(workload_fields.get("batch", 1))
+    seconds = period / target.clock_hz
+    flops = gemm_flops(graph)
+    peak = target.peak_flops() * run.chips
+    group_cycles = [max(r.cycles for (g, _), r in run.runs.items() if g == index)
+                    for index in range(run.groups)]
+    estimate = int(manifest["estimate"]["cycles"])
+    rate = round(batch * target.clock_hz / period, 1) if period else 0.0
+    # the FP8 AMP roofline of the chips used: every MAC at 128 a tile a cycle
+    roofline = batch * run.chips * target.tiles * float(target.amp_f8_macs_per_cycle) * \
+        target.clock_hz / max(flops / 2, 1)
+    if rate > roofline:
+        raise DeviceError(f"{rate} images/s exceeds the FP8 roofline of {run.chips} chip(s), "
+                          f"{roofline:.1f}: the step's pricing is wrong")
+    worst = max(run.verdicts, key=lambda v: (not v.passed,
+                                             v.fidelity.noise_ratio if v.fidelity else 0.0))
+    record = {
+        "numericalTest": "PASS" if run.passed else "FAIL",
+        "workload": manifest["workload"]["identifier"],
+        "strategy": "pipeline",
+        **workload_fields,
+        "images": run.images,
+        "imagesPassed": sum(v.passed for v in run.verdicts),
+        "pipelineGroups": run.groups,
+        "groupTiles": system.group_tiles,
+        "groupLayers": ",".join(str(g.layers) for g in system.groups),
+        "executionTiles": target.tiles * run.chips,
+        "cycles": period,
+        "stepCycles": period,
+        "imagesPerSecond": rate,
+        "fp8RooflineImagesPerSecond": round(roofline, 1),
+        "latencyMicroseconds": round(target.cycles_to_us(sum(run.step_cycles[: run.groups])),
+                                     3),
+        "groupCyclesMax": max(group_cycles),
+        "groupCyclesMin": min(group_cycles),
+        "balance": round(min(group_cycles) / max(max(group_cycles), 1), 4),
+        "fillCycles": sum(run.step_cycles[: run.groups - 1]),
+        "handoffCycles": run.handoff_cycles,
+        # what sharing the chip's supersteps costs the step over its slowest group alone
+        "alignmentCycles": period - max(group_cycles) - run.handoff_cycles
+        if run.chips == 1 else None,
+        "totalCycles": sum(run.step_cycles),
+        "effectiveGemmTflops": round(flops / seconds / 1e12, 3) if seconds else 0.0,
+        "peakTflops": round(peak / 1e12, 3),
+        "efficiencyPercent": round(100 * flops / seconds / peak, 2) if seconds else 0.0,
+        "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
+        **verdict_fields(worst),
+        "package": str(package_path),
+        "estimatedCycles": estimate,
+        "estimateError": round(abs(estimate - period) / max(period, 1), 4),
+        "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
+        "simulateSeconds": round(run.simulate_seconds, 2),
+        "hostPeakBytes": run.host_peak_bytes or None,
+        "verdictSeconds": round(run.verdict_seconds, 2),
+        "compiler": __version__,
+    }
+    if run.chips > 1:
+        record.update(chip_fields(run, manifest))
+    return record
+
+
+def chip_fields(run: StreamRun, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The chips' part of a stream's record: each chip's full step, the link phase and its
+    share of the period, the bytes a link carries a step and each worker's peak memory."""
+    link = max(run.link_cycles, default=0)
+    return {
+        "chips": run.chips, "engine": run.engine,
+        "groupsPerChip": run.groups // run.chips,
+        "chipStepCycles": run.chip_full_cycles,
+        "linkCycles": link, "linkBytes": max(run.link_bytes, default=0),
+        "linkSharePercent": round(100 * link / max(run.steady_cycles, 1), 2),
+        "estimatedLinkCycles": max(manifest["estimate"].get("link_cycles", []), default=0),
+        "workerPeakBytes": run.worker_peak_bytes,
+    }
+
+
+__all__ = ["benchmark_fields", "chip_fields", "gemm_flops", "loop_fields", "stream_fields",
+           "verdict_fields"]

@@ -1,0 +1,399 @@
+"""Run a system package: images streamed through its layer groups, on one chip or several.
+
+One coordinator runs any :class:`~ipu_stack.contract.system.SystemProgram` over an engine
+(``runtime.engines``: in this process, forked processes, or Ray actors; one worker a chip,
+holding only that chip's tile memories and weights).  An image moves from chip to chip as a
+message (the chip's output activation, the bytes its device read out of the sending group's
+tiles), which is what the IPU-Link carries.  The coordinator routes the messages, hands each
+image's probe reads to that image's host side, and judges every image against the float64
+model of the whole tower, as a whole-chip run is judged.
+
+**Timing.**  All chips step together: in step ``s`` group ``g`` works on image ``s - g``:
+``G - 1`` fill steps, then one image leaves per steady step, then ``G - 1`` drain steps.
+Within a chip all tiles sync together, so the groups' supersteps share the chip's
+(``device.alignment``: same-kind supersteps side by side, each shared one as long as the
+longest), and the step ends with the chip's own hand-off phase; the chips sync with each
+other only at the end of the step, where every cable carries its hand-off at once.  So a
+step is the slowest chip's step plus the slowest link hand-off, each built from what the
+workers executed and what the device prices.  On the IPU the cycles of a superstep do not
+depend on the values, so one executed full step gives the period (tested: two data sets
+give the same step cycles): the slowest chip's step with all of that chip's groups busy (the
+chips couple only through the link phase) plus the link phase.
+
+**Host sides.**  Images in flight are one a chip and one being judged, as far as the host has
+cores for their host sides (each holds one image's references): the device goes on to the
+next image while the last one's verdict finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ipu_stack.contract.system import SystemProgram
+from ipu_stack.device import HardwareLock
+from ipu_stack.device.alignment import merge
+from ipu_stack.device.record import StepRecord
+from ipu_stack.ir.graph import Graph
+from ipu_stack.package import Package
+from ipu_stack.runtime.engines import (
+    ENGINES,
+    InProcessEngine,
+    LocalEngine,
+    RayEngine,
+)
+from ipu_stack.runtime.groups import (
+    check_tower,
+    handoff_phase_cycles,
+    load_groups,
+    read_system,
+    tower_gemm_modes,
+    verify_links,
+)
+from ipu_stack.runtime.host_side import start_host_side
+from ipu_stack.runtime.session import hold_weights
+from ipu_stack.runtime.verdict import Verdict, log_verdict
+from ipu_stack.target import get_target
+from ipu_stack.util.errors import UsageError
+from ipu_stack.util.log import event
+
+LOG = logging.getLogger("ipu_stack.runtime")
+HOSTS_IN_FLIGHT = 2
+"""Host sides judging at once at least (two lanes on two cores)."""
+
+
+@dataclass
+class GroupRun:
+    """One group's executed run on one image: its supersteps' cycles."""
+
+    group: int
+    image: int
+    cycles: int
+    supersteps: list[int]
+    host_bytes: int
+    kinds: list[str]  # compute or exchange, per superstep
+
+
+@dataclass
+class StreamRun:
+    """Every image's outputs and verdict, and the step timing built from executed runs."""
+
+    images: int
+    groups: int
+    chips: int = 1
+    engine: str = "inprocess"
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    runs: dict[tuple[int, int], GroupRun] = field(default_factory=dict)
+    step_cycles: list[int] = field(default_factory=list)
+    chip_steps: list[list[int]] = field(default_factory=list)  # chip -> each step's cycles
+    chip_handoffs: list[int] = field(default_factory=list)  # each chip's own hand-off phase
+    link_cycles: list[int] = field(default_factory=list)
+    link_bytes: list[int] = field(default_factory=list)
+    worker_peak_bytes: list[int] = field(default_factory=list)
+    simulate_seconds: float = 0.0
+    verdict_seconds: float = 0.0
+    # when recording: each group's superstep records in its chip's first full step
+    records: dict[int, list[StepRecord]] = field(default_factory=dict)
+    # the largest peak resident memory of the images' host sides (forked processes)
+    host_peak_bytes: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+    @property
+    def handoff_cycles(self) -> int:
+        """The longest on-chip hand-off phase."""
+        return max(self.chip_handoffs, default=0)
+
+    @property
+    def chip_full_cycles(self) -> list[int]:
+        """Each chip's longest step with all of its groups busy (with fewer images than a
+        chip's groups, its longest step from when its last group first works)."""
+        per_chip = self.groups // self.chips
+        out = []
+        for chip, steps in enumerate(self.chip_steps):
+            first = chip * per_chip + per_chip - 1  # the step its last group first works
+            full = [steps[s] for s in range(len(steps))
+                    if all(0 <= s - g < self.images
+                           for g in range(chip * per_chip, (chip + 1) * per_chip))]
+            out.append(max(full) if full else max(steps[first:] or steps))
+        return out
+
+    @property
+    def steady_cycles(self) -> int:
+        """The period: the slowest chip's full step, then the link phase."""
+        return max(self.chip_full_cycles) + max(self.link_cycles, default=0)
+
+    def judge(self, number: int, host: Any, outputs: dict[str, np.ndarray]) -> float:
+        """Image ``number``'s verdict from its host side, kept and logged with its
+        ``outputs``; the seconds spent waiting for it."""
+        wait = time.perf_counter()
+        _, verdict = host.result()
+        self.host_peak_bytes = max(self.host_peak_bytes, getattr(host, "peak_bytes", 0))
+        verdict.seconds = time.perf_counter() - wait
+        log_verdict(verdict, per_stage=False)
+        event(LOG, "image judged", image=number,
+              numericalTest="PASS" if verdict.passed else "FAIL",
+              failedParts=",".join(verdict.failed_parts) or "-")
+        self.verdicts.append(verdict)
+        self.outputs.append(outputs)
+        return verdict.seconds
+
+
+def step_schedule(groups: int, images: int) -> list[list[tuple[int, int]]]:
+    """``(group, image)`` pairs busy in each step: fill, steady steps, drain."""
+    return [[(g, s - g) for g in range(groups) if 0 <= s - g < images]
+            for s in range(images + groups - 1)]
+
+
+def merged_step(runs: list[GroupRun], handoff: int) -> int:
+    """One chip's step: its groups' executed supersteps side by side, merged as the chip
+    runs them (``device.alignment``), then its hand-off phase."""
+    return merge([(r.kinds, r.supersteps) for r in runs]).total + handoff
+
+
+def time_steps(run: StreamRun) -> None:
+    """Each chip's cycles in each step, and the system's steps (module docstring)."""
+    per_chip = run.groups // run.chips
+    link = max(run.link_cycles, default=0)
+    run.chip_steps = [[0] * (run.images + run.groups - 1) for _ in range(run.chips)]
+    run.step_cycles = []
+    for s, busy_all in enumerate(step_schedule(run.groups, run.images)):
+        slowest, linked = 0, False
+        for chip in range(run.chips):
+            own = range(chip * per_chip, (chip + 1) * per_chip)
+            busy = [pair for pair in busy_all if pair[0] in own]
+            if not busy:
+                continue
+            # the chip's own hand-off phase when a group other than its last was busy
+            handoff = run.chip_handoffs[chip] if any(g != own[-1] for g, _ in busy) else 0
+            cycles = merged_step([run.runs[p] for p in busy], handoff)
+            run.chip_steps[chip][s] = cycles
+            slowest = max(slowest, cycles)
+            linked |= any(g == own[-1] and chip < run.chips - 1 for g, _ in busy)
+        run.step_cycles.append(slowest + (link if linked else 0))
+
+
+def images_to_fill(system: SystemProgram) -> int:
+    """The fewest images whose run executes a full step of every chip: one a group of a
+    chip (the chips couple only through the link phase)."""
+    return system.per_chip
+
+
+def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
+                  tensors: Mapping[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
+    """``count`` images as the graph's inputs: the workload's own first, then the workload's
+    stream (``Workload.stream_input``), or else the first image's rows in a seeded random
+    order (the same values, so exactly representable in the input's precision)."""
+    first = {v.name: np.asarray(tensors[v.name]) for v in graph.by_role("input")}
+    images = [first]
+    for index in range(1, count):
+        if getattr(workload, "stream_input", None) is not None:
+            images.append(workload.stream_input(params, graph, index))
+            continue
+        rng = np.random.default_rng(index)
+        shuffled = {}
+        for name, values in first.items():
+            rows = values.reshape(-1, values.shape[-1])
+            shuffled[name] = rows[rng.permutation(rows.shape[0])].reshape(values.shape)
+        images.append(shuffled)
+    return images
+
+
+@dataclass
+class StreamOptions:
+    """How to run a stream: the engine (``None``: in this process on one chip, forked
+    workers over several), Ray's copy of the package, superstep records for a profile, poison
+    checks, and the lock of a shared named device (``None``: a private one)."""
+
+    engine: str | None = None
+    package_bytes: bytes | None = None
+    record: bool = False
+    poison: bool = False
+    lock_path: Path | None = None
+    wait: bool = True
+    model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+
+
+def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: int,
+                engine: str) -> tuple[StreamRun, dict[str, dict]]:
+    """Everything checked before a worker starts: the groups' programs against the tower,
+    the links as both chips' programs derive them, the hand-offs priced as the device does;
+    the run's record to fill and the tower's GEMM modes."""
+    target = get_target(package.target)
+    described = load_groups(package, system, devices=False)  # programs read, no tile memories
+    links = verify_links(system, {g.spec.program: g.package for g in described},
+                         target.clock_hz)
+    check_tower(described, graph)
+    on_chip = [max((handoff_phase_cycles(h) for h in system.handoffs
+                    if not h.link and system.groups[h.sender].chip == chip), default=0)
+               for chip in range(system.chips)]
+    run = StreamRun(images, len(system.groups), system.chips, engine,
+                    chip_handoffs=on_chip, link_cycles=[c for c, _ in links],
+                    link_bytes=[b for _, b in links], worker_peak_bytes=[0] * system.chips)
+    return run, tower_gemm_modes(described)
+
+
+def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors: Any,
+                 options: StreamOptions, engine: str, on_probes: Callable[[int, list], None]
+                 ) -> InProcessEngine | LocalEngine | RayEngine:
+    """The engine's workers built, their chips loaded and initialised."""
+    if engine == "local":  # forked before the weights are made: each makes its own
+        local = LocalEngine(package, system.chips, tensors, graph, options.record,
+                            options.poison)
+        try:
+            hold_weights(graph, tensors)  # the host sides' copy, while the workers load
+            local.wait_ready()
+        except BaseException:
+            local.close()
+            raise
+        return local
+    hold_weights(graph, tensors)
+    if engine == "ray":
+        return RayEngine(package, system, tensors, options.package_bytes or b"",
+                         options.record, options.poison)
+    return InProcessEngine(package, system, tensors, on_probes, options.record,
+                           options.poison)
+
+
+def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
+               images: list[dict[str, np.ndarray]], options: StreamOptions | None = None
+               ) -> StreamRun:
+    """Stream ``images`` (each the tower's inputs by name) through the package's system."""
+    options = options or StreamOptions()
+    system = read_system(package)
+    engine = options.engine or ("inprocess" if system.chips == 1 else "local")
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    run, modes = prepare_run(package, system, graph, len(images), engine)
+    owner = nullcontext() if options.lock_path is None else \
+        HardwareLock(options.lock_path, wait=options.wait)
+    # one BLAS thread in every process (workers and host sides are forked from here): with
+    # a process a core already, more threads only spin against each other
+    with owner, threadpool_limits(limits=1, user_api="blas"):
+        coordinator = Coordinator(run, graph, tensors, images, modes, options.model)
+        started = time.perf_counter()
+        workers = start_engine(package, system, graph, tensors, options, engine,
+                               coordinator.probes)
+        event(LOG, "chips loaded", chips=system.chips, engine=engine,
+              groups=len(system.groups), tile_count=system.chip_tiles * system.chips)
+        try:
+            coordinator.stream(workers)
+        finally:
+            workers.close()
+    run.verdict_seconds = coordinator.waited
+    run.simulate_seconds = time.perf_counter() - started - coordinator.waited
+    time_steps(run)
+    return run
+
+
+class Coordinator:
+    """The one run loop: images let into chip 0 as far as host sides may be in flight,
+    each chip's output sent on to the next chip, every image judged in order."""
+
+    def __init__(self, run: StreamRun, graph: Graph, tensors: Mapping[str, Any],
+                 images: list[dict[str, np.ndarray]], modes: dict[str, dict],
+                 model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None
+                 ) -> None:
+        self.run, self.graph, self.images, self.modes, self.model = \
+            run, graph, images, modes, model
+        self.outputs_only = {v.name for v in graph.by_role("output")}
+        self.weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
+        self.hosts: dict[int, Any] = {}
+        self.finished: dict[int, dict[str, np.ndarray]] = {}
+        self.waited = 0.0
+        self.judged = 0
+        self.in_flight = min(run.chips + 1, max(HOSTS_IN_FLIGHT, (os.cpu_count() or 1) // 2))
+
+    def probes(self, number: int, items: list) -> None:
+        """Probe reads of image ``number`` for its host side."""
+        self.hosts[number].put(items)
+
+    def judge_next(self) -> None:
+        number = self.judged
+        self.waited += self.run.judge(number, self.hosts.pop(number),
+                                      self.finished.pop(number))
+        self.judged += 1
+
+    def admit(self, number: int) -> list[tuple[str, Any]]:
+        """Image ``number`` let in: its host side started; its inputs for chip 0."""
+        own = {**self.weights, **self.images[number]}
+        self.hosts[number] = start_host_side(self.graph, own, self.modes, self.outputs_only,
+                                             self.model)
+        return list(self.images[number].items())
+
+    def done(self, chip: int, number: int, header: dict[str, Any],
+             arrived: list[tuple[str, Any]]) -> bool:
+        """A chip finished image ``number``: its groups' runs kept, its output handed to
+        the host side (the next chip's first stage is judged on it); True when the image
+        has left the last chip."""
+        run = self.run
+        for done in header["runs"]:
+            if "records" in done:  # the chip's profiled step
+                run.records[int(done["group"])] = [StepRecord.from_json(r)
+                                                   for r in done["records"]]
+            run.runs[(int(done["group"]), number)] = GroupRun(
+                int(done["group"]), number, int(done["cycles"]), list(done["supersteps"]),
+                int(done["host_bytes"]), list(done["kinds"]))
+        self.hosts[number].put(arrived)
+        if chip < run.chips - 1:
+            return False
+        self.hosts[number].put(None)
+        self.finished[number] = {k: np.asarray(v) for k, v in arrived}
+        return True
+
+    def stream(self, workers: Any) -> None:
+        """Every image through every chip and judged (a failure abandons the host sides)."""
+        chips = self.run.chips
+        queues: list[deque] = [deque() for _ in range(chips)]
+        queues[0].extend(range(len(self.images)))
+        carried: dict[int, list[tuple[str, Any]]] = {}
+        busy: list[int | None] = [None] * chips
+        try:
+            while self.judged < len(self.images):
+                for chip in range(chips):
+                    if busy[chip] is not None or not queues[chip] or (
+                            chip == 0 and len(self.hosts) >= self.in_flight):
+                        continue
+                    number = queues[chip].popleft()
+                    if chip == 0:
+                        carried[number] = self.admit(number)
+                    workers.submit(chip, number, carried.pop(number))
+                    busy[chip] = number
+                if all(b is None for b in busy):  # every image let in has left
+                    self.judge_next()
+                    continue
+                chip, header, arrived = workers.next()
+                number = int(header["image"])
+                self.run.worker_peak_bytes[chip] = max(self.run.worker_peak_bytes[chip],
+                                                       int(header.get("peak", 0)))
+                if header["op"] == "probes":
+                    self.probes(number, arrived)
+                    continue
+                busy[chip] = None
+                if not self.done(chip, number, header, arrived):
+                    carried[number] = arrived
+                    queues[chip + 1].append(number)
+                    continue
+                while self.judged in self.finished and len(self.hosts) >= self.in_flight:
+                    self.judge_next()
+        except BaseException:
+            for host in self.hosts.values():
+                host.abandon()
+            raise
+
+
+__all__ = ["GroupRun", "StreamOptions", "StreamRun", "images_to_fill", "merged_step",
+           "run_stream", "step_schedule", "stream_images", "time_steps"]
