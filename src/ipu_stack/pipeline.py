@@ -1,11 +1,23 @@
-"""The compiler: an ordered list of named stages, each timed and logged in the reference's words.
+"""The compiler: named stages in three steps, each stage timed and logged in the reference's words.
 
-``STAGES`` is the whole compile, in order: construct_mid (graph, stages, gemm_candidates) ->
-lower_mid (finalists) -> select_finalist (lower and physically schedule each finalist's
-exchanges, keep the cheapest) -> plan_kernels -> size_tile_code ->
-place_storage -> write_memory_reports -> emit_tile_code -> write_package.  Each stage is a
-function of the :class:`~ipu_stack.phases.state.Build` record (``ipu_stack.phases.stages``);
-only this module chains them.
+A stage is a function of the :class:`~ipu_stack.phases.state.Build` record
+(``ipu_stack.phases.stages``), named for what it does; its ``logged_as`` is the phase name
+the reference logs (``phase=place_storage``), which the log lines and the ``--dump-stages``
+files keep.  The stages run in three steps, each with a typed result:
+
+* :func:`plan` (build_graph_and_tilings, choose_fitting_plans): the finalist plans that fit
+  the memory budget, a :class:`~ipu_stack.phases.state.Planned`;
+* :func:`lower_and_place` (lower_and_schedule_finalists, list_kernel_instances,
+  size_support_memory, place_buffers): the chosen program, scheduled and placed, a
+  :class:`~ipu_stack.phases.state.Placed`;
+* :func:`emit` (write_memory_reports, emit_device_program, write_package): the written
+  package, an :class:`~ipu_stack.phases.state.Emitted`.
+
+The steps are apart because the compile repeats the first two (a placement that fails is
+planned again for less memory; one with room to spare, for that room) and writes only once.
+Between stages the lowered program and the placement are verified when
+``CompileOptions.verify_stages`` is set or the environment sets ``IPU_STACK_VERIFY_STAGES``
+(``lowering.verify``, ``memory.verify``).  Only this module chains the stages.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.exchange import ScheduleMemo, ScheduleStore
+from ipu_stack.lowering.verify import verify_program
+from ipu_stack.memory.verify import verify_placement
 from ipu_stack.phases import stages as phases
 from ipu_stack.phases.costing import (
     refined_estimate,
@@ -30,33 +45,74 @@ from ipu_stack.phases.costing import (
     to_transfers,
 )
 from ipu_stack.phases.dump import dump_stage
-from ipu_stack.phases.state import Build, CompileOptions, CompileResult
-from ipu_stack.planning.fit import planned_cycles, usable_bytes
+from ipu_stack.phases.state import (
+    Build,
+    CompileOptions,
+    CompileResult,
+    Emitted,
+    Placed,
+    Planned,
+)
+from ipu_stack.planning.fit import usable_bytes
 from ipu_stack.util.errors import PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.base import Workload
 
-__all__ = ["STAGES", "CompileOptions", "CompileResult", "compile_workload", "plan_workload",
-           "refined_estimate",
-           "schedule_program", "stage_shape", "to_transfers"]
+__all__ = ["EMITTING", "LOWERING", "PLANNING", "STAGES", "VERIFY_ENV", "CompileOptions",
+           "CompileResult", "CompileStage", "Emitted", "Placed", "Planned", "compile_workload",
+           "emit", "lower_and_place", "plan", "plan_workload", "refined_estimate",
+           "schedule_program", "stage_shape", "to_transfers", "verifying"]
 
 LOG = logging.getLogger("ipu_stack.package.build")
+VERIFY_ENV = "IPU_STACK_VERIFY_STAGES"  # set to 1: verify between stages, whatever the options
 
-STAGES: tuple[tuple[str, Callable[[Build], dict[str, Any]]], ...] = (
-    ("construct_mid", phases.construct_mid),
-    ("lower_mid", phases.lower_mid),
-    ("select_finalist", phases.select_finalist),
-    ("plan_kernels", phases.plan_kernels),
-    ("size_tile_code", phases.size_tile_code),
-    ("place_storage", phases.place_storage_stage),
-    ("write_memory_reports", phases.write_memory_reports),
-    ("emit_tile_code", phases.emit_tile_code),
-    ("write_package", phases.write_package_stage),
+
+@dataclasses.dataclass(frozen=True)
+class CompileStage:
+    """One stage: ``name`` says what it does, ``logged_as`` is the reference's phase name
+    (the ``phase=`` of its log line and the name of its ``--dump-stages`` file), ``run``
+    sets its artifact on the build and returns its log line's extra fields, and ``verify``
+    (when set) checks that artifact before the next stage reads it."""
+
+    name: str
+    logged_as: str
+    run: Callable[[Build], dict[str, Any]]
+    verify: Callable[[Build, str], None] | None = None
+
+    @property
+    def number(self) -> int:
+        """Its place in the compile, from 1 (the ``NN`` of its dump file)."""
+        return STAGES.index(self) + 1
+
+
+def _verify_lowered(build: Build, where: str) -> None:
+    assert build.program is not None
+    verify_program(build.program, build.target, where)
+
+
+def _verify_placed(build: Build, where: str) -> None:
+    assert build.program is not None and build.placement is not None
+    verify_placement(build.program, build.placement, build.target, where)
+
+
+PLANNING = (
+    CompileStage("build_graph_and_tilings", "construct_mid", phases.build_graph_and_tilings),
+    CompileStage("choose_fitting_plans", "lower_mid", phases.choose_fitting_plans),
 )
-
-PLANNED = [name for name, _ in STAGES].index("lower_mid") + 1  # plans chosen, not lowered
-PLACED = [name for name, _ in STAGES].index("place_storage") + 1  # placed, nothing written
+LOWERING = (
+    CompileStage("lower_and_schedule_finalists", "select_finalist",
+                 phases.lower_and_schedule_finalists, _verify_lowered),
+    CompileStage("list_kernel_instances", "plan_kernels", phases.list_kernel_instances),
+    CompileStage("size_support_memory", "size_tile_code", phases.size_support_memory),
+    CompileStage("place_buffers", "place_storage", phases.place_buffers, _verify_placed),
+)
+EMITTING = (
+    CompileStage("write_memory_reports", "write_memory_reports", phases.write_memory_reports),
+    CompileStage("emit_device_program", "emit_tile_code", phases.emit_device_program),
+    CompileStage("write_package", "write_package", phases.write_package),
+)
+STAGES = PLANNING + LOWERING + EMITTING
 MIN_PROPORTION = 0.45
 # a placement failure plans again for the planner's estimate of the failed plans less what
 # placement found no room for and this margin (a share of the tile bytes the planner plans
@@ -126,7 +182,8 @@ def compile_workload(
                       dataclasses.replace(options, memory_proportion=proportion),
                       options.machine(), memo, prepared, body_hints)
         try:
-            _run_stages(build, 0, PLACED, dump)
+            planned = plan(build, dump)
+            placed = lower_and_place(build, dump)
             break
         except PlacementError as failure:
             tries += 1
@@ -140,15 +197,15 @@ def compile_workload(
     # the room left is planned for where the plans are the ones asked for (no retry, the
     # whole memory, the layer body not pinned to another program's plans) and leaner than
     # the fastest: only then can more memory buy cycles
-    if options.slack and tries == 0 and proportion == 1.0 and not body_hints and build.traded:
-        build = _into_slack(build, dump)
-    _run_stages(build, PLACED, len(STAGES), dump)
+    if options.slack and tries == 0 and proportion == 1.0 and not body_hints and planned.traded:
+        build = _into_slack(build, planned, placed, dump)
+    emit(build, dump)
     result = _result(build)
     result.timings["compile"] = time.perf_counter() - start  # every attempt
     return result
 
 
-def _into_slack(build: Build, dump: Path | None) -> Build:
+def _into_slack(build: Build, planned: Planned, placed: Placed, dump: Path | None) -> Build:
     """The compile planned again for the room its placement left, where that is faster.
 
     The planner leaves ``support_reserve`` bytes of a tile for support memory (code,
@@ -160,75 +217,102 @@ def _into_slack(build: Build, dump: Path | None) -> Build:
     scheduled and placed; they are taken when they place and their scheduled estimate is
     lower.  Otherwise the first build stands, and nothing of the trial reaches the output
     folder."""
-    assert build.placement is not None and build.budget is not None
     target, options = build.target, build.options
     tile = target.memory_end - target.memory_base
-    slack = tile - int(build.placement.peak_bytes.max())
+    slack = tile - placed.peak_bytes
     if slack < SLACK_MIN:
         return build
-    wanted = build.budget.bytes + slack - SLACK_MARGIN
+    wanted = planned.budget.bytes + slack - SLACK_MARGIN
     reserve = max(0, tile - wanted)
     trial = Build(build.workload, build.params, build.out_dir,
                   dataclasses.replace(options, support_reserve=reserve), target, build.memo,
                   build.prepared, build.body_hints)
-    _run_stages(trial, 0, PLANNED, None)
-    before, after = _analytical(build), _analytical(trial)
+    replanned = plan(trial, None)
+    before, after = planned.best_cycles(), replanned.best_cycles()
     fields = {"slack_bytes": slack, "support_reserve": reserve,
-              "budget_bytes": trial.budget.bytes if trial.budget else 0,
+              "budget_bytes": replanned.budget.bytes,
               "estimated_cycles": after, "first_estimated_cycles": before}
     if after > before * (1 - SLACK_GAIN):
         event(LOG, "kept the first plans: the placed slack plans no faster", **fields)
         return build
     try:
-        _run_stages(trial, PLANNED, PLACED, None)
+        replaced = lower_and_place(trial, None)
     except PlacementError as failure:
         event(LOG, "kept the first plans: the plans for the placed slack do not place",
               reason=str(failure), **fields)
         return build
-    fields.update(final_cycles=trial.estimate["cycles"],
-                  first_final_cycles=build.estimate["cycles"])
-    if trial.estimate["cycles"] >= build.estimate["cycles"]:
+    fields.update(final_cycles=replaced.estimate["cycles"],
+                  first_final_cycles=placed.estimate["cycles"])
+    if replaced.estimate["cycles"] >= placed.estimate["cycles"]:
         event(LOG, "kept the first plans: the placed slack schedules no faster", **fields)
         return build
     event(LOG, "planned again into the placed slack", **fields)
     if dump is not None:
-        _dump(trial, 0, PLACED, dump)
+        for stage in PLANNING + LOWERING:
+            _dump(trial, stage, dump)
     return trial
 
 
-def _analytical(build: Build) -> int:
-    """The best finalist's analytical GEMM cycles."""
-    times = phases.repeats(build)
-    return min(planned_cycles(plans, times) for plans in build.finalists)
+def plan(build: Build, dump: Path | None = None) -> Planned:
+    """Build the graph and choose the finalist plans that fit the memory budget."""
+    _run_stages(build, PLANNING, dump)
+    assert build.budget is not None
+    return Planned(tuple(tuple(plans) for plans in build.finalists), build.budget,
+                   build.traded, tuple(phases.repeats(build)))
 
 
-def _run_stages(build: Build, first: int, end: int, dump: Path | None) -> None:
-    """``STAGES[first:end]`` on ``build``, each timed and logged (and dumped to ``dump``)."""
+def lower_and_place(build: Build, dump: Path | None = None) -> Placed:
+    """Lower and schedule the planned finalists, keep the cheapest, size its support memory
+    and place its buffers (a :class:`PlacementError` when they do not fit)."""
+    _run_stages(build, LOWERING, dump)
+    assert build.program is not None and build.placement is not None
+    return Placed(tuple(build.plans), build.program, build.schedules, build.estimate,
+                  build.support, build.placement)
+
+
+def emit(build: Build, dump: Path | None = None) -> Emitted:
+    """Write the memory reports, emit the device program and write the package."""
+    _run_stages(build, EMITTING, dump)
+    assert build.package is not None and build.device_program is not None
+    return Emitted(build.package, build.device_program)
+
+
+def verifying(options: CompileOptions) -> bool:
+    """Whether the stage verifiers run: ``options.verify_stages``, or ``VERIFY_ENV`` set to
+    anything but empty or 0 (so a test suite verifies every compile it makes)."""
+    return options.verify_stages or os.environ.get(VERIFY_ENV, "") not in ("", "0")
+
+
+def _run_stages(build: Build, stages: tuple[CompileStage, ...], dump: Path | None) -> None:
+    """``stages`` on ``build`` in order, each timed and logged under its reference name,
+    verified where it has a verifier and verifying is on (:func:`verifying`), and dumped to
+    ``dump``."""
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
-    for number, (name, stage) in enumerate(STAGES[first:end], start=first + 1):
-        with phase(LOG, name) as fields:
-            fields.update(stage(build))
+    verify = verifying(build.options)
+    for stage in stages:
+        with phase(LOG, stage.logged_as) as fields:
+            fields.update(stage.run(build))
+        if verify and stage.verify is not None:
+            stage.verify(build, f"after stage {stage.name} ({stage.logged_as})")
         if dump is not None:
-            _dump(build, number - 1, number, dump)
+            _dump(build, stage, dump)
 
 
-def _dump(build: Build, first: int, end: int, dump: Path) -> None:
-    for number in range(first + 1, end + 1):
-        written = dump_stage(dump, number, STAGES[number - 1][0], build)
-        if written is not None:
-            event(LOG, "dumped stage artifact", stage=STAGES[number - 1][0], path=str(written))
+def _dump(build: Build, stage: CompileStage, dump: Path) -> None:
+    written = dump_stage(dump, stage.number, stage.name, stage.logged_as, build)
+    if written is not None:
+        event(LOG, "dumped stage artifact", stage=stage.logged_as, path=str(written))
 
 
 def plan_workload(workload: Workload, params: dict[str, Any], options: CompileOptions,
                   prepared: dict[str, Any] | None = None) -> dict[str, int]:
-    """Only the planning stages (construct_mid, lower_mid): whether the plans fit the
-    memory budget (a :class:`CompileError` if not) and their analytical GEMM cycles, for a
-    choice between layouts that would cost a whole compile each."""
+    """Only :func:`plan` (build_graph_and_tilings, choose_fitting_plans): whether the plans
+    fit the memory budget (a :class:`CompileError` if not) and their analytical GEMM cycles,
+    for a choice between layouts that would cost a whole compile each."""
     build = Build(workload, params, Path("."), options, options.machine(), None,
                   prepared if prepared is not None else {})
-    _run_stages(build, 0, PLANNED, None)
-    return {"gemm_cycles": planned_cycles(build.finalists[0], phases.repeats(build))}
+    return {"gemm_cycles": plan(build).cycles(0)}
 
 
 def _result(build: Build) -> CompileResult:
@@ -241,8 +325,9 @@ def _result(build: Build) -> CompileResult:
         package=build.package, graph=build.graph, tensors=build.tensors,
         estimate=build.estimate, timings={},
         plans=[p.describe() for p in build.plans if p],
-        body_plans=[plan.describe() for i in phases.body_gemm_stages(build, phases.repeats(build))
-                    if (plan := build.plans[i]) is not None],
+        body_plans=[chosen.describe()
+                    for i in phases.body_gemm_stages(build, phases.repeats(build))
+                    if (chosen := build.plans[i]) is not None],
         peak_bytes=int(build.placement.peak_bytes.max()), active_tiles=len(active),
         device_program=build.device_program, superstep_kinds=kinds, superstep_cycles=cycles,
         superstep_names=names,

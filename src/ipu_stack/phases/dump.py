@@ -1,12 +1,13 @@
 """``--dump-stages DIR``: each compile stage's artifact, written as the stage finishes.
 
 Triton's ``MLIR_ENABLE_DUMP`` idea: when a compile goes wrong (or just differs), the user
-reads what each stage handed the next instead of guessing.  File ``NN-STAGE.EXT`` holds the
-artifact of stage ``NN`` of ``pipeline.STAGES``: the graph text and the stage list, the
-finalists' plans, the chosen plans and lowered program with the estimate, the kernel
-instances, the support memory, the placement summary, the device program (manifest form,
-arrays by shape) and the package's checksum.  A stage whose artifact already is a file
-(the memory reports) names it.  Nothing here changes what is compiled.
+reads what each stage handed the next instead of guessing.  File ``NN-LOGGED.EXT`` holds the
+artifact of stage ``NN`` of ``pipeline.STAGES``, named by the phase name the stage is logged
+under: the graph text and the stage list, the finalists' plans, the chosen plans and
+lowered program with the estimate, the kernel instances, the support memory, the placement
+summary, the device program (manifest form, arrays by shape) and the package's checksum.
+A stage whose artifact already is a file (the memory reports) names it.  Nothing here
+changes what is compiled.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _plans(plans: list) -> list[str]:
     return [p.describe() if p is not None else "row stage" for p in plans]
 
 
-def construct_mid(build: Build) -> tuple[str, str]:
+def build_graph_and_tilings(build: Build) -> tuple[str, str]:
     assert build.graph is not None
     lines = [build.graph.dump(), "", f"stages {len(build.stages)} (compact)"]
     for stage, candidates in zip(build.stages, build.candidates, strict=False):
@@ -54,7 +55,7 @@ def construct_mid(build: Build) -> tuple[str, str]:
     return "txt", "\n".join(lines) + "\n"
 
 
-def lower_mid(build: Build) -> tuple[str, str]:
+def choose_fitting_plans(build: Build) -> tuple[str, str]:
     return "json", _json({"finalists": [_plans(f) for f in build.finalists]})
 
 
@@ -71,7 +72,7 @@ def _step_line(index: int, step: lowered.Step) -> str:
     return f"{index:5d} {type(step).__name__} {getattr(step, 'tensor', '')}"
 
 
-def select_finalist(build: Build) -> tuple[str, str]:
+def lower_and_schedule_finalists(build: Build) -> tuple[str, str]:
     assert build.program is not None
     lines = ["plans:", *(f"  {p}" for p in _plans(build.plans)),
              f"estimate: {json.dumps(build.estimate, sort_keys=True)}",
@@ -80,17 +81,17 @@ def select_finalist(build: Build) -> tuple[str, str]:
     return "txt", "\n".join(lines) + "\n"
 
 
-def plan_kernels(build: Build) -> tuple[str, str]:
+def list_kernel_instances(build: Build) -> tuple[str, str]:
     return "json", _json([{"name": k.name, "key": k.key, **k.to_json()}
                           for k in build.instances])
 
 
-def size_tile_code(build: Build) -> tuple[str, str]:
+def size_support_memory(build: Build) -> tuple[str, str]:
     return "json", _json({name: {"max": int(np.max(v)), "total": int(np.sum(v))}
                           for name, v in build.support.items()})
 
 
-def place_storage(build: Build) -> tuple[str, str]:
+def place_buffers(build: Build) -> tuple[str, str]:
     assert build.placement is not None
     peak = build.placement.peak_bytes
     return "json", _json({"peak_tile": int(np.argmax(peak)), "peak_bytes": int(peak.max()),
@@ -103,7 +104,7 @@ def write_memory_reports(build: Build) -> tuple[str, str]:
         "memory-profile.json", "placement.html")) + "\n"
 
 
-def emit_tile_code(build: Build) -> tuple[str, str]:
+def emit_device_program(build: Build) -> tuple[str, str]:
     assert build.device_program is not None
     fragment, arrays = to_manifest(build.device_program)
     return "json", _json({"program": fragment,
@@ -117,20 +118,24 @@ def write_package(build: Build) -> tuple[str, str]:
     return "txt", f"{build.package}\nsha256 {digest}\n"
 
 
+# by stage name (``CompileStage.name``)
 ARTIFACTS: dict[str, Callable[[Build], tuple[str, str]]] = {
-    "construct_mid": construct_mid, "lower_mid": lower_mid,
-    "select_finalist": select_finalist, "plan_kernels": plan_kernels,
-    "size_tile_code": size_tile_code, "place_storage": place_storage,
-    "write_memory_reports": write_memory_reports, "emit_tile_code": emit_tile_code,
-    "write_package": write_package,
+    "build_graph_and_tilings": build_graph_and_tilings,
+    "choose_fitting_plans": choose_fitting_plans,
+    "lower_and_schedule_finalists": lower_and_schedule_finalists,
+    "list_kernel_instances": list_kernel_instances, "size_support_memory": size_support_memory,
+    "place_buffers": place_buffers, "write_memory_reports": write_memory_reports,
+    "emit_device_program": emit_device_program, "write_package": write_package,
 }
 
 
-def dump_stage(folder: Path, number: int, name: str, build: Build) -> Path | None:
-    """Write stage ``name``'s artifact into ``folder``; the file, or None (no artifact)."""
+def dump_stage(folder: Path, number: int, name: str, logged_as: str,
+               build: Build) -> Path | None:
+    """Write stage ``name``'s artifact into ``folder`` as ``NN-<logged_as>.EXT``; the file,
+    or None (no artifact)."""
     if name not in ARTIFACTS:
         return None
     extension, text = ARTIFACTS[name](build)
-    path = folder / f"{number:02d}-{name}.{extension}"
+    path = folder / f"{number:02d}-{logged_as}.{extension}"
     write_text_atomic(path, text)
     return path
