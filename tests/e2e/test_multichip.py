@@ -101,11 +101,12 @@ def test_ray_actors_give_the_same_figures(linked):
 
 def test_chips_that_disagree_on_a_handoff_are_refused(linked, tmp_path):
     from ipu_stack.package import read_package, write_package
+    from ipu_stack.runtime.groups import read_system
 
     package = read_package(linked.folder / "pkg" / "model.ipuexe")
-    link = next(h for h in package.manifest["pipeline"]["handoffs"] if h.get("link"))
+    link = next(h for h in read_system(package).handoffs if h.link)
     arrays = dict(package.arrays)
-    key = f"handoff.{link['from']}.src_tile"
+    key = f"handoff.{link.sender}.src_tile"
     assert arrays[key].size >= 2
     arrays[key] = np.roll(arrays[key], 1)  # the same blocks, sent in another order
     bad = tmp_path / "bad.ipuexe"
@@ -117,8 +118,8 @@ def test_chips_that_disagree_on_a_handoff_are_refused(linked, tmp_path):
 
 
 def test_a_worker_that_dies_is_named_by_its_chip(linked, cache_dir):
+    from ipu_stack.runtime.engines import LocalEngine, WorkerFailed
     from ipu_stack.runtime.session import load_package
-    from ipu_stack.runtime.system import LocalEngine, WorkerFailed
     from ipu_stack.workloads import get_workload
     from ipu_stack.workloads.calibration import cache_folder
 
@@ -189,8 +190,10 @@ def test_the_giant_towers_small_versions_over_two_chips(tmp_path, cache_dir, wor
 
 
 def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
-    from ipu_stack.runtime.pipelined import GroupRun, PipelineRun, pipeline_fields
+    from ipu_stack.runtime.groups import read_system
+    from ipu_stack.runtime.record import stream_fields
     from ipu_stack.runtime.session import load_package
+    from ipu_stack.runtime.stream import GroupRun, StreamRun
     from ipu_stack.util.errors import DeviceError
     from ipu_stack.workloads import get_workload
     from ipu_stack.workloads.calibration import cache_folder
@@ -200,10 +203,10 @@ def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
     with cache_folder(cache_dir):
         graph, _ = workload.build(workload.resolve(package.manifest["workload"]["params"]))
     # a step of 10 cycles: far beyond what 1472 tiles x 128 MACs a cycle can do
-    run = PipelineRun(4, 4, [], [], {(g, 0): GroupRun(g, 0, 10, [10], 0, ["compute"])
-                                     for g in range(4)}, [], step_cycles=[10] * 7)
+    run = StreamRun(4, 4, runs={(g, 0): GroupRun(g, 0, 10, [10], 0, ["compute"])
+                                for g in range(4)}, step_cycles=[10] * 7, chip_steps=[[10] * 7])
     with pytest.raises(DeviceError, match="exceeds the FP8 roofline of 1 chip"):
-        pipeline_fields(run, package, graph, {"batch": 1}, "pkg", None)
+        stream_fields(run, package, read_system(package), graph, {"batch": 1}, "pkg", None)
 
 
 def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path, cache_dir,
@@ -211,10 +214,10 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     """Within a chip each group's hand-off, and between chips the chip's output, go to the
     host side as soon as they are made: every stage is judged while the workers run, none
     is left for the verdict's end."""
-    import ipu_stack.runtime.system as system
+    import ipu_stack.runtime.host_side as host_side
     from ipu_stack.pipeline import CompileOptions
-    from ipu_stack.runtime.pipelined import stream_images
-    from ipu_stack.runtime.session import _HostThread, load_package
+    from ipu_stack.runtime.session import load_package
+    from ipu_stack.runtime.stream import run_stream, stream_images
     from ipu_stack.strategy import compile_pipeline
     from ipu_stack.workloads import get_workload
 
@@ -224,11 +227,9 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     result = compile_pipeline(workload, params, tmp_path,
                               CompileOptions(cache_dir=str(cache_dir), chips=2), groups=2)
     # the host sides on threads of this process, to count what each left for its end
-    monkeypatch.setattr(system, "HostProcess", lambda side, graph, own, modes, outputs:
-                        _HostThread(graph, own, modes, None, outputs))
+    monkeypatch.setattr(host_side, "fork_available", lambda: False)
     left = stages_left_at_finish(monkeypatch)
     images = stream_images(workload, params, result.graph, result.tensors, 2)
-    run = system.run_system(load_package(result.package), result.graph, result.tensors,
-                            images)
+    run = run_stream(load_package(result.package), result.graph, result.tensors, images)
     assert run.passed and left == [0, 0]
     assert all(len(v.stages) > 4 * 10 for v in run.verdicts)  # four layers' stages judged

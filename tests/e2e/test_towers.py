@@ -214,11 +214,12 @@ def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_d
     """The run judges each stage as the device hands its probe read over and forgets what
     no later stage reads; judging every value at the end, all held, gives the same verdict
     stage for stage (and a probe handed over is complete: no NaN of an unread piece)."""
-    from ipu_stack.cli import _package_workload, parse_workload
+    from ipu_stack.cli import parse_workload
     from ipu_stack.device import SimulatedIpu
     from ipu_stack.ir.interpret import evaluate
     from ipu_stack.ir.values import CompactValues
     from ipu_stack.pipeline import CompileOptions, compile_workload
+    from ipu_stack.runtime.execute import rebuild_workload
     from ipu_stack.runtime.session import load_package, run_package
     from ipu_stack.runtime.verdict import judge
 
@@ -227,7 +228,7 @@ def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_d
                               CompileOptions(cache_dir=str(cache_dir)))
     package = load_package(result.package)
     streamed = run_package(package, result.graph, result.tensors)
-    _, _, graph, tensors = _package_workload(package)
+    _, _, graph, tensors = rebuild_workload(package)
     device = SimulatedIpu(get_target(package.target))
     device.load(package)
     device.call("initialize", {v.name: tensors[v.name] for v in graph.by_role("weight")})

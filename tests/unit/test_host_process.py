@@ -11,7 +11,7 @@ import pytest
 
 from ipu_stack.device.simulator import SimulatedIpu
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime import host_process, session
+from ipu_stack.runtime import host_process, host_side
 from ipu_stack.runtime.session import load_package, run_package
 from ipu_stack.util.errors import CompileError, DeviceFault
 from ipu_stack.workloads import get_workload
@@ -35,7 +35,7 @@ def _run(compiled):
 
 def test_process_and_thread_give_the_same_verdict(compiled, monkeypatch):
     forked = _run(compiled)
-    monkeypatch.setattr(session, "fork_available", lambda: False)
+    monkeypatch.setattr(host_side, "fork_available", lambda: False)
     threaded = _run(compiled)
     assert forked.passed and threaded.passed
     assert [(s.stage, s.max_ulps, s.mismatch, s.elements) for s in forked.verdict.stages] == [
@@ -53,7 +53,7 @@ def test_a_failure_in_the_child_is_raised_as_the_same_error(compiled, monkeypatc
     def broken(*args, **kwargs):
         raise CompileError("the reference could not be built")
 
-    monkeypatch.setattr(session, "_host_side", broken)
+    monkeypatch.setattr(host_side, "host_side", broken)
     with pytest.raises(CompileError, match="the reference could not be built"):
         _run(compiled)
 

@@ -27,14 +27,16 @@ from ipu_stack.planning.groups import (
     tower_loop,
 )
 from ipu_stack.planning.stages import find_stages
-from ipu_stack.runtime.pipelined import (
+from ipu_stack.runtime.groups import read_system
+from ipu_stack.runtime.session import load_package
+from ipu_stack.runtime.stream import (
     GroupRun,
+    StreamOptions,
     merged_step,
-    run_pipeline,
+    run_stream,
     step_schedule,
     stream_images,
 )
-from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_pipeline
 from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import get_workload
@@ -123,8 +125,6 @@ def test_chips_whose_layers_do_not_divide_are_cut_inside_a_layer(tmp_path, cache
     """3 layers on 2 chips, one group a chip: the whole-layer cut gives one chip 2 layers;
     cut after layer 1's attention each chip gets 1.5, the planner ranks that cut first, and
     the system runs it and passes every image."""
-    from ipu_stack.runtime.system import run_system
-
     workload = get_workload("siglip-vision")
     params = workload.resolve(dict(TOWER))
     result = compile_pipeline(workload, params, tmp_path,
@@ -133,10 +133,10 @@ def test_chips_whose_layers_do_not_divide_are_cut_inside_a_layer(tmp_path, cache
     assert result.groups[0].output_name == result.groups[1].input_name == "layer1.residual1"
     assert "cut inside layers (1.5,1.5 layers)" in result.reason
     package = load_package(result.package)
-    assert [(g["first_layer"], g["layers"]) for g in package.manifest["pipeline"]["groups"]] \
+    assert [(g.first_layer, g.layers) for g in read_system(package).groups] \
         == [(0, 1.5), (1.5, 1.5)]
     images = stream_images(workload, params, result.graph, result.tensors, 2)
-    run = run_system(package, result.graph, result.tensors, images)
+    run = run_stream(package, result.graph, result.tensors, images)
     assert run.passed and len(run.verdicts) == 2
     assert all(v.passed for v in run.verdicts)
 
@@ -219,7 +219,7 @@ def test_merged_step_aligns_the_layer_loops():
 
 
 def test_merge_keeps_identical_programs_in_step_and_names_members():
-    from ipu_stack.runtime.alignment import merge
+    from ipu_stack.device.alignment import merge
 
     kinds = ["exchange", "compute"] * 3
     cycles = [3, 9, 4, 8, 5, 7]
@@ -240,17 +240,17 @@ def pipelined(tmp_path_factory, cache_dir):
 def test_pipelined_tower_passes_every_image(pipelined):
     workload, params, result = pipelined
     package = load_package(result.package)
-    record = package.manifest["pipeline"]
-    assert [g["layers"] for g in record["groups"]] == [1, 1, 1]
-    assert [g["tile_base"] for g in record["groups"]] == [0, 490, 980]
-    assert [g["tiles"] for g in record["groups"]] == [490] * 3 and result.group_tiles == 490
+    system = read_system(package)
+    assert [g.layers for g in system.groups] == [1, 1, 1]
+    assert [g.tile_base for g in system.groups] == [0, 490, 980]
+    assert [g.tiles for g in system.groups] == [490] * 3 and result.group_tiles == 490
     images = stream_images(workload, params, result.graph, result.tensors, 4)
     assert not np.array_equal(images[0]["patches"], images[1]["patches"])
-    run = run_pipeline(package, result.graph, result.tensors, images)
+    run = run_stream(package, result.graph, result.tensors, images)
     assert run.passed and len(run.verdicts) == 4
     assert len(run.step_cycles) == 4 + 3 - 1
     # every image's output is the one the groups compute when run alone on that image
-    alone = run_pipeline(package, result.graph, result.tensors, images[2:3])
+    alone = run_stream(package, result.graph, result.tensors, images[2:3])
     for name, value in alone.outputs[0].items():
         assert np.array_equal(run.outputs[2][name], value)
     # steady steps: every group busy, the same cycles (they do not depend on the values)
@@ -259,9 +259,9 @@ def test_pipelined_tower_passes_every_image(pipelined):
     # the planner prices each group's supersteps as the device executed them, and merges
     # them as the chip runs them side by side: its step is the executed one, and sharing
     # supersteps costs more than the slowest group alone here
-    for group in record["groups"]:
-        priced = result.compiled[group["program"]]
-        executed = run.runs[(group["index"], 0)]
+    for group in system.groups:
+        priced = result.compiled[group.program]
+        executed = run.runs[(group.index, 0)]
         assert (priced.superstep_kinds, priced.superstep_cycles) == \
             (executed.kinds, executed.supersteps)
     assert result.estimate["cycles"] == run.steady_cycles
@@ -275,8 +275,8 @@ def test_step_cycles_do_not_depend_on_the_data(pipelined):
     package = load_package(result.package)
     first = stream_images(workload, params, result.graph, result.tensors, 3)
     other = [{k: -v for k, v in image.items()} for image in reversed(first)]
-    a = run_pipeline(package, result.graph, result.tensors, first)
-    b = run_pipeline(package, result.graph, result.tensors, other)
+    a = run_stream(package, result.graph, result.tensors, first)
+    b = run_stream(package, result.graph, result.tensors, other)
     assert a.step_cycles == b.step_cycles
     assert not np.array_equal(a.outputs[0]["post_ln.out"], b.outputs[0]["post_ln.out"])
 
@@ -315,7 +315,7 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
 
 
 def test_the_step_by_kind_of_work_adds_up_to_the_planned_step(pipelined):
-    from benchmarks.pipeline_limits import step_by_kind
+    from ipu_stack.testing.steps import step_by_kind
 
     _, _, result = pipelined
     by_kind = step_by_kind(result)
@@ -327,14 +327,14 @@ def test_the_step_by_kind_of_work_adds_up_to_the_planned_step(pipelined):
 
 def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     from ipu_stack.profile import write_profile_files
-    from ipu_stack.profile.capture import profile_of_pipeline
+    from ipu_stack.profile.capture import profile_of_stream
     from ipu_stack.profile.trace import trace
 
     workload, params, result = pipelined
     package = load_package(result.package)
     images = stream_images(workload, params, result.graph, result.tensors, 3)
-    run = run_pipeline(package, result.graph, result.tensors, images, record=True)
-    profile = profile_of_pipeline(run, package, {"strategy": "pipeline"})
+    run = run_stream(package, result.graph, result.tensors, images, StreamOptions(record=True))
+    profile = profile_of_stream(run, package, read_system(package), {"strategy": "pipeline"})
     assert [t[1:] for t in profile.tracks] == [[0, 490], [490, 980], [980, 1470]]
     # the profiled step is the period: its merged supersteps and the hand-off
     assert profile.cycles == run.steady_cycles
@@ -528,13 +528,13 @@ def test_each_hand_off_reaches_the_host_side_as_its_group_finishes(pipelined, mo
     That value goes to the host side as soon as that group has run, so every stage is
     judged while the device works: none waits for the verdict's end (where the 27-layer
     tower's host side once judged two thirds of its stages one after another, alone)."""
-    import ipu_stack.runtime.pipelined as pipelined_module
+    import ipu_stack.runtime.host_side as host_side_module
 
     workload, params, result = pipelined
-    monkeypatch.setattr(pipelined_module, "fork_available", lambda: False)  # host side here
+    monkeypatch.setattr(host_side_module, "fork_available", lambda: False)  # host side here
     left = stages_left_at_finish(monkeypatch)
     package = load_package(result.package)
     images = stream_images(workload, params, result.graph, result.tensors, 2)
-    run = run_pipeline(package, result.graph, result.tensors, images)
+    run = run_stream(package, result.graph, result.tensors, images)
     assert run.passed and left == [0, 0]
     assert all(len(v.stages) > 3 * 10 for v in run.verdicts)  # three layers' stages judged

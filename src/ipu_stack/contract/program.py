@@ -14,7 +14,7 @@ The steps are frozen dataclasses holding numpy arrays, so equality is by value
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,9 @@ def same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if is_dataclass(a) and not isinstance(a, (type, ByValue)):  # e.g. Transfers, Schedule
+        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name))
+                                          for f in fields(a))
     return bool(a == b)
 
 

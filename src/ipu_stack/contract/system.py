@@ -389,9 +389,6 @@ def _verify_handoff(system: SystemProgram, k: int, h: Handoff) -> None:
     if h.chips != (sender.chip, receiver.chip):
         raise _fail(f"{where} runs between chips {h.chips}, its groups are on "
                     f"{sender.chip} and {receiver.chip}")
-    if h.link and h.chips[1] != h.chips[0] + 1:
-        raise _fail(f"{where} crosses from chip {h.chips[0]} to {h.chips[1]}: the cards "
-                    "are linked in a line")
     t = h.transfers
     if t.count and (int(t.src.min()) < sender.tile_base or int(t.src.max()) >= sender.tile_end
                     or int(t.dst.min()) < receiver.tile_base
