@@ -85,6 +85,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=None,
                         help="pipeline strategy: this many tile groups (default: the planner "
                         "chooses)")
+    parser.add_argument("--verify-stages", action="store_true",
+                        help="run the verifiers of the lowered program and the placement "
+                        "between the compile's stages")
     parser.add_argument("--unroll-layers", action="store_true",
                         help="plan and lower every layer on its own instead of running "
                         "identical layers as one loop body")
@@ -264,7 +267,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
         dump_stages=args.dump_stages, strategy=_strategy(args), groups=args.groups or 0,
-        chips=args.chips,
+        chips=args.chips, verify_stages=args.verify_stages,
     )
 
 

@@ -1,4 +1,5 @@
-"""Merge the supersteps of tile groups that run side by side into one chip's supersteps.
+"""How the chip runs tile groups side by side: their supersteps merged into the chip's, and a
+chip's step timed from what its groups executed.
 
 All tiles of a chip sync together, and a superstep is a compute phase or an exchange phase
 for every tile at once.  Groups that run different programs at the same time (the layer
@@ -101,4 +102,11 @@ def merge(sequences: list[tuple[list[str], list[int]]]) -> Merged:
     return Merged(kinds, cycles, members)
 
 
-__all__ = ["KINDS", "Merged", "merge"]
+def chip_step_cycles(runs: list[tuple[list[str], list[int]]], handoff_cycles: int) -> int:
+    """One chip's step as the chip runs it: the supersteps each busy group executed
+    (``(kinds, cycles)`` each), merged where they share the chip's syncs, then the chip's
+    hand-off phase (0 when no group passes an activation on this step)."""
+    return merge(runs).total + handoff_cycles
+
+
+__all__ = ["KINDS", "Merged", "chip_step_cycles", "merge"]

@@ -42,7 +42,7 @@ from threadpoolctl import threadpool_limits
 
 from ipu_stack.contract.system import SystemProgram
 from ipu_stack.device import HardwareLock
-from ipu_stack.device.alignment import merge
+from ipu_stack.device.alignment import chip_step_cycles
 from ipu_stack.device.record import StepRecord
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
@@ -159,9 +159,9 @@ def step_schedule(groups: int, images: int) -> list[list[tuple[int, int]]]:
 
 
 def merged_step(runs: list[GroupRun], handoff: int) -> int:
-    """One chip's step: its groups' executed supersteps side by side, merged as the chip
-    runs them (``device.alignment``), then its hand-off phase."""
-    return merge([(r.kinds, r.supersteps) for r in runs]).total + handoff
+    """One chip's step as the device times it (``device.alignment``) from its groups'
+    executed supersteps, then its hand-off phase."""
+    return chip_step_cycles([(r.kinds, r.supersteps) for r in runs], handoff)
 
 
 def time_steps(run: StreamRun) -> None:
