@@ -1,2 +1,2 @@
-"""Benchmark and fuzz scripts (run from the repository root); ``benchmarks.fuzzing`` holds
-the random-graph and hostile-package generators the reliability tests share with them."""
+"""Benchmark and fuzz scripts, each run as ``python benchmarks/NAME.py``; the generators they
+share with the test suite live in ``ipu_stack.testing``."""

@@ -3,7 +3,7 @@
 Usage: ``python benchmarks/bench_profile.py [WORKLOAD [workload options]]`` (default
 siglip-layer).  Compiles once, then runs the package on the simulator without and with
 recording (alternating, ``--repeats`` times each) and reports the simulate seconds of each,
-the overhead, and the sizes of profile.json, trace.json and report.html.  The issue's limit:
+the overhead, and the sizes of profile.json, trace.json and report.html.  The limit:
 recording may slow a run by at most 20 %.
 """
 

@@ -1,4 +1,4 @@
-"""Two workers against one on the issue's 8-point sweep of siglip-layer.
+"""Two workers against one on an 8-point sweep of siglip-layer.
 
 Usage: ``python benchmarks/bench_sweep.py [workload options]`` (default: siglip-layer at its
 full size; the grid is batch=1,2 x precision=fp8,f16 x memory-proportion=0.6,0.9).  Runs the

@@ -1,18 +1,18 @@
 """A longer fuzz run of the whole stack: random graphs and mutated packages.
 
-Usage (from the repository root)::
+Usage::
 
     python benchmarks/fuzz.py [--graphs N] [--odd-graphs N] [--packages N] [--seed S] [--json]
 
 * **random graphs** (``--graphs`` with sizes that are multiples of 4, ``--odd-graphs`` with any
   sizes from 1 to 69): compile, load, run and check each on the simulated ipu21, then compare
-  the output with the independent float64 evaluation of ``benchmarks/fuzzing.py``.  Outcomes:
-  ``passed``, ``refused`` (a clean ``CompileError``), ``failed`` (numerical check) or
-  ``crashed`` (any other exception).
+  the output with the independent float64 evaluation of ``ipu_stack.testing.graphs``.
+  Outcomes: ``passed``, ``refused`` (a clean ``CompileError``), ``failed`` (numerical check)
+  or ``crashed`` (any other exception).
 * **fixed attacks**: every container attack (truncations, bit flips, hostile member names,
   zip bomb, missing members, other format version/target) and every hand-crafted content
-  attack of ``benchmarks/fuzzing.py`` through ``ipu-stack run``; ``KNOWN_BUGS`` are tried and
-  counted separately.
+  attack of ``ipu_stack.testing.mutations`` through ``ipu-stack run``; ``KNOWN_BUGS`` are
+  tried and counted separately.
 * **random package mutations** (``--packages``): half byte-level (flips, overwrites,
   truncation, insertion, deletion), half content-level (an array element, a step field, a kernel
   parameter or a manifest entry set to a hostile value, written as a valid container), each
@@ -46,27 +46,22 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.fuzzing, tests
-
-from tests.helpers import cli  # noqa: E402
-
-from benchmarks.fuzzing import (  # noqa: E402
+from ipu_stack.package import read_package
+from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.tolerance import compare
+from ipu_stack.testing.graphs import build_random, random_spec, random_workload
+from ipu_stack.testing.mutations import (
     KNOWN_BUGS,
-    build_random,
     container_attacks,
     content_attacks,
     craft,
     mutate_bytes,
     mutate_content,
-    random_spec,
-    random_workload,
 )
-from ipu_stack.package import read_package  # noqa: E402
-from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
-from ipu_stack.runtime.session import load_package, run_package  # noqa: E402
-from ipu_stack.runtime.tolerance import compare  # noqa: E402
-from ipu_stack.util import log  # noqa: E402
-from ipu_stack.util.errors import CompileError  # noqa: E402
+from ipu_stack.testing.runner import cli
+from ipu_stack.util import log
+from ipu_stack.util.errors import CompileError
 
 CASE_SECONDS = 60
 SOURCES = {
@@ -207,7 +202,7 @@ def fuzz_packages(tally: Tally, rng: np.random.Generator, count: int, work: Path
             except Exception:  # noqa: BLE001 - not applicable to this source package
                 continue
             outcome, _ = classify(victim, lock, None)
-            tally.add("known-bugs", "now refused" if outcome == "rejected" else "still " + outcome)
+            tally.add("known-bugs", "refused" if outcome == "rejected" else "not refused: " + outcome)
     # random mutations
     names = sorted(sources)
     for index in range(count):

@@ -4,15 +4,11 @@ the images/s the measured prices allow without each overhead.
 Usage: ``python benchmarks/pipeline_limits.py WORKLOAD GROUPS [workload options]``, e.g.
 ``python benchmarks/pipeline_limits.py siglip-vision 9``.
 
-The planner prices each group's supersteps as the device executes them and merges the
-groups' sequences as the chip runs them side by side (``strategy.compile._step_estimate``),
-so its step is the executed one (docs/architecture.md, "The planner's step"); this script
-needs no simulation.  Each merged superstep is put down to the kind of work of the group
-superstep that sets its length (its name's last part: ``gemm`` is the AMP, ``reduce`` the
-epilogue that sums partials and applies bias, GELU and casts, ``operands`` / ``right`` /
-``rows`` / ``reduce`` exchanges move A operands, B operands, whole rows and partials).
-The limits below the table replace terms of the step: the AMP at 128 MAC a tile a cycle
-(no pass overhead: each group's MACs over its tiles), no exchange, and both.
+The planner's step is the executed one (docs/architecture.md, "The planner's step"), so
+this script needs no simulation.  The table puts each merged superstep down to the kind of
+work that sets its length (``ipu_stack.testing.steps.step_by_kind``).  The limits below
+the table replace terms of the step: the AMP at 128 MAC a tile a cycle (no pass overhead:
+each group's MACs over its tiles), no exchange, and both.
 """
 
 from __future__ import annotations
@@ -21,47 +17,14 @@ import logging
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 from ipu_stack.cli import parse_workload
 from ipu_stack.ir.graph import gemm_macs
 from ipu_stack.pipeline import CompileOptions
-from ipu_stack.runtime.alignment import merge
 from ipu_stack.strategy import compile_pipeline
-from ipu_stack.strategy.compile import PipelineResult
 from ipu_stack.target import get_target
-
-COMPUTE = {"gemm": "AMP (GEMM)", "reduce": "epilogues (reduce, bias, GELU, casts)",
-           "softmax": "softmax", "biased_softmax": "softmax", "layer_norm": "layer norms",
-           "rms_norm": "layer norms", "copy": "on-tile copies", "add": "residual adds",
-           "rope": "RoPE"}
-EXCHANGE = {"operands": "exchange: A operands", "right": "exchange: B operands",
-            "reduce": "exchange: partials (reduce-scatter)", "rows": "exchange: whole rows"}
-
-
-def kind_of(name: str, kind: str) -> str:
-    last = name.rsplit(".", 1)[-1]
-    if kind == "exchange":
-        return EXCHANGE.get(last, "exchange: other")
-    return COMPUTE.get(last, last)
-
-
-def step_by_kind(result: PipelineResult) -> Counter[str]:
-    """The planner's steady step of a one-chip pipeline, each merged superstep put down to
-    the kind of work that sets its length, and the hand-off; the values add up to the
-    step."""
-    programs = [result.program_of(g) for g in result.groups]
-    merged = merge([(p.superstep_kinds, p.superstep_cycles) for p in programs])
-    by_kind: Counter[str] = Counter()
-    for j, cycles in enumerate(merged.cycles.tolist()):
-        longest = max((g for g in range(len(programs)) if merged.members[g, j] >= 0),
-                      key=lambda g: programs[g].superstep_cycles[merged.members[g, j]])
-        k = int(merged.members[longest, j])
-        by_kind[kind_of(programs[longest].superstep_names[k],
-                        programs[longest].superstep_kinds[k])] += cycles
-    by_kind["hand-off between groups"] += max(result.estimate["handoff_cycles"], default=0)
-    return by_kind
+from ipu_stack.testing.steps import step_by_kind
 
 
 def main(argv: list[str]) -> int:

@@ -2,9 +2,10 @@
 
 Usage: ``python benchmarks/verdict_depth.py [--blocks 1,2,4,8] [--precisions fp8,f16]
 [workload options]``.  Prints, per stack, the verdict's parts (worst stage agreement in ulps
-and share of differing elements, noise and tail ratios against the float64 model), the old
-elementwise band's maximum error, and the verdict's own time against the simulation time
-(the issue's limit: at most 20 % more).  Figures go into docs/tolerance.md.
+and share of differing elements, noise and tail ratios against the float64 model), the
+maximum absolute error against the device-precision reference, and the verdict's own time
+against the simulation time (the limit: at most 20 % more).  Figures go into
+docs/tolerance.md.
 """
 
 from __future__ import annotations

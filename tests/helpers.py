@@ -1,41 +1,40 @@
 """Helpers more than one test file needs: the CLI in-process, a ``bench`` run and its record,
-an independent tanh GELU, random stored tensors, and the entries of an on-disk cache.
+an independent tanh GELU, random stored tensors, the entries of an on-disk cache, the small
+layer sizes and an injected softmax fault.
 
 One copy each, so that a change to how the suite drives the command line (or what a random
-FP8 operand looks like) is made once.
+FP8 operand looks like) is made once.  ``cli`` and ``gelu_tanh`` are those of
+``ipu_stack.testing`` (shared with the benchmarks).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # no ipu_stack import at run time: the float64 references stay independent
+# both import nothing from the stack at module level: the float64 references stay independent
+from ipu_stack.testing.reference import gelu_tanh
+from ipu_stack.testing.runner import cli
+
+if TYPE_CHECKING:
     from ipu_stack.ir.precision import Precision
 
+__all__ = ["Bench", "bench", "cache_entries", "cli", "gelu_tanh", "one_error_line",
+           "placement_fails_on_call", "random_stored", "small", "snapshot",
+           "softmax_times_1_01", "stages_left_at_finish"]
 
-def cli(argv: list[str]) -> tuple[int, str, str]:
-    """Run ``ipu-stack argv`` in this process; return (exit code, stdout, stderr).
+SMALL_LAYER = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
 
-    ``SystemExit`` (argparse) becomes its code; any other exception propagates, so a traceback
-    is a test failure, not a swallowed error.
-    """
-    from ipu_stack.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
+def small(workload: str) -> list[str]:
+    """The small layer sizes (17 tokens = CLS + a 4 x 4 patch grid, 64 dims, 4 heads of 16,
+    MLP 96); the attention block has no MLP, so no ``--hidden``."""
+    return SMALL_LAYER[:-2] if workload == "attention" else SMALL_LAYER
 
 
 def one_error_line(code: int, stderr: str) -> str:
@@ -76,11 +75,6 @@ def bench(workload: str, *extra: str, folder: Path, cache_dir: Path, lock: Path 
     if check_exit:
         assert code == (0 if record["numericalTest"] == "PASS" else 1), (code, record)
     return Bench(code, record, err, folder)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """The tanh GELU in float64, written from its formula (no ipu_stack code)."""
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def random_stored(rng: np.random.Generator, p: Precision, shape: tuple[int, ...],
@@ -133,3 +127,33 @@ def placement_fails_on_call(monkeypatch, number: int, why: str) -> None:  # type
         return original(*args, **kwargs)
 
     monkeypatch.setattr(stages_module, "place_storage", failing)
+
+
+def snapshot(folder: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``folder`` (to prove nothing new appeared)."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+def softmax_times_1_01(monkeypatch, layer: int) -> str:  # type: ignore[no-untyped-def]
+    """Every softmax's probabilities scaled by 1.01 before they are stored (the row kernel
+    is shared by all layers, so the first layer is the first to break); returns the first
+    stage that breaks.  Scaled before the rounding: a stored FP8 probability (3 mantissa
+    bits) scaled by 1.01 rounds back to the same code, a fault that would change nothing."""
+    from ipu_stack.ir.precision import Precision
+    from ipu_stack.kernels.base import FAMILIES, read_values, write_rows
+
+    original = FAMILIES["row"]
+
+    def run(p, mem, tiles, addresses):  # type: ignore[no-untyped-def]
+        work = original.run(p, mem, tiles, addresses)
+        if p["op"] == "softmax":
+            x = read_values(mem, tiles, addresses[0], p["rows"], p["cols"], p["x_pitch"],
+                            Precision.from_json(p["x"])) * np.float32(p["scale"])
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            out = e / e.sum(axis=-1, keepdims=True)
+            stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
+            write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
+        return work
+
+    monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
+    return "layer0.attn.probs"

@@ -1,37 +1,21 @@
 """An independent float64 forward pass of the SigLIP MLP from saved tensors.
 
-Written against the saved ``.npz`` files only (no ipu_stack imports: ml_dtypes, and the tanh
-GELU of ``tests/helpers.py``), so it checks the device result the way a user with plain numpy
-would.  ``round_to`` applies the
-stored precisions (from the saved metadata) at the same points the graph stores values.
+Written against the saved ``.npz`` files only, with numpy and the references of
+``ipu_stack.testing.reference`` (``round_to``, the tanh GELU: numpy and ml_dtypes, nothing
+from the stack), so it checks the device result the way a user with plain numpy would.
+``round_to`` applies the stored precisions (from the saved metadata) at the same points the
+graph stores values.
 """
 
 from __future__ import annotations
 
 import json
 
-import ml_dtypes
 import numpy as np
 
-from tests.helpers import gelu_tanh
+from ipu_stack.testing.reference import gelu_tanh, round_to
 
-DTYPES = {
-    "F16": np.float16,
-    "F8F143": ml_dtypes.float8_e4m3fnuz,
-    "F8F152": ml_dtypes.float8_e5m2fnuz,
-}
-
-
-def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
-    kind, scale = precision["kind"], precision.get("scale_exponent", 0)
-    if kind == "F32":
-        return values.astype(np.float32).astype(np.float64)
-    dtype = DTYPES[kind]
-    scaled = values * 2.0**-scale
-    if kind.startswith("F8"):
-        limit = float(ml_dtypes.finfo(dtype).max)
-        scaled = np.clip(scaled, -limit, limit)
-    return scaled.astype(dtype).astype(np.float64) * 2.0**scale
+__all__ = ["gemm", "gemm_modes", "mlp_forward", "round_to"]
 
 
 def gemm(x: np.ndarray, w: np.ndarray, mode: dict | None, rounded: bool) -> np.ndarray:

@@ -18,15 +18,9 @@ import pytest
 from ipu_stack.cli import main
 from ipu_stack.runtime.tolerance import compare
 from tests.e2e.transformer_forward import transformer_forward
-from tests.helpers import Bench, bench
+from tests.helpers import Bench, bench, small
 
-HEADS = 4
-SMALL = ["--tokens", "17", "--dim", "64", "--heads", str(HEADS), "--hidden", "96"]
-
-
-def _small(workload: str) -> list[str]:
-    """The small sizes; the attention block has no MLP, so no ``--hidden``."""
-    return SMALL[:-2] if workload == "attention" else SMALL
+HEADS = 4  # of the small sizes (``tests.helpers.small``)
 EPS = {"siglip-layer": 1e-6, "pe-block": 1e-5, "siglip-attention": 1e-6, "attention": 1e-6,
        "vit-layer": 1e-6}
 GELU = {"siglip-layer": "tanh", "pe-block": "erf", "siglip-attention": "tanh", "attention": "tanh",
@@ -56,7 +50,7 @@ def _layer_bench(folder: Path, lock_path: Path, cache_dir: Path, workload: str,
                  *extra: str) -> Bench:
     """``bench`` at this file's small sizes with two finalists, the tensors saved in
     ``folder/tensors``."""
-    return bench(workload, *_small(workload), *extra, "--save-tensors", str(folder / "tensors"),
+    return bench(workload, *small(workload), *extra, "--save-tensors", str(folder / "tensors"),
                  folder=folder, cache_dir=cache_dir, lock=lock_path, finalists=2)
 
 
@@ -192,20 +186,21 @@ def test_diagnostics_checkpoints(tmp_path, lock_path, cache_dir, capsys, workloa
 def _corrupt_softmax(monkeypatch) -> None:
     """Replace the row kernel's softmax: no max subtraction and probabilities scaled by 1.01."""
     from ipu_stack.ir.precision import Precision
-    from ipu_stack.kernels import rowwise
-    from ipu_stack.kernels.base import FAMILIES, write_rows
+    from ipu_stack.kernels.base import FAMILIES, read_values, write_rows
 
     original = FAMILIES["row"]
 
     def run(p, mem, tiles, addresses):
         if p["op"] != "softmax":
             return original.run(p, mem, tiles, addresses)
-        x = rowwise._matrix(mem, tiles, addresses[0], p["rows"], p["cols"], p["x_pitch"], p["x"])
+        x = read_values(mem, tiles, addresses[0], p["rows"], p["cols"], p["x_pitch"],
+                        Precision.from_json(p["x"]))
+        work = original.run(p, mem, tiles, addresses)  # the corruption costs what the kernel costs
         e = np.exp(x * np.float32(p["scale"]))
         result = np.float32(1.01) * e / e.sum(axis=-1, keepdims=True)
         out = Precision.from_json(p["out"])
         write_rows(mem, tiles, addresses[3], p["out_pitch"], out.quantize(result).view(np.uint8))
-        return rowwise._work(p, x.shape)  # the corruption costs what the kernel costs
+        return work
 
     monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.e2e.test_layers import CASES, _small
-from tests.e2e.test_verdict import _softmax_times_1_01
-from tests.helpers import bench
+from tests.e2e.test_layers import CASES
+from tests.helpers import bench, small, softmax_times_1_01
 
 MLP = {"mlp-fp8": [], "mlp-f16": ["--precision", "f16"], "mlp-biases": ["--biases"],
        "mlp-two-blocks": ["--blocks", "2"]}
@@ -23,7 +22,7 @@ CONFIGS = {**{k: (w, extra) for k, (w, extra, _) in CASES.items()},
 
 
 def _sizes(workload: str) -> list[str]:
-    return MLP_SMALL if workload == "siglip-mlp" else _small(workload)
+    return MLP_SMALL if workload == "siglip-mlp" else small(workload)
 
 
 def _change_outputs(monkeypatch, change) -> None:
@@ -54,7 +53,7 @@ def _row_offset(monkeypatch) -> None:
 
 
 def _softmax(monkeypatch) -> None:
-    _softmax_times_1_01(monkeypatch, 0)
+    softmax_times_1_01(monkeypatch, 0)
 
 
 FAULTS = {"output-x1.005": _scaled, "row-offset-1pct": _row_offset, "softmax-x1.01": _softmax}

@@ -8,15 +8,14 @@ attention output projection transposed, a 1 % scale on one layer's layer-norm ga
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
 import pytest
 
-from tests.helpers import bench
+from tests.helpers import bench, small, softmax_times_1_01
 
-SMALL = ["--tokens", "17", "--dim", "64", "--heads", "4", "--hidden", "96"]
+SMALL = small("siglip-layer")
 
 
 @pytest.mark.parametrize("precision", ["fp8", "f16"])
@@ -30,32 +29,6 @@ def test_correct_stacks_pass_both_parts(tmp_path, lock_path, cache_dir, blocks, 
 
 
 # ---------------------------------------------------------------------------- the faults
-def _softmax_times_1_01(monkeypatch, layer: int) -> str:
-    """Every softmax's probabilities scaled by 1.01 before they are stored (the row kernel
-    is shared by all layers, so the first layer is the first to break).  Scaled before the
-    rounding: a stored FP8 probability (3 mantissa bits) scaled by 1.01 rounds back to the
-    same code, a fault that would change nothing."""
-    from ipu_stack.ir.precision import Precision
-    from ipu_stack.kernels import rowwise
-    from ipu_stack.kernels.base import FAMILIES, write_rows
-
-    original = FAMILIES["row"]
-
-    def run(p, mem, tiles, addresses):
-        work = original.run(p, mem, tiles, addresses)
-        if p["op"] == "softmax":
-            x = rowwise._matrix(mem, tiles, addresses[0], p["rows"], p["cols"], p["x_pitch"],
-                                p["x"]) * np.float32(p["scale"])
-            e = np.exp(x - x.max(axis=-1, keepdims=True))
-            out = e / e.sum(axis=-1, keepdims=True)
-            stored = Precision.from_json(p["out"]).quantize(out * np.float32(1.01))
-            write_rows(mem, tiles, addresses[3], p["out_pitch"], stored.view(np.uint8))
-        return work
-
-    monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
-    return "layer0.attn.probs"
-
-
 def _host_weight(monkeypatch, name: str, change) -> None:
     """The host writes ``change(weight)`` instead of the weight ``name``."""
     from ipu_stack.device import simulator
@@ -129,7 +102,7 @@ def _tiles(plan: str) -> int:
 
 
 FAULTS = {
-    "softmax-x1.01": _softmax_times_1_01,
+    "softmax-x1.01": softmax_times_1_01,
     "head-dropped": _head_dropped,
     "o-projection-transposed": _o_projection_transposed,
     "ln-gamma-1pct": _gamma_scaled,

@@ -1,7 +1,8 @@
 """An independent float64 forward pass of the transformer workloads from saved tensors.
 
-Written against the saved ``.npz`` files only (no ipu_stack imports; ml_dtypes for the
-storage formats), so it checks the device result the way a user with plain numpy would.
+Written against the saved ``.npz`` files only (nothing from the stack but the independent
+``round_to`` of ``ipu_stack.testing.reference``: ml_dtypes for the storage formats), so it
+checks the device result the way a user with plain numpy would.
 With ``rounded=True`` every value is rounded to the precision the saved ``__precisions__``
 metadata gives it, and each FP8 GEMM keeps FP16 partials as the saved ``__gemm_modes__`` say
 (``float64_forward.gemm``), at the same points the graph stores values (GEMM results, bias sums,

@@ -1,2 +1,2 @@
-"""Reliability checks (issue 6): determinism, random graphs, hostile packages, the shared
-cache.  The generators live in ``benchmarks/fuzzing.py`` (shared with ``benchmarks/fuzz.py``)."""
+"""Reliability checks: determinism, random graphs, hostile packages, the shared cache.  The
+generators live in ``ipu_stack.testing`` (shared with ``benchmarks/fuzz.py``)."""

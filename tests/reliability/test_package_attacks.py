@@ -5,10 +5,9 @@
 CLI.  Every malformed package must give exactly one ``error:`` line on stderr (``--quiet``:
 nothing else), exit code 2, no traceback, and nothing written anywhere.
 
-Cases that once crashed the stack (``KNOWN_BUGS``, ``INSPECT_BUGS`` in
-``benchmarks/fuzzing.py``, found by this suite or the fuzz run and fixed by the load-time
-checks: the device program's verifier, ``package/records.py`` for the run records) are kept as
-regression tests.
+The regression cases (``KNOWN_BUGS``, ``INSPECT_BUGS`` in ``ipu_stack.testing.mutations``)
+are refused by the load-time checks: the device program's verifier, ``package/records.py``
+for the run records.
 """
 
 from __future__ import annotations
@@ -22,18 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.fuzzing import (
+
+from ipu_stack.package import read_package
+from ipu_stack.testing.mutations import (
     CONTENT_ATTACKS,
     INSPECT_BUGS,
     KNOWN_BUGS,
     container_attacks,
     content_attacks,
     craft,
-    snapshot,
 )
-
-from ipu_stack.package import read_package
-from tests.helpers import cli
+from tests.helpers import cli, snapshot
 
 SMALL = ["--tokens", "16", "--dim", "64", "--hidden", "64", "--finalists", "1"]
 ESCAPES = (Path("/tmp/ipu-stack-pwned"), Path("/x"))
@@ -162,7 +160,7 @@ def test_inspect_refuses_hostile_content_or_reads_it_back(arena: Path, original:
 )
 def test_formerly_crashing_package_is_refused_by_run(arena: Path, original: bytes,
                                                      index: int) -> None:
-    """Each of these once crashed ``run`` (the reason in ``KNOWN_BUGS`` says how)."""
+    """Each of these crashes ``run`` without its load-time check (``KNOWN_BUGS`` says how)."""
     name, edit, _ = KNOWN_BUGS[index]
     ((_, data),) = content_attacks(original, arena / "craft", [(name, edit, {})])
     refused(arena, data, "run")
@@ -174,7 +172,7 @@ def test_formerly_crashing_package_is_refused_by_run(arena: Path, original: byte
 )
 def test_formerly_crashing_package_is_refused_by_inspect(arena: Path, original: bytes,
                                                          index: int) -> None:
-    """Each of these once crashed ``inspect`` (the reason in ``INSPECT_BUGS`` says how)."""
+    """Each of these crashes ``inspect`` without its check (``INSPECT_BUGS`` says how)."""
     name, edit, _ = INSPECT_BUGS[index]
     ((_, data),) = content_attacks(original, arena / "craft", [(name, edit, {})])
     refused(arena, data, "inspect")

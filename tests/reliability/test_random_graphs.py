@@ -3,9 +3,9 @@
 Each example is a chain of 1-3 matmuls with random sizes, optional bias, GELU, scale, softmax,
 layer norm, residual add and FP8 casts, F16 or FP8 F143 storage (scales from
 ``fit_scale_exponent``).  The device result must pass the runtime's own check *and* agree with
-an independent float64 evaluation (``benchmarks/fuzzing.py``,
-plain numpy with the stored precisions applied).  Odd sizes must either pass the same way or
-be refused with a clean ``CompileError``; no other exception is acceptable.
+an independent float64 evaluation (``ipu_stack.testing.graphs``: plain numpy with the stored
+precisions applied).  Odd sizes must either pass the same way or be refused with a clean
+``CompileError``; no other exception is acceptable.
 
 Few examples and ``derandomize=True`` keep the default suite fast and repeatable; the longer,
 truly random run is ``python benchmarks/fuzz.py``.
@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchmarks.fuzzing import POST_OPS, build_random, random_workload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.session import load_package, run_package
 from ipu_stack.runtime.tolerance import compare
+from ipu_stack.testing.graphs import POST_OPS, build_random, random_workload
 from ipu_stack.util.errors import CompileError
 
 SETTINGS = settings(

@@ -63,28 +63,39 @@ def test_no_folder_no_cache(tmp_path):
     assert not (tmp_path / "calibration").exists()
 
 
-def test_a_cold_build_holds_no_weight_the_calibration_made(tmp_path, caplog):
+def test_a_cold_build_holds_no_weight_the_calibration_made(tmp_path, caplog, monkeypatch):
     """The calibration pass runs in a forked child: this process builds as from the cache,
-    every weight still to be made, and the child's exponents are the in-process pass's."""
-    from ipu_stack.workloads.transformer import _calibrate
-    from ipu_stack.workloads.vision import _build_tower, _has_cls, _tokens
+    every weight still to be made, and the child's exponents are those of the same pass run
+    in this process, which makes every weight a build defers."""
+    from ipu_stack.util.forked import Forked
+    from ipu_stack.workloads import transformer
 
     caplog.set_level(logging.INFO, logger="ipu_stack.workloads")
-    graph, tensors = _build(tmp_path)
+    graph, tensors = _build(tmp_path / "apart")
     assert "calibration fitted in a child process workload=pe-vision" in caplog.text
     weights = [v.name for v in graph.by_role("weight")]
-    _, again = _build(tmp_path)  # from the cache
+    _, again = _build(tmp_path / "apart")  # from the cache
     pending = again.pending
     assert tensors.pending == pending > len(weights) // 2
     assert all((tensors[k] == again[k]).all() for k in tensors)
-    workload, params = parse_workload("pe-vision", ARGS)
-    params = {**params, "tokens": _tokens(params, _has_cls("pe-vision"))}
-    scales, weight_scales, made = _calibrate(
-        params, "pe-vision", lambda builder, seed: _build_tower("pe-vision", builder, seed))
-    (entry,) = cache_entries(tmp_path, "calibration")
-    stored = json.loads(entry.read_text())["payload"]["scales"]
-    assert stored == {"activations": scales, "weights": weight_scales}
-    assert len(made) == pending  # the in-process pass made every weight a build defers
+    # the pass in this process: what its builder made once its weights were all made
+    made: list[int] = []
+    make_weights = transformer.LayerBuilder.make_weights
+
+    def counting(builder):
+        made_now = make_weights(builder)
+        made.append(len(builder.made))
+        return made_now
+
+    monkeypatch.setattr(transformer.LayerBuilder, "make_weights", counting)
+    monkeypatch.setattr(transformer, "call_forked", lambda work: Forked(failure="no child"))
+    _build(tmp_path / "here")
+    assert "calibration fitted in this process workload=pe-vision" in caplog.text
+    (apart_entry,) = cache_entries(tmp_path / "apart", "calibration")
+    (here_entry,) = cache_entries(tmp_path / "here", "calibration")
+    payload = json.loads(apart_entry.read_text())["payload"]
+    assert payload == json.loads(here_entry.read_text())["payload"]
+    assert made == [pending]  # the in-process pass made every weight a build defers
 
 
 def test_the_pass_runs_here_when_the_child_fails(tmp_path, caplog, monkeypatch):

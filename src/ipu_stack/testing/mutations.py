@@ -1,20 +1,13 @@
-"""The fuzz generators shared by ``benchmarks/fuzz.py`` and the reliability tests
-(``tests/reliability``):
+"""Damaged and hostile packages made from a real one (the package fuzz of
+``benchmarks/fuzz.py`` and ``tests/reliability/test_package_attacks.py``).
 
-* :func:`random_spec` / :func:`build_random` make a small random graph (a chain of 1-3
-  matmuls with optional bias, GELU, cast, softmax, layer norm and residual add; F16 or FP8
-  F143 storage with scales from ``fit_scale_exponent``) and its host tensors, while an
-  **independent float64 evaluation** (plain numpy plus ``round_to`` from
-  ``tests/e2e/float64_forward.py``) computes the expected output;
-* :func:`package_attacks` turns one real package into a list of malformed ones (container
-  damage and hand-crafted manifests/arrays written with ``write_package``);
-
-The independent float64 references (``round_to``, ``gelu_tanh``) are the tests' own
-(``tests/e2e/float64_forward.py``, ``tests/helpers.py``), so a fuzz case is judged by the same
-code as the suite; run from the repository root, which puts both packages on the path.
-
-A spec is plain JSON (it is stored in the package manifest as the workload's parameters), so a
-failing fuzz case is reproduced from the printed spec alone.
+* :func:`container_attacks`: damage to the file itself (truncation, bit flips, hostile ZIP
+  members, a zip bomb, missing members, another format version or target);
+* :func:`content_attacks` with :data:`CONTENT_ATTACKS`: a valid container whose manifest or
+  arrays are hostile, written with ``write_package``; :data:`KNOWN_BUGS` and
+  :data:`INSPECT_BUGS` are the same kind of case, kept as regression cases for ``run`` and
+  ``inspect``;
+* :func:`mutate_bytes` / :func:`mutate_content`: one random mutation of either kind.
 """
 
 from __future__ import annotations
@@ -28,189 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tests.e2e.float64_forward import round_to
-from tests.helpers import gelu_tanh
 
-from ipu_stack.ir.graph import Graph, GraphBuilder
-from ipu_stack.ir.precision import F16, Precision, fit_scale_exponent
-from ipu_stack.ir.types import TensorType
 from ipu_stack.package import read_package, write_package
-from ipu_stack.workloads.base import Workload
-
-POST_OPS = ("gelu", "softmax", "layer_norm", "add", "scale")
-LN_EPS = 1e-6
-
-
-# ----------------------------------------------------------------------------- random graphs
-
-
-def random_spec(rng: np.random.Generator, odd: bool = False) -> dict[str, Any]:
-    """A random graph description from a numpy generator (the fuzz driver's source)."""
-
-    def dim() -> int:
-        if odd and rng.random() < 0.5:
-            return int(rng.integers(1, 70))
-        return 4 * int(rng.integers(1, 25))
-
-    layers = []
-    for _ in range(int(rng.integers(1, 4))):
-        post = [str(p) for p in rng.choice(POST_OPS, size=int(rng.integers(0, 3)), replace=False)]
-        layers.append({
-            "cols": dim(),
-            "weight": str(rng.choice(["F16", "F8F143"])),
-            "bias": bool(rng.random() < 0.5),
-            "post": post,
-            "fp8_next": str(rng.choice(["no", "cast", "direct"])),
-        })
-    return {
-        "batch": int(rng.integers(1, 3)),
-        "tokens": dim(),
-        "dim": dim(),
-        "input": str(rng.choice(["F16", "F8F143"])),
-        "layers": layers,
-        "seed": int(rng.integers(0, 2**31)),
-    }
-
-
-def _fp8(values: np.ndarray, headroom: float = 2.0) -> Precision:
-    return Precision("F8F143", fit_scale_exponent(values, "F8F143", headroom))
-
-
-class _Builder:
-    """Builds the graph and, step by step, the independent float64 value of every op."""
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = spec
-        self.rng = np.random.default_rng(int(spec["seed"]))
-        self.b = GraphBuilder("random")
-        self.tensors: dict[str, np.ndarray] = {}
-        self.expected: dict[int, np.ndarray] = {}  # value id -> float64 [rows, cols], rounded
-        self.precisions: dict[int, Precision] = {}
-
-    def _leaf(self, name: str, data: np.ndarray, precision: Precision, role: str,
-              shape: tuple[int, ...] | None = None) -> int:
-        stored = precision.round_trip(data.astype(np.float32))
-        self.tensors[name] = stored.reshape(shape) if shape else stored
-        ttype = TensorType(shape or data.shape, precision)
-        vid = self.b.input(name, ttype) if role == "input" else self.b.weight(name, ttype)
-        self.expected[vid] = stored.astype(np.float64).reshape(-1, data.shape[-1]) \
-            if data.ndim > 1 else stored.astype(np.float64)
-        self.precisions[vid] = precision
-        return vid
-
-    def weight(self, name: str, data: np.ndarray, kind: str) -> int:
-        precision = F16 if kind == "F16" else Precision("F8F143", fit_scale_exponent(data))
-        return self._leaf(name, data, precision, "weight")
-
-    def op(self, kind: str, inputs: list[int], precision: Precision | None, name: str, *,
-           value: np.ndarray, **attrs: Any) -> int:
-        """Add ``kind``; ``value`` is its float64 result before rounding to ``precision``
-        (``None``: FP8 F143 with a scale fitted to ``value``)."""
-        if precision is None:
-            precision = _fp8(value)
-        vid = self.b.op(kind, inputs, precision, name, **attrs)
-        self.expected[vid] = round_to(value, precision.to_json())
-        self.precisions[vid] = precision
-        return vid
-
-
-def build_random(spec: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray], np.ndarray]:
-    """The graph, its host tensors and the independently computed float64 expected output.
-
-    Every value is rounded to its stored precision at the point the graph stores it, exactly
-    as ``tests/e2e/float64_forward.py`` does for the MLP; FP8 activations get the scale that
-    fits their own data with 2x headroom.  The graph output is always F16 (an FP8 output would
-    turn one rounding flip into a 1/8 relative error, outside any sane tolerance).
-    """
-    bld = _Builder(spec)
-    rng = bld.rng
-    batch, tokens, dim = int(spec["batch"]), int(spec["tokens"]), int(spec["dim"])
-    x = rng.standard_normal((batch * tokens, dim))
-    x_prec = F16 if spec["input"] == "F16" else Precision("F8F143", fit_scale_exponent(x))
-    current = bld._leaf("x", x, x_prec, "input", shape=(batch, tokens, dim))
-    pool = {dim: current}  # cols -> the latest layer output of that width (residual partner)
-    cols = dim
-    layers = spec["layers"]
-    for index, layer in enumerate(layers):
-        out_cols = int(layer["cols"])
-        plan = ["matmul", *(["bias_add"] if layer["bias"] else [])]
-        plan += [p for p in layer["post"] if p != "add" or out_cols in pool]
-        fp8_next = layer["fp8_next"] if index + 1 < len(layers) else "no"
-        if fp8_next == "cast":
-            plan.append("cast")
-
-        def precision(step: int, plan: list[str] = plan, fp8_next: str = fp8_next) -> Any:
-            last = step == len(plan) - 1
-            return None if last and fp8_next != "no" else F16
-
-        w = rng.standard_normal((cols, out_cols)) / np.sqrt(cols)
-        w_id = bld.weight(f"w{index}", w, layer["weight"])
-        for step, kind in enumerate(plan):
-            name, prec = f"{kind}{index}.{step}", precision(step)
-            v = bld.expected[current]
-            if kind == "matmul":
-                current = bld.op("matmul", [current, w_id], prec, name, value=v @ bld.expected[w_id])
-                cols = out_cols
-            elif kind == "bias_add":
-                bias = bld.weight(f"b{index}", rng.standard_normal(cols) * 0.1, "F16")
-                current = bld.op("bias_add", [current, bias], prec, name,
-                                 value=v + bld.expected[bias])
-            elif kind == "gelu":
-                current = bld.op("gelu", [current], prec, name, value=gelu_tanh(v),
-                                 approximate="tanh")
-            elif kind == "scale":
-                current = bld.op("scale", [current], prec, name, value=v * 0.5, factor=0.5)
-            elif kind == "softmax":
-                z = v * 0.5
-                e = np.exp(z - z.max(axis=-1, keepdims=True))
-                current = bld.op("softmax", [current], prec, name,
-                                 value=e / e.sum(axis=-1, keepdims=True), scale=0.5)
-            elif kind == "layer_norm":
-                g = bld.weight(f"gamma{index}.{step}", 1.0 + 0.1 * rng.standard_normal(cols), "F16")
-                beta = bld.weight(f"beta{index}.{step}", 0.1 * rng.standard_normal(cols), "F16")
-                mean = v.mean(axis=-1, keepdims=True)
-                var = ((v - mean) ** 2).mean(axis=-1, keepdims=True)
-                norm = (v - mean) / np.sqrt(var + LN_EPS) * bld.expected[g] + bld.expected[beta]
-                current = bld.op("layer_norm", [current, g, beta], prec, name, value=norm,
-                                 eps=LN_EPS)
-            elif kind == "add":
-                other = pool[cols]
-                current = bld.op("add", [other, current], prec, name, value=bld.expected[other] + v)
-            elif kind == "cast":
-                current = bld.op("cast", [current], prec, name, value=v)
-        pool[cols] = current
-    bld.b.output(current)
-    return bld.b.build(), bld.tensors, bld.expected[current]
-
-
-def random_workload(spec: dict[str, Any]) -> Workload:
-    """``spec`` as a :class:`Workload` (its parameters are the spec itself)."""
-
-    def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-        graph, tensors, _ = build_random(params)
-        return graph, tensors
-
-    return Workload(name="random-graph", description="reliability fuzz graph", parameters=(),
-                    build=build, identifier=lambda p: f"random-{p['seed']}")
-
-
-# ----------------------------------------------------------------------------- the CLI
-
-
-def clean_rejection(code: int, stderr: str) -> str | None:
-    """``None`` when the command failed the documented way (exit 2, exactly one ``error:``
-    line, no traceback); otherwise what was wrong."""
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    if "Traceback" in stderr:
-        return "traceback on stderr"
-    if code != 2:
-        return f"exit code {code}, expected 2"
-    if len(errors) != 1:
-        return f"{len(errors)} error lines"
-    return None
-
-
-# ----------------------------------------------------------------------------- package attacks
 
 
 def _zip_members(data: bytes) -> list[tuple[str, bytes]]:
@@ -424,8 +236,8 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
     ("layer loop of -1 layers", _manifest(lambda m: m.update(layer_loop={"layers": -1})), {}),
 ]
 
-# Hand-crafted packages that ``ipu-stack run`` once failed to refuse cleanly (bugs found by
-# this suite, since fixed by the load-time checks): name, edit, what used to happen.
+# Hand-crafted packages that ``ipu-stack run`` must refuse like the others, each a regression
+# case: name, edit, and the failure a load without the check that refuses it runs into.
 # tests/reliability/test_package_attacks.py keeps each as a regression test.
 KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("manifest workload is a string", _manifest(lambda m: m.update(workload="siglip-mlp")),
@@ -483,7 +295,7 @@ KNOWN_BUGS: list[tuple[str, Edit, str]] = [
     ("gemm with -5 rows",
      _manifest(lambda m: [k["params"].update(rows=-5) for k in m["kernels"] if k["family"] == "gemm"]),
      "accepted; the run ends in numpy RuntimeWarnings on stderr and numericalTest=FAIL (exit 1)"),
-    # found by benchmarks/fuzz.py (seeds 778-780), refused since by package/records.py
+    # cases of benchmarks/fuzz.py (seeds 778-780), refused by package/records.py
     ("manifest options a string", _manifest(lambda m: m.update(options="x")),
      "runtime/session.py run_package: AttributeError 'str' object has no attribute 'get'"),
     ("manifest layer_loop -1", _manifest(lambda m: m.update(layer_loop=-1)),
@@ -611,11 +423,3 @@ def mutate_content(source: Any, rng: np.random.Generator) -> tuple[str, Edit]:
 def _hostile_json(rng: np.random.Generator) -> Any:
     choices: list[Any] = [None, -1, 0, 1, 5000, 2**40, 1.5, "x", [], {}, [1, 2], True]
     return choices[int(rng.integers(0, len(choices)))]
-
-
-# ----------------------------------------------------------------------------- tree snapshots
-
-
-def snapshot(folder: Path) -> dict[str, int]:
-    """Relative path -> size of every file under ``folder`` (to prove nothing new appeared)."""
-    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
