@@ -23,7 +23,9 @@ from ipu_stack.cli import parse_workload
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import write_profile_files
 from ipu_stack.profile.capture import profile_of
-from ipu_stack.runtime.session import benchmark_fields, load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.record import benchmark_fields
+from ipu_stack.runtime.session import load_package
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ import numpy as np
 
 from ipu_stack.package import read_package
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.session import load_package
 from ipu_stack.runtime.tolerance import compare
 from ipu_stack.testing.graphs import build_random, random_spec, random_workload
 from ipu_stack.testing.mutations import (

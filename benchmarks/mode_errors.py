@@ -24,7 +24,8 @@ import numpy as np
 from ipu_stack.cli import parse_workload
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.session import load_package
 
 
 def measure(name: str, argv: list[str], mode: str) -> dict[str, float | str]:

@@ -19,7 +19,8 @@ import pytest
 import ipu_stack.phases.stages as stages_module
 import ipu_stack.pipeline as pipeline_module
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.session import load_package
 from ipu_stack.target import IPU21
 from ipu_stack.workloads import get_workload
 from tests.helpers import placement_fails_on_call

@@ -8,7 +8,8 @@ import pytest
 
 from ipu_stack.device import simulator
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.session import load_package
 from ipu_stack.util.errors import DeviceFault
 from ipu_stack.workloads import get_workload
 

@@ -219,8 +219,8 @@ def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_d
     from ipu_stack.ir.interpret import evaluate
     from ipu_stack.ir.values import CompactValues
     from ipu_stack.pipeline import CompileOptions, compile_workload
-    from ipu_stack.runtime.execute import rebuild_workload
-    from ipu_stack.runtime.session import load_package, run_package
+    from ipu_stack.runtime.execute import rebuild_workload, run_package
+    from ipu_stack.runtime.session import load_package
     from ipu_stack.runtime.verdict import judge
 
     workload, params = parse_workload("pe-vision", [*SMALL, "--layers", "3"])

@@ -17,7 +17,8 @@ from ipu_stack.frontend import import_program, make_workload  # noqa: E402
 from ipu_stack.frontend import walk as walk_module  # noqa: E402
 from ipu_stack.ir.interpret import evaluate  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
-from ipu_stack.runtime.session import benchmark_fields, run_package  # noqa: E402
+from ipu_stack.runtime.execute import run_package  # noqa: E402
+from ipu_stack.runtime.record import benchmark_fields  # noqa: E402
 from ipu_stack.util.errors import CompileError  # noqa: E402
 from tests.frontend.models import TinyVit, export  # noqa: E402
 

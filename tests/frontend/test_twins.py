@@ -212,7 +212,8 @@ def test_twin_compiles_to_the_same_program(tmp_path, cache_dir, lock_path) -> No
     """Compiled and run both ways, the pe-block twin (RoPE, FP8) and the builtin give the same
     estimate, the same cycle count and the same output bytes."""
     from ipu_stack.pipeline import CompileOptions, compile_workload
-    from ipu_stack.runtime.session import load_package, run_package
+    from ipu_stack.runtime.execute import run_package
+    from ipu_stack.runtime.session import load_package
     from ipu_stack.workloads.base import Workload
 
     name, params = CASES["pe-block"]

@@ -18,7 +18,9 @@ transformers = pytest.importorskip("transformers")
 from ipu_stack.frontend import attention as attention_module  # noqa: E402
 from ipu_stack.frontend import import_program, make_workload  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
-from ipu_stack.runtime.session import benchmark_fields, load_package, run_package  # noqa: E402
+from ipu_stack.runtime.execute import run_package  # noqa: E402
+from ipu_stack.runtime.record import benchmark_fields  # noqa: E402
+from ipu_stack.runtime.session import load_package  # noqa: E402
 from ipu_stack.util.errors import CompileError  # noqa: E402
 
 WIDTH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
-from ipu_stack.runtime.session import gemm_flops
+from ipu_stack.runtime.record import gemm_flops
 from ipu_stack.workloads.base import get_workload
 
 

@@ -12,7 +12,8 @@ import pytest
 from ipu_stack.device.simulator import SimulatedIpu
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime import host_process, host_side
-from ipu_stack.runtime.session import load_package, run_package
+from ipu_stack.runtime.execute import run_package
+from ipu_stack.runtime.session import load_package
 from ipu_stack.util.errors import CompileError, DeviceFault
 from ipu_stack.workloads import get_workload
 

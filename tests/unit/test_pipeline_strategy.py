@@ -287,7 +287,7 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
     holds it (the depth blocks, where the partials round, are the same)."""
     import ipu_stack.phases.stages as stages
     from ipu_stack.pipeline import compile_workload
-    from ipu_stack.runtime.session import run_package
+    from ipu_stack.runtime.execute import run_package
 
     workload = get_workload("siglip-layer")
     params = workload.resolve({"tokens": 37, "dim": 64, "hidden": 96, "heads": 4})
@@ -354,7 +354,7 @@ def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tili
     streamed: the two packages and the two runs' outputs (each run passed)."""
     import ipu_stack.phases.stages as stages
     from ipu_stack.pipeline import compile_workload
-    from ipu_stack.runtime.session import run_package
+    from ipu_stack.runtime.execute import run_package
 
     workload = get_workload("siglip-layer")
     resolved = workload.resolve(params)
@@ -455,7 +455,7 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
     from ipu_stack.phases.state import Build
     from ipu_stack.pipeline import compile_workload
     from ipu_stack.planning.stages import GemmStage
-    from ipu_stack.runtime.session import run_package
+    from ipu_stack.runtime.execute import run_package
 
     workload = get_workload("siglip-vision")
     params = workload.resolve(dict(TOWER))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.contract.system import SystemProgram
+from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, weight_storer
 from ipu_stack.package import Package
@@ -51,14 +52,17 @@ class ChipWorker:
     """Chip ``chip``'s groups on devices of their tiles, weights loaded."""
 
     def __init__(self, package: Package, system: SystemProgram, chip: int,
-                 weights: Any, record: bool = False, poison: bool = False) -> None:
+                 weights: Any, record: bool = False, poison: bool = False,
+                 keep_reports: bool = False) -> None:
         self.chip = chip
         self.recording = record
+        # in this process, a whole-chip run reads its devices' reports themselves
+        self.keep_reports = keep_reports
+        self.reports: list[CallReport] = []
         self.groups = load_groups(package, system, record, chip=chip, poison=poison)
         if not self.groups:
             raise errors.PackageError(f"the package places no pipeline group on chip {chip}")
-        for group in self.groups:
-            group.initialize(weights)
+        self.initialized = [group.initialize(weights) for group in self.groups]
 
     def run(self, inputs: dict[str, Any], on_probes: Callable[[list], None], number: int = 0
             ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
@@ -68,13 +72,16 @@ class ChipWorker:
         (``records``) if it belongs to the chip's first full step: its ``j``-th group on
         image ``G - 1 - j``."""
         carried, reports = run_through(self.groups, inputs, on_probes)
+        if self.keep_reports:
+            self.reports = reports
         runs = []
         for position, (group, report) in enumerate(zip(self.groups, reports, strict=True)):
             runs.append({"group": group.index, "cycles": int(report.cycles),
                          "supersteps": [int(c) for c in report.superstep_cycles],
                          "kinds": list(report.superstep_kinds),
                          "host_bytes": int(report.host_bytes)})
-            if self.recording and number + position == len(self.groups) - 1:
+            if self.recording and not self.keep_reports \
+                    and number + position == len(self.groups) - 1:
                 runs[-1]["records"] = [r.to_json() for r in report.steps
                                        if r.kind in ("compute", "exchange")]
         return carried, runs

@@ -28,6 +28,7 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from ipu_stack.contract.system import SystemProgram
+from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package, read_package_bytes
 from ipu_stack.runtime.chip_worker import (
@@ -59,11 +60,15 @@ class InProcessEngine:
 
     def __init__(self, package: Package, system: SystemProgram, tensors: Mapping[str, Any],
                  on_probes: Callable[[int, list], None], record: bool = False,
-                 poison: bool = False) -> None:
-        self.workers = [ChipWorker(package, system, chip, tensors, record, poison)
+                 poison: bool = False, keep_reports: bool = False) -> None:
+        self.workers = [ChipWorker(package, system, chip, tensors, record, poison, keep_reports)
                         for chip in range(system.chips)]
         self.on_probes = on_probes
         self.jobs: deque[tuple[int, int, dict[str, Any]]] = deque()
+        # with ``keep_reports``: each chip's devices' initialize reports, and each image's
+        # run reports by (chip, image)
+        self.initialized = [worker.initialized for worker in self.workers]
+        self.reports: dict[tuple[int, int], list[CallReport]] = {}
 
     def wait_ready(self) -> None:
         """Nothing to wait for: the workers were built in the constructor."""
@@ -73,8 +78,10 @@ class InProcessEngine:
 
     def next(self) -> Message:
         chip, number, inputs = self.jobs.popleft()
-        outputs, runs = self.workers[chip].run(
-            inputs, lambda items: self.on_probes(number, items), number)
+        worker = self.workers[chip]
+        outputs, runs = worker.run(inputs, lambda items: self.on_probes(number, items), number)
+        if worker.keep_reports:
+            self.reports[(chip, number)] = worker.reports
         return chip, {"op": "done", "image": number, "runs": runs, "peak": peak_rss()}, \
             list(outputs.items())
 

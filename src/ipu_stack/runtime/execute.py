@@ -13,6 +13,7 @@ package was compiled from (``ipu-stack run PACKAGE``), checked against the packa
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.runtime.groups import load_groups, read_system
 from ipu_stack.runtime.record import benchmark_fields, stream_fields
-from ipu_stack.runtime.session import RunResult, group_program_tiles, load_package, run_package
+from ipu_stack.runtime.session import RunResult, group_program_tiles, load_package
 from ipu_stack.runtime.stream import StreamOptions, StreamRun, images_to_fill, run_stream
 from ipu_stack.runtime.stream import stream_images as make_images
+from ipu_stack.runtime.tolerance import compare
 from ipu_stack.target import get_target
 from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import PackageError, UsageError
@@ -110,6 +112,34 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     run = run_stream(package, graph, tensors, images, options)
     record = stream_fields(run, package, system, graph, fields, path, compile_seconds)
     return Outcome(record, package, path, system, run)
+
+
+def run_package(package: Package, graph: Graph, tensors: Any, lock_path: Path | None = None,
+                wait: bool = True, poison: bool = False, record: bool = False,
+                model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]]
+                | None = None) -> RunResult:
+    """A whole-chip program run through the one run loop (one chip, one group, one image in
+    this process): loaded on a fresh simulated device (``lock_path``: the lock of a shared,
+    named device; ``None`` runs on a private one that never waits), run, and checked; the
+    result keeps the device's reports (``record``: every superstep's record, for a profile).
+
+    ``model`` gives the outputs fidelity is measured against (by output name); by default
+    the graph in float64.  An imported torch program passes PyTorch's own float32 outputs
+    (``frontend``), so its verdict says how close the device is to torch in units of the
+    noise our device-precision reference has against torch."""
+    inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
+    run = run_stream(package, graph, tensors, [inputs], StreamOptions(
+        "inprocess", None, record, poison, lock_path, wait, model, whole=True))
+    (init_report,), (run_report,) = run.initialized[0], run.reports[(0, 0)]
+    reference = run.references[0]
+    outputs, comparisons = {}, {}
+    for value in graph.by_role("output"):
+        out = run_report.outputs[value.name].reshape(value.type.shape)
+        outputs[value.name] = out
+        comparisons[value.name] = compare(out, reference[value.name],
+                                          precision=value.type.precision)
+    return RunResult(package, outputs, reference, comparisons, init_report, run_report,
+                     run.simulate_seconds, run.verdicts[0], run.source)
 
 
 def save_tensors(folder: str | Path, graph: Graph, tensors: Any, outcome: Outcome) -> None:
@@ -223,4 +253,4 @@ def inspect_package(package: Package) -> dict[str, Any]:
 
 
 __all__ = ["Outcome", "RunSettings", "check_images", "inspect_package", "rebuild_workload",
-           "recorded_workload", "run_any", "save_tensors"]
+           "recorded_workload", "run_any", "run_package", "save_tensors"]

@@ -10,22 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from ipu_stack.device import HardwareLock, SimulatedIpu
 from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, compact_weights, weight_storer
 from ipu_stack.package import Package, read_package
-from ipu_stack.runtime.host_side import start_host_side
-from ipu_stack.runtime.tolerance import Comparison, compare
-from ipu_stack.runtime.verdict import Verdict, log_verdict
+from ipu_stack.runtime.tolerance import Comparison
+from ipu_stack.runtime.verdict import Verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.heap import keep_freed_memory, release_freed_memory
@@ -104,79 +100,3 @@ def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
     event(LOG, "holding weights in their stored precisions",
           bytes=compact_weights(graph, tensors))
     release_freed_memory()
-
-
-def run_package(
-    package: Package,
-    graph: Graph,
-    tensors: dict[str, np.ndarray],
-    lock_path: Path | None = None,
-    wait: bool = True,
-    poison: bool = False,
-    record: bool = False,
-    model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-) -> RunResult:
-    """Load ``package`` on a fresh simulated device, run it and compare with the reference
-    (``record``: keep every superstep's record, for an execution profile).
-
-    ``lock_path``: the lock of a shared, named device (``device.device_lock``); ``None``, the
-    default, runs on a private device that never waits for another process.
-
-    ``model`` gives the outputs fidelity is measured against (by output name); by default
-    the graph in float64 (``evaluate_float64``).  An imported torch program passes PyTorch's
-    own float32 outputs (``frontend``), so its verdict says how close the device is to torch
-    in units of the noise our device-precision reference has against torch."""
-    target = get_target(package.target)
-    hold_weights(graph, tensors)
-    owner = nullcontext() if lock_path is None else HardwareLock(lock_path, wait=wait)
-    name = f"sim://private-{os.getpid()}" if lock_path is None else f"sim://{lock_path.stem}"
-    with owner:
-        event(LOG, "opening IPU device", path=name)
-        device = SimulatedIpu(target, poison=poison, record=record)
-        event(LOG, "IPU device attached", path=name)
-        device.load(package)
-        event(LOG, "application loaded and initial synchronization completed",
-              tile_count=target.tiles)
-        t0 = time.perf_counter()
-        weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
-        inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
-        event(LOG, "prepared reference inputs", elapsed_ms=int((time.perf_counter() - t0) * 1000))
-        marks = sum(len(p) for p in package.manifest["programs"].values())
-        event(LOG, "starting host exchange session", startup_mark=marks)
-        sim_start = time.perf_counter()
-        # the host reference and the float64 model need nothing from the device: the host
-        # side computes them while the device runs, each with one BLAS thread, so two cores
-        # are two lanes; then it judges each stage as the device hands over its probe read.
-        # It runs in a forked process (runtime/host_process.py: no turns on the interpreter
-        # lock with the device), or on a thread for an imported program (torch's outputs
-        # are its fidelity target, and torch is not forked) or where fork does not exist.
-        outputs_only = {v.name for v in graph.by_role("output")}
-        gemm_modes = package.manifest.get("gemm_modes")
-        with threadpool_limits(limits=1, user_api="blas"):
-            host = start_host_side(graph, tensors, gemm_modes, outputs_only, model)
-            try:
-                init_report = device.call("initialize", weights)
-                run_report = device.call("run", inputs, on_probes=host.put)
-                host.put(list(run_report.outputs.items()))
-                host.put(None)  # nothing more: the host side finishes
-            except BaseException:
-                host.abandon()
-                raise
-            simulate = time.perf_counter() - sim_start
-            waited = time.perf_counter()
-            reference, verdict = host.result()
-            waited = time.perf_counter() - waited
-    outputs = {}
-    comparisons = {}
-    for value in graph.by_role("output"):
-        out = run_report.outputs[value.name].reshape(value.type.shape)
-        outputs[value.name] = out
-        comparisons[value.name] = compare(out, reference[value.name],
-                                          precision=value.type.precision)
-    verdict.seconds = waited  # what the verdict added after the device finished
-    log_verdict(verdict, per_stage=bool(package.manifest.get("options", {}).get("diagnostics")),
-                source="float64" if model is None else "torch")
-    event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
-          failedParts=",".join(verdict.failed_parts) or "-", elapsed_ms=int(verdict.seconds * 1000))
-    return RunResult(package, outputs, reference, comparisons, init_report, run_report,
-                     simulate, verdict, "float64" if model is None else "torch")

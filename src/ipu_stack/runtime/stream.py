@@ -44,6 +44,7 @@ from ipu_stack.contract.system import SystemProgram
 from ipu_stack.device import HardwareLock
 from ipu_stack.device.alignment import chip_step_cycles
 from ipu_stack.device.record import StepRecord
+from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.runtime.engines import (
@@ -107,6 +108,15 @@ class StreamRun:
     records: dict[int, list[StepRecord]] = field(default_factory=dict)
     # the largest peak resident memory of the images' host sides (forked processes)
     host_peak_bytes: int = 0
+    # a whole-chip run (``StreamOptions.whole``): every stage's agreement logged when
+    # ``per_stage``, fidelity measured against ``source``, each image's reference kept, and
+    # the device's own reports of initialize and of each image's run, by (chip, image)
+    whole: bool = False
+    per_stage: bool = False
+    source: str = "float64"
+    references: list[Mapping[str, np.ndarray]] = field(default_factory=list)
+    initialized: list[list[CallReport]] = field(default_factory=list)
+    reports: dict[tuple[int, int], list[CallReport]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -140,13 +150,19 @@ class StreamRun:
         """Image ``number``'s verdict from its host side, kept and logged with its
         ``outputs``; the seconds spent waiting for it."""
         wait = time.perf_counter()
-        _, verdict = host.result()
+        reference, verdict = host.result()
         self.host_peak_bytes = max(self.host_peak_bytes, getattr(host, "peak_bytes", 0))
         verdict.seconds = time.perf_counter() - wait
-        log_verdict(verdict, per_stage=False)
-        event(LOG, "image judged", image=number,
-              numericalTest="PASS" if verdict.passed else "FAIL",
-              failedParts=",".join(verdict.failed_parts) or "-")
+        log_verdict(verdict, per_stage=self.per_stage, source=self.source)
+        if self.whole:
+            self.references.append(reference)
+            event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
+                  failedParts=",".join(verdict.failed_parts) or "-",
+                  elapsed_ms=int(verdict.seconds * 1000))
+        else:
+            event(LOG, "image judged", image=number,
+                  numericalTest="PASS" if verdict.passed else "FAIL",
+                  failedParts=",".join(verdict.failed_parts) or "-")
         self.verdicts.append(verdict)
         self.outputs.append(outputs)
         return verdict.seconds
@@ -216,7 +232,9 @@ def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
 class StreamOptions:
     """How to run a stream: the engine (``None``: in this process on one chip, forked
     workers over several), Ray's copy of the package, superstep records for a profile, poison
-    checks, and the lock of a shared named device (``None``: a private one)."""
+    checks, the lock of a shared named device (``None``: a private one), the model fidelity
+    is measured against (``None``: the float64 model; an imported program's: torch's), and
+    ``whole``: a whole-chip program's run, which keeps its device reports and references."""
 
     engine: str | None = None
     package_bytes: bytes | None = None
@@ -225,6 +243,7 @@ class StreamOptions:
     lock_path: Path | None = None
     wait: bool = True
     model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    whole: bool = False
 
 
 def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: int,
@@ -249,7 +268,8 @@ def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: i
 def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors: Any,
                  options: StreamOptions, engine: str, on_probes: Callable[[int, list], None]
                  ) -> InProcessEngine | LocalEngine | RayEngine:
-    """The engine's workers built, their chips loaded and initialised."""
+    """The engine's workers built, their chips loaded and initialised (the weights are
+    held before, except for forked workers, which make their own first)."""
     if engine == "local":  # forked before the weights are made: each makes its own
         local = LocalEngine(package, system.chips, tensors, graph, options.record,
                             options.poison)
@@ -260,12 +280,17 @@ def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors:
             local.close()
             raise
         return local
-    hold_weights(graph, tensors)
     if engine == "ray":
         return RayEngine(package, system, tensors, options.package_bytes or b"",
                          options.record, options.poison)
-    return InProcessEngine(package, system, tensors, on_probes, options.record,
-                           options.poison)
+    name = f"sim://private-{os.getpid()}" if options.lock_path is None else \
+        f"sim://{options.lock_path.stem}"
+    event(LOG, "opening IPU device", path=name)
+    workers = InProcessEngine(package, system, tensors, on_probes, options.record,
+                              options.poison, options.whole)
+    event(LOG, "application loaded and initial synchronization completed",
+          tile_count=system.chip_tiles * system.chips)
+    return workers
 
 
 def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
@@ -278,21 +303,28 @@ def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     run, modes = prepare_run(package, system, graph, len(images), engine)
+    run.whole, run.source = options.whole, "float64" if options.model is None else "torch"
+    run.per_stage = options.whole and bool(package.manifest.get("options", {}).get("diagnostics"))
     owner = nullcontext() if options.lock_path is None else \
         HardwareLock(options.lock_path, wait=options.wait)
     # one BLAS thread in every process (workers and host sides are forked from here): with
     # a process a core already, more threads only spin against each other
     with owner, threadpool_limits(limits=1, user_api="blas"):
         coordinator = Coordinator(run, graph, tensors, images, modes, options.model)
+        if engine != "local":  # a forked worker makes its own chip's weights
+            hold_weights(graph, tensors)
         started = time.perf_counter()
         workers = start_engine(package, system, graph, tensors, options, engine,
                                coordinator.probes)
-        event(LOG, "chips loaded", chips=system.chips, engine=engine,
-              groups=len(system.groups), tile_count=system.chip_tiles * system.chips)
+        if not options.whole:
+            event(LOG, "chips loaded", chips=system.chips, engine=engine,
+                  groups=len(system.groups), tile_count=system.chip_tiles * system.chips)
         try:
             coordinator.stream(workers)
         finally:
             workers.close()
+        if isinstance(workers, InProcessEngine):
+            run.initialized, run.reports = workers.initialized, workers.reports
     run.verdict_seconds = coordinator.waited
     run.simulate_seconds = time.perf_counter() - started - coordinator.waited
     time_steps(run)
@@ -310,7 +342,8 @@ class Coordinator:
         self.run, self.graph, self.images, self.modes, self.model = \
             run, graph, images, modes, model
         self.outputs_only = {v.name for v in graph.by_role("output")}
-        self.weights = {v.name: tensors[v.name] for v in graph.by_role("weight")}
+        self.tensors = tensors
+        self.weights: dict[str, Any] | None = None  # taken once the weights are held
         self.hosts: dict[int, Any] = {}
         self.finished: dict[int, dict[str, np.ndarray]] = {}
         self.waited = 0.0
@@ -329,6 +362,8 @@ class Coordinator:
 
     def admit(self, number: int) -> list[tuple[str, Any]]:
         """Image ``number`` let in: its host side started; its inputs for chip 0."""
+        if self.weights is None:
+            self.weights = {v.name: self.tensors[v.name] for v in self.graph.by_role("weight")}
         own = {**self.weights, **self.images[number]}
         self.hosts[number] = start_host_side(self.graph, own, self.modes, self.outputs_only,
                                              self.model)
