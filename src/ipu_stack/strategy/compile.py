@@ -6,19 +6,18 @@ balanced first, then each chip's groups), each group planned for an equal share 
 chip's tiles, rounded down to an even count so tile pairs stay whole.  The shares stay
 equal: all tiles of a chip sync together, so groups side by side share supersteps
 (``device.alignment``) and a group on fewer tiles lengthens every superstep it shares;
-groups of the same layers on the same tiles align superstep for superstep.  (Tiles shared
-by the groups' work were tried and measured: pe-vision's 9 groups of 2 and 3 layers on 122
-and 184 tiles planned at 3.19 M cycles a step and ran at 4.12 M.)  Only the planning stages
-run for a candidate: whether every group's plans fit and their analytical GEMM cycles.  The
+groups of the same layers on the same tiles align superstep for superstep.  Only the
+planning stages run for a candidate: whether every group's plans fit and their analytical
+GEMM cycles.  The
 slowest group sets the rate, so the candidate whose slowest group is fastest wins; one that
 does not fit is dropped with its reason.  Then each distinct group is compiled in full by
 the single-program compiler (middle groups with the same number of layers differ only in
 their weights' names and share one program; a group alone on its chip is planned again for
-the room its placement left, ``pipeline._into_slack``); where groups share a chip, a program whose
-layers are planned otherwise than the slowest program's is compiled again with its layer
-plans (``_align_programs``), so that their supersteps line up.  The hand-offs between
-groups are built and scheduled, and the system program (``contract.system``) is verified
-and written: its manifest names the groups, their tile ranges and programs, the hand-offs and the step
+the room its placement left); where groups share a chip, a program whose layers are planned
+otherwise than the slowest program's is compiled again with its layer plans
+(``_align_programs``), so that their supersteps line up.  The hand-offs between groups are
+built and scheduled, and the system program (``contract.system``) is verified and written:
+its manifest names the groups, their tile ranges and programs, the hand-offs and the step
 counts (fill, steady, drain); the group programs are whole packages inside it, each with its
 own checksums.
 """
@@ -400,9 +399,9 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
     Why: the chip syncs all its tiles together, so side-by-side groups share supersteps
     (``device.alignment``), and the slowest group sets each shared one's length.  A first
     group that holds the stem has less memory for its layers and may plan a GEMM otherwise
-    (siglip-vision's 9 groups: fc1 in 4 row chunks beside the others' 3).  Then no
-    superstep of its layers lines up with theirs: that grouping planned 5 006 794 cycles a
-    step and ran 5 308 339.  The other programs have the memory for the slowest one's
+    (fc1 in 4 row chunks beside the others' 3).  Then no superstep of its layers lines up
+    with theirs, and the chip runs them one after another.  The other programs have the
+    memory for the slowest one's
     plans, which makes them no faster than it but lets the chip run every group's layers
     side by side."""
     pace = max(compiled, key=lambda index: int(compiled[index].estimate["cycles"]))
