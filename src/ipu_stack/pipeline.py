@@ -113,6 +113,7 @@ EMITTING = (
     CompileStage("write_package", "write_package", phases.write_package),
 )
 STAGES = PLANNING + LOWERING + EMITTING
+
 MIN_PROPORTION = 0.45
 # a placement failure plans again for the planner's estimate of the failed plans less what
 # placement found no room for and this margin (a share of the tile bytes the planner plans
