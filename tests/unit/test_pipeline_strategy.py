@@ -451,7 +451,7 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
     a hint that is no candidate of its stage leaves the program's own plans."""
     import logging
 
-    from ipu_stack.phases.stages import construct_mid, repeats
+    from ipu_stack.phases.stages import build_graph_and_tilings, repeats
     from ipu_stack.phases.state import Build
     from ipu_stack.pipeline import compile_workload
     from ipu_stack.planning.stages import GemmStage
@@ -463,7 +463,7 @@ def test_layer_body_plans_asked_for_are_taken_and_compute_right(tmp_path, cache_
     own = compile_workload(workload, params, tmp_path / "own", options)
     assert len(own.body_plans) >= 4  # the loop body's GEMMs (q, k, v, scores, ...)
     build = Build(workload, params, tmp_path, options, options.machine(), None, {})
-    construct_mid(build)
+    build_graph_and_tilings(build)
     body = [i for i, (stage, n) in enumerate(zip(build.stages, repeats(build), strict=True))
             if n > 1 and isinstance(stage, GemmStage)]
     # the first body GEMM on another plan of its stage, the rest as the program chose

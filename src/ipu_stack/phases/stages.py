@@ -320,10 +320,5 @@ def write_package(build: Build) -> Fields:
     return {}
 
 
-# the first stage under the reference's name for it (the name it is logged under), which
-# tests that build a graph without compiling import
-construct_mid = build_graph_and_tilings
-
-
 def _title(build: Build) -> str:
     return f"{build.workload.identifier(build.params)} tile placement"

@@ -41,15 +41,16 @@ class Point:
 
     @property
     def key(self) -> str:
+        """The point's content address: its workload, parameters, the options' own key
+        (every field that changes the package) and the compiler."""
         text = json.dumps({"workload": self.workload, "params": self.params,
-                           "options": self.compile_options().to_json(),
-                           "compiler": __version__}, sort_keys=True)
+                           "options": self.options_hash, "compiler": __version__},
+                          sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def options_hash(self) -> str:
-        text = json.dumps(self.compile_options().to_json(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self.compile_options().key()[:16]
 
     def compile_options(self) -> CompileOptions:
         return CompileOptions(**self.options)
