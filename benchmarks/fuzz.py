@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/fuzz.py [--graphs N] [--odd-graphs N] [--packages N] [--seed S] [--json]
+    python benchmarks/fuzz.py [--graphs N] [--odd-graphs N] [--packages N] [--systems N]
+                              [--seed S] [--json]
 
 * **random graphs** (``--graphs`` with sizes that are multiples of 4, ``--odd-graphs`` with any
   sizes from 1 to 69): compile, load, run and check each on the simulated ipu21, then compare
@@ -23,6 +24,9 @@ Usage::
   exit 1, the verdict's own warnings such as "stage agreement broke" on stderr) or
   ``crashed`` (an exception or traceback, a hang of more than 60 s, another exit code, or
   stderr that is neither one ``error:`` line nor the tool's log lines).
+* **random system mutations** (``--systems``): a field of a two-chip system package's own
+  records (its groups, hand-offs and their arrays, steps, chips) set to a hostile value or
+  deleted, through ``ipu-stack run``, with the same outcomes.
 
 Prints one line per category with its counts, then each distinct crash signature with one
 reproducer; ``--json`` prints the counts as one JSON object instead.  Exit status 1 when any
@@ -59,6 +63,7 @@ from ipu_stack.testing.mutations import (
     craft,
     mutate_bytes,
     mutate_content,
+    mutate_system,
 )
 from ipu_stack.testing.runner import cli
 from ipu_stack.util import log
@@ -69,6 +74,10 @@ SOURCES = {
     "siglip-mlp": ["siglip-mlp", "--tokens", "16", "--dim", "64", "--hidden", "64"],
     "attention": ["attention", "--tokens", "17", "--dim", "64", "--heads", "4"],
 }
+# a system package: a small tower over two chips, two groups a chip (on-chip hand-offs, a
+# link hand-off, two group programs)
+SYSTEM_SOURCE = ["siglip-vision", "--layers", "4", "--image", "28", "--patch", "7", "--dim", "64",
+                 "--hidden", "96", "--heads", "4", "--chips", "2", "--groups", "2"]
 
 
 class Hang(Exception):
@@ -170,6 +179,29 @@ def classify(path: Path, lock: Path, original: Any | None) -> tuple[str, str | N
     return "crashed", f"exit {code} with stderr {err.strip()[:100]!r}"
 
 
+def fuzz_systems(tally: Tally, rng: np.random.Generator, count: int, work: Path) -> None:
+    """``count`` random mutations of a system package's records (groups, hand-offs and
+    their arrays, steps, chips), each through ``ipu-stack run``."""
+    if not count:
+        return
+    out, lock = work / "source-system", work / "device.lock"
+    code, _, err = cli(["--quiet", "compile", *SYSTEM_SOURCE, "--finalists", "1", "-o", str(out),
+                        "--cache-dir", str(work / "cache")])
+    if code != 0:
+        raise SystemExit(f"cannot build the system source package: {err}")
+    package = read_package(out / "model.ipuexe")
+    victim = work / "system-victim.ipuexe"
+    for _ in range(count):
+        case, edit = mutate_system(package, rng)
+        try:
+            craft(package, edit, victim)
+        except Exception:  # noqa: BLE001 - the writer refused it: not a package
+            tally.add("mutated-system", "unwritable")
+            continue
+        outcome, crash = classify(victim, lock, None)
+        tally.add("mutated-system", outcome, crash, case)
+
+
 def fuzz_packages(tally: Tally, rng: np.random.Generator, count: int, work: Path) -> None:
     lock = work / "device.lock"
     victim = work / "victim" / "model.ipuexe"
@@ -232,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", type=int, default=40, help="random graphs, sizes multiple of 4")
     parser.add_argument("--odd-graphs", type=int, default=20, help="random graphs, any sizes")
     parser.add_argument("--packages", type=int, default=200, help="random package mutations")
+    parser.add_argument("--systems", type=int, default=40,
+                        help="random mutations of a two-chip system package's records")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -245,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         fuzz_graphs(tally, rng, args.graphs, False, work)
         fuzz_graphs(tally, rng, args.odd_graphs, True, work)
         fuzz_packages(tally, rng, args.packages, work)
+        fuzz_systems(tally, rng, args.systems, work)
     seconds = time.perf_counter() - start
     counts = {k: dict(sorted(v.items())) for k, v in tally.counts.items()}
     if args.json:

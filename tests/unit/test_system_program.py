@@ -190,3 +190,28 @@ def test_the_cli_refuses_a_mutated_system_package_in_one_line(system_package, tm
     for command in (["run", str(bad)], ["inspect", str(bad)]):
         line = one_error_line(*cli(command)[::2])
         assert "system package is invalid: group 1's tiles overlap" in line, command
+
+
+def test_groups_that_disagree_with_their_tower_are_refused_before_running(system_package,
+                                                                          tmp_path):
+    """A group sharing an earlier group's program maps its names to the tower's: without
+    one of them the group would load another layer's weight, and that layer's goes unloaded;
+    a GEMM mode routed to an operation that is no matmul would round the wrong product."""
+    shared = [g for g in system_package.manifest["pipeline"]["groups"] if g["names"]]
+    if not shared:
+        pytest.skip("no group shares a program here")
+    edits = []
+    weight = next(k for k in shared[0]["names"] if k.endswith(".w") or k.endswith(".b"))
+    edits.append((lambda m: m["pipeline"]["groups"][shared[0]["index"]]["names"].pop(weight),
+                  "loads the tower's weight"))
+    edits.append((lambda m: m["pipeline"]["groups"][0]["source_ops"].reverse(),
+                  "names no matmul of the tower"))
+    for number, (edit, message) in enumerate(edits):
+        manifest = copy.deepcopy(system_package.manifest)
+        edit(manifest)
+        bad = tmp_path / f"bad{number}.ipuexe"
+        write_package(bad, target=system_package.target,
+                      compiler_version=system_package.compiler_version, manifest=manifest,
+                      arrays=dict(system_package.arrays))
+        line = one_error_line(*cli(["run", str(bad), "--engine", "inprocess"])[::2])
+        assert message in line, line

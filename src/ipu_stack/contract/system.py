@@ -35,6 +35,8 @@ MAX_GROUPS = 1024
 MAX_NAMES = 1 << 20
 MAX_NAME_LENGTH = 4096
 MAX_BYTES = 1 << 40
+MAX_VALUE = 1 << 32
+"""No word count, byte count, cycle or chunk start of one hand-off reaches this."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,7 +240,7 @@ class _Reader:
             raise self.fail(where, f"the package lacks the array {name}")
         if array.dtype.kind not in "iu" or array.ndim != 1:
             raise self.fail(where, f"array {name} is not a 1-D integer array")
-        top = MAX_BYTES if tiles is None else tiles - 1
+        top = MAX_VALUE if tiles is None else tiles - 1
         if array.size and (int(array.min()) < 0 or int(array.max()) > top):
             raise self.fail(where, f"array {name} holds values outside [0, {top}]")
         return array
@@ -306,8 +308,7 @@ class _Reader:
                                 kind, chosen, starts, words)
         return Handoff(sender, receiver, self.name(h.get("tensor"), f"{where}.tensor"),
                        self.int(h.get("bytes"), f"{where}.bytes", 1), route, transfers,
-                       schedule, self.int(h.get("estimated_cycles", 0),
-                                          f"{where}.estimated_cycles"))
+                       schedule, self.int(h.get("estimated_cycles"), f"{where}.estimated_cycles"))
 
 
 def system_from_manifest(manifest: Any, arrays: dict[str, np.ndarray],
@@ -317,9 +318,11 @@ def system_from_manifest(manifest: Any, arrays: dict[str, np.ndarray],
     read = _Reader(arrays)
     record = read.object(read.object(manifest, "manifest").get("pipeline"), "pipeline")
     chip_tiles = read.int(record.get("chip_tiles"), "pipeline.chip_tiles", 1, 1 << 20)
-    system = manifest.get("system", {"chips": 1})
-    chips = read.int(read.object(system, "system").get("chips"), "system.chips", 1,
-                     int(LINK_FACTS["max_cards"].value))
+    system = read.object(manifest.get("system", {"chips": 1}), "system")
+    chips = read.int(system.get("chips"), "system.chips", 1, int(LINK_FACTS["max_cards"].value))
+    if "system" in manifest and system != get_system(target, chips).to_json():
+        raise read.fail("system", "differs from this build's link model for "
+                        f"{chips} cards of {target}: compile the package again")
     groups = tuple(read.group(g, f"pipeline.groups[{k}]", chip_tiles) for k, g in enumerate(
         read.list(record.get("groups"), "pipeline.groups", MAX_GROUPS)))
     chip_of = {g.index: g.chip for g in groups}
@@ -351,6 +354,7 @@ def _verify_groups(system: SystemProgram) -> None:
     if not groups or len(groups) % system.chips:
         raise _fail(f"{len(groups)} groups cannot share {system.chips} chips evenly")
     used: set[int] = set()
+    operations: set[int] = set()
     taken: dict[int, list[tuple[int, int]]] = {}
     end = 0.0
     for k, g in enumerate(groups):
@@ -373,6 +377,9 @@ def _verify_groups(system: SystemProgram) -> None:
             raise _fail(f"{where} holds layers from {g.first_layer:g} (+{g.layers:g}), "
                         f"not from {end:g}")
         end = g.first_layer + g.layers
+        if len(set(g.source_ops)) != len(g.source_ops) or operations & set(g.source_ops):
+            raise _fail(f"{where} names a tower operation twice or another group's")
+        operations |= set(g.source_ops)
         if (g.input is None) != (k == 0):
             raise _fail(f"{where} {'has no' if g.input is None else 'has an'} input hand-off")
     if len(used) != system.programs:

@@ -118,8 +118,15 @@ def check_handoffs(groups: list[LoadedGroup], handoffs: tuple[Handoff, ...]) -> 
 
 
 def check_tower(groups: list[LoadedGroup], graph: Graph) -> None:
-    """Every tensor a group program names is the tower's value of that name and type."""
+    """Every tensor a group program names is the tower's value of that name and type, named
+    by no other group (but the hand-off, by its two; weights may be shared); every tower
+    weight is loaded by some group; and each GEMM mode a program records names,
+    through its group's ``source_ops``, a matmul of the tower (the host reference rounds that
+    matmul by it)."""
     values = {v.name: v for v in graph.values}
+    matmuls = {op.id for op in graph.operations if op.kind in ("matmul", "head_matmul")}
+    holder: dict[str, int] = {}
+    named: dict[str, int] = {}  # each tower tensor: the group that names it first
     for group in groups:
         for name, info in group.package.manifest["tensors"].items():
             value = values.get(group.tower(name))
@@ -127,6 +134,27 @@ def check_tower(groups: list[LoadedGroup], graph: Graph) -> None:
                     info.get("precision") != value.type.precision.to_json():
                 raise PackageError(f"pipeline group {group.index} does not match its tower: "
                                    f"tensor {group.tower(name)}")
+        for name, info in group.package.manifest["tensors"].items():
+            if info.get("role") == "weight":  # a weight may serve several groups (RoPE tables)
+                continue
+            tower = group.tower(name)
+            earlier = named.setdefault(tower, group.index)
+            if earlier != group.index and tower != group.spec.input:
+                raise PackageError(f"pipeline groups {earlier} and {group.index} both name "
+                                   f"the tower's tensor {tower}")
+        for name in group.weights:
+            holder[group.tower(name)] = group.index
+        source = group.spec.source_ops
+        if source and max(source) >= len(graph.operations):
+            raise PackageError(f"pipeline group {group.index} names operation {max(source)}, "
+                               f"the tower has {len(graph.operations)}")
+        for op in group.package.manifest.get("gemm_modes", {}):
+            if source and (int(op) >= len(source) or source[int(op)] not in matmuls):
+                raise PackageError(f"pipeline group {group.index}: its GEMM mode of operation "
+                                   f"{op} names no matmul of the tower")
+    if len(groups) > 1 and len(holder) != len(graph.by_role("weight")):
+        missing = sorted({v.name for v in graph.by_role("weight")} - set(holder))
+        raise PackageError(f"no pipeline group loads the tower's weight {missing[0]}")
 
 
 def handoff_phase_cycles(handoff: Handoff) -> int:
@@ -140,17 +168,17 @@ def handoff_phase_cycles(handoff: Handoff) -> int:
     return int(cycles) + timing.p("sync")
 
 
-def verify_links(system: SystemProgram, programs: dict[int, Package],
-                 clock_hz: float) -> list[tuple[int, int]]:
-    """Every hand-off over a link, derived again from the two chips' programs, is the
-    package's (the same transfers in the same order, the same bytes): the chips agree on what
-    crosses.  Returns each link's ``(cycles, bytes)`` as the device prices it."""
+def verify_handoffs(system: SystemProgram, programs: dict[int, Package],
+                    clock_hz: float) -> list[tuple[int, int]]:
+    """Every hand-off, derived again from the two programs it joins, is the package's (the
+    same transfers in the same order, the same bytes): the groups, and over a link the
+    chips, agree on what crosses.  Returns each link's ``(cycles, bytes)`` as the device
+    prices it."""
     priced = []
     for h in system.handoffs:
-        if not h.link:
-            continue
         sender, receiver = system.groups[h.sender], system.groups[h.receiver]
-        where = f"hand-off of {h.tensor} from chip {h.chips[0]} to chip {h.chips[1]}"
+        where = (f"hand-off of {h.tensor} from chip {h.chips[0]} to chip {h.chips[1]}" if h.link
+                 else f"hand-off of {h.tensor} from group {h.sender} to group {h.receiver}")
         send_program, receive_program = programs[sender.program], programs[receiver.program]
         derived, nbytes = handoff_transfers(
             from_manifest(send_program.manifest, send_program.arrays),
@@ -162,10 +190,11 @@ def verify_links(system: SystemProgram, programs: dict[int, Package],
             raise PackageError(f"{where}: the programs move {nbytes} bytes, the package "
                                f"says {h.nbytes}")
         if not same_transfers(derived, h.transfers):
-            raise PackageError(f"{where}: the chips' programs disagree with the package on "
-                               "its blocks or their order")
-        t = h.transfers
-        priced.append(link_cycles(t.src, t.dst_offsets, t.dst, t.words, clock_hz))
+            raise PackageError(f"{where}: the {'chips' if h.link else 'groups'}' programs "
+                               "disagree with the package on its blocks or their order")
+        if h.link:
+            t = h.transfers
+            priced.append(link_cycles(t.src, t.dst_offsets, t.dst, t.words, clock_hz))
     return priced
 
 
@@ -222,4 +251,4 @@ def chip_weight_names(package: Package, system: SystemProgram, chip: int) -> lis
 
 __all__ = ["LoadedGroup", "check_handoffs", "check_tower", "chip_weight_names",
            "group_programs", "handoff_phase_cycles", "load_groups", "read_system", "renamed",
-           "run_through", "tower_gemm_modes", "verify_links"]
+           "run_through", "tower_gemm_modes", "verify_handoffs"]

@@ -59,7 +59,7 @@ from ipu_stack.runtime.groups import (
     load_groups,
     read_system,
     tower_gemm_modes,
-    verify_links,
+    verify_handoffs,
 )
 from ipu_stack.runtime.host_side import start_host_side
 from ipu_stack.runtime.session import hold_weights
@@ -253,7 +253,7 @@ def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: i
     the run's record to fill and the tower's GEMM modes."""
     target = get_target(package.target)
     described = load_groups(package, system, devices=False)  # programs read, no tile memories
-    links = verify_links(system, {g.spec.program: g.package for g in described},
+    links = verify_handoffs(system, {g.spec.program: g.package for g in described},
                          target.clock_hz)
     check_tower(described, graph)
     on_chip = [max((handoff_phase_cycles(h) for h in system.handoffs

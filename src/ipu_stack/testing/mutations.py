@@ -423,3 +423,51 @@ def mutate_content(source: Any, rng: np.random.Generator) -> tuple[str, Edit]:
 def _hostile_json(rng: np.random.Generator) -> Any:
     choices: list[Any] = [None, -1, 0, 1, 5000, 2**40, 1.5, "x", [], {}, [1, 2], True]
     return choices[int(rng.integers(0, len(choices)))]
+
+
+def _leaves(node: Any, path: tuple = ()) -> list[tuple]:
+    """The paths of every leaf (and every non-empty container) below ``node``."""
+    found = [path] if path else []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            found += _leaves(child, path + (key,))
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            found += _leaves(child, path + (index,))
+    return found
+
+
+def mutate_system(source: Any, rng: np.random.Generator) -> tuple[str, Edit]:
+    """One random mutation of a system package's own records: a field of its ``pipeline``
+    or ``system`` record (a group, a hand-off, the steps) set to a hostile value or deleted,
+    or an element of a hand-off's arrays."""
+    handoff_arrays = sorted(k for k in source.arrays if k.startswith("handoff."))
+    if rng.random() < 0.3 and handoff_arrays:
+        name = str(rng.choice(handoff_arrays))
+        size = source.arrays[name].size
+        index = int(rng.integers(0, size)) if size else 0
+        value = int(rng.choice(HOSTILE_INTS))
+
+        def edit_array(m: dict, a: dict) -> None:
+            if a[name].size:
+                info = np.iinfo(a[name].dtype)
+                a[name].reshape(-1)[index] = int(np.clip(value, info.min, info.max))
+
+        return f"array {name}[{index}] = {value}", edit_array
+    records = {k: source.manifest[k] for k in ("pipeline", "system") if k in source.manifest}
+    paths = _leaves(records)
+    path = paths[int(rng.integers(0, len(paths)))]
+    delete = rng.random() < 0.2 and isinstance(path[-1], str)
+    value = int(rng.choice(HOSTILE_INTS)) if rng.random() < 0.5 else _hostile_json(rng)
+
+    def edit_record(m: dict, a: dict) -> None:
+        node = m
+        for key in path[:-1]:
+            node = node[key]
+        if delete:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+
+    where = ".".join(str(k) for k in path)
+    return (f"delete {where}" if delete else f"{where} = {value!r}"), edit_record
