@@ -86,6 +86,24 @@ def test_running_the_package_again_gives_the_same_cycles(linked):
         assert again[key] == linked.record[key], key
 
 
+def test_every_option_runs_over_chips_in_this_process(linked, tmp_path):
+    """The in-process engine runs both chips one after another with poison checks, a named
+    device and every image's outputs saved: the same figures as the forked workers, and the
+    saved outputs are the run's."""
+    saved = tmp_path / "tensors"
+    code, out, err = cli(["run", str(linked.folder / "pkg" / "model.ipuexe"), "--json",
+                          "--engine", "inprocess", "--poison", "--device", "multichip-test",
+                          "--save-tensors", str(saved)])
+    assert code == 0, err[-3000:]
+    again = json.loads(out.strip().splitlines()[-1])
+    assert again["engine"] == "inprocess" and again["imagesPassed"] == 2
+    for key in ("cycles", "chipStepCycles", "linkCycles", "linkBytes", "noiseRatio"):
+        assert again[key] == linked.record[key], key
+    with np.load(saved / "outputs.npz") as outputs:
+        assert sorted(outputs.files) == ["image0/post_ln.out", "image1/post_ln.out"]
+        assert not np.array_equal(outputs["image0/post_ln.out"], outputs["image1/post_ln.out"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="Ray is not installed (pip install 'ipu-stack[ray]')")
 def test_ray_actors_give_the_same_figures(linked):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.helpers import bench, cli, one_error_line
@@ -53,6 +54,19 @@ def test_inspect_and_run_a_pipeline_package(piped):
     assert code == 0, err
     again = json.loads(out.strip().splitlines()[-1])
     assert again["cycles"] == piped.record["cycles"] and again["images"] == 2
+
+
+def test_a_pipeline_runs_with_poison_checks_and_saves_every_images_outputs(piped, tmp_path):
+    package = str(piped.folder / "pkg" / "model.ipuexe")
+    saved = tmp_path / "tensors"
+    code, out, err = cli(["run", package, "--json", "--poison", "--save-tensors", str(saved)])
+    assert code == 0, err[-3000:]
+    again = json.loads(out.strip().splitlines()[-1])
+    assert again["cycles"] == piped.record["cycles"] and again["imagesPassed"] == 2
+    with np.load(saved / "outputs.npz") as outputs, \
+            np.load(saved / "inputs_weights.npz") as given:
+        assert sorted(outputs.files) == ["image0/post_ln.out", "image1/post_ln.out"]
+        assert "patches" in given.files and "__precisions__" in given.files
 
 
 def test_a_group_program_is_inspected_on_its_tiles_and_not_run_alone(piped):
