@@ -47,7 +47,7 @@ if profiler:
 record = json.loads(buffer.getvalue().strip().splitlines()[-1])
 record["exitCode"] = code
 record["peakRssMiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-# the host side's forked process (runtime/host_process.py): its own peak, to add to ours
+# the host side's forked process (verdict/host_process.py): its own peak, to add to ours
 record["hostPeakRssMiB"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
 print(json.dumps(record))
 """

@@ -54,7 +54,6 @@ from ipu_stack.package import read_package
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.execute import run_package
 from ipu_stack.runtime.session import load_package
-from ipu_stack.runtime.tolerance import compare
 from ipu_stack.testing.graphs import build_random, random_spec, random_workload
 from ipu_stack.testing.mutations import (
     KNOWN_BUGS,
@@ -68,6 +67,7 @@ from ipu_stack.testing.mutations import (
 from ipu_stack.testing.runner import cli
 from ipu_stack.util import log
 from ipu_stack.util.errors import CompileError
+from ipu_stack.verdict.tolerance import compare
 
 CASE_SECONDS = 60
 SOURCES = {

@@ -98,7 +98,7 @@ def cache_entries(cache: Path, kind: str) -> list[Path]:
 def stages_left_at_finish(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """A list that gets, each time a verdict finishes in this process, how many stages it
     still had to judge then (a host side that ran on a thread here)."""
-    from ipu_stack.runtime.verdict import StageJudge
+    from ipu_stack.verdict.judge import StageJudge
 
     left: list[int] = []
     finish = StageJudge.finish

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ipu_stack.cli import main
-from ipu_stack.runtime.tolerance import compare
+from ipu_stack.verdict.tolerance import compare
 from tests.e2e.float64_forward import mlp_forward
 from tests.helpers import bench
 

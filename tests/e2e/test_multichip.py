@@ -232,7 +232,7 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     """Within a chip each group's hand-off, and between chips the chip's output, go to the
     host side as soon as they are made: every stage is judged while the workers run, none
     is left for the verdict's end."""
-    import ipu_stack.runtime.host_side as host_side
+    import ipu_stack.verdict.host_side as host_side
     from ipu_stack.pipeline import CompileOptions
     from ipu_stack.runtime.session import load_package
     from ipu_stack.runtime.stream import run_stream, stream_images

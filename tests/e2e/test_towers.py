@@ -18,8 +18,8 @@ import pytest
 
 from ipu_stack.cli import main
 from ipu_stack.package import read_package, write_package
-from ipu_stack.runtime.tolerance import compare
 from ipu_stack.target import get_target
+from ipu_stack.verdict.tolerance import compare
 from tests.e2e.transformer_forward import tower_forward
 from tests.helpers import bench
 
@@ -221,7 +221,7 @@ def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_d
     from ipu_stack.pipeline import CompileOptions, compile_workload
     from ipu_stack.runtime.execute import rebuild_workload, run_package
     from ipu_stack.runtime.session import load_package
-    from ipu_stack.runtime.verdict import judge
+    from ipu_stack.verdict.judge import judge
 
     workload, params = parse_workload("pe-vision", [*SMALL, "--layers", "3"])
     result = compile_workload(workload, params, tmp_path / "pkg",

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.execute import run_package
 from ipu_stack.runtime.session import load_package
-from ipu_stack.runtime.tolerance import compare
 from ipu_stack.testing.graphs import POST_OPS, build_random, random_workload
 from ipu_stack.util.errors import CompileError
+from ipu_stack.verdict.tolerance import compare
 
 SETTINGS = settings(
     max_examples=12,

@@ -11,10 +11,10 @@ import pytest
 
 from ipu_stack.device.simulator import SimulatedIpu
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.runtime import host_process, host_side
 from ipu_stack.runtime.execute import run_package
 from ipu_stack.runtime.session import load_package
 from ipu_stack.util.errors import CompileError, DeviceFault
+from ipu_stack.verdict import host_process, host_side
 from ipu_stack.workloads import get_workload
 
 pytestmark = pytest.mark.skipif(not host_process.fork_available(), reason="no fork here")

@@ -25,7 +25,7 @@ from ipu_stack.ir.values import (
     compact_weights,
     stored_round_trip,
 )
-from ipu_stack.runtime.verdict import StageJudge, judge
+from ipu_stack.verdict.judge import StageJudge, judge
 
 TOKENS, CHANNELS, HEADS = 8, 16, 2
 

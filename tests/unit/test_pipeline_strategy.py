@@ -528,7 +528,7 @@ def test_each_hand_off_reaches_the_host_side_as_its_group_finishes(pipelined, mo
     That value goes to the host side as soon as that group has run, so every stage is
     judged while the device works: none waits for the verdict's end (where the 27-layer
     tower's host side once judged two thirds of its stages one after another, alone)."""
-    import ipu_stack.runtime.host_side as host_side_module
+    import ipu_stack.verdict.host_side as host_side_module
 
     workload, params, result = pipelined
     monkeypatch.setattr(host_side_module, "fork_available", lambda: False)  # host side here

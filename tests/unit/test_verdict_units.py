@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ipu_stack.ir.precision import F16, F32, f143, f152
-from ipu_stack.runtime.verdict import scaled_ulps, ulp_distance
+from ipu_stack.verdict.judge import scaled_ulps, ulp_distance
 
 
 def test_ulp_distance_counts_representable_steps_across_zero() -> None:
@@ -61,7 +61,7 @@ def _one_stage(rows: int = 16, cols: int = 16):
 
 
 def _judge(graph, tensors, reference, out):
-    from ipu_stack.runtime.verdict import judge
+    from ipu_stack.verdict.judge import judge
 
     return judge(graph, tensors, {"out": out}, reference)
 
@@ -99,7 +99,7 @@ def test_fidelity_fails_a_device_noisier_than_the_precision_path() -> None:
     from ipu_stack.ir.graph import GraphBuilder
     from ipu_stack.ir.interpret import evaluate, evaluate_float64
     from ipu_stack.ir.types import TensorType
-    from ipu_stack.runtime.verdict import judge
+    from ipu_stack.verdict.judge import judge
 
     b = GraphBuilder("fp8-out")
     x = b.input("x", TensorType((16, 16), F16))

@@ -28,8 +28,8 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, weight_storer
 from ipu_stack.package import Package
 from ipu_stack.runtime.groups import chip_weight_names, load_groups, read_system, run_through
-from ipu_stack.runtime.host_process import decode_array, encode_array
 from ipu_stack.util import errors
+from ipu_stack.verdict.host_process import decode_array, encode_array
 
 Wire = list[tuple[str, bytes]]
 """Arrays as ``(JSON header, raw bytes)`` pairs: what crosses between a worker and the

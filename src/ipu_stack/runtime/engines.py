@@ -42,8 +42,8 @@ from ipu_stack.runtime.chip_worker import (
     send,
     serve,
 )
-from ipu_stack.runtime.host_process import fork_available
 from ipu_stack.util.errors import DeviceError, UsageError
+from ipu_stack.verdict.host_process import fork_available
 
 ENGINES = ("inprocess", "local", "ray")
 Message = tuple[int, dict[str, Any], list[tuple[str, Any]]]

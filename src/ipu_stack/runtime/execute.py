@@ -31,11 +31,11 @@ from ipu_stack.runtime.record import benchmark_fields, stream_fields
 from ipu_stack.runtime.session import RunResult, group_program_tiles, load_package
 from ipu_stack.runtime.stream import StreamOptions, StreamRun, images_to_fill, run_stream
 from ipu_stack.runtime.stream import stream_images as make_images
-from ipu_stack.runtime.tolerance import compare
 from ipu_stack.target import get_target
 from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import PackageError, UsageError
 from ipu_stack.util.files import write_atomic
+from ipu_stack.verdict.tolerance import compare
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.calibration import cache_folder
 

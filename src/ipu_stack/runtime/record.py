@@ -20,9 +20,9 @@ from ipu_stack.ir.graph import Graph, gemm_macs
 from ipu_stack.package import Package
 from ipu_stack.runtime.session import RunResult
 from ipu_stack.runtime.stream import StreamRun
-from ipu_stack.runtime.verdict import Verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import DeviceError
+from ipu_stack.verdict.judge import Verdict
 
 
 def verdict_fields(verdict: Verdict) -> dict[str, Any]:

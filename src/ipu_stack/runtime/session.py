@@ -20,12 +20,12 @@ from ipu_stack.device.simulator import CallReport
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, compact_weights, weight_storer
 from ipu_stack.package import Package, read_package
-from ipu_stack.runtime.tolerance import Comparison
-from ipu_stack.runtime.verdict import Verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.heap import keep_freed_memory, release_freed_memory
 from ipu_stack.util.log import event
+from ipu_stack.verdict.judge import Verdict
+from ipu_stack.verdict.tolerance import Comparison
 
 LOG = logging.getLogger("ipu_stack.runtime")
 
@@ -48,7 +48,7 @@ class RunResult:
     def passed(self) -> bool:
         """PASS only when every stage agrees with the host's rerun of it on the device's own
         inputs and the outputs are as close to the float64 model as the precision allows
-        (``runtime/verdict.py``)."""
+        (``verdict/judge.py``)."""
         return self.verdict.passed
 
 

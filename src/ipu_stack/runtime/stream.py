@@ -61,12 +61,12 @@ from ipu_stack.runtime.groups import (
     tower_gemm_modes,
     verify_handoffs,
 )
-from ipu_stack.runtime.host_side import start_host_side
 from ipu_stack.runtime.session import hold_weights
-from ipu_stack.runtime.verdict import Verdict, log_verdict
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.log import event
+from ipu_stack.verdict.host_side import start_host_side
+from ipu_stack.verdict.judge import Verdict, log_verdict
 
 LOG = logging.getLogger("ipu_stack.runtime")
 HOSTS_IN_FLIGHT = 2

@@ -1,7 +1,7 @@
 """The host's side of a run: the reference at device precision, the float64 model, and the
 verdict on each stage as the device hands its values over.
 
-It runs in a forked process (``runtime.host_process``: no turns on the interpreter lock with
+It runs in a forked process (``verdict.host_process``: no turns on the interpreter lock with
 the device), or on a thread for an imported program (torch's outputs are its fidelity
 target, and torch is not forked) or where fork does not exist.  Every strategy and chip count
 judges its images through :func:`start_host_side`.
@@ -21,10 +21,10 @@ import numpy as np
 
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import CompactValues
-from ipu_stack.runtime.host_process import HostProcess, fork_available
-from ipu_stack.runtime.reference import evaluate_float64_steps, evaluate_steps
-from ipu_stack.runtime.verdict import StageJudge, Verdict
 from ipu_stack.util.log import event
+from ipu_stack.verdict.host_process import HostProcess, fork_available
+from ipu_stack.verdict.judge import StageJudge, Verdict
+from ipu_stack.verdict.reference import evaluate_float64_steps, evaluate_steps
 
 LOG = logging.getLogger("ipu_stack.runtime")
 

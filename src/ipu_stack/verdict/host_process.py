@@ -34,8 +34,8 @@ import numpy as np
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.values import StoredTensor
-from ipu_stack.runtime.verdict import Fidelity, StageAgreement, Verdict
 from ipu_stack.util import errors
+from ipu_stack.verdict.judge import Fidelity, StageAgreement, Verdict
 
 Items = list[tuple[str, Any]]
 
