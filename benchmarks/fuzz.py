@@ -192,14 +192,20 @@ def fuzz_systems(tally: Tally, rng: np.random.Generator, count: int, work: Path)
     package = read_package(out / "model.ipuexe")
     victim = work / "system-victim.ipuexe"
     for _ in range(count):
-        case, edit = mutate_system(package, rng)
-        try:
-            craft(package, edit, victim)
-        except Exception:  # noqa: BLE001 - the writer refused it: not a package
-            tally.add("mutated-system", "unwritable")
-            continue
-        outcome, crash = classify(victim, lock, None)
-        tally.add("mutated-system", outcome, crash, case)
+        try_edit(tally, "mutated-system", package, *mutate_system(package, rng), victim, lock)
+
+
+def try_edit(tally: Tally, category: str, package: Any, case: str, edit: Any, victim: Path,
+             lock: Path) -> None:
+    """``edit`` applied to ``package``, written to ``victim`` and run; its outcome tallied
+    under ``category`` (``unwritable`` when the writer refuses it: not a package)."""
+    try:
+        craft(package, edit, victim)
+    except Exception:  # noqa: BLE001 - the writer refused it
+        tally.add(category, "unwritable")
+        return
+    outcome, crash = classify(victim, lock, None)
+    tally.add(category, outcome, crash, case)
 
 
 def fuzz_packages(tally: Tally, rng: np.random.Generator, count: int, work: Path) -> None:
@@ -246,14 +252,8 @@ def fuzz_packages(tally: Tally, rng: np.random.Generator, count: int, work: Path
             outcome, crash = classify(victim, lock, package)
             tally.add("mutated-bytes", outcome, crash, case)
         else:
-            case, edit = mutate_content(package, rng)
-            try:
-                craft(package, edit, victim)
-            except Exception:  # noqa: BLE001 - the writer refused it: not a package
-                tally.add("mutated-content", "unwritable")
-                continue
-            outcome, crash = classify(victim, lock, None)
-            tally.add("mutated-content", outcome, crash, case)
+            try_edit(tally, "mutated-content", package, *mutate_content(package, rng), victim,
+                     lock)
 
 
 # ----------------------------------------------------------------------------- main

@@ -267,6 +267,9 @@ class SimulatedIpu:
                     "values": StoredTensor(precision, np.full((rows, cols), nan_code[0, 0],
                                                               nan_code.dtype)),
                 }
+            if report.checkpoints[int(checkpoint)]["tensor"] != name:
+                raise PackageError(f"checkpoint {int(checkpoint)} is read from both "
+                                   f"{report.checkpoints[int(checkpoint)]['tensor']} and {name}")
             target = report.checkpoints[int(checkpoint)]["values"].stored
         r0, c0 = step.origin
         if r0 < 0 or c0 < 0 or r0 + piece.shape[0] > rows or c0 + piece.shape[1] > cols:

@@ -239,7 +239,17 @@ CONTENT_ATTACKS: list[tuple[str, Edit, dict[str, str]]] = [
 # Hand-crafted packages that ``ipu-stack run`` must refuse like the others, each a regression
 # case: name, edit, and the failure a load without the check that refuses it runs into.
 # tests/reliability/test_package_attacks.py keeps each as a regression test.
+def _shared_checkpoint(manifest: dict) -> None:
+    """A host read of another tensor (an output's) takes the first probe's checkpoint."""
+    reads = _steps(manifest, "host_read")
+    probe = next(s for s in reads if s.get("checkpoint") is not None)
+    other = next(s for s in reads if s["tensor"] != probe["tensor"])
+    other["checkpoint"] = probe["checkpoint"]
+
+
 KNOWN_BUGS: list[tuple[str, Edit, str]] = [
+    ("a checkpoint read from two tensors of different shapes", _manifest(_shared_checkpoint),
+     "SimulatedIpu._collect: ValueError could not broadcast (fuzz seed 202)"),
     ("manifest workload is a string", _manifest(lambda m: m.update(workload="siglip-mlp")),
      "cli.cmd_run: AttributeError 'str' object has no attribute 'get'"),
     ("workload parameter of the wrong type",
