@@ -22,7 +22,7 @@ from ipu_stack.target.machine import Fact
 from ipu_stack.util.files import write_bytes_atomic
 from ipu_stack.workloads import get_workload
 
-# Measured per CALIBRATION.md, but its source text was not found in the code index; its
+# Measured in the reference notes, whose source text is not in the public code; its
 # sensitivity is shown too.
 UNVERIFIED = ("exchange_phase",)
 # Vendor estimates (never measured on an ipu21) that price the builtins' residual adds and

@@ -1,7 +1,7 @@
 """Recount a package's cycles from the package itself, with arithmetic written out here.
 
 Nothing from ``ipu_stack.target.timing`` or the kernels' cost functions is used: the prices
-are CALIBRATION.md's measured formulas, typed in again, and the exchange phases are re-timed
+are the measured formulas of docs/machine.md, typed in again, and the exchange phases are re-timed
 from the package's chunks with a loop of our own.  The simulator's ``cycles`` must equal the
 recount exactly, so a change to any price, to the sync, to the phase cost, to how the
 simulator picks the busiest tile or to the alignment of sends shows up here.

@@ -19,7 +19,7 @@ from tests.helpers import bench, cli, one_error_line, stages_left_at_finish
 TOWER = ["--layers", "4", "--image", "28", "--patch", "7", "--dim", "64", "--hidden", "96",
          "--heads", "4"]
 CLOCK = 1.5e9
-LINK_BYTES_PER_SECOND = 31.25e9  # MACHINE.md: 2 links of a 1 Tbps-bidirectional 4, each way
+LINK_BYTES_PER_SECOND = 31.25e9  # docs/multichip.md: 2 links of a 1 Tbps-bidirectional 4, each way
 HOP_AND_SYNC = 1500 + 3000  # the assumed hop and cross-card sync (docs/multichip.md)
 
 

@@ -1,6 +1,6 @@
 """The AMP GEMM price against hardware measurements and against the vendor's estimator.
 
-Three kinds of evidence, best first (``/work/shared/CALIBRATION.md``):
+Three kinds of evidence, best first (docs/calibration-table.md):
 
 * ``MEASURED``: the 11 AMP GEMM kernels the reference implementation timed on an ipu21.  Both
   of our entry points (the planner's ``estimate_gemm`` and the simulator's ``price_work``) must

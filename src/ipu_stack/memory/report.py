@@ -1,6 +1,6 @@
 """Memory reports: the planner memory profile (JSON) and the exact tile placement page (HTML).
 
-The reference build ends with two reports (SEEDS.md, phase 12): a JSON profile with the
+The reference build ends with two reports (its build log's phase 12): a JSON profile with the
 chip-wide peak (``peak_step``, ``effective_peak_bytes``) and an HTML page of the exact tile
 placement.  Both are derived from the placed program alone, so they explain a placement
 failure or a tight tile without re-running the compiler.
