@@ -467,8 +467,8 @@ def test_copy_moves_rows_between_pitches_and_nothing_else() -> None:
 
 
 def test_a_bias_and_gelu_run_as_the_cheaper_vertex_sequence_for_the_block() -> None:
-    """The fused bias + GELU vertex pays a row's setup per row (the measured vertex, docs/machine.md: rows x (228
-    + 90 ceil(w / 24)) + 222); a bias pass (330 + 24 ceil(n / 48), assumed) and the GELU
+    """The fused bias + GELU vertex pays a row's setup per row (docs/machine.md: rows x
+    (228 + 90 ceil(w / 24)) + 222); a bias pass (330 + 24 ceil(n / 48), assumed) and the GELU
     vertex (330 + 462 ceil(n / 96)) cost less on a narrow block.  The choice changes the
     price, never the values."""
     from ipu_stack.kernels.elementwise import apply_chain, chain_passes, fuses_bias_gelu
