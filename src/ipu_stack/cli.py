@@ -344,6 +344,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if options.strategy == "layers" and args.images not in (None, 1):
         raise UsageError("--images streams images through a pipeline; the layers strategy "
                          "runs one batch (use --batch, or --strategy pipeline)")
+    if options.groups and args.images is not None and args.images < options.groups:
+        raise UsageError(f"--images {args.images} is fewer than the pipeline's "
+                         f"{options.groups} groups" + (" a chip" if options.chips > 1 else "")
+                         + ": a steady step needs one image in each group")
     # a steady step needs an image in each group: --images N plans at most N groups a chip
     result = compile_strategy(workload, params, out, options, args.images)
     return _run_and_report(args, result.package, result.graph, result.tensors, workload,
