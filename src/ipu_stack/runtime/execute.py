@@ -70,10 +70,6 @@ class Outcome:
     def passed(self) -> bool:
         return self.result.passed
 
-    @property
-    def streamed(self) -> bool:
-        return isinstance(self.result, StreamRun)
-
 
 def check_images(system: SystemProgram, images: int | None) -> int:
     """The images a run streams: ``images``, at least one a group of a chip (the period is an
