@@ -16,6 +16,7 @@ from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate, evaluate_float64
 from ipu_stack.ir.precision import F16, F32, f143
 from ipu_stack.ir.types import TensorType
+from ipu_stack.testing.reference import gelu_tanh_half_loop
 
 RNG = np.random.default_rng(11)
 
@@ -78,13 +79,37 @@ def test_add_and_bias(kind: str) -> None:
 
 @pytest.mark.parametrize("form", ["tanh", "none"])
 def test_gelu(form: str) -> None:
-    got, _, t = _run("gelu", [(3, 8)], approximate=form)
+    """The erf form in float32; the tanh form as the device's F16 loop computes it (every
+    instruction rounded to F16: equal to the independent model of that loop, bit for bit,
+    and within a few F16 steps of the formula), and the formula itself in the float64
+    model."""
+    got, ideal, t = _run("gelu", [(3, 8)], approximate=form)
     x = t["in0"].astype(np.float64)
     if form == "tanh":
         want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        np.testing.assert_array_equal(np.asarray(got["out"], np.float64).reshape(x.shape),
+                                      gelu_tanh_half_loop(x))
+        # F16 rounding of tanh near -1 cancels in 1 + tanh: about |x| 2^-13 for x < 0
+        error = np.abs(got["out"].reshape(x.shape).astype(np.float64) - want)
+        assert (error <= 2.0**-9 * np.abs(want) + 2.0**-11 * np.abs(x) + 2.0**-24).all()
+        _close(ideal["out"], want)
     else:
         want = np.array([[0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in row] for row in x])
-    _close(got["out"], want)
+        _close(got["out"], want)
+
+
+def test_the_f16_gelu_loop_saturates_and_is_odd_free() -> None:
+    """Large inputs: x^3 overflows F16 and saturates, so GELU(x) = x for large positive x
+    and 0 for large negative x, with no inf or nan."""
+    b = GraphBuilder("gelu-edges")
+    x = b.input("x", TensorType((1, 6), F32))
+    b.output(b.op("gelu", [x], F32, "out", approximate="tanh"))
+    values = np.array([[-300.0, -41.0, -1e-3, 0.0, 41.0, 300.0]], np.float32)
+    got = evaluate(b.build(), {"x": values})["out"]
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, gelu_tanh_half_loop(values).astype(np.float32))
+    np.testing.assert_array_equal(got[0, [0, 1, 3]], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(got[0, [4, 5]], [41.0, 300.0])
 
 
 def test_scale_and_cast() -> None:

@@ -65,8 +65,9 @@ def test_cost_plan_rejects_empty_splits_and_rounds_blocks() -> None:
     assert plan.costs["gemm"] == 294 + 4 * 4 + 160 + 90
     f16 = cost_plan(shape, 3, 2, 2, IPU21, "f16")
     assert f16 is not None and f16.depth_block == 32  # two F16 passes of 16
-    # F16 mode on FP8 data: 2 passes, plus casting 4 x 32 + 32 x 16 = 640 elements
-    assert f16.costs["gemm"] == 294 + 2 * (4 * 4 + 160) + 330 + 24 * 14 + 90
+    # F16 mode on FP8 data: 2 passes, plus the vendor's Cast1D of 4 x 32 + 32 x 16 = 640
+    # elements: 107 a worker, 26 vectors of 4 at 1 cycle, remainder 3 (two bits set)
+    assert f16.costs["gemm"] == 294 + 2 * (4 * 4 + 160) + 12 + 6 * (37 + 26 + 2 + 4) + 90
     assert f16.costs["reduce_exchange"] == 1 * 2 * 16 * 4 // 4 + 237  # F32 partials
 
 

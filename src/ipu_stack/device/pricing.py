@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, Work, cdiv, p
+from ipu_stack.target.timing import ACTIVATION_VERTICES, CAST_VECTORS, PRICES, Work, cdiv, p
 
 
 def _steps(per_worker: list[int], vector: int) -> int:
@@ -88,6 +88,28 @@ def _vertex(vertex: str, per_worker: int) -> int:
     return p("launch") + 6 * (p("unary_worker") + p(f"{vertex}_loop") * steps) + p("unary_tail")
 
 
+def _cast1d(kind: str, per_worker: list[int]) -> int:
+    """The vendor's Cast1D as it ran: the busiest worker's vectors at the conversion's
+    rate, a test for each remainder bit and two cycles for each bit set, six worker slots
+    and the call."""
+    width, price = CAST_VECTORS[kind]
+    vectors, remainder = divmod(max(per_worker, default=0), width)
+    tail = (width.bit_length() - 1) + 2 * bin(remainder).count("1")
+    return p("cast1d_call") + 6 * (p("cast1d_worker") + p(price) * vectors + tail)
+
+
+def _gelu_loop(vectors_per_worker: list[int], remainder: int) -> int:
+    """The vendor's tanh GELU as it ran: the busiest worker's pipeline fill, loop and
+    flush over its 4-half vectors, and the last pair or half of the tensor."""
+    busiest = max(vectors_per_worker, default=0)
+    fill = p("gelu_fill")
+    worker = p("nonlinearity_worker") + p("nonlinearity_remainder")
+    if busiest:
+        worker += 3 + 2 * fill + (busiest - 1) * p("gelu_loop")
+    worker += (2 + fill) * ((remainder >> 1) & 1) + (3 + fill) * (remainder & 1)
+    return p("nonlinearity_supervisor") + 6 * worker
+
+
 def price_work(work: Work, weights_interleaved: bool = True) -> int:
     """Cycles of one executed kernel call on one tile."""
     c = work.counts
@@ -108,12 +130,12 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         tail = c.get("tail_cols_per_worker", [])
         last = p("bias_gelu_row") + p("bias_gelu_step") * _steps(tail, 4) if any(tail) else 0
         return c["rows"] * row + last + p("bias_gelu_call")
-    if kind in ("cast_f8", "cast_from_f8", "elementwise"):
-        step = {"cast_f8": "cast_f8_step", "cast_from_f8": "cast_from_f8_step",
-                "elementwise": "elementwise_step"}[kind]
-        return p("cast_call") + p(step) * _steps(c["per_worker"], 8)
-    if kind == "cast_f16":
-        return p("cast_call") + p("cast_f16_step") * _steps(c["per_worker"], 2)
+    if kind == "gelu_tanh":
+        return _gelu_loop(c["vectors_per_worker"], c["remainder"])
+    if kind in CAST_VECTORS:
+        return _cast1d(kind, c["per_worker"])
+    if kind == "elementwise":  # assumed: priced as the reference's measured cast loop
+        return p("cast_call") + p("elementwise_step") * _steps(c["per_worker"], 8)
     if kind == "copy":
         return p("copy_call") + cdiv(c["bytes"], p("copy_bytes_per_cycle"))
     if kind == "layer_norm":  # rows one after another, each over all six workers

@@ -33,7 +33,29 @@ class ValueSink(Protocol):
     def put(self, name: str, values: np.ndarray, precision: Precision) -> None: ...
 
 
+def _half_steps_gelu(x: np.ndarray) -> np.ndarray:
+    """The tanh GELU at the device's precision: the vendor's F16 loop, which rounds every
+    instruction's exact result to F16 (saturating) with the model's constants rounded to
+    F16: ``0.5 (1 + tanh(a x + a b x^3)) x`` evaluated as x*x, x*(x*x), the mix of the two
+    terms, tanh, + 1, * 0.5, * x."""
+    limit = float(np.finfo(np.float16).max)
+
+    def half(v: np.ndarray) -> np.ndarray:
+        return np.clip(v, -limit, limit).astype(np.float16).astype(np.float64)
+
+    a = float(np.float16(np.sqrt(2.0 / np.pi)))
+    ab = float(np.float16(np.sqrt(2.0 / np.pi) * 0.044715))
+    x = half(np.asarray(x, dtype=np.float64))
+    square = half(x * x)
+    cube = half(x * square)
+    inner = half(a * x + ab * cube)
+    scale = half(half(half(np.tanh(inner)) + 1.0) * 0.5)
+    return half(scale * x).astype(np.float32)
+
+
 def _gelu(x: np.ndarray, approximate: str, dtype: type) -> np.ndarray:
+    if approximate == "tanh" and dtype is np.float32:
+        return _half_steps_gelu(x)
     x = x.astype(dtype, copy=False)
     if approximate == "tanh":
         c = dtype(np.sqrt(2.0 / np.pi))

@@ -4,7 +4,9 @@ A *chain* is a list of ``[kind, precision_json]`` steps applied to an F32 tensor
 step the value is rounded to that step's output precision, exactly as the graph stores it.
 Kinds: ``round`` (the matmul's own output rounding), ``bias`` (add the bias row), ``gelu_tanh``,
 ``gelu_erf``, the activations ``sigmoid``, ``tanh``, ``silu``, ``quick_gelu``, and ``cast``.
-GELU and the activations are evaluated in F32 (SciPy's ``expit`` for the logistic function).
+The tanh GELU is the vendor's F16 loop (:func:`gelu_tanh_f16`), since that is the kernel it is
+priced as; the erf GELU and the activations are evaluated in F32 (SciPy's ``expit`` for the
+logistic function).
 """
 
 from __future__ import annotations
@@ -22,11 +24,30 @@ from ipu_stack.target.timing import Work, cdiv, p, split_over_workers
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation, in float32."""
-    x = x.astype(np.float32, copy=False)
-    inner = np.float32(SQRT_2_OVER_PI) * (x + np.float32(0.044715) * x * x * x)
-    return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))).astype(np.float32)
+F16_MAX = 65504.0
+GELU_ALPHA = float(np.float16(SQRT_2_OVER_PI))  # the constants as the loop loads them (F16)
+GELU_ALPHA_BETA = float(np.float16(SQRT_2_OVER_PI * 0.044715))
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    """One F16 instruction's result from its exact value: rounded once to F16 and saturated
+    at its largest finite value (the loop clears the overflow exception so results
+    saturate), kept as float64."""
+    return np.clip(x, -F16_MAX, F16_MAX).astype(np.float16).astype(np.float64)
+
+
+def gelu_tanh_f16(x: np.ndarray) -> np.ndarray:
+    """The tanh GELU as popnn's F16 loop computes it (``NonLinearityLoop_gelu.S``), each
+    instruction's exact result rounded once to F16: ``x2 = x*x``, ``x3 = x*x2``
+    (``f16v4mul``), ``phi = alpha x + alpha beta x3`` (``f16v4mix``), ``t = tanh(phi)``
+    (``f16v2tanh``), ``u = (t + 1) * 0.5`` (``f16v4add``, ``f16v4mul``), ``y = u * x``.  The
+    constants are the model's (``sqrt(2/pi)`` and ``0.044715``), not the vendor's
+    gradient-tuned ones.  Returns float32."""
+    x = _f16(np.asarray(x, dtype=np.float64))
+    cube = _f16(x * _f16(x * x))
+    phi = _f16(GELU_ALPHA * x + GELU_ALPHA_BETA * cube)
+    half = _f16(_f16(_f16(np.tanh(phi)) + 1.0) * 0.5)
+    return _f16(half * x).astype(np.float32)
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
@@ -68,7 +89,7 @@ def apply_chain(
                 raise ValueError("bias step without a bias operand")
             out = out + bias.astype(np.float32)
         elif kind == "gelu_tanh":
-            out = gelu_tanh(out)
+            out = gelu_tanh_f16(out)
         elif kind == "gelu_erf":
             out = gelu_erf(out)
         elif kind in ACTIVATIONS:
@@ -80,6 +101,29 @@ def apply_chain(
 
 
 GELUS = ("gelu_tanh", "gelu_erf")
+
+
+def gelu_loop_cycles(elements: int) -> int:
+    """The vendor's tanh GELU vertex over ``elements`` halves (popnn ``NonLinearity1D``): its
+    4-half vectors dealt to six workers; the busiest worker's setup, the loop's fill, body and
+    flush, and the tail of fewer than 4 halves; six worker slots and the supervisor."""
+    if elements <= 0:
+        return 0
+    vectors, tail = divmod(int(elements), 4)
+    fill = p("gelu_fill")
+    worker = p("nonlinearity_worker") + p("nonlinearity_remainder")
+    if vectors:
+        worker += 2 + fill + (cdiv(vectors, 6) - 1) * p("gelu_loop") + 1 + fill
+    worker += (2 + fill) * (tail // 2) + (3 + fill) * (tail % 2)
+    return p("nonlinearity_supervisor") + 6 * worker
+
+
+def gelu_cycles(kind: str, elements: int) -> int:
+    """A GELU pass: the vendor's loop for the tanh form, the reference's measured vertex for
+    the erf form."""
+    if kind == "gelu_tanh":
+        return gelu_loop_cycles(elements)
+    return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
 
 
 def _bias_gelu_row(width: int) -> int:
@@ -121,12 +165,14 @@ def bias_gelu_merge(rows: int, cols: int, room: int, bias_itemsize: int = 2) -> 
     return best
 
 
-def fuses_bias_gelu(rows: int, cols: int, room: int = 0, bias_itemsize: int = 2) -> bool:
+def fuses_bias_gelu(rows: int, cols: int, room: int = 0, bias_itemsize: int = 2,
+                    gelu: str = "gelu_tanh") -> bool:
     """Whether a bias followed by GELU over a ``rows x cols`` block runs as the fused vertex.
 
     The fused vertex (measured) walks the block row by row and pays a row's setup each time,
-    so on a narrow block (a GEMM tile's 49 x 128 output) a bias pass and the measured GELU
-    vertex over the whole block cost less unless the rows can be merged
+    so on a narrow block (a GEMM tile's 49 x 128 output) a bias pass and the GELU vertex
+    (``gelu``: the vendor's loop for the tanh form) over the whole block cost less unless
+    the rows can be merged
     (:func:`bias_gelu_merge`, with ``room`` spare elements for the bias copies); the kernel
     takes whichever of the two vertex sequences the price table makes cheaper for the
     block's shape, as poplibs picks a vertex by shape.  ``rows = cols = 0`` (shape unknown)
@@ -136,8 +182,8 @@ def fuses_bias_gelu(rows: int, cols: int, room: int = 0, bias_itemsize: int = 2)
     elements = rows * cols
     merge = bias_gelu_merge(rows, cols, room, bias_itemsize)
     fused = merged_bias_gelu_cycles(rows, cols, merge, bias_itemsize)
-    apart = (p("cast_call") + p("elementwise_step") * cdiv(elements, 48)
-             + p("gelu_call") + p("gelu_step") * cdiv(elements, 96))
+    apart = p("cast_call") + p("elementwise_step") * cdiv(elements, 48) + gelu_cycles(gelu,
+                                                                                       elements)
     return fused <= apart
 
 
@@ -145,10 +191,12 @@ def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0, room: int
                  bias_itemsize: int = 2) -> list[str]:
     """The kernel passes a chain takes over a ``rows x cols`` block: ``bias_gelu`` (a bias
     immediately followed by GELU is one fused pass with its own measured price, where
-    :func:`fuses_bias_gelu` with ``room`` spare elements), ``gelu``, one pass named after
-    each activation (priced from the vendor's popops vertices), ``elementwise`` (bias,
-    scale), ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).  Rounding to
-    the precision a value already has, or the producing kernel's own store, costs nothing."""
+    :func:`fuses_bias_gelu` with ``room`` spare elements), ``gelu_tanh`` (the vendor's F16
+    loop, after a ``cast_f16`` when its input is F32) or ``gelu`` (the erf form), one pass
+    named after each activation (priced from the vendor's popops vertices), ``elementwise``
+    (bias, scale), ``cast_f8`` (any rounding to FP8) and ``cast_f16`` (F32 -> F16).
+    Rounding to the precision a value already has, or the producing kernel's own store,
+    costs nothing."""
     passes: list[str] = []
     previous = "F32"
     index = 0
@@ -156,11 +204,16 @@ def chain_passes(chain: list[list[Any]], rows: int = 0, cols: int = 0, room: int
         kind = chain[index][0]
         out = Precision.from_json(chain[index][1])
         if kind == "bias" and index + 1 < len(chain) and chain[index + 1][0] in GELUS \
-                and fuses_bias_gelu(rows, cols, room, bias_itemsize):
+                and fuses_bias_gelu(rows, cols, room, bias_itemsize, chain[index + 1][0]):
             passes.append("bias_gelu")
             index += 1
             out = Precision.from_json(chain[index][1])
-        elif kind in GELUS:
+        elif kind == "gelu_tanh":
+            if previous == "F32":
+                passes.append("cast_f16")
+            passes.append("gelu_tanh")
+            previous = "F16"
+        elif kind == "gelu_erf":
             passes.append("gelu")
         elif kind in ACTIVATIONS:
             passes.append(kind)
@@ -192,6 +245,9 @@ def chain_work(chain: list[list[Any]], rows: int, cols: int, room: int = 0,
             work.append(Work(kind, {"rows": full,
                                     "cols_per_worker": split_over_workers(merge * cols),
                                     "tail_cols_per_worker": split_over_workers(tail * cols)}))
+        elif kind == "gelu_tanh":  # 4-half vectors dealt to the workers, then the tail
+            work.append(Work(kind, {"vectors_per_worker": split_over_workers(rows * cols // 4),
+                                    "remainder": rows * cols % 4}))
         else:
             work.append(Work(kind, {"per_worker": per_worker}))
     return work

@@ -16,11 +16,12 @@ from ipu_stack.kernels.elementwise import (
     ACTIVATIONS,
     bias_gelu_merge,
     chain_passes,
+    gelu_loop_cycles,
     merged_bias_gelu_cycles,
 )
 from ipu_stack.kernels.epilogue import bias_room
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
-from ipu_stack.target.timing import ACTIVATION_VERTICES, PRICES, cdiv, p
+from ipu_stack.target.timing import ACTIVATION_VERTICES, CAST_VECTORS, PRICES, cdiv, p
 
 
 def amp_passes(depth: int, cols: int, fp8: bool) -> int:
@@ -38,7 +39,7 @@ def estimate_gemm(rows: int, depth: int, cols: int, fp8: bool, weights_interleav
     load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
     cycles = p("amp_call") + amp_passes(depth, cols, fp8) * (p("amp_row") * rows + load)
     if cast_elements:
-        cycles += p("cast_call") + p("cast_from_f8_step") * cdiv(cast_elements, 48)
+        cycles += estimate_cast1d("cast_from_f8", cast_elements)
     return cycles
 
 
@@ -52,7 +53,20 @@ def estimate_reduce(outputs: int, parts: int, f32_partials: bool) -> int:
 
 
 def estimate_gelu(elements: int) -> int:
+    """The reference's measured GELU vertex (the erf form)."""
     return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
+
+
+def estimate_cast1d(kind: str, elements: int) -> int:
+    """The vendor's Cast1D over ``elements`` (``kind``: ``cast_f8`` F16 -> FP8, ``cast_f16``
+    F32 -> F16, ``cast_from_f8`` FP8 -> F16): ``ceil(n / 6)`` a worker."""
+    if elements == 0:
+        return 0
+    width, price = CAST_VECTORS[kind]
+    vectors, remainder = divmod(cdiv(elements, 6), width)
+    bits = {8: 3, 4: 2}[width]
+    tail = bits + 2 * sum(1 for bit in range(bits) if remainder >> bit & 1)
+    return p("cast1d_call") + 6 * (p("cast1d_worker") + p(price) * vectors + tail)
 
 
 def estimate_bias_gelu(rows: int, width: int, merge: int = 1, bias_itemsize: int = 2) -> int:
@@ -65,12 +79,8 @@ def estimate_bias_gelu(rows: int, width: int, merge: int = 1, bias_itemsize: int
 
 
 def estimate_cast(elements: int, to_fp8: bool) -> int:
-    """F16/F32 -> FP8 (24 per 48) or F32 -> F16 (48 per 12)."""
-    if elements == 0:
-        return 0
-    if to_fp8:
-        return p("cast_call") + p("cast_f8_step") * cdiv(elements, 48)
-    return p("cast_call") + p("cast_f16_step") * cdiv(elements, 12)
+    """A cast to FP8 (from F16) or to F16 (from F32), as the vendor's Cast1D."""
+    return estimate_cast1d("cast_f8" if to_fp8 else "cast_f16", elements)
 
 
 def estimate_elementwise(elements: int) -> int:
@@ -179,6 +189,7 @@ def estimate_chain(chain: list[list[Any]], rows: int, cols: int, room: int = 0,
     prices = {
         "bias_gelu": lambda: estimate_bias_gelu(rows, cols, merge, bias_itemsize),
         "gelu": lambda: estimate_gelu(elements),
+        "gelu_tanh": lambda: gelu_loop_cycles(elements),
         **{name: lambda name=name: estimate_activation(elements, name) for name in ACTIVATIONS},
         "elementwise": lambda: estimate_elementwise(elements),
         "cast_f8": lambda: estimate_cast(elements, to_fp8=True),

@@ -53,7 +53,8 @@ PRICES: dict[str, Fact] = {
         4, "assumed: F32 partials reduce 4 per worker step (f32v2 x 2) instead of 8 F16; "
         "used only by F16-mode GEMMs (siglip-mlp does not move)"),
     # Elementwise kernels (n elements, 6 workers x 16 / 8 / 2 per step).
-    "gelu_call": Fact(330, f"{_REF}: GELU F16, n=1,408 7,260; n=2,208 10,956"),
+    "gelu_call": Fact(330, f"{_REF}: GELU F16, n=1,408 7,260; n=2,208 10,956 (the erf GELU; "
+                           "the tanh GELU runs as the vendor's loop, gelu_loop)"),
     "gelu_step": Fact(462, f"{_REF}: 462 cycles per 96 elements (16 per worker)"),
     "bias_gelu_row": Fact(228, f"{_REF}: bias + GELU F16 (rows, width): (1,2208) 8,730; "
                                "(3,2152) 25,206 = rows (450 + 90 ceil(w/24) - 222) + 222"),
@@ -62,12 +63,8 @@ PRICES: dict[str, Fact] = {
     "cast_call": Fact(330, f"{_REF}: cast F16 -> FP8 linear loop, 330 + 24 ceil(n/48): "
                            "8,320 elements 4,506 against 4,638 measured (the 2,706 pipelined "
                            "loop needs operands in separate 32 KiB groups: not assumed)"),
-    "cast_f8_step": Fact(24, f"{_REF}: cast F16 -> FP8 24 cycles per 48 elements"),
-    "cast_f16_step": Fact(48, f"{_CODE}: stream_cycles model, cast F32 -> F16 48 cycles per "
-                              "12 elements (no measured point)"),
-    "cast_from_f8_step": Fact(
-        24, "assumed: FP8 -> F16 costs what the measured F16 -> FP8 cast costs (same "
-        "f8v4 conversion pipe); used only by F16-mode GEMMs on FP8 data"),
+    "cast_f8_step": Fact(24, f"{_REF}: cast F16 -> FP8 24 cycles per 48 elements (evidence: "
+                             "casts run as the vendor's Cast1D, cast1d_*)"),
     "elementwise_step": Fact(
         24, "assumed: a bias add or scale pass over F16 costs what the measured F16 -> FP8 "
         "cast costs (one f16v4 operation per 4 elements); siglip-mlp has none"),
@@ -173,6 +170,41 @@ PRICES.update({
         1.0, "assumed: an RMS norm costs what the measured layer norm of the same shape costs "
         "(it skips the mean and the shift, so this is an upper bound); siglip-mlp has none"),
 })
+
+_GELU_LOOP = "poplibs lib/popnn/codelets/asm/NonLinearityLoop_gelu.S:80-134"
+_NL_EST = "poplibs lib/popnn/popnnCycleEstimators.cpp:78-140 (nonLinearity1DCycleEstimator)"
+_CAST1D = ("poplibs lib/popops/PerformanceEstimation.cpp:206-364 (castWorkerCycles, "
+           "getCast1DCycleEstimate): aux-pipeline casts, loads and stores overlapped in "
+           "separate memory elements, as the estimator assumes")
+PRICES.update({
+    # The vendor's tanh GELU (popnn NonLinearity1D, HALF): the shipped loop's bundles per
+    # 4 halves inside the estimator's structure (supervisor + six workers' setup, the
+    # pipeline's fill and flush, the 32-/16-bit remainder).
+    "gelu_loop": Fact(8, f"{_GELU_LOOP}: 8 bundles per 4 halves (f16v4mul x3, f16v4mix, "
+                         "f16v2tanh x2, f16v4add, f16v4mul), loads and stores co-issued; the "
+                         "estimator's 5 is marked 'TODO: verify'"),
+    "gelu_fill": Fact(8, f"{_NL_EST}: opCycles of the pipeline's fill and of its flush, "
+                         "taken as one loop body (8 bundles) each"),
+    "nonlinearity_supervisor": Fact(9, f"{_NL_EST}: supervisor vertex overhead 9"),
+    "nonlinearity_worker": Fact(20, f"{_NL_EST}: worker overhead 3 + 5 + 2 + 2 + 5 + 3"),
+    "nonlinearity_remainder": Fact(4, f"{_NL_EST}: remainder tests and branches 2 + 1 + 1"),
+    # Cast1D: 12 + 6 (worker + 18), worker = 19 + vectors + remainder bits.
+    "cast1d_call": Fact(12, f"{_CAST1D}: 12 + 6 x (worker + 18)"),
+    "cast1d_worker": Fact(37, f"{_CAST1D}: prologue 19 + per-worker call 18"),
+    "cast1d_f16_to_f8": Fact(2, f"{_CAST1D}: HALF -> QUARTER, 8 a vector, 2 cycles (two "
+                                "64-bit loads, one store; f16v8tof8)"),
+    "cast1d_f32_to_f16": Fact(2, f"{_CAST1D}: FLOAT -> HALF, 4 a vector, 2 cycles (f32v4tof16)"),
+    "cast1d_f8_to_f16": Fact(1, f"{_CAST1D}: QUARTER -> HALF, 4 a vector, 1 cycle (the "
+                                "64-bit store bounds it)"),
+})
+
+# Cast1D's vector width and cycles a vector, by conversion.
+CAST_VECTORS: dict[str, tuple[int, str]] = {
+    "cast_f8": (8, "cast1d_f16_to_f8"),
+    "cast_f16": (4, "cast1d_f32_to_f16"),
+    "cast_from_f8": (4, "cast1d_f8_to_f16"),
+}
+
 
 # the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
 # then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;

@@ -21,6 +21,26 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def gelu_tanh_half_loop(x: np.ndarray) -> np.ndarray:
+    """The tanh GELU the way an F16 vector loop evaluates it, written from the loop's
+    instruction list (popnn ``NonLinearityLoop_gelu.S``): every instruction's exact value
+    rounded to the nearest F16, overflow saturating at 65504; float64 out."""
+
+    def rn(v):
+        return np.clip(v, -65504.0, 65504.0).astype(np.float16).astype(np.float64)
+
+    x = rn(np.asarray(x, dtype=np.float64))
+    c1 = rn(np.float64(math.sqrt(2.0 / math.pi)))
+    c3 = rn(np.float64(math.sqrt(2.0 / math.pi) * 0.044715))
+    steps = [rn(x * x)]
+    steps.append(rn(x * steps[-1]))                  # x^3
+    steps.append(rn(c1 * x + c3 * steps[-1]))        # the mix
+    steps.append(rn(np.tanh(steps[-1])))
+    steps.append(rn(steps[-1] + 1.0))
+    steps.append(rn(steps[-1] * 0.5))
+    return rn(steps[-1] * x)
+
+
 def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
     """``values`` rounded to a stored precision given as its JSON form (``{"kind": "F8F143",
     "scale_exponent": -3}``), back in float64; FP8 saturates at its largest finite value."""
