@@ -33,6 +33,11 @@ def test_bench_streams_every_image_through_the_groups(piped):
     assert isinstance(record["hostPeakBytes"], int) and record["hostPeakBytes"] > 2**20
     assert record["latencyMicroseconds"] > record["cycles"] / 1500  # two steps at least
     assert record["imagesPerSecond"] == pytest.approx(1.5e9 / record["cycles"], rel=1e-3)
+    # an image's host transfers (its pixels in, its outputs out) are added to its step
+    assert record["qps"] == record["imagesPerSecond"]
+    assert record["hostMicroseconds"] > 0
+    assert record["qpsWithHost"] == pytest.approx(
+        1 / (record["cycles"] / 1.5e9 + record["hostMicroseconds"] * 1e-6), rel=1e-3)
     assert record["handoffCycles"] > 0 and record["fillCycles"] > 0
     # the planner merges the groups' priced supersteps as the chip runs them: its step is
     # the executed one, alignment included
