@@ -251,7 +251,8 @@ def _parameters() -> tuple[Parameter, ...]:
                   "dynamic batch dimension in the export)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         ATTENTION_OPTION("f16"),
-        Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0),
+        Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0,
+                  maximum=None),
         Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
     )
 

@@ -54,6 +54,7 @@ from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.calibration import cache_folder
+from ipu_stack.workloads.footprint import check_fits
 
 LOG = logging.getLogger("ipu_stack.package.build")
 Fields = dict[str, Any]
@@ -62,6 +63,7 @@ Fields = dict[str, Any]
 def build_graph_and_tilings(build: Build) -> Fields:
     """Build the graph, group it into stages and enumerate each GEMM stage's tilings."""
     if "graph" not in build.prepared:
+        check_fits(build.workload, build.params, build.options.target, 1)
         cache = Path(build.options.cache_dir) if build.options.cache_dir else None
         with cache_folder(cache):
             build.prepared["graph"], build.prepared["tensors"] = build.workload.build(

@@ -67,6 +67,7 @@ from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Workload
 from ipu_stack.workloads.calibration import cache_folder
+from ipu_stack.workloads.footprint import check_fits
 
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
@@ -229,10 +230,11 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     every distinct group and write ``out_dir/model.ipuexe`` holding them and the
     hand-offs."""
     start = time.perf_counter()
+    get_system(options.target, options.chips)  # --chips in range, or one line why not
+    check_fits(workload, params, options.target, options.chips)
     cache = Path(options.cache_dir) if options.cache_dir else None
     with cache_folder(cache):
         graph, tensors = workload.build(params)
-    get_system(options.target, options.chips)  # --chips in range, or one line why not
     counts = group_counts(tower_loop(graph).count, max(1, options.chips), groups,
                           None if groups else most_groups)
     refused: list[str] = []

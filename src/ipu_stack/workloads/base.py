@@ -17,6 +17,11 @@ import numpy as np
 
 from ipu_stack.ir.graph import Graph
 from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads.footprint import Footprint
+
+# Every integer option's ceiling: the package format refuses a kernel parameter above 2^20,
+# since nothing on a tile of 624 KiB can be that large (docs/package-format.md)
+LARGEST_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Parameter:
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: int | None = 1
+    maximum: int | None = LARGEST_SIZE
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class Workload:
     benchmark_fields: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda p: {})
     # image ``i`` (i >= 1) of a stream, as the graph's inputs: ``(params, graph, i)``
     stream_input: Callable[[dict[str, Any], Graph, int], dict[str, np.ndarray]] | None = None
+    # the least memory it needs, from its parameters alone (``workloads.footprint``)
+    footprint: Callable[[dict[str, Any]], Footprint] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}
@@ -69,6 +77,9 @@ class Workload:
                 )
             if p.kind is int and p.minimum is not None and value < p.minimum:
                 raise UsageError(f"--{p.name} must be at least {p.minimum}, got {value}")
+            if p.kind is int and p.maximum is not None and value > p.maximum:
+                raise UsageError(f"--{p.name} must be at most {p.maximum} (no size on a "
+                                 f"tile of 624 KiB can be larger), got {value}")
         return params
 
 

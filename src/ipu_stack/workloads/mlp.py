@@ -16,6 +16,7 @@ from ipu_stack.ir.graph import Graph, GraphBuilder
 from ipu_stack.ir.precision import F16, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.footprint import mlp_footprint
 
 PARAMETERS = (
     Parameter("batch", int, 1, "images per run"),
@@ -25,7 +26,7 @@ PARAMETERS = (
     Parameter("blocks", int, 1, "stacked MLP blocks"),
     Parameter("precision", str, "fp8", "inputs/weights precision", choices=("fp8", "f16")),
     Parameter("biases", bool, False, "add fc1/fc2 biases", minimum=None),
-    Parameter("seed", int, 0, "seed of inputs and weights", minimum=0),
+    Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
 )
 
 
@@ -123,5 +124,6 @@ SIGLIP_MLP = register(
         build=build_mlp,
         identifier=_identifier,
         benchmark_fields=_fields,
+        footprint=mlp_footprint,
     )
 )

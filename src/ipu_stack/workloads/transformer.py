@@ -45,6 +45,7 @@ from ipu_stack.util.forked import call_forked
 from ipu_stack.util.log import event
 from ipu_stack.workloads import calibration as calibration_cache
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.footprint import layer_footprint
 
 LOG = logging.getLogger("ipu_stack.workloads")
 
@@ -64,7 +65,7 @@ def _common(tokens: int, dim: int, heads: int, hidden: int, eps: float) -> tuple
         Parameter("blocks", int, 1, "stacked layers"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
-        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0),
+        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
     )
 
 
@@ -391,6 +392,9 @@ def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) ->
         name=kind, description=description, parameters=parameters,
         build=lambda params: build_transformer(kind, params),
         identifier=_identifier(kind), benchmark_fields=_fields(kind),
+        footprint=lambda params: layer_footprint(
+            {**params, "hidden": 0 if kind in ("attention", "siglip-attention")
+             else params["hidden"]}, params.get("blocks", 1), "blocks", params["tokens"]),
     ))
 
 

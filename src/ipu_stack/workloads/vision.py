@@ -32,6 +32,7 @@ from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.footprint import tower_footprint
 from ipu_stack.workloads.transformer import (
     ATTENTION_OPTION,
     GELU_OPTION,
@@ -54,7 +55,7 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
         Parameter("hidden", int, hidden, "MLP hidden dimension"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
-        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0),
+        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         GELU_OPTION(gelu),
         ATTENTION_OPTION("fp8"),
     )
@@ -167,7 +168,8 @@ def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) ->
                       build=lambda params: build_tower(kind, params),
                       identifier=_identifier(kind), benchmark_fields=_fields(kind),
                       stream_input=lambda params, graph, index: stream_image(kind, params, graph,
-                                                                             index)))
+                                                                             index),
+                      footprint=lambda params: tower_footprint(params, _has_cls(kind))))
 
 
 _register("siglip-vision", "SigLIP so400m/14-384 vision tower: patch embedding, 27 layers, "

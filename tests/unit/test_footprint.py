@@ -1,0 +1,96 @@
+"""Sizes refused before any work (``workloads.footprint``): the closed-form least memory of
+every builtin workload is a true lower bound of what its graph holds, and absurd sizes are
+refused in one line by the command before a graph, a calibration or a plan is made."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from tests.helpers import one_error_line
+
+from ipu_stack.cli import main
+from ipu_stack.workloads import REGISTRY, get_workload
+from ipu_stack.workloads.base import LARGEST_SIZE
+
+SMALL = {
+    "siglip-mlp": {"tokens": 16, "dim": 64, "hidden": 96, "blocks": 2},
+    "siglip-layer": {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96, "blocks": 2},
+    "pe-block": {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96},
+    "siglip-attention": {"tokens": 17, "dim": 64, "heads": 4},
+    "attention": {"tokens": 17, "dim": 64, "heads": 4},
+    "vit-layer": {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96},
+    "siglip-vision": {"image": 28, "patch": 7, "layers": 3, "dim": 64, "heads": 4,
+                      "hidden": 96},
+    "pe-vision": {"image": 28, "patch": 7, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
+    "siglip2-giant": {"image": 32, "patch": 16, "layers": 2, "dim": 64, "heads": 4,
+                      "hidden": 96},
+    "pe-giant": {"image": 28, "patch": 14, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
+}
+
+
+def test_every_builtin_states_its_least_memory() -> None:
+    assert set(SMALL) == set(REGISTRY)
+    assert all(workload.footprint is not None for workload in REGISTRY.values())
+
+
+@pytest.mark.parametrize("precision", ["fp8", "f16"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_footprint_is_a_lower_bound_of_the_built_graph(name: str, precision: str) -> None:
+    """The weights it states are at most the graph's (norms and biases come on top) and at
+    least nine tenths of them; its activations are two values the graph really holds."""
+    workload = get_workload(name)
+    params = workload.resolve({**SMALL[name], "precision": precision})
+    footprint = workload.footprint(params)
+    graph, _ = workload.build(params)
+    weights = sum(v.type.nbytes for v in graph.by_role("weight") if len(v.type.shape) == 2)
+    assert 0.9 * weights <= footprint.weight_bytes <= weights
+    sizes = sorted((v.type.nbytes for v in graph.values if v.role != "weight"), reverse=True)
+    assert footprint.activation_bytes <= sizes[0] + sizes[1]
+    assert footprint.activation_bytes >= sizes[0] // 2
+
+
+def test_a_size_above_the_ceiling_names_it(capsys) -> None:
+    code = main(["bench", "siglip-vision", "--layers", str(LARGEST_SIZE + 1)])
+    line = one_error_line(code, capsys.readouterr().err)
+    assert line == (f"error: --layers must be at most {LARGEST_SIZE} (no size on a tile of "
+                    f"624 KiB can be larger), got {LARGEST_SIZE + 1}")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["siglip-vision", "--layers", "100000"],
+     "error: siglip-vision does not fit: its weights alone take at least 1522.48 GB and one "
+     "chip of ipu21 holds 0.94 GB; more than the 8 cards a C600 cluster links; or --layers 60 "
+     "at most on one chip"),
+    (["siglip-vision", "--batch", "100000"],
+     "error: siglip-vision does not fit: its weights (0.41 GB) and one layer's attention "
+     "scores (1700.61 GB) take at least 1701.02 GB and one chip of ipu21 holds 0.94 GB"),
+    (["pe-giant", "--chips", "1"],
+     "error: pe-giant does not fit: its weights alone take at least 1.85 GB and one chip of "
+     "ipu21 holds 0.94 GB; it needs at least 2 chips (--chips 2); or --layers 24 at most on "
+     "one chip"),
+    (["siglip-mlp", "--batch", "100000", "--strategy", "pipeline"],
+     "error: siglip-mlp does not fit: its weights (9.9 MB) and fc1's input and output "
+     "(397.74 GB) take at least 397.75 GB and one chip of ipu21 holds 0.94 GB"),
+])
+def test_a_model_that_cannot_fit_is_refused_before_it_is_built(argv, expected, capsys,
+                                                                monkeypatch) -> None:
+    """No graph is built (its build would raise), so no calibration, plan or allocation."""
+    def never(params):
+        raise AssertionError("the workload was built")
+
+    monkeypatch.setitem(REGISTRY, argv[0], dataclasses.replace(get_workload(argv[0]),
+                                                               build=never))
+    code = main(["bench", *argv])
+    assert one_error_line(code, capsys.readouterr().err) == expected
+
+
+def test_a_model_that_fits_its_least_memory_is_not_refused() -> None:
+    from ipu_stack.workloads.footprint import check_fits
+
+    for name in ("siglip-vision", "pe-vision", "siglip-mlp", "siglip-layer"):
+        workload = get_workload(name)
+        check_fits(workload, workload.defaults(), "ipu21", 1)
+    for name, chips in (("siglip2-giant", 2), ("pe-giant", 4)):
+        workload = get_workload(name)
+        check_fits(workload, workload.defaults(), "ipu21", chips)
