@@ -15,6 +15,8 @@ answer, for reports).
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -33,23 +35,32 @@ class ValueSink(Protocol):
     def put(self, name: str, values: np.ndarray, precision: Precision) -> None: ...
 
 
+@functools.cache
+def _half_tanh() -> np.ndarray:
+    """tanh of every F16 value (by its 16-bit code), rounded to F16: the scalar libm's, so
+    that the same half always gives the same half."""
+    values = np.arange(65536, dtype=np.uint16).view(np.float16).tolist()
+    return np.array([math.tanh(v) for v in values], dtype=np.float64).astype(np.float16)
+
+
 def _half_steps_gelu(x: np.ndarray) -> np.ndarray:
     """The tanh GELU at the device's precision: the vendor's F16 loop, which rounds every
     instruction's exact result to F16 (saturating) with the model's constants rounded to
     F16: ``0.5 (1 + tanh(a x + a b x^3)) x`` evaluated as x*x, x*(x*x), the mix of the two
-    terms, tanh, + 1, * 0.5, * x."""
+    terms, tanh (an F16 function of an F16), + 1, * 0.5, * x."""
     limit = float(np.finfo(np.float16).max)
 
     def half(v: np.ndarray) -> np.ndarray:
-        return np.clip(v, -limit, limit).astype(np.float16).astype(np.float64)
+        return np.clip(v, -limit, limit).astype(np.float16)
 
     a = float(np.float16(np.sqrt(2.0 / np.pi)))
     ab = float(np.float16(np.sqrt(2.0 / np.pi) * 0.044715))
-    x = half(np.asarray(x, dtype=np.float64))
-    square = half(x * x)
-    cube = half(x * square)
+    x = half(np.asarray(x, dtype=np.float64)).astype(np.float64)
+    square = half(x * x).astype(np.float64)
+    cube = half(x * square).astype(np.float64)
     inner = half(a * x + ab * cube)
-    scale = half(half(half(np.tanh(inner)) + 1.0) * 0.5)
+    tanh = _half_tanh()[inner.view(np.uint16)].astype(np.float64)
+    scale = half(half(tanh + 1.0).astype(np.float64) * 0.5).astype(np.float64)
     return half(scale * x).astype(np.float32)
 
 

@@ -36,17 +36,27 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return np.clip(x, -F16_MAX, F16_MAX).astype(np.float16).astype(np.float64)
 
 
+@functools.cache
+def f16_tanh_table() -> np.ndarray:
+    """``f16v2tanh`` as a function of its F16 operand: tanh of every F16 value, rounded to
+    F16, from the scalar libm (vectorised tanh differs by an ulp between array layouts,
+    which an F16 rounding near a tie would turn into a different half)."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+    return np.array([math.tanh(v) for v in halves.tolist()]).astype(np.float16)
+
+
 def gelu_tanh_f16(x: np.ndarray) -> np.ndarray:
     """The tanh GELU as popnn's F16 loop computes it (``NonLinearityLoop_gelu.S``), each
     instruction's exact result rounded once to F16: ``x2 = x*x``, ``x3 = x*x2``
     (``f16v4mul``), ``phi = alpha x + alpha beta x3`` (``f16v4mix``), ``t = tanh(phi)``
-    (``f16v2tanh``), ``u = (t + 1) * 0.5`` (``f16v4add``, ``f16v4mul``), ``y = u * x``.  The
-    constants are the model's (``sqrt(2/pi)`` and ``0.044715``), not the vendor's
-    gradient-tuned ones.  Returns float32."""
+    (``f16v2tanh``, :func:`f16_tanh_table`), ``u = (t + 1) * 0.5`` (``f16v4add``,
+    ``f16v4mul``), ``y = u * x``.  The constants are the model's (``sqrt(2/pi)`` and
+    ``0.044715``), not the vendor's gradient-tuned ones.  Returns float32."""
     x = _f16(np.asarray(x, dtype=np.float64))
     cube = _f16(x * _f16(x * x))
-    phi = _f16(GELU_ALPHA * x + GELU_ALPHA_BETA * cube)
-    half = _f16(_f16(_f16(np.tanh(phi)) + 1.0) * 0.5)
+    phi = np.clip(GELU_ALPHA * x + GELU_ALPHA_BETA * cube, -F16_MAX, F16_MAX).astype(np.float16)
+    tanh = f16_tanh_table()[phi.view(np.uint16)].astype(np.float64)
+    half = _f16(_f16(tanh + 1.0) * 0.5)
     return _f16(half * x).astype(np.float32)
 
 

@@ -35,7 +35,7 @@ def gelu_tanh_half_loop(x: np.ndarray) -> np.ndarray:
     steps = [rn(x * x)]
     steps.append(rn(x * steps[-1]))                  # x^3
     steps.append(rn(c1 * x + c3 * steps[-1]))        # the mix
-    steps.append(rn(np.tanh(steps[-1])))
+    steps.append(rn(np.vectorize(math.tanh, otypes=[np.float64])(steps[-1])))  # scalar libm
     steps.append(rn(steps[-1] + 1.0))
     steps.append(rn(steps[-1] * 0.5))
     return rn(steps[-1] * x)
