@@ -14,6 +14,7 @@ import json
 from math import ceil
 
 import numpy as np
+import pytest
 
 from ipu_stack.cli import main
 from ipu_stack.package import read_package
@@ -81,6 +82,11 @@ def test_simulated_cycles_equal_an_independent_recount(tmp_path, cache_dir, caps
                  str(tmp_path), "--cache-dir", str(cache_dir), "--lock", str(tmp_path / "lk")])
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0
+    # every GEMM in the FP8 mode: its roofline is the AMP at 128 MAC a tile a cycle, twice
+    # the FP16 peak that efficiencyPercent is measured against (as the reference reports)
+    assert record["gemmModes"] == "fp8"
+    assert record["rooflinePercent"] == pytest.approx(record["efficiencyPercent"] / 2, abs=0.01)
+    assert 0 < record["rooflinePercent"] <= 100
     package = read_package(tmp_path / "model.ipuexe")
     kernels = package.manifest["kernels"]
     arrays = package.arrays

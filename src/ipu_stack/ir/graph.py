@@ -179,23 +179,25 @@ class Graph:
         return "\n".join(lines)
 
 
+def operation_macs(graph: Graph, op: Operation) -> int:
+    """Multiply-accumulates of one GEMM operation (0 for any other): a matmul, or a head
+    matmul's ``batch x heads`` products of ``tokens x tokens`` over the head width, in either
+    order."""
+    if op.kind not in ("matmul", "head_matmul"):
+        return 0
+    a = graph.value(op.inputs[0]).type
+    b = graph.value(op.inputs[1]).type
+    if op.kind == "matmul":
+        return a.rows * a.cols * b.shape[1]
+    heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
+    batch, head_dim = b.rows // tokens, b.cols // heads
+    return batch * heads * tokens * tokens * head_dim
+
+
 def gemm_macs(graph: Graph) -> int:
-    """Multiply-accumulates of every GEMM: the matmuls and the attention products (a head
-    matmul is ``batch x heads`` products of ``tokens x tokens`` over the head width, in either
-    order), which the roofline and the TFLOPS figures count."""
-    macs = 0
-    for op in graph.operations:
-        if op.kind not in ("matmul", "head_matmul"):
-            continue
-        a = graph.value(op.inputs[0]).type
-        b = graph.value(op.inputs[1]).type
-        if op.kind == "matmul":
-            macs += a.rows * a.cols * b.shape[1]
-        else:
-            heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
-            batch, head_dim = b.rows // tokens, b.cols // heads
-            macs += batch * heads * tokens * tokens * head_dim
-    return macs
+    """Multiply-accumulates of every GEMM: the matmuls and the attention products, which the
+    roofline and the TFLOPS figures count."""
+    return sum(operation_macs(graph, op) for op in graph.operations)
 
 
 class GraphBuilder:

@@ -17,7 +17,7 @@ import numpy as np
 from ipu_stack import __version__
 from ipu_stack.contract.system import SystemProgram
 from ipu_stack.device.pricing import host_cycles
-from ipu_stack.ir.graph import Graph, gemm_macs
+from ipu_stack.ir.graph import Graph, gemm_macs, operation_macs
 from ipu_stack.package import Package
 from ipu_stack.runtime.session import RunResult
 from ipu_stack.runtime.stream import StreamRun
@@ -56,6 +56,19 @@ def qps_fields(batch: int, device_cycles: int, host_cycles: int, clock_hz: float
             "hostMicroseconds": round(host_cycles / clock_hz * 1e6, 3)}
 
 
+def roofline_cycles(graph: Graph, modes: dict[str, Any], tiles: int, f16_macs: int,
+                    f8_macs: int) -> float:
+    """Cycles of every GEMM at the AMP's peak in the mode it ran in (FP8: 128 MAC a tile a
+    cycle, F16: 64) on every tile: no run can take fewer."""
+    total = 0.0
+    for op in graph.operations:
+        macs = operation_macs(graph, op)
+        if macs:
+            fp8 = modes.get(str(op.id), {}).get("mode") == "fp8"
+            total += macs / (tiles * (f8_macs if fp8 else f16_macs))
+    return total
+
+
 def gemm_flops(graph: Graph) -> int:
     """Two flops per multiply-accumulate of every GEMM (``ir.graph.gemm_macs``)."""
     return 2 * gemm_macs(graph)
@@ -88,6 +101,12 @@ def benchmark_fields(
     tflops = flops / seconds / 1e12 if seconds else 0.0
     peak = target.peak_flops() / 1e12
     max_error = max((c.max_abs_error for c in result.comparisons.values()), default=0.0)
+    roofline = roofline_cycles(graph, manifest.get("gemm_modes", {}), target.tiles,
+                               int(target.facts["amp_f16_macs_per_cycle"].value),
+                               int(target.amp_f8_macs_per_cycle))
+    if roofline > cycles:
+        raise DeviceError(f"{cycles} cycles is under the AMP roofline of its GEMMs' modes, "
+                          f"{roofline:.0f}: the run's pricing is wrong")
     input_bytes = sum(v.type.nbytes for v in graph.by_role("input"))
     weight_bytes = sum(v.type.nbytes for v in graph.by_role("weight"))
     record: dict[str, Any] = {
@@ -107,6 +126,7 @@ def benchmark_fields(
         "effectiveGemmTflops": round(tflops, 3),
         "peakTflops": round(peak, 3),
         "efficiencyPercent": round(100 * tflops / peak, 2),
+        "rooflinePercent": round(100 * roofline / cycles, 2) if cycles else 0.0,
         "maximumAbsoluteError": round(max_error, 6),
         "diagnosticCheckpoints": len(result.verdict.stages)
         if manifest.get("options", {}).get("diagnostics") else 0,
