@@ -34,6 +34,7 @@ from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target.links import get_system
 from ipu_stack.util import log
+from ipu_stack.util.arguments import OneLineParser
 from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.workloads import REGISTRY, get_workload
@@ -113,16 +114,21 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ipu-stack", description=__doc__)
+GLOBAL_FLAGS = (("--debug", "tracebacks and debug logs"), ("--quiet", "warnings and errors only"))
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="ipu-stack", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
-    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logs")
-    parser.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    for flag, help_text in GLOBAL_FLAGS:
+        parser.add_argument(flag, action="store_true", help=help_text)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_model_commands(sub)
     _add_sweep_command(sub)
     _add_package_commands(sub)
     _add_profile_commands(sub)
+    parser.commands = sub.choices
+    parser.add_global_flags(*GLOBAL_FLAGS)
     return parser
 
 
@@ -199,6 +205,7 @@ def _add_profile_commands(sub: Any) -> None:
 
     p = sub.add_parser("exchange", help="schedule or verify exchange instances")
     esub = p.add_subparsers(dest="exchange_command", required=True)
+    p.commands = esub.choices
     q = esub.add_parser("schedule")
     q.add_argument("instance")
     q.add_argument("-o", "--out", required=True)
@@ -379,8 +386,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0 if result.maximum or args.max_chips is None else 1  # no card count fits: 1
 
 
+def package_file(argument: str) -> Path:
+    """The package a command names: the file, or ``model.ipuexe`` in the folder ``compile
+    -o`` wrote."""
+    path = Path(argument)
+    if not path.is_dir():
+        return path
+    inside = path / "model.ipuexe"
+    if not inside.exists():
+        raise UsageError(f"{path} is a folder with no model.ipuexe in it (the package "
+                         "`ipu-stack compile -o DIR` writes)")
+    return inside
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    path = Path(args.package)
+    path = package_file(args.package)
     package = load_package(path)
     refuse_group_program(package, path)
     workload, params, graph, tensors = rebuild_workload(package)
@@ -445,7 +465,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    summary = inspect_package(load_package(Path(args.package)))
+    summary = inspect_package(load_package(package_file(args.package)))
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -500,7 +520,11 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     level = logging.DEBUG if args.debug else (logging.WARNING if args.quiet else logging.INFO)
     log.configure(level)
     try:

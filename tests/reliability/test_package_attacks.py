@@ -215,10 +215,21 @@ def test_size_limit_is_applied_by_the_cli(arena: Path, original: bytes,
     assert code == 0 and "sha256" in out, err
 
 
-def test_not_a_file(arena: Path) -> None:
+def test_not_a_file(arena: Path, original: bytes) -> None:
+    """A folder is read as the package ``compile -o`` writes in it; one without it, or a
+    ``model.ipuexe`` that is itself a folder, is refused in one line."""
     for command in ("run", "inspect"):
         code, _, err = cli(["--quiet", command, str(arena / "pkg")])
-        assert code == 2 and err.startswith(f"error: package {arena / 'pkg'} cannot be read")
+        assert code == 2 and err == (f"error: {arena / 'pkg'} is a folder with no model.ipuexe "
+                                     "in it (the package `ipu-stack compile -o DIR` writes)\n")
+    (arena / "pkg" / "model.ipuexe").mkdir()
+    code, _, err = cli(["--quiet", "inspect", str(arena / "pkg")])
+    assert code == 2 and err.startswith(f"error: package {arena / 'pkg' / 'model.ipuexe'} "
+                                        "cannot be read: not a regular file")
+    (arena / "pkg" / "model.ipuexe").rmdir()
+    (arena / "pkg" / "model.ipuexe").write_bytes(original)
+    code, out, err = cli(["--quiet", "inspect", str(arena / "pkg")])
+    assert code == 0 and "sha256" in out, err
 
 
 def test_hostile_packages_through_the_installed_command(tmp_path: Path, original: bytes) -> None:

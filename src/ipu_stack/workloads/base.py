@@ -9,6 +9,7 @@ the test data never tunes its own scales.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,7 +94,10 @@ def register(workload: Workload) -> Workload:
 
 def get_workload(name: str) -> Workload:
     if name not in REGISTRY:
-        raise UsageError(f"unknown workload {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"unknown workload {name!r}{hint} (known: {', '.join(sorted(REGISTRY))};"
+                         " or a torch program, MODEL.pt2)")
     return REGISTRY[name]
 
 

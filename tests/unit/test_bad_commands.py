@@ -1,0 +1,77 @@
+"""Commands a user might mistype: each gets exit 2 and one ``error:`` line that names what is
+wrong (and, where one is close, what was meant), never argparse's usage dump or a
+traceback.  None of them compiles or simulates anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.helpers import one_error_line
+
+from ipu_stack.cli import main
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "text.txt").write_text("not a package\n")
+    return {"folder": str(tmp_path / "folder"), "text": str(tmp_path / "text.txt"),
+            "missing": str(tmp_path / "missing" / "model.ipuexe")}
+
+
+BAD = [
+    (["bnch", "siglip-mlp"], "unknown command 'bnch'; did you mean 'bench'?"),
+    (["bench", "siglip-mlpp"], "unknown workload 'siglip-mlpp'; did you mean 'siglip-mlp'?"),
+    (["bench"], "bench: missing workload"),
+    (["bench", "siglip-mlp", "--batch", "1.5"], "bench: --batch '1.5' is not a whole number"),
+    (["bench", "siglip-mlp", "--batch", "x"], "bench: --batch 'x' is not a whole number"),
+    (["bench", "siglip-mlp", "--batch", "0"], "--batch must be at least 1, got 0"),
+    (["bench", "siglip-mlp", "--bach", "2"], "unrecognised option '--bach'; did you mean "
+                                             "'--batch'?"),
+    (["bench", "siglip-mlp", "--precision", "fp16"], "--precision 'fp16' is not one of fp8, f16"),
+    (["bench", "siglip-mlp", "--strategy", "pipe"], "unknown --strategy 'pipe'; did you mean "
+                                                    "'pipeline'?"),
+    (["bench", "siglip-mlp", "--engine", "rey"], "unknown --engine 'rey'; did you mean 'ray'?"),
+    (["bench", "siglip-mlp", "--chips", "x"], "--chips 'x' is not a whole number"),
+    (["bench", "siglip-mlp", "--chips", "99"], "--chips 99: a C600 cluster holds 1 to 8 cards"),
+    (["compile", "siglip-mlp"], "compile: missing -o/--out"),
+    (["run", "{missing}"], "not found"),
+    (["run", "{folder}"], "is a folder with no model.ipuexe in it"),
+    (["inspect", "{text}"], "is corrupt: not a ZIP archive"),
+    (["capacity", "siglip-mlp"], "one of the arguments --max-batch --max-blocks --max-layers "
+                                 "--max-chips is required"),
+    (["capacity", "siglip-mlp", "--max-batch", "0"], "--max-batch must be at least 1"),
+    (["bench", "siglip-mlp", "--images", "0"], "--images must be at least 1"),
+    (["bench", "siglip-mlp", "--memory-proportion", "2"], "--memory-proportion must be in (0, 1]"),
+    (["bench", "siglip-mlp", "--finalists", "0"], "--finalists must be at least 1"),
+    (["ops", "{text}"], "ops takes a torch.export program (MODEL.pt2)"),
+    (["bench", "siglip-mlp", "--inputs", "x.npz"], "--inputs is for torch programs"),
+    (["workloads", "--bogus"], "workloads: unrecognised option '--bogus'"),
+    (["compile", "siglip-mlp", "-o", "{text}"], "exists and is not a folder"),
+    (["bench", "siglip-mlp", "--save-tensors", "{text}"], "exists and is not a folder"),
+    (["exchange", "schedul", "x"], "unknown command 'schedul'; did you mean 'schedule'?"),
+    (["bench", "siglip-vision", "--layers", "100000"], "siglip-vision does not fit"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_mistyped_command_gets_one_line(argv, expected, files, capsys) -> None:
+    code = main([word.format(**files) for word in argv])
+    captured = capsys.readouterr()
+    line = one_error_line(code, captured.err)
+    assert expected in line, line
+    assert "usage:" not in captured.err and captured.out == ""
+
+
+def test_global_flags_are_taken_after_the_subcommand_too(capsys) -> None:
+    """``--quiet`` after the subcommand means what it means before it (no INFO lines)."""
+    assert main(["workloads", "--quiet"]) == 0
+    assert " INFO " not in capsys.readouterr().err
+
+
+def test_help_still_prints_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "--help"])
+    assert stop.value.code == 0
+    assert "usage: ipu-stack bench" in capsys.readouterr().out
