@@ -192,7 +192,7 @@ def compile_workload(
                 raise
             # the last try is at the floor
             proportion = max(retry_proportion(failure, proportion, usable, tries), floor)
-            event(LOG, "placement failed, planning again with less memory", level=logging.WARNING,
+            event(LOG, "planning again with less memory: the plans did not place",
                   reason=str(failure), short_bytes=failure.shortfall,
                   planned_bytes=failure.planned_bytes, memory_proportion=proportion)
     # the room left is planned for where the plans are the ones asked for (no retry, the

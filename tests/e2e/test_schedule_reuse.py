@@ -189,7 +189,7 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
     assert second["scheduled_phases"] == "0"
     assert second["reused_phases"] == second["exchange_phases"]
     (retry,) = [dict(re.findall(r"(\w+)=(\S+)", r.getMessage())) for r in info_logs.records
-                if r.getMessage().startswith("placement failed, planning again")]
+                if r.getMessage().startswith("planning again with less memory")]
     proportion = float(retry["memory_proportion"])
     # no byte was short, and the plans were estimated far under the budget: the retry
     # plans for what they were estimated at, here below the floor, so at the floor
