@@ -48,7 +48,7 @@ def one_error_line(code: int, stderr: str) -> str:
 
 @dataclass
 class Bench:
-    """One ``ipu-stack bench --json`` run: its exit code, record, log (stderr) and the folder
+    """One ``ipu-stack -v bench --json`` run: its exit code, record, log (stderr) and the folder
     it was given (the package is ``folder/pkg/model.ipuexe``)."""
 
     code: int
@@ -66,7 +66,7 @@ def bench(workload: str, *extra: str, folder: Path, cache_dir: Path, lock: Path 
     1 on FAIL), as every caller that reads the record wants.
     """
     code, out, err = cli([
-        "bench", workload, *extra, "--json", "--out", str(folder / "pkg"),
+        "-v", "bench", workload, *extra, "--json", "--out", str(folder / "pkg"),
         "--lock", str(lock or folder / "lock"), "--cache-dir", str(cache_dir),
         "--finalists", str(finalists),
     ])

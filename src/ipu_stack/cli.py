@@ -21,6 +21,7 @@ from ipu_stack.frontend import is_program_path
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
+from ipu_stack.runtime.answer import answer_lines
 from ipu_stack.runtime.engines import ENGINES
 from ipu_stack.runtime.execute import (
     RunSettings,
@@ -114,14 +115,17 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
 
 
-GLOBAL_FLAGS = (("--debug", "tracebacks and debug logs"), ("--quiet", "warnings and errors only"))
+GLOBAL_FLAGS = ((("--debug",), "tracebacks and debug logs"),
+                (("-v", "--verbose"), "the INFO log of every phase (default: warnings and "
+                 "errors)"),
+                (("--quiet",), "warnings and errors only (the default)"))
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="ipu-stack", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
     for flag, help_text in GLOBAL_FLAGS:
-        parser.add_argument(flag, action="store_true", help=help_text)
+        parser.add_argument(*flag, action="store_true", help=help_text)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_model_commands(sub)
     _add_sweep_command(sub)
@@ -285,9 +289,13 @@ def _strategy(args: argparse.Namespace) -> str:
     return args.strategy or ("pipeline" if args.chips > 1 else "layers")
 
 
-def _print_record(record: dict[str, Any], as_json: bool) -> None:
+def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench") -> None:
+    """The record as JSON (``--json``), a few lines for a person at a terminal, or one
+    ``key=value`` line for a script reading a pipe."""
     if as_json:
         print(json.dumps(record))
+    elif sys.stdout.isatty():
+        print("\n".join(answer_lines(record, command)))
     else:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
 
@@ -329,7 +337,7 @@ def _run_and_report(args: argparse.Namespace, package_path: Path, graph, tensors
         write_run_profile(Path(args.profile), outcome)
     if args.save_tensors:
         save_tensors(args.save_tensors, graph, tensors, outcome)
-    _print_record(outcome.record, args.json)
+    _print_record(outcome.record, args.json, args.command)
     return 0 if outcome.passed else 1
 
 
@@ -525,8 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    level = logging.DEBUG if args.debug else (logging.WARNING if args.quiet else logging.INFO)
-    log.configure(level)
+    shown = logging.DEBUG if args.debug else (
+        logging.INFO if args.verbose and not args.quiet else logging.WARNING)
+    log.configure(min(shown, logging.INFO), shown)
     try:
         _check_outputs(args)
         return COMMANDS[args.command](args)

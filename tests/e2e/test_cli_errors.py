@@ -118,7 +118,7 @@ def test_private_devices_never_wait_and_named_devices_are_shared(tmp_path, capsy
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         started = time.monotonic()
-        assert main(["run", package, "--no-wait"]) == 0
+        assert main(["-v", "run", package, "--no-wait"]) == 0
         assert time.monotonic() - started < 60
         assert "path=sim://private-" in capsys.readouterr().err
         code, line = _error(capsys, ["run", package, "--device", "lab-card", "--no-wait"])

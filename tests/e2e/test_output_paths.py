@@ -123,8 +123,8 @@ def test_device_input_is_refused_before_it_is_read(argv: list[str]) -> None:
 
 def test_folder_and_fifo_inputs_are_refused(tmp_path: Path, fifo: Path) -> None:
     code, _, err = cli(["--quiet", "inspect", str(tmp_path)])
-    assert one_error_line(code, err) == f"error: package {tmp_path} cannot be read: not a " \
-        "regular file"
+    assert one_error_line(code, err) == f"error: {tmp_path} is a folder with no model.ipuexe " \
+        "in it (the package `ipu-stack compile -o DIR` writes)"
     # a FIFO with no writer would block a plain open() for ever: a child, with a time limit
     done = subprocess.run([sys.executable, "-m", "ipu_stack.cli", "--quiet", "inspect",
                            str(fifo)], capture_output=True, text=True, timeout=120)

@@ -50,7 +50,7 @@ def test_parallel_compiles_share_one_fresh_cache(tmp_path: Path) -> None:
     entries = cache_entries(cache, "exchange")
     assert entries and all(_valid(p) for p in entries)
     assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".json"]
-    code, _, err = cli(["compile", *ATTENTION, "-o", str(tmp_path / "again"),
+    code, _, err = cli(["-v", "compile", *ATTENTION, "-o", str(tmp_path / "again"),
                         "--cache-dir", str(cache), "--exchange-cache"])
     assert code == 0, err
     line = next(x for x in err.splitlines() if "phase=select_finalist" in x)

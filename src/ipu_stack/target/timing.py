@@ -183,8 +183,9 @@ PRICES.update({
     "gelu_loop": Fact(8, f"{_GELU_LOOP}: 8 bundles per 4 halves (f16v4mul x3, f16v4mix, "
                          "f16v2tanh x2, f16v4add, f16v4mul), loads and stores co-issued; the "
                          "estimator's 5 is marked 'TODO: verify'"),
-    "gelu_fill": Fact(8, f"{_NL_EST}: opCycles of the pipeline's fill and of its flush, "
-                         "taken as one loop body (8 bundles) each"),
+    "gelu_fill": Fact(8, f"assumed: the pipeline's fill and its flush cost one loop body (8 "
+                         f"bundles) each, where {_NL_EST} charges opCycles 5 ('TODO: "
+                         "verify') for each"),
     "nonlinearity_supervisor": Fact(9, f"{_NL_EST}: supervisor vertex overhead 9"),
     "nonlinearity_worker": Fact(20, f"{_NL_EST}: worker overhead 3 + 5 + 2 + 2 + 5 + 3"),
     "nonlinearity_remainder": Fact(4, f"{_NL_EST}: remainder tests and branches 2 + 1 + 1"),

@@ -47,18 +47,18 @@ class OneLineParser(argparse.ArgumentParser):
             raise UsageError(parser.one_line("unrecognized arguments: " + " ".join(extras)))
         return parsed
 
-    def add_global_flags(self, *flags: tuple[str, str]) -> None:
+    def add_global_flags(self, *flags: tuple[tuple[str, ...], str]) -> None:
         """The top-level flags (``--quiet``, ``--debug``) accepted after every subcommand
         too: each subcommand's parser takes them without a default of its own."""
         commands = getattr(self, "commands", {})
         for parser in commands.values():
             for flag, help_text in flags:
-                parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS,
+                parser.add_argument(*flag, action="store_true", default=argparse.SUPPRESS,
                                     help=help_text)
             nested = getattr(parser, "commands", {})
             for inner in nested.values():
                 for flag, help_text in flags:
-                    inner.add_argument(flag, action="store_true", default=argparse.SUPPRESS,
+                    inner.add_argument(*flag, action="store_true", default=argparse.SUPPRESS,
                                        help=help_text)
 
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -65,14 +65,17 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def configure(level: int = logging.INFO) -> None:
-    """Send ``ipu_stack.*`` logs to stderr in the reference format (idempotent)."""
+def configure(level: int = logging.INFO, shown: int | None = None) -> None:
+    """Send ``ipu_stack.*`` logs to stderr in the reference format (idempotent): records of
+    ``level`` and above are made (tests and profiles read them), those of ``shown`` and above
+    (default: ``level``) are printed."""
     root = logging.getLogger("ipu_stack")
     root.setLevel(level)
     for handler in list(root.handlers):
         if isinstance(handler, _StderrHandler):
             root.removeHandler(handler)
     handler = _StderrHandler()
+    handler.setLevel(level if shown is None else shown)
     handler.setFormatter(ReferenceFormatter())
     root.addHandler(handler)
 
