@@ -67,7 +67,7 @@ def test_a_size_above_the_ceiling_names_it(capsys) -> None:
      "scores (1700.61 GB) take at least 1701.02 GB and one chip of ipu21 holds 0.94 GB"),
     (["pe-giant", "--chips", "1"],
      "error: pe-giant does not fit: its weights alone take at least 1.85 GB and one chip of "
-     "ipu21 holds 0.94 GB; it needs at least 2 chips (--chips 2); or --layers 24 at most on "
+     "ipu21 holds 0.94 GB; it needs at least 3 chips (--chips 3); or --layers 24 at most on "
      "one chip"),
     (["siglip-mlp", "--batch", "100000", "--strategy", "pipeline"],
      "error: siglip-mlp does not fit: its weights (9.9 MB) and fc1's input and output "
@@ -94,3 +94,12 @@ def test_a_model_that_fits_its_least_memory_is_not_refused() -> None:
     for name, chips in (("siglip2-giant", 2), ("pe-giant", 4)):
         workload = get_workload(name)
         check_fits(workload, workload.defaults(), "ipu21", chips)
+
+
+def test_the_listing_names_each_workloads_weights_and_least_chips(capsys) -> None:
+    assert main(["workloads"]) == 0
+    out = capsys.readouterr().out
+    assert "siglip-vision: SigLIP so400m/14-384 vision tower" in out
+    assert "  GEMM weights 0.41 GB at the defaults; fits one chip's memory" in out
+    assert "  GEMM weights 1.13 GB at the defaults; needs --chips 2 or more" in out
+    assert "  GEMM weights 1.85 GB at the defaults; needs --chips 3 or more" in out

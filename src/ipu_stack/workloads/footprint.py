@@ -111,7 +111,7 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
              else f"one chip of {target} holds {_gb(held)}")
     if footprint.weight_bytes > held:
         cards = int(LINK_FACTS["max_cards"].value)
-        needed = -(-footprint.weight_bytes // chip)
+        needed = least_chips(footprint, target)
         hint = (f"; it needs at least {needed} chips (--chips {needed})" if needed <= cards
                 else f"; more than the {cards} cards a C600 cluster links")
         per_layer = max(footprint.layer_weight_bytes, 1)
@@ -125,3 +125,20 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
     raise CompileError(f"{name} does not fit: its weights ({_gb(footprint.weight_bytes)}) and "
                      f"{footprint.activation_what} ({_gb(footprint.activation_bytes)}) take "
                      f"at least {_gb(need)} and {where}")
+
+
+def least_chips(footprint: Footprint, target: str) -> int:
+    """The fewest chips whose memory could hold the footprint (a lower bound: the planner
+    may need more)."""
+    need = footprint.weight_bytes + footprint.activation_bytes
+    return max(1, -(-need // chip_bytes(get_target(target))))
+
+
+def footprint_line(workload: Any, target: str = "ipu21") -> str | None:
+    """One line for a listing: the weights at the defaults and the fewest chips."""
+    if workload.footprint is None:
+        return None
+    footprint = workload.footprint(workload.defaults())
+    chips = least_chips(footprint, target)
+    return (f"GEMM weights {_gb(footprint.weight_bytes)} at the defaults; "
+            + ("fits one chip's memory" if chips == 1 else f"needs --chips {chips} or more"))
