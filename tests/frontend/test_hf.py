@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from ipu_stack.frontend import import_program  # noqa: E402
+from tests.helpers import one_error_line  # noqa: E402
 
 
 def _siglip(layers: int, head: bool = False):
@@ -58,3 +59,37 @@ def test_siglip_attention_pooling_head_imports_exactly() -> None:
     assert len(imported.converted.outputs) == 2
     rewrites = " ".join(imported.converted.rewrites)
     assert "fused projection part 1" in rewrites and "constant query" in rewrites
+
+
+def test_a_causal_lm_with_a_constant_input_is_listed_and_refused_in_one_line(tmp_path, capsys
+                                                                             ) -> None:
+    """``LlamaForCausalLM`` exported for prefill with ``use_cache=False``: the constant input
+    is specialised (no traceback), ``ops`` lists every operation, and the one the product
+    has no device kernel for yet, the token embedding, is named, as ``bench`` names it."""
+    from ipu_stack.cli import main
+    from ipu_stack.frontend.workload import call_arguments, user_input_values
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 16))
+    program = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    values = dict(user_input_values(program))
+    assert values["use_cache"] is False and tuple(values["input_ids"].shape) == (1, 16)
+    args, kwargs = call_arguments(program, [ids.numpy()])
+    assert kwargs == {"use_cache": False} and torch.equal(args[0], ids)
+    path = tmp_path / "llama.pt2"
+    torch.export.save(program, str(path))
+    assert main(["ops", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    unsupported = [line for line in out if line.startswith("NO ")]
+    assert len(unsupported) == 1 and "aten.embedding.default" in unsupported[0]
+    assert "model.embed_tokens (Embedding)" in unsupported[0]
+    assert out[-1] == f"operations={len(out) - 1} supported={len(out) - 2} unsupported=1"
+    code = main(["bench", str(path), "--out", str(tmp_path / "pkg")])
+    line = one_error_line(code, capsys.readouterr().err)
+    assert line.startswith("error: unsupported operation aten.embedding.default in module "
+                           "model.embed_tokens (Embedding)")

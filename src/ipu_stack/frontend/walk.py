@@ -46,7 +46,9 @@ class Importer(Converter):
                 if spec.kind.name == "USER_INPUT":
                     value = node.meta.get("val")
                     if not isinstance(value, torch.Tensor):
-                        raise unsupported(node, "non-tensor user input")
+                        # a constant the export fixed (``use_cache=False``): specialised
+                        self.env[node] = value
+                        continue
                     if user_index >= len(self.user):
                         raise CompileError(f"the program takes more inputs than the "
                                            f"{len(self.user)} given")

@@ -64,19 +64,53 @@ def _export(module: Any, example_inputs: tuple[Any, ...]) -> Any:
     return torch.export.export(module.eval(), tuple(example_inputs))
 
 
-def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of each user input of the program (static: see :func:`specialize`)."""
+CONSTANT_TYPES = (bool, int, float, str, type(None))
+
+
+def user_input_values(program: Any) -> list[tuple[str, Any]]:
+    """(name, value) of each user input as the export saw it: a fake tensor, or the constant
+    ``torch.export`` fixed (``use_cache=False``).  A constant is specialised: the program
+    runs with that value; an input of any other kind is refused in one line."""
     out = []
     for spec in program.graph_signature.input_specs:
-        if spec.kind.name == "USER_INPUT":
-            node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
-            value = node.meta.get("val")
-            if not hasattr(value, "shape"):
-                raise UsageError(f"program input {spec.arg.name} is not a tensor")
-            if not all(isinstance(s, int) for s in value.shape):
-                raise UsageError(f"program input {spec.arg.name} has a dynamic shape "
-                                 f"{list(value.shape)}: specialize it first")
-            out.append((spec.arg.name, tuple(int(s) for s in value.shape)))
+        if spec.kind.name != "USER_INPUT":
+            continue
+        node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+        value = node.meta.get("val")
+        if not hasattr(value, "shape") and not isinstance(value, CONSTANT_TYPES):
+            raise UsageError(f"program input {spec.arg.name} is a {type(value).__name__}, "
+                             "neither a tensor nor a constant the export fixed")
+        out.append((spec.arg.name, value))
+    return out
+
+
+def call_arguments(program: Any, arrays: list[np.ndarray]) -> tuple[tuple, dict]:
+    """The positional and keyword arguments to call the program's module with: ``arrays``
+    for its tensor inputs, in order, and the constants it was exported with."""
+    torch = require_torch()
+    from torch.utils import _pytree
+
+    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+    examples = getattr(program, "example_inputs", None)
+    if examples is None:
+        return tuple(tensors), {}
+    leaves, spec = _pytree.tree_flatten(examples)
+    filled = [next(tensors) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    args, kwargs = _pytree.tree_unflatten(filled, spec)
+    return tuple(args), dict(kwargs)
+
+
+def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of each tensor user input of the program (static: see
+    :func:`specialize`); constants the export fixed are not inputs here."""
+    out = []
+    for name, value in user_input_values(program):
+        if not hasattr(value, "shape"):
+            continue
+        if not all(isinstance(s, int) for s in value.shape):
+            raise UsageError(f"program input {name} has a dynamic shape "
+                             f"{list(value.shape)}: specialize it first")
+        out.append((name, tuple(int(s) for s in value.shape)))
     return out
 
 
@@ -89,12 +123,8 @@ def _example_shapes(program: Any) -> list[tuple[int, ...]]:
         leaves = [a for a in args if isinstance(a, torch.Tensor)]
         if leaves:
             return [tuple(int(s) for s in leaf.shape) for leaf in leaves]
-    shapes = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind.name == "USER_INPUT":
-            node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
-            shapes.append(tuple(s if isinstance(s, int) else 1 for s in node.meta["val"].shape))
-    return shapes
+    return [tuple(s if isinstance(s, int) else 1 for s in value.shape)
+            for _, value in user_input_values(program) if hasattr(value, "shape")]
 
 
 def specialize(program: Any, batch: int) -> Any:
@@ -104,17 +134,16 @@ def specialize(program: Any, batch: int) -> Any:
     the size asked for; one exported with static shapes can only run at its own batch."""
     torch = require_torch()
     shapes = _example_shapes(program)
-    dynamic = any(not isinstance(s, int) for spec in program.graph_signature.input_specs
-                  if spec.kind.name == "USER_INPUT"
-                  for s in next(n for n in program.graph.nodes
-                                if n.name == spec.arg.name).meta["val"].shape)
+    dynamic = any(not isinstance(s, int) for _, value in user_input_values(program)
+                  if hasattr(value, "shape") for s in value.shape)
     exported = shapes[0][0] if shapes and shapes[0] else 1
     if not dynamic and batch in (0, exported):
         return program
     size = batch or exported
-    inputs = tuple(torch.zeros((size, *shape[1:])) for shape in shapes)
+    args, kwargs = call_arguments(program, [np.zeros((size, *shape[1:]), np.float32)
+                                            for shape in shapes])
     try:
-        return torch.export.export(program.module(), inputs)
+        return torch.export.export(program.module(), args, kwargs=kwargs)
     except Exception as exc:  # torch reports a failed guard in many exception types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"--batch {size}: the program was exported for batch {exported} "
@@ -152,8 +181,9 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
     torch = require_torch()
     from torch.utils import _pytree
 
+    args, kwargs = call_arguments(program, inputs)
     with torch.no_grad():
-        result = program.module()(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+        result = program.module()(*args, **kwargs)
     return [leaf.detach().to(torch.float32).numpy() for leaf in _pytree.tree_leaves(result)
             if isinstance(leaf, torch.Tensor)]
 
