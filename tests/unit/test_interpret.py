@@ -257,3 +257,21 @@ def test_fitted_scales_are_the_largest_of_each_roles_values() -> None:
                               for n in ("a.out", "c.out"))}
     assert got["act"] == fit_scale_exponent(want["a.out"], headroom=2.0) != \
         fit_scale_exponent(want["c.out"], headroom=2.0)  # the larger role member wins
+
+
+def test_the_f16_gelu_agrees_on_every_half_on_the_device_the_reference_and_the_model() -> None:
+    """Every one of the 65,536 F16 inputs (infinities and NaN aside): the device kernel's
+    chain, the host reference's operation and the independent model of the loop give the
+    same half."""
+    from ipu_stack.kernels.elementwise import apply_chain
+
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    halves = halves[np.isfinite(halves)].astype(np.float32)[None, :]
+    b = GraphBuilder("gelu-all-halves")
+    x = b.input("x", TensorType(halves.shape, F16))
+    b.output(b.op("gelu", [x], F16, "out", approximate="tanh"))
+    reference = evaluate(b.build(), {"x": halves})["out"]
+    device = apply_chain(halves, [["round", F16.to_json()], ["gelu_tanh", F16.to_json()]], None)
+    model = gelu_tanh_half_loop(halves.astype(np.float64))
+    np.testing.assert_array_equal(reference, device)
+    np.testing.assert_array_equal(device.astype(np.float64), model)
