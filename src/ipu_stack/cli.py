@@ -540,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = logging.DEBUG if args.debug else (
         logging.INFO if args.verbose and not args.quiet else logging.WARNING)
     log.configure(min(shown, logging.INFO), shown)
+    log.note_first_compile()
     try:
         _check_outputs(args)
         return COMMANDS[args.command](args)

@@ -128,3 +128,33 @@ class Progress:
         if self.enabled:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+
+
+
+FIRST_COMPILE_NOTE = ("note: numba is compiling the simulator's loops, once for this install "
+                      "(about 25 s on 2 cores); later runs load them from its cache")
+
+
+def note_first_compile() -> object | None:
+    """At a terminal, one line the first time numba compiles a loop in this process (its
+    cache on disk was cold): a first run is otherwise silent for half a minute.  Compiles
+    are numba's ``numba:compile`` events, which fire only on a cache miss.  Returns the
+    listener (``numba.core.event.unregister`` takes it back), or ``None`` off a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    from numba.core import event
+
+    class FirstCompile(event.Listener):
+        said = False
+
+        def on_start(self, _event) -> None:  # noqa: ANN001
+            if not self.said:
+                self.said = True
+                print(FIRST_COMPILE_NOTE, file=sys.stderr, flush=True)
+
+        def on_end(self, _event) -> None:  # noqa: ANN001
+            pass
+
+    listener = FirstCompile()
+    event.register("numba:compile", listener)
+    return listener
