@@ -345,9 +345,17 @@ def _run_and_report(args: argparse.Namespace, package_path: Path, graph, tensors
 def cmd_compile(args: argparse.Namespace) -> int:
     workload, params = _params(args)
     result = compile_strategy(workload, params, Path(args.out), _options(args))
-    print(f"package={result.package} strategy={result.strategy} "
-          f"estimatedCycles={result.estimate['cycles']} "
-          f"compileSeconds={result.timings['compile']:.2f}")
+    cycles = int(result.estimate["cycles"])
+    if sys.stdout.isatty():
+        what = "a pipeline step" if result.strategy == "pipeline" else "a run"
+        print(f"compiled {workload.identifier(params)} ({result.strategy}) in "
+              f"{result.timings['compile']:.1f} s\n"
+              f"  the compiler estimates {cycles:,} cycles for {what}\n"
+              f"  package: {result.package}\n"
+              f"  next: `ipu-stack run {Path(args.out)}` runs and checks it")
+    else:
+        print(f"package={result.package} strategy={result.strategy} estimatedCycles={cycles} "
+              f"compileSeconds={result.timings['compile']:.2f}")
     return 0
 
 

@@ -3,6 +3,8 @@ alone, at most a dozen, each figure the record's own."""
 
 from __future__ import annotations
 
+import sys
+
 from ipu_stack.runtime.answer import answer_lines
 
 LAYERS = {"numericalTest": "PASS", "workload": "siglip-mlp-fp8-b1", "strategy": "layers",
@@ -56,3 +58,21 @@ def test_the_info_log_needs_verbose(tmp_path, capsys) -> None:
     assert main([*argv, "-v"]) == 0
     assert " INFO ipu_stack.package.build: package build phase finished" in \
         capsys.readouterr().err
+
+
+def test_at_a_terminal_compile_and_bench_end_with_the_answer(tmp_path, capsys, monkeypatch
+                                                             ) -> None:
+    from ipu_stack.cli import main
+
+    small = ["siglip-mlp", "--tokens", "16", "--dim", "32", "--hidden", "48",
+             "--cache-dir", str(tmp_path / "cache")]
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["compile", *small, "-o", str(tmp_path / "pkg")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("compiled siglip-mlp-fp8-b1-t16-d32-h48-n1 (layers) in ")
+    assert lines[1].startswith("  the compiler estimates ") and lines[1].endswith(" for a run")
+    assert lines[-1] == f"  next: `ipu-stack run {tmp_path / 'pkg'}` runs and checks it"
+    assert main(["bench", *small, "--out", str(tmp_path / "b"), "--lock",
+                 str(tmp_path / "lock")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "PASS  siglip-mlp-fp8-b1-t16-d32-h48-n1 (batch 1)" and len(out) <= 12
