@@ -446,7 +446,11 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: _Inputs,
     rows_differ = np.logical_or.reduce(differs) if same_rows and differs else \
         np.zeros(rows_out, dtype=bool)
     kinds = {graph.operations[op].kind for op in operations}
-    row_local = same_rows and kinds <= set(ROW_LOCAL) and (
+    # a depth-split GEMM adds its blocks' partials in the order of the row blocks its tiles
+    # own (``depth_owners``): a rerun of some rows only would add them in another order
+    depth_split = any(int((gemm_modes or {}).get(str(op), {}).get("depth_splits", 1)) > 1
+                      for op in operations if graph.operations[op].kind == "matmul")
+    row_local = same_rows and kinds <= set(ROW_LOCAL) and not depth_split and (
         not isinstance(stage, GemmStage) or stage.kind == "matmul")
     if not row_local or rows_differ.all():
         return evaluate_operations(graph, operations, dict(known), gemm_modes)[stage.out]
