@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ipu_stack.testing.reference import gelu_tanh_half_loop
+from ipu_stack.testing.reference import gelu_tanh_half_loop, layer_norm_normce
 from tests.e2e.float64_forward import gemm, gemm_modes, round_to
 
 
@@ -90,6 +90,9 @@ class Forward:
         return y
 
     def layer_norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        if self.rounded and x.shape[1] % 4 == 0:  # F16 rows: the vendor's NormCE
+            y = layer_norm_normce(x, self.w(f"{name}.gamma"), self.w(f"{name}.beta"), self.eps)
+            return self.store(y, f"{name}.out")
         mean = x.sum(axis=1, keepdims=True) / x.shape[1]
         centred = x - mean
         var = (centred * centred).sum(axis=1, keepdims=True) / x.shape[1]

@@ -110,6 +110,23 @@ def _gelu_loop(vectors_per_worker: list[int], remainder: int) -> int:
     return p("nonlinearity_supervisor") + 6 * worker
 
 
+def _normce_call(kind: str, rows: int, width: int) -> int:
+    """One ``NormCE`` compute set as it ran: ``rows`` rows one a worker, or a split call
+    whose six workers share one to three rows (their chunk of each row, the merge of the
+    partial sums, the normalise, the supervisor's launches)."""
+    eight_lanes = width % 8 == 0 and width >= 576
+    if kind == "rows":
+        fixed = p("normce_row_fixed") if eight_lanes else p("normce_row_fixed_unaligned")
+        row = (width * 5 // 4 if eight_lanes else width * 3 // 2) + fixed
+        return 6 * (rows // 6 * (row + p("normce_row_wrapper")) + p("normce_call_wrapper"))
+    grain = 8 if eight_lanes else 4
+    chunk = cdiv(cdiv(width, grain), 6 // rows) * grain
+    stats = (chunk // 4 + p("normce_split_stats")) if eight_lanes else (
+        chunk // 2 + p("normce_split_stats_unaligned"))
+    tail = p("normce_split_normalise") if rows == 1 else p("normce_split_normalise_rows")
+    return 6 * (stats + p(f"normce_merge_{rows}") + chunk + tail) + p("normce_split_supervisor")
+
+
 def price_work(work: Work, weights_interleaved: bool = True) -> int:
     """Cycles of one executed kernel call on one tile."""
     c = work.counts
@@ -138,6 +155,10 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         return p("cast_call") + p("elementwise_step") * _steps(c["per_worker"], 8)
     if kind == "copy":
         return p("copy_call") + cdiv(c["bytes"], p("copy_bytes_per_cycle"))
+    if kind == "normce":  # its compute sets, a sync between two
+        calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
+        return sum(_normce_call(k, n, c["width"]) for k, n in calls) + \
+            p("sync") * max(len(calls) - 1, 0)
     if kind == "layer_norm":  # rows one after another, each over all six workers
         return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
     if kind == "softmax":

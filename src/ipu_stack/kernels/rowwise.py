@@ -32,12 +32,19 @@ from ipu_stack.kernels.base import (
     write_rows,
 )
 from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work
+from ipu_stack.kernels.norm import normce_applies, normce_calls, normce_layer_norm
 from ipu_stack.target.timing import Work, split_over_workers
 
 
 def _name(p: dict[str, Any]) -> str:
     op = p["op"] if p["op"] != "chain" else "_".join(s[0] for s in p["chain"])
     return f"row_{op}_r{p['rows']}_c{p['cols']}"
+
+
+def _normce(p: dict[str, Any]) -> bool:
+    """A layer norm that runs as the vendor's ``NormCE`` (``kernels.norm``)."""
+    aux = None if p.get("aux") is None else Precision.from_json(p["aux"])
+    return normce_applies(Precision.from_json(p["x"]), aux, int(p["cols"]))
 
 
 def _out_cast(p: dict[str, Any]) -> bool:
@@ -54,7 +61,12 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
     per_worker = split_over_workers(rows * cols)
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
-    if op in ("layer_norm", "rms_norm"):
+    if op == "layer_norm" and _normce(p):
+        calls = normce_calls(rows)
+        work = [Work("normce", {"row_calls": [n for kind, n in calls if kind == "rows"],
+                                "split_calls": [n for kind, n in calls if kind == "split"],
+                                "width": cols})]
+    elif op in ("layer_norm", "rms_norm"):
         work = [Work(op, {"row_widths": [cols] * rows})]
     elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
@@ -107,7 +119,11 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     x_addr, aux0, aux1, out_addr = addresses
     rows, cols, op = p["rows"], p["cols"], p["op"]
     x = _matrix(mem, tiles, x_addr, rows, cols, p["x_pitch"], p["x"])
-    if op == "layer_norm":
+    if op == "layer_norm" and _normce(p):
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        beta = _matrix(mem, tiles, aux1, 1, cols, p["aux_pitch"], p["aux"])
+        result = normce_layer_norm(x, gamma, beta, p["eps"])  # [T, 1, cols] scale, shift
+    elif op == "layer_norm":
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
         beta = _matrix(mem, tiles, aux1, 1, cols, p["aux_pitch"], p["aux"])
         mean = x.mean(axis=-1, keepdims=True)

@@ -21,6 +21,7 @@ from ipu_stack.kernels.elementwise import (
 )
 from ipu_stack.kernels.epilogue import bias_room
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
+from ipu_stack.kernels.norm import normce_applies, normce_cycles
 from ipu_stack.target.timing import ACTIVATION_VERTICES, CAST_VECTORS, PRICES, cdiv, p
 
 
@@ -223,7 +224,12 @@ def _row(params: dict[str, Any]) -> int:
     rows, cols, op = params["rows"], params["cols"], params["op"]
     if rows * cols == 0:
         return 0
-    if op == "layer_norm":
+    aux = params.get("aux")
+    if op == "layer_norm" and normce_applies(Precision.from_json(params["x"]),
+                                             None if aux is None else Precision.from_json(aux),
+                                             cols):
+        cycles = normce_cycles(rows, cols)
+    elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
     elif op == "rms_norm":
         cycles = estimate_rms_norm(rows, cols)

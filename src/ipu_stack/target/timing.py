@@ -199,6 +199,37 @@ PRICES.update({
                                 "64-bit store bounds it)"),
 })
 
+# The fused layer norm Graphcore ships for the C600 (PopTransformer custom_ops, NormCE):
+# bundle counts of its assembly; a bundle is one worker issue slot, 6 tile cycles.
+_NORMCE = "PopTransformer 1314598f custom_ops"
+PRICES.update({
+    "normce_row_fixed": Fact(65, f"{_NORMCE}/NormCE.S:471-699 (normInfKernelAligned16): "
+                                 "71 fixed bundles less the loops' -6: 1.25 W + 65 a row"),
+    "normce_row_fixed_unaligned": Fact(60, f"{_NORMCE}/NormCE.S:242-457 (normInfKernel): "
+                                           "1.5 W + 60 a row"),
+    "normce_row_wrapper": Fact(10, "assumed: the compiled C++ loop of NormCEInfVertex "
+                                   "(NormCECodelets.cpp:408-433) costs 10 bundles a row; not "
+                                   "in the source"),
+    "normce_call_wrapper": Fact(30, "assumed: NormCEInfVertex's call costs 30 bundles; the "
+                                    "compiled C++ is not in the source"),
+    "normce_split_stats": Fact(52, f"{_NORMCE}/NormCE_half_split.S:186-307, 475-507: partial "
+                                   "sums C/4 + 52 (C/2 + 47 without interleave)"),
+    "normce_split_stats_unaligned": Fact(47, f"{_NORMCE}/NormCE_half_split.S:65-173, 475-507"),
+    "normce_split_normalise": Fact(38, f"{_NORMCE}/NormCE_half_split.S:316-406, 692-738: C + 38 "
+                                       "(one row a call; C + 44 for two or three)"),
+    "normce_split_supervisor": Fact(180, f"{_NORMCE}/NormCE_half_split.S:424-472: 30 supervisor "
+                                         "instructions, 3 launches and syncs, at poplibs' 6 "
+                                         "cycles an instruction (poplin PerformanceEstimation.hpp"
+                                         ":1100-1120)"),
+})
+PRICES.update({  # the split kernel's merge of the workers' partial sums, by rows in the call
+    f"normce_merge_{rows}": Fact(bundles, f"{_NORMCE}/NormCE_half_split.S:509-690: {bundles} "
+                                          f"bundles with {rows} row(s) a call")
+    for rows, bundles in ((1, 35), (2, 32), (3, 30))})
+PRICES["normce_split_normalise_rows"] = Fact(
+    44, f"{_NORMCE}/NormCE_half_split.S:692-738: C + 44 with two or three rows a call")
+
+
 # Cast1D's vector width and cycles a vector, by conversion.
 CAST_VECTORS: dict[str, tuple[int, str]] = {
     "cast_f8": (8, "cast1d_f16_to_f8"),

@@ -41,6 +41,45 @@ def gelu_tanh_half_loop(x: np.ndarray) -> np.ndarray:
     return rn(steps[-1] * x)
 
 
+def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+                      ) -> np.ndarray:
+    """A layer norm the way PopTransformer's ``NormCE`` assembly computes it, written from
+    its instruction list row by row with scalar float32 and float16 arithmetic: eight (or,
+    below 576 or off a multiple of 8, four) FP32 lanes of sums and sums of squares, combined
+    in pairs; the mean rounded to F16; ``E[x^2] - mean^2`` in FP32, not below 0, plus eps;
+    ``1 / sqrt`` in FP32 rounded to F16; ``(x - mean) * r * gamma + beta`` rounding to F16
+    after each operation.  float64 out."""
+    f32, f16 = np.float32, np.float16
+    rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    width = rows.shape[1]
+    lanes = 8 if width % 8 == 0 and width >= 576 else 4
+    order = [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
+    out = np.empty_like(rows)
+    for r, row in enumerate(rows):
+        sums, squares = [f32(0)] * lanes, [f32(0)] * lanes
+        for i, value in enumerate(row):
+            v = f32(value)
+            sums[i % lanes] = f32(sums[i % lanes] + v)
+            squares[i % lanes] = f32(squares[i % lanes] + f32(v * v))
+
+        def combine(acc):
+            a = [acc[k] for k in order]
+            if lanes == 8:
+                return f32(f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
+                           + f32(f32(a[4] + a[5]) + f32(a[6] + a[7])))
+            return f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
+
+        reciprocal = f32(f32(1) / f32(width))
+        mean = f16(f32(combine(sums) * reciprocal))
+        var = f32(f32(combine(squares) * reciprocal) - f32(f32(mean) * f32(mean)))
+        var = f32(max(var, f32(0)) + f32(eps))
+        inverse = f16(f32(1) / f32(np.sqrt(var)))
+        for i, value in enumerate(row):
+            y = f16(f16(f16(value) - mean) * inverse)
+            out[r, i] = float(f16(f16(y * f16(gamma[i])) + f16(beta[i])))
+    return out.reshape(np.shape(x))
+
+
 def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
     """``values`` rounded to a stored precision given as its JSON form (``{"kind": "F8F143",
     "scale_exponent": -3}``), back in float64; FP8 saturates at its largest finite value."""

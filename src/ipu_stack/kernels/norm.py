@@ -1,0 +1,119 @@
+"""The layer norm Graphcore ships for the C600: PopTransformer's fused ``NormCE``.
+
+One pass gathers a row's sum and sum of squares in FP32 accumulators (``f16v8acc``,
+``f16v8sqacc``: eight lanes, lane ``k`` summing elements ``8i + k``, when the width is a
+multiple of 8 and at least 576; four lanes otherwise), combined as ``((L0 + L2) + (L4 + L6))
++ ((L1 + L3) + (L5 + L7))``.  The mean is the sum times the FP32 reciprocal of the width,
+rounded to F16; the variance is ``E[x^2] - mean_h^2`` in FP32, clamped at 0, plus eps; the
+inverse deviation ``1 / sqrt(var)`` in FP32 is rounded to F16; then ``((x - mean) * r) *
+gamma + beta`` runs in F16, rounding after every operation (``NormCE.S:471-699``).
+
+The kernel runs rows as the vendor's code does (``NormCEImpl.cpp:331-413``): six or more rows
+of a tile one a worker, fewer split over the workers.  The statistics are summed in the
+one-row-a-worker order on every tile (the split kernel's per-worker partial sums differ
+from it in FP32 rounding only); the host reference follows this form.  It applies to F16
+rows and F16 scale and shift of a width that is a multiple of 4 below 8192; other layer
+norms run the reference's measured kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ipu_stack.ir.precision import Precision
+from ipu_stack.target.timing import cdiv, p
+
+
+def normce_applies(x: Precision, aux: Precision | None, width: int) -> bool:
+    """Whether a layer norm of these precisions and width runs as ``NormCE``."""
+    return (x.kind == "F16" and aux is not None and aux.kind == "F16"
+            and width % 4 == 0 and 0 < width < 8192)
+
+
+def interleaved(width: int) -> bool:
+    """Eight accumulator lanes (and 128-bit loads) rather than four."""
+    return width % 8 == 0 and width >= 576
+
+
+def _lane_sums(values: np.ndarray, lanes: int) -> np.ndarray:
+    """FP32 accumulators, lane ``k`` adding elements ``lanes * i + k`` in order."""
+    shaped = values.reshape(*values.shape[:-1], values.shape[-1] // lanes, lanes)
+    total = np.zeros((*values.shape[:-1], lanes), dtype=np.float32)
+    for index in range(shaped.shape[-2]):
+        total += shaped[..., index, :]
+    return total
+
+
+def _combine(lanes: np.ndarray) -> np.ndarray:
+    if lanes.shape[-1] == 8:
+        return ((lanes[..., 0] + lanes[..., 2]) + (lanes[..., 4] + lanes[..., 6])) + (
+            (lanes[..., 1] + lanes[..., 3]) + (lanes[..., 5] + lanes[..., 7]))
+    return (lanes[..., 0] + lanes[..., 2]) + (lanes[..., 1] + lanes[..., 3])
+
+
+def normce_layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+                      ) -> np.ndarray:
+    """``NormCE``'s values for F16 rows ``x`` (float32 holding F16 values, last axis the
+    row), as F16 values in float32."""
+    width = x.shape[-1]
+    lanes = 8 if interleaved(width) else 4
+    x32 = x.astype(np.float32)
+    total = _combine(_lane_sums(x32, lanes))
+    squares = _combine(_lane_sums(x32 * x32, lanes))
+    reciprocal = np.float32(1.0) / np.float32(width)
+    mean = (total * reciprocal).astype(np.float16)
+    mean32 = mean.astype(np.float32)
+    variance = np.maximum(squares * reciprocal - mean32 * mean32, np.float32(0.0))
+    variance = variance + np.float32(eps)
+    inverse = (np.float32(1.0) / np.sqrt(variance)).astype(np.float16)
+    x16 = x.astype(np.float16)
+    centred = x16 - mean[..., None]
+    normal = centred * inverse[..., None]
+    scaled = normal * gamma.astype(np.float16)
+    return (scaled + beta.astype(np.float16)).astype(np.float32)
+
+
+def normce_calls(rows: int) -> list[tuple[str, int]]:
+    """The vendor's compute sets for ``rows`` rows of a tile: ``("rows", n)`` runs ``n``
+    rows (a multiple of 6) one a worker, ``("split", t)`` runs ``t <= 3`` rows split over
+    the workers; four or five rows left are three, then the rest."""
+    calls: list[tuple[str, int]] = []
+    left = rows
+    while left > 0:
+        if left >= 6:
+            take = 6 * (left // 6)
+            calls.append(("rows", take))
+        else:
+            take = 3 if left in (4, 5) else left
+            calls.append(("split", take))
+        left -= take
+    return calls
+
+
+def split_chunk(width: int, rows: int) -> int:
+    """Halves each worker takes of a row in the split kernel (6, 3 or 2 workers a row)."""
+    grain = 8 if interleaved(width) else 4
+    return cdiv(cdiv(width, grain), 6 // rows) * grain
+
+
+def normce_call_cycles(kind: str, rows: int, width: int) -> int:
+    """One compute set of ``NormCE`` on a tile, in tile cycles (six workers, a bundle
+    every 6 cycles)."""
+    aligned = interleaved(width)
+    if kind == "rows":
+        per_row = (5 if aligned else 6) * width // 4 + p(
+            "normce_row_fixed" if aligned else "normce_row_fixed_unaligned")
+        return 6 * ((rows // 6) * (per_row + p("normce_row_wrapper")) + p("normce_call_wrapper"))
+    chunk = split_chunk(width, rows)
+    stats = chunk // 4 + p("normce_split_stats") if aligned else \
+        chunk // 2 + p("normce_split_stats_unaligned")
+    normalise = chunk + p("normce_split_normalise" if rows == 1 else "normce_split_normalise_rows")
+    return 6 * (stats + p(f"normce_merge_{rows}") + normalise) + p("normce_split_supervisor")
+
+
+def normce_cycles(rows: int, width: int) -> int:
+    """``NormCE`` over a tile's ``rows`` rows of ``width``: its compute sets, a sync
+    between two of them."""
+    calls = normce_calls(rows)
+    return sum(normce_call_cycles(kind, n, width) for kind, n in calls) + \
+        p("sync") * max(len(calls) - 1, 0)
