@@ -437,3 +437,25 @@ def test_normce_at_full_width_agrees_on_the_device_the_reference_and_the_model()
                               beta.astype(np.float64), eps)
     np.testing.assert_array_equal(device.astype(np.float32), reference)
     np.testing.assert_array_equal(device.astype(np.float64), model)
+
+
+def test_normce_is_not_used_where_its_f16_deviation_could_overflow() -> None:
+    """NormCE rounds 1 / sqrt(var + eps) to F16: with BEiT's eps of 1e-12 a row of equal
+    values would give an infinite deviation, so that layer norm runs the measured kernel;
+    the builtins' 1e-6 and 1e-5 run NormCE."""
+    from ipu_stack.ir.graph import GraphBuilder
+    from ipu_stack.ir.interpret import runs_normce
+    from ipu_stack.ir.types import TensorType
+    from ipu_stack.kernels.norm import normce_applies
+
+    assert normce_applies(F16, F16, 1152, 1e-6) and normce_applies(F16, F16, 1024, 1e-5)
+    assert not normce_applies(F16, F16, 768, 1e-12)
+    assert not normce_applies(F16, F16, 1150, 1e-6) and not normce_applies(F32, F16, 1152, 1e-6)
+    for eps, expected in ((1e-12, False), (1e-6, True)):
+        b = GraphBuilder("ln")
+        x = b.input("x", TensorType((4, 768), F16))
+        g = b.weight("g", TensorType((768,), F16))
+        be = b.weight("b", TensorType((768,), F16))
+        b.output(b.op("layer_norm", [x, g, be], F16, "out", eps=eps))
+        graph = b.build()
+        assert runs_normce(graph, graph.operations[0]) is expected

@@ -238,12 +238,13 @@ def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
 
 def runs_normce(graph: Graph, op: Operation) -> bool:
     """A layer norm the device runs as the vendor's fused ``NormCE`` (F16 rows, F16 scale
-    and shift, a width that is a multiple of 4 below 8192; ``kernels/norm.py``)."""
+    and shift, a width that is a multiple of 4 below 8192, and an epsilon whose ``1 /
+    sqrt(eps)`` an F16 holds; ``kernels/norm.py``)."""
     if op.kind != "layer_norm":
         return False
     width = graph.value(op.inputs[0]).type.shape[-1]
     return all(graph.value(i).type.precision.kind == "F16" for i in op.inputs) and \
-        width % 4 == 0 and width < 8192
+        width % 4 == 0 and width < 8192 and float(op.attrs["eps"]) * 65504.0**2 >= 1.0
 
 
 def _accumulate(values: np.ndarray, lanes: int) -> np.ndarray:

@@ -12,8 +12,9 @@ The kernel runs rows as the vendor's code does (``NormCEImpl.cpp:331-413``): six
 of a tile one a worker, fewer split over the workers.  The statistics are summed in the
 one-row-a-worker order on every tile (the split kernel's per-worker partial sums differ
 from it in FP32 rounding only); the host reference follows this form.  It applies to F16
-rows and F16 scale and shift of a width that is a multiple of 4 below 8192; other layer
-norms run the reference's measured kernel.
+rows and F16 scale and shift of a width that is a multiple of 4 below 8192, with an epsilon
+that keeps ``1 / sqrt(eps)`` within F16 (BEiT's 1e-12 does not); other layer norms run the
+reference's measured kernel.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ import numpy as np
 from ipu_stack.ir.precision import Precision
 from ipu_stack.target.timing import cdiv, p
 
+# NormCE rounds 1 / sqrt(var + eps) to F16: a row of equal values would overflow it (an
+# infinite deviation, NaN outputs) unless 1 / sqrt(eps) is at most F16's largest, 65504
+SMALLEST_EPS = 1.0 / 65504.0**2
 
-def normce_applies(x: Precision, aux: Precision | None, width: int) -> bool:
-    """Whether a layer norm of these precisions and width runs as ``NormCE``."""
+
+def normce_applies(x: Precision, aux: Precision | None, width: int, eps: float) -> bool:
+    """Whether a layer norm of these precisions, width and epsilon runs as ``NormCE``."""
     return (x.kind == "F16" and aux is not None and aux.kind == "F16"
-            and width % 4 == 0 and 0 < width < 8192)
+            and width % 4 == 0 and 0 < width < 8192 and eps >= SMALLEST_EPS)
 
 
 def interleaved(width: int) -> bool:

@@ -44,7 +44,7 @@ def _name(p: dict[str, Any]) -> str:
 def _normce(p: dict[str, Any]) -> bool:
     """A layer norm that runs as the vendor's ``NormCE`` (``kernels.norm``)."""
     aux = None if p.get("aux") is None else Precision.from_json(p["aux"])
-    return normce_applies(Precision.from_json(p["x"]), aux, int(p["cols"]))
+    return normce_applies(Precision.from_json(p["x"]), aux, int(p["cols"]), float(p["eps"]))
 
 
 def _out_cast(p: dict[str, Any]) -> bool:

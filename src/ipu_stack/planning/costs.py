@@ -227,7 +227,7 @@ def _row(params: dict[str, Any]) -> int:
     aux = params.get("aux")
     if op == "layer_norm" and normce_applies(Precision.from_json(params["x"]),
                                              None if aux is None else Precision.from_json(aux),
-                                             cols):
+                                             cols, float(params["eps"])):
         cycles = normce_cycles(rows, cols)
     elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
