@@ -159,7 +159,7 @@ def render() -> str:
         "(620 and 404, reference log 004). For the layer loop: loading a pass's per-layer weight",
         "addresses is assumed to cost 0 cycles (not measured); counted in the 27-layer siglip-vision",
         "package, a tile loads at most 13 addresses per pass, so at 6 cycles a load it would add",
-        "under 100 cycles a layer (0.04 % of siglip-vision's 244 813). The address table is "
+        "under 100 cycles a layer (0.04 % of siglip-vision's 236 083). The address table is "
         "counted in memory:",
         "`memory/support.py` `LAYER_ADDRESS_BYTES` = 4 bytes (one 32-bit address) per layer and",
         "per-layer weight on a tile (assumed).",
