@@ -120,32 +120,38 @@ def pitch_for(cols: int, p: Precision, pad: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- layer norm
-@pytest.mark.parametrize("out", [F16, f143(-5)], ids=["f16", "fp8"])
-def test_layer_norm(out: Precision) -> None:
-    rng = np.random.default_rng(1)
+def _layer_norm_case(seed: int, cols: int, out: Precision, eps: float = 1e-5):
+    """A layer norm of two tiles' ``ROWS x cols`` F16 rows with F16 scale and shift: the
+    device's result, the rows, the scale and the shift as values, and the parameters."""
+    rng = np.random.default_rng(seed)
     mem = fake_memory()
-    x = random_stored(rng, F16, (2, ROWS, COLS), std=3.0, offset=0.5)
-    gamma = random_stored(rng, F16, (2, 1, COLS), std=0.1, offset=1.0)
-    beta = random_stored(rng, F16, (2, 1, COLS), std=0.1)
-    x_pitch, out_pitch, aux_pitch = pitch_for(COLS, F16, 8), pitch_for(COLS, out, 4), 64
+    x = random_stored(rng, F16, (2, ROWS, cols), std=3.0, offset=0.5)
+    gamma = random_stored(rng, F16, (2, 1, cols), std=0.1, offset=1.0)
+    beta = random_stored(rng, F16, (2, 1, cols), std=0.1)
+    x_pitch, out_pitch, aux_pitch = pitch_for(cols, F16, 8), pitch_for(cols, out, 4), 64
     addresses = [64, 1024, 1100, 2048]
-    put(mem, addresses[0], x_pitch, x)
-    put(mem, addresses[1], aux_pitch, gamma)
-    put(mem, addresses[2], aux_pitch, beta)
-    eps = 1e-5
-    params = row_params("layer_norm", ROWS, COLS, F16, x_pitch, out, out_pitch, F16, aux_pitch,
+    for address, pitch, values in zip(addresses, (x_pitch, aux_pitch, aux_pitch),
+                                      (x, gamma, beta), strict=False):
+        put(mem, address, pitch, values)
+    params = row_params("layer_norm", ROWS, cols, F16, x_pitch, out, out_pitch, F16, aux_pitch,
                         eps=eps)
     device = run_and_read(params, mem, addresses, out)
+    return device, values_of(x, F16), values_of(gamma, F16), values_of(beta, F16), params, (
+        mem, addresses)
 
-    xv = values_of(x, F16)
+
+@pytest.mark.parametrize("out", [F16, f143(-5)], ids=["f16", "fp8"])
+def test_layer_norm(out: Precision) -> None:
+    eps = 1e-5
+    device, xv, gamma, beta, _, _ = _layer_norm_case(1, COLS, out, eps)
     # F16 rows, scale and shift of a width a multiple of 4: the vendor's NormCE, whose F16
     # result the output stores (FP8: rounded once more)
-    normce = np.stack([layer_norm_normce(xv[t], values_of(gamma, F16)[t, 0],
-                                         values_of(beta, F16)[t, 0], eps) for t in range(2)])
+    normce = np.stack([layer_norm_normce(xv[t], gamma[t, 0], beta[t, 0], eps)
+                       for t in range(2)])
     assert_rounds(device, normce, out, nearest_fraction=1.0)
     mean = xv.sum(axis=-1, keepdims=True) / COLS
     var = ((xv - mean) ** 2).sum(axis=-1, keepdims=True) / COLS
-    exact = (xv - mean) / np.sqrt(var + eps) * values_of(gamma, F16) + values_of(beta, F16)
+    exact = (xv - mean) / np.sqrt(var + eps) * gamma + beta
     # within a few F16 steps of the exact normalisation (four F16 roundings)
     assert np.abs(normce - exact).max() <= 8 * 2.0**-10 * np.abs(exact).max()
 
@@ -153,25 +159,11 @@ def test_layer_norm(out: Precision) -> None:
 def test_a_layer_norm_off_the_vendor_kernels_widths_is_the_measured_kernel() -> None:
     """A width not a multiple of 4 runs the reference's kernel: float32, centred
     variance, one rounding."""
-    rng = np.random.default_rng(4)
-    mem = fake_memory()
     cols = 10
-    x = random_stored(rng, F16, (2, ROWS, cols), std=3.0, offset=0.5)
-    gamma = random_stored(rng, F16, (2, 1, cols), std=0.1, offset=1.0)
-    beta = random_stored(rng, F16, (2, 1, cols), std=0.1)
-    x_pitch, out_pitch, aux_pitch = pitch_for(cols, F16, 8), pitch_for(cols, F16, 4), 64
-    addresses = [64, 1024, 1100, 2048]
-    put(mem, addresses[0], x_pitch, x)
-    put(mem, addresses[1], aux_pitch, gamma)
-    put(mem, addresses[2], aux_pitch, beta)
-    params = row_params("layer_norm", ROWS, cols, F16, x_pitch, F16, out_pitch, F16, aux_pitch,
-                        eps=1e-5)
-    device = run_and_read(params, mem, addresses, F16)
-    xv = values_of(x, F16)
+    device, xv, gamma, beta, params, (mem, addresses) = _layer_norm_case(4, cols, F16)
     mean = xv.sum(axis=-1, keepdims=True) / cols
     var = ((xv - mean) ** 2).sum(axis=-1, keepdims=True) / cols
-    exact = (xv - mean) / np.sqrt(var + 1e-5) * values_of(gamma, F16) + values_of(beta, F16)
-    assert_rounds(device, exact, F16)
+    assert_rounds(device, (xv - mean) / np.sqrt(var + 1e-5) * gamma + beta, F16)
     work = KernelInstance("row", params).impl.run(params, mem, TILES, addresses)
     assert [w.kind for w in work] == ["layer_norm"]
 
