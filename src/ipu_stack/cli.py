@@ -98,6 +98,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    parser.add_argument("--record", action="store_true",
+                        help="print the record as one key=value line, also at a terminal")
     parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
     parser.add_argument("--device", metavar="NAME",
                         help="run on the shared simulated device NAME, waiting while another "
@@ -290,12 +292,13 @@ def _strategy(args: argparse.Namespace) -> str:
     return args.strategy or ("pipeline" if args.chips > 1 else "layers")
 
 
-def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench") -> None:
+def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench",
+                  as_line: bool = False) -> None:
     """The record as JSON (``--json``), a few lines for a person at a terminal, or one
-    ``key=value`` line for a script reading a pipe."""
+    ``key=value`` line for a script reading a pipe (or asking with ``--record``)."""
     if as_json:
         print(json.dumps(record))
-    elif sys.stdout.isatty():
+    elif sys.stdout.isatty() and not as_line:
         print("\n".join(answer_lines(record, command)))
     else:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
@@ -338,7 +341,7 @@ def _run_and_report(args: argparse.Namespace, package_path: Path, graph, tensors
         write_run_profile(Path(args.profile), outcome)
     if args.save_tensors:
         save_tensors(args.save_tensors, graph, tensors, outcome)
-    _print_record(outcome.record, args.json, args.command)
+    _print_record(outcome.record, args.json, args.command, args.record)
     return 0 if outcome.passed else 1
 
 

@@ -12,7 +12,7 @@ LAYERS = {"numericalTest": "PASS", "workload": "siglip-mlp-fp8-b1", "strategy": 
           "imagesPerSecond": 17382.2, "qpsWithHost": 7338.8, "efficiencyPercent": 88.92,
           "rooflinePercent": 44.46, "gemmCycles": 53820, "exchangeCycles": 18048,
           "reduceCycles": 7200, "gelu_tanhCycles": 4635, "syncCycles": 900,
-          "estimatedCycles_": 0, "hostCycles": 118098, "computeCycles": 67347,
+          "hostCycles": 118098, "computeCycles": 67347,
           "stageMismatch": 0.0, "noiseRatio": 1.0, "package": "artifacts/x/model.ipuexe"}
 
 
@@ -76,3 +76,7 @@ def test_at_a_terminal_compile_and_bench_end_with_the_answer(tmp_path, capsys, m
                  str(tmp_path / "lock")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "PASS  siglip-mlp-fp8-b1-t16-d32-h48-n1 (batch 1)" and len(out) <= 12
+    # --record: the key=value line a script reads, also at a terminal
+    assert main(["run", str(tmp_path / "b"), "--record", "--lock", str(tmp_path / "lock")]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("numericalTest=PASS ") and line.count("\n") == 1
