@@ -16,7 +16,7 @@ from ipu_stack.kernels.elementwise import (
     ACTIVATIONS,
     bias_gelu_merge,
     chain_passes,
-    gelu_loop_cycles,
+    gelu_cycles,
     merged_bias_gelu_cycles,
 )
 from ipu_stack.kernels.epilogue import bias_room
@@ -51,11 +51,6 @@ def estimate_reduce(outputs: int, parts: int, f32_partials: bool) -> int:
     vector = p("reduce_f32_vector") if f32_partials else p("reduce_vector")
     step = p("reduce_step") + p("reduce_partial") * (parts - 1)
     return p("reduce_call") + 6 * cdiv(outputs, 6 * vector) * step
-
-
-def estimate_gelu(elements: int) -> int:
-    """The reference's measured GELU vertex (the erf form)."""
-    return p("gelu_call") + p("gelu_step") * cdiv(elements, 96) if elements else 0
 
 
 def estimate_cast1d(kind: str, elements: int) -> int:
@@ -189,8 +184,8 @@ def estimate_chain(chain: list[list[Any]], rows: int, cols: int, room: int = 0,
     merge = bias_gelu_merge(rows, cols, room, bias_itemsize) if room else 1
     prices = {
         "bias_gelu": lambda: estimate_bias_gelu(rows, cols, merge, bias_itemsize),
-        "gelu": lambda: estimate_gelu(elements),
-        "gelu_tanh": lambda: gelu_loop_cycles(elements),
+        "gelu": lambda: gelu_cycles("gelu_erf", elements),
+        "gelu_tanh": lambda: gelu_cycles("gelu_tanh", elements),
         **{name: lambda name=name: estimate_activation(elements, name) for name in ACTIVATIONS},
         "elementwise": lambda: estimate_elementwise(elements),
         "cast_f8": lambda: estimate_cast(elements, to_fp8=True),

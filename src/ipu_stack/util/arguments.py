@@ -49,17 +49,13 @@ class OneLineParser(argparse.ArgumentParser):
 
     def add_global_flags(self, *flags: tuple[tuple[str, ...], str]) -> None:
         """The top-level flags (``--quiet``, ``--debug``) accepted after every subcommand
-        too: each subcommand's parser takes them without a default of its own."""
-        commands = getattr(self, "commands", {})
-        for parser in commands.values():
+        too, nested ones included: each subcommand's parser takes them without a default of
+        its own."""
+        for parser in getattr(self, "commands", {}).values():
             for flag, help_text in flags:
                 parser.add_argument(*flag, action="store_true", default=argparse.SUPPRESS,
                                     help=help_text)
-            nested = getattr(parser, "commands", {})
-            for inner in nested.values():
-                for flag, help_text in flags:
-                    inner.add_argument(*flag, action="store_true", default=argparse.SUPPRESS,
-                                       help=help_text)
+            parser.add_global_flags(*flags)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(self.one_line(message))
