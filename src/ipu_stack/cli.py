@@ -40,6 +40,7 @@ from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.footprint import footprint_line
+from ipu_stack.workloads.timings import timing_line
 
 LOG = logging.getLogger("ipu_stack.cli")
 
@@ -510,9 +511,9 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     for name in sorted(REGISTRY):
         w = REGISTRY[name]
         print(f"{name}: {w.description}")
-        size = footprint_line(w)
-        if size:
-            print(f"  {size}")
+        for line in (footprint_line(w), timing_line(name)):
+            if line:
+                print(f"  {line}")
         for p in w.parameters:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
             print(f"  --{p.name:<10} default {p.default!s:<6} {p.help}{choices}")

@@ -4,6 +4,7 @@ tower cut into two groups, the auto strategy's fall-back, and the one-line refus
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -46,6 +47,27 @@ def test_bench_streams_every_image_through_the_groups(piped):
         record["cycles"] - record["groupCyclesMax"] - record["handoffCycles"] >= 0
     assert "pipeline grouping chosen groups=2" in piped.stderr
     assert (piped.folder / "profile" / "report.html").read_text().count("group 1: layers") >= 1
+
+
+def test_the_pipeline_profile_names_each_groups_layers(piped):
+    """Both groups run one program (compiled for layers 0-1); the merged supersteps name
+    the layers each group ran: group 1's parts are layers 2 and 3."""
+    profile = json.loads((piped.folder / "profile" / "profile.json").read_text())["profile"]
+    layers = {0: set(), 1: set()}
+    for step in profile["steps"]:
+        names = step["name"].split(" | ")
+        parts = step["part"].split(" | ")
+        assert len(names) == len(parts), step
+        for name, part in zip(names, parts, strict=True):
+            if name.startswith("g") and part.startswith("layer "):
+                layers[int(name.split()[0][1:])].add(int(part.split()[1]))
+    assert layers == {0: {0, 1}, 1: {2, 3}}
+    # the report links each group program's placement page, relative to the report
+    report = piped.folder / "profile" / "report.html"
+    links = re.findall(r'class="placement-link" href="([^"]+)">(group \d: layers [\d-]+)<',
+                       report.read_text())
+    assert [label for _, label in links][:1] == ["group 0: layers 0-1"]
+    assert all((report.parent / path).is_file() for path, _ in links)
 
 
 def test_inspect_and_run_a_pipeline_package(piped):

@@ -199,6 +199,13 @@ def test_profile_names_every_pass(tmp_path, lock_path, cache_dir, capsys):
     per_layer = [sorted(n.rsplit(" (", 1)[0] for n in names if n.endswith(f"(layer {k})"))
                  for k in range(3)]
     assert per_layer[0] and per_layer[0] == per_layer[1] == per_layer[2]
+    # the model part names the layer that ran: pass k of the loop is layer k
+    for step in profile["steps"]:
+        if step["kind"] in ("compute", "exchange") and step["name"].endswith(")"):
+            layer = int(step["name"].rsplit("(layer ", 1)[1][:-1])
+            assert step["part"].startswith(f"layer {layer} "), step
+        elif step["kind"] in ("compute", "exchange"):  # the stem and the head
+            assert step["part"] and not step["part"].startswith("stage"), step
     looped = sum(step["cycles"] + step["sync"] for step in profile["steps"]
                  if step["name"].endswith(")"))
     assert looped == 3 * record["layerCycles"]

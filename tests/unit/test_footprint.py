@@ -5,6 +5,8 @@ refused in one line by the command before a graph, a calibration or a plan is ma
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from tests.helpers import one_error_line
@@ -12,6 +14,7 @@ from tests.helpers import one_error_line
 from ipu_stack.cli import main
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.base import LARGEST_SIZE
+from ipu_stack.workloads.timings import MEASURED, timing_line
 
 SMALL = {
     "siglip-mlp": {"tokens": 16, "dim": 64, "hidden": 96, "blocks": 2},
@@ -103,3 +106,39 @@ def test_the_listing_names_each_workloads_weights_and_least_chips(capsys) -> Non
     assert "  GEMM weights 0.41 GB at the defaults; fits one chip's memory" in out
     assert "  GEMM weights 1.13 GB at the defaults; needs --chips 2 or more" in out
     assert "  GEMM weights 1.85 GB at the defaults; needs --chips 3 or more" in out
+
+
+def _benchmark_rows() -> dict[str, dict[str, str]]:
+    """docs/benchmarks.md's table rows by command, each cell under its column's header."""
+    rows, header = {}, []
+    text = (Path(__file__).parents[2] / "docs" / "benchmarks.md").read_text()
+    for line in text.splitlines():
+        if not line.startswith("|") or line.startswith("|---"):
+            header = [] if not line.startswith("|") else header
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == "command":
+            header = cells
+        elif header:
+            command = re.match(r"`([^`]*)`", cells[0])
+            if command:
+                rows.setdefault(command.group(1), dict(zip(header, cells, strict=False)))
+    return rows
+
+
+def test_the_listing_gives_each_workloads_measured_times_from_the_benchmarks(capsys) -> None:
+    assert main(["workloads"]) == 0
+    out = capsys.readouterr().out
+    rows = _benchmark_rows()
+    for name in REGISTRY:
+        flags, compile_s, simulate_s, wall_s = MEASURED[name]
+        row = rows[f"bench {name}{flags}"]
+        assert float(row["compile s"]) == compile_s and float(row["simulate s"]) == simulate_s
+        wall = row.get("wall") or row.get("in all")
+        assert (wall is None) == (wall_s is None), name
+        if wall is not None:
+            minutes, seconds = re.fullmatch(r"(\d+) min (\d+) s", wall).groups()
+            assert 60 * int(minutes) + int(seconds) == wall_s, name
+        assert f"  {timing_line(name)}" in out
+    assert ("  bench siglip-vision on 2 cores: compile 20 s, simulate 66 s, 2 min 5 s in all "
+            "(docs/benchmarks.md)") in out

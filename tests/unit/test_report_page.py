@@ -100,7 +100,9 @@ def test_superstep_chart_has_a_cycles_axis_microseconds_legend_and_titles() -> N
               if g.get("class") == "legend-item"}
     assert legend == COLOURS
     titles = ["".join(r.find(f"{SVG}title").itertext()) for r in bars]
-    assert titles[0].startswith("alpha: 100 cycles") and titles[1].startswith("beta: 200 cycles")
+    # one numbering: beta is the profile's step 2 (after a host write) but superstep 1
+    assert titles[0].startswith("superstep 0: alpha (alpha), compute, 100 cycles")
+    assert titles[1].startswith("superstep 1: beta (beta), exchange, 200 cycles")
     assert svg.get("data-bars") == "2"
 
 
@@ -113,6 +115,7 @@ def test_heat_bins_bin_tiles_by_sixteen_with_a_partial_last_bin() -> None:
     assert bins.values[:, 1] == pytest.approx([1 / 16, 0.0, 1 / 8])
     assert bins.tile_labels == ["tiles 0-15", "tiles 16-31", "tiles 32-39"]
     assert bins.step_labels == ["superstep 0: alpha", "superstep 1: beta"]
+    assert bins.cycle_edges == [0, 110, 330]  # each column as long as its supersteps run
     assert heat_bytes(bins.values).tolist() == [[255, 16], [128, 0], [64, 32]]
 
 
@@ -120,6 +123,7 @@ def test_heat_bins_bin_supersteps_past_the_column_limit_weighting_by_length() ->
     bins = heat_bins(_profile(extra_steps=3), max_columns=2)  # 5 supersteps, 3 a column
     assert bins.step_edges == [0, 3, 5]
     assert bins.step_labels == ["supersteps 0-2: alpha .. gamma0", "supersteps 3-4: gamma1 .. gamma2"]
+    assert bins.cycle_edges == [0, 380, 480]  # gamma0-2 start at 330, 380, 430
     # column 0: (alpha 100 + beta 200 + gamma0 50) cycles; tiles 0-15 busy 100 + 200/16 + 50
     assert bins.values[:, 0] == pytest.approx([(1600 + 200 + 800) / (16 * 350),
                                                (800 + 0 + 800) / (16 * 350),
@@ -135,16 +139,21 @@ def test_heat_map_axes_scale_and_data() -> None:
     assert (svg.get("data-rows"), svg.get("data-columns")) == ("3", "2")
     tiles = [v for v, _ in _ticks(svg, "y-tick")]
     assert tiles == sorted(tiles) and tiles[0] == 0 and tiles[-1] <= 40 < tiles[-1] + tiles[1]
-    steps = [v for v, _ in _ticks(svg, "x-tick")]
-    assert steps == [0, 1, 2]
+    # the chart's time axis: cycles, at the chart's x for the same cycle
+    cycles = [v for v, _ in _ticks(svg, "x-tick")]
+    assert cycles == [0, 50, 100, 150, 200, 250, 300]
+    chart = ET.fromstring(superstep_chart(profile))
+    assert [float(g.find(f"{SVG}line").get("x1")) for _, g in _ticks(svg, "x-tick")] == [
+        float(g.find(f"{SVG}line").get("x1")) for _, g in _ticks(chart)]
     assert _texts(svg, "y-label") == ["tile (16 per row)"]
-    assert _texts(svg, "x-label")[0].startswith("superstep")
+    assert _texts(svg, "x-label")[0].startswith("cycles from the start of the run")
     scale = [v for v, _ in _ticks(svg, "scale-tick")]
     assert scale == [0, 25, 50, 75, 100]
     assert "0 %" in block and "100 %" in block and "mean" in _texts(svg, "scale-label")[0]
     assert base64.b64decode(data["cells"]) == bytes([255, 16, 128, 0, 64, 32])
     assert data["stepLabels"] == ["superstep 0: alpha", "superstep 1: beta"]
     assert data["tileEdges"] == [0, 16, 32, 40] and data["supersteps"] == 2
+    assert data["cycleEdges"] == [0, 110, 330] and data["cycles"] == 330
     assert '<canvas id="heat-map"' in block and 'id="heat-hover"' in block
 
 
@@ -190,8 +199,56 @@ def test_the_page_paints_the_binned_map_in_headless_chromium(tmp_path) -> None:
     page.write_text(text.replace("</body>", hover + "</body>"))
     dom = rendered_dom(tmp_path, page.as_uri())
     canvas = re.search(r"<canvas[^>]*>", dom).group(0)
-    assert 'data-rendered="1"' in canvas and 'width="2"' in canvas and 'height="3"' in canvas
+    assert 'data-rendered="1"' in canvas and 'width="1100"' in canvas and 'height="3"' in canvas
     assert 'data-cells="80"' in canvas  # 2 supersteps x 40 tiles
     assert 'data-painted="64"' in canvas  # every bin but tiles 16-31 in beta (16 cells)
     expected = "superstep 1: beta; tiles 32-39: 13 % busy"  # 32 of 255 (1/8, rounded up)
     assert f'title="{expected}"' in canvas and f">{expected}</p>" in dom
+
+
+def test_wide_bars_carry_their_model_part_and_narrow_ones_do_not() -> None:
+    steps = [Step(0, "stage3.gemm", "compute", 0, 9000, 0, None, part="layer 3 mlp fc1 gemm"),
+             Step(1, "stage3.reduce", "exchange", 9000, 900, 0, None,
+                  part="layer 3 mlp fc1 reduce"),
+             Step(2, "stage4.copy", "compute", 9900, 10, 0, None, part="layer 3 mlp fc2 copy")]
+    profile = Profile("labels", "ipu", 4, 1.5e9, 9910, 9010, 900, 0, 0, 0, steps)
+    svg = ET.fromstring(superstep_chart(profile))
+    labels = _texts(svg, "bar-label")
+    # 9000 of 9910 cycles over 1100 px: the whole part; 900 cycles (100 px, 15 letters):
+    # without its layer; 10 cycles (1 px): none
+    assert labels == ["layer 3 mlp fc1 gemm", "mlp fc1 reduce"]
+    titles = ["".join(r.find(f"{SVG}title").itertext()) for r in svg.iter(f"{SVG}rect")
+              if r.get("class") == "bar"]
+    assert titles[2].startswith("superstep 2: layer 3 mlp fc2 copy (stage4.copy)")
+
+
+def test_the_page_numbers_supersteps_one_way_and_keeps_host_time_apart() -> None:
+    profile = _profile()
+    profile.host_cycles, profile.host_bytes = 900, 4096
+    page = report_html(profile)
+    split = re.search(r'<table id="split">.*?</table>', page, re.S).group(0)
+    rows = re.findall(r"<tr><td>(\w+)</td><td>[\d,]+</td><td>([\d.]+) %</td></tr>", split)
+    assert [r[0] for r in rows] == ["compute", "exchange", "sync"]
+    assert "host" not in split  # the run's shares sum to the run
+    assert 'id="host">Host transfers, outside the run: 900 cycles' in page
+    longest = re.search(r'<table id="longest">.*?</table>', page, re.S).group(0)
+    assert re.search(r"<tr><td>1</td><td>beta</td><td>beta</td><td>220</td>", longest)
+    assert "superstep 1: beta" in page and "superstep 2" not in page
+
+
+def test_the_heat_map_draws_columns_as_wide_as_their_cycles_in_chromium(tmp_path) -> None:
+    from tests.chromium import rendered_dom
+
+    page = tmp_path / "report.html"
+    # read back painted pixels of the tiles 0-15 row: alpha (cycles 0-110) is fully busy
+    # there, beta (110-330) one tile in 16; the boundary sits at 110/330 of 1100 px
+    probe = """<script>
+      var canvas = document.getElementById("heat-map"), ctx = canvas.getContext("2d");
+      var shade = [350, 380, 1000].map(function (x) { return ctx.getImageData(x, 0, 1, 1).data[0]; });
+      document.body.setAttribute("data-shade", shade.join(","));
+    </script>"""
+    page.write_text(report_html(_profile()).replace("</body>", probe + "</body>"))
+    dom = rendered_dom(tmp_path, page.as_uri())
+    shade = [int(v) for v in re.search(r'data-shade="([\d,]+)"', dom).group(1).split(",")]
+    assert shade[0] == 8  # the full colour #08306b's red at x=350 (alpha)
+    assert shade[1] > 200 and shade[2] == shade[1]  # beta's light shade from x=380 to the end

@@ -116,6 +116,23 @@ class BlockLayout:
             f"{cb}, block_size: {self.col_block}, padding: Zero }}] }}"
         )
 
+    def human(self) -> str:
+        """The layout as a person reads it on the placement page, ``[729, 1152] FP8 F143 ×
+        2^-4, 4 × 4 blocks of 184 × 288 over 1,440 tiles, 90 replicas``: shape, precision
+        (an FP8 scale exponent of 0 left out), block grid and block size, tiles used, copies
+        of each block.  :meth:`describe` stays the reference's log format, which the logs
+        and placement failures keep."""
+        p = self.precision
+        precision = f"FP8 {p.kind[2:]}" if p.is_fp8 else p.kind
+        if p.scale_exponent:
+            precision += f" × 2^{p.scale_exponent}"
+        rb, cb = self.grid
+        blocks = "1 block" if rb * cb == 1 else f"{rb} × {cb} blocks"
+        tiles, replicas = len(self.used_tiles()), self.replicas
+        return (f"[{self.rows}, {self.cols}] {precision}, {blocks} of {self.row_block} × "
+                f"{self.col_block} over {tiles:,} tile{'s' * (tiles != 1)}, "
+                f"{replicas:,} replica{'s' * (replicas != 1)}")
+
     def to_json(self) -> dict:
         return {
             "rows": self.rows,

@@ -157,7 +157,8 @@ class LoweringBase:
     def _host_weight(self, value_id: int, layout: BlockLayout, memory_class: MemoryClass) -> int:
         name = self._name(value_id)
         buffer = self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
-                                         memory_class, f"weight {name}: {layout.describe()}")
+                                         memory_class, f"weight {name}: {layout.describe()}",
+                                         layout)
         self.program.initialize.append(HostWrite(name, layout, buffer))
         if self.body is not None and value_id in self.body.slot_weights:
             self.body.weights.append((value_id, layout, memory_class, buffer))
@@ -192,7 +193,7 @@ class LoweringBase:
             layout = landing_layout(rows, cols, precision, self.target)
             buffer = self.program.add_buffer(
                 value.name, layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
-                f"input {value.name}: {value.type}",
+                f"input {value.name}: {value.type}", layout,
             )
             self.program.run.append(HostWrite(value.name, layout, buffer))
             self.where[value.id] = [Piece(0, 0, layout, buffer)]
@@ -210,7 +211,7 @@ class LoweringBase:
                 return pieces[0].buffer
         buffer = self.program.add_buffer(
             f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
-            f"{self._name(value_id)} in rows: {layout.describe()}",
+            f"{self._name(value_id)} in rows: {layout.describe()}", layout,
         )
         self.gather(builder, value_id, layout, buffer)
         return buffer

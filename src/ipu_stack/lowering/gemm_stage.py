@@ -180,7 +180,7 @@ class GemmLowering(LoweringBase):
         else:
             a_buf = self.gathered[key] = self.program.add_buffer(
                 f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
-                f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}",
+                f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}", a_layouts[0],
             )
             self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
                                                  zip(a_layouts, groups, strict=True)], name)
@@ -199,6 +199,7 @@ class GemmLowering(LoweringBase):
             b_buf = self.program.add_buffer(
                 f"{name}.b", all_tiles, b_layouts[0].block_bytes, MemoryClass.INTERLEAVED,
                 f"{self._name(stage.b)} as AMP weights: {b_layouts[0].describe()}",
+                b_layouts[0],
             )
             # a phase of its own: a tile's A and B blocks come from different replica
             # groups, and one group per phase lets the scheduler meet the bound exactly
@@ -325,7 +326,7 @@ class GemmLowering(LoweringBase):
         out_buf = self.program.add_buffer(
             self._name(stage.out) + name[len(f"stage{stage.index}"):], all_tiles,
             out_layouts[0].block_bytes, MemoryClass.STANDARD,
-            f"{self._name(stage.out)}: {out_layouts[0].describe()}",
+            f"{self._name(stage.out)}: {out_layouts[0].describe()}", out_layouts[0],
         )
         bias_buf, bias_prec = -1, None
         if stage.bias is not None:

@@ -73,7 +73,8 @@ class LoopLowering:
         for k in range(1, self.loop.count):
             name = graph.value(self.loop.value(k, value_id)).name
             buffer = program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
-                                        memory_class, f"weight {name}: {layout.describe()}")
+                                        memory_class, f"weight {name}: {layout.describe()}",
+                                        layout)
             program.initialize.append(HostWrite(name, layout, buffer))
             buffers.append(buffer)
         return Slot(buffers)

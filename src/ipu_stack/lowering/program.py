@@ -26,7 +26,11 @@ from ipu_stack.target import MemoryClass
 
 @dataclass
 class Buffer:
-    """Storage of ``nbytes`` on each of ``tiles`` in ``memory_class``, live in [first, last]."""
+    """Storage of ``nbytes`` on each of ``tiles`` in ``memory_class``, live in [first, last].
+
+    ``description`` is the reference's log text (placement failures print it); ``layout``
+    (where the buffer holds the blocks of one) lets the placement page say the type in words
+    (:meth:`BlockLayout.human`) without parsing that text back."""
 
     id: int
     name: str
@@ -36,6 +40,7 @@ class Buffer:
     description: str
     first: int = -1
     last: int = -1
+    layout: BlockLayout | None = None
 
     def touch(self, step: int) -> None:
         self.first = step if self.first < 0 else min(self.first, step)
@@ -167,7 +172,8 @@ class Program:
         return times
 
     def add_buffer(
-        self, name: str, tiles: np.ndarray, nbytes: int, memory_class: MemoryClass, description: str
+        self, name: str, tiles: np.ndarray, nbytes: int, memory_class: MemoryClass,
+        description: str, layout: BlockLayout | None = None,
     ) -> int:
         buffer = Buffer(
             len(self.buffers),
@@ -176,6 +182,7 @@ class Program:
             int(nbytes),
             memory_class,
             description,
+            layout=layout,
         )
         self.buffers.append(buffer)
         return buffer.id

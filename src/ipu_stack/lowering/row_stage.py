@@ -72,7 +72,8 @@ class RowLowering(LoweringBase):
             name = self._name(stage.out) + (f".{number}" if len(pieces) > 1 else "")
             out_buf = self.program.add_buffer(name, out_layout.used_tiles(),
                                               out_layout.block_bytes, MemoryClass.STANDARD,
-                                              f"{name}: {out_layout.describe()} (in place)")
+                                              f"{name}: {out_layout.describe()} (in place)",
+                                              out_layout)
             valid = lay.valid_rows()
             _add_row_calls(compute, lay.tiles[:, 0, 0][valid > 0], valid[valid > 0],
                            lambda rows, lay=lay, out_layout=out_layout: row_params(
@@ -141,6 +142,7 @@ class RowLowering(LoweringBase):
             out_buf = self.program.add_buffer(
                 self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
                 MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
+                out_layout,
             )
         compute = ComputeSet(f"{name}.{stage.kind}")
         _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),

@@ -9,7 +9,8 @@ Live bytes are computed as two small matrix products, ``[steps, buffers] @ [buff
 per memory class, instead of a loop over tiles: a 1472-tile program with ~60 buffers and ~30
 steps takes milliseconds.  The HTML page embeds its data once per distinct placement
 *signature* (tiles that hold the same buffers at the same addresses), because replicated
-layouts make most of the 1472 tiles identical and the page must stay small enough to mail.
+layouts make most of the 1472 tiles identical and the page must stay small enough to mail;
+its HTML, CSS and script are in ``memory.page``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program
+from ipu_stack.ir.names import Part, step_label
+from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program, Step
+from ipu_stack.memory.page import PAGE_BODY, PAGE_CSS, PAGE_JS
 from ipu_stack.memory.placement import Placement
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.files import write_text_atomic
@@ -32,16 +35,24 @@ from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.memory")
 PROFILE_BUSIEST = 16
+BUSIEST_GROUPS = 16  # rows of the placement page's busiest list, each a group of tiles
 CLASSES = (MemoryClass.STANDARD, MemoryClass.INTERLEAVED)
+
+
+def _step_label(step: Step) -> str:
+    return step.name if isinstance(step, ComputeSet | Exchange | Loop) else step.tensor
 
 
 def step_names(program: Program) -> list[str]:
     """``"<program>/<global step> <kind> <name>"``, indexed like buffer lifetimes."""
-    names = []
-    for prog, index, step in program.steps():
-        label = step.name if isinstance(step, ComputeSet | Exchange | Loop) else step.tensor
-        names.append(f"{prog}/{index} {type(step).__name__} {label}")
-    return names
+    return [f"{prog}/{index} {type(step).__name__} {_step_label(step)}"
+            for prog, index, step in program.steps()]
+
+
+def step_parts(program: Program, parts: dict[int, Part]) -> list[str]:
+    """Each step's model part (``stage4.gemm`` -> ``layer 0 attn scores gemm``), indexed like
+    :func:`step_names`: a person reads "step 37" on the page as the part it computes."""
+    return [step_label(_step_label(step), parts) for _, _, step in program.steps()]
 
 
 def live_bytes(program: Program, placement: Placement) -> dict[MemoryClass, np.ndarray]:
@@ -137,6 +148,62 @@ def write_memory_profile(
     return profile
 
 
+def busiest_groups(peaks: np.ndarray, steps: np.ndarray, count: int) -> list[dict[str, Any]]:
+    """The ``count`` highest ``(peak bytes, peak step)`` pairs, each with every tile that has it.
+
+    Replicated layouts give dozens of tiles the very same peak at the same step; listed one
+    tile a row, the busiest list repeats one fact until it scrolls off.  Tiles are increasing
+    within a group; groups go highest peak first, ties by their lowest tile (deterministic).
+    """
+    peaks, steps = np.asarray(peaks, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+    if len(peaks) == 0:
+        return []
+    unique, inverse = np.unique(np.stack([peaks, steps], axis=1), axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    lowest = np.full(len(unique), len(peaks), dtype=np.int64)
+    np.minimum.at(lowest, inverse, np.arange(len(peaks)))
+    order = np.lexsort((lowest, -unique[:, 0]))[:count]
+    return [{"tiles": np.flatnonzero(inverse == g).tolist(), "peak_bytes": int(unique[g, 0]),
+             "peak_step": int(unique[g, 1])} for g in order]
+
+
+def kib_ticks(span: int, count: int) -> list[int]:
+    """Byte offsets of the ticks of an axis over ``[0, span]``: multiples of a power-of-two
+    number of KiB (128 KiB steps add up at a glance, 125,000-byte ones do not) giving at most
+    about ``count`` intervals, then ``span`` itself, so the axis ends on the memory size (a
+    regular tick under 0.8 of a step before it is dropped: at the page's scales its label
+    would touch the end's)."""
+    if span <= 0:
+        return [0]
+    step = 1024
+    while span / step > count:
+        step *= 2
+    ticks = list(range(0, span, step))
+    if len(ticks) > 1 and span - ticks[-1] < 0.8 * step:
+        ticks.pop()
+    return [*ticks, span]
+
+
+def unplaced(program: Program, placement: Placement) -> dict[str, int]:
+    """How many buffers, and buffer-tile pairs, placement left without an address: what a
+    failed placement's page must say before anything else ("does it fit")."""
+    missing = [int((placement.addresses[b.id, b.tiles] < 0).sum()) for b in program.buffers]
+    return {"buffers": sum(1 for m in missing if m), "pairs": sum(missing)}
+
+
+def buffer_rows(program: Program, parts: dict[int, Part]) -> list[dict[str, Any]]:
+    """The page's buffer records: internal name and its model part; ``type`` in words from
+    the buffer's layout where it has one (``description`` keeps the reference's log text,
+    which is no reading for a person), else the description, already in words."""
+    return [
+        {"name": b.name, "part": step_label(b.name, parts), "bytes": b.nbytes,
+         "class": b.memory_class.value, "first": b.first, "last": b.last,
+         "description": b.description,
+         "type": b.layout.human() if b.layout is not None else b.description}
+        for b in program.buffers
+    ]
+
+
 def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of ``rows`` (tiles first) and each tile's index into them."""
     if rows.shape[1] == 0:
@@ -152,6 +219,7 @@ def placement_data(
     target: Target,
     title: str,
     busiest: int = 32,
+    parts: dict[int, Part] | None = None,
 ) -> dict[str, Any]:
     """The JSON the placement page embeds; a tile's peak is its support plus its signature's.
 
@@ -180,6 +248,7 @@ def placement_data(
             "live_peak": int(column.max()),
             "live_peak_step": int(column.argmax()),
         })
+    span = target.memory_end - target.memory_base
     return {
         "title": title,
         "target": target.name,
@@ -189,17 +258,18 @@ def placement_data(
         "memory_end": target.memory_end,
         "interleaved_base": target.interleaved_base,
         "steps": step_names(program),
-        "buffers": [
-            {"name": b.name, "bytes": b.nbytes, "class": b.memory_class.value,
-             "first": b.first, "last": b.last, "description": b.description}
-            for b in program.buffers
-        ],
+        "step_parts": step_parts(program, parts or {}),
+        "buffers": buffer_rows(program, parts or {}),
         "support_kinds": ["total", *kinds],
         "supports": supports.tolist(),
         "signatures": sig_data,
         "tile_signature": tile_signature.tolist(),
         "tile_support": tile_support.tolist(),
         "busiest": _busiest(peaks, live_total.argmax(axis=0), busiest),
+        "busiest_groups": busiest_groups(peaks, live_total.argmax(axis=0), BUSIEST_GROUPS),
+        "scale_ticks": kib_ticks(span, 5),
+        "address_ticks": kib_ticks(span, 10),
+        "unplaced": unplaced(program, placement),
     }
 
 
@@ -210,12 +280,14 @@ def placement_html(
     target: Target,
     title: str,
     busiest: int = 32,
+    parts: dict[int, Part] | None = None,
 ) -> str:
-    """One self-contained page (inline CSS and JS, no network) of the exact tile placement."""
-    data = placement_data(program, placement, support, target, title, busiest)
-    body = (_BODY.replace("@TITLE@", html.escape(title)).replace("@JS@", _JS)
+    """One self-contained page (inline CSS and JS, no network) of the exact tile placement;
+    ``parts`` (each stage's model part) name the buffers for a person."""
+    data = placement_data(program, placement, support, target, title, busiest, parts)
+    body = (PAGE_BODY.replace("@TITLE@", html.escape(title)).replace("@JS@", PAGE_JS)
             .replace("@DATA@", inert_json(data)))
-    return standalone_page(title, _CSS, body)
+    return standalone_page(title, PAGE_CSS, body)
 
 
 def write_placement_html(
@@ -225,202 +297,9 @@ def write_placement_html(
     support: dict[str, np.ndarray],
     target: Target,
     title: str,
+    parts: dict[int, Part] | None = None,
 ) -> None:
     """Write :func:`placement_html` atomically."""
-    page = placement_html(program, placement, support, target, title)
+    page = placement_html(program, placement, support, target, title, parts=parts)
     write_text_atomic(path, page)
     event(LOG, "wrote exact tile placement profile", path=str(path), bytes=len(page))
-
-
-_BODY = """<h1>@TITLE@</h1>
-<p id="summary"></p>
-<div id="top">
-<section><h2>Tile map: peak use of tile memory</h2>
-<div id="tile-map" role="grid" aria-label="tiles"></div>
-<div id="legend"></div>
-<p><label>tile <input id="tile-input" type="number" min="0"></label>
-click a tile, or add <code>#tile=N</code> to the address</p></section>
-<section><h2>Busiest tiles</h2><ol id="busiest"></ol></section>
-</div>
-<section id="address-map" aria-live="polite"></section>
-<script type="application/json" id="placement-data">@DATA@</script>
-<script>@JS@</script>
-"""
-
-_CSS = """
-:root { --cell: 13px; --std: #3b7dd8; --int: #e08a1e; --sup: #8a8a8a; }
-body { font: 13px/1.4 system-ui, sans-serif; margin: 16px; color: #222; }
-h1 { font-size: 18px; } h2 { font-size: 15px; margin: 8px 0; }
-#top { display: flex; gap: 24px; flex-wrap: wrap; }
-#tile-map { display: grid; gap: 1px; background: #ddd; border: 1px solid #ccc; width: max-content; }
-#tile-map .cell { width: var(--cell); height: var(--cell); cursor: pointer; }
-#tile-map .cell.sel { outline: 2px solid #000; outline-offset: -1px; }
-#legend { display: flex; align-items: center; gap: 6px; margin-top: 6px; }
-#legend .bar { width: 240px; height: 12px; border: 1px solid #999; }
-#busiest { max-height: 470px; overflow-y: auto; margin: 0; padding-left: 28px; }
-#busiest li { cursor: pointer; } #busiest li:hover { text-decoration: underline; }
-#address-map svg { width: 100%; max-width: 1100px; border: 1px solid #ccc; background: #fafafa; }
-#address-map table { border-collapse: collapse; margin-top: 8px; }
-#address-map td, #address-map th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
-#address-map td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.key { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
-.Ipu21Standard { background: var(--std); } .Ipu21Interleaved { background: var(--int); }
-.support { background: var(--sup); } .desc { color: #666; max-width: 520px; }
-"""
-
-_JS = r"""
-(function () {
-  "use strict";
-  var D = JSON.parse(document.getElementById("placement-data").textContent);
-  var span = D.memory_end - D.memory_base, T = D.tiles, S = D.steps.length;
-  var FILL = { Ipu21Standard: "#3b7dd8", Ipu21Interleaved: "#e08a1e" };
-  var peak = [], peakStep = [];
-  for (var t = 0; t < T; t++) {
-    var sig = D.signatures[D.tile_signature[t]];
-    peak.push(D.supports[D.tile_support[t]][0] + sig.live_peak);
-    peakStep.push(sig.live_peak_step);
-  }
-  function colour(f) {
-    f = Math.min(Math.max(f, 0), 1);
-    return "hsl(" + Math.round(230 * (1 - f)) + ",80%," + Math.round(40 + 10 * f) + "%)";
-  }
-  function fmt(n) { return n.toLocaleString("en-US"); }
-  function hex(n) { return "0x" + n.toString(16); }
-  function pct(n) { return (100 * n / span).toFixed(1) + "%"; }
-  function el(tag, attrs, text) {
-    var e = document.createElement(tag);
-    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
-  function svg(tag, attrs, text) {
-    var e = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    return e;
-  }
-  var top = D.busiest.length ? D.busiest[0] : { tile: 0, peak_bytes: peak[0], peak_step: 0 };
-  document.getElementById("summary").textContent = D.target + ", " + T + " tiles, memory " +
-    hex(D.memory_base) + "-" + hex(D.memory_end) + " (" + fmt(span) + " bytes); busiest tile " +
-    top.tile + ": " + fmt(top.peak_bytes) + " bytes (" + pct(top.peak_bytes) + ") at step " +
-    (D.steps[top.peak_step] || top.peak_step) + "; " + D.signatures.length +
-    " distinct placements";
-  var map = document.getElementById("tile-map"), cells = [], frag = document.createDocumentFragment();
-  map.style.gridTemplateColumns = "repeat(" + D.cols + ", var(--cell))";
-  for (t = 0; t < T; t++) {
-    var c = el("div", { "class": "cell", "data-tile": t,
-      title: "tile " + t + ": " + fmt(peak[t]) + " bytes (" + pct(peak[t]) + ")" });
-    c.style.background = colour(peak[t] / span);
-    cells.push(c); frag.appendChild(c);
-  }
-  map.appendChild(frag);
-  map.addEventListener("click", function (e) {
-    var v = e.target.getAttribute("data-tile");
-    if (v !== null) select(+v);
-  });
-  var legend = document.getElementById("legend"), stops = [];
-  for (var i = 0; i <= 10; i++) stops.push(colour(i / 10) + " " + (i * 10) + "%");
-  var bar = el("span", { "class": "bar" });
-  bar.style.background = "linear-gradient(to right," + stops.join(",") + ")";
-  legend.appendChild(el("span", {}, "0%")); legend.appendChild(bar);
-  legend.appendChild(el("span", {}, "100% of " + fmt(span) + " bytes"));
-  var list = document.getElementById("busiest");
-  D.busiest.forEach(function (b) {
-    var li = el("li", { "data-tile": b.tile }, "tile " + b.tile + ": " + fmt(b.peak_bytes) +
-      " B (" + pct(b.peak_bytes) + ") at step " + b.peak_step);
-    li.addEventListener("click", function () { select(b.tile); });
-    list.appendChild(li);
-  });
-  var input = document.getElementById("tile-input");
-  input.max = T - 1;
-  input.addEventListener("change", function () {
-    var v = parseInt(input.value, 10);
-    if (v >= 0 && v < T) select(v);
-  });
-  var current = -1;
-  function select(tile) {
-    if (current >= 0) cells[current].classList.remove("sel");
-    current = tile; cells[tile].classList.add("sel"); input.value = tile;
-    renderTile(tile);
-  }
-  function renderTile(tile) {
-    var am = document.getElementById("address-map");
-    while (am.firstChild) am.removeChild(am.firstChild);
-    am.setAttribute("data-tile", tile);
-    var sup = D.supports[D.tile_support[tile]], sig = D.signatures[D.tile_signature[tile]];
-    am.appendChild(el("h2", {}, "Address map of tile " + tile));
-    am.appendChild(el("p", {}, "peak " + fmt(peak[tile]) + " bytes (" + pct(peak[tile]) +
-      ") at step " + (D.steps[peakStep[tile]] || peakStep[tile]) + "; support " +
-      D.support_kinds.map(function (k, j) { return k + " " + fmt(sup[j]); }).join(", ")));
-    var W = 1000, L = 36, R = 8, row = S > 40 ? 8 : 14, H = Math.max(S, 1) * row + 28;
-    function x(a) { return L + (a - D.memory_base) / span * (W - L - R); }
-    var s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img" });
-    s.appendChild(svg("title", {}, "addresses (x) by step (y)"));
-    var rows = Math.max(S, 1) * row;
-    var sr = svg("rect", { x: x(D.memory_base), y: 0, width: x(D.memory_base + sup[0]) - L,
-      height: rows, fill: "#8a8a8a" });
-    sr.appendChild(svg("title", {}, "support " + fmt(sup[0]) + " bytes"));
-    s.appendChild(sr);
-    sig.buffers.forEach(function (p) {
-      var b = D.buffers[p[0]], a = p[1];
-      if (b.first < 0) return;
-      var r = svg("rect", { x: x(a), y: b.first * row, width: Math.max(x(a + b.bytes) - x(a), 1),
-        height: (b.last - b.first + 1) * row, fill: FILL[b["class"]] || "#999",
-        stroke: "#fff", "stroke-width": 0.5, "data-buffer": p[0] });
-      r.appendChild(svg("title", {}, b.name + ": " + fmt(b.bytes) + " B at " + hex(a) +
-        ", steps " + b.first + "-" + b.last));
-      s.appendChild(r);
-    });
-    for (var k = 0; k < S; k += Math.max(1, Math.ceil(S / 20))) {
-      s.appendChild(svg("text", { x: 2, y: k * row + row - 3, "font-size": 10 }, String(k)));
-    }
-    var xi = x(D.interleaved_base);
-    s.appendChild(svg("line", { x1: xi, x2: xi, y1: 0, y2: rows, stroke: "#c00",
-      "stroke-dasharray": "4 3" }));
-    [[D.memory_base, "start"], [D.interleaved_base, "middle"], [D.memory_end, "end"]]
-      .forEach(function (m) {
-        s.appendChild(svg("text", { x: x(m[0]), y: rows + 16, "font-size": 11,
-          "text-anchor": m[1] }, hex(m[0]) + (m[0] === D.interleaved_base ? " interleaved" : "")));
-      });
-    am.appendChild(s);
-    var keyp = el("p", {});
-    [["support", "support"], ["Ipu21Standard", "Ipu21Standard"],
-     ["Ipu21Interleaved", "Ipu21Interleaved"]].forEach(function (kv) {
-      keyp.appendChild(el("span", { "class": "key " + kv[0] }));
-      keyp.appendChild(el("span", {}, kv[1] + "  "));
-    });
-    keyp.appendChild(el("span", {}, "(x: address, y: step; dashed line: " +
-      hex(D.interleaved_base) + ")"));
-    am.appendChild(keyp);
-    var table = el("table", {}), head = el("tr", {});
-    ["buffer", "class", "bytes", "address range", "lifetime", "type"].forEach(function (h) {
-      head.appendChild(el("th", {}, h));
-    });
-    table.appendChild(head);
-    function addRow(attrs, cls, name, bytes, lo, life, desc) {
-      var tr = el("tr", attrs), key = el("td", {});
-      key.appendChild(el("span", { "class": "key " + cls })); key.appendChild(el("span", {}, name));
-      tr.appendChild(key); tr.appendChild(el("td", {}, cls));
-      tr.appendChild(el("td", { "class": "num" }, fmt(bytes)));
-      tr.appendChild(el("td", { "class": "num" }, hex(lo) + "-" + hex(lo + bytes) +
-        " (" + lo + "-" + (lo + bytes) + ")"));
-      tr.appendChild(el("td", {}, life)); tr.appendChild(el("td", { "class": "desc" }, desc));
-      table.appendChild(tr);
-    }
-    addRow({ "data-buffer": "support" }, "support", "support", sup[0], D.memory_base,
-      "always", D.support_kinds.slice(1).map(function (k, j) {
-        return k + " " + fmt(sup[j + 1]);
-      }).join(", "));
-    sig.buffers.slice().sort(function (p, q) { return p[1] - q[1] || p[0] - q[0]; })
-      .forEach(function (p) {
-        var b = D.buffers[p[0]];
-        addRow({ "data-buffer": p[0] }, b["class"], b.name, b.bytes, p[1],
-          "[" + b.first + ", " + b.last + "]", b.description);
-      });
-    am.appendChild(table);
-  }
-  var m = /tile=(\d+)/.exec(location.hash);
-  select(m && +m[1] < T ? +m[1] : top.tile);
-  map.setAttribute("data-rendered", "1");
-})();
-"""

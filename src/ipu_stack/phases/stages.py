@@ -21,6 +21,7 @@ from ipu_stack.codegen.emit import emit_program
 from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
 from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.names import Part
 from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
@@ -49,7 +50,7 @@ from ipu_stack.planning.fit import (
 )
 from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
 from ipu_stack.planning.repeat import find_layer_loop, loop_fields
-from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.planning.stages import GemmStage, find_stages, stage_parts
 from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import event, phase
@@ -263,7 +264,8 @@ def place_buffers(build: Build) -> Fields:
                                                                           build.filled))
             write_placement_html(build.reports / "placement.html", program, failure.placement,
                                  build.support, target,
-                                 title=f"{_title(build)} (failed: {failure})")
+                                 title=f"{_title(build)} (failed: {failure})",
+                                 parts=_parts(build))
         raise
     build.waste = fragmentation(build.placement, program, target)
     build.filled = tile_categories(program, build.placement, build.support,
@@ -281,7 +283,7 @@ def write_memory_reports(build: Build) -> Fields:
         build.reports / "memory-profile.json", build.program, build.placement, build.target,
         scope="final", filled=(int(np.argmax(build.placement.peak_bytes)), build.filled))
     write_placement_html(build.reports / "placement.html", build.program, build.placement,
-                         build.support, build.target, title=_title(build))
+                         build.support, build.target, title=_title(build), parts=_parts(build))
     return {}
 
 
@@ -307,6 +309,7 @@ def write_package(build: Build) -> Fields:
         "tensors": build.program.tensors,
         "estimate": build.estimate,
         "plans": [p.describe() for p in build.plans if p],
+        "parts": [[index, *part.to_json()] for index, part in sorted(_parts(build).items())],
         "gemm_modes": gemm_modes(build.stages, build.plans, build.loop),
         "layer_loop": loop_summary(build.program, build.placement),
         "memory": {**memory_summary(build.placement, build.support, build.target, build.waste),
@@ -320,6 +323,12 @@ def write_package(build: Build) -> Fields:
                   manifest=manifest, arrays=build.arrays)
     event(LOG, "application package written", path=str(build.package))
     return {}
+
+
+def _parts(build: Build) -> dict[int, Part]:
+    """The model part of each stage the program was lowered from (``ir.names``)."""
+    assert build.graph is not None
+    return stage_parts(build.graph, build.stages)
 
 
 def _title(build: Build) -> str:

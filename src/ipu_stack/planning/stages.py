@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipu_stack.ir.graph import Graph, Operation
+from ipu_stack.ir.names import Part, value_part
 from ipu_stack.util.errors import CompileError
 
 ELEMENTWISE = ("bias_add", "gelu", "activation", "cast", "scale")
@@ -116,3 +117,22 @@ def find_stages(graph: Graph) -> list[Stage]:
         else:
             raise CompileError(f"operation {op.id} ({op.kind}) has no lowering")
     return stages
+
+
+def stage_parts(graph: Graph, stages: list[Stage]) -> dict[int, Part]:
+    """Each stage's model part (``ir.names``): a GEMM stage's is its product's (``fc1``,
+    not the GELU its chain ends in); a row stage's is its output's, with the operation
+    named when the value's name does not say it (``ln1 layer norm``)."""
+    parts: dict[int, Part] = {}
+    for stage in stages:
+        if isinstance(stage, GemmStage):
+            first = graph.operations[stage.operations[0]] if stage.operations else None
+            parts[stage.index] = value_part(graph.value(
+                first.outputs[0] if first is not None else stage.out).name)
+            continue
+        part = value_part(graph.value(stage.out).name)
+        word = stage.kind.replace("_", " ")
+        if word not in part.what and stage.kind not in part.what:
+            part = Part(part.layer, f"{part.what} {word}")
+        parts[stage.index] = part
+    return parts

@@ -4,7 +4,9 @@ summarised and compared by ``ipu-stack profile``."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from ipu_stack.profile.record import Profile, build_profile, load_profile, save_profile
@@ -46,7 +48,10 @@ def write_system_profile_files(folder: Path, chips: list[Profile], labels: list[
     for number, profile in enumerate(chips):
         write_profile_files(folder / f"chip{number}", profile)
     slowest = max(range(len(chips)), key=lambda k: chips[k].cycles)
-    sizes = write_profile_files(folder, chips[slowest])
+    pages = [[label, os.path.normpath(os.path.join(f"chip{slowest}", path))]
+             for label, path in chips[slowest].placement_pages]  # the copy sits a level up
+    sizes = write_profile_files(folder, dataclasses.replace(chips[slowest],
+                                                            placement_pages=pages))
     sizes["trace.json"] = write_system_trace(folder / "trace.json", chips, labels, link_cycles)
     event(LOG, "wrote multi-chip profile", path=str(folder), chips=len(chips),
           slowest_chip=slowest)

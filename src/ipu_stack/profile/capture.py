@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +13,17 @@ import numpy as np
 from ipu_stack.contract.system import SystemProgram
 from ipu_stack.device.alignment import merge
 from ipu_stack.device.record import StepRecord
+from ipu_stack.ir.names import Part, parts_from_json, step_label
 from ipu_stack.package import Package
 from ipu_stack.planning.groups import layer_range
 from ipu_stack.profile import write_profile_files, write_system_profile_files
 from ipu_stack.profile.record import Profile, build_profile
 from ipu_stack.runtime.execute import Outcome
+from ipu_stack.runtime.groups import group_programs
 from ipu_stack.runtime.session import RunResult
 from ipu_stack.runtime.stream import StreamRun
 from ipu_stack.target import get_target, timing
+from ipu_stack.util.errors import UsageError
 
 FIGURES = ("numericalTest", "estimatedCycles", "estimateError", "efficiencyPercent",
            "effectiveGemmTflops", "gemmModes", "hostCycles")
@@ -41,8 +46,60 @@ def profile_of(result: RunResult, package_path: Path, record: dict[str, Any],
               "host_cycles": run.host_cycles, "host_bytes": run.host_bytes}
     figures = {k: record[k] for k in FIGURES if k in record}
     figures["plans"] = result.package.manifest.get("plans", [])
+    parts = package_parts(result.package)
+    labels = [step_label(r.name, parts, r.layer or 0) for r in run.steps]
     return build_profile(run.steps, totals, result.package.manifest["workload"]["identifier"],
-                         target.name, target.tiles, target.clock_hz, figures, link)
+                         target.name, target.tiles, target.clock_hz, figures, link,
+                         labels=labels)
+
+
+def package_parts(package: Package) -> dict[int, Part]:
+    """The model part of each stage of a program package (``ir.names``); none for a
+    package written without them. A malformed record is one line: it came from a file."""
+    try:
+        return parts_from_json(package.manifest.get("parts", []))
+    except ValueError as exc:
+        raise UsageError(f"package parts record is invalid: {exc}") from None
+
+
+def _group_labels(package: Package, system: SystemProgram, groups: list[int]
+                  ) -> dict[int, Callable[[StepRecord], str]]:
+    """Each group's step labeller: its program's parts, their layers moved by how far the
+    group's first layer is from that of the group the shared program was compiled for."""
+    specs = {g.index: g for g in system.groups}
+    programs = group_programs(package, system, {specs[g].program for g in groups})
+    owner = {}
+    for spec in system.groups:
+        owner.setdefault(spec.program, spec)
+    labellers = {}
+    for g in groups:
+        spec = specs[g]
+        parts = package_parts(programs[spec.program])
+        shift = math.floor(spec.first_layer) - math.floor(owner[spec.program].first_layer)
+        labellers[g] = (lambda rec, parts=parts, shift=shift:
+                        step_label(rec.name, parts, shift + (rec.layer or 0)))
+    return labellers
+
+
+def group_placement_pages(package_path: Path, package: Package, system: SystemProgram,
+                          folder: Path | None) -> list[list[str]]:
+    """``[label, path]`` of each group program's placement page: program ``k`` was compiled
+    into ``group<N>`` (or ``group<N>.aligned``) beside the package, ``N`` its first group;
+    the folder whose package has program ``k``'s size is it.  Paths relative to ``folder``."""
+    pages, seen = [], set()
+    for spec in system.groups:
+        if spec.program in seen:
+            continue
+        seen.add(spec.program)
+        size = package.arrays[f"program.{spec.program}"].size
+        for name in (f"group{spec.index}.aligned", f"group{spec.index}"):
+            page = Path(package_path).parent / name / "memory" / "placement.html"
+            built = page.parent.parent / "model.ipuexe"
+            if page.exists() and built.exists() and built.stat().st_size == size:
+                label = f"group {spec.index}: layers {layer_range(spec.first_layer, spec.layers)}"
+                pages.append([label, os.path.relpath(page, folder) if folder else str(page)])
+                break
+    return pages
 
 
 def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
@@ -57,7 +114,9 @@ def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
     bases = {g.index: g.tile_base for g in specs}
     merged = merge([([r.kind for r in run.records[g]],
                      [r.cycles + r.sync for r in run.records[g]]) for g in groups])
+    labeller = _group_labels(package, system, groups)
     steps: list[StepRecord] = []
+    labels: list[str] = []
     for k in range(len(merged.cycles)):
         members = [(g, run.records[g][int(merged.members[row, k])])
                    for row, g in enumerate(groups) if merged.members[row, k] >= 0]
@@ -66,6 +125,7 @@ def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
             if rec.tile_cycles is not None:
                 tiles[bases[g]: bases[g] + rec.tile_cycles.size] = rec.tile_cycles
         longest = max(members, key=lambda m: m[1].cycles)[1]
+        labels.append(" | ".join(labeller[g](rec) for g, rec in members))
         steps.append(StepRecord(k, " | ".join(f"g{g} {rec.name}" for g, rec in members),
                                 longest.kind, longest.cycles, longest.sync, tiles,
                                 int(np.argmax(tiles)), dict(longest.by_kind),
@@ -76,6 +136,7 @@ def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
         sync = int(timing.p("sync"))
         steps.append(StepRecord(len(steps), "pipeline hand-offs", "exchange", handoff - sync,
                                 sync, None))
+        labels.append("hand-offs between groups")
     compute = sum(s.cycles for s in steps if s.kind == "compute")
     exchange = sum(s.cycles for s in steps if s.kind == "exchange")
     sync_total = sum(s.sync for s in steps)
@@ -87,7 +148,8 @@ def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
     tracks = [[f"group {g.index}: layers {layer_range(g.first_layer, g.layers)}",
                g.tile_base, g.tile_end] for g in specs]
     return build_profile(steps, totals, package.manifest["workload"]["identifier"],
-                         target.name, target.tiles, target.clock_hz, figures, "", tracks)
+                         target.name, target.tiles, target.clock_hz, figures, "", tracks,
+                         labels)
 
 
 def profiles_of_stream(run: StreamRun, package: Package, system: SystemProgram,
@@ -102,8 +164,11 @@ def profile_of_outcome(outcome: Outcome, folder: Path | None = None) -> Profile:
     whole-chip run's, or the step of the chip that sets a stream's period."""
     if isinstance(outcome.result, RunResult):
         return profile_of(outcome.result, outcome.path, outcome.record, folder)
-    return max(profiles_of_stream(outcome.result, outcome.package, outcome.system,
-                                  outcome.record), key=lambda p: p.cycles)
+    slowest = max(profiles_of_stream(outcome.result, outcome.package, outcome.system,
+                                     outcome.record), key=lambda p: p.cycles)
+    slowest.placement_pages = group_placement_pages(outcome.path, outcome.package,
+                                                    outcome.system, folder)
+    return slowest
 
 
 def write_run_profile(folder: Path, outcome: Outcome) -> None:
@@ -120,6 +185,12 @@ def write_run_profile(folder: Path, outcome: Outcome) -> None:
         first = own[0].first_layer
         labels.append(f"chip {chip}: layers " + layer_range(first, own[-1].first_layer
                                                            + own[-1].layers - first))
-    write_system_profile_files(folder, profiles_of_stream(outcome.result, outcome.package,
-                                                          system, outcome.record),
-                               labels, max(outcome.result.link_cycles, default=0))
+    chips = profiles_of_stream(outcome.result, outcome.package, system, outcome.record)
+    for number, profile in enumerate(chips):  # each chip's own groups' pages, from chipN/
+        own = {f"group {g.index}:" for g in system.on_chip(number)}
+        profile.placement_pages = [
+            page for page in group_placement_pages(outcome.path, outcome.package, system,
+                                                   folder / f"chip{number}")
+            if page[0].split(" layers")[0] in own]
+    write_system_profile_files(folder, chips, labels,
+                               max(outcome.result.link_cycles, default=0))

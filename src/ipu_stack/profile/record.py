@@ -44,6 +44,12 @@ class Step:
     busiest_work: list[dict[str, Any]] = field(default_factory=list)
     exchange: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
+    part: str = ""  # the model part it serves (``ir.names``), what pages show first
+
+    @property
+    def label(self) -> str:
+        """What a person reads: the model part, else the program's name."""
+        return self.part or self.name
 
     @property
     def length(self) -> int:
@@ -88,6 +94,9 @@ class Profile:
     placement_page: str = ""
     # named tile ranges ``[label, first tile, end]``: a pipeline's groups (one track each)
     tracks: list[list[Any]] = field(default_factory=list)
+    # ``[label, path]`` of each group program's placement page (a pipeline), relative to
+    # the profile's folder
+    placement_pages: list[list[str]] = field(default_factory=list)
 
     def track_ranges(self) -> list[tuple[str, range]]:
         return [(str(label), range(int(first), int(end))) for label, first, end in self.tracks]
@@ -95,6 +104,11 @@ class Profile:
     @property
     def supersteps(self) -> list[Step]:
         return [s for s in self.steps if s.kind in ("compute", "exchange")]
+
+    def superstep_numbers(self) -> dict[int, int]:
+        """Each superstep's number, counted over supersteps only (host streams take no
+        device time and get none): the one numbering every page and table uses."""
+        return {step.index: number for number, step in enumerate(self.supersteps)}
 
     def active_tiles(self) -> np.ndarray:
         """Tiles that computed or exchanged anything in the run."""
@@ -112,15 +126,17 @@ class Profile:
 
 def build_profile(records: list[StepRecord], totals: dict[str, int], workload: str,
                   target: str, tiles: int, clock_hz: float, figures: dict[str, Any],
-                  placement_page: str = "", tracks: list[list[Any]] | None = None) -> Profile:
-    """Lay the recorded steps out on the run's timeline."""
+                  placement_page: str = "", tracks: list[list[Any]] | None = None,
+                  labels: list[str] | None = None) -> Profile:
+    """Lay the recorded steps out on the run's timeline; ``labels`` are their model parts."""
     steps, now = [], 0
-    for record in records:
+    for number, record in enumerate(records):
         name = record.name if record.layer is None else f"{record.name} (layer {record.layer})"
         steps.append(Step(record.index, name, record.kind, now, record.cycles,
                           record.sync, record.tile_cycles, record.busiest_tile,
                           dict(record.by_kind), list(record.calls), list(record.busiest_work),
-                          dict(record.exchange), dict(record.host)))
+                          dict(record.exchange), dict(record.host),
+                          labels[number] if labels else ""))
         now += record.cycles + record.sync
     return Profile(workload, target, tiles, clock_hz, totals["cycles"], totals["compute"],
                    totals["exchange"], totals["sync"], totals["host_cycles"],

@@ -19,14 +19,14 @@ from ipu_stack.target.timing import p
 
 def waiting_cycles(profile: Profile) -> float:
     """Mean, over the tiles that did anything, of the cycles spent waiting at syncs for the
-    slowest tile of each superstep."""
+    slowest tile of each superstep (a tile's own count capped at its superstep's length)."""
     active = profile.active_tiles()
     if active.size == 0:
         return 0.0
     waiting = np.zeros(active.size, dtype=np.float64)
     for step in profile.supersteps:
         if step.tile_cycles is not None:
-            waiting += step.cycles - step.tile_cycles[active]
+            waiting += step.cycles - np.minimum(step.tile_cycles[active], step.cycles)
     return float(waiting.mean())
 
 
@@ -58,17 +58,30 @@ def explain(step: Step) -> str:
     return f"compute ({kinds}): " + "; ".join(parts)
 
 
-def summary(profile: Profile) -> dict[str, Any]:
-    """The figures the text summary and the report show."""
-    cycles = max(profile.cycles, 1)
-    longest = sorted(profile.supersteps, key=lambda s: -s.length)[:3]
-    kernels: dict[str, int] = {}
+def _kernel_rows(profile: Profile) -> list[dict[str, Any]]:
+    """Kernels by their cycles on the busiest tile of each compute superstep, each with the
+    model parts it ran for there (the three largest shares first)."""
+    kernels: dict[str, dict[str, int]] = {}
     for step in profile.supersteps:
         for item in step.busiest_work:
-            kernels[item["kernel"]] = kernels.get(item["kernel"], 0) + int(item["cycles"])
+            where = kernels.setdefault(item["kernel"], {})
+            where[step.label] = where.get(step.label, 0) + int(item["cycles"])
+    rows = [{"kernel": k, "cycles": sum(w.values()), "share": sum(w.values()) / max(profile.cycles, 1),
+             "parts": [label for label, _ in sorted(w.items(), key=lambda kv: -kv[1])[:3]],
+             "part_count": len(w)} for k, w in kernels.items()]
+    return sorted(rows, key=lambda r: (-r["cycles"], r["kernel"]))
+
+
+def summary(profile: Profile) -> dict[str, Any]:
+    """The figures the text summary and the report show: the run's cycles split into
+    compute, exchange and sync (shares of the run, summing to 100 %); host transfers apart
+    (outside the run's cycles); supersteps numbered as ``Profile.superstep_numbers``."""
+    cycles = max(profile.cycles, 1)
+    numbers = profile.superstep_numbers()
+    longest = sorted(profile.supersteps, key=lambda s: -s.length)[:3]
     exchanges = [{
-        "name": s.name, "cycles": s.cycles, "horizon": s.exchange.get("horizon", 0),
-        "lower_bound": s.exchange.get("lower_bound", 0),
+        "number": numbers[s.index], "name": s.name, "label": s.label, "cycles": s.cycles,
+        "horizon": s.exchange.get("horizon", 0), "lower_bound": s.exchange.get("lower_bound", 0),
         "ratio": s.exchange.get("horizon", 0) / max(s.exchange.get("lower_bound", 0), 1),
         "instruction_horizon": s.exchange.get("instruction_horizon", 0),
         "chunks": s.exchange.get("chunks", 0), "transfers": s.exchange.get("transfers", 0),
@@ -76,18 +89,19 @@ def summary(profile: Profile) -> dict[str, Any]:
     waiting = waiting_cycles(profile)
     return {
         "cycles": profile.cycles,
-        "split": {
-            "compute": profile.compute_cycles, "exchange": profile.exchange_cycles,
-            "sync": profile.sync_cycles, "host (outside cycles)": profile.host_cycles,
-            "mean tile waiting at syncs": round(waiting),
-        },
+        "split": {"compute": profile.compute_cycles, "exchange": profile.exchange_cycles,
+                  "sync": profile.sync_cycles},
         "shares": {"compute": profile.compute_cycles / cycles,
                    "exchange": profile.exchange_cycles / cycles,
                    "sync": profile.sync_cycles / cycles, "waiting": waiting / cycles},
-        "longest": [{"name": s.name, "kind": s.kind, "cycles": s.length,
-                     "share": s.length / cycles, "why": explain(s)} for s in longest],
-        "kernels": [{"kernel": k, "cycles": v, "share": v / cycles}
-                    for k, v in sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0]))],
+        "waiting": round(waiting),
+        "host": {"cycles": profile.host_cycles, "bytes": profile.host_bytes,
+                 "microseconds": profile.host_cycles / profile.clock_hz * 1e6
+                 if profile.clock_hz > 0 else 0.0},
+        "longest": [{"number": numbers[s.index], "name": s.name, "label": s.label,
+                     "kind": s.kind, "cycles": s.length, "share": s.length / cycles,
+                     "why": explain(s)} for s in longest],
+        "kernels": _kernel_rows(profile),
         "exchanges": exchanges,
         "active_tiles": int(profile.active_tiles().size),
         "figures": profile.figures,
@@ -105,18 +119,27 @@ def format_summary(profile: Profile) -> str:
     if "efficiencyPercent" in figures:
         lines.append(f"efficiency {figures['efficiencyPercent']} % of the FP16 peak; "
                      f"estimated {figures.get('estimatedCycles')} cycles")
-    lines.append("split: " + ", ".join(f"{k} {v}" for k, v in data["split"].items()))
+    lines.append("split: " + ", ".join(f"{k} {v} ({100 * v / max(cycles, 1):.1f} %)"
+                                       for k, v in data["split"].items())
+                 + f"; tiles wait at syncs {data['waiting']} cycles on average")
+    host = data["host"]
+    if host["cycles"]:
+        lines.append(f"host transfers, outside the run: {host['cycles']} cycles "
+                     f"({host['microseconds']:.3f} us) for {host['bytes']} bytes")
     lines.append("longest supersteps:")
     for entry in data["longest"]:
-        lines.append(f"  {entry['name']}: {entry['cycles']} cycles "
-                     f"({100 * entry['share']:.1f} %) - {entry['why']}")
+        lines.append(f"  #{entry['number']} {entry['label']} ({entry['name']}): "
+                     f"{entry['cycles']} cycles ({100 * entry['share']:.1f} %) - {entry['why']}")
     lines.append("kernels by share of the critical path:")
     for entry in data["kernels"][:8]:
-        lines.append(f"  {entry['kernel']}: {entry['cycles']} ({100 * entry['share']:.1f} %)")
+        lines.append(f"  {entry['kernel']}: {entry['cycles']} ({100 * entry['share']:.1f} %) "
+                     f"in {', '.join(entry['parts'])}"
+                     + (f" and {entry['part_count'] - 3} more" if entry["part_count"] > 3 else ""))
     lines.append("exchange phases (horizon / lower bound):")
     for e in data["exchanges"]:
-        lines.append(f"  {e['name']}: {e['horizon']} / {e['lower_bound']} = {e['ratio']:.3f}; "
-                     f"{e['instruction_horizon']} as instructions, {e['chunks']} chunks")
+        lines.append(f"  #{e['number']} {e['label']}: {e['horizon']} / {e['lower_bound']} = "
+                     f"{e['ratio']:.3f}; {e['instruction_horizon']} as instructions, "
+                     f"{e['chunks']} chunks")
     return "\n".join(lines)
 
 
@@ -125,13 +148,14 @@ def compare(a: Profile, b: Profile) -> list[dict[str, Any]]:
     run has show ``None`` for the other.  Unchanged steps are left out."""
     first = {s.name: s.length for s in a.supersteps}
     second = {s.name: s.length for s in b.supersteps}
+    labels = {s.name: s.label for s in a.supersteps + b.supersteps}
     rows = []
     for name in list(first) + [n for n in second if n not in first]:
         x, y = first.get(name), second.get(name)
         if x == y:
             continue
         delta = (y or 0) - (x or 0)
-        rows.append({"name": name, "a": x, "b": y, "delta": delta,
+        rows.append({"name": name, "label": labels[name], "a": x, "b": y, "delta": delta,
                      "percent": None if not x or y is None else 100 * delta / x})
     return sorted(rows, key=lambda r: -abs(r["delta"]))
 
@@ -145,5 +169,6 @@ def format_compare(a: Profile, b: Profile) -> str:
     for r in rows:
         change = "only in B" if r["a"] is None else "only in A" if r["b"] is None else (
             f"{r['delta']:+d} ({r['percent']:+.1f} %) {'slower' if r['delta'] > 0 else 'faster'}")
-        lines.append(f"  {r['name']}: {r['a']} -> {r['b']}  {change}")
+        part = f" ({r['label']})" if r["label"] != r["name"] else ""
+        lines.append(f"  {r['name']}{part}: {r['a']} -> {r['b']}  {change}")
     return "\n".join(lines)

@@ -126,14 +126,17 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
         tracks.name(GROUPS, None, "tile groups (busiest tile of each)")
         for number, (label, _) in enumerate(groups):
             tracks.name(GROUPS, number, label)
+    numbers = profile.superstep_numbers()
     for step in profile.steps:
         if step.kind.startswith("host"):
-            tracks.events.append({"name": f"{step.kind} {step.host.get('tensor')}", "ph": "i",
+            tracks.events.append({"name": f"{step.kind} {step.label}", "ph": "i",
                                   "s": "p", "pid": PROGRAM, "tid": 1,
                                   "ts": round(step.start * tracks.scale, 4),
-                                  "args": {"bytes": step.host.get("bytes", 0)}})
+                                  "args": {"bytes": step.host.get("bytes", 0),
+                                           "tensor": step.host.get("tensor")}})
             continue
-        tracks.slice(PROGRAM, 1, step.name, step.start, step.cycles, step.kind,
+        tracks.slice(PROGRAM, 1, step.label, step.start, step.cycles, step.kind,
+                     superstep=numbers[step.index], program_step=step.name,
                      busiest_tile=step.busiest_tile)
         tracks.slice(PROGRAM, 1, "sync", step.start + step.cycles, step.sync, "sync")
         active = int(np.count_nonzero(step.tile_cycles)) if step.tile_cycles is not None else 0
@@ -180,8 +183,10 @@ def system_trace(chips: list[Profile], labels: list[str], link_cycles: int) -> d
         groups = profile.track_ranges()
         for index, (name, _) in enumerate(groups):
             tracks.name(pid, index + 2, name)
+        numbers = profile.superstep_numbers()
         for step in profile.supersteps:
-            tracks.slice(pid, 1, step.name, step.start, step.cycles, step.kind,
+            tracks.slice(pid, 1, step.label, step.start, step.cycles, step.kind,
+                         superstep=numbers[step.index], program_step=step.name,
                          busiest_tile=step.busiest_tile)
             tracks.slice(pid, 1, "sync", step.start + step.cycles, step.sync, "sync")
             _group_segments(tracks, pid, 2, groups, step)

@@ -42,7 +42,7 @@ def _numbers(record: dict[str, Any]) -> str:
     if record.get("numericalTest") != "PASS":
         failed = record.get("failedParts")
         first = record.get("firstFailingStage")
-        where = f"; first failing stage {first}" if first else ""
+        where = f"; first failing stage {first}" if first and first != "none" else ""
         return f"the numbers are wrong: {failed}{where} (the record names each part)"
     mismatch = record.get("stageMismatch") or 0
     stages = ("every stage equals the device-precision reference" if not mismatch else

@@ -27,15 +27,18 @@ from ipu_stack.verdict.judge import Verdict
 
 
 def verdict_fields(verdict: Verdict) -> dict[str, Any]:
-    """The verdict's part of the record: which part failed and where."""
+    """The verdict's part of the record: which part failed and where.  "Nothing" is spelled
+    one way, ``none``: no part failed, no stage failed, no stage differs at all (then no
+    stage is the worst)."""
     worst = verdict.worst
     fidelity = verdict.fidelity
+    differs = worst is not None and (worst.max_ulps > 0 or worst.mismatch > 0)
     return {
         "failedParts": ",".join(verdict.failed_parts) or "none",
         "stageAgreement": None if worst is None else worst.max_ulps,
         "stageMismatch": None if worst is None else round(worst.mismatch, 6),
-        "worstStage": None if worst is None else worst.stage,
-        "firstFailingStage": getattr(verdict.first_failure, "stage", None),
+        "worstStage": worst.stage if differs else "none",
+        "firstFailingStage": getattr(verdict.first_failure, "stage", None) or "none",
         "noiseRatio": None if fidelity is None else round(fidelity.noise_ratio, 4),
         "tailRatio": None if fidelity is None else round(fidelity.tail_ratio, 4),
         "verdictSeconds": round(verdict.seconds, 2),

@@ -157,12 +157,12 @@ class StreamRun:
         if self.whole:
             self.references.append(reference)
             event(LOG, "numerical verdict", numericalTest="PASS" if verdict.passed else "FAIL",
-                  failedParts=",".join(verdict.failed_parts) or "-",
+                  failedParts=",".join(verdict.failed_parts) or "none",
                   elapsed_ms=int(verdict.seconds * 1000))
         else:
             event(LOG, "image judged", image=number,
                   numericalTest="PASS" if verdict.passed else "FAIL",
-                  failedParts=",".join(verdict.failed_parts) or "-")
+                  failedParts=",".join(verdict.failed_parts) or "none")
         self.verdicts.append(verdict)
         self.outputs.append(outputs)
         return verdict.seconds

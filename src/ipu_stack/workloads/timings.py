@@ -1,0 +1,36 @@
+"""How long a builtin workload takes on the 2-core development machine, for the listing: the
+compile and simulate seconds of ``ipu-stack bench NAME`` at its defaults (with the fewest
+chips it needs), as measured in docs/benchmarks.md.  They are measurements of one machine,
+shown so that a new user knows whether to wait seconds or minutes; the benchmark scripts
+re-measure them."""
+
+from __future__ import annotations
+
+# name -> (the command's extra flags, compile s, simulate s, wall s where the table gives
+# it), docs/benchmarks.md
+MEASURED: dict[str, tuple[str, float, float, float | None]] = {
+    "attention": ("", 2.5, 0.4, None),
+    "vit-layer": ("", 4.4, 0.8, None),
+    "siglip-mlp": ("", 3.9, 1.4, None),
+    "siglip-attention": ("", 10.3, 2.4, None),
+    "siglip-layer": ("", 14.8, 4.0, None),
+    "pe-block": ("", 8.1, 2.2, None),
+    "siglip-vision": ("", 19.5, 65.7, 125),
+    "pe-vision": ("", 6.9, 15.4, 31),
+    "siglip2-giant": (" --chips 2", 14.0, 315.0, 548),
+    "pe-giant": (" --chips 4", 53.9, 150.0, 416),
+}
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 90 else f"{value // 60:.0f} min {value % 60:.0f} s"
+
+
+def timing_line(name: str) -> str | None:
+    """``bench siglip-vision on 2 cores: compile 20 s, simulate 66 s, 2 min 5 s in all``."""
+    if name not in MEASURED:
+        return None
+    flags, compile_s, simulate_s, wall_s = MEASURED[name]
+    wall = f", {_seconds(wall_s)} in all" if wall_s is not None else ""
+    return (f"bench {name}{flags} on 2 cores: compile {_seconds(compile_s)}, simulate "
+            f"{_seconds(simulate_s)}{wall} (docs/benchmarks.md)")
