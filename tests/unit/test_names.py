@@ -18,7 +18,8 @@ from ipu_stack.workloads import get_workload
     ("layer3.self_attn.softmax", 3, "self_attn softmax"),
     ("layer0.attn.q.w", 0, "attn q weights"),
     ("layer0.fc2.b", 0, "fc2 bias"),
-    ("layer0.attn.scores.1", 0, "attn scores"),  # a piece of a value
+    ("layer0.attn.scores.1", 0, "attn scores 1"),  # a piece of a value
+    ("layer1.qkv.0.linear", 1, "qkv 0"),  # an nn.ModuleList's first module
     ("post_layernorm.layer_norm", None, "post_layernorm layer_norm"),
     ("x", None, "x"),
 ])

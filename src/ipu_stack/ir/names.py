@@ -48,7 +48,7 @@ def value_part(name: str) -> Part:
     if match:
         layer, rest = int(match.group(1)), name[match.end():]
     words = [w for w in rest.split("#")[0].split(".") if w]
-    while len(words) > 1 and (words[-1] in OPERATION_WORDS or words[-1].isdigit()):
+    while len(words) > 1 and words[-1] in OPERATION_WORDS:
         words.pop()
     if len(words) > 1:
         words[-1] = WORDS.get(words[-1], words[-1])
