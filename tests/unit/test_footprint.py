@@ -29,6 +29,7 @@ SMALL = {
     "siglip2-giant": {"image": 32, "patch": 16, "layers": 2, "dim": 64, "heads": 4,
                       "hidden": 96},
     "pe-giant": {"image": 28, "patch": 14, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
+    "clip-text": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
 }
 
 

@@ -127,6 +127,18 @@ def _normce_call(kind: str, rows: int, width: int) -> int:
     return 6 * (stats + p(f"normce_merge_{rows}") + chunk + tail) + p("normce_split_supervisor")
 
 
+def _multislice(offsets: int, in_range: int, elements: int, itemsize: int) -> int:
+    """The vendor's MultiSlice as it ran: the busiest worker's share of the offsets, the
+    tile's in-range ones first (its busiest worker can hold only in-range ones)."""
+    workers = p("multislice_workers")
+    share = cdiv(offsets, workers)
+    hits = min(share, in_range)
+    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
+    per_hit = p("multislice_offset") + cycles * cdiv(elements, width)
+    return workers * (p("multislice_call") + hits * per_hit
+                      + (share - hits) * p("multislice_offset_out_of_range"))
+
+
 def price_work(work: Work, weights_interleaved: bool = True) -> int:
     """Cycles of one executed kernel call on one tile."""
     c = work.counts
@@ -155,6 +167,12 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         return p("cast_call") + p("elementwise_step") * _steps(c["per_worker"], 8)
     if kind == "copy":
         return p("copy_call") + cdiv(c["bytes"], p("copy_bytes_per_cycle"))
+    if kind == "multislice":
+        in_range = c["offsets"] if p("multislice_all_in_range") else c["in_range"]
+        return _multislice(c["offsets"], in_range, c["elements"], c["itemsize"])
+    if kind == "fill":  # six workers, each a Fill vertex over its share
+        share = cdiv(c["elements"], 6)
+        return 6 * (p("fill_half_call") + cdiv(share, p("fill_half_per_cycle")))
     if kind == "normce":  # its compute sets, a sync between two
         calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
         return sum(_normce_call(k, n, c["width"]) for k, n in calls) + \

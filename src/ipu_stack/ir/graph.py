@@ -105,6 +105,16 @@ def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
     return x.shape
 
 
+def _embedding_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``table[ids]``: ids ``[..., 1]`` (I32), a ``[vocab, width]`` table; one row each."""
+    ids, table = inputs
+    if not ids.precision.is_integer or ids.cols != 1:
+        raise CompileError(f"embedding ids must be I32 [..., 1], not {ids}")
+    if len(table.shape) != 2:
+        raise CompileError(f"embedding table must be [vocab, width], not {list(table.shape)}")
+    return (*ids.shape[:-1], table.shape[1])
+
+
 def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
     """``qk``: [B*T, H*d] x [B*T, H*d] -> [B*H*T, T]; ``pv``: [B*H*T, T] x [B*T, H*d] -> [B*T, H*d]."""
     a, b = inputs
@@ -140,6 +150,7 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "activation": (1, _activation_rule),
     "rms_norm": (2, _rms_norm_rule),
     "rope": (3, _rope_rule),
+    "embedding": (2, _embedding_rule),
 }
 
 

@@ -280,6 +280,18 @@ def _one_pass_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: floa
     return (out + np.asarray(beta).astype(np.float16)).astype(np.float32)
 
 
+def lookup_rows(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``table[ids]`` for ids ``[..., 1]`` held as whole numbers: one table row each, an exact
+    copy (the device's MultiSlice copies the row's bytes).  An id outside the table is
+    refused: the device's vertex would skip it and leave its row unwritten."""
+    index = np.asarray(ids).reshape(-1).astype(np.int64)
+    vocab = table.shape[0]
+    bad = (index < 0) | (index >= vocab)
+    if bad.any():
+        raise ValueError(f"id {int(index[bad][0])} is outside the table's {vocab} rows")
+    return np.asarray(table)[index].reshape(*np.shape(ids)[:-1], table.shape[1])
+
+
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
            mode: dict | None = None, normce: bool = False) -> np.ndarray:
     if op.kind == "matmul":
@@ -324,6 +336,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
         return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
+    if op.kind == "embedding":
+        return lookup_rows(ins[0], ins[1]).astype(dtype, copy=False)
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

@@ -21,6 +21,8 @@ _FORMATS: dict[str, tuple[np.dtype, int]] = {
     "F16": (np.dtype(np.float16), 2),
     "F8F143": (np.dtype(ml_dtypes.float8_e4m3fnuz), 1),
     "F8F152": (np.dtype(ml_dtypes.float8_e5m2fnuz), 1),
+    # token ids and positions: what a lookup (popops MultiSlice's offsets) reads
+    "I32": (np.dtype(np.int32), 4),
 }
 
 SCALE_MIN, SCALE_MAX = -32, 31
@@ -48,6 +50,10 @@ class Precision:
         return self.kind.startswith("F8")
 
     @property
+    def is_integer(self) -> bool:
+        return self.kind == "I32"
+
+    @property
     def dtype(self) -> np.dtype:
         """The numpy storage dtype of one element."""
         return _FORMATS[self.kind][0]
@@ -58,6 +64,8 @@ class Precision:
 
     @property
     def max_finite(self) -> float:
+        if self.is_integer:
+            return float(np.iinfo(self.dtype).max)
         return float(ml_dtypes.finfo(self.dtype).max) * 2.0**self.scale_exponent if self.is_fp8 \
             else float(np.finfo(self.dtype).max)
 
@@ -68,6 +76,8 @@ class Precision:
             return rounding.encode_fp8(values, self.kind, self.scale_exponent)
         if self.kind == "F16":
             return rounding.encode_f16(values)
+        if self.is_integer:  # ids: whole numbers, exact in float32 up to 2^24
+            return np.rint(np.asarray(values, dtype=np.float64)).astype(self.dtype)
         return np.asarray(values, dtype=np.float32).astype(self.dtype)
 
     def dequantize(self, stored: np.ndarray) -> np.ndarray:

@@ -191,6 +191,9 @@ class LoweringBase:
         for value in self.graph.by_role("input"):
             rows, cols, precision = self._matrix(value.id)
             layout = landing_layout(rows, cols, precision, self.target)
+            if precision.is_integer:  # ids: whole on one tile, broadcast from there in one
+                layout = BlockLayout(rows, cols, precision, rows, cols,  # send a reader
+                                     np.full((1, 1, 1), self.target.tiles - 1, np.int32))
             buffer = self.program.add_buffer(
                 value.name, layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
                 f"input {value.name}: {value.type}", layout,

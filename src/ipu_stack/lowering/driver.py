@@ -38,6 +38,8 @@ def lower(
         if isinstance(stage, GemmStage):
             assert plan is not None
             lowering.gemm_stage(stage, plan)
+        elif stage.kind == "embedding":
+            lowering.lookup_stage(stage)
         else:
             lowering.row_stage(stage)
         if graph.value(stage.out).role != "output":

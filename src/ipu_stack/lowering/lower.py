@@ -4,7 +4,8 @@
 the two kinds of stage: ``lowering.gemm_stage`` (a GEMM stage: operands gathered onto a tile
 grid, AMP calls into partials, the reduce-scatter of depth partials, the reduce with its
 fused chain) and ``lowering.row_stage`` (a row stage: inputs gathered into whole rows, one
-row kernel).  ``lowering.driver`` walks the stages on it; ``lowering.loop`` lowers a layer
+row kernel) and ``lowering.lookup`` (a table's rows picked by runtime ids).
+``lowering.driver`` walks the stages on it; ``lowering.loop`` lowers a layer
 loop's body on it once.
 
 The public names of those modules that importers read from here are re-exported.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 from ipu_stack.lowering.base import FRAGMENT_LIMIT, PARAM_BLOCK, BodyState, Piece, landing_layout
 from ipu_stack.lowering.gemm_stage import GemmLowering, Group, stage_groups
+from ipu_stack.lowering.lookup import LookupLowering
 from ipu_stack.lowering.row_stage import RowLowering
 
 __all__ = ["FRAGMENT_LIMIT", "PARAM_BLOCK", "BodyState", "Group", "Lowering", "Piece",
            "landing_layout", "stage_groups"]
 
 
-class Lowering(GemmLowering, RowLowering):
+class Lowering(GemmLowering, RowLowering, LookupLowering):
     """Builds a :class:`~ipu_stack.lowering.program.Program` stage by stage."""

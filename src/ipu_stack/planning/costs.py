@@ -247,7 +247,29 @@ def _copy(params: dict[str, Any]) -> int:
     return estimate_copy(params["rows"] * params["row_bytes"])
 
 
-KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy}
+def estimate_multislice(offsets: int, elements: int, itemsize: int) -> int:
+    """popops MultiSlice over a column block holding every row: each worker copies
+    ceil(N/6) rows of ``elements`` (the vendor's planner model, DynamicSlice.cpp)."""
+    workers = p("multislice_workers")
+    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
+    return workers * (p("multislice_call") + -(-offsets // workers) * (
+        p("multislice_offset") + cycles * -(-elements // width)))
+
+
+def estimate_fill(elements: int) -> int:
+    """popops Fill of F16 over six workers (zeroing a lookup's candidate rows)."""
+    share = -(-elements // 6)
+    return 6 * (p("fill_half_call") + -(-share // p("fill_half_per_cycle")))
+
+
+def _multislice(params: dict[str, Any]) -> int:
+    elements = params["region_bytes"] // params["itemsize"]
+    fill = estimate_fill(params["offsets"] * elements) if params.get("fill") else 0
+    return fill + estimate_multislice(params["offsets"], elements, params["itemsize"])
+
+
+KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy,
+                "multislice": _multislice}
 
 
 def kernel_cost(instance: KernelInstance) -> int:

@@ -287,3 +287,34 @@ def split_over_workers(total: int, workers: int = 6) -> list[int]:
     """How a kernel deals ``total`` items to its workers (first workers take one more)."""
     base, extra = divmod(int(total), workers)
     return [base + (1 if w < extra else 0) for w in range(workers)]
+
+# popops MultiSlice (a token lookup; offsets split over the six workers), the vendor's own
+# model of the split vertex: 6 (30 + ceil(N/6) (19 + cpv ceil(R / vw))), every offset in
+# range (a column-split table holds every row). The vertex's assembly copies at the same
+# rate (1 cycle an F16 element) with about 23 cycles an offset (notes in docs/machine.md).
+_SLICE = "poplibs 7eac0f26 lib/popops"
+PRICES.update({
+    "multislice_call": Fact(30, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
+                                "proAndEpilogueCycles 30 (29 for MultiUpdate)"),
+    "multislice_offset": Fact(19, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
+                                  "cyclesOverheadPerOffsetInRange 19"),
+    "multislice_offset_out_of_range": Fact(8, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
+                                              "cyclesOverheadPerOffsetOutOfRange 8"),
+    "multislice_vector_cycles": Fact(2, f"{_SLICE}/PerformanceEstimation.cpp:49-122: 2 cycles "
+                                        "a vector of 2 halves or 2 floats (3 a vector of 4 "
+                                        "bytes)"),
+    "multislice_workers": Fact(6, f"{_SLICE}/DynamicSlice.cpp:4360-4392: the planner's model "
+                                  "splits the offsets over the six workers (maxOffsetsPerWorker"
+                                  " = ceil(N/6)), as MultiSliceUpdateCommon.cpp:86-124 does"),
+})
+PRICES.update({
+    "multislice_all_in_range": Fact(1, f"{_SLICE}/popopsCycleEstimators.cpp:2126-2149: the "
+                                       "vertex estimator charges every offset as in range "
+                                       "('Assume worst case scenario where every index is in "
+                                       "range'), so a step's cycles do not depend on the ids"),
+    # popops Fill (zeroing a lookup's candidate rows before MultiSlice writes its hits)
+    "fill_half_call": Fact(26, f"{_SLICE}/PerformanceEstimation.cpp:370-440: HALF Fill "
+                               "26 + size / (dataPathWidth / 16), a worker's share"),
+    "fill_half_per_cycle": Fact(4, f"{_SLICE}/PerformanceEstimation.cpp:370-440: 64-bit data "
+                                   "path, 4 halves a cycle"),
+})

@@ -102,6 +102,7 @@ def rope_2d_tables(tokens: int, head_dim: int, batch: int) -> tuple[np.ndarray, 
 
 
 GELU_FORMS = {"tanh": "tanh", "erf": "none"}  # option name -> the graph's ``approximate``
+QUICK_GELU = "quick"  # the --gelu of CLIP's x sigmoid(1.702 x), an activation, not a GELU
 
 
 def _normals(seed: int, name: str, shape: tuple[int, ...], std: float,
@@ -138,6 +139,8 @@ class LayerBuilder:
         self.tensors = DeferredTensors()
         self.deferred: dict[str, Precision] = {}
         self.rows = params["batch"] * params["tokens"]
+        # an additive attention mask (a causal one: CLIP's text encoder), [B H T, T] F16
+        self.mask: int | None = None
 
     def act(self, name: str) -> Precision:
         """Precision of an activation that feeds a GEMM."""
@@ -224,8 +227,13 @@ class LayerBuilder:
                           head_dim=head_dim)
         scores = self.b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
                            heads=heads, tokens=tokens)
-        probs = self.b.op("softmax", [scores], operand(f"{prefix}.probs"), f"{prefix}.probs",
-                          scale=1.0 / float(np.sqrt(head_dim)))
+        scale = 1.0 / float(np.sqrt(head_dim))
+        if self.mask is None:
+            probs = self.b.op("softmax", [scores], operand(f"{prefix}.probs"), f"{prefix}.probs",
+                              scale=scale)
+        else:
+            probs = self.b.op("biased_softmax", [scores, self.mask], operand(f"{prefix}.probs"),
+                              f"{prefix}.probs", scale=scale)
         o = self.b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                       heads=heads, tokens=tokens)
         if self.fp8:
@@ -242,8 +250,12 @@ class LayerBuilder:
             return x
         h = self.norm(x, f"{prefix}.ln2", self.act(f"{prefix}.ln2.out"))
         f1 = self.linear(h, p["dim"], p["hidden"], f"{prefix}.fc1", F16, True)
-        g = self.b.op("gelu", [f1], self.act(f"{prefix}.gelu"), f"{prefix}.gelu",
-                      approximate=GELU_FORMS[p.get("gelu", "tanh")])
+        if p.get("gelu") == QUICK_GELU:
+            g = self.b.op("activation", [f1], self.act(f"{prefix}.gelu"), f"{prefix}.gelu",
+                          function="quick_gelu")
+        else:
+            g = self.b.op("gelu", [f1], self.act(f"{prefix}.gelu"), f"{prefix}.gelu",
+                          approximate=GELU_FORMS[p.get("gelu", "tanh")])
         m = self.linear(g, p["hidden"], p["dim"], f"{prefix}.fc2", F16, True)
         return self.b.op("add", [x, m], F16, f"{prefix}.residual2")
 

@@ -1,0 +1,92 @@
+"""A lookup: popops ``MultiSlice`` on one tile (a token embedding, a data-dependent gather).
+
+Each tile holds every row of a column block of the table (the vendor's unplanned
+``createSliceableTensor`` split: the embedding dimension over tiles, so every id is in range
+on every tile and the exchange stays static). The call copies, for each of ``offsets`` ids,
+``region_bytes`` of the table's row ``id`` to the output's row. An id outside the table's
+rows is skipped and its output row left unwritten, as the vertex does
+(``MultiSlice.cpp:68-71``). A table too large for one tile a column block is also split by
+rows: each tile holds ``rows`` rows from ``first_row``, and with ``fill`` zeroes its output
+first (popops Fill), so that summing the row groups' outputs gives each id's row.
+
+Work: offsets, the ones in range, and the region's elements and their size, which
+``device.pricing`` prices at the vendor's model of the vertex.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.kernels.base import KernelFamily, Region, per_tile, register
+from ipu_stack.target.timing import Work
+
+
+def _name(p: dict[str, Any]) -> str:
+    zero = "_zeroed" if p.get("fill") else ""
+    return f"multislice_n{p['offsets']}_v{p['rows']}_b{p['region_bytes']}{zero}"
+
+
+def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
+    ids_at, table_at, out_at = (per_tile(a, tiles) for a in addresses)
+    n, rows, region = p["offsets"], p["rows"], p["region_bytes"]
+    first = p.get("first_row", 0)
+    span = np.arange(region, dtype=np.int64)
+    every = np.arange(n, dtype=np.int64)[:, None] * p["out_pitch"] + span
+    in_range = 0
+    for t in range(len(tiles)):
+        tile = mem[tiles[t]]
+        ids = tile[ids_at[t]: ids_at[t] + 4 * n].view("<u4").astype(np.int64) - first
+        held = (ids >= 0) & (ids < rows)  # the vertex's unsigned compare after the subtract
+        if p.get("fill"):
+            tile[(out_at[t] + every).ravel()] = 0
+        source = table_at[t] + ids[held, None] * p["table_pitch"] + span
+        target = out_at[t] + np.flatnonzero(held)[:, None] * p["out_pitch"] + span
+        tile[target.ravel()] = tile[source.ravel()]
+        in_range = max(in_range, int(held.sum()))
+    elements = region // p["itemsize"]
+    work = [Work("multislice", {"offsets": n, "in_range": in_range, "elements": elements,
+                                "itemsize": p["itemsize"]})]
+    if p.get("fill"):
+        work.insert(0, Work("fill", {"elements": n * elements}))
+    return work
+
+
+def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    return [(0, 4 * p["offsets"], False),
+            (1, (p["rows"] - 1) * p["table_pitch"] + p["region_bytes"], False),
+            (2, (p["offsets"] - 1) * p["out_pitch"] + p["region_bytes"], True)]
+
+
+def _regions(p: dict[str, Any]) -> list[Region]:
+    return [Region(0, 0, 1, 4 * p["offsets"], 4 * p["offsets"], False),
+            Region(1, 0, p["rows"], p["region_bytes"], p["table_pitch"], False),
+            Region(2, 0, p["offsets"], p["region_bytes"], p["out_pitch"], True)]
+
+
+MULTISLICE = register(
+    KernelFamily(
+        name="multislice",
+        source="poplibs lib/popops/codelets/MultiSlice.cpp, asm/MultiSlice.S",
+        code_bytes=512,  # assumed: the vertex's assembly and its C++ wrapper
+        make_name=_name,
+        run=_run,
+        accesses=_accesses,
+        regions=_regions,
+    )
+)
+
+
+def multislice_params(offsets: int, rows: int, region_bytes: int, itemsize: int,
+                      table_pitch: int, out_pitch: int, first_row: int = 0,
+                      fill: bool = False) -> dict[str, Any]:
+    """A call's parameters: the tile holds table rows ``[first_row, first_row + rows)``;
+    ``fill`` zeroes every output row first (popops Fill), so the rows of ids it does not
+    hold are zero for the reduce that combines the row groups (``lowering.lookup``)."""
+    params = {"offsets": int(offsets), "rows": int(rows), "region_bytes": int(region_bytes),
+              "itemsize": int(itemsize), "table_pitch": int(table_pitch),
+              "out_pitch": int(out_pitch)}
+    if first_row or fill:
+        params.update(first_row=int(first_row), fill=bool(fill))
+    return params

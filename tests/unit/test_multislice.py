@@ -1,0 +1,96 @@
+"""popops MultiSlice on fake tile memory: each id's row of the tile's column block copied to
+the output, an id outside the table skipped and its row left as it was; the price the device
+gives what ran and the planner's closed form against the vendor's formula by hand; the table
+split by columns over the tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipu_stack.device.pricing import price_work
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.slice import multislice_params
+from ipu_stack.lowering.lookup import lookup_block, lookup_groups, lookup_holders
+from ipu_stack.planning.costs import estimate_multislice, kernel_cost
+from ipu_stack.target.timing import Work
+
+
+def test_each_id_copies_its_row_and_an_id_outside_the_table_is_skipped() -> None:
+    rng = np.random.default_rng(0)
+    vocab, width, count = 50, 6, 9  # 6 halves a row: 12 bytes, a 16-byte pitch
+    table = rng.standard_normal((vocab, width)).astype(np.float16)
+    ids = rng.integers(0, vocab, count).astype(np.uint32)
+    ids[4] = vocab + 3  # not on the tile
+    ids[7] = np.uint32(2**32 - 1)  # a negative id as the vertex sees it
+    mem = np.zeros((3, 4096), dtype=np.uint8)
+    ids_at, table_at, out_at = 0, 64, 2048
+    for tile in (0, 2):  # two tiles run the call; tile 1 is left alone
+        mem[tile, ids_at: ids_at + 4 * count] = ids.view(np.uint8)
+        padded = np.zeros((vocab, 8), dtype=np.float16)
+        padded[:, :width] = table
+        mem[tile, table_at: table_at + 16 * vocab] = padded.view(np.uint8).ravel()
+        mem[tile, out_at: out_at + 16 * count] = 0xEE  # what the skipped rows keep
+    params = multislice_params(count, vocab, 2 * width, 2, 16, 16)
+    instance = KernelInstance("multislice", params)
+    work = instance.impl.run(params, mem, np.array([0, 2]), [ids_at, table_at, out_at])
+    for tile in (0, 2):
+        rows = mem[tile, out_at: out_at + 16 * count].reshape(count, 16)
+        for k, index in enumerate(ids):
+            if index < vocab:
+                assert rows[k, :12].tobytes() == table[index].tobytes()
+            else:
+                assert (rows[k] == 0xEE).all()
+            assert (rows[k, 12:] == 0xEE).all()  # the pitch's padding is not written
+    assert not mem[1].any()
+    assert work[0].counts == {"offsets": 9, "in_range": 7, "elements": 6, "itemsize": 2}
+
+
+@pytest.mark.parametrize(("offsets", "elements", "expected"), [
+    (308, 2, 6 * (30 + 52 * (19 + 2 * 1))),  # clip-text at batch 4: 308 ids, 2 columns
+    (77, 768, 6 * (30 + 13 * (19 + 2 * 384))),
+    (1, 7, 6 * (30 + 1 * (19 + 2 * 4))),
+])
+def test_the_price_is_the_vendors_model_of_the_split_vertex(offsets, elements, expected) -> None:
+    assert estimate_multislice(offsets, elements, 2) == expected
+    ran = Work("multislice", {"offsets": offsets, "in_range": offsets, "elements": elements,
+                              "itemsize": 2})
+    assert price_work(ran) == expected
+    params = multislice_params(offsets, 1000, 2 * elements, 2, 4 * elements, 4 * elements)
+    assert kernel_cost(KernelInstance("multislice", params)) == expected
+    # every id is charged as in range, as the vendor's vertex estimator does: a tile of a
+    # row group that holds none of the ids costs the same, so cycles do not depend on ids
+    missed = Work("multislice", {"offsets": offsets, "in_range": 0, "elements": elements,
+                                 "itemsize": 2})
+    assert price_work(missed) == expected
+
+
+def test_the_table_is_split_by_whole_words_of_columns_then_by_rows() -> None:
+    assert lookup_block(768, 2, 1472) == 2  # 384 column blocks of 2 halves (one word)
+    assert lookup_block(2048, 2, 1472) == 2 and lookup_block(4000, 2, 1472) == 4
+    assert lookup_block(100, 4, 1472) == 1 and lookup_block(64, 1, 1472) == 4
+    # CLIP's 49,408 rows: three row groups of 16,470 fill 1,152 of the 1,472 tiles
+    assert lookup_groups(49408, 308, 384, 1472) == (3, 16470)
+    holders = lookup_holders(3, 384, 1472)
+    assert holders.shape == (3, 384) and len(set(holders.ravel().tolist())) == 1152
+    assert lookup_groups(130, 40, 35, 1472) == (33, 4)  # the last group holds 2 rows
+    assert lookup_groups(49408, 2, 384, 1472) == (2, 24704)  # no more groups than ids
+    assert lookup_groups(5000, 77, 1024, 1472) == (1, 5000)
+
+
+def test_a_row_group_zeroes_the_ids_it_does_not_hold() -> None:
+    table = np.arange(4 * 2, dtype=np.float16).reshape(4, 2) + 1  # rows 10-13 of a table
+    ids = np.array([11, 3, 13, 10, 12], dtype=np.uint32)  # 3: another group's
+    mem = np.full((1, 256), 0xAB, dtype=np.uint8)
+    mem[0, 0:20] = ids.view(np.uint8)
+    mem[0, 32:48] = table.view(np.uint8).ravel()
+    params = multislice_params(5, 4, 4, 2, 4, 4, first_row=10, fill=True)
+    work = KernelInstance("multislice", params).impl.run(params, mem, np.array([0]),
+                                                          [0, 32, 64])
+    out = mem[0, 64:84].view(np.float16).reshape(5, 2)
+    assert np.array_equal(out, np.stack([table[1], [0, 0], table[3], table[0], table[2]]))
+    assert [w.kind for w in work] == ["fill", "multislice"]
+    assert work[0].counts == {"elements": 10}
+    assert price_work(work[0]) == 6 * (26 + 1)  # two halves a worker: 26 + ceil(2/4)
+    assert kernel_cost(KernelInstance("multislice", params)) == 6 * (26 + 1) + 6 * (
+        30 + 1 * (19 + 2))
