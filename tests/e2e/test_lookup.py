@@ -15,7 +15,7 @@ from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.execute import run_package
 from ipu_stack.runtime.session import load_package
 from ipu_stack.workloads.base import Workload
-from ipu_stack.workloads.text import causal_mask, token_ids
+from ipu_stack.workloads.text import bert_inputs, causal_mask, token_ids
 from tests.helpers import bench
 
 I32 = Precision("I32")
@@ -90,3 +90,23 @@ def test_a_small_clip_text_encoder_passes(tmp_path, cache_dir) -> None:
     assert record["multisliceCycles"] == 6 * (30 + -(-32 // 6) * (19 + 2 * 1))
     assert record["fillCycles"] == 6 * (26 + 3)  # 11 halves a worker, 4 a cycle
     assert record["qpsWithHost"] < record["qps"]
+
+
+def test_bert_inputs_are_squad_shaped() -> None:
+    ids, types = (v[..., 0] for v in bert_inputs(0, "ids", 4, 32, 30522))
+    for row, kind in zip(ids, types, strict=True):
+        separators = np.flatnonzero(row == 102)
+        assert row[0] == 101 and len(separators) == 2 and separators[1] == 31
+        assert (kind[: separators[0] + 1] == 0).all() and (kind[separators[0] + 1:] == 1).all()
+
+
+def test_small_bert_and_roberta_encoders_pass(tmp_path, cache_dir) -> None:
+    """Post-norm layers and two lookups (BERT's words and token types; RoBERTa's words)."""
+    for name, lookups in (("bert-base", 2), ("roberta-base", 1)):
+        run = bench(name, "--layers", "2", "--vocab", "700", "--dim", "64", "--heads", "4",
+                    "--hidden", "128", "--tokens", "24", "--batch", "2",
+                    folder=tmp_path / name, cache_dir=cache_dir)
+        record = run.record
+        assert record["numericalTest"] == "PASS", record
+        assert record["estimatedCycles"] == record["cycles"]
+        assert record["inputBytes"] == lookups * 2 * 24 * 4  # I32 ids (and types)

@@ -30,6 +30,9 @@ SMALL = {
                       "hidden": 96},
     "pe-giant": {"image": 28, "patch": 14, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
     "clip-text": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
+    "bert-base": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
+    "roberta-base": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
+                     "hidden": 96},
 }
 
 

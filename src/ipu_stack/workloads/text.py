@@ -4,6 +4,14 @@
   measured on a C600 with PopRT, ``clip-onnx-fp32``): 77 tokens, vocabulary 49,408, width
   768, 12 heads, MLP 3,072, 12 layers, quick GELU (``x sigmoid(1.702 x)``), layer norm eps
   1e-5, a causal mask, the final layer norm.
+* ``bert-base`` and ``roberta-base``: the encoders of ByteMLPerf's SQuAD rows at 384 tokens,
+  width 768, 12 heads, MLP 3,072, 12 post-norm layers (``LN(x + attention(x))``, then
+  ``LN(x + MLP(x))``), exact GELU. BERT (vocabulary 30,522, eps 1e-12) adds a token-type
+  lookup (question 0, context 1); RoBERTa (vocabulary 50,265, eps 1e-5) has one token type,
+  folded into its position table, and positions from 2 (its padding index + 1) for full
+  sequences. Every token is real: no padding mask (PopRT's figures are on packed SQuAD,
+  which has no padding either). The question-answering head (a 768 x 2 product) is not
+  built.
 
 **Embeddings.**  The ids are the program's input (I32, ``[batch, tokens, 1]``); the token
 table (F16) is looked up on the device by popops ``MultiSlice`` (``lowering.lookup``), and the
@@ -16,6 +24,7 @@ position table (F16, written once per sequence of the batch) is added to it, as 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -126,8 +135,104 @@ def _footprint(params: dict[str, Any]) -> Any:
                            params["vocab"] * params["dim"] * 2)
 
 
+def bert_inputs(seed: int, stream: str, batch: int, tokens: int, vocab: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """SQuAD-like ids and token types, ``[batch, tokens, 1]`` each: ``[CLS]`` question
+    ``[SEP]`` context ``[SEP]``, the question's tokens of type 0 and the context's of type 1."""
+    rng = rng_for(seed, stream)
+    ids = rng.integers(min(1000, vocab // 2), vocab, (batch, tokens))
+    types = np.ones((batch, tokens), dtype=np.int64)
+    for row in range(batch):
+        question = int(rng.integers(4, max(5, tokens // 6)))
+        ids[row, 0], ids[row, question + 1], ids[row, -1] = 101, 102, 102  # [CLS], [SEP]
+        types[row, : question + 2] = 0
+    return (ids.reshape(batch, tokens, 1).astype(np.float32),
+            types.reshape(batch, tokens, 1).astype(np.float32))
+
+
+def _post_norm_layer(builder: LayerBuilder, x: int, index: int) -> int:
+    """``LN(x + attention(x))`` then ``LN(x + MLP(x))``: BERT's post-norm layer. The GEMMs
+    read the residual stream itself (cast to FP8 first with ``--precision fp8``)."""
+    p, b = builder.p, builder.b
+    prefix = f"layer{index}"
+
+    def gemm_input(value: int, name: str) -> int:
+        return b.op("cast", [value], builder.act(name), name) if builder.fp8 else value
+
+    a = builder.attention(gemm_input(x, f"{prefix}.in"), f"{prefix}.attn", rope=False,
+                          bias=True)
+    x = builder.norm(b.op("add", [x, a], F16, f"{prefix}.residual1"), f"{prefix}.ln1", F16)
+    f1 = builder.linear(gemm_input(x, f"{prefix}.mid"), p["dim"], p["hidden"],
+                        f"{prefix}.fc1", F16, True)
+    g = b.op("gelu", [f1], builder.act(f"{prefix}.gelu"), f"{prefix}.gelu", approximate="none")
+    m = builder.linear(g, p["hidden"], p["dim"], f"{prefix}.fc2", F16, True)
+    return builder.norm(b.op("add", [x, m], F16, f"{prefix}.residual2"), f"{prefix}.ln2", F16)
+
+
+def _build_bert(kind: str, builder: LayerBuilder, seed: int) -> None:
+    """Word (and, for BERT, token-type) lookups, positions, the embedding norm, the layers."""
+    p, b = builder.p, builder.b
+    batch, tokens, dim, vocab = p["batch"], p["tokens"], p["dim"], p["vocab"]
+    ids_values, types_values = bert_inputs(seed, "ids", batch, tokens, vocab)
+    builder.tensors["ids"] = ids_values
+    ids = b.input("ids", TensorType((batch, tokens, 1), I32))
+    words = builder.weight("word_embeddings", (vocab, dim), 0.02, precision=F16)
+    h = b.op("embedding", [ids, words], F16, "word_embeddings.out")
+    if kind == "bert-base":
+        builder.tensors["token_types"] = types_values
+        types = b.input("token_types", TensorType((batch, tokens, 1), I32))
+        table = builder.weight("token_type_embeddings", (2, dim), 0.02, precision=F16)
+        h = b.op("add", [h, b.op("embedding", [types, table], F16,
+                                 "token_type_embeddings.out")], F16, "embeddings.sum")
+    positions = rng_for(p["seed"], "pos").standard_normal((tokens, dim)) * 0.02
+    builder.tensors["pos"] = F16.round_trip(np.tile(positions, (batch, 1)).astype(np.float32))
+    pos = b.weight("pos", TensorType((batch * tokens, dim), F16))
+    h = builder.norm(b.op("add", [h, pos], F16, "embed"), "embeddings.ln", F16)
+    for index in range(p["layers"]):
+        h = _post_norm_layer(builder, h, index)
+    b.output(h)
+
+
+def build_bert(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """A BERT-family encoder's graph and tensors."""
+    if params["dim"] % params["heads"]:
+        raise UsageError(f"--dim {params['dim']} is not a multiple of --heads {params['heads']}")
+    return calibrated_build(params, kind, lambda builder, seed: _build_bert(kind, builder, seed))
+
+
+def stream_squad(kind: str, params: dict[str, Any], graph: Graph, index: int
+                 ) -> dict[str, np.ndarray]:
+    """Batch ``index`` of a stream (``--images``): new ids and types from their own stream."""
+    ids, types = bert_inputs(params["seed"], f"ids.{index}", params["batch"],
+                             params["tokens"], params["vocab"])
+    return {"ids": ids, "token_types": types} if kind == "bert-base" else {"ids": ids}
+
+
+def _bert_parameters(vocab: int, eps: float) -> tuple[Parameter, ...]:
+    defaults = {"tokens": 384, "vocab": vocab, "eps": eps}
+    return tuple(replace(q, default=defaults.get(q.name, q.default)) for q in _parameters())
+
+
+def _register_bert(kind: str, description: str, vocab: int, eps: float) -> None:
+    def identifier(p: dict[str, Any]) -> str:
+        return _identifier(p).replace("clip-text", kind, 1)
+
+    register(Workload(
+        name=kind, description=description, parameters=_bert_parameters(vocab, eps),
+        build=lambda params: build_bert(kind, params), identifier=identifier,
+        benchmark_fields=lambda p: {**_fields(p), "benchmark": f"{kind}-{p['precision']}"},
+        stream_input=lambda params, graph, index: stream_squad(kind, params, graph, index),
+        footprint=lambda params: layer_footprint(params, params["layers"], "layers",
+                                                 params["tokens"],
+                                                 (params["vocab"] + 2) * params["dim"] * 2)))
+
+
 register(Workload(
     name="clip-text", description="CLIP ViT-L/14 text encoder of Stable Diffusion (ByteMLPerf's "
     "clip-onnx-fp32 shape): token ids, 77 tokens, width 768, 12 causal layers, quick GELU",
     parameters=_parameters(), build=build_text, identifier=_identifier,
     benchmark_fields=_fields, stream_input=stream_prompt, footprint=_footprint))
+_register_bert("bert-base", "BERT-base encoder for SQuAD (ByteMLPerf's bert-torch-fp32 shape): "
+               "384 tokens, word and token-type lookups, 12 post-norm layers", 30522, 1e-12)
+_register_bert("roberta-base", "RoBERTa-base encoder for SQuAD (ByteMLPerf's roberta-torch-fp32 "
+               "shape): 384 tokens, a word lookup, 12 post-norm layers", 50265, 1e-5)
