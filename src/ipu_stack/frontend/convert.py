@@ -30,8 +30,10 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
-from ipu_stack.util.errors import CompileError
+from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.workloads.transformer import role  # FP8 activation exponents are per role
+
+I32 = Precision("I32")  # token ids
 
 # ops that pass a value through unchanged (as the device sees it) or only relabel its shape
 TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",
@@ -154,6 +156,7 @@ class Converter:
         self.input_values: dict[str, np.ndarray] = {}
         self.outputs: list[OutputSpec] = []
         self.user_acts: dict[int, Act] = {}
+        self.id_values: dict[int, int] = {}  # user input index -> its I32 ids value
         self.materialized: dict[tuple, Act] = {}
         self.fused_done: dict[int, tuple[Any, Act]] = {}
         self.pairs_done: dict[int, tuple[Any, Act]] = {}
@@ -232,6 +235,25 @@ class Converter:
         value_id = self.b.input(name, TensorType(tuple(shape), precision))
         self.inputs.append(InputSpec(name, value_id, make))
         self.input_values[name] = np.asarray(data, dtype=np.float32).reshape(shape)
+        return value_id
+
+    def id_input(self, user: UserInput, node: Any, rows: int) -> int:
+        """A program input of ids (``[..., 1]`` I32) for a lookup of a ``rows``-row table;
+        ids outside the table are refused (the device's vertex would skip them)."""
+        if user.index in self.id_values:
+            return self.id_values[user.index]
+        data = np.asarray(self.user[user.index], dtype=np.float64)
+        if data.size and (data.min() < 0 or data.max() >= rows or (data % 1).any()):
+            raise UsageError(f"input {user.name}: ids must be whole numbers in [0, {rows}), "
+                             f"found {data.min():g} to {data.max():g}")
+        shape = (*user.shape, 1)
+        value_id = self.b.input(user.name, TensorType(shape, I32))
+        index = user.index
+        self.inputs.append(InputSpec(user.name, value_id,
+                                     lambda arrays, index=index, shape=shape:
+                                     arrays[index].reshape(shape)))
+        self.input_values[user.name] = data.astype(np.float32).reshape(shape)
+        self.id_values[index] = value_id
         return value_id
 
     def constant_input(self, name: str, rows: np.ndarray, shape: tuple[int, ...]) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ipu_stack.frontend import forms, fused, patterns, rope
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
-from ipu_stack.frontend.forms import Act
+from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.rules import activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
 
@@ -46,6 +46,9 @@ def _dropout(conv: Converter, node: Any, x: Any, p: float = 0.0, train: bool = F
 
 
 def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
+        # ids viewed before their lookup (CLIP's ``input_ids.view(-1, T)``): still ids
+        return UserInput(x.index, x.name, forms.resolve_shape(shape, prod(x.shape)))
     if isinstance(x, (fused.Fused, fused.Split)):
         split = fused.view(x, forms.resolve_shape(shape, prod(x.shape)))
         if split is not None:

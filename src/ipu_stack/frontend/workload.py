@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import Converted, role
+from ipu_stack.frontend.convert import TRANSPARENT, Converted, op_name, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.walk import Importer
@@ -90,12 +90,15 @@ def call_arguments(program: Any, arrays: list[np.ndarray]) -> tuple[tuple, dict]
     torch = require_torch()
     from torch.utils import _pytree
 
-    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+    integer = iter(integer_inputs(program))
+    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)).to(
+        torch.int64 if next(integer) else torch.float32) for a in arrays])
     examples = getattr(program, "example_inputs", None)
     if examples is None:
         return tuple(tensors), {}
     leaves, spec = _pytree.tree_flatten(examples)
-    filled = [next(tensors) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    filled = [next(tensors).to(leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
+              for leaf in leaves]
     args, kwargs = _pytree.tree_unflatten(filled, spec)
     return tuple(args), dict(kwargs)
 
@@ -151,10 +154,41 @@ def specialize(program: Any, batch: int) -> Any:
                          f"{{input: {{0: Dim('batch')}}}}): {first[:120]}") from None
 
 
+def integer_inputs(program: Any) -> list[bool]:
+    """Whether each tensor user input is integer (ids a lookup reads), in order."""
+    return [not getattr(value, "dtype", None).is_floating_point
+            for _, value in user_input_values(program) if hasattr(value, "shape")]
+
+
+def lookup_rows(program: Any, name: str) -> int:
+    """The fewest rows of the tables an integer input's ids are looked up in (through
+    views), so that random ids index every one of them; refused when no lookup reads it."""
+    start = next(n for n in program.graph.nodes if n.name == name)
+    frontier, rows = [start], []
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            kind = op_name(user.target)
+            if kind == "aten.embedding" and len(user.args) > 1 and user.args[1] is node:
+                rows.append(int(user.args[0].meta["val"].shape[0]))
+            elif kind in TRANSPARENT:
+                frontier.append(user)
+    if not rows:
+        raise UsageError(f"program input {name} is an integer tensor that no lookup "
+                         "(aten.embedding) reads")
+    return min(rows)
+
+
 def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
-    """Standard-normal inputs of the exported shapes, one generator per input name."""
-    return [rng_for(seed, name).standard_normal(shape).astype(np.float32)
-            for name, shape in input_shapes(program)]
+    """Standard-normal inputs of the exported shapes, one generator per input name; an
+    integer input gets ids within the tables it is looked up in."""
+    out = []
+    for (name, shape), integer in zip(input_shapes(program), integer_inputs(program),
+                                      strict=True):
+        rng = rng_for(seed, name)
+        out.append(rng.integers(0, lookup_rows(program, name), shape).astype(np.float32)
+                   if integer else rng.standard_normal(shape).astype(np.float32))
+    return out
 
 
 def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
@@ -172,6 +206,11 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
         if array.shape != shape:
             raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
                              f"exported for {list(shape)}")
+        if integer_inputs(program)[index] and array.size:
+            rows = lookup_rows(program, name)
+            if array.min() < 0 or array.max() >= rows or (array % 1).any():
+                raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "
+                                 f"not whole ({array.min():g} to {array.max():g})")
         arrays.append(array)
     return arrays
 
