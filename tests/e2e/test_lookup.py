@@ -85,10 +85,13 @@ def test_a_small_clip_text_encoder_passes(tmp_path, cache_dir) -> None:
     record = run.record
     assert record["numericalTest"] == "PASS", record
     assert record["estimatedCycles"] == record["cycles"]
-    # 32 column blocks of 2; 32 row groups of 16 rows (as many as the 32 ids allow, within
-    # the 46 tiles a block leaves): each zeroes 32 x 2 halves, then slices all 32 ids
-    assert record["multisliceCycles"] == 6 * (30 + -(-32 // 6) * (19 + 2 * 1))
-    assert record["fillCycles"] == 6 * (26 + 3)  # 11 halves a worker, 4 a cycle
+    # the tokens: 32 column blocks of 2; 32 row groups of 16 rows (as many as the 32 ids
+    # allow, within the 46 tiles a block leaves): each zeroes 32 x 2 halves, then slices all
+    # 32 ids. The pooled rows: 2 ids into the 32 hidden rows, 2 groups of 16 rows
+    tokens = 6 * (30 + -(-32 // 6) * (19 + 2 * 1))
+    pooled = 6 * (30 + 1 * (19 + 2 * 1))
+    assert record["multisliceCycles"] == tokens + pooled
+    assert record["fillCycles"] == 6 * (26 + 3) + 6 * (26 + 1)  # 11 and 1 halves a worker
     assert record["qpsWithHost"] < record["qps"]
 
 

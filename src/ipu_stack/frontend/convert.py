@@ -256,6 +256,15 @@ class Converter:
         self.id_values[index] = value_id
         return value_id
 
+    def host_input(self, name: str, shape: tuple[int, ...],
+                   make: Callable[[list[np.ndarray]], np.ndarray]) -> int:
+        """An I32 input the host computes from the program's inputs (host preprocessing:
+        a pooled row's position)."""
+        value_id = self.b.input(name, TensorType(shape, I32))
+        self.inputs.append(InputSpec(name, value_id, make))
+        self.input_values[name] = np.asarray(make(self.user), dtype=np.float32).reshape(shape)
+        return value_id
+
     def constant_input(self, name: str, rows: np.ndarray, shape: tuple[int, ...]) -> int:
         """A host-made constant streamed as an input (addends, token-mixing matrices): the
         IR has no elementwise op with a weight of the activation's own shape."""

@@ -78,6 +78,26 @@ class UserInput:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class HostIds:
+    """Integer arithmetic on a program input's ids, done by the host before the run (host
+    preprocessing, as a serving stack does it): ``steps`` are ``("eq", value)`` and
+    ``("argmax", None)`` over the last axis, applied to input ``index`` in order."""
+
+    index: int
+    name: str
+    source_shape: tuple[int, ...]  # the ids viewed as the arithmetic reads them
+    shape: tuple[int, ...] = ()  # the result's
+    steps: tuple[tuple[str, Any], ...] = ()
+
+    def evaluate(self, ids: np.ndarray) -> np.ndarray:
+        values = np.asarray(ids, dtype=np.float64).reshape(self.source_shape)
+        for step, argument in self.steps:
+            values = (values == argument).astype(np.float64) if step == "eq" else \
+                np.argmax(values, axis=-1).astype(np.float64)
+        return values
+
+
 def resolve_shape(shape: list[int] | tuple[int, ...], total: int) -> tuple[int, ...]:
     """``shape`` with a ``-1`` filled in so that it has ``total`` elements."""
     dims = [int(d) for d in shape]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ipu_stack.frontend import forms, fused, patterns, rope
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
-from ipu_stack.frontend.forms import Act, UserInput
+from ipu_stack.frontend.forms import Act, HostIds, UserInput
 from ipu_stack.frontend.rules import activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
 
@@ -33,6 +33,10 @@ def _to(conv: Converter, node: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     """Float dtype changes are the device's precision policy's business; others are not."""
     torch = conv.torch
     dtypes = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)]
+    if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
+        return HostIds(x.index, x.name, x.shape, x.shape)  # integer ids: host arithmetic next
+    if isinstance(x, HostIds):
+        return x
     if any(not d.is_floating_point for d in dtypes):
         raise unsupported(node, "conversion of an activation to a non-float dtype")
     return x

@@ -106,13 +106,14 @@ def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
 
 
 def _embedding_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
-    """``table[ids]``: ids ``[..., 1]`` (I32), a ``[vocab, width]`` table; one row each."""
+    """``table[ids]``: ids ``[..., 1]`` (I32) into a table of ``rows`` rows (a weight, or an
+    activation whose leading dimensions are flattened); one row each."""
     ids, table = inputs
     if not ids.precision.is_integer or ids.cols != 1:
         raise CompileError(f"embedding ids must be I32 [..., 1], not {ids}")
-    if len(table.shape) != 2:
-        raise CompileError(f"embedding table must be [vocab, width], not {list(table.shape)}")
-    return (*ids.shape[:-1], table.shape[1])
+    if len(table.shape) < 2:
+        raise CompileError(f"embedding table must be [rows, width], not {list(table.shape)}")
+    return (*ids.shape[:-1], table.cols)
 
 
 def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:

@@ -285,6 +285,7 @@ def lookup_rows(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     copy (the device's MultiSlice copies the row's bytes).  An id outside the table is
     refused: the device's vertex would skip it and leave its row unwritten."""
     index = np.asarray(ids).reshape(-1).astype(np.int64)
+    table = np.asarray(table).reshape(-1, np.shape(table)[-1])
     vocab = table.shape[0]
     bad = (index < 0) | (index >= vocab)
     if bad.any():

@@ -59,7 +59,7 @@ class LookupLowering(LoweringBase):
         g = self.graph
         ids_id, table_id = stage.inputs
         count = g.value(ids_id).type.rows
-        vocab, width = g.value(table_id).type.shape
+        vocab, width = g.value(table_id).type.rows, g.value(table_id).type.cols
         precision = g.value(table_id).type.precision
         if g.value(stage.out).type.precision != precision:
             raise CompileError(f"{self._name(stage.out)}: a lookup copies the table's "
@@ -69,9 +69,15 @@ class LookupLowering(LoweringBase):
         groups, rows = lookup_groups(vocab, count, columns, self.target.tiles)
         holders = lookup_holders(groups, columns, self.target.tiles)
         table = BlockLayout(vocab, width, precision, rows, block, holders[:, :, None])
-        table_buf = self._host_weight(table_id, table, MemoryClass.STANDARD)
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.ids")
+        if g.value(table_id).role == "weight":
+            table_buf = self._host_weight(table_id, table, MemoryClass.STANDARD)
+        else:  # an activation (a pooled row's source): gathered into the table's layout in
+            # a phase of its own (with the ids' broadcast, the scheduler misses the bound)
+            gather = TransferBuilder(f"{name}.table")
+            table_buf = self._in_row_layout(gather, table_id, table, f"{name}.table")
+            self.emit_exchange(gather)
         ids = BlockLayout(count, 1, g.value(ids_id).type.precision, count, 1,
                           holders.reshape(1, 1, -1))
         ids_buf = self._in_row_layout(builder, ids_id, ids, f"{name}.ids")

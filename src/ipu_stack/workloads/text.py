@@ -18,8 +18,10 @@ table (F16) is looked up on the device by popops ``MultiSlice`` (``lowering.look
 position table (F16, written once per sequence of the batch) is added to it, as CLIP adds
 ``position_embedding(position_ids)``: its positions are the constant 0..76, so it is a table.
 **The mask** is CLIP's causal mask, an additive F16 table (0 on and below the diagonal,
--inf above) the softmax adds (``biased_softmax``), one for every layer. The pooled output
-(the end-of-text token's row, a data-dependent gather) is not built.
+-inf above) the softmax adds (``biased_softmax``), one for every layer. **The pooled
+output** is each sequence's first end-of-text row: the host finds the positions in the ids
+(host preprocessing, as transformers' CLIP computes them from the ids) and a device lookup
+gathers those rows of the final hidden states, as the importer does for ``CLIPTextModel``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ def token_ids(seed: int, stream: str, batch: int, tokens: int, vocab: int) -> np
     return ids.reshape(batch, tokens, 1).astype(np.float32)
 
 
+def end_of_text_rows(ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The row of each sequence's first end-of-text token in the ``[B T, D]`` hidden states,
+    as CLIP's pooler picks it (``argmax(ids == eos)``): host preprocessing, ``[B, 1]``."""
+    batch, tokens = ids.shape[:2]
+    position = np.argmax(ids.reshape(batch, tokens) == min(EOS, vocab - 1), axis=-1)
+    return (np.arange(batch) * tokens + position).astype(np.float32).reshape(batch, 1)
+
+
 def causal_mask(batch: int, heads: int, tokens: int) -> np.ndarray:
     """CLIP's additive causal mask laid out as the scores are, ``[B H T, T]``."""
     upper = np.triu(np.ones((tokens, tokens), dtype=bool), 1)
@@ -100,7 +110,11 @@ def _build_text(builder: LayerBuilder, seed: int) -> None:
         builder.tensors["causal_mask"].shape, F16))
     for index in range(p["layers"]):
         h = builder.layer(h, index, rope=False)
-    builder.b.output(builder.norm(h, "final_ln", F16))
+    h = builder.norm(h, "final_ln", F16)
+    builder.b.output(h)
+    builder.tensors["pooled.rows"] = end_of_text_rows(builder.tensors["ids"], vocab)
+    rows = builder.b.input("pooled.rows", TensorType((batch, 1), I32))
+    builder.b.output(builder.b.op("embedding", [rows, h], F16, "pooled"))
 
 
 def build_text(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -113,8 +127,9 @@ def build_text(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
 
 def stream_prompt(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.ndarray]:
     """Prompt batch ``index`` of a stream (``--images``): new ids from their own stream."""
-    return {"ids": token_ids(params["seed"], f"ids.{index}", params["batch"],
-                             params["tokens"], params["vocab"])}
+    ids = token_ids(params["seed"], f"ids.{index}", params["batch"], params["tokens"],
+                    params["vocab"])
+    return {"ids": ids, "pooled.rows": end_of_text_rows(ids, params["vocab"])}
 
 
 def _identifier(p: dict[str, Any]) -> str:
