@@ -31,11 +31,12 @@ from ipu_stack.memory.report import (
     write_placement_html,
 )
 from ipu_stack.memory.support import support_bytes
-from ipu_stack.planning.gemm import GemmShape, gemm_candidates
+from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.stages import find_stages, stage_parts
 from ipu_stack.target import IPU21
 from ipu_stack.workloads.mlp import build_mlp
 from tests.chromium import rendered_dom
+from tests.memory.shapes import stage_shape
 from tests.memory.test_report import MLP, hand_program
 
 # the MLP at SigLIP's sizes: buffers tens of KiB wide, big enough to be named on the map
@@ -95,20 +96,12 @@ def test_unplaced_counts_buffers_and_tiles_without_an_address() -> None:
     assert unplaced(program, missing) == {"buffers": 2, "pairs": 3}
 
 
-def _stage_shape(graph: Any, stage: Any) -> GemmShape:
-    a, b = graph.value(stage.a).type, graph.value(stage.b).type
-    return GemmShape(op=stage.index, rows=a.rows, depth=a.cols, cols=b.shape[1],
-                     a_itemsize=a.precision.itemsize,
-                     fp8=a.precision.is_fp8 and b.precision.is_fp8,
-                     chain=stage.chain, has_bias=stage.bias is not None)
-
-
 @pytest.fixture(scope="module")
 def mlp() -> dict[str, Any]:
     """A lowered, placed one-block MLP with its stages' model parts."""
     graph, _ = build_mlp(WIDE)
     stages = find_stages(graph)
-    plans = [(s, gemm_candidates(_stage_shape(graph, s), IPU21, keep=1)[0]) for s in stages]
+    plans = [(s, gemm_candidates(stage_shape(graph, s), IPU21, keep=1)[0]) for s in stages]
     program = lower(graph, plans, IPU21)
     support = support_bytes(program, np.arange(IPU21.tiles, dtype=np.int64) % 7 * 40, IPU21)
     return {"program": program, "placement": place_storage(program, support["total"], IPU21),

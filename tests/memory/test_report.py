@@ -27,11 +27,12 @@ from ipu_stack.memory.report import (
     write_placement_html,
 )
 from ipu_stack.memory.support import support_bytes
-from ipu_stack.planning.gemm import GemmShape, gemm_candidates
+from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.stages import find_stages
 from ipu_stack.target import IPU21, MemoryClass
 from ipu_stack.workloads.mlp import build_mlp
 from tests.chromium import headless
+from tests.memory.shapes import stage_shape
 
 STD, INT = MemoryClass.STANDARD, MemoryClass.INTERLEAVED
 MLP = {"batch": 1, "tokens": 16, "dim": 64, "hidden": 128, "blocks": 1, "precision": "fp8",
@@ -54,20 +55,11 @@ def hand_program() -> tuple[Program, Placement, dict[str, np.ndarray]]:
     return program, place_storage(program, total, IPU21), support
 
 
-def _stage_shape(graph: Any, stage: Any) -> GemmShape:
-    # As pipeline.stage_shape, kept here so these tests import no later stage than memory.
-    a, b = graph.value(stage.a).type, graph.value(stage.b).type
-    return GemmShape(op=stage.index, rows=a.rows, depth=a.cols, cols=b.shape[1],
-                     a_itemsize=a.precision.itemsize,
-                     fp8=a.precision.is_fp8 and b.precision.is_fp8,
-                     chain=stage.chain, has_bias=stage.bias is not None)
-
-
 @pytest.fixture(scope="module")
 def lowered() -> tuple[Program, Placement, dict[str, np.ndarray]]:
     graph, _ = build_mlp(MLP)
     stages = find_stages(graph)
-    plans = [(s, gemm_candidates(_stage_shape(graph, s), IPU21, keep=1)[0]) for s in stages]
+    plans = [(s, gemm_candidates(stage_shape(graph, s), IPU21, keep=1)[0]) for s in stages]
     program = lower(graph, plans, IPU21)
     tables = np.arange(IPU21.tiles, dtype=np.int64) % 7 * 40  # varied support per tile
     support = support_bytes(program, tables, IPU21)
