@@ -1,0 +1,60 @@
+"""Export transformers' text encoders at ByteMLPerf's shapes with ``torch.export``, for
+``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
+figures").
+
+Usage: ``python benchmarks/export_text.py clip|bert --batch B --out MODEL.pt2``.  Random init
+(``torch.manual_seed(0)``) at the real widths; the module returns plain tensors (the last
+hidden state and the pooled output), because ``torch.export.load`` cannot read back
+transformers' output classes.  Needs the ``torch`` extra (transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import transformers
+
+
+class Encoder(torch.nn.Module):
+    """A transformers encoder called with ``input_ids`` only, returning plain tensors."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids)
+        return out.last_hidden_state, out.pooler_output
+
+
+def clip_text() -> tuple[torch.nn.Module, int, int]:
+    """Stable Diffusion's CLIP ViT-L/14 text encoder: 77 tokens, width 768, 12 layers."""
+    config = transformers.CLIPTextConfig(
+        vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+        num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu",
+        layer_norm_eps=1e-5, bos_token_id=49406, eos_token_id=49407)
+    return transformers.CLIPTextModel(config), 77, 49406
+
+
+def bert_base() -> tuple[torch.nn.Module, int, int]:
+    """BERT-base at SQuAD's 384 tokens (the token types are the default zeros)."""
+    return transformers.BertModel(transformers.BertConfig()), 384, 30522
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=("clip", "bert"))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, tokens, vocab = (clip_text if args.model == "clip" else bert_base)()
+    ids = torch.randint(0, vocab, (args.batch, tokens))
+    program = torch.export.export(Encoder(model.eval()).eval(), (ids,))
+    torch.export.save(program, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
