@@ -68,6 +68,16 @@ def run_row(row: Row, folder: Path) -> dict:
     return record
 
 
+def check(records: dict[str, dict]) -> None:
+    """Every row must pass its verdict with the planner's estimate equal to its cycles,
+    as the document says; anything else stops the script."""
+    for row in ROWS:
+        r = records[row.key]
+        if r["numericalTest"] != "PASS" or r["cycles"] != r["estimatedCycles"]:
+            raise SystemExit(f"{' '.join(row.command)}: {r['numericalTest']}, {r['cycles']} "
+                             f"cycles, estimated {r['estimatedCycles']}")
+
+
 def table(records: dict[str, dict]) -> list[str]:
     """The comparison's rows, one per ByteMLPerf row."""
     lines = ["| model | precision | batch | PopRT QPS | PopRT latency | ours `qpsWithHost` | "
@@ -124,6 +134,7 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory() as temp:
             records = {row.key: run_row(row, Path(temp)) for row in ROWS}
+    check(records)
     write_bytes_atomic(Path(args.out), document(records, commit).encode())
     print(f"wrote {args.out}")
 

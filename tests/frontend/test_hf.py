@@ -67,8 +67,8 @@ def test_a_causal_lm_with_a_constant_input_is_listed_and_refused_in_one_line(tmp
                                                                              ) -> None:
     """``LlamaForCausalLM`` exported for prefill with ``use_cache=False``: the constant input
     is specialised (no traceback), ``ops`` lists every operation, the token embedding is a
-    device lookup now, and the one the product has no rule for yet, grouped-query
-    attention's head repeat, is named, as ``bench`` names it."""
+    device lookup, and the one the product has no rule for, grouped-query attention's head
+    repeat, is named, as ``bench`` names it."""
     from ipu_stack.cli import main
     from ipu_stack.frontend.workload import call_arguments, user_input_values
 
@@ -203,3 +203,23 @@ def test_clip_text_imports_with_its_pooler_and_runs_as_the_builtin(tmp_path, cap
                  "--out", str(tmp_path / "builtin"), "--json"]) == 0
     builtin = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert builtin["numericalTest"] == "PASS" and builtin["cycles"] == record["cycles"]
+
+
+def test_ids_cast_before_their_lookup_are_still_ids() -> None:
+    """``embedding(ids.long())`` (a model fed int32 ids): the cast keeps them ids."""
+
+    class Casting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(50, 16)
+            self.fc = torch.nn.Linear(16, 8)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.table(ids.long()))
+
+    torch.manual_seed(6)
+    program = torch.export.export(Casting().eval(), (torch.randint(0, 50, (2, 4),
+                                                                   dtype=torch.int32),))
+    imported = import_program(program, precision="f16")
+    assert imported.conversion_error < 1e-5
+    assert [op.kind for op in imported.graph.operations][0] == "embedding"

@@ -218,7 +218,7 @@ def test_address_map_names_every_buffer_rectangle(tmp_path: Path, mlp: Any) -> N
     axis = [t for t in find(area, "text") if "data-offset" in t[1]]
     assert len(axis) > 3 and all(text(t).endswith(" KiB") for t in axis)
     assert {text(t) for t in axis} >= {"0 KiB", "64 KiB", "128 KiB", "622.9 KiB"}
-    assert "hatched" in text(area)  # the memory class, now that colour means buffer
+    assert "hatched" in text(area)  # the memory class, since colour means buffer
 
 
 def test_buffer_table_leads_with_model_part_in_words(tmp_path: Path, mlp: Any) -> None:

@@ -90,7 +90,12 @@ def test_a_row_group_zeroes_the_ids_it_does_not_hold() -> None:
     out = mem[0, 64:84].view(np.float16).reshape(5, 2)
     assert np.array_equal(out, np.stack([table[1], [0, 0], table[3], table[0], table[2]]))
     assert [w.kind for w in work] == ["fill", "multislice"]
-    assert work[0].counts == {"elements": 10}
-    assert price_work(work[0]) == 6 * (26 + 1)  # two halves a worker: 26 + ceil(2/4)
-    assert kernel_cost(KernelInstance("multislice", params)) == 6 * (26 + 1) + 6 * (
+    assert work[0].counts == {"elements": 10, "itemsize": 2}
+    assert price_work(work[0]) == 6 * (26 + 0)  # two halves a worker: 26 + 4 // 8 bytes
+    assert kernel_cost(KernelInstance("multislice", params)) == 6 * 26 + 6 * (
         30 + 1 * (19 + 2))
+    # the vendor's Fill of 600 floats, bytes and halves a worker's share: 16 + n/2 + 7,
+    # 39 + n/8, 26 + n/4
+    assert price_work(Work("fill", {"elements": 3600, "itemsize": 4})) == 6 * (23 + 300)
+    assert price_work(Work("fill", {"elements": 3600, "itemsize": 1})) == 6 * (39 + 75)
+    assert price_work(Work("fill", {"elements": 3600, "itemsize": 2})) == 6 * (26 + 150)

@@ -22,6 +22,7 @@ from ipu_stack.profile.report import (
     report_html,
     superstep_chart,
 )
+from ipu_stack.profile.summary import summary
 from ipu_stack.util.html import nice_domain, nice_ticks, tick_label
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -252,3 +253,23 @@ def test_the_heat_map_draws_columns_as_wide_as_their_cycles_in_chromium(tmp_path
     shade = [int(v) for v in re.search(r'data-shade="([\d,]+)"', dom).group(1).split(",")]
     assert shade[0] == 8  # the full colour #08306b's red at x=350 (alpha)
     assert shade[1] > 200 and shade[2] == shade[1]  # beta's light shade from x=380 to the end
+
+
+def test_every_pass_of_a_loop_has_its_own_number() -> None:
+    """A loop body's steps run once a pass with the same program index: numbers follow the
+    order they ran, so the chart, the tables and the heat map agree."""
+    steps, start = [], 0
+    for layer in range(3):
+        for index, kind in ((5, "compute"), (6, "exchange")):
+            steps.append(Step(index, f"stage{index}.x (layer {layer})", kind, start, 100, 0,
+                              None, part=f"layer {layer} part {index}"))
+            start += 100
+    profile = Profile("loop", "ipu", 4, 1.5e9, start, 300, 300, 0, 0, 0, steps)
+    assert sorted(profile.superstep_numbers().values()) == list(range(6))
+    svg = ET.fromstring(superstep_chart(profile))
+    numbers = [int(r.get("data-number")) for r in svg.iter(f"{SVG}rect")
+               if r.get("class") == "bar"]
+    assert numbers == list(range(6))
+    data = summary(profile)
+    assert [e["number"] for e in data["exchanges"]] == [1, 3, 5]
+    assert [e["number"] for e in data["longest"]] == [0, 1, 2]  # equal lengths: run order

@@ -41,7 +41,7 @@ KIND_FIELDS = {
 }
 PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias", "partials"}
 NAMES = {"name", "op", "family"}
-CHOICES = {"mode": ("fp8", "f16"), "pairs": ("interleaved", "halves")}
+CHOICES = {"mode": ("fp8", "f16"), "pairs": ("interleaved", "halves"), "itemsize": (1, 2, 4)}
 # no extent, pitch or count of a kernel on one tile can exceed one tile's memory; bounding
 # them here keeps a hostile parameter from sizing an array before the verifier runs
 PARAM_LIMIT = 1 << 20
@@ -144,8 +144,9 @@ def check_params(params: Any, where: str) -> dict[str, Any]:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise _fail(here, f"expected a number, found {value!r}")
         elif key in CHOICES:
-            if value not in CHOICES[key]:
-                raise _fail(here, f"expected one of {', '.join(CHOICES[key])}, found {value!r}")
+            if isinstance(value, bool) or value not in CHOICES[key]:
+                raise _fail(here, f"expected one of {', '.join(map(str, CHOICES[key]))}, "
+                                  f"found {value!r}")
         elif key in NAMES:
             _name(value, here)
         else:

@@ -170,9 +170,10 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
     if kind == "multislice":
         in_range = c["offsets"] if p("multislice_all_in_range") else c["in_range"]
         return _multislice(c["offsets"], in_range, c["elements"], c["itemsize"])
-    if kind == "fill":  # six workers, each a Fill vertex over its share
-        share = cdiv(c["elements"], 6)
-        return 6 * (p("fill_half_call") + cdiv(share, p("fill_half_per_cycle")))
+    if kind == "fill":  # six workers, each a Fill vertex over its share of the bytes
+        call = {1: "fill_byte_call", 2: "fill_half_call"}.get(c["itemsize"], "fill_float_call")
+        share = cdiv(c["elements"], 6) * c["itemsize"]
+        return 6 * (p(call) + share // p("fill_bytes_per_cycle"))
     if kind == "normce":  # its compute sets, a sync between two
         calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
         return sum(_normce_call(k, n, c["width"]) for k, n in calls) + \

@@ -240,12 +240,12 @@ class Converter:
     def id_input(self, user: UserInput, node: Any, rows: int) -> int:
         """A program input of ids (``[..., 1]`` I32) for a lookup of a ``rows``-row table;
         ids outside the table are refused (the device's vertex would skip them)."""
-        if user.index in self.id_values:
-            return self.id_values[user.index]
         data = np.asarray(self.user[user.index], dtype=np.float64)
         if data.size and (data.min() < 0 or data.max() >= rows or (data % 1).any()):
             raise UsageError(f"input {user.name}: ids must be whole numbers in [0, {rows}), "
                              f"found {data.min():g} to {data.max():g}")
+        if user.index in self.id_values:  # checked against this table too, then shared
+            return self.id_values[user.index]
         shape = (*user.shape, 1)
         value_id = self.b.input(user.name, TensorType(shape, I32))
         index = user.index

@@ -40,6 +40,8 @@ def _embedding(conv: Converter, node: Any, weight: Any, indices: Any, padding_id
 @rule("aten.eq")
 def _equal(conv: Converter, node: Any, x: Any, value: Any) -> HostIds:
     """``ids == value`` on the host (CLIP's end-of-text test)."""
+    if isinstance(x, UserInput):
+        x = HostIds(x.index, x.name, x.shape, x.shape)
     if not isinstance(x, HostIds) or not isinstance(value, (int, float)):
         raise unsupported(node, "a comparison other than a program input's ids with a number")
     return replace(x, steps=(*x.steps, ("eq", float(value))))

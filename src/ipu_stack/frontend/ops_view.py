@@ -33,10 +33,8 @@ def _to(conv: Converter, node: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     """Float dtype changes are the device's precision policy's business; others are not."""
     torch = conv.torch
     dtypes = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)]
-    if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
-        return HostIds(x.index, x.name, x.shape, x.shape)  # integer ids: host arithmetic next
-    if isinstance(x, HostIds):
-        return x
+    if isinstance(x, (UserInput, HostIds)) and not node.meta["val"].dtype.is_floating_point:
+        return x  # ids stay ids (``ids.long()``); host arithmetic starts at ``eq``
     if any(not d.is_floating_point for d in dtypes):
         raise unsupported(node, "conversion of an activation to a non-float dtype")
     return x

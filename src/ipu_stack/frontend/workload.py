@@ -160,7 +160,7 @@ def integer_inputs(program: Any) -> list[bool]:
             for _, value in user_input_values(program) if hasattr(value, "shape")]
 
 
-def lookup_rows(program: Any, name: str) -> int:
+def smallest_table_rows(program: Any, name: str) -> int:
     """The fewest rows of the tables an integer input's ids are looked up in (through
     views), so that random ids index every one of them; refused when no lookup reads it."""
     start = next(n for n in program.graph.nodes if n.name == name)
@@ -186,7 +186,7 @@ def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
     for (name, shape), integer in zip(input_shapes(program), integer_inputs(program),
                                       strict=True):
         rng = rng_for(seed, name)
-        out.append(rng.integers(0, lookup_rows(program, name), shape).astype(np.float32)
+        out.append(rng.integers(0, smallest_table_rows(program, name), shape).astype(np.float32)
                    if integer else rng.standard_normal(shape).astype(np.float32))
     return out
 
@@ -207,7 +207,7 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
             raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
                              f"exported for {list(shape)}")
         if integer_inputs(program)[index] and array.size:
-            rows = lookup_rows(program, name)
+            rows = smallest_table_rows(program, name)
             if array.min() < 0 or array.max() >= rows or (array % 1).any():
                 raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "
                                  f"not whole ({array.min():g} to {array.max():g})")
@@ -286,7 +286,7 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
 def conversion_error(converted: Converted, expected: dict[str, np.ndarray]) -> float:
     """Relative RMS of the graph in float64 (exact weights and inputs) against torch; only
     the outputs are kept (every float64 intermediate of a CLIP text encoder at batch 40 held
-    at once took 6.5 GB)."""
+    at once is gigabytes: a CLIP text encoder's at batch 40 peaked at 8.9 GB)."""
     ideal = evaluate_float64(converted.graph, converted.exact,
                              keep={spec.name for spec in converted.outputs})
     diff, ref = [], []

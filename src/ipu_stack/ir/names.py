@@ -37,7 +37,8 @@ class Part:
         return f"layer {self.layer + passes} {self.what}"
 
     def to_json(self) -> list[object]:
-        return [-1 if self.layer is None else self.layer, self.what]
+        """``[layer or -1, what]``, ``what`` cut to the 200 characters a reader accepts."""
+        return [-1 if self.layer is None else self.layer, self.what[:200]]
 
 
 def value_part(name: str) -> Part:

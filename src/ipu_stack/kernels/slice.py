@@ -24,8 +24,9 @@ from ipu_stack.target.timing import Work
 
 
 def _name(p: dict[str, Any]) -> str:
+    first = f"_r{p['first_row']}" if p.get("first_row") else ""
     zero = "_zeroed" if p.get("fill") else ""
-    return f"multislice_n{p['offsets']}_v{p['rows']}_b{p['region_bytes']}{zero}"
+    return f"multislice_n{p['offsets']}_v{p['rows']}{first}_b{p['region_bytes']}{zero}"
 
 
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
@@ -45,11 +46,11 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
         target = out_at[t] + np.flatnonzero(held)[:, None] * p["out_pitch"] + span
         tile[target.ravel()] = tile[source.ravel()]
         in_range = max(in_range, int(held.sum()))
-    elements = region // p["itemsize"]
+    elements = -(-region // p["itemsize"])  # what was copied, whatever the item size says
     work = [Work("multislice", {"offsets": n, "in_range": in_range, "elements": elements,
                                 "itemsize": p["itemsize"]})]
     if p.get("fill"):
-        work.insert(0, Work("fill", {"elements": n * elements}))
+        work.insert(0, Work("fill", {"elements": n * elements, "itemsize": p["itemsize"]}))
     return work
 
 

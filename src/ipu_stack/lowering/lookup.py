@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from ipu_stack.ir.layout import WORD, BlockLayout, round_up
-from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.epilogue import epilogue_params
 from ipu_stack.kernels.slice import multislice_params
@@ -148,7 +147,7 @@ class LookupLowering(LoweringBase):
         for (target, rows, width_here), tiles in group_calls(calls):
             zero = np.zeros(len(tiles), dtype=np.int64)
             params = epilogue_params(groups, rows, width_here, pitch, share, chain, None,
-                                     precision, out.pitch, partials=Precision(precision.kind))
+                                     precision, out.pitch, partials=precision)
             compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
                 (found_buf, np.full(len(tiles), target * share * pitch, dtype=np.int64)),
                 (received, zero), (-1, zero), (out_buf, zero)]))

@@ -39,20 +39,20 @@ BUSIEST_GROUPS = 16  # rows of the placement page's busiest list, each a group o
 CLASSES = (MemoryClass.STANDARD, MemoryClass.INTERLEAVED)
 
 
-def _step_label(step: Step) -> str:
+def _step_name(step: Step) -> str:
     return step.name if isinstance(step, ComputeSet | Exchange | Loop) else step.tensor
 
 
 def step_names(program: Program) -> list[str]:
     """``"<program>/<global step> <kind> <name>"``, indexed like buffer lifetimes."""
-    return [f"{prog}/{index} {type(step).__name__} {_step_label(step)}"
+    return [f"{prog}/{index} {type(step).__name__} {_step_name(step)}"
             for prog, index, step in program.steps()]
 
 
 def step_parts(program: Program, parts: dict[int, Part]) -> list[str]:
     """Each step's model part (``stage4.gemm`` -> ``layer 0 attn scores gemm``), indexed like
     :func:`step_names`: a person reads "step 37" on the page as the part it computes."""
-    return [step_label(_step_label(step), parts) for _, _, step in program.steps()]
+    return [step_label(_step_name(step), parts) for _, _, step in program.steps()]
 
 
 def live_bytes(program: Program, placement: Placement) -> dict[MemoryClass, np.ndarray]:

@@ -256,15 +256,17 @@ def estimate_multislice(offsets: int, elements: int, itemsize: int) -> int:
         p("multislice_offset") + cycles * -(-elements // width)))
 
 
-def estimate_fill(elements: int) -> int:
-    """popops Fill of F16 over six workers (zeroing a lookup's candidate rows)."""
-    share = -(-elements // 6)
-    return 6 * (p("fill_half_call") + -(-share // p("fill_half_per_cycle")))
+def estimate_fill(elements: int, itemsize: int) -> int:
+    """popops Fill over six workers (zeroing a lookup's candidate rows), the vendor's
+    estimator of each worker's share."""
+    call = {1: "fill_byte_call", 2: "fill_half_call"}.get(itemsize, "fill_float_call")
+    return 6 * (p(call) + (-(-elements // 6) * itemsize) // p("fill_bytes_per_cycle"))
 
 
 def _multislice(params: dict[str, Any]) -> int:
-    elements = params["region_bytes"] // params["itemsize"]
-    fill = estimate_fill(params["offsets"] * elements) if params.get("fill") else 0
+    elements = -(-params["region_bytes"] // params["itemsize"])
+    fill = (estimate_fill(params["offsets"] * elements, params["itemsize"])
+            if params.get("fill") else 0)
     return fill + estimate_multislice(params["offsets"], elements, params["itemsize"])
 
 

@@ -85,17 +85,19 @@ def group_placement_pages(package_path: Path, package: Package, system: SystemPr
                           folder: Path | None) -> list[list[str]]:
     """``[label, path]`` of each group program's placement page: program ``k`` was compiled
     into ``group<N>`` (or ``group<N>.aligned``) beside the package, ``N`` its first group;
-    the folder whose package has program ``k``'s size is it.  Paths relative to ``folder``."""
+    the folder whose package holds program ``k``'s very bytes is it.  Paths relative to
+    ``folder``."""
     pages, seen = [], set()
     for spec in system.groups:
         if spec.program in seen:
             continue
         seen.add(spec.program)
-        size = package.arrays[f"program.{spec.program}"].size
+        held = package.arrays[f"program.{spec.program}"]
         for name in (f"group{spec.index}.aligned", f"group{spec.index}"):
             page = Path(package_path).parent / name / "memory" / "placement.html"
             built = page.parent.parent / "model.ipuexe"
-            if page.exists() and built.exists() and built.stat().st_size == size:
+            if page.exists() and built.exists() and built.stat().st_size == held.size \
+                    and built.read_bytes() == held.tobytes():
                 label = f"group {spec.index}: layers {layer_range(spec.first_layer, spec.layers)}"
                 pages.append([label, os.path.relpath(page, folder) if folder else str(page)])
                 break

@@ -106,9 +106,11 @@ class Profile:
         return [s for s in self.steps if s.kind in ("compute", "exchange")]
 
     def superstep_numbers(self) -> dict[int, int]:
-        """Each superstep's number, counted over supersteps only (host streams take no
-        device time and get none): the one numbering every page and table uses."""
-        return {step.index: number for number, step in enumerate(self.supersteps)}
+        """Each superstep's number by ``id(step)``, counted over supersteps in the order they
+        ran (host streams take no device time and get none; every pass of a layer loop has
+        its own, though its steps share a program index): the one numbering every page and
+        table uses."""
+        return {id(step): number for number, step in enumerate(self.supersteps)}
 
     def active_tiles(self) -> np.ndarray:
         """Tiles that computed or exchanged anything in the run."""

@@ -80,15 +80,15 @@ def superstep_chart(profile: Profile, width: int = CHART_WIDTH, height: int = 19
     for step in profile.supersteps:
         y, h = lanes[step.kind] + 3, lane_h - 6
         bar_w = max(plot_w * step.cycles / total, 0.5)
-        parts.append(f'<rect class="bar" data-number="{numbers[step.index]}" '
+        parts.append(f'<rect class="bar" data-number="{numbers[id(step)]}" '
                      f'x="{x_of(step.start):.2f}" y="{y:.1f}" width="{bar_w:.2f}" '
                      f'height="{h:.1f}" fill="{COLOURS[step.kind]}"><title>'
-                     f"{_bar_title(step, numbers[step.index], profile.clock_hz)}</title></rect>")
+                     f"{_bar_title(step, numbers[id(step)], profile.clock_hz)}</title></rect>")
         parts.append(_bar_label(step.label, x_of(step.start), y + h / 2 + 4, bar_w))
         parts.append(f'<rect class="sync" x="{x_of(step.start + step.cycles):.2f}" y="{y:.1f}" '
                      f'width="{max(plot_w * step.sync / total, 0.2):.2f}" height="{h:.1f}" '
                      f'fill="{COLOURS["sync"]}"><title>sync after superstep '
-                     f"{numbers[step.index]}: {step.sync} cycles</title></rect>")
+                     f"{numbers[id(step)]}: {step.sync} cycles</title></rect>")
     parts += _cycle_axis(profile, left, plot_w, top + plot_h, height - 6, x_of)
     for kind, y in lanes.items():
         parts.append(f'<text class="lane-label" x="{left - 6}" y="{y + lane_h / 2 + 4:.1f}" '

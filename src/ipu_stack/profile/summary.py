@@ -80,7 +80,7 @@ def summary(profile: Profile) -> dict[str, Any]:
     numbers = profile.superstep_numbers()
     longest = sorted(profile.supersteps, key=lambda s: -s.length)[:3]
     exchanges = [{
-        "number": numbers[s.index], "name": s.name, "label": s.label, "cycles": s.cycles,
+        "number": numbers[id(s)], "name": s.name, "label": s.label, "cycles": s.cycles,
         "horizon": s.exchange.get("horizon", 0), "lower_bound": s.exchange.get("lower_bound", 0),
         "ratio": s.exchange.get("horizon", 0) / max(s.exchange.get("lower_bound", 0), 1),
         "instruction_horizon": s.exchange.get("instruction_horizon", 0),
@@ -98,7 +98,7 @@ def summary(profile: Profile) -> dict[str, Any]:
         "host": {"cycles": profile.host_cycles, "bytes": profile.host_bytes,
                  "microseconds": profile.host_cycles / profile.clock_hz * 1e6
                  if profile.clock_hz > 0 else 0.0},
-        "longest": [{"number": numbers[s.index], "name": s.name, "label": s.label,
+        "longest": [{"number": numbers[id(s)], "name": s.name, "label": s.label,
                      "kind": s.kind, "cycles": s.length, "share": s.length / cycles,
                      "why": explain(s)} for s in longest],
         "kernels": _kernel_rows(profile),

@@ -136,7 +136,7 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
                                            "tensor": step.host.get("tensor")}})
             continue
         tracks.slice(PROGRAM, 1, step.label, step.start, step.cycles, step.kind,
-                     superstep=numbers[step.index], program_step=step.name,
+                     superstep=numbers[id(step)], program_step=step.name,
                      busiest_tile=step.busiest_tile)
         tracks.slice(PROGRAM, 1, "sync", step.start + step.cycles, step.sync, "sync")
         active = int(np.count_nonzero(step.tile_cycles)) if step.tile_cycles is not None else 0
@@ -186,7 +186,7 @@ def system_trace(chips: list[Profile], labels: list[str], link_cycles: int) -> d
         numbers = profile.superstep_numbers()
         for step in profile.supersteps:
             tracks.slice(pid, 1, step.label, step.start, step.cycles, step.kind,
-                         superstep=numbers[step.index], program_step=step.name,
+                         superstep=numbers[id(step)], program_step=step.name,
                          busiest_tile=step.busiest_tile)
             tracks.slice(pid, 1, "sync", step.start + step.cycles, step.sync, "sync")
             _group_segments(tracks, pid, 2, groups, step)

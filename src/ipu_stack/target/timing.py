@@ -315,6 +315,10 @@ PRICES.update({
     # popops Fill (zeroing a lookup's candidate rows before MultiSlice writes its hits)
     "fill_half_call": Fact(26, f"{_SLICE}/PerformanceEstimation.cpp:370-440: HALF Fill "
                                "26 + size / (dataPathWidth / 16), a worker's share"),
-    "fill_half_per_cycle": Fact(4, f"{_SLICE}/PerformanceEstimation.cpp:370-440: 64-bit data "
-                                   "path, 4 halves a cycle"),
+    "fill_float_call": Fact(23, f"{_SLICE}/PerformanceEstimation.cpp:370-440: FLOAT Fill "
+                                "16 + size / 2 + 6 + 1"),
+    "fill_byte_call": Fact(39, f"{_SLICE}/PerformanceEstimation.cpp:370-440: 8-bit Fill of "
+                               "64 bytes or more: 39 + size / 8"),
+    "fill_bytes_per_cycle": Fact(8, f"{_SLICE}/PerformanceEstimation.cpp:370-440: a 64-bit "
+                                    "data path, 8 bytes a cycle (size / width, rounded down)"),
 })

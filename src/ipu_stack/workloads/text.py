@@ -8,8 +8,8 @@
   width 768, 12 heads, MLP 3,072, 12 post-norm layers (``LN(x + attention(x))``, then
   ``LN(x + MLP(x))``), exact GELU. BERT (vocabulary 30,522, eps 1e-12) adds a token-type
   lookup (question 0, context 1); RoBERTa (vocabulary 50,265, eps 1e-5) has one token type,
-  folded into its position table, and positions from 2 (its padding index + 1) for full
-  sequences. Every token is real: no padding mask (PopRT's figures are on packed SQuAD,
+  so its type row and its positions are one constant table (random values stand in for
+  both, as for every weight). Every token is real: no padding mask (PopRT's figures are on packed SQuAD,
   which has no padding either). The question-answering head (a 768 x 2 product) is not
   built.
 
@@ -53,8 +53,8 @@ BOS, EOS = 49406, 49407  # CLIP's start and end of text
 def _parameters() -> tuple[Parameter, ...]:
     return (
         Parameter("batch", int, 1, "sequences per run"),
-        Parameter("tokens", int, 77, "tokens per sequence"),
-        Parameter("vocab", int, 49408, "vocabulary (rows of the token table)"),
+        Parameter("tokens", int, 77, "tokens per sequence", minimum=2),
+        Parameter("vocab", int, 49408, "vocabulary (rows of the token table)", minimum=3),
         Parameter("layers", int, 12, "encoder layers"),
         Parameter("dim", int, 768, "model dimension"),
         Parameter("heads", int, 12, "attention heads"),
@@ -66,15 +66,22 @@ def _parameters() -> tuple[Parameter, ...]:
     )
 
 
+def special_tokens(vocab: int) -> tuple[int, int]:
+    """CLIP's start and end of text, the table's last two rows when it is smaller than
+    CLIP's (small test sizes keep the two apart, so the pooled row is found)."""
+    return min(BOS, vocab - 2), min(EOS, vocab - 1)
+
+
 def token_ids(seed: int, stream: str, batch: int, tokens: int, vocab: int) -> np.ndarray:
     """Random prompts as CLIP's tokenizer lays them out: start of text, words, end of text,
     then end-of-text padding (``[batch, tokens, 1]``, whole numbers held as float32)."""
     rng = rng_for(seed, stream)
-    ids = rng.integers(0, min(vocab, BOS), (batch, tokens))
+    bos, eos = special_tokens(vocab)
+    ids = rng.integers(0, bos, (batch, tokens))
     ends = rng.integers(2, tokens + 1, batch)  # the end-of-text token's position + 1
     for row, end in enumerate(ends):
-        ids[row, 0] = min(BOS, vocab - 1)
-        ids[row, end - 1:] = min(EOS, vocab - 1)
+        ids[row, 0] = bos
+        ids[row, end - 1:] = eos
     return ids.reshape(batch, tokens, 1).astype(np.float32)
 
 
@@ -82,7 +89,7 @@ def end_of_text_rows(ids: np.ndarray, vocab: int) -> np.ndarray:
     """The row of each sequence's first end-of-text token in the ``[B T, D]`` hidden states,
     as CLIP's pooler picks it (``argmax(ids == eos)``): host preprocessing, ``[B, 1]``."""
     batch, tokens = ids.shape[:2]
-    position = np.argmax(ids.reshape(batch, tokens) == min(EOS, vocab - 1), axis=-1)
+    position = np.argmax(ids.reshape(batch, tokens) == special_tokens(vocab)[1], axis=-1)
     return (np.arange(batch) * tokens + position).astype(np.float32).reshape(batch, 1)
 
 
@@ -155,11 +162,12 @@ def bert_inputs(seed: int, stream: str, batch: int, tokens: int, vocab: int
     """SQuAD-like ids and token types, ``[batch, tokens, 1]`` each: ``[CLS]`` question
     ``[SEP]`` context ``[SEP]``, the question's tokens of type 0 and the context's of type 1."""
     rng = rng_for(seed, stream)
+    cls, sep = min(101, vocab - 2), min(102, vocab - 1)  # [CLS], [SEP]
     ids = rng.integers(min(1000, vocab // 2), vocab, (batch, tokens))
     types = np.ones((batch, tokens), dtype=np.int64)
     for row in range(batch):
-        question = int(rng.integers(4, max(5, tokens // 6)))
-        ids[row, 0], ids[row, question + 1], ids[row, -1] = 101, 102, 102  # [CLS], [SEP]
+        question = min(int(rng.integers(4, max(5, tokens // 6))), tokens - 3)
+        ids[row, 0], ids[row, question + 1], ids[row, -1] = cls, sep, sep
         types[row, : question + 2] = 0
     return (ids.reshape(batch, tokens, 1).astype(np.float32),
             types.reshape(batch, tokens, 1).astype(np.float32))
@@ -225,7 +233,9 @@ def stream_squad(kind: str, params: dict[str, Any], graph: Graph, index: int
 
 def _bert_parameters(vocab: int, eps: float) -> tuple[Parameter, ...]:
     defaults = {"tokens": 384, "vocab": vocab, "eps": eps}
-    return tuple(replace(q, default=defaults.get(q.name, q.default)) for q in _parameters())
+    least = {"tokens": 4}  # [CLS], a question token, [SEP], a context token
+    return tuple(replace(q, default=defaults.get(q.name, q.default),
+                         minimum=least.get(q.name, q.minimum)) for q in _parameters())
 
 
 def _register_bert(kind: str, description: str, vocab: int, eps: float) -> None:
