@@ -2,7 +2,7 @@
 ``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
 figures").
 
-Usage: ``python benchmarks/export_text.py clip|bert --batch B --out MODEL.pt2``.  Random init
+Usage: ``python benchmarks/export_text.py clip|bert|bert-qa --batch B --out MODEL.pt2``.  Random init
 (``torch.manual_seed(0)``) at the real widths; the module returns plain tensors (the last
 hidden state and the pooled output), because ``torch.export.load`` cannot read back
 transformers' output classes.  Needs the ``torch`` extra (transformers).
@@ -14,6 +14,18 @@ import argparse
 
 import torch
 import transformers
+
+
+class QuestionAnswering(torch.nn.Module):
+    """``BertForQuestionAnswering`` called with ``input_ids``: the start and end logits."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids)
+        return out.start_logits, out.end_logits
 
 
 class Encoder(torch.nn.Module):
@@ -44,14 +56,18 @@ def bert_base() -> tuple[torch.nn.Module, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=("clip", "bert"))
+    parser.add_argument("model", choices=("clip", "bert", "bert-qa"))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tokens, vocab = (clip_text if args.model == "clip" else bert_base)()
+    if args.model == "bert-qa":
+        model = QuestionAnswering(transformers.BertForQuestionAnswering(model.config))
+    else:
+        model = Encoder(model.eval())
     ids = torch.randint(0, vocab, (args.batch, tokens))
-    program = torch.export.export(Encoder(model.eval()).eval(), (ids,))
+    program = torch.export.export(model.eval(), (ids,))
     torch.export.save(program, args.out)
     print(f"wrote {args.out}")
 

@@ -223,3 +223,44 @@ def test_ids_cast_before_their_lookup_are_still_ids() -> None:
     imported = import_program(program, precision="f16")
     assert imported.conversion_error < 1e-5
     assert [op.kind for op in imported.graph.operations][0] == "embedding"
+
+
+def test_bert_for_question_answering_imports_its_squeezed_logits(tmp_path, capsys) -> None:
+    """The QA head splits its [B, T, 2] logits into two [B, T, 1] halves and squeezes them:
+    each is one GEMM column held as [B T, 1] (the ``column`` form), laid out by the host as
+    an output. A squeezed value used by anything else is refused in one line."""
+    from ipu_stack.cli import main
+
+    class QuestionAnswering(torch.nn.Module):
+        def __init__(self, softmax: bool = False) -> None:
+            super().__init__()
+            config = transformers.BertConfig(vocab_size=1000, hidden_size=64,
+                                             intermediate_size=128, num_hidden_layers=1,
+                                             num_attention_heads=4, max_position_embeddings=64)
+            self.model = transformers.BertForQuestionAnswering(config).eval()
+            self.softmax = softmax
+
+        def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.model(input_ids=input_ids)
+            if self.softmax:
+                return out.start_logits.softmax(-1), out.end_logits
+            return out.start_logits, out.end_logits
+
+    torch.manual_seed(7)
+    ids = torch.randint(0, 1000, (2, 16))
+    program = torch.export.export(QuestionAnswering().eval(), (ids,))
+    imported = import_program(program, precision="f16")
+    assert imported.conversion_error < 1e-5
+    outputs = imported.graph.by_role("output")
+    assert [v.type.shape for v in outputs] == [(32, 1), (32, 1)]  # B T rows, one column
+    path = tmp_path / "qa.pt2"
+    torch.export.save(program, str(path))
+    assert main(["--quiet", "bench", str(path), "--out", str(tmp_path / "pkg"), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["numericalTest"] == "PASS" and record["referenceSource"] == "torch"
+    program = torch.export.export(QuestionAnswering(softmax=True).eval(), (ids,))
+    path = tmp_path / "qa_softmax.pt2"
+    torch.export.save(program, str(path))
+    code = main(["bench", str(path), "--out", str(tmp_path / "p2")])
+    line = one_error_line(code, capsys.readouterr().err)
+    assert "a squeezed [2, 16] value used other than as an output" in line, line

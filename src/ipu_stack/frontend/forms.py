@@ -19,6 +19,9 @@ lives in plus a *form* that says how the logical tensor maps onto that matrix:
 * ``tmajor``: ``[T, B, D]`` (``x.transpose(0, 1)`` of rows ``[B, T, D]``, the layout
   ``nn.MultiheadAttention`` works in) still held image-major as ``[B*T, D]``: row-local
   operations do not care in which order the rows sit; ``dims`` = (B, T);
+* ``column``: a ``[..., 1]`` rows value with its last axis squeezed away (a question
+  answering head's ``start_logits``, ``[B, T]``), still held as ``[B*T, 1]``; only an
+  output (and views back to ``[..., 1]``) may take it;
 * ``theads``: a ``tmajor`` value viewed as ``[T, B*H, d]`` (MHA's head split; its
   ``transpose(0, 1)`` is ``heads_major`` ``[B*H, T, d]``), or ``heads`` permuted to
   ``[T, B, H, d]``: no data movement either way.
@@ -126,6 +129,8 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         return act
     if act.form == "rows":
         cols = act.shape[-1]
+        if cols == 1 and shape == act.shape[:-1] and act.attention is None:
+            return act.with_(shape=shape, form="column", linear=None)
         if shape[-1] == cols and act.attention is None:
             return act.with_(shape=shape, linear=None)
         rows = prod(act.shape[:-1])
@@ -158,6 +163,8 @@ def reshape(act: Act, shape: tuple[int, ...]) -> Act | None:
         if shape[-1] == act.shape[-1] and prod(shape[:-1]) == prod(act.shape[:-1]):
             return act.with_(shape=shape)
         return None
+    if act.form == "column":
+        return act.with_(shape=shape, form="rows") if shape == (*act.shape, 1) else None
     if act.form in ("tmajor", "theads"):
         return _reshape_token_major(act, shape)
     if act.form == "rep_heads":  # one query's attention output, (B*H, 1, d) in some grouping

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import Converter, unsupported
+from ipu_stack.frontend.convert import TRANSPARENT, Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.precision import F16, Precision
 
@@ -57,6 +57,9 @@ def activation(conv: Converter, node: Any, value: Any) -> Act:
         return conv.user_act(value, node)
     if not isinstance(value, Act):
         raise unsupported(node, "expected an activation")
+    if value.form == "column" and op_name(node.target) not in TRANSPARENT:
+        raise unsupported(node, f"a squeezed {list(value.shape)} value used other than as an "
+                                "output or viewed back")
     return value
 
 

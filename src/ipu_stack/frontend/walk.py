@@ -189,6 +189,8 @@ def _to_ir(act: Act) -> Callable[[np.ndarray], np.ndarray]:
     """How a torch output of ``act``'s logical shape is laid out as its IR value."""
     if act.form == "rows":
         return lambda t: np.asarray(t).reshape(-1, act.shape[-1])
+    if act.form == "column":
+        return lambda t: np.asarray(t).reshape(-1, 1)
     if act.form in ("heads", "heads_major", "keys_t"):
         b, t_, h, d = act.dims
         order = {"heads": (0, 1, 2, 3), "heads_major": (0, 2, 1, 3), "keys_t": (0, 3, 1, 2)}
