@@ -16,28 +16,17 @@ import torch
 import transformers
 
 
-class QuestionAnswering(torch.nn.Module):
-    """``BertForQuestionAnswering`` called with ``input_ids``: the start and end logits."""
+class Outputs(torch.nn.Module):
+    """A transformers model called with ``input_ids`` only, returning the output fields
+    ``names`` as plain tensors."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.names = model, names
 
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.model(input_ids=input_ids)
-        return out.start_logits, out.end_logits
-
-
-class Encoder(torch.nn.Module):
-    """A transformers encoder called with ``input_ids`` only, returning plain tensors."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(input_ids=input_ids)
-        return out.last_hidden_state, out.pooler_output
+        return tuple(getattr(out, name) for name in self.names)
 
 
 def clip_text() -> tuple[torch.nn.Module, int, int]:
@@ -63,9 +52,10 @@ def main() -> None:
     torch.manual_seed(0)
     model, tokens, vocab = (clip_text if args.model == "clip" else bert_base)()
     if args.model == "bert-qa":
-        model = QuestionAnswering(transformers.BertForQuestionAnswering(model.config))
+        model = Outputs(transformers.BertForQuestionAnswering(model.config),
+                        ("start_logits", "end_logits"))
     else:
-        model = Encoder(model.eval())
+        model = Outputs(model, ("last_hidden_state", "pooler_output"))
     ids = torch.randint(0, vocab, (args.batch, tokens))
     program = torch.export.export(model.eval(), (ids,))
     torch.export.save(program, args.out)

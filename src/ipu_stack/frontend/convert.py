@@ -229,9 +229,13 @@ class Converter:
         return self.const_names.get(id(tensor), fallback)
 
     def add_input(self, name: str, shape: tuple[int, ...], data: np.ndarray, gemm: bool,
-                  make: Callable[[list[np.ndarray]], np.ndarray]) -> int:
-        """A graph input; FP8 (exponent fitted on the data) when it only feeds GEMMs."""
-        precision = Precision("F8F143", fit_scale_exponent(data)) if gemm and self.fp8 else F16
+                  make: Callable[[list[np.ndarray]], np.ndarray],
+                  precision: Precision | None = None) -> int:
+        """A graph input; FP8 (exponent fitted on the data) when it only feeds GEMMs, else
+        F16, unless ``precision`` is given (ids: I32)."""
+        if precision is None:
+            precision = Precision("F8F143", fit_scale_exponent(data)) if gemm and self.fp8 \
+                else F16
         value_id = self.b.input(name, TensorType(tuple(shape), precision))
         self.inputs.append(InputSpec(name, value_id, make))
         self.input_values[name] = np.asarray(data, dtype=np.float32).reshape(shape)
@@ -246,13 +250,9 @@ class Converter:
                              f"found {data.min():g} to {data.max():g}")
         if user.index in self.id_values:  # checked against this table too, then shared
             return self.id_values[user.index]
-        shape = (*user.shape, 1)
-        value_id = self.b.input(user.name, TensorType(shape, I32))
-        index = user.index
-        self.inputs.append(InputSpec(user.name, value_id,
-                                     lambda arrays, index=index, shape=shape:
-                                     arrays[index].reshape(shape)))
-        self.input_values[user.name] = data.astype(np.float32).reshape(shape)
+        shape, index = (*user.shape, 1), user.index
+        value_id = self.add_input(user.name, shape, data, False,
+                                  lambda arrays: arrays[index].reshape(shape), I32)
         self.id_values[index] = value_id
         return value_id
 
@@ -260,10 +260,7 @@ class Converter:
                    make: Callable[[list[np.ndarray]], np.ndarray]) -> int:
         """An I32 input the host computes from the program's inputs (host preprocessing:
         a pooled row's position)."""
-        value_id = self.b.input(name, TensorType(shape, I32))
-        self.inputs.append(InputSpec(name, value_id, make))
-        self.input_values[name] = np.asarray(make(self.user), dtype=np.float32).reshape(shape)
-        return value_id
+        return self.add_input(name, shape, make(self.user), False, make, I32)
 
     def constant_input(self, name: str, rows: np.ndarray, shape: tuple[int, ...]) -> int:
         """A host-made constant streamed as an input (addends, token-mixing matrices): the

@@ -90,12 +90,11 @@ def call_arguments(program: Any, arrays: list[np.ndarray]) -> tuple[tuple, dict]
     torch = require_torch()
     from torch.utils import _pytree
 
-    integer = iter(integer_inputs(program))
-    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)).to(
-        torch.int64 if next(integer) else torch.float32) for a in arrays])
+    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
     examples = getattr(program, "example_inputs", None)
-    if examples is None:
-        return tuple(tensors), {}
+    if examples is None:  # the placeholders say which inputs are ids
+        return tuple(next(tensors).to(torch.int64 if integer else torch.float32)
+                     for integer in integer_inputs(program)), {}
     leaves, spec = _pytree.tree_flatten(examples)
     filled = [next(tensors).to(leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
               for leaf in leaves]
@@ -198,6 +197,7 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
     arrays = []
+    integer = integer_inputs(program)
     for index, (name, shape) in enumerate(input_shapes(program)):
         key = name if name in data.files else f"arr_{index}"
         if key not in data.files:
@@ -206,7 +206,7 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
         if array.shape != shape:
             raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
                              f"exported for {list(shape)}")
-        if integer_inputs(program)[index] and array.size:
+        if integer[index] and array.size:
             rows = smallest_table_rows(program, name)
             if array.min() < 0 or array.max() >= rows or (array % 1).any():
                 raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "

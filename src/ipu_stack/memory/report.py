@@ -249,6 +249,7 @@ def placement_data(
             "live_peak_step": int(column.argmax()),
         })
     span = target.memory_end - target.memory_base
+    peak_steps = live_total.argmax(axis=0)
     return {
         "title": title,
         "target": target.name,
@@ -265,8 +266,8 @@ def placement_data(
         "signatures": sig_data,
         "tile_signature": tile_signature.tolist(),
         "tile_support": tile_support.tolist(),
-        "busiest": _busiest(peaks, live_total.argmax(axis=0), busiest),
-        "busiest_groups": busiest_groups(peaks, live_total.argmax(axis=0), BUSIEST_GROUPS),
+        "busiest": _busiest(peaks, peak_steps, busiest),
+        "busiest_groups": busiest_groups(peaks, peak_steps, BUSIEST_GROUPS),
         "scale_ticks": kib_ticks(span, 5),
         "address_ticks": kib_ticks(span, 10),
         "unplaced": unplaced(program, placement),

@@ -252,19 +252,19 @@ def estimate_multislice(offsets: int, elements: int, itemsize: int) -> int:
     ceil(N/6) rows of ``elements`` (the vendor's planner model, DynamicSlice.cpp)."""
     workers = p("multislice_workers")
     width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
-    return workers * (p("multislice_call") + -(-offsets // workers) * (
-        p("multislice_offset") + cycles * -(-elements // width)))
+    return workers * (p("multislice_call") + cdiv(offsets, workers) * (
+        p("multislice_offset") + cycles * cdiv(elements, width)))
 
 
 def estimate_fill(elements: int, itemsize: int) -> int:
     """popops Fill over six workers (zeroing a lookup's candidate rows), the vendor's
     estimator of each worker's share."""
     call = {1: "fill_byte_call", 2: "fill_half_call"}.get(itemsize, "fill_float_call")
-    return 6 * (p(call) + (-(-elements // 6) * itemsize) // p("fill_bytes_per_cycle"))
+    return 6 * (p(call) + cdiv(elements, 6) * itemsize // p("fill_bytes_per_cycle"))
 
 
 def _multislice(params: dict[str, Any]) -> int:
-    elements = -(-params["region_bytes"] // params["itemsize"])
+    elements = cdiv(params["region_bytes"], params["itemsize"])
     fill = (estimate_fill(params["offsets"] * elements, params["itemsize"])
             if params.get("fill") else 0)
     return fill + estimate_multislice(params["offsets"], elements, params["itemsize"])

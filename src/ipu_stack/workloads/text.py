@@ -26,6 +26,7 @@ gathers those rows of the final hidden states, as the importer does for ``CLIPTe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -139,22 +140,31 @@ def stream_prompt(params: dict[str, Any], graph: Graph, index: int) -> dict[str,
     return {"ids": ids, "pooled.rows": end_of_text_rows(ids, params["vocab"])}
 
 
-def _identifier(p: dict[str, Any]) -> str:
-    return (f"clip-text-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}-d{p['dim']}"
-            f"-h{p['heads']}-f{p['hidden']}-n{p['layers']}{attention_suffix(p, 'f16')}")
+def _identifier(kind: str) -> Callable[[dict[str, Any]], str]:
+    def make(p: dict[str, Any]) -> str:
+        return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
+                f"-d{p['dim']}-h{p['heads']}-f{p['hidden']}-n{p['layers']}"
+                f"{attention_suffix(p, 'f16')}")
+    return make
 
 
-def _fields(p: dict[str, Any]) -> dict[str, Any]:
-    return {"benchmark": f"clip-text-{p['precision']}", "batch": p["batch"],
-            "tokens": p["tokens"], "rows": p["batch"] * p["tokens"], "vocabulary": p["vocab"],
-            "dimension": p["dim"], "heads": p["heads"], "hiddenDimension": p["hidden"],
-            "layers": p["layers"], "biases": True, "attention": attention_precision(p)}
+def _fields(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def make(p: dict[str, Any]) -> dict[str, Any]:
+        return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
+                "tokens": p["tokens"], "rows": p["batch"] * p["tokens"],
+                "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"],
+                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": True,
+                "attention": attention_precision(p)}
+    return make
 
 
-def _footprint(params: dict[str, Any]) -> Any:
-    """The layers' GEMM weights and the token table (F16): at least what the chip holds."""
-    return layer_footprint(params, params["layers"], "layers", params["tokens"],
-                           params["vocab"] * params["dim"] * 2)
+def _footprint(extra_rows: int) -> Callable[[dict[str, Any]], Any]:
+    """The layers' GEMM weights and the lookup tables (F16: the vocabulary and
+    ``extra_rows`` more, BERT's token types): at least what the chip holds."""
+    def make(params: dict[str, Any]) -> Any:
+        return layer_footprint(params, params["layers"], "layers", params["tokens"],
+                               (params["vocab"] + extra_rows) * params["dim"] * 2)
+    return make
 
 
 def bert_inputs(seed: int, stream: str, batch: int, tokens: int, vocab: int
@@ -239,24 +249,19 @@ def _bert_parameters(vocab: int, eps: float) -> tuple[Parameter, ...]:
 
 
 def _register_bert(kind: str, description: str, vocab: int, eps: float) -> None:
-    def identifier(p: dict[str, Any]) -> str:
-        return _identifier(p).replace("clip-text", kind, 1)
-
     register(Workload(
         name=kind, description=description, parameters=_bert_parameters(vocab, eps),
-        build=lambda params: build_bert(kind, params), identifier=identifier,
-        benchmark_fields=lambda p: {**_fields(p), "benchmark": f"{kind}-{p['precision']}"},
+        build=lambda params: build_bert(kind, params), identifier=_identifier(kind),
+        benchmark_fields=_fields(kind),
         stream_input=lambda params, graph, index: stream_squad(kind, params, graph, index),
-        footprint=lambda params: layer_footprint(params, params["layers"], "layers",
-                                                 params["tokens"],
-                                                 (params["vocab"] + 2) * params["dim"] * 2)))
+        footprint=_footprint(2 if kind == "bert-base" else 0)))
 
 
 register(Workload(
     name="clip-text", description="CLIP ViT-L/14 text encoder of Stable Diffusion (ByteMLPerf's "
     "clip-onnx-fp32 shape): token ids, 77 tokens, width 768, 12 causal layers, quick GELU",
-    parameters=_parameters(), build=build_text, identifier=_identifier,
-    benchmark_fields=_fields, stream_input=stream_prompt, footprint=_footprint))
+    parameters=_parameters(), build=build_text, identifier=_identifier("clip-text"),
+    benchmark_fields=_fields("clip-text"), stream_input=stream_prompt, footprint=_footprint(0)))
 _register_bert("bert-base", "BERT-base encoder for SQuAD (ByteMLPerf's bert-torch-fp32 shape): "
                "384 tokens, word and token-type lookups, 12 post-norm layers", 30522, 1e-12)
 _register_bert("roberta-base", "RoBERTa-base encoder for SQuAD (ByteMLPerf's roberta-torch-fp32 "
