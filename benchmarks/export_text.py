@@ -2,7 +2,9 @@
 ``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
 figures").
 
-Usage: ``python benchmarks/export_text.py clip|bert|bert-qa --batch B --out MODEL.pt2``.  Random init
+Usage: ``python benchmarks/export_text.py clip|bert|bert-qa --batch B --out MODEL.pt2``; an
+``--out MODEL.onnx`` is written by ``torch.onnx.export`` instead (opset 18, the ``[onnx]``
+extra), for ``ipu-stack bench MODEL.onnx`` (docs/onnx.md).  Random init
 (``torch.manual_seed(0)``) at the real widths; the module returns plain tensors (the last
 hidden state and the pooled output), because ``torch.export.load`` cannot read back
 transformers' output classes.  Needs the ``torch`` extra (transformers).
@@ -56,9 +58,16 @@ def main() -> None:
                         ("start_logits", "end_logits"))
     else:
         model = Outputs(model, ("last_hidden_state", "pooler_output"))
+    with torch.no_grad():  # biases and norms drawn too: an ONNX exporter would store each
+        for parameter in model.parameters():  # init value (zeros, ones) once for all layers
+            if parameter.dim() == 1:
+                parameter.add_(0.02 * torch.randn_like(parameter))
     ids = torch.randint(0, vocab, (args.batch, tokens))
-    program = torch.export.export(model.eval(), (ids,))
-    torch.export.save(program, args.out)
+    if args.out.endswith(".onnx"):
+        torch.onnx.export(model.eval(), (ids,), args.out, dynamo=True, opset_version=18,
+                          input_names=["input_ids"], verbose=False)
+    else:
+        torch.export.save(torch.export.export(model.eval(), (ids,)), args.out)
     print(f"wrote {args.out}")
 
 

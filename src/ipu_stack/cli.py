@@ -17,7 +17,7 @@ from typing import Any
 from ipu_stack import __version__
 from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
 from ipu_stack.device import device_lock
-from ipu_stack.frontend import is_program_path
+from ipu_stack.frontend import is_onnx_path, is_program_path
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
@@ -501,8 +501,14 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from ipu_stack.frontend.loader import load_program
 
     if not is_program_path(args.model):
-        raise UsageError(f"{args.model}: ops takes a torch.export program (MODEL.pt2)")
-    rows = list_operations(load_program(args.model))
+        raise UsageError(f"{args.model}: ops takes a torch.export program (MODEL.pt2) or an "
+                         "ONNX model (MODEL.onnx)")
+    if is_onnx_path(args.model):
+        from ipu_stack.frontend.onnx_workload import list_onnx_operations
+
+        rows = list_onnx_operations(args.model)
+    else:
+        rows = list_operations(load_program(args.model))
     print(format_operations(rows, as_json=args.json))
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,19 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
             if isinstance(leaf, torch.Tensor)]
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What an imported program's outputs are checked against: ``outputs(program, inputs)``
+    gives them in the program's output order; ``source`` names it in records
+    (``referenceSource``)."""
+
+    source: str
+    outputs: Callable[[Any, list[np.ndarray]], list[np.ndarray]]
+
+
+TORCH_REFERENCE = Reference("torch", torch_outputs)
+
+
 def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
                 attention: str = "f16") -> dict[str, int]:
     """FP8 exponents of activations, one per role (the largest over its layers), fitted
@@ -243,11 +257,12 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
 def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,
                    inputs: list[np.ndarray] | None = None, precision: str = "fp8", seed: int = 0,
                    calibration: list[np.ndarray] | None = None, name: str = "imported",
-                   attention: str = "f16") -> Imported:
+                   attention: str = "f16", reference: Reference | None = None) -> Imported:
     """Import ``program`` (an ``ExportedProgram``, or an ``nn.Module`` exported here with
     ``example_inputs``) into the IR; ``inputs`` default to random ones from ``seed`` and
     ``calibration`` to random ones from ``seed + 1``; ``attention`` "fp8" stores attention's
-    operands in FP8 (with ``precision`` fp8), as the builtin towers do."""
+    operands in FP8 (with ``precision`` fp8), as the builtin towers do; ``reference`` gives
+    the outputs the conversion check and the verdict compare with (default: torch's)."""
     torch = require_torch()
     if isinstance(program, torch.nn.Module):
         if example_inputs is None:
@@ -264,18 +279,20 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
         calib = calibration if calibration is not None else random_inputs(program, seed + 1)
         scales = _fit_scales(program, calib, name, attention)
     converted = Importer(program, user, precision, scales, name, attention).run()
-    outputs = torch_outputs(program, user)
+    reference = reference or TORCH_REFERENCE
+    outputs = reference.outputs(program, user)
     if len(outputs) != len(converted.outputs):
-        raise CompileError(f"torch returned {len(outputs)} tensors, the import has "
-                           f"{len(converted.outputs)} outputs")
+        raise CompileError(f"{reference.source} returned {len(outputs)} tensors, the import "
+                           f"has {len(converted.outputs)} outputs")
     laid_out = {spec.name: spec.to_ir(outputs[spec.index]).astype(np.float32)
                 for spec in converted.outputs}
     error = conversion_error(converted, laid_out)
     if not error <= CONVERSION_LIMIT:
         raise CompileError(f"conversion check failed: the imported graph in float64 differs from "
-                           f"torch by {error:.3g} relative RMS (limit {CONVERSION_LIMIT:g}); "
+                           f"{reference.source} by {error:.3g} relative RMS (limit "
+                           f"{CONVERSION_LIMIT:g}); "
                            "this is an importer bug, please report it with the model")
-    event(LOG, "imported torch program", graph=name, precision=precision,
+    event(LOG, "imported program", graph=name, precision=precision, reference=reference.source,
           operations=len(converted.graph.operations), rewrites=len(converted.rewrites),
           conversionError=float(f"{error:.3g}"))
     for rewrite in converted.rewrites:
@@ -306,16 +323,33 @@ class ImportedWorkload(Workload):
 
     program: Any = None
     imports: dict[int, Imported] = field(default_factory=dict, compare=False)
+    reference_source: str = "torch"
 
-    def reference(self, graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """PyTorch's float32 outputs for ``graph`` (built by this workload), by output name."""
+    @property
+    def reference(self) -> ReferenceOutputs:
+        """The outputs fidelity is measured against, for a graph this workload built."""
+        return ReferenceOutputs(self.imports, self.reference_source)
+
+
+@dataclass(frozen=True)
+class ReferenceOutputs:
+    """The reference's float32 outputs of each graph a workload built (by output name):
+    PyTorch's for a ``.pt2``, onnxruntime's for an ONNX model; ``source`` names it in the
+    record (``referenceSource``)."""
+
+    imports: dict[int, Imported]
+    source: str
+
+    def __call__(self, graph: Graph, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         found = self.imports.get(id(graph))
         if found is None:
-            raise CompileError("no torch reference for a graph this workload did not build")
+            raise CompileError(f"no {self.source} reference for a graph this workload did "
+                               "not build")
         return dict(found.torch_outputs)
 
 
-def _parameters() -> tuple[Parameter, ...]:
+def program_parameters() -> tuple[Parameter, ...]:
+    """The options of an imported program: its file, the batch, precisions, inputs."""
     return (
         Parameter("model", str, "", "the .pt2 file"),
         Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
@@ -329,22 +363,28 @@ def _parameters() -> tuple[Parameter, ...]:
     )
 
 
-def make_workload(program: Any, label: str, path: str = "", sha256: str = "") -> ImportedWorkload:
-    """Wrap ``program`` as a workload (``label`` names it in identifiers and records)."""
+def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
+                  sized: Callable[[dict[str, Any]], Any] | None = None,
+                  reference: Reference = TORCH_REFERENCE,
+                  parameters: tuple[Parameter, ...] | None = None) -> ImportedWorkload:
+    """Wrap ``program`` as a workload (``label`` names it in identifiers and records);
+    ``sized`` gives the program at a run's parameters (default: ``program`` re-exported at
+    ``--batch``), ``reference`` what its outputs are checked against."""
     holder: dict[int, Imported] = {}
-    specialized: dict[int, Any] = {}
+    specialized: dict[tuple, Any] = {}
 
-    def at_batch(batch: int) -> Any:
-        if batch not in specialized:
-            specialized[batch] = specialize(program, batch)
-        return specialized[batch]
+    def at_batch(params: dict[str, Any]) -> Any:
+        key = (params["batch"], params.get("tokens", 0))
+        if key not in specialized:
+            specialized[key] = sized(params) if sized else specialize(program, params["batch"])
+        return specialized[key]
 
     def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-        sized = at_batch(params["batch"])
-        user = inputs_from_file(sized, params["inputs"]) if params["inputs"] else None
-        imported = import_program(sized, inputs=user, precision=params["precision"],
+        sized_program = at_batch(params)
+        user = inputs_from_file(sized_program, params["inputs"]) if params["inputs"] else None
+        imported = import_program(sized_program, inputs=user, precision=params["precision"],
                                   seed=params["seed"], name=label,
-                                  attention=attention_precision(params))
+                                  attention=attention_precision(params), reference=reference)
         holder.clear()  # one import at a time: the graph the pipeline holds now
         holder[id(imported.graph)] = imported
         # the exact float32 weights served the conversion check; the compile and the run
@@ -355,22 +395,24 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "") ->
     def identifier(params: dict[str, Any]) -> str:
         digest = (params["sha256"] or hashlib.sha256(label.encode()).hexdigest())[:8]
         batch = f"-b{params['batch']}" if params["batch"] else ""
+        batch += f"-t{params['tokens']}" if params.get("tokens") else ""
         return (f"{label}-{params['precision']}{batch}-{digest}"
                 f"{attention_suffix(params, 'f16')}")
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)
-        shapes = input_shapes(at_batch(params["batch"]))
+        shapes = input_shapes(at_batch(params))
         return {"benchmark": f"{label}-{params['precision']}", "model": params["model"] or label,
                 "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
                 "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
                 "conversionError": None if last is None else float(f"{last.conversion_error:.3g}"),
                 "attention": attention_precision(params)}
 
+    kind = "ONNX model" if reference.source == "onnxruntime" else "torch.export program"
     return ImportedWorkload(
-        name=NAME, description=f"torch.export program {label}", parameters=_parameters(),
+        name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
         build=build, identifier=identifier, benchmark_fields=fields, program=program,
-        imports=holder)
+        imports=holder, reference_source=reference.source)
 
 
 def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
@@ -382,8 +424,8 @@ def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any
     return workload, {"model": str(path), "sha256": digest}
 
 
-def reimport(params: dict[str, Any]) -> ImportedWorkload:
-    """The workload a package recorded: the same file, unchanged (same sha256)."""
+def recorded_file(params: dict[str, Any]) -> Path:
+    """The model file a package recorded, checked to be the same (same sha256)."""
     path = Path(str(params.get("model", "")))
     if not path.is_file():
         raise UsageError(f"the package was compiled from {path}, which is no longer there")
@@ -391,4 +433,4 @@ def reimport(params: dict[str, Any]) -> ImportedWorkload:
     if params.get("sha256") and digest != params["sha256"]:
         raise UsageError(f"{path} changed since the package was compiled (sha256 {digest[:12]}, "
                          f"recorded {str(params['sha256'])[:12]})")
-    return imported_workload(path)[0]
+    return path

@@ -198,12 +198,12 @@ def rebuild_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, Any]
 
 
 def recorded_workload(info: dict[str, Any]) -> Any:
-    """The workload a package names: a builtin, or the torch program it was imported from
-    (the same file, checked by its sha256)."""
+    """The workload a package names: a builtin, or the model file it was imported from (the
+    same file, checked by its sha256)."""
     from ipu_stack.frontend.names import IMPORTED
 
     if info.get("name") == IMPORTED:
-        from ipu_stack.frontend.workload import reimport
+        from ipu_stack.frontend import reimport
 
         return reimport(dict(info.get("params", {})))
     return get_workload(info["name"])

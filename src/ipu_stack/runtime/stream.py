@@ -303,7 +303,8 @@ def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     run, modes = prepare_run(package, system, graph, len(images), engine)
-    run.whole, run.source = options.whole, "float64" if options.model is None else "torch"
+    run.whole, run.source = options.whole, "float64" if options.model is None else \
+        getattr(options.model, "source", "torch")
     run.per_stage = options.whole and bool(package.manifest.get("options", {}).get("diagnostics"))
     owner = nullcontext() if options.lock_path is None else \
         HardwareLock(options.lock_path, wait=options.wait)

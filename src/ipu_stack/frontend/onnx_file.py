@@ -1,0 +1,247 @@
+"""Reading an ONNX file the user names: hostile input, bounded before anything is sized.
+
+An ``.onnx`` file is a protobuf ``ModelProto``, and its weights may live in external-data
+files beside it.  ``load_onnx`` refuses, in one line each (``UsageError``): a missing or
+oversized file, bytes that do not parse, an opset older than 17, a tensor whose element
+count or byte count is out of bounds (checked from its dims, before any array exists),
+external data that points outside the model's folder or past the end of its file, and a
+graph whose nodes read values no earlier node defined (a cycle, or a dangling name).  Only
+then are the external bytes read, each region exactly as long as its tensor.
+
+onnx and onnxruntime are an optional extra (``pip install 'ipu-stack[onnx]'``), imported
+only when asked; onnxruntime on the CPU is an ONNX program's reference
+(``referenceSource=onnxruntime``), as PyTorch is a ``.pt2``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.util.errors import UsageError
+
+MIN_OPSET = 17
+MAX_FILE_BYTES = 2**31 - 1  # protobuf's own limit on one message
+MAX_ELEMENTS = 2**32  # per tensor; the largest model of the zoo holds 2^28
+MAX_EXTERNAL_BYTES = 2**36  # all external data together (64 GiB, far past one C600)
+INPUT_DTYPES = {1: np.float32, 10: np.float16, 11: np.float64, 6: np.int32, 7: np.int64,
+                9: np.bool_}
+
+
+def require_onnx() -> Any:
+    """The ``onnx`` module, or a UsageError saying how to install it."""
+    try:
+        import onnx
+    except ImportError:
+        raise UsageError("reading an ONNX model needs onnx: pip install 'ipu-stack[onnx]'"
+                         ) from None
+    return onnx
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """One input the user feeds: its name, dtype and dims (a string for a symbolic one)."""
+
+    name: str
+    dtype: Any
+    dims: tuple[int | str, ...]
+
+    @property
+    def integer(self) -> bool:
+        return np.issubdtype(self.dtype, np.integer)
+
+
+def load_onnx(path: str | Path) -> Any:
+    """The checked ``ModelProto`` of ``path`` with every external tensor read in."""
+    onnx = require_onnx()
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise UsageError(f"{path}: {size:,} bytes, over protobuf's 2 GiB limit for one model "
+                         "(keep the weights as external data)")
+    try:
+        model = onnx.load_model_from_string(path.read_bytes())
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-derived types, ...
+        raise UsageError(f"{path}: not an ONNX model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:120] if str(exc) else 'unreadable'})"
+                         ) from None
+    if not model.HasField("graph"):
+        raise UsageError(f"{path}: an ONNX ModelProto without a graph (truncated?)")
+    check_opset(path, model)
+    tensors = list(all_tensors(model.graph))
+    for tensor in tensors:
+        check_tensor(path, tensor)
+    read_external_data(path, [t for t in tensors if t.data_location == 1])
+    check_order(path, model.graph)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # ValidationError, or a C++ error for malformed protos
+        raise UsageError(f"{path}: fails the ONNX checker: "
+                         f"{(str(exc).strip().splitlines() or ['?'])[0][:200]}") from None
+    return model
+
+
+def check_opset(path: Path, model: Any) -> None:
+    versions = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    version = versions.get("ai.onnx")
+    if version is None:
+        raise UsageError(f"{path}: imports no default ONNX opset")
+    if version < MIN_OPSET:
+        raise UsageError(f"{path}: opset {version}; the importer reads opset {MIN_OPSET} and "
+                         "later (re-export with opset_version>=17, or run "
+                         "onnx.version_converter)")
+
+
+def all_tensors(graph: Any) -> Any:
+    """Every tensor of the graph: initializers and Constant nodes' values."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == 4:  # TENSOR
+                yield attribute.t
+
+
+def element_count(path: Path, name: str, dims: Any) -> int:
+    count = 1
+    for dim in dims:
+        if dim < 0:
+            raise UsageError(f"{path}: tensor {name!r} has a negative dimension {dim}")
+        count *= int(dim)
+        if count > MAX_ELEMENTS:
+            raise UsageError(f"{path}: tensor {name!r} of shape {list(dims)} has "
+                             f"{np.prod([float(d) for d in dims]):.3g} elements, over the "
+                             f"bound of 2^32")
+    return count
+
+
+def itemsize(path: Path, tensor: Any) -> int:
+    onnx = require_onnx()
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{path}: tensor {tensor.name!r} has data type {tensor.data_type}, "
+                         "which the importer does not read") from None
+
+
+def check_tensor(path: Path, tensor: Any) -> None:
+    """The tensor's dims bounded and its inline bytes as long as its dims say."""
+    count = element_count(path, tensor.name, tensor.dims)
+    size = itemsize(path, tensor)
+    if tensor.data_location != 1 and tensor.HasField("raw_data") and \
+            len(tensor.raw_data) != count * size:
+        raise UsageError(f"{path}: tensor {tensor.name!r} holds {len(tensor.raw_data):,} bytes; "
+                         f"its shape {list(tensor.dims)} needs {count * size:,}")
+
+
+def external_region(path: Path, tensor: Any) -> tuple[Path, int, int]:
+    """(file, offset, length) of an external tensor, checked to lie inside the model's
+    folder and inside that file, and to be exactly as long as the tensor."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    folder = path.resolve().parent
+    target = (folder / location).resolve()
+    if not location or Path(location).is_absolute() or not target.is_relative_to(folder):
+        raise UsageError(f"{path}: tensor {tensor.name!r} points at external data "
+                         f"{location!r}, outside the model's folder")
+    if not target.is_file():
+        raise UsageError(f"{path}: external data {location!r} of tensor {tensor.name!r} "
+                         "is missing")
+    try:
+        offset = int(entries.get("offset", "0"))
+        needed = element_count(path, tensor.name, tensor.dims) * itemsize(path, tensor)
+        length = int(entries.get("length", str(needed)))
+    except ValueError:
+        raise UsageError(f"{path}: tensor {tensor.name!r} has a malformed external offset "
+                         "or length") from None
+    if offset < 0 or length != needed:
+        raise UsageError(f"{path}: tensor {tensor.name!r} declares {length:,} external bytes "
+                         f"at offset {offset:,}; its shape needs {needed:,}")
+    if offset + length > target.stat().st_size:
+        raise UsageError(f"{path}: tensor {tensor.name!r} reads past the end of {location!r} "
+                         f"({offset + length:,} > {target.stat().st_size:,} bytes)")
+    return target, offset, length
+
+
+def read_external_data(path: Path, tensors: list[Any]) -> None:
+    regions = [external_region(path, t) for t in tensors]
+    total = sum(length for _, _, length in regions)
+    if total > MAX_EXTERNAL_BYTES:
+        raise UsageError(f"{path}: {total:,} bytes of external data, over the 64 GiB bound")
+    for tensor, (target, offset, length) in zip(tensors, regions, strict=True):
+        with open(target, "rb") as handle:
+            handle.seek(offset)
+            tensor.raw_data = handle.read(length)
+        del tensor.external_data[:]
+        tensor.data_location = 0
+
+
+def check_order(path: Path, graph: Any) -> None:
+    """Every node reads only graph inputs, initializers and earlier nodes' outputs: ONNX
+    requires topological order, and a cycle cannot satisfy it."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            if name not in defined:
+                later = any(name in n.output for n in graph.node[index:])
+                why = "defined by a later node (a cycle, or nodes out of order)" if later \
+                    else "defined nowhere"
+                raise UsageError(f"{path}: node {node.name or index} ({node.op_type}) reads "
+                                 f"{name!r}, {why}")
+        defined.update(node.output)
+    for output in graph.output:
+        if output.name not in defined:
+            raise UsageError(f"{path}: graph output {output.name!r} is defined nowhere")
+
+
+def graph_inputs(model: Any) -> list[GraphInput]:
+    """The inputs the user feeds (graph inputs that are not initializers)."""
+    weights = {t.name for t in model.graph.initializer}
+    out = []
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        kind = value.type.tensor_type
+        dtype = INPUT_DTYPES.get(kind.elem_type)
+        if dtype is None:
+            raise UsageError(f"graph input {value.name!r} has element type {kind.elem_type}, "
+                             "not a float or integer tensor")
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in kind.shape.dim)
+        out.append(GraphInput(value.name, dtype, dims))
+    return out
+
+
+def concrete_shape(spec: GraphInput, batch: int, tokens: int) -> tuple[int, ...]:
+    """The input's shape with a symbolic first dimension set to ``batch`` and any other to
+    ``tokens`` (refused when ``tokens`` is 0: the file does not say the size)."""
+    shape = []
+    for axis, dim in enumerate(spec.dims):
+        if isinstance(dim, int):
+            shape.append(dim)
+        elif axis == 0:
+            shape.append(batch or 1)
+        elif tokens:
+            shape.append(tokens)
+        else:
+            raise UsageError(f"graph input {spec.name} has a symbolic dimension {dim!r} "
+                             f"(axis {axis}): give its size with --tokens N")
+    return tuple(shape)
+
+
+def onnxruntime_outputs(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The model run by onnxruntime on the CPU: the reference of an ONNX program."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UsageError("the reference of an ONNX model is onnxruntime: "
+                         "pip install 'ipu-stack[onnx]'") from None
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    return [np.asarray(o, np.float32) for o in session.run(None, feeds)]

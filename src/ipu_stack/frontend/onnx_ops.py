@@ -1,0 +1,331 @@
+"""ONNX operators as torch calls: the translation the ONNX frontend traces.
+
+Each entry of ``TRANSLATIONS`` runs one ONNX node with torch functions, so that tracing the
+translated graph with ``torch.export`` gives the same ATen operations the torch importer
+already maps (``aten.linear``-style products, ``layer_norm``, ``softmax``, views): the ONNX
+frontend shares every pattern of the torch one instead of repeating them.  A node whose
+inputs are all constants is run once, eagerly, before tracing (``onnx_program``); the
+entries below serve both.  Operands that ONNX passes as tensors but torch takes as Python
+values (a reshape's shape, a slice's bounds, a scalar factor) are read from the constant.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.util.errors import CompileError
+
+# ONNX TensorProto element types as torch dtype names
+DTYPES = {1: "float32", 10: "float32", 11: "float32", 16: "float32", 6: "int32", 7: "int64",
+          9: "bool", 2: "uint8", 3: "int8"}
+
+
+@dataclass
+class NodeCall:
+    """One node's operands: traced tensors, their constant values (``None`` for a value
+    that depends on a graph input), and the node's attributes."""
+
+    torch: Any
+    op_type: str
+    inputs: list[Any]
+    consts: list[np.ndarray | None]
+    attrs: dict[str, Any]
+
+    def const(self, index: int, what: str) -> np.ndarray:
+        if index >= len(self.consts) or self.consts[index] is None:
+            raise CompileError(f"{self.op_type} with a computed {what} (input {index}); the "
+                               "importer needs it constant")
+        return self.consts[index]
+
+    def ints(self, index: int, what: str) -> list[int]:
+        return [int(v) for v in np.asarray(self.const(index, what)).reshape(-1)]
+
+    def optional_ints(self, index: int, attr: str) -> list[int] | None:
+        """An operand that opset 13+ moved from an attribute to an optional input."""
+        if index < len(self.consts) and self.inputs[index] is not None:
+            return self.ints(index, attr)
+        value = self.attrs.get(attr)
+        return None if value is None else [int(v) for v in value]
+
+    def operand(self, index: int) -> Any:
+        """The input as a Python number when it is a one-element constant (a scalar factor
+        the importer folds), else the tensor."""
+        const = self.consts[index]
+        if const is not None and const.size == 1 and np.ndim(const) == 0:
+            return const.item()
+        return self.inputs[index]
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[NodeCall], Any]:
+    def run(call: NodeCall) -> Any:
+        return fn(call.operand(0), call.operand(1))
+    return run
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, (bool, int)):
+        return True
+    return hasattr(value, "is_floating_point") and not value.is_floating_point()
+
+
+def _div(call: NodeCall) -> Any:
+    """ONNX divides integers with truncation (shape arithmetic), floats exactly."""
+    a, b = call.operand(0), call.operand(1)
+    if _is_integer(a) and _is_integer(b):
+        return call.torch.div(call.torch.as_tensor(a), b, rounding_mode="trunc")
+    return a / b
+
+
+def _unary(name: str) -> Callable[[NodeCall], Any]:
+    def run(call: NodeCall) -> Any:
+        return getattr(call.torch, name)(call.inputs[0])
+    return run
+
+
+def _cast(call: NodeCall) -> Any:
+    to = int(call.attrs["to"])
+    if to not in DTYPES:
+        raise CompileError(f"Cast to ONNX type {to}, which the importer does not read")
+    return call.inputs[0].to(getattr(call.torch, DTYPES[to]))
+
+
+def _cast_like(call: NodeCall) -> Any:
+    return call.inputs[0].to(call.inputs[1].dtype)
+
+
+def _reshape(call: NodeCall) -> Any:
+    x, shape = call.inputs[0], call.ints(1, "shape")
+    if not call.attrs.get("allowzero", 0):
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+def _gemm(call: NodeCall) -> Any:
+    t, a, b = call.torch, call.inputs[0], call.inputs[1]
+    if call.attrs.get("transA", 0):
+        a = a.t()
+    weight = b if call.attrs.get("transB", 0) else b.t()
+    alpha, beta = float(call.attrs.get("alpha", 1.0)), float(call.attrs.get("beta", 1.0))
+    bias = call.inputs[2] if len(call.inputs) > 2 else None
+    out = t.nn.functional.linear(a, weight, bias if beta == 1.0 else None)
+    if alpha != 1.0:
+        out = out * alpha
+    if bias is not None and beta != 1.0:
+        out = out + beta * bias
+    return out
+
+
+def _softmax(call: NodeCall) -> Any:
+    return call.torch.softmax(call.inputs[0], int(call.attrs.get("axis", -1)))
+
+
+def _layer_norm(call: NodeCall) -> Any:
+    x = call.inputs[0]
+    axis = int(call.attrs.get("axis", -1)) % x.dim()
+    bias = call.inputs[2] if len(call.inputs) > 2 else None
+    return call.torch.nn.functional.layer_norm(x, tuple(x.shape[axis:]), call.inputs[1], bias,
+                                               float(call.attrs.get("epsilon", 1e-5)))
+
+
+def _gelu(call: NodeCall) -> Any:
+    return call.torch.nn.functional.gelu(call.inputs[0],
+                                         approximate=call.attrs.get("approximate", "none"))
+
+
+def _reduce(name: str) -> Callable[[NodeCall], Any]:
+    def run(call: NodeCall) -> Any:
+        x, keep = call.inputs[0], bool(call.attrs.get("keepdims", 1))
+        axes = call.optional_ints(1, "axes")
+        if not axes:
+            axes = list(range(x.dim()))
+        return getattr(call.torch, name)(x, dim=tuple(axes), keepdim=keep)
+    return run
+
+
+def _transpose(call: NodeCall) -> Any:
+    x = call.inputs[0]
+    perm = call.attrs.get("perm") or list(reversed(range(x.dim())))
+    return x.permute([int(p) for p in perm])
+
+
+def _flatten(call: NodeCall) -> Any:
+    x = call.inputs[0]
+    axis = int(call.attrs.get("axis", 1)) % max(x.dim(), 1)
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return x.reshape(outer, -1)
+
+
+def _squeeze(call: NodeCall) -> Any:
+    x, axes = call.inputs[0], call.optional_ints(1, "axes")
+    if axes is None:
+        return x.squeeze()
+    for axis in sorted((a % x.dim() for a in axes), reverse=True):
+        x = x.squeeze(axis)
+    return x
+
+
+def _unsqueeze(call: NodeCall) -> Any:
+    x, axes = call.inputs[0], call.optional_ints(1, "axes") or []
+    rank = x.dim() + len(axes)
+    for axis in sorted(a % rank for a in axes):
+        x = x.unsqueeze(axis)
+    return x
+
+
+def _concat(call: NodeCall) -> Any:
+    return call.torch.cat([x for x in call.inputs if x is not None], int(call.attrs["axis"]))
+
+
+def _split(call: NodeCall) -> Any:
+    x, axis = call.inputs[0], int(call.attrs.get("axis", 0))
+    sizes = call.optional_ints(1, "split")
+    if sizes is None:
+        parts = int(call.attrs.get("num_outputs", 0)) or len(call.attrs["_outputs"])
+        return tuple(call.torch.chunk(x, parts, axis))
+    return tuple(call.torch.split(x, sizes, axis))
+
+
+def _slice(call: NodeCall) -> Any:
+    x = call.inputs[0]
+    starts, ends = call.ints(1, "starts"), call.ints(2, "ends")
+    axes = call.ints(3, "axes") if len(call.inputs) > 3 and call.inputs[3] is not None \
+        else list(range(len(starts)))
+    steps = call.ints(4, "steps") if len(call.inputs) > 4 and call.inputs[4] is not None \
+        else [1] * len(starts)
+    index: list[Any] = [slice(None)] * x.dim()
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step <= 0:
+            raise CompileError("Slice with a negative step")
+        size = x.shape[axis]
+        lo = max(0, min(size, start + size if start < 0 else start))
+        hi = max(0, min(size, end + size if end < 0 else end))
+        index[axis % x.dim()] = slice(lo, hi, step)
+    return x[tuple(index)]
+
+
+def _expand(call: NodeCall) -> Any:
+    x = call.inputs[0]
+    shape = np.broadcast_shapes(tuple(x.shape), tuple(call.ints(1, "shape")))
+    return x.expand(shape)
+
+
+def _gather(call: NodeCall) -> Any:
+    t, data, indices = call.torch, call.inputs[0], call.inputs[1]
+    axis = int(call.attrs.get("axis", 0)) % data.dim()
+    const = call.consts[1]
+    if const is not None and const.ndim == 0:  # one position: a select
+        return data.select(axis, int(const) % data.shape[axis])
+    if call.consts[0] is not None and call.consts[1] is None and axis == 0 and data.dim() == 2:
+        return t.nn.functional.embedding(indices.long(), data)  # a token table
+    if const is not None:
+        flat = t.as_tensor(np.where(const < 0, const + data.shape[axis], const).reshape(-1))
+        picked = data.index_select(axis, flat)
+        return picked.reshape(*data.shape[:axis], *const.shape, *data.shape[axis + 1:])
+    return t.index_select(data, axis, indices.reshape(-1).long()).reshape(
+        *data.shape[:axis], *indices.shape, *data.shape[axis + 1:])
+
+
+def _gather_nd(call: NodeCall) -> Any:
+    data, indices = call.inputs[0], call.inputs[1].long()
+    if int(call.attrs.get("batch_dims", 0)):
+        raise CompileError("GatherND with batch_dims")
+    return data[tuple(indices[..., k] for k in range(indices.shape[-1]))]
+
+
+def _argmax(call: NodeCall) -> Any:
+    if call.attrs.get("select_last_index", 0):
+        raise CompileError("ArgMax with select_last_index")
+    return call.torch.argmax(call.inputs[0], int(call.attrs.get("axis", 0)),
+                             keepdim=bool(call.attrs.get("keepdims", 1)))
+
+
+def _where(call: NodeCall) -> Any:
+    t = call.torch
+    a, b = call.operand(1), call.operand(2)
+    return t.where(call.inputs[0], t.as_tensor(a) if isinstance(a, (int, float, bool)) else a, b)
+
+
+def _conv(call: NodeCall) -> Any:
+    x, weight = call.inputs[0], call.inputs[1]
+    bias = call.inputs[2] if len(call.inputs) > 2 else None
+    if call.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise CompileError(f"Conv with auto_pad={call.attrs['auto_pad']}")
+    pads = call.attrs.get("pads") or [0] * (2 * (weight.dim() - 2))
+    half = len(pads) // 2
+    if list(pads[:half]) != list(pads[half:]):
+        raise CompileError("Conv with asymmetric padding")
+    if weight.dim() != 4:
+        raise CompileError(f"Conv over {weight.dim() - 2} spatial dimensions")
+    return call.torch.nn.functional.conv2d(
+        x, weight, bias, stride=list(call.attrs.get("strides") or [1, 1]),
+        padding=list(pads[:half]), dilation=list(call.attrs.get("dilations") or [1, 1]),
+        groups=int(call.attrs.get("group", 1)))
+
+
+def _constant(call: NodeCall) -> Any:
+    raise CompileError("a Constant node is read as its value")  # onnx_program handles it
+
+
+def _shape(call: NodeCall) -> Any:
+    shape = list(call.inputs[0].shape)
+    start, end = int(call.attrs.get("start", 0)), call.attrs.get("end")
+    return call.torch.tensor(shape[start:None if end is None else int(end)], dtype=call.torch.int64)
+
+
+def _constant_of_shape(call: NodeCall) -> Any:
+    value = call.attrs.get("value")
+    fill = np.asarray(value).reshape(-1)[0] if value is not None else 0.0
+    return call.torch.full(call.ints(0, "shape"), fill.item() if hasattr(fill, "item") else fill)
+
+
+def _range(call: NodeCall) -> Any:
+    start, limit, delta = (call.const(i, "bound").item() for i in range(3))
+    return call.torch.arange(start, limit, delta)
+
+
+def _trilu(call: NodeCall) -> Any:
+    k = call.ints(1, "k")[0] if len(call.inputs) > 1 and call.inputs[1] is not None else 0
+    fn = call.torch.triu if call.attrs.get("upper", 1) else call.torch.tril
+    return fn(call.inputs[0], k)
+
+
+def _tile(call: NodeCall) -> Any:
+    return call.inputs[0].repeat(call.ints(1, "repeats"))
+
+
+def _pow(call: NodeCall) -> Any:
+    return call.torch.pow(call.inputs[0], call.operand(1))
+
+
+TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
+    "Identity": lambda call: call.inputs[0],
+    "Dropout": lambda call: call.inputs[0],
+    "Cast": _cast, "CastLike": _cast_like,
+    "Add": _binary(operator.add), "Sub": _binary(operator.sub), "Mul": _binary(operator.mul),
+    "Div": _div, "Pow": _pow,
+    "Equal": _binary(operator.eq), "Less": _binary(operator.lt),
+    "Greater": _binary(operator.gt), "And": _binary(operator.and_),
+    "Or": _binary(operator.or_), "Not": lambda call: ~call.inputs[0],
+    "Max": lambda call: call.torch.maximum(call.inputs[0], call.inputs[1]),
+    "Min": lambda call: call.torch.minimum(call.inputs[0], call.inputs[1]),
+    "Neg": lambda call: -call.inputs[0],
+    "Sqrt": _unary("sqrt"), "Reciprocal": _unary("reciprocal"), "Exp": _unary("exp"),
+    "Log": _unary("log"), "Tanh": _unary("tanh"), "Sigmoid": _unary("sigmoid"),
+    "Erf": _unary("erf"), "Relu": _unary("relu"), "Abs": _unary("abs"),
+    "IsNaN": _unary("isnan"),
+    "Gelu": _gelu, "MatMul": lambda call: call.torch.matmul(call.inputs[0], call.inputs[1]),
+    "Gemm": _gemm, "Softmax": _softmax, "LayerNormalization": _layer_norm,
+    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
+    "Reshape": _reshape, "Transpose": _transpose, "Flatten": _flatten,
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split,
+    "Slice": _slice, "Expand": _expand, "Gather": _gather, "GatherND": _gather_nd,
+    "ArgMax": _argmax, "Where": _where, "Conv": _conv, "Constant": _constant,
+    "Shape": _shape, "ConstantOfShape": _constant_of_shape, "Range": _range,
+    "Trilu": _trilu, "Tile": _tile,
+}
+"""Every ONNX operator (default domain) the importer reads."""

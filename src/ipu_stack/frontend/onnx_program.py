@@ -1,0 +1,413 @@
+"""An ONNX graph as a ``torch.export`` program, so the torch importer compiles it unchanged.
+
+``export_onnx`` builds a module whose forward runs the graph's nodes with the torch calls
+of ``onnx_ops`` and traces it at the input shapes asked for:
+
+* **Constants first.**  The graph is run once eagerly on zeros of those shapes: a node whose
+  inputs are all constants (initializers, ``Constant`` nodes, the ``Shape`` of any value,
+  since every shape is static here) is folded to its value; every other node is traced.  A
+  constant a traced node reads becomes a buffer of the module, named after the initializer
+  where the exporter kept a module path (``model.encoder.layers.0.mlp.fc1.bias``), else after
+  the node that reads it: weights keep the same name in every layer, so FP8 exponents are
+  shared by role and identical layers stay one loop body, as for a ``.pt2``.
+* **Scopes.**  Each node runs inside a submodule at its module path (from the exporter's
+  ``pkg.torch.onnx.name_scopes`` metadata, else the node name's ``/`` path), so value names,
+  layer loops and the report's model parts are the ones a ``.pt2`` of the model gets.  Each
+  traced ATen node is annotated with its ONNX node, and its source reads
+  ``model.onnx:12 (MatMul /encoder/layers.0/mlp/fc1/MatMul)``: an unsupported operation
+  names the ONNX node it came from.
+* **ONNX idioms back to torch's.**  ``Where(IsNaN(Softmax(x)), 0, Softmax(x))`` is torch's
+  ``_safe_softmax``; ``GatherND(x, Concat(arange, ArgMax(ids)))`` is ``x[arange(B),
+  argmax(ids)]`` (CLIP's pooled row).  Both are exact.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.loader import require_torch
+from ipu_stack.frontend.onnx_file import require_onnx
+from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall
+from ipu_stack.util.errors import CompileError
+
+MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
+
+
+@dataclass
+class Node:
+    """One ONNX node as the module runs it."""
+
+    index: int
+    name: str
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]
+    scope: str
+
+
+@dataclass
+class Folded:
+    """The graph split into constants (by value name) and the nodes to trace."""
+
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    traced: list[Node] = field(default_factory=list)
+
+
+def node_scope(node: Any) -> str:
+    """The module path of an ONNX node: torch.onnx's recorded name scopes, else the
+    TorchScript exporter's ``/model/encoder/layers.0/mlp/fc1/MatMul`` node name."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
+            paths = [s for s in scopes[:-1] if s]
+            return paths[-1] if paths else ""
+    parts = [p for p in node.name.split("/") if p][:-1]
+    path = ".".join(parts)
+    return path if MODULE_PATH.match(path) else ""
+
+
+def attributes(node: Any) -> dict[str, Any]:
+    onnx = require_onnx()
+    out: dict[str, Any] = {}
+    for attribute in node.attribute:
+        value = onnx.helper.get_attribute_value(attribute)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif isinstance(value, onnx.TensorProto):
+            value = onnx.numpy_helper.to_array(value)
+        out[attribute.name] = value
+    out["_outputs"] = list(node.output)
+    return out
+
+
+def operator_kind(proto: Any) -> str:
+    """``MatMul``; ``domain.Op`` for an operator outside the default domain."""
+    return proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
+
+
+def read_nodes(model: Any) -> list[Node]:
+    """The graph's nodes, with unknown operators refused in one line (the first of them)."""
+    nodes = []
+    for index, proto in enumerate(model.graph.node):
+        kind = operator_kind(proto)
+        if kind not in TRANSLATIONS:
+            raise CompileError(f"unsupported ONNX operator {kind} (node "
+                               f"{proto.name or index}, scope {node_scope(proto) or '<top>'}): "
+                               "no translation")
+        nodes.append(Node(index + 1, proto.name or f"{proto.op_type}_{index}", proto.op_type,
+                          list(proto.input), list(proto.output), attributes(proto),
+                          node_scope(proto)))
+    onnx = require_onnx()
+    small = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+             if int(np.prod(t.dims)) <= 16}
+    small.update({n.outputs[0]: constant_of(n.attrs) for n in nodes if n.op_type == "Constant"})
+    return rewrite_idioms(nodes, {t.name: tuple(t.dims) for t in model.graph.initializer},
+                          small)
+
+
+def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
+                   small: dict[str, np.ndarray]) -> list[Node]:
+    """ONNX spellings of torch operations put back as the operation itself."""
+    producer = {o: n for n in nodes for o in n.outputs}
+    readers: dict[str, list[Node]] = {}
+    for node in nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    for node in nodes:
+        if node.op_type == "Erf":
+            _erf_gelu(node, producer, readers, small)
+    counts = {name: len(users) for name, users in readers.items()}
+    for node in nodes:
+        if node.op_type == "Add":
+            _linear(node, producer, counts, initializers)
+        elif node.op_type == "Where" and len(node.inputs) == 3:
+            test = producer.get(node.inputs[0])
+            soft = producer.get(node.inputs[2])
+            if test is not None and test.op_type == "IsNaN" and soft is not None and \
+                    soft.op_type == "Softmax" and test.inputs[0] == node.inputs[2]:
+                node.op_type, node.inputs = "SafeSoftmax", [soft.inputs[0]]
+                node.attrs = {**soft.attrs, "_outputs": node.outputs}
+        elif node.op_type == "GatherND":
+            source = producer.get(node.inputs[1])
+            picked = _argmax_source(producer, source.inputs[1]) if source is not None and \
+                source.op_type == "Concat" and len(source.inputs) == 2 else None
+            if picked is not None:
+                node.op_type = "PickRows"
+                node.inputs = [node.inputs[0], source.inputs[0], picked]
+        elif node.op_type == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+            _flat_rows(node, producer)
+    return nodes
+
+
+def _is_constant(small: dict[str, np.ndarray], name: str, value: float) -> bool:
+    found = small.get(name)
+    return found is not None and found.size == 1 and abs(float(found.reshape(-1)[0]) - value) \
+        <= 1e-6 * abs(value)
+
+
+def _erf_gelu(erf: Node, producer: dict[str, Node], readers: dict[str, list[Node]],
+              small: dict[str, np.ndarray]) -> None:
+    """``x * 0.5 * (1 + erf(x / sqrt 2))`` in any order of its products: torch's exact
+    ``gelu`` (an exporter below opset 20 has no Gelu operator)."""
+    scaled = producer.get(erf.inputs[0])
+    if scaled is None or not (
+            scaled.op_type == "Div" and _is_constant(small, scaled.inputs[1], 2 ** 0.5)
+            or scaled.op_type == "Mul" and _is_constant(small, scaled.inputs[1], 0.5 ** 0.5)):
+        return
+    x = scaled.inputs[0]
+    value, seen = erf.outputs[0], set()
+    chain = readers.get(value, [])
+    if len(chain) != 1 or chain[0].op_type != "Add" or not any(
+            _is_constant(small, i, 1.0) for i in chain[0].inputs if i != value):
+        return
+    value = chain[0].outputs[0]
+    while seen != {"x", "half"}:
+        users = readers.get(value, [])
+        if len(users) != 1 or users[0].op_type != "Mul":
+            return
+        other = next(i for i in users[0].inputs if i != value) if value in users[0].inputs \
+            else ""
+        if other == x:
+            seen.add("x")
+        elif _is_constant(small, other, 0.5):
+            seen.add("half")
+        else:
+            return
+        last, value = users[0], users[0].outputs[0]
+    last.op_type, last.inputs = "Gelu", [x]
+    last.attrs = {"approximate": "none", "_outputs": last.outputs}
+
+
+def _linear(node: Node, producer: dict[str, Node], readers: dict[str, int],
+            initializers: dict[str, tuple[int, ...]]) -> None:
+    """``Add(MatMul(x, W), b)`` with constant ``W [in, out]`` and ``b [out]``: torch's
+    ``linear``, so the bias is the product's epilogue, not a table added to every row."""
+    for product_name, bias in (node.inputs, reversed(node.inputs)):
+        product = producer.get(product_name)
+        if product is None or product.op_type != "MatMul" or readers.get(product_name) != 1:
+            continue
+        weight = initializers.get(product.inputs[1])
+        if weight is not None and len(weight) == 2 and initializers.get(bias) == weight[1:]:
+            node.op_type, node.inputs = "Linear", [product.inputs[0], product.inputs[1], bias]
+            node.scope = product.scope or node.scope
+            return
+
+
+def _flat_rows(node: Node, producer: dict[str, Node]) -> None:
+    """``Gather(Flatten(x), ArgMax(ids) + arange(B) * T)``: the TorchScript exporter's
+    spelling of ``x[arange(B), argmax(ids)]`` (checked when the offsets are known)."""
+    flat, offsets = producer.get(node.inputs[0]), producer.get(node.inputs[1])
+    if flat is None or flat.op_type not in ("Flatten", "Reshape") or offsets is None or \
+            offsets.op_type != "Add":
+        return
+    for first, second in (offsets.inputs, reversed(offsets.inputs)):
+        picked = _argmax_source(producer, first)
+        if picked is not None:
+            node.op_type = "PickRows"
+            node.inputs = [flat.inputs[0], second, picked]
+            node.attrs = {**node.attrs, "flat": True}
+            return
+
+
+def _argmax_source(producer: dict[str, Node], name: str) -> str | None:
+    """The ids an ``ArgMax`` over the last axis reads, through Unsqueeze and Cast."""
+    node = producer.get(name)
+    while node is not None and node.op_type in ("Unsqueeze", "Cast"):
+        node = producer.get(node.inputs[0])
+    if node is None or node.op_type != "ArgMax" or int(node.attrs.get("axis", 0)) != -1:
+        return None
+    return node.inputs[0]
+
+
+def _safe_softmax(call: NodeCall) -> Any:
+    return call.torch.ops.aten._safe_softmax(call.inputs[0], int(call.attrs.get("axis", -1)))
+
+
+def _pick_rows(call: NodeCall) -> Any:
+    """``x[arange(B), argmax(ids, -1)]``, where the file's arange column (or, on the
+    flattened rows, ``arange(B) * T``) is checked."""
+    t, data, rows, ids = call.torch, call.inputs[0], call.consts[1], call.inputs[2]
+    batch = data.shape[0]
+    step = data.shape[1] if call.attrs.get("flat") else 1
+    if rows is None or not np.array_equal(rows.reshape(-1), np.arange(batch) * step):
+        raise CompileError("a row gather whose offsets are not arange(batch) x tokens")
+    return data[t.arange(batch), t.argmax(ids, -1)]
+
+
+def _linear_call(call: NodeCall) -> Any:
+    x, weight, bias = call.inputs
+    return call.torch.nn.functional.linear(x, weight.t(), bias)
+
+
+IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call}
+
+
+def constant_of(node_attrs: dict[str, Any]) -> np.ndarray:
+    for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        if key in node_attrs:
+            return np.asarray(node_attrs[key])
+    raise CompileError("a Constant node with no value this importer reads")
+
+
+def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, np.ndarray]
+             ) -> tuple[Any, ...]:
+    """One node's outputs, computed by its translation."""
+    fn = IDIOMS.get(node.op_type) or TRANSLATIONS[node.op_type]
+    call = NodeCall(torch, node.op_type, [values.get(i) if i else None for i in node.inputs],
+                    [consts.get(i) for i in node.inputs], node.attrs)
+    try:
+        result = fn(call)
+    except CompileError as exc:
+        raise CompileError(f"ONNX node {node.name} ({node.op_type}): {exc}") from None
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def fold(model: Any, nodes: list[Node], shapes: dict[str, tuple[int, ...]],
+         dtypes: dict[str, Any]) -> Folded:
+    """Run the graph once on zeros: constants folded, the rest listed to trace."""
+    torch = require_torch()
+    onnx = require_onnx()
+    folded = Folded()
+    for tensor in model.graph.initializer:
+        folded.constants[tensor.name] = onnx.numpy_helper.to_array(tensor)
+    values: dict[str, Any] = {n: torch.zeros(s, dtype=_torch_dtype(torch, dtypes[n]))
+                              for n, s in shapes.items()}
+    last_use = {name: i for i, n in enumerate(nodes) for name in n.inputs}
+    with torch.no_grad():
+        for position, node in enumerate(nodes):
+            if node.op_type == "Constant":
+                folded.constants[node.outputs[0]] = constant_of(node.attrs)
+                continue
+            live = {i: values[i] if i in values else torch.from_numpy(
+                np.array(folded.constants[i])) for i in node.inputs if i}
+            outputs = run_node(torch, node, live, folded.constants)
+            constant = node.op_type == "Shape" or all(
+                i in folded.constants for i in node.inputs if i)
+            for name, out in zip(node.outputs, outputs, strict=False):
+                if constant:
+                    folded.constants[name] = out.numpy().copy()
+                else:
+                    values[name] = out
+            if not constant:
+                folded.traced.append(node)
+            for name in [n for n in node.inputs if last_use.get(n) == position]:
+                values.pop(name, None)
+    return folded
+
+
+def _torch_dtype(torch: Any, dtype: Any) -> Any:
+    return torch.int64 if np.issubdtype(dtype, np.integer) else \
+        torch.bool if dtype == np.bool_ else torch.float32
+
+
+def live_nodes(traced: list[Node], outputs: list[str]) -> list[Node]:
+    """The traced nodes some graph output depends on, in order."""
+    needed, keep = set(outputs), []
+    for node in reversed(traced):
+        if needed.intersection(node.outputs):
+            keep.append(node)
+            needed.update(i for i in node.inputs if i)
+    return list(reversed(keep))
+
+
+def buffer_names(nodes: list[Node], constants: dict[str, np.ndarray],
+                 initializers: set[str]) -> dict[str, str]:
+    """A module path for each constant a traced node reads: the initializer's own name when
+    it is a module path, else ``<scope of its first reader>.<operator>_<input slot>``."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for node in nodes:
+        for slot, value in enumerate(node.inputs):
+            if value not in constants or value in names:
+                continue
+            keep = value in initializers and MODULE_PATH.match(value) and "." in value
+            name = value if keep else ".".join(p for p in (node.scope, f"{node.op_type}_{slot}")
+                                               if p)
+            base, count = name, 1
+            while name in taken:
+                name, count = f"{base}_{count}", count + 1
+            taken.add(name)
+            names[value] = name
+    return names
+
+
+def source_path(path: Path | str) -> str:
+    return Path(path).name
+
+
+def export_onnx(model: Any, path: Path | str, feeds: dict[str, np.ndarray]) -> Any:
+    """The model traced by ``torch.export`` at the shapes of ``feeds`` (the user inputs)."""
+    torch = require_torch()
+    nodes = read_nodes(model)
+    outputs = [o.name for o in model.graph.output]
+    folded = fold(model, nodes, {k: v.shape for k, v in feeds.items()},
+                  {k: v.dtype for k, v in feeds.items()})
+    traced = live_nodes(folded.traced, outputs)
+    for name in outputs:
+        if name in folded.constants:
+            raise CompileError(f"graph output {name} does not depend on any input")
+    names = buffer_names(traced, folded.constants, {t.name for t in model.graph.initializer})
+    module = build_module(torch, traced, folded.constants, names, list(feeds), outputs)
+    args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds.values())
+    with torch.fx.traceback.preserve_node_meta():
+        program = torch.export.export(module, args)
+    label_sources(program, traced, source_path(path))
+    return program
+
+
+def build_module(torch: Any, nodes: list[Node], constants: dict[str, np.ndarray],
+                 names: dict[str, str], inputs: list[str], outputs: list[str]) -> Any:
+    class Scope(torch.nn.Module):
+        """A module path of the ONNX graph: its nodes run inside it."""
+
+        def forward(self, node: Node, values: dict[str, Any]) -> tuple[Any, ...]:
+            with torch.fx.traceback.annotate({"onnx_node": node.index}):
+                return run_node(torch, node, values, constants)
+
+    class OnnxGraph(torch.nn.Module):
+        """The ONNX graph's traced nodes in order, each in its scope."""
+
+        def forward(self, *args: Any) -> tuple[Any, ...]:
+            values = dict(zip(inputs, args, strict=True))
+            for value, name in names.items():
+                values[value] = self.get_buffer(name)
+            for node in nodes:
+                scope = self.get_submodule(node.scope) if node.scope else self.top
+                values.update(zip(node.outputs, scope(node, values), strict=False))
+            return tuple(values[o] for o in outputs)
+
+    root = OnnxGraph()
+    root.top = Scope()
+    for path in sorted({n.scope for n in nodes if n.scope} | {n.rsplit(".", 1)[0]
+                                                               for n in names.values()
+                                                               if "." in n}):
+        parent = root
+        for part in path.split("."):
+            if part not in parent._modules:
+                parent.add_module(part, Scope())
+            parent = parent._modules[part]
+    for value, name in names.items():
+        owner, _, attr = name.rpartition(".")
+        holder = root.get_submodule(owner) if owner else root
+        array = np.array(constants[value])
+        tensor = torch.from_numpy(array.astype(np.float32) if array.dtype.kind == "f" else array)
+        holder.register_buffer(attr, tensor)
+    return root
+
+
+def label_sources(program: Any, nodes: list[Node], file: str) -> None:
+    """Each ATen node's source: the ONNX node it was traced from."""
+    by_index = {n.index: n for n in nodes}
+    for fx_node in program.graph.nodes:
+        index = (fx_node.meta.get("custom") or {}).get("onnx_node")
+        node = by_index.get(index)
+        if node is not None:
+            fx_node.meta["onnx_node"] = node.name
+            fx_node.meta["stack_trace"] = (f'File "{file}", line {node.index}, in graph\n'
+                                           f"    {node.op_type} {node.name}")

@@ -1,0 +1,108 @@
+"""An ONNX model as a workload: read and bounded (``onnx_file``), traced into a torch
+program at the run's sizes (``onnx_program``), imported by the torch importer, and checked
+against onnxruntime on the CPU (``referenceSource=onnxruntime``).
+
+The file's symbolic dimensions are set from the run: the first of an input from
+``--batch`` (1 when not given), any other from ``--tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.listing import list_operations
+from ipu_stack.frontend.loader import file_sha256
+from ipu_stack.frontend.onnx_file import (
+    GraphInput,
+    concrete_shape,
+    graph_inputs,
+    load_onnx,
+    onnxruntime_outputs,
+)
+from ipu_stack.frontend.onnx_ops import TRANSLATIONS
+from ipu_stack.frontend.onnx_program import export_onnx, node_scope, operator_kind
+from ipu_stack.frontend.workload import (
+    ImportedWorkload,
+    Reference,
+    make_workload,
+    program_parameters,
+)
+from ipu_stack.workloads.base import Parameter
+
+
+def onnx_parameters() -> tuple[Parameter, ...]:
+    """An imported program's options, for a file whose sizes may be symbolic."""
+    base = tuple(replace(p, help="the .onnx file") if p.name == "model" else
+                 replace(p, help="sha256 of the .onnx file (checked when re-imported)")
+                 if p.name == "sha256" else
+                 replace(p, help="sequences or images per run (0: the file's batch, 1 where "
+                         "it is symbolic)") if p.name == "batch" else p
+                 for p in program_parameters())
+    return (*base, Parameter("tokens", int, 0, "size of the file's other symbolic "
+                                               "dimensions (sequence length)", minimum=0))
+
+
+def example_feeds(specs: list[GraphInput], batch: int, tokens: int) -> dict[str, np.ndarray]:
+    """Zeros of each input's concrete shape and dtype: what the program is traced at."""
+    return {s.name: np.zeros(concrete_shape(s, batch, tokens), s.dtype) for s in specs}
+
+
+def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
+    """The workload of an ``.onnx`` file and its base parameters (absolute path, sha256)."""
+    path = Path(path).resolve()
+    model = load_onnx(path)
+    specs = graph_inputs(model)
+
+    def sized(params: dict[str, Any]) -> Any:
+        return export_onnx(model, path, example_feeds(specs, params["batch"],
+                                                      params.get("tokens", 0)))
+
+    def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        feeds = {s.name: np.asarray(a).astype(s.dtype) for s, a in zip(specs, inputs,
+                                                                        strict=True)}
+        return onnxruntime_outputs(model, feeds)
+
+    digest = file_sha256(path)
+    workload = make_workload(None, path.stem, str(path), digest, sized=sized,
+                             reference=Reference("onnxruntime", outputs),
+                             parameters=onnx_parameters())
+    return workload, {"model": str(path), "sha256": digest}
+
+
+def list_onnx_operations(path: str | Path) -> list[dict[str, Any]]:
+    """One row per ONNX node, as ``ipu-stack ops`` prints them for a ``.pt2``: the node's
+    operator, name, scope and status, judged by the torch importer's own listing of the
+    ATen calls traced from it (a node is supported when all of them are)."""
+    path = Path(path)
+    model = load_onnx(path)
+    protos = list(model.graph.node)
+    missing = {operator_kind(p) for p in protos} - set(TRANSLATIONS) - {"Constant"}
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    if not missing:
+        program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, 0))
+        onnx_names = {n.name: n.meta.get("onnx_node") for n in program.graph.nodes}
+        for row in list_operations(program):
+            per_node.setdefault(onnx_names.get(row["node"]) or "", []).append(row)
+    rows = []
+    for index, proto in enumerate(protos):
+        name, kind = proto.name or f"{proto.op_type}_{index}", operator_kind(proto)
+        traced = per_node.get(name, [])
+        bad = next((r for r in traced if not r["supported"]), None)
+        if kind in missing:
+            status, supported = "unsupported: no translation of this ONNX operator", False
+        elif missing:
+            status, supported = "translation exists (not traced: see the unsupported rows)", True
+        elif bad is not None:
+            status, supported = f"{bad['status']} ({bad['target']})", False
+        elif traced:
+            status, supported = ", ".join(sorted({r["status"] for r in traced})), True
+        else:
+            status, supported = "folded (constant), or absorbed into a later node", True
+        rows.append({"target": kind, "node": name, "module": node_scope(proto) or "<top>",
+                     "source": f"{path.name}:{index + 1}", "supported": supported,
+                     "status": status})
+    return rows

@@ -1,0 +1,238 @@
+"""ONNX models: read as hostile input, traced into the torch importer, checked against
+onnxruntime, and compiled to the same cycles as the ``.pt2`` of the same module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+transformers = pytest.importorskip("transformers")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from ipu_stack.cli import main  # noqa: E402
+from ipu_stack.frontend.onnx_file import load_onnx  # noqa: E402
+from ipu_stack.util.errors import UsageError  # noqa: E402
+from tests.frontend.models import TinyVit  # noqa: E402
+
+
+class Outputs(torch.nn.Module):
+    """A transformers model called with ``input_ids``, returning plain tensors."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids)
+        return out.last_hidden_state, out.pooler_output
+
+
+def tiny_clip() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.CLIPTextConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=16, hidden_act="quick_gelu",
+        layer_norm_eps=1e-5, bos_token_id=998, eos_token_id=999)
+    return drawn_vectors(Outputs(transformers.CLIPTextModel(config)).eval())
+
+
+def drawn_vectors(module: torch.nn.Module) -> torch.nn.Module:
+    """Biases and norm parameters drawn at random, as a trained model's are: left at their
+    init (zeros, ones) an exporter stores each distinct value once for every layer."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    return module
+
+
+def write_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool,
+               **options) -> Path:
+    torch.onnx.export(module, (example,), str(path), dynamo=dynamo, opset_version=18,
+                      input_names=["x"], verbose=False, **options)
+    return path
+
+
+def bench(model: Path, tmp_path: Path, cache_dir: Path, lock_path: Path, capsys,
+          *extra: str) -> dict:
+    code = main(["--quiet", "bench", str(model), "--precision", "f16", "--json", "--out",
+                 str(tmp_path / f"out-{model.stem}"), "--cache-dir", str(cache_dir), "--lock",
+                 str(lock_path), *extra])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def clip_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("clip")
+    module = tiny_clip()
+    ids = torch.randint(0, 998, (2, 16))
+    files = {"dynamo": write_onnx(module, ids, folder / "clip_dynamo.onnx", True),
+             "torchscript": write_onnx(module, ids, folder / "clip_ts.onnx", False),
+             "pt2": folder / "clip.pt2"}
+    torch.export.save(torch.export.export(module, (ids,)), str(files["pt2"]))
+    return files
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_clip_text_through_onnx_passes_with_the_cycles_of_the_pt2(
+        clip_files: dict[str, Path], exporter: str, tmp_path: Path, cache_dir: Path,
+        lock_path: Path, capsys) -> None:
+    onnx_record = bench(clip_files[exporter], tmp_path, cache_dir, lock_path, capsys)
+    pt2_record = bench(clip_files["pt2"], tmp_path, cache_dir, lock_path, capsys)
+    assert onnx_record["numericalTest"] == "PASS", onnx_record
+    assert onnx_record["referenceSource"] == "onnxruntime"
+    assert pt2_record["referenceSource"] == "torch"
+    assert onnx_record["conversionError"] < 1e-5
+    assert onnx_record["cycles"] == pt2_record["cycles"]
+    assert onnx_record["multisliceCycles"] > 0  # the token lookup ran on the device
+
+
+def test_a_vision_tower_with_a_dynamic_batch(tmp_path: Path, cache_dir: Path, lock_path: Path,
+                                             capsys) -> None:
+    torch.manual_seed(3)
+    module = drawn_vectors(TinyVit(dim=32, heads=2, layers=2, hidden=64, image=16).eval())
+    pixels = torch.randn(2, 3, 16, 16)
+    model = write_onnx(module, pixels, tmp_path / "vit.onnx", True,
+                       dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    record = bench(model, tmp_path, cache_dir, lock_path, capsys, "--batch", "3")
+    assert record["numericalTest"] == "PASS" and record["batch"] == 3, record
+    assert record["inputShapes"] == "3x3x16x16"
+    path = tmp_path / "vit.pt2"
+    torch.export.save(torch.export.export(module, (torch.randn(3, 3, 16, 16),)), str(path))
+    assert bench(path, tmp_path, cache_dir, lock_path, capsys)["cycles"] == record["cycles"]
+
+
+def test_ops_lists_each_node_with_its_name(clip_files: dict[str, Path], capsys) -> None:
+    assert main(["ops", str(clip_files["torchscript"]), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == len(onnx.load(str(clip_files["torchscript"])).graph.node)
+    matmul = next(r for r in rows if r["target"] == "MatMul")
+    assert matmul["supported"] and matmul["module"].startswith("model.encoder.layers.0")
+    assert matmul["node"].startswith("/model/encoder/layers.0/")
+    assert all(r["supported"] for r in rows)
+
+
+def graph_model(nodes: list, inputs: list, outputs: list, initializers: list | None = None,
+                opset: int = 18) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers or [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def linear_relu(weight_rows: int = 8) -> onnx.ModelProto:
+    """x [1, 4, 8] @ W, then an operator the torch importer has no rule for (Relu)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])
+    w = numpy_helper.from_array(np.eye(weight_rows, 8, dtype=np.float32), "fc.weight")
+    nodes = [helper.make_node("MatMul", ["x", "fc.weight"], ["h"], name="/fc/MatMul"),
+             helper.make_node("Relu", ["h"], ["y"], name="/act/Relu")]
+    return graph_model(nodes, [x], [y], [w])
+
+
+def test_an_unsupported_node_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "relu.onnx"
+    onnx.save(linear_relu(), str(path))
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "aten.relu" in lines[0] and "/act/Relu" in lines[0], err
+    assert main(["ops", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("yes MatMul") and out[1].startswith("NO  Relu")
+    assert out[-1] == "operations=2 supported=1 unsupported=1"
+
+
+def test_an_operator_without_translation_is_named(tmp_path: Path, capsys) -> None:
+    model = linear_relu()
+    model.graph.node[1].op_type, model.graph.node[1].domain = "Twist", "com.example"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    path = tmp_path / "twist.onnx"
+    onnx.save(model, str(path))
+    assert main(["ops", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "NO  com.example.Twist" in out and "no translation of this ONNX operator" in out
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "unsupported ONNX operator com.example.Twist (node /act/Relu" in err
+
+
+def external(model: onnx.ModelProto, location: str, offset: int, length: int) -> None:
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)),
+                       ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+HOSTILE = {
+    "truncated": "not an ONNX model",
+    "text": "not an ONNX model",
+    "outside-folder": "outside the model's folder",
+    "past-end": "reads past the end",
+    "huge-tensor": "over the bound of 2^32",
+    "cycle": "defined by a later node",
+    "old-opset": "opset 13; the importer reads opset 17",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(HOSTILE))
+def test_hostile_files_are_refused_in_one_line(tmp_path: Path, capsys, damage: str) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = folder / "bad.onnx"
+    model = linear_relu()
+    (tmp_path / "secret.bin").write_bytes(bytes(256))
+    (folder / "weights.bin").write_bytes(bytes(100))
+    if damage == "outside-folder":
+        external(model, "../secret.bin", 0, 256)
+    elif damage == "past-end":
+        external(model, "weights.bin", 0, 256)
+    elif damage == "huge-tensor":
+        tensor = model.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        del tensor.dims[:]
+        tensor.dims.extend([2**20, 2**20])
+    elif damage == "cycle":
+        nodes = list(model.graph.node)
+        nodes[0].input[0] = "y"  # the product reads the Relu's output, which reads it
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    elif damage == "old-opset":
+        model.opset_import[0].version = 13
+    data = model.SerializeToString()
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "text":
+        data = b"not a model\n"
+    path.write_bytes(data)
+    with pytest.raises(UsageError, match=HOSTILE[damage].replace("^", r"\^")):
+        load_onnx(path)
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+
+
+def test_external_data_inside_the_folder_is_read(tmp_path: Path) -> None:
+    model = linear_relu()
+    weight = np.arange(64, dtype=np.float32).reshape(8, 8)
+    (tmp_path / "weights.bin").write_bytes(bytes(16) + weight.tobytes())
+    external(model, "weights.bin", 16, weight.nbytes)
+    path = tmp_path / "ok.onnx"
+    path.write_bytes(model.SerializeToString())
+    loaded = load_onnx(path)
+    assert np.array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), weight)
