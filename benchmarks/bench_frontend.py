@@ -6,6 +6,7 @@
     python benchmarks/bench_frontend.py all            # the table of docs/frontend.md
     python benchmarks/bench_frontend.py zoo            # every ViT-family tower (zoo.py)
     python benchmarks/bench_frontend.py zoo --import-only --only CLIP
+    python benchmarks/bench_frontend.py zoo --onnx     # the same towers through ONNX
 
 Each model is built from its published config with random weights (``torch.manual_seed``),
 exported with ``torch.export.export(model.eval(), (pixels,))``, saved as ``.pt2`` and run
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="zoo: towers whose name contains this")
     parser.add_argument("--import-only", action="store_true",
                         help="zoo: export and import (conversion check) only")
+    parser.add_argument("--onnx", action="store_true",
+                        help="zoo: export with torch.onnx.export and run the .onnx files")
     args = parser.parse_args(argv)
     if args.model == "zoo":
         from zoo_runs import run_zoo

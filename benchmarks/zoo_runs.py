@@ -1,5 +1,6 @@
 """Running the zoo (``benchmarks/zoo.py``): export, import or bench each tower, one JSON line
-per run into ``--results``, and the markdown table of ``docs/frontend.md`` at the end."""
+per run into ``--results``, and the markdown table of ``docs/frontend.md`` (``--onnx``:
+through ONNX, ``docs/onnx.md``) at the end."""
 
 from __future__ import annotations
 
@@ -19,26 +20,52 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300]
 
 
-def export_tower(tower: Tower, batch: int, seed: int, folder: Path) -> Path:
+def export_tower(tower: Tower, batch: int, seed: int, folder: Path, onnx: bool = False
+                 ) -> Path:
+    """The tower saved as ``.pt2`` by ``torch.export``, or (``onnx``) as ``.onnx`` by
+    ``torch.onnx.export`` (opset 18) with its biases and norms drawn (see ``draw_vectors``)."""
     import torch
 
     torch.manual_seed(seed)
     model = prepare(tower.build(LAYERS))
     pixels = torch.randn(batch, 3, tower.image, tower.image)
-    program = torch.export.export(model, (pixels,))
     slug = "".join(c if c.isalnum() else "-" for c in tower.name.lower()).strip("-")
-    path = folder / f"{slug}-b{batch}.pt2"
     folder.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, str(path))
+    if onnx:
+        path = folder / f"{slug}-b{batch}.onnx"
+        torch.onnx.export(draw_vectors(model), (pixels,), str(path), dynamo=True,
+                          opset_version=18, input_names=["pixel_values"], verbose=False)
+        return path
+    path = folder / f"{slug}-b{batch}.pt2"
+    torch.export.save(torch.export.export(model, (pixels,)), str(path))
     return path
+
+
+def draw_vectors(model: Any) -> Any:
+    """Biases and norm parameters drawn at random, as a trained model's are: left at their
+    init (zeros, ones), torch.onnx stores each distinct value once for all layers, which a
+    real checkpoint never does (and the weights, hence the placement, would differ from the
+    ``.pt2``'s)."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(0.02 * torch.randn_like(parameter))
+    return model
 
 
 def imports(path: Path) -> dict[str, Any]:
     """The import and its conversion check, at F16 (no calibration pass)."""
-    from ipu_stack.frontend import import_program
+    from ipu_stack.frontend import import_program, imported_workload
     from ipu_stack.frontend.loader import load_program
 
-    imported = import_program(load_program(str(path)), precision="f16")
+    if path.suffix == ".onnx":
+        workload, base = imported_workload(path)
+        workload.build(workload.resolve({**base, "precision": "f16"}))
+        imported = next(iter(workload.imports.values()))
+    else:
+        imported = import_program(load_program(str(path)), precision="f16")
     return {"numericalTest": "IMPORTED", "conversionError": imported.conversion_error}
 
 
@@ -53,7 +80,7 @@ def run_zoo(args: argparse.Namespace, bench: Callable[..., dict[str, Any]]) -> i
         for tower in towers:
             started = time.perf_counter()
             try:
-                path = export_tower(tower, batch, args.seed, folder)
+                path = export_tower(tower, batch, args.seed, folder, args.onnx)
             except Exception as exc:  # a tower torch.export cannot trace: its reason
                 for precision in (["f16"] if args.import_only else precisions):
                     _record(args, rows, _row(tower, batch, precision, {

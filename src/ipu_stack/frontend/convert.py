@@ -28,6 +28,7 @@ import numpy as np
 
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
+from ipu_stack.ir.names import fp8_allowed
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import CompileError, UsageError
@@ -139,7 +140,8 @@ class Converter:
     """Walks an ``ExportedProgram``'s graph in order and builds the IR graph."""
 
     def __init__(self, program: Any, user_inputs: list[np.ndarray], precision: str,
-                 scales: dict[str, int], name: str, attention: str = "f16") -> None:
+                 scales: dict[str, int], name: str, attention: str = "f16",
+                 kept: frozenset[int] = frozenset()) -> None:
         import torch
 
         self.torch = torch
@@ -147,6 +149,7 @@ class Converter:
         self.user = [np.asarray(u, dtype=np.float32) for u in user_inputs]
         self.fp8 = precision == "fp8"
         self.attention_fp8 = self.fp8 and attention == "fp8"  # --attention fp8
+        self.kept = kept  # layers an FP8 recipe keeps F16 (--keep-f16)
         self.scales = scales
         self.b = GraphBuilder(name)
         self.env: dict[Any, Any] = {}
@@ -190,7 +193,12 @@ class Converter:
     def act_precision(self, name: str) -> Precision:
         """FP8 with the exponent calibrated for the value's role (fp8), else F16: for values
         that feed GEMMs."""
-        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8 else F16
+        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8_at(name) \
+            else F16
+
+    def fp8_at(self, name: str) -> bool:
+        """FP8 in fp8 mode, outside the layers ``--keep-f16`` names."""
+        return self.fp8 and fp8_allowed(name, self.kept)
 
     def gemm_only(self, node: Any) -> bool:
         """Whether every use of ``node`` (through shape-only ops) is a GEMM's A operand."""
@@ -210,6 +218,19 @@ class Converter:
             if other is None or other in self.dynamic:
                 return False
         return True
+
+    def feeds_kept(self, node: Any) -> bool:
+        """Whether a use of ``node`` (through shape-only ops) sits in a layer an FP8 recipe
+        keeps F16: its value must then stay F16, whatever module computed it."""
+        if not self.kept:
+            return False
+        for user in node.users:
+            if op_name(user.target) in TRANSPARENT:
+                if self.feeds_kept(user):
+                    return True
+            elif not fp8_allowed(self.name(user), self.kept):
+                return True
+        return False
 
     # ------------------------------------------------------------------ weights and inputs
     def weight(self, key: str, raw: np.ndarray, matrix: bool, table: bool = False) -> int:
@@ -313,7 +334,7 @@ class Converter:
         """The IR value a GEMM reads as A: FP8 in fp8 mode (a cast when it is not)."""
         act = self.plain(act, node)
         value = self.b.graph.value(act.value)
-        if self.fp8 and not value.type.precision.is_fp8:
+        if self.fp8_at(self.name(node)) and not value.type.precision.is_fp8:
             name = f"{value.name}.fp8"
             cached = next((v.id for v in self.b.graph.values if v.name == name), None)
             if cached is not None:
@@ -338,7 +359,7 @@ class Converter:
                 exponents[key] = max(exponents.get(key, -99), fit_scale_exponent(raw))
         for name, (value_id, raw, kind) in self.weights.items():
             precision = Precision("F8F143", exponents[weight_role(name)]) if (
-                self.fp8 and kind == "matrix") else (F32 if kind == "table" else F16)
+                self.fp8_at(name) and kind == "matrix") else (F32 if kind == "table" else F16)
             old = graph.values[value_id]
             graph.values[value_id] = Value(value_id, name, TensorType(old.type.shape, precision),
                                            "weight")

@@ -75,4 +75,5 @@ def row_activation(conv: Converter, node: Any, x: Any) -> Act:
 
 def out_precision(conv: Converter, node: Any, name: str) -> Precision:
     """FP8 when every use is a GEMM's A operand (the builtins' policy), else F16."""
-    return conv.act_precision(name) if conv.fp8 and conv.gemm_only(node) else F16
+    return conv.act_precision(name) if conv.fp8 and conv.gemm_only(node) and \
+        not conv.feeds_kept(node) else F16

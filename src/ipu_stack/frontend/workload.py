@@ -31,10 +31,16 @@ from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
+from ipu_stack.ir.names import layer_set
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, rng_for
-from ipu_stack.workloads.transformer import ATTENTION_OPTION, attention_precision, attention_suffix
+from ipu_stack.workloads.transformer import (
+    ATTENTION_OPTION,
+    KEEP_F16,
+    attention_precision,
+    attention_suffix,
+)
 
 LOG = logging.getLogger("ipu_stack.frontend")
 NAME = IMPORTED
@@ -257,12 +263,14 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
 def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, *,
                    inputs: list[np.ndarray] | None = None, precision: str = "fp8", seed: int = 0,
                    calibration: list[np.ndarray] | None = None, name: str = "imported",
-                   attention: str = "f16", reference: Reference | None = None) -> Imported:
+                   attention: str = "f16", reference: Reference | None = None,
+                   kept: frozenset[int] = frozenset()) -> Imported:
     """Import ``program`` (an ``ExportedProgram``, or an ``nn.Module`` exported here with
     ``example_inputs``) into the IR; ``inputs`` default to random ones from ``seed`` and
     ``calibration`` to random ones from ``seed + 1``; ``attention`` "fp8" stores attention's
     operands in FP8 (with ``precision`` fp8), as the builtin towers do; ``reference`` gives
-    the outputs the conversion check and the verdict compare with (default: torch's)."""
+    the outputs the conversion check and the verdict compare with (default: torch's);
+    ``kept`` layers stay F16 in fp8 mode (an FP8 recipe)."""
     torch = require_torch()
     if isinstance(program, torch.nn.Module):
         if example_inputs is None:
@@ -278,7 +286,7 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
     if precision == "fp8":
         calib = calibration if calibration is not None else random_inputs(program, seed + 1)
         scales = _fit_scales(program, calib, name, attention)
-    converted = Importer(program, user, precision, scales, name, attention).run()
+    converted = Importer(program, user, precision, scales, name, attention, kept).run()
     reference = reference or TORCH_REFERENCE
     outputs = reference.outputs(program, user)
     if len(outputs) != len(converted.outputs):
@@ -356,7 +364,7 @@ def program_parameters() -> tuple[Parameter, ...]:
         Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
                   "dynamic batch dimension in the export)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        ATTENTION_OPTION("f16"),
+        ATTENTION_OPTION("f16"), KEEP_F16,
         Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0,
                   maximum=None),
         Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
@@ -384,7 +392,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         user = inputs_from_file(sized_program, params["inputs"]) if params["inputs"] else None
         imported = import_program(sized_program, inputs=user, precision=params["precision"],
                                   seed=params["seed"], name=label,
-                                  attention=attention_precision(params), reference=reference)
+                                  attention=attention_precision(params), reference=reference,
+                                  kept=layer_set(params.get("keep_f16", "")))
         holder.clear()  # one import at a time: the graph the pipeline holds now
         holder[id(imported.graph)] = imported
         # the exact float32 weights served the conversion check; the compile and the run

@@ -480,13 +480,15 @@ class HostValues(Mapping):
 
 def evaluate(graph: Graph, tensors: dict[str, np.ndarray],
              gemm_modes: dict[str, dict] | None = None,
-             keep_weights: bool = True) -> dict[str, np.ndarray]:
-    """All values of ``graph`` at device precision (float32 arrays), keyed by value name.
+             keep_weights: bool = True, keep: Collection[str] | None = None
+             ) -> dict[str, np.ndarray]:
+    """All values of ``graph`` at device precision (float32 arrays), keyed by value name
+    (``keep``: only those named, each dropped after its last reader otherwise).
 
     ``gemm_modes`` maps a matmul's operation id (as a string) to the mode the package runs it
     in: ``{"mode": "fp8" | "f16", "depth_block": ...}`` (the package manifest's record)."""
     return _run(graph, tensors, np.float32, _device_precision, gemm_modes,
-                keep_weights=keep_weights)
+                keep_weights=keep_weights, keep=keep)
 
 
 def evaluate_steps(graph: Graph, tensors: dict[str, np.ndarray],

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ipu_stack.util.errors import UsageError
+
 LAYER = re.compile(r"^layer(\d+)\.")
 STAGE = re.compile(r"^stage(\d+)(?:\.(.*))?$")
 # trailing words that name how a value was computed, not which part it belongs to
@@ -87,3 +89,33 @@ def parts_from_json(data: object, limit: int = 1 << 20) -> dict[int, Part]:
             raise ValueError(f"parts entry {str(entry)[:60]} is not [stage, layer, what]")
         parts[entry[0]] = Part(None if entry[1] < 0 else entry[1], entry[2])
     return parts
+
+
+# a weight's module path inside a layer stack (``encoder.layers.3.mlp.fc1.weight``)
+MODULE_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
+
+
+def name_layer(name: str) -> int | None:
+    """The layer a value or weight belongs to: ``layer3.fc1.out`` and
+    ``model.encoder.layers.3.mlp.fc1.weight`` are layer 3; ``None`` outside the stack."""
+    match = LAYER.match(name) or MODULE_LAYER.search(name)
+    return int(match.group(1)) if match else None
+
+
+def layer_set(text: str, option: str = "--keep-f16") -> frozenset[int]:
+    """``"3,7"`` or ``"0-2,9"`` as a set of layer numbers (empty text: none)."""
+    layers: set[int] = set()
+    for item in (t.strip() for t in str(text or "").split(",")):
+        if not item:
+            continue
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+            raise UsageError(f"{option} {text!r}: give layer numbers, e.g. 3,7 or 0-2")
+        layers.update(range(int(low), int(high or low) + 1))
+    return frozenset(layers)
+
+
+def fp8_allowed(name: str, kept: frozenset[int]) -> bool:
+    """Whether a value or weight named ``name`` may be FP8 when the layers ``kept`` stay
+    F16 (an FP8 recipe, ``ipu-stack fp8-recipe``)."""
+    return not kept or name_layer(name) not in kept

@@ -40,6 +40,7 @@ from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
 from ipu_stack.workloads.footprint import layer_footprint
 from ipu_stack.workloads.transformer import (
     ATTENTION_OPTION,
+    KEEP_F16,
     QUICK_GELU,
     LayerBuilder,
     attention_precision,
@@ -63,7 +64,7 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("precision", str, "f16", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
-        ATTENTION_OPTION("f16"),
+        ATTENTION_OPTION("f16"), KEEP_F16,
     )
 
 
@@ -190,7 +191,7 @@ def _post_norm_layer(builder: LayerBuilder, x: int, index: int) -> int:
     prefix = f"layer{index}"
 
     def gemm_input(value: int, name: str) -> int:
-        return b.op("cast", [value], builder.act(name), name) if builder.fp8 else value
+        return b.op("cast", [value], builder.act(name), name) if builder.fp8_at(name) else value
 
     a = builder.attention(gemm_input(x, f"{prefix}.in"), f"{prefix}.attn", rope=False,
                           bias=True)

@@ -37,6 +37,7 @@ import numpy as np
 
 from ipu_stack.ir.graph import Graph, GraphBuilder
 from ipu_stack.ir.interpret import fit_scales
+from ipu_stack.ir.names import fp8_allowed, layer_set
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.ir.values import DeferredTensors, StoredTensor
@@ -133,6 +134,7 @@ class LayerBuilder:
         # build reuses when the precision it chooses is the same (no second generation)
         self.made: dict[str, tuple[Precision, np.ndarray]] = {}
         self.fp8 = params["precision"] == "fp8"
+        self.kept = layer_set(params.get("keep_f16", ""))  # layers an FP8 recipe keeps F16
         self.b = GraphBuilder(name)
         # weights whose precision is known before their values are made when first read
         # (a compile reads none of them); the others, fitted here, are made at once
@@ -142,9 +144,15 @@ class LayerBuilder:
         # an additive attention mask (a causal one: CLIP's text encoder), [B H T, T] F16
         self.mask: int | None = None
 
+    def fp8_at(self, name: str) -> bool:
+        """Whether the value or weight ``name`` is FP8: ``--precision fp8``, outside the
+        layers ``--keep-f16`` names."""
+        return self.fp8 and fp8_allowed(name, self.kept)
+
     def act(self, name: str) -> Precision:
         """Precision of an activation that feeds a GEMM."""
-        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8 else F16
+        return Precision("F8F143", self.scales.get(role(name), 0)) if self.fp8_at(name) \
+            else F16
 
     def weight(self, name: str, shape: tuple[int, ...], std: float, precision: Precision | None
                = None, offset: float = 0.0) -> int:
@@ -154,7 +162,7 @@ class LayerBuilder:
             self.tensors[name] = made[1]
             return self.b.weight(name, TensorType(shape, made[0]))
         seed = self.p["seed"]
-        fitting = precision is None and self.fp8 and len(shape) == 2
+        fitting = precision is None and self.fp8_at(name) and len(shape) == 2
         if fitting and role(name) in self.weight_scales:
             precision, fitting = Precision("F8F143", self.weight_scales[role(name)]), False
         if not fitting:  # the values are not needed to build: made when first read
@@ -211,7 +219,7 @@ class LayerBuilder:
         head_dim = d // heads
         # FP8 operands (ATTENTION_OPTION): the projections (or RoPE after them) round
         # q, k and v to FP8, and the softmax its probabilities
-        fp8 = self.fp8 and p.get("attention", "f16") == "fp8"
+        fp8 = self.fp8_at(prefix) and p.get("attention", "f16") == "fp8"
 
         def operand(name: str) -> Precision:
             return self.act(name) if fp8 else F16
@@ -236,7 +244,7 @@ class LayerBuilder:
                               f"{prefix}.probs", scale=scale)
         o = self.b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                       heads=heads, tokens=tokens)
-        if self.fp8:
+        if self.fp8_at(prefix):
             o = self.b.op("cast", [o], self.act(f"{prefix}.context8"), f"{prefix}.context8")
         return self.linear(o, d, d, f"{prefix}.o", F16, bias)
 
@@ -366,10 +374,17 @@ def attention_precision(p: dict[str, Any]) -> str:
 
 
 def attention_suffix(p: dict[str, Any], default: str) -> str:
-    """The identifier's mark of an attention precision other than the workload's default
-    (identifiers name artifact folders: two builds that differ must not share one)."""
+    """The identifier's mark of an attention precision other than the workload's default,
+    and of layers kept F16 (identifiers name artifact folders: two builds that differ must
+    not share one)."""
     chosen = attention_precision(p)
-    return "" if chosen == default or p["precision"] != "fp8" else f"-attn{chosen}"
+    kept = sorted(layer_set(p.get("keep_f16", ""))) if p["precision"] == "fp8" else []
+    keep = f"-keepf16-{'.'.join(map(str, kept))}" if kept else ""
+    return keep if chosen == default or p["precision"] != "fp8" else f"-attn{chosen}{keep}"
+
+
+KEEP_F16 = Parameter("keep_f16", str, "", "layers kept F16 when --precision is fp8, e.g. "
+                     "3,7 or 0-2 (an FP8 recipe: ipu-stack fp8-recipe)")
 
 
 def _fields(kind: str):
@@ -413,13 +428,15 @@ def _register(kind: str, description: str, parameters: tuple[Parameter, ...]) ->
 # the layer workloads keep the reference's F16 attention (seed 003) by default, so their
 # figures compare with its logs; the towers (workloads.vision) run it in FP8
 _register("siglip-layer", "SigLIP-so400m encoder layer (pre-norm, biases, GELU tanh)",
-          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16")))
+          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16"), KEEP_F16))
 _register("pe-block", "Perception Encoder L/14-336 layer with 2D RoPE (eps 1e-5, exact GELU)",
-          (*_common(577, 1024, 16, 4096, 1e-5), GELU_OPTION("erf"), ATTENTION_OPTION("f16")))
+          (*_common(577, 1024, 16, 4096, 1e-5), GELU_OPTION("erf"), ATTENTION_OPTION("f16"),
+           KEEP_F16))
 _register("siglip-attention", "SigLIP attention sub-layer: norm, q/k/v, attention, out, residual",
-          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16")))
+          (*_common(729, 1152, 16, 4304, 1e-6), ATTENTION_OPTION("f16"), KEEP_F16))
 _register("attention", "diagnostic attention block of reference log 001 (7 operations)",
           tuple(p for p in _common(197, 768, 12, 3072, 1e-6)
                 if p.name not in ("hidden", "blocks", "eps")))
 _register("vit-layer", "generic pre-norm ViT layer (exact GELU, as ViT defines it)",
-          (*_common(197, 768, 12, 3072, 1e-6), GELU_OPTION("erf"), ATTENTION_OPTION("f16")))
+          (*_common(197, 768, 12, 3072, 1e-6), GELU_OPTION("erf"), ATTENTION_OPTION("f16"),
+           KEEP_F16))

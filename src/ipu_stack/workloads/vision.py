@@ -36,6 +36,7 @@ from ipu_stack.workloads.footprint import tower_footprint
 from ipu_stack.workloads.transformer import (
     ATTENTION_OPTION,
     GELU_OPTION,
+    KEEP_F16,
     LayerBuilder,
     attention_precision,
     attention_suffix,
@@ -57,7 +58,7 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
         Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         GELU_OPTION(gelu),
-        ATTENTION_OPTION("fp8"),
+        ATTENTION_OPTION("fp8"), KEEP_F16,
     )
 
 

@@ -1,0 +1,214 @@
+"""The ``ipu-stack`` command line's arguments: every command, its options, and the workload
+parameters they take (``cli`` runs the commands)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ipu_stack import __version__
+from ipu_stack.runtime.engines import ENGINES
+from ipu_stack.util.arguments import OneLineParser
+from ipu_stack.workloads import REGISTRY
+
+
+def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`) or a "
+                        "torch.export program MODEL.pt2 (docs/frontend.md)")
+    _add_parameters(parser)
+    parser.add_argument("--inputs", default=None, metavar="FILE.npz",
+                        help="MODEL.pt2 only: the program's inputs (default: random from --seed)")
+    parser.add_argument("--target", default="ipu21")
+    parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--memory-proportion", type=float, default=1.0,
+                        help="share of tile memory the planner may plan for (0-1]")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="log every stage's agreement with the host's rerun of it on the "
+                        "device's inputs, by layer")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache of tower calibrations and (with --exchange-cache) exchange "
+                        "schedules (default ~/.cache/ipu-stack)")
+    parser.add_argument("--paired-exchange", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="target option: paired tiles share an exchange bus (two-lane "
+                        "transfers to whole tile pairs; default on, --no-paired-exchange "
+                        "sends every word on one lane)")
+    parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
+                        help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "
+                        "(FP8 data cast first), or auto (the planner picks per stage)")
+    parser.add_argument("--exchange-cache", action="store_true",
+                        help="also keep verified exchange schedules on disk under the cache dir")
+    parser.add_argument("--dump-stages", metavar="DIR", default=None,
+                        help="write each compile stage's artifact into DIR (graph text, plans, "
+                        "program, kernels, placement summary, device program)")
+    parser.add_argument("--strategy", choices=("layers", "pipeline", "auto"), default=None,
+                        help="layers (the default on one chip): every layer over the whole "
+                        "chip, one after another (the batch-1 latency answer); pipeline (the "
+                        "default over several chips): consecutive layers on tile groups, "
+                        "images streamed through them; auto: the higher images/s that fits")
+    parser.add_argument("--chips", type=int, default=1,
+                        help="C600 cards joined by IPU-Links in a line (1-8): the tower's "
+                        "layers are pipelined over all of them")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="pipeline strategy: this many tile groups (default: the planner "
+                        "chooses)")
+    parser.add_argument("--verify-stages", action="store_true",
+                        help="run the verifiers of the lowered program and the placement "
+                        "between the compile's stages")
+    parser.add_argument("--unroll-layers", action="store_true",
+                        help="plan and lower every layer on its own instead of running "
+                        "identical layers as one loop body")
+
+
+def _add_parameters(parser: argparse.ArgumentParser) -> None:
+    """``--batch``, ``--keep-f16``, ...: every workload parameter, dashed as a flag."""
+    for name, (kind, help_text) in sorted(workload_parameters().items()):
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action="store_true", default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    parser.add_argument("--record", action="store_true",
+                        help="print the record as one key=value line, also at a terminal")
+    parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
+    parser.add_argument("--device", metavar="NAME",
+                        help="run on the shared simulated device NAME, waiting while another "
+                        "run owns it (default: a private device; nothing waits)")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="with --device: fail at once if another process owns it")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="record the run: DIR/profile.json, trace.json (Perfetto), "
+                        "report.html")
+    parser.add_argument("--poison", action="store_true",
+                        help="fault on any read of memory that was never written")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="where a pipeline's chips are simulated: in this process (the "
+                        "default on one chip), a forked process a chip (local, the default "
+                        "over several) or a Ray actor a chip (pip install 'ipu-stack[ray]')")
+    parser.add_argument("--lock", default=None, help=argparse.SUPPRESS)
+
+
+GLOBAL_FLAGS = ((("--debug",), "tracebacks and debug logs"),
+                (("-v", "--verbose"), "the INFO log of every phase (default: warnings and "
+                 "errors)"),
+                (("--quiet",), "warnings and errors only (the default)"))
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="ipu-stack", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
+    for flag, help_text in GLOBAL_FLAGS:
+        parser.add_argument(*flag, action="store_true", help=help_text)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_model_commands(sub)
+    _add_sweep_command(sub)
+    _add_package_commands(sub)
+    _add_profile_commands(sub)
+    parser.commands = sub.choices
+    parser.add_global_flags(*GLOBAL_FLAGS)
+    return parser
+
+
+def _add_model_commands(sub: Any) -> None:
+    """``compile``, ``bench`` and ``capacity``: the commands that take a workload."""
+    p = sub.add_parser("compile", help="compile a workload into DIR/model.ipuexe")
+    _add_workload_options(p)
+    p.add_argument("-o", "--out", required=True)
+
+    p = sub.add_parser("bench", help="compile, run, check and print the benchmark line")
+    _add_workload_options(p)
+    p.add_argument("--out", help="package and reports folder (default artifacts/<workload>/)")
+    p.add_argument("--images", type=int, default=None,
+                   help="pipeline strategy: images streamed through the groups, each checked "
+                   "(default: as many as there are groups, the fewest that fill a step)")
+    _add_run_options(p)
+
+    p = sub.add_parser("fp8-recipe", help="the fewest layers to keep F16 for an FP8 model "
+                       "to stay within --max-error of the float64 model; measured beside "
+                       "all-F16 and all-FP8")
+    _add_workload_options(p)
+    p.add_argument("--max-error", type=float, default=0.1,
+                   help="bound on the outputs' relative RMS error against the float64 model")
+    p.add_argument("--out", help="the three packages' folder (default artifacts/<workload>-"
+                   "recipe/)")
+    _add_run_options(p)
+
+    p = sub.add_parser("capacity", help="largest batch or number of layers that compiles")
+    _add_workload_options(p)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--max-batch", type=int, help="search batch sizes up to N")
+    group.add_argument("--max-blocks", type=int, help="search stacked-layer counts up to N")
+    group.add_argument("--max-layers", type=int, help="search a tower's layer counts up to N")
+    group.add_argument("--max-chips", type=int,
+                       help="the fewest C600 cards (up to N) the workload fits, pipelined")
+    p.add_argument("--json", action="store_true")
+
+
+def _add_package_commands(sub: Any) -> None:
+    """The commands that take a package, a profile, a torch program or nothing."""
+    p = sub.add_parser("run", help="run a package on the simulated ipu21 and check it")
+    p.add_argument("package")
+    _add_run_options(p)
+
+    p = sub.add_parser("inspect", help="summarise a package")
+    p.add_argument("package")
+    p.add_argument("--json", action="store_true")
+    sub.add_parser("workloads", help="list builtin workloads with parameters and defaults")
+
+
+def _add_sweep_command(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="compile and run a grid of points; results.jsonl, "
+                       "results.csv, sweep.html in DIR (resumes where it stopped)")
+    p.add_argument("workload", nargs="?", help="builtin workload (see `ipu-stack workloads`)")
+    _add_parameters(p)
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a workload parameter or compile option and its values (repeatable)")
+    p.add_argument("-o", "--out", help="the sweep's folder")
+    p.add_argument("--engine", choices=("local", "ray"), default="local")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="local engine: worker processes (default: the number of cores)")
+    p.add_argument("--address", help="ray engine: the cluster (default: a local Ray)")
+    p.add_argument("--summary", metavar="DIR", help="print the table of a sweep and stop")
+    p.add_argument("--finalists", type=int, default=3)
+    p.add_argument("--memory-proportion", type=float, default=1.0)
+    p.add_argument("--cache-dir", default=None)
+
+
+def _add_profile_commands(sub: Any) -> None:
+    p = sub.add_parser("profile", help="summarise an execution profile, or compare two "
+                       "(PROFILE.json, its folder, or a package to run)")
+    p.add_argument("paths", nargs="+", metavar="PROFILE_OR_PACKAGE")
+    p.add_argument("--device", metavar="NAME",
+                   help="run a package on the shared simulated device NAME (default: private)")
+    p.add_argument("--lock", default=None, help=argparse.SUPPRESS)
+    p = sub.add_parser("ops", help="list every operation of a torch program (MODEL.pt2), "
+                       "supported or not")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = sub.add_parser("exchange", help="schedule or verify exchange instances")
+    esub = p.add_subparsers(dest="exchange_command", required=True)
+    p.commands = esub.choices
+    q = esub.add_parser("schedule")
+    q.add_argument("instance")
+    q.add_argument("-o", "--out", required=True)
+    q.add_argument("--paired", action="store_true",
+                   help="paired-tiles option: transfers to whole tile pairs may use two lanes")
+    q = esub.add_parser("verify")
+    q.add_argument("instance")
+    q.add_argument("schedule")
+
+
+def workload_parameters() -> dict[str, tuple[type, str]]:
+    """Every parameter any builtin workload takes: name -> (type, help)."""
+    found: dict[str, tuple[type, str]] = {}
+    for workload in REGISTRY.values():
+        for p in workload.parameters:
+            found.setdefault(p.name, (p.kind, p.help))
+    return found

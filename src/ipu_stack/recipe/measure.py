@@ -1,0 +1,91 @@
+"""An FP8 recipe measured: the search's choice compiled and run on the simulated device
+beside all-F16 and all-FP8, each with its cycles, throughput, verdict and its outputs'
+error against the float64 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.pipeline import CompileOptions
+from ipu_stack.recipe.search import Recipe, poprt_options, recipe_fields, relative_error, search
+from ipu_stack.runtime.execute import RunSettings, run_any
+from ipu_stack.strategy import compile_strategy
+from ipu_stack.util.errors import UsageError
+
+RUN_FIELDS = ("numericalTest", "cycles", "qpsWithHost", "imagesPerSecond", "gemmModes",
+              "noiseRatio", "peakTileBytes")
+
+
+def kept_text(kept: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(kept)))
+
+
+def device_error(outcome: Any, graph: Any, tensors: Any) -> float:
+    """The device's outputs against the float64 model of the graph it ran."""
+    outputs = [v.name for v in graph.by_role("output")]
+    ideal = evaluate_float64(graph, tensors, keep=set(outputs))
+    got = outcome.result.outputs
+    return max(relative_error(got[n], ideal[n]) for n in outputs)
+
+
+def measure(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
+            settings: RunSettings) -> dict[str, Any]:
+    """Compile and run one precision choice; its record's figures and device error."""
+    compiled = compile_strategy(workload, params, out, options)
+    outcome = run_any(compiled.package, compiled.graph, compiled.tensors, workload, params,
+                      compiled.timings["compile"], settings)
+    fields = {k: outcome.record.get(k) for k in RUN_FIELDS}
+    fields["deviceError"] = float(f"{device_error(outcome, compiled.graph, compiled.tensors):.4g}")
+    fields["gemms"] = [op_name for op_name in _gemm_names(compiled.graph)]
+    return fields
+
+
+def _gemm_names(graph: Any) -> list[str]:
+    return [graph.value(op.outputs[0]).name for op in graph.operations if op.kind == "matmul"]
+
+
+def run_recipe(workload: Any, params: dict[str, Any], max_error: float, out: Path,
+               options: CompileOptions, settings: RunSettings) -> dict[str, Any]:
+    """Search the recipe on the host, then measure all-F16, all-FP8 and the recipe."""
+    if "keep_f16" not in {p.name for p in workload.parameters}:
+        raise UsageError(f"workload {workload.name} has no layers an FP8 recipe can keep F16")
+    if not max_error > 0:
+        raise UsageError("--max-error must be positive")
+    base = {**params, "precision": "fp8", "keep_f16": ""}
+
+    def build(kept: frozenset[int]) -> Any:
+        return workload.build({**base, "keep_f16": kept_text(kept)})
+
+    recipe: Recipe = search(build, max_error)
+    runs = {"allF16": {**base, "precision": "f16"}, "allFp8": base}
+    if recipe.kept:
+        runs["recipe"] = {**base, "keep_f16": kept_text(recipe.kept)}
+    measured = {label: measure(workload, p, out / label, options, settings)
+                for label, p in runs.items()}
+    measured.setdefault("recipe", measured["allFp8"])
+    gemms = measured["allFp8"].pop("gemms")
+    for fields in measured.values():
+        fields.pop("gemms", None)
+    return {"workload": workload.identifier(params), **recipe_fields(recipe),
+            "poprtOptions": poprt_options(recipe, gemms), **measured}
+
+
+def format_recipe(record: dict[str, Any]) -> str:
+    """The recipe and its three runs, as a person reads them."""
+    kept = record["keepF16"]
+    lines = [f"fp8-recipe {record['workload']}: keep "
+             f"{'no layer' if kept == 'none' else 'layers ' + kept} in F16 "
+             f"({record['keptLayers']} of {record['layers']})"
+             + ("" if record["found"] else " -- NOT FOUND: even these exceed --max-error"),
+             f"  host error against float64: all-FP8 {record['allFp8HostError']:.4g}, recipe "
+             f"{record['hostError']:.4g} (bound {record['maxError']:g}); "
+             f"{record['evaluations']} evaluations in {record['searchSeconds']} s"]
+    for label, name in (("allF16", "all-F16"), ("allFp8", "all-FP8"), ("recipe", "recipe")):
+        run = record[label]
+        lines.append(f"  {name:<8} {run['numericalTest']} cycles={run['cycles']} "
+                     f"qpsWithHost={run['qpsWithHost']} deviceError={run['deviceError']:.4g} "
+                     f"gemmModes={run['gemmModes']}")
+    lines.append(f"  PopRT: {record['poprtOptions']}")
+    return "\n".join(lines)
