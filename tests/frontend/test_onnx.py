@@ -55,15 +55,20 @@ def drawn_vectors(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def write_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool,
-               **options) -> Path:
+               name: str, **options) -> Path:
+    """The module as ONNX, its input named as its forward's argument (so that random inputs,
+    drawn by name, are the same as the ``.pt2``'s)."""
     torch.onnx.export(module, (example,), str(path), dynamo=dynamo, opset_version=18,
-                      input_names=["x"], verbose=False, **options)
+                      input_names=[name], verbose=False, **options)
     return path
 
 
 def bench(model: Path, tmp_path: Path, cache_dir: Path, lock_path: Path, capsys,
           *extra: str) -> dict:
-    code = main(["--quiet", "bench", str(model), "--precision", "f16", "--json", "--out",
+    """The record of ``bench MODEL --json`` (F16 unless ``extra`` says otherwise)."""
+    if "--precision" not in extra:
+        extra = ("--precision", "f16", *extra)
+    code = main(["--quiet", "bench", str(model), "--json", "--out",
                  str(tmp_path / f"out-{model.stem}"), "--cache-dir", str(cache_dir), "--lock",
                  str(lock_path), *extra])
     out = capsys.readouterr().out
@@ -76,8 +81,8 @@ def clip_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("clip")
     module = tiny_clip()
     ids = torch.randint(0, 998, (2, 16))
-    files = {"dynamo": write_onnx(module, ids, folder / "clip_dynamo.onnx", True),
-             "torchscript": write_onnx(module, ids, folder / "clip_ts.onnx", False),
+    files = {"dynamo": write_onnx(module, ids, folder / "clip_dynamo.onnx", True, "input_ids"),
+             "torchscript": write_onnx(module, ids, folder / "clip_ts.onnx", False, "input_ids"),
              "pt2": folder / "clip.pt2"}
     torch.export.save(torch.export.export(module, (ids,)), str(files["pt2"]))
     return files
@@ -102,15 +107,19 @@ def test_a_vision_tower_with_a_dynamic_batch(tmp_path: Path, cache_dir: Path, lo
     torch.manual_seed(3)
     module = drawn_vectors(TinyVit(dim=32, heads=2, layers=2, hidden=64, image=16).eval())
     pixels = torch.randn(2, 3, 16, 16)
-    model = write_onnx(module, pixels, tmp_path / "vit.onnx", True,
+    model = write_onnx(module, pixels, tmp_path / "vit.onnx", True, "pixels",
                        dynamic_shapes=({0: torch.export.Dim("batch")},))
     assert onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim[0].dim_param
-    record = bench(model, tmp_path, cache_dir, lock_path, capsys, "--batch", "3")
+    record = bench(model, tmp_path, cache_dir, lock_path, capsys, "--batch", "3",
+                   "--precision", "fp8")
     assert record["numericalTest"] == "PASS" and record["batch"] == 3, record
-    assert record["inputShapes"] == "3x3x16x16"
+    assert record["inputShapes"] == "3x3x16x16" and record["gemmModes"] == "f16,fp8"
     path = tmp_path / "vit.pt2"
     torch.export.save(torch.export.export(module, (torch.randn(3, 3, 16, 16),)), str(path))
-    assert bench(path, tmp_path, cache_dir, lock_path, capsys)["cycles"] == record["cycles"]
+    twin = bench(path, tmp_path, cache_dir, lock_path, capsys, "--precision", "fp8")
+    assert twin["cycles"] == record["cycles"]
+    # the same inputs (drawn by the input's name) give the same outputs, bit for bit
+    assert twin["noiseRatio"] == record["noiseRatio"]
 
 
 def test_ops_lists_each_node_with_its_name(clip_files: dict[str, Path], capsys) -> None:

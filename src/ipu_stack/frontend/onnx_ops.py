@@ -298,6 +298,30 @@ def _tile(call: NodeCall) -> Any:
     return call.inputs[0].repeat(call.ints(1, "repeats"))
 
 
+RESIZE_MODES = {"nearest": "nearest", "linear": "bilinear", "cubic": "bicubic"}
+
+
+def _resize(call: NodeCall) -> Any:
+    """``Resize`` as ``F.interpolate`` (torch's exporter's own mapping): 2-D, no antialias,
+    half-pixel (``align_corners=False``) or align-corners coordinates."""
+    x, mode = call.inputs[0], RESIZE_MODES.get(call.attrs.get("mode", "nearest"))
+    where = call.attrs.get("coordinate_transformation_mode", "half_pixel")
+    if mode is None or x.dim() != 4 or call.attrs.get("antialias", 0) or where not in (
+            "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        raise CompileError(f"Resize {call.attrs.get('mode')} with {where} coordinates on a "
+                           f"{x.dim()}-D tensor")
+    if mode == "nearest" and where != "asymmetric" or mode != "nearest" and where == "asymmetric":
+        raise CompileError(f"Resize {call.attrs.get('mode')} with {where} coordinates")
+    corners = None if mode == "nearest" else where == "align_corners"
+    if len(call.inputs) > 3 and call.inputs[3] is not None:
+        size = call.ints(3, "sizes")[2:]
+        return call.torch.nn.functional.interpolate(x, size=size, mode=mode,
+                                                    align_corners=corners)
+    scales = [float(v) for v in call.const(2, "scales").reshape(-1)][2:]
+    return call.torch.nn.functional.interpolate(x, scale_factor=scales, mode=mode,
+                                                align_corners=corners)
+
+
 def _pow(call: NodeCall) -> Any:
     return call.torch.pow(call.inputs[0], call.operand(1))
 
@@ -317,7 +341,7 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "Sqrt": _unary("sqrt"), "Reciprocal": _unary("reciprocal"), "Exp": _unary("exp"),
     "Log": _unary("log"), "Tanh": _unary("tanh"), "Sigmoid": _unary("sigmoid"),
     "Erf": _unary("erf"), "Relu": _unary("relu"), "Abs": _unary("abs"),
-    "IsNaN": _unary("isnan"),
+    "IsNaN": _unary("isnan"), "Cos": _unary("cos"), "Sin": _unary("sin"),
     "Gelu": _gelu, "MatMul": lambda call: call.torch.matmul(call.inputs[0], call.inputs[1]),
     "Gemm": _gemm, "Softmax": _softmax, "LayerNormalization": _layer_norm,
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
@@ -326,6 +350,6 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "Slice": _slice, "Expand": _expand, "Gather": _gather, "GatherND": _gather_nd,
     "ArgMax": _argmax, "Where": _where, "Conv": _conv, "Constant": _constant,
     "Shape": _shape, "ConstantOfShape": _constant_of_shape, "Range": _range,
-    "Trilu": _trilu, "Tile": _tile,
+    "Trilu": _trilu, "Tile": _tile, "Resize": _resize,
 }
 """Every ONNX operator (default domain) the importer reads."""

@@ -18,11 +18,14 @@ of ``onnx_ops`` and traces it at the input shapes asked for:
   names the ONNX node it came from.
 * **ONNX idioms back to torch's.**  ``Where(IsNaN(Softmax(x)), 0, Softmax(x))`` is torch's
   ``_safe_softmax``; ``GatherND(x, Concat(arange, ArgMax(ids)))`` is ``x[arange(B),
-  argmax(ids)]`` (CLIP's pooled row).  Both are exact.
+  argmax(ids)]`` (CLIP's pooled row); ``Add(MatMul(x, W), b)`` is ``linear``; the erf and
+  tanh spellings of GELU are ``gelu``; ``Reciprocal(Sqrt(x))`` is ``rsqrt``; a
+  reshape-transpose-reshape of the keys is ``transpose(-2, -1)``.  All exact.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +125,12 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
     for node in nodes:
         if node.op_type == "Erf":
             _erf_gelu(node, producer, readers, small)
+        elif node.op_type == "Tanh":
+            _tanh_gelu(node, producer, readers, small)
+        elif node.op_type == "Reciprocal":
+            _rsqrt(node, producer)
+        elif node.op_type == "Reshape":
+            _swap_last(node, producer, readers)
     counts = {name: len(users) for name, users in readers.items()}
     for node in nodes:
         if node.op_type == "Add":
@@ -151,37 +160,110 @@ def _is_constant(small: dict[str, np.ndarray], name: str, value: float) -> bool:
         <= 1e-6 * abs(value)
 
 
-def _erf_gelu(erf: Node, producer: dict[str, Node], readers: dict[str, list[Node]],
-              small: dict[str, np.ndarray]) -> None:
-    """``x * 0.5 * (1 + erf(x / sqrt 2))`` in any order of its products: torch's exact
-    ``gelu`` (an exporter below opset 20 has no Gelu operator)."""
-    scaled = producer.get(erf.inputs[0])
-    if scaled is None or not (
-            scaled.op_type == "Div" and _is_constant(small, scaled.inputs[1], 2 ** 0.5)
-            or scaled.op_type == "Mul" and _is_constant(small, scaled.inputs[1], 0.5 ** 0.5)):
-        return
-    x = scaled.inputs[0]
-    value, seen = erf.outputs[0], set()
+def _other(node: Node, value: str) -> str:
+    """The input of a two-input node that is not ``value`` ("" when both are)."""
+    return next((i for i in node.inputs if i != value), "")
+
+
+def _constant_factor(node: Node | None, small: dict[str, np.ndarray], value: float
+                     ) -> str | None:
+    """The other operand of ``Mul(v, value)`` (either order), else None."""
+    if node is None or node.op_type != "Mul" or len(node.inputs) != 2:
+        return None
+    for mine, theirs in (node.inputs, reversed(node.inputs)):
+        if _is_constant(small, theirs, value):
+            return mine
+    return None
+
+
+def _gelu_tail(value: str, x: str, readers: dict[str, list[Node]],
+               small: dict[str, np.ndarray]) -> Node | None:
+    """From ``erf(...)`` or ``tanh(...)``: ``(1 + value) * x * 0.5`` in any order of its
+    products; the node that ends it."""
     chain = readers.get(value, [])
-    if len(chain) != 1 or chain[0].op_type != "Add" or not any(
-            _is_constant(small, i, 1.0) for i in chain[0].inputs if i != value):
-        return
-    value = chain[0].outputs[0]
+    if len(chain) != 1 or chain[0].op_type != "Add" or not _is_constant(
+            small, _other(chain[0], value), 1.0):
+        return None
+    value, seen, last = chain[0].outputs[0], set(), None
     while seen != {"x", "half"}:
         users = readers.get(value, [])
         if len(users) != 1 or users[0].op_type != "Mul":
-            return
-        other = next(i for i in users[0].inputs if i != value) if value in users[0].inputs \
-            else ""
+            return None
+        other = _other(users[0], value)
         if other == x:
             seen.add("x")
         elif _is_constant(small, other, 0.5):
             seen.add("half")
         else:
-            return
+            return None
         last, value = users[0], users[0].outputs[0]
-    last.op_type, last.inputs = "Gelu", [x]
-    last.attrs = {"approximate": "none", "_outputs": last.outputs}
+    return last
+
+
+def _as_gelu(last: Node | None, x: str, approximate: str) -> None:
+    if last is not None:
+        last.op_type, last.inputs = "Gelu", [x]
+        last.attrs = {"approximate": approximate, "_outputs": last.outputs}
+
+
+def _erf_gelu(erf: Node, producer: dict[str, Node], readers: dict[str, list[Node]],
+              small: dict[str, np.ndarray]) -> None:
+    """``x * 0.5 * (1 + erf(x / sqrt 2))``: torch's exact ``gelu`` (an exporter below
+    opset 20 has no Gelu operator)."""
+    scaled = producer.get(erf.inputs[0])
+    if scaled is None:
+        return
+    if scaled.op_type == "Div" and _is_constant(small, scaled.inputs[1], 2 ** 0.5):
+        x = scaled.inputs[0]
+    else:
+        x = _constant_factor(scaled, small, 0.5 ** 0.5)
+    if x is not None:
+        _as_gelu(_gelu_tail(erf.outputs[0], x, readers, small), x, "none")
+
+
+def _tanh_gelu(tanh: Node, producer: dict[str, Node], readers: dict[str, list[Node]],
+               small: dict[str, np.ndarray]) -> None:
+    """``x * 0.5 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: ``gelu(approximate=tanh)``."""
+    inner = _constant_factor(producer.get(tanh.inputs[0]), small, (2 / math.pi) ** 0.5)
+    total = producer.get(inner or "")
+    if total is None or total.op_type != "Add":
+        return
+    for x, cubic in (total.inputs, reversed(total.inputs)):
+        power = producer.get(_constant_factor(producer.get(cubic), small, 0.044715) or "")
+        if power is not None and power.op_type == "Pow" and power.inputs[0] == x and \
+                _is_constant(small, power.inputs[1], 3.0):
+            _as_gelu(_gelu_tail(tanh.outputs[0], x, readers, small), x, "tanh")
+            return
+
+
+def _swap_last(node: Node, producer: dict[str, Node], readers: dict[str, list[Node]]) -> None:
+    """``Reshape(Transpose(Reshape(k, [-1, T, d]), [0, 2, 1]), [B, H, d, T])``: torch.onnx's
+    spelling of ``k.transpose(-2, -1)`` in attention (checked against the shapes when
+    traced)."""
+    turn = producer.get(node.inputs[0])
+    if turn is None or turn.op_type != "Transpose" or list(turn.attrs.get("perm") or []) != \
+            [0, 2, 1] or len(readers.get(turn.outputs[0], [])) != 1:
+        return
+    flat = producer.get(turn.inputs[0])
+    if flat is not None and flat.op_type == "Reshape" and \
+            len(readers.get(flat.outputs[0], [])) == 1:
+        node.op_type, node.inputs = "SwapLast", [flat.inputs[0], node.inputs[1]]
+
+
+def _swap_last_call(call: NodeCall) -> Any:
+    x, shape = call.inputs[0], call.ints(1, "shape")
+    expected = [*x.shape[:-2], x.shape[-1], x.shape[-2]]
+    if [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=False)] != expected:
+        raise CompileError(f"a reshape-transpose-reshape of {list(x.shape)} to {shape} that "
+                           "is not a swap of the last two axes")
+    return x.transpose(-2, -1)
+
+
+def _rsqrt(node: Node, producer: dict[str, Node]) -> None:
+    """``Reciprocal(Sqrt(x))``: torch's ``rsqrt`` (an RMS norm's statistics)."""
+    root = producer.get(node.inputs[0])
+    if root is not None and root.op_type == "Sqrt":
+        node.op_type, node.inputs = "Rsqrt", [root.inputs[0]]
 
 
 def _linear(node: Node, producer: dict[str, Node], readers: dict[str, int],
@@ -245,7 +327,8 @@ def _linear_call(call: NodeCall) -> Any:
     return call.torch.nn.functional.linear(x, weight.t(), bias)
 
 
-IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call}
+IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
+          "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call}
 
 
 def constant_of(node_attrs: dict[str, Any]) -> np.ndarray:
@@ -353,16 +436,16 @@ def export_onnx(model: Any, path: Path | str, feeds: dict[str, np.ndarray]) -> A
         if name in folded.constants:
             raise CompileError(f"graph output {name} does not depend on any input")
     names = buffer_names(traced, folded.constants, {t.name for t in model.graph.initializer})
-    module = build_module(torch, traced, folded.constants, names, list(feeds), outputs)
-    args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds.values())
-    with torch.fx.traceback.preserve_node_meta():
-        program = torch.export.export(module, args)
+    module = build_module(torch, traced, folded.constants, names, outputs)
+    kwargs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+    with torch.fx.traceback.preserve_node_meta():  # the program's inputs keep the file's names
+        program = torch.export.export(module, (), kwargs=kwargs)
     label_sources(program, traced, source_path(path))
     return program
 
 
 def build_module(torch: Any, nodes: list[Node], constants: dict[str, np.ndarray],
-                 names: dict[str, str], inputs: list[str], outputs: list[str]) -> Any:
+                 names: dict[str, str], outputs: list[str]) -> Any:
     class Scope(torch.nn.Module):
         """A module path of the ONNX graph: its nodes run inside it."""
 
@@ -373,8 +456,8 @@ def build_module(torch: Any, nodes: list[Node], constants: dict[str, np.ndarray]
     class OnnxGraph(torch.nn.Module):
         """The ONNX graph's traced nodes in order, each in its scope."""
 
-        def forward(self, *args: Any) -> tuple[Any, ...]:
-            values = dict(zip(inputs, args, strict=True))
+        def forward(self, **feeds: Any) -> tuple[Any, ...]:
+            values = dict(feeds)
             for value, name in names.items():
                 values[value] = self.get_buffer(name)
             for node in nodes:

@@ -123,7 +123,12 @@ class StageAgreement:
 
     @property
     def passed(self) -> bool:
-        return self.max_ulps <= ULP_LIMIT[self.precision] and self.mismatch <= MISMATCH_LIMIT
+        """Within the ulp limit, on at most 2^-7 of the elements, and always one element: a
+        stage of fewer than 128 elements would otherwise allow no summation-order flip at all
+        (one of a tiny tower's [20, 5] attention scores, 1 ulp off, was 1 % of it)."""
+        differing = round(self.mismatch * self.elements)
+        return self.max_ulps <= ULP_LIMIT[self.precision] and (
+            self.mismatch <= MISMATCH_LIMIT or differing <= 1)
 
 
 @dataclass(frozen=True)
