@@ -148,9 +148,14 @@ def _reduce(name: str) -> Callable[[NodeCall], Any]:
 
 
 def _transpose(call: NodeCall) -> Any:
+    """``permute``; ``[1, 2, 0]`` of a 3-D value as the two transposes torch's
+    ``nn.MultiheadAttention`` writes (``k.transpose(0, 1)`` then ``.transpose(-2, -1)``),
+    which torch.onnx merges into one."""
     x = call.inputs[0]
-    perm = call.attrs.get("perm") or list(reversed(range(x.dim())))
-    return x.permute([int(p) for p in perm])
+    perm = [int(p) for p in call.attrs.get("perm") or list(reversed(range(x.dim())))]
+    if perm == [1, 2, 0]:
+        return x.transpose(0, 1).transpose(-2, -1)
+    return x.permute(perm)
 
 
 def _flatten(call: NodeCall) -> Any:

@@ -131,10 +131,12 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
             _rsqrt(node, producer)
         elif node.op_type == "Reshape":
             _swap_last(node, producer, readers)
+            _packed_split(node, readers)
     counts = {name: len(users) for name, users in readers.items()}
+    constant = constant_values(nodes, set(initializers))
     for node in nodes:
         if node.op_type == "Add":
-            _linear(node, producer, counts, initializers)
+            _linear(node, producer, counts, constant)
         elif node.op_type == "Where" and len(node.inputs) == 3:
             test = producer.get(node.inputs[0])
             soft = producer.get(node.inputs[2])
@@ -259,6 +261,23 @@ def _swap_last_call(call: NodeCall) -> Any:
     return x.transpose(-2, -1)
 
 
+def _packed_split(node: Node, readers: dict[str, list[Node]]) -> None:
+    """``Unsqueeze(Reshape(x, [..., k, E]), 0)``: ``nn.MultiheadAttention``'s packed key and
+    value projection, ``unflatten(-1, (k, E)).unsqueeze(0)`` in torch (checked when traced:
+    the reshape must split the last axis only)."""
+    users = readers.get(node.outputs[0], [])
+    if node.op_type == "Reshape" and len(users) == 1 and users[0].op_type == "Unsqueeze":
+        node.op_type = "Unflatten"
+
+
+def _unflatten_call(call: NodeCall) -> Any:
+    x, shape = call.inputs[0], call.ints(1, "shape")
+    if len(shape) != x.dim() + 1 or list(shape[:-2]) != list(x.shape[:-1]) or \
+            shape[-2] * shape[-1] != x.shape[-1]:
+        return x.reshape(shape)  # not a split of the last axis: the reshape as written
+    return x.unflatten(-1, (shape[-2], shape[-1]))
+
+
 def _rsqrt(node: Node, producer: dict[str, Node]) -> None:
     """``Reciprocal(Sqrt(x))``: torch's ``rsqrt`` (an RMS norm's statistics)."""
     root = producer.get(node.inputs[0])
@@ -267,18 +286,28 @@ def _rsqrt(node: Node, producer: dict[str, Node]) -> None:
 
 
 def _linear(node: Node, producer: dict[str, Node], readers: dict[str, int],
-            initializers: dict[str, tuple[int, ...]]) -> None:
-    """``Add(MatMul(x, W), b)`` with constant ``W [in, out]`` and ``b [out]``: torch's
-    ``linear``, so the bias is the product's epilogue, not a table added to every row."""
+            constant: set[str]) -> None:
+    """``Add(MatMul(x, W), b)`` with constant ``W`` and ``b`` (initializers, or computed from
+    them: a packed projection's ``Split``): torch's ``linear``, so the bias is the product's
+    epilogue, not a table added to every row (shapes checked when traced)."""
     for product_name, bias in (node.inputs, reversed(node.inputs)):
         product = producer.get(product_name)
         if product is None or product.op_type != "MatMul" or readers.get(product_name) != 1:
             continue
-        weight = initializers.get(product.inputs[1])
-        if weight is not None and len(weight) == 2 and initializers.get(bias) == weight[1:]:
+        if product.inputs[1] in constant and bias in constant:
             node.op_type, node.inputs = "Linear", [product.inputs[0], product.inputs[1], bias]
             node.scope = product.scope or node.scope
             return
+
+
+def constant_values(nodes: list[Node], initializers: set[str]) -> set[str]:
+    """The values that depend on no graph input: initializers, and what nodes compute from
+    them alone (every shape is static here, so a ``Shape`` is one too)."""
+    constant = set(initializers)
+    for node in nodes:
+        if node.op_type in ("Constant", "Shape") or all(i in constant for i in node.inputs if i):
+            constant.update(node.outputs)
+    return constant
 
 
 def _flat_rows(node: Node, producer: dict[str, Node]) -> None:
@@ -323,12 +352,17 @@ def _pick_rows(call: NodeCall) -> Any:
 
 
 def _linear_call(call: NodeCall) -> Any:
+    """``linear`` where ``W [in, out]`` and ``b [out]``; otherwise the two operations as
+    written (a broadcast bias, a batched weight)."""
     x, weight, bias = call.inputs
-    return call.torch.nn.functional.linear(x, weight.t(), bias)
+    if weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[1]:
+        return call.torch.nn.functional.linear(x, weight.t(), bias)
+    return call.torch.matmul(x, weight) + bias
 
 
 IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
-          "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call}
+          "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
+          "Unflatten": _unflatten_call}
 
 
 def constant_of(node_attrs: dict[str, Any]) -> np.ndarray:
