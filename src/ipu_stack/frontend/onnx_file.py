@@ -54,8 +54,21 @@ class GraphInput:
         return np.issubdtype(self.dtype, np.integer)
 
 
-def load_onnx(path: str | Path) -> Any:
-    """The checked ``ModelProto`` of ``path`` with every external tensor read in."""
+@dataclass
+class OnnxModel:
+    """A checked ONNX file: the ``ModelProto`` (its initializers without their bytes) and
+    every initializer as an array (F16 and BF16 widened to float32), each held once."""
+
+    proto: Any
+    weights: dict[str, np.ndarray]
+
+    @property
+    def graph(self) -> Any:
+        return self.proto.graph
+
+
+def load_onnx(path: str | Path) -> OnnxModel:
+    """The checked model of ``path`` and its weights, external ones read from their files."""
     onnx = require_onnx()
     path = Path(path)
     if not path.is_file():
@@ -76,14 +89,45 @@ def load_onnx(path: str | Path) -> Any:
     tensors = list(all_tensors(model.graph))
     for tensor in tensors:
         check_tensor(path, tensor)
-    read_external_data(path, [t for t in tensors if t.data_location == 1])
+    regions = {id(t): external_region(path, t) for t in tensors if t.data_location == 1}
+    if sum(length for _, _, length in regions.values()) > MAX_EXTERNAL_BYTES:
+        raise UsageError(f"{path}: over 64 GiB of external data")
     check_order(path, model.graph)
-    try:
-        onnx.checker.check_model(model)
+    try:  # by path: external data is checked where it lies, and no weight is copied
+        onnx.checker.check_model(str(path))
     except Exception as exc:  # ValidationError, or a C++ error for malformed protos
         raise UsageError(f"{path}: fails the ONNX checker: "
                          f"{(str(exc).strip().splitlines() or ['?'])[0][:200]}") from None
-    return model
+    weights = {t.name: tensor_array(path, t, regions.get(id(t))) for t in model.graph.initializer}
+    for tensor in tensors:  # a Constant node's value, when external, is read into the node
+        if id(tensor) in regions and tensor.name not in weights:
+            target, offset, length = regions[id(tensor)]
+            with open(target, "rb") as handle:
+                handle.seek(offset)
+                tensor.raw_data = handle.read(length)
+            del tensor.external_data[:]
+            tensor.data_location = 0
+    for tensor in model.graph.initializer:
+        for field_name in ("raw_data", "float_data", "int32_data", "int64_data",
+                           "double_data"):
+            tensor.ClearField(field_name)
+    return OnnxModel(model, weights)
+
+
+def tensor_array(path: Path, tensor: Any, region: tuple[Path, int, int] | None) -> np.ndarray:
+    """An initializer's values: read from its external file's region (checked), else from
+    the model; floats narrower than 32 bits widened to float32."""
+    onnx = require_onnx()
+    if region is None:
+        array = onnx.numpy_helper.to_array(tensor)
+    else:
+        target, offset, length = region
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        array = np.fromfile(target, dtype=dtype, count=length // dtype.itemsize,
+                            offset=offset).reshape(tuple(tensor.dims))
+    if array.dtype.kind == "f" and array.dtype != np.float32 or array.dtype.name == "bfloat16":
+        array = array.astype(np.float32)
+    return array
 
 
 def check_opset(path: Path, model: Any) -> None:
@@ -167,19 +211,6 @@ def external_region(path: Path, tensor: Any) -> tuple[Path, int, int]:
     return target, offset, length
 
 
-def read_external_data(path: Path, tensors: list[Any]) -> None:
-    regions = [external_region(path, t) for t in tensors]
-    total = sum(length for _, _, length in regions)
-    if total > MAX_EXTERNAL_BYTES:
-        raise UsageError(f"{path}: {total:,} bytes of external data, over the 64 GiB bound")
-    for tensor, (target, offset, length) in zip(tensors, regions, strict=True):
-        with open(target, "rb") as handle:
-            handle.seek(offset)
-            tensor.raw_data = handle.read(length)
-        del tensor.external_data[:]
-        tensor.data_location = 0
-
-
 def check_order(path: Path, graph: Any) -> None:
     """Every node reads only graph inputs, initializers and earlier nodes' outputs: ONNX
     requires topological order, and a cycle cannot satisfy it."""
@@ -233,8 +264,9 @@ def concrete_shape(spec: GraphInput, batch: int, tokens: int) -> tuple[int, ...]
     return tuple(shape)
 
 
-def onnxruntime_outputs(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The model run by onnxruntime on the CPU: the reference of an ONNX program."""
+def onnxruntime_session(path: Path) -> Any:
+    """onnxruntime on the CPU, the reference of an ONNX program, reading the file (and its
+    external data, which ``load_onnx`` checked) itself."""
     try:
         import onnxruntime
     except ImportError:
@@ -242,6 +274,8 @@ def onnxruntime_outputs(model: Any, feeds: dict[str, np.ndarray]) -> list[np.nda
                          "pip install 'ipu-stack[onnx]'") from None
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_outputs(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(o, np.float32) for o in session.run(None, feeds)]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend.loader import require_torch
-from ipu_stack.frontend.onnx_file import require_onnx
+from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
 from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall
 from ipu_stack.util.errors import CompileError
 
@@ -94,7 +94,7 @@ def operator_kind(proto: Any) -> str:
     return proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
 
 
-def read_nodes(model: Any) -> list[Node]:
+def read_nodes(model: Any, weights: dict[str, np.ndarray]) -> list[Node]:
     """The graph's nodes, with unknown operators refused in one line (the first of them)."""
     nodes = []
     for index, proto in enumerate(model.graph.node):
@@ -106,8 +106,7 @@ def read_nodes(model: Any) -> list[Node]:
         nodes.append(Node(index + 1, proto.name or f"{proto.op_type}_{index}", proto.op_type,
                           list(proto.input), list(proto.output), attributes(proto),
                           node_scope(proto)))
-    onnx = require_onnx()
-    small = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+    small = {t.name: weights[t.name] for t in model.graph.initializer
              if int(np.prod(t.dims)) <= 16}
     small.update({n.outputs[0]: constant_of(n.attrs) for n in nodes if n.op_type == "Constant"})
     return rewrite_idioms(nodes, {t.name: tuple(t.dims) for t in model.graph.initializer},
@@ -385,14 +384,11 @@ def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, n
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
-def fold(model: Any, nodes: list[Node], shapes: dict[str, tuple[int, ...]],
+def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
          dtypes: dict[str, Any]) -> Folded:
     """Run the graph once on zeros: constants folded, the rest listed to trace."""
     torch = require_torch()
-    onnx = require_onnx()
-    folded = Folded()
-    for tensor in model.graph.initializer:
-        folded.constants[tensor.name] = onnx.numpy_helper.to_array(tensor)
+    folded = Folded(dict(weights))
     values: dict[str, Any] = {n: torch.zeros(s, dtype=_torch_dtype(torch, dtypes[n]))
                               for n, s in shapes.items()}
     last_use = {name: i for i, n in enumerate(nodes) for name in n.inputs}
@@ -458,12 +454,13 @@ def source_path(path: Path | str) -> str:
     return Path(path).name
 
 
-def export_onnx(model: Any, path: Path | str, feeds: dict[str, np.ndarray]) -> Any:
+def export_onnx(model: OnnxModel, path: Path | str, feeds: dict[str, np.ndarray]) -> Any:
     """The model traced by ``torch.export`` at the shapes of ``feeds`` (the user inputs)."""
     torch = require_torch()
-    nodes = read_nodes(model)
+    weights = model.weights
+    nodes = read_nodes(model.proto, weights)
     outputs = [o.name for o in model.graph.output]
-    folded = fold(model, nodes, {k: v.shape for k, v in feeds.items()},
+    folded = fold(nodes, weights, {k: v.shape for k, v in feeds.items()},
                   {k: v.dtype for k, v in feeds.items()})
     traced = live_nodes(folded.traced, outputs)
     for name in outputs:
@@ -512,8 +509,12 @@ def build_module(torch: Any, nodes: list[Node], constants: dict[str, np.ndarray]
     for value, name in names.items():
         owner, _, attr = name.rpartition(".")
         holder = root.get_submodule(owner) if owner else root
-        array = np.array(constants[value])
-        tensor = torch.from_numpy(array.astype(np.float32) if array.dtype.kind == "f" else array)
+        array = constants[value]
+        if array.dtype.kind == "f":
+            array = array.astype(np.float32, copy=False)
+        if not (array.flags.writeable and array.flags.c_contiguous):
+            array = np.array(array)  # torch shares only a writable, contiguous array
+        tensor = torch.from_numpy(array)
         holder.register_buffer(attr, tensor)
     return root
 

@@ -22,6 +22,7 @@ from ipu_stack.frontend.onnx_file import (
     graph_inputs,
     load_onnx,
     onnxruntime_outputs,
+    onnxruntime_session,
 )
 from ipu_stack.frontend.onnx_ops import TRANSLATIONS
 from ipu_stack.frontend.onnx_program import export_onnx, node_scope, operator_kind
@@ -56,6 +57,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     path = Path(path).resolve()
     model = load_onnx(path)
     specs = graph_inputs(model)
+    sessions: list[Any] = []
 
     def sized(params: dict[str, Any]) -> Any:
         return export_onnx(model, path, example_feeds(specs, params["batch"],
@@ -64,7 +66,9 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         feeds = {s.name: np.asarray(a).astype(s.dtype) for s, a in zip(specs, inputs,
                                                                         strict=True)}
-        return onnxruntime_outputs(model, feeds)
+        if not sessions:
+            sessions.append(onnxruntime_session(path))
+        return onnxruntime_outputs(sessions[0], feeds)
 
     digest = file_sha256(path)
     workload = make_workload(None, path.stem, str(path), digest, sized=sized,
