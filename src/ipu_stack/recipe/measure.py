@@ -12,7 +12,7 @@ from ipu_stack.pipeline import CompileOptions
 from ipu_stack.recipe.search import Recipe, poprt_options, recipe_fields, relative_error, search
 from ipu_stack.runtime.execute import RunSettings, run_any
 from ipu_stack.strategy import compile_strategy
-from ipu_stack.util.errors import UsageError
+from ipu_stack.util.errors import CompileError, UsageError
 
 RUN_FIELDS = ("numericalTest", "cycles", "qpsWithHost", "imagesPerSecond", "gemmModes",
               "noiseRatio", "peakTileBytes")
@@ -32,7 +32,16 @@ def device_error(outcome: Any, graph: Any, tensors: Any) -> float:
 
 def measure(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
             settings: RunSettings) -> dict[str, Any]:
-    """Compile and run one precision choice; its record's figures and device error."""
+    """Compile and run one precision choice; its record's figures and device error, or
+    why it could not run (all-F16 weights of a large tower do not fit one chip)."""
+    try:
+        return _measure(workload, params, out, options, settings)
+    except CompileError as exc:  # placement errors too
+        return {"numericalTest": "NOT RUN", "reason": str(exc), "gemms": []}
+
+
+def _measure(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
+             settings: RunSettings) -> dict[str, Any]:
     compiled = compile_strategy(workload, params, out, options)
     outcome = run_any(compiled.package, compiled.graph, compiled.tensors, workload, params,
                       compiled.timings["compile"], settings)
@@ -65,7 +74,7 @@ def run_recipe(workload: Any, params: dict[str, Any], max_error: float, out: Pat
     measured = {label: measure(workload, p, out / label, options, settings)
                 for label, p in runs.items()}
     measured.setdefault("recipe", measured["allFp8"])
-    gemms = measured["allFp8"].pop("gemms")
+    gemms = measured["allFp8"].pop("gemms", [])
     for fields in measured.values():
         fields.pop("gemms", None)
     return {"workload": workload.identifier(params), **recipe_fields(recipe),
@@ -84,6 +93,9 @@ def format_recipe(record: dict[str, Any]) -> str:
              f"{record['evaluations']} evaluations in {record['searchSeconds']} s"]
     for label, name in (("allF16", "all-F16"), ("allFp8", "all-FP8"), ("recipe", "recipe")):
         run = record[label]
+        if "reason" in run:
+            lines.append(f"  {name:<8} not run: {run['reason']}")
+            continue
         lines.append(f"  {name:<8} {run['numericalTest']} cycles={run['cycles']} "
                      f"qpsWithHost={run['qpsWithHost']} deviceError={run['deviceError']:.4g} "
                      f"gemmModes={run['gemmModes']}")
