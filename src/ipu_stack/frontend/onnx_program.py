@@ -248,16 +248,19 @@ def _swap_last(node: Node, producer: dict[str, Node], readers: dict[str, list[No
     flat = producer.get(turn.inputs[0])
     if flat is not None and flat.op_type == "Reshape" and \
             len(readers.get(flat.outputs[0], [])) == 1:
-        node.op_type, node.inputs = "SwapLast", [flat.inputs[0], node.inputs[1]]
+        node.op_type, node.inputs = "SwapLast", [flat.inputs[0], flat.inputs[1],
+                                                 node.inputs[1]]
 
 
 def _swap_last_call(call: NodeCall) -> Any:
-    x, shape = call.inputs[0], call.ints(1, "shape")
+    """``k.transpose(-2, -1)`` when the final shape is ``k``'s with its last two axes
+    swapped; otherwise the three operations as written (a patch grid's reshape)."""
+    x, first, shape = call.inputs[0], call.ints(1, "shape"), call.ints(2, "shape")
     expected = [*x.shape[:-2], x.shape[-1], x.shape[-2]]
-    if [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=False)] != expected:
-        raise CompileError(f"a reshape-transpose-reshape of {list(x.shape)} to {shape} that "
-                           "is not a swap of the last two axes")
-    return x.transpose(-2, -1)
+    if len(shape) == len(expected) and first[-2:] == [x.shape[-2], x.shape[-1]] and \
+            [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=True)] == expected:
+        return x.transpose(-2, -1)
+    return x.reshape(first).permute(0, 2, 1).reshape(shape)
 
 
 def _packed_split(node: Node, readers: dict[str, list[Node]]) -> None:
