@@ -148,13 +148,16 @@ def _reduce(name: str) -> Callable[[NodeCall], Any]:
 
 
 def _transpose(call: NodeCall) -> Any:
-    """``permute``; ``[1, 2, 0]`` of a 3-D value as the two transposes torch's
-    ``nn.MultiheadAttention`` writes (``k.transpose(0, 1)`` then ``.transpose(-2, -1)``),
-    which torch.onnx merges into one."""
+    """``permute``; where torch.onnx merged two of torch's layout changes into one, the two
+    as torch wrote them: ``[1, 2, 0]`` is ``nn.MultiheadAttention``'s ``k.transpose(0, 1)``
+    then ``.transpose(-2, -1)``, ``[2, 0, 1, 3]`` a sequence-first attention's (MLCD's)
+    ``transpose(1, 2)`` then ``permute(1, 0, 2, 3)``."""
     x = call.inputs[0]
     perm = [int(p) for p in call.attrs.get("perm") or list(reversed(range(x.dim())))]
     if perm == [1, 2, 0]:
         return x.transpose(0, 1).transpose(-2, -1)
+    if perm == [2, 0, 1, 3]:
+        return x.transpose(1, 2).permute(1, 0, 2, 3)
     return x.permute(perm)
 
 
