@@ -23,7 +23,8 @@ def _one_line(exc: BaseException) -> str:
 def export_tower(tower: Tower, batch: int, seed: int, folder: Path, onnx: bool = False
                  ) -> Path:
     """The tower saved as ``.pt2`` by ``torch.export``, or (``onnx``) as ``.onnx`` by
-    ``torch.onnx.export`` (opset 18) with its biases and norms drawn (see ``draw_vectors``)."""
+    ``torch.onnx.export`` (opset 18; the TorchScript exporter where the default one fails:
+    BEiT's relative position bias) with its biases and norms drawn (``draw_vectors``)."""
     import torch
 
     torch.manual_seed(seed)
@@ -31,10 +32,15 @@ def export_tower(tower: Tower, batch: int, seed: int, folder: Path, onnx: bool =
     pixels = torch.randn(batch, 3, tower.image, tower.image)
     slug = "".join(c if c.isalnum() else "-" for c in tower.name.lower()).strip("-")
     folder.mkdir(parents=True, exist_ok=True)
-    if onnx:
+    if onnx:  # torch.onnx's default exporter; its TorchScript one where that fails
         path = folder / f"{slug}-b{batch}.onnx"
-        torch.onnx.export(draw_vectors(model), (pixels,), str(path), dynamo=True,
-                          opset_version=18, input_names=["pixel_values"], verbose=False)
+        model = draw_vectors(model)
+        try:
+            torch.onnx.export(model, (pixels,), str(path), dynamo=True, opset_version=18,
+                              input_names=["pixel_values"], verbose=False)
+        except Exception:  # noqa: BLE001  (the exporter raises many types for one cause)
+            torch.onnx.export(model, (pixels,), str(path), dynamo=False, opset_version=18,
+                              input_names=["pixel_values"], verbose=False)
         return path
     path = folder / f"{slug}-b{batch}.pt2"
     torch.export.save(torch.export.export(model, (pixels,)), str(path))

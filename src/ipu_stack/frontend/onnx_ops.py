@@ -245,6 +245,16 @@ def _gather_nd(call: NodeCall) -> Any:
     return data[tuple(indices[..., k] for k in range(indices.shape[-1]))]
 
 
+def _scatter_nd(call: NodeCall) -> Any:
+    """``ScatterND`` without reduction: ``data`` with ``updates`` written at ``indices`` (a
+    relative position index built in place, folded as a constant)."""
+    if call.attrs.get("reduction", "none") != "none":
+        raise CompileError(f"ScatterND with reduction {call.attrs['reduction']}")
+    out, index = call.inputs[0].clone(), call.inputs[1].long()
+    out[tuple(index[..., k] for k in range(index.shape[-1]))] = call.inputs[2]
+    return out
+
+
 def _argmax(call: NodeCall) -> Any:
     if call.attrs.get("select_last_index", 0):
         raise CompileError("ArgMax with select_last_index")
@@ -359,5 +369,6 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "ArgMax": _argmax, "Where": _where, "Conv": _conv, "Constant": _constant,
     "Shape": _shape, "ConstantOfShape": _constant_of_shape, "Range": _range,
     "Trilu": _trilu, "Tile": _tile, "Resize": _resize,
+    "ScatterND": _scatter_nd,
 }
 """Every ONNX operator (default domain) the importer reads."""
