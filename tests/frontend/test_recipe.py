@@ -91,3 +91,22 @@ def test_layer_sets() -> None:
     assert name_layer("blocks.2.fc1.MatMul_1") == 2 and name_layer("embed.weight") is None
     assert not fp8_allowed("layer3.fc1.w", frozenset({3})) and fp8_allowed("head.w",
                                                                               frozenset({3}))
+
+
+def test_an_onnx_recipe_names_the_files_nodes(tmp_path: Path, cache_dir: Path,
+                                              lock_path: Path, capsys) -> None:
+    pytest.importorskip("onnxscript")
+    onnx = pytest.importorskip("onnx")
+    from ipu_stack.frontend.onnx_program import node_scope
+
+    path = tmp_path / "fragile.onnx"
+    torch.onnx.export(fragile_vit(1), (torch.randn(1, 3, 16, 16),), str(path), dynamo=True,
+                      opset_version=18, input_names=["pixels"], verbose=False)
+    code = main(["--quiet", "fp8-recipe", str(path), "--json", "--out", str(tmp_path / "r"),
+                 "--cache-dir", str(cache_dir), "--lock", str(lock_path)])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["keepF16"] == "1", record
+    layer1 = [n.name for n in onnx.load(str(path)).graph.node
+              if n.op_type in ("MatMul", "Gemm") and name_layer(node_scope(n)) == 1]
+    assert layer1 and record["poprtOptions"].endswith(
+        f"--fp8_skip_op_names {','.join(layer1)}")

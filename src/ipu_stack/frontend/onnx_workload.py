@@ -32,6 +32,7 @@ from ipu_stack.frontend.workload import (
     make_workload,
     program_parameters,
 )
+from ipu_stack.ir.names import name_layer
 from ipu_stack.workloads.base import Parameter
 
 
@@ -71,9 +72,11 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
         return onnxruntime_outputs(sessions[0], feeds)
 
     digest = file_sha256(path)
+    gemms = tuple((node.name, name_layer(node_scope(node))) for node in model.graph.node
+                  if node.op_type in ("MatMul", "Gemm"))
     workload = make_workload(None, path.stem, str(path), digest, sized=sized,
                              reference=Reference("onnxruntime", outputs),
-                             parameters=onnx_parameters())
+                             parameters=onnx_parameters(), source_gemms=gemms)
     return workload, {"model": str(path), "sha256": digest}
 
 

@@ -332,6 +332,8 @@ class ImportedWorkload(Workload):
     program: Any = None
     imports: dict[int, Imported] = field(default_factory=dict, compare=False)
     reference_source: str = "torch"
+    # (name, layer) of each product in the user's file where it names them (ONNX nodes)
+    source_gemms: tuple[tuple[str, int | None], ...] = ()
 
     @property
     def reference(self) -> ReferenceOutputs:
@@ -374,7 +376,8 @@ def program_parameters() -> tuple[Parameter, ...]:
 def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                   sized: Callable[[dict[str, Any]], Any] | None = None,
                   reference: Reference = TORCH_REFERENCE,
-                  parameters: tuple[Parameter, ...] | None = None) -> ImportedWorkload:
+                  parameters: tuple[Parameter, ...] | None = None,
+                  source_gemms: tuple[tuple[str, int | None], ...] = ()) -> ImportedWorkload:
     """Wrap ``program`` as a workload (``label`` names it in identifiers and records);
     ``sized`` gives the program at a run's parameters (default: ``program`` re-exported at
     ``--batch``), ``reference`` what its outputs are checked against."""
@@ -421,7 +424,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
     return ImportedWorkload(
         name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
         build=build, identifier=identifier, benchmark_fields=fields, program=program,
-        imports=holder, reference_source=reference.source)
+        imports=holder, reference_source=reference.source, source_gemms=source_gemms)
 
 
 def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.ir.names import name_layer
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.recipe.search import Recipe, poprt_options, recipe_fields, relative_error, search
 from ipu_stack.runtime.execute import RunSettings, run_any
@@ -74,7 +75,9 @@ def run_recipe(workload: Any, params: dict[str, Any], max_error: float, out: Pat
     measured = {label: measure(workload, p, out / label, options, settings)
                 for label, p in runs.items()}
     measured.setdefault("recipe", measured["allFp8"])
-    gemms = measured["allFp8"].pop("gemms", [])
+    gemms = [(name, name_layer(name)) for name in measured["allFp8"].pop("gemms", [])]
+    if getattr(workload, "source_gemms", ()):  # an ONNX model: its own node names
+        gemms = list(workload.source_gemms)
     for fields in measured.values():
         fields.pop("gemms", None)
     return {"workload": workload.identifier(params), **recipe_fields(recipe),

@@ -150,11 +150,11 @@ def _text(kept: frozenset[int]) -> str:
     return ",".join(map(str, sorted(kept))) or "none"
 
 
-def poprt_options(recipe: Recipe, gemm_names: list[str]) -> str:
+def poprt_options(recipe: Recipe, gemms: list[tuple[str, int | None]]) -> str:
     """The same choice as PopRT converter options: how many layers stay FP16, and the
-    operations to skip (this compiler's names of the kept layers' products; an ONNX
-    model's node names in PopRT)."""
-    skip = [n for n in gemm_names if name_layer(n) in recipe.kept]
+    operations to skip: the kept layers' products, ``gemms`` being (name, layer) of each (an
+    ONNX model's MatMul and Gemm nodes, which PopRT names; else this compiler's)."""
+    skip = [name for name, layer in gemms if layer in recipe.kept]
     return (f"--precision fp8 --num_of_layers_keep_fp16 {len(recipe.kept)}"
             + (f" --fp8_skip_op_names {','.join(skip)}" if skip else ""))
 
