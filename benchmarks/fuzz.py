@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/fuzz.py [--graphs N] [--odd-graphs N] [--packages N] [--systems N]
-                              [--seed S] [--json]
+                              [--onnx N] [--seed S] [--json]
 
 * **random graphs** (``--graphs`` with sizes that are multiples of 4, ``--odd-graphs`` with any
   sizes from 1 to 69): compile, load, run and check each on the simulated ipu21, then compare
@@ -24,6 +24,10 @@ Usage::
   exit 1, the verdict's own warnings such as "stage agreement broke" on stderr) or
   ``crashed`` (an exception or traceback, a hang of more than 60 s, another exit code, or
   stderr that is neither one ``error:`` line nor the tool's log lines).
+* **ONNX mutations** (``--onnx``, with the ``[onnx]`` extra): a small ONNX model (two
+  products, a layer norm, weights inline) with its bytes mutated (``mutate_bytes``), through
+  ``ipu-stack compile``: ``rejected`` (exit 2, one ``error:`` line), ``ran`` (the mutation
+  left a model that compiles) or ``crashed``.
 * **random system mutations** (``--systems``): a field of a two-chip system package's own
   records (its groups, hand-offs and their arrays, steps, chips) set to a hostile value or
   deleted, through ``ipu-stack run``, with the same outcomes.
@@ -179,6 +183,57 @@ def classify(path: Path, lock: Path, original: Any | None) -> tuple[str, str | N
     return "crashed", f"exit {code} with stderr {err.strip()[:100]!r}"
 
 
+def onnx_source() -> bytes:
+    """A small supported ONNX model: ``LN(x @ W1 + b1) @ W2``, weights inline."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    gen = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(a.astype(np.float32), name) for name, a in (
+        ("fc1.weight", gen.standard_normal((16, 16)) * 0.2), ("fc1.bias", gen.standard_normal(16)),
+        ("ln.weight", np.ones(16)), ("ln.bias", np.zeros(16)),
+        ("fc2.weight", gen.standard_normal((16, 16)) * 0.2))]
+    nodes = [helper.make_node("MatMul", ["x", "fc1.weight"], ["h"], name="/fc1/MatMul"),
+             helper.make_node("Add", ["h", "fc1.bias"], ["h1"], name="/fc1/Add"),
+             helper.make_node("LayerNormalization", ["h1", "ln.weight", "ln.bias"], ["n"],
+                              name="/ln/LayerNormalization", epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "fc2.weight"], ["y"], name="/fc2/MatMul")]
+    graph = helper.make_graph(
+        nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]
+                             ).SerializeToString()
+
+
+def fuzz_onnx(tally: Tally, rng: np.random.Generator, count: int, work: Path) -> None:
+    if count <= 0:
+        return
+    try:
+        original = onnx_source()
+    except ImportError:
+        print("onnx mutations skipped: the [onnx] extra is not installed")
+        return
+    victim = work / "victim.onnx"
+    for _ in range(count):
+        case, body = mutate_bytes(original, rng)
+        victim.write_bytes(body)
+        signal.alarm(CASE_SECONDS)
+        try:
+            code, _, err = cli(["--quiet", "compile", str(victim), "-o", str(work / "onnx-out"),
+                                "--cache-dir", str(work / "cache")])
+        except Exception as exc:  # noqa: BLE001
+            tally.add("onnx", "crashed", f"{signature(exc)}\t{str(exc)[:80]}", case)
+            continue
+        finally:
+            signal.alarm(0)
+        lines = err.splitlines()
+        if code == 2 and len(lines) == 1 and lines[0].startswith("error: "):
+            tally.add("onnx", "rejected")
+        elif code == 0 and "Traceback" not in err and all(LOG_LINE.match(x) for x in lines):
+            tally.add("onnx", "ran")
+        else:
+            tally.add("onnx", "crashed", f"exit {code} with stderr {err.strip()[:100]!r}", case)
+
+
 def fuzz_systems(tally: Tally, rng: np.random.Generator, count: int, work: Path) -> None:
     """``count`` random mutations of a system package's records (groups, hand-offs and
     their arrays, steps, chips), each through ``ipu-stack run``."""
@@ -266,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--packages", type=int, default=200, help="random package mutations")
     parser.add_argument("--systems", type=int, default=40,
                         help="random mutations of a two-chip system package's records")
+    parser.add_argument("--onnx", type=int, default=40, help="random ONNX byte mutations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -280,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         fuzz_graphs(tally, rng, args.odd_graphs, True, work)
         fuzz_packages(tally, rng, args.packages, work)
         fuzz_systems(tally, rng, args.systems, work)
+        fuzz_onnx(tally, rng, args.onnx, work)
     seconds = time.perf_counter() - start
     counts = {k: dict(sorted(v.items())) for k, v in tally.counts.items()}
     if args.json:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
 from ipu_stack.cli_parser import build_parser, workload_parameters
 from ipu_stack.device import device_lock
@@ -376,16 +378,25 @@ COMMANDS = {
 }
 
 
+def one_line(message: str) -> str:
+    """The message with its control characters escaped: a name read from a hostile file
+    (a newline in an ONNX node's name) must not break the one error line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     shown = logging.DEBUG if args.debug else (
         logging.INFO if args.verbose and not args.quiet else logging.WARNING)
     log.configure(min(shown, logging.INFO), shown)
+    # out-of-range values overflow to infinity (and then NaN) as the device's F16 does; the
+    # verdict judges them, numpy's warnings would only be stray lines on stderr
+    np.seterr(over="ignore", invalid="ignore")
     log.note_first_compile()
     try:
         _check_outputs(args)
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             LOG.debug("placement failure details: %s", exc.details)
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -27,6 +27,7 @@ MIN_OPSET = 17
 MAX_FILE_BYTES = 2**31 - 1  # protobuf's own limit on one message
 MAX_ELEMENTS = 2**32  # per tensor; the largest model of the zoo holds 2^28
 MAX_EXTERNAL_BYTES = 2**36  # all external data together (64 GiB, far past one C600)
+MAX_RANK = 8
 INPUT_DTYPES = {1: np.float32, 10: np.float16, 11: np.float64, 6: np.int32, 7: np.int64,
                 9: np.bool_}
 
@@ -119,7 +120,11 @@ def tensor_array(path: Path, tensor: Any, region: tuple[Path, int, int] | None) 
     the model; floats narrower than 32 bits widened to float32."""
     onnx = require_onnx()
     if region is None:
-        array = onnx.numpy_helper.to_array(tensor)
+        try:  # typed fields (float_data, ...) whose length the dims do not match
+            array = onnx.numpy_helper.to_array(tensor)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"{path}: tensor {tensor.name!r} cannot be read: "
+                             f"{str(exc)[:120]}") from None
     else:
         target, offset, length = region
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
@@ -127,6 +132,8 @@ def tensor_array(path: Path, tensor: Any, region: tuple[Path, int, int] | None) 
                             offset=offset).reshape(tuple(tensor.dims))
     if array.dtype.kind == "f" and array.dtype != np.float32 or array.dtype.name == "bfloat16":
         array = array.astype(np.float32)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise UsageError(f"{path}: weight {tensor.name!r} holds NaN or infinite values")
     return array
 
 
@@ -151,6 +158,9 @@ def all_tensors(graph: Any) -> Any:
 
 
 def element_count(path: Path, name: str, dims: Any) -> int:
+    if len(dims) > MAX_RANK:
+        raise UsageError(f"{path}: tensor {name!r} has {len(dims)} dimensions (at most "
+                         f"{MAX_RANK})")
     count = 1
     for dim in dims:
         if dim < 0:
@@ -216,6 +226,10 @@ def check_order(path: Path, graph: Any) -> None:
     requires topological order, and a cycle cannot satisfy it."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     for index, node in enumerate(graph.node):
+        texts = (node.name, node.op_type, node.domain, *node.input, *node.output,
+                 *(p.value for p in node.metadata_props))
+        if not all(isinstance(text, str) for text in texts):
+            raise UsageError(f"{path}: node {index} has a name that is not UTF-8 text")
         for name in node.input:
             if name not in defined:
                 later = any(name in n.output for n in graph.node[index:])
@@ -243,6 +257,7 @@ def graph_inputs(model: Any) -> list[GraphInput]:
                              "not a float or integer tensor")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in kind.shape.dim)
+        element_count(Path(value.name), value.name, [d for d in dims if isinstance(d, int)])
         out.append(GraphInput(value.name, dtype, dims))
     return out
 
