@@ -130,11 +130,7 @@ def _row(tower: Tower, batch: int, precision: str, record: dict[str, Any]) -> di
 
 def table_from(path: str) -> str:
     """The table of a results file (the last run of each tower, batch and precision)."""
-    latest: dict[tuple, dict[str, Any]] = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        latest[(row["tower"], row["batch"], row["precision"])] = row
-    return table(list(latest.values()))
+    return table(list(latest_rows(path).values()))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -149,7 +145,34 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def latest_rows(path: str) -> dict[tuple, dict[str, Any]]:
+    latest: dict[tuple, dict[str, Any]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        latest[(row["tower"], row["batch"], row["precision"])] = row
+    return latest
+
+
+def comparison_table(onnx_path: str, pt2_path: str) -> str:
+    """The zoo through ONNX beside the same towers through ``.pt2`` (docs/onnx.md)."""
+    onnx, pt2 = latest_rows(onnx_path), latest_rows(pt2_path)
+    lines = ["| tower (config of) | batch | precision | `.pt2` | `.pt2` cycles | ONNX | ONNX "
+             "cycles | noiseRatio | why not |", "|---|---|---|---|---|---|---|---|---|"]
+    for key, row in onnx.items():
+        twin = pt2.get(key, {})
+        reason = (row["reason"] or twin.get("reason") or "-").replace("|", "\\|")[:160]
+        lines.append(f"| {row['tower']} ({row['checkpoint']}) | {row['batch']} | "
+                     f"{row['precision']} | {twin.get('verdict', '-')} | "
+                     f"{twin.get('cycles') or '-'} | {row['verdict']} | {row['cycles'] or '-'} | "
+                     f"{row['noiseRatio'] or '-'} | {reason} |")
+    passed = [sum(r.get("verdict") == "PASS" for r in rows.values()) for rows in (onnx, pt2)]
+    lines.append(f"\nPASS: {passed[0]} of {len(onnx)} through ONNX, {passed[1]} of {len(pt2)} "
+                 "through `.pt2`.")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import sys
 
-    print(table_from(sys.argv[1]))
+    print(table_from(sys.argv[1]) if len(sys.argv) == 2 else
+          comparison_table(sys.argv[1], sys.argv[2]))
