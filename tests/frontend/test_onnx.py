@@ -120,6 +120,13 @@ def test_a_vision_tower_with_a_dynamic_batch(tmp_path: Path, cache_dir: Path, lo
     assert twin["cycles"] == record["cycles"]
     # the same inputs (drawn by the input's name) give the same outputs, bit for bit
     assert twin["noiseRatio"] == record["noiseRatio"]
+    # an inputs file sets the symbolic batch; capacity re-traces the file at each batch
+    np.savez(tmp_path / "in.npz", pixels=np.ones((2, 3, 16, 16), np.float32))
+    from_file = bench(model, tmp_path, cache_dir, lock_path, capsys, "--inputs",
+                      str(tmp_path / "in.npz"))
+    assert from_file["numericalTest"] == "PASS" and from_file["inputShapes"] == "2x3x16x16"
+    assert main(["--quiet", "capacity", str(model), "--max-batch", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["maximumBatch"] == 4
 
 
 def test_ops_lists_each_node_with_its_name(clip_files: dict[str, Path], capsys) -> None:

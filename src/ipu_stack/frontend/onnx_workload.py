@@ -2,8 +2,9 @@
 program at the run's sizes (``onnx_program``), imported by the torch importer, and checked
 against onnxruntime on the CPU (``referenceSource=onnxruntime``).
 
-The file's symbolic dimensions are set from the run: the first of an input from
-``--batch`` (1 when not given), any other from ``--tokens``.
+The file's symbolic dimensions are set from the run: from the ``--inputs`` file's arrays
+when one is given, else the first of an input from ``--batch`` (1 when not given) and any
+other from ``--tokens``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ipu_stack.frontend.workload import (
     program_parameters,
 )
 from ipu_stack.ir.names import name_layer
+from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter
 
 
@@ -48,9 +50,34 @@ def onnx_parameters() -> tuple[Parameter, ...]:
                                                "dimensions (sequence length)", minimum=0))
 
 
-def example_feeds(specs: list[GraphInput], batch: int, tokens: int) -> dict[str, np.ndarray]:
-    """Zeros of each input's concrete shape and dtype: what the program is traced at."""
-    return {s.name: np.zeros(concrete_shape(s, batch, tokens), s.dtype) for s in specs}
+def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
+                  shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Zeros of each input's concrete shape and dtype: what the program is traced at (the
+    inputs file's shape where it gives one)."""
+    shapes = shapes or {}
+    return {s.name: np.zeros(shapes.get(s.name) or concrete_shape(s, batch, tokens), s.dtype)
+            for s in specs}
+
+
+def shapes_from_file(specs: list[GraphInput], path: str) -> dict[str, tuple[int, ...]]:
+    """The shapes an ``--inputs`` file gives the model's inputs (by name, else ``arr_i``),
+    checked against the file's fixed dimensions; its symbolic ones take the array's."""
+    try:
+        data = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
+    shapes = {}
+    for index, spec in enumerate(specs):
+        key = spec.name if spec.name in data.files else f"arr_{index}"
+        if key not in data.files:
+            continue  # inputs_from_file names what is missing
+        shape = tuple(int(d) for d in data[key].shape)
+        if len(shape) != len(spec.dims) or any(isinstance(d, int) and d != got
+                                               for d, got in zip(spec.dims, shape, strict=True)):
+            raise UsageError(f"--inputs {path}: {spec.name} is {list(shape)}; the model takes "
+                             f"{list(spec.dims)}")
+        shapes[spec.name] = shape
+    return shapes
 
 
 def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
@@ -61,8 +88,9 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     sessions: list[Any] = []
 
     def sized(params: dict[str, Any]) -> Any:
+        shapes = shapes_from_file(specs, params["inputs"]) if params.get("inputs") else {}
         return export_onnx(model, path, example_feeds(specs, params["batch"],
-                                                      params.get("tokens", 0)))
+                                                      params.get("tokens", 0), shapes))
 
     def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         feeds = {s.name: np.asarray(a).astype(s.dtype) for s, a in zip(specs, inputs,
