@@ -73,6 +73,22 @@ class Act:
 
 
 @dataclass(frozen=True)
+class HeadRepeat:
+    """``x[:, :, None]`` of a ``heads_major`` value ``[B, kv, T, d]`` (or RoPE pairs over
+    one) on its way to ``expand(B, kv, n, T, d).reshape(B, kv n, T, d)``: grouped-query
+    attention's key and value heads repeated for the query heads (transformers'
+    ``repeat_kv``); ``repeats`` is ``n`` once the expand is seen."""
+
+    source: Any
+    repeats: int = 1
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        b, kv, t, d = self.source.shape
+        return (b, kv, self.repeats, t, d)
+
+
+@dataclass(frozen=True)
 class UserInput:
     """A user input not yet given an IR value: its first consumer decides the host layout."""
 

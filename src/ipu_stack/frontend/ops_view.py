@@ -4,6 +4,7 @@ pattern-matched between layout forms (``frontend/forms.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 
 from ipu_stack.frontend import forms, fused, patterns, rope
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
-from ipu_stack.frontend.forms import Act, HostIds, UserInput
+from ipu_stack.frontend.forms import Act, HeadRepeat, HostIds, UserInput
 from ipu_stack.frontend.rules import activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
 
@@ -48,6 +49,11 @@ def _dropout(conv: Converter, node: Any, x: Any, p: float = 0.0, train: bool = F
 
 
 def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(x, HeadRepeat):
+        b, kv, n, t, d = x.shape
+        if forms.resolve_shape(shape, prod(x.shape)) != (b, kv * n, t, d):
+            raise unsupported(node, f"a view of repeated heads as {list(shape)}")
+        return repeat_heads(conv, node, x)
     if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
         # ids viewed before their lookup (CLIP's ``input_ids.view(-1, T)``): still ids
         return UserInput(x.index, x.name, forms.resolve_shape(shape, prod(x.shape)))
@@ -163,7 +169,40 @@ def _stack(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
 def _unsqueeze(conv: Converter, node: Any, x: Any, dim: int) -> Any:
     act = _shaped(conv, node, x)
     dim %= len(act.shape) + 1
+    if dim == 2 and _heads_source(act):
+        return HeadRepeat(act)  # grouped-query attention's repeat_kv begins
     return _view(conv, node, act, (*act.shape[:dim], 1, *act.shape[dim:]))
+
+
+def _heads_source(x: Any) -> bool:
+    base = x.base if isinstance(x, rope.Pairs) and not x.split and x.window is None else x
+    return isinstance(base, Act) and base.form == "heads_major" and len(x.shape) == 4
+
+
+def repeat_heads(conv: Converter, node: Any, repeat: HeadRepeat) -> Any:
+    """The source's heads each repeated ``repeats`` times, as the query heads read them:
+    a product with a constant 0/1 selection matrix (F16, every output one input value,
+    so exact); RoPE pairs keep their per-pair transform, which no head changes."""
+    source = repeat.source
+    if isinstance(source, rope.Pairs):
+        return dataclasses.replace(source, base=_repeat_act(conv, node, source.base,
+                                                            repeat.repeats))
+    return _repeat_act(conv, node, source, repeat.repeats)
+
+
+def _repeat_act(conv: Converter, node: Any, act: Act, repeats: int) -> Act:
+    act = conv.plain(act, node)
+    b, t, kv, d = act.dims
+    select = np.zeros((kv * d, kv * repeats * d), np.float32)
+    for head in range(kv * repeats):
+        group = head // repeats
+        select[group * d:(group + 1) * d, head * d:(head + 1) * d] = np.eye(d)
+    name = conv.name(node)
+    weight = conv.weight(f"{name}.select", select, matrix=False)
+    value = conv.b.op("matmul", [act.value, weight], F16, name)
+    conv.rewrites.append(f"{node.name}: {kv} key/value heads repeated {repeats}x for "
+                         "grouped-query attention (a 0/1 selection product)")
+    return Act(value, (b, kv * repeats, t, d), "heads_major", (b, t, kv * repeats, d))
 
 
 @rule("aten.squeeze")
@@ -194,7 +233,13 @@ def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
 
 
 @rule("aten.expand")
-def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = False) -> Act:
+def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = False) -> Any:
+    if isinstance(x, HeadRepeat):
+        size = tuple(int(s) for s in shape)
+        b, kv, _, t, d = x.shape
+        if len(size) != 5 or (size[0], size[1], size[3], size[4]) != (b, kv, t, d):
+            raise unsupported(node, "expanding a head axis other than repeat_kv's")
+        return dataclasses.replace(x, repeats=size[2])
     act = activation(conv, node, x)
     size = tuple(s if s != -1 else act.shape[i - len(shape) + len(act.shape)]
                  for i, s in enumerate(shape))
