@@ -2,7 +2,8 @@
 ``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
 figures").
 
-Usage: ``python benchmarks/export_text.py clip|bert|bert-qa --batch B --out MODEL.pt2``; an
+Usage: ``python benchmarks/export_text.py clip|bert|bert-qa|smollm2 --batch B --out MODEL.pt2``
+(``smollm2``: a causal LM's prefill, ``--tokens`` long, returning its logits); an
 ``--out MODEL.onnx`` is written by ``torch.onnx.export`` instead (opset 18, the ``[onnx]``
 extra), for ``ipu-stack bench MODEL.onnx`` (docs/onnx.md).  Random init
 (``torch.manual_seed(0)``) at the real widths; the module returns plain tensors (the last
@@ -45,18 +46,43 @@ def bert_base() -> tuple[torch.nn.Module, int, int]:
     return transformers.BertModel(transformers.BertConfig()), 384, 30522
 
 
+class Logits(torch.nn.Module):
+    """A causal LM's prefill (``use_cache=False``) returning its logits only."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def smollm2() -> tuple[torch.nn.Module, int, int]:
+    """HuggingFaceTB/SmolLM2-135M's configuration: 30 layers, width 576, 9 query and 3
+    key/value heads, SwiGLU 1536, RoPE theta 100,000, the LM head tied to the embedding."""
+    config = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, hidden_act="silu")
+    return Logits(transformers.LlamaForCausalLM(config)), 128, 49152
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=("clip", "bert", "bert-qa"))
+    parser.add_argument("model", choices=("clip", "bert", "bert-qa", "smollm2"))
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=0, help="smollm2: the prompt length "
+                        "(default 128)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model, tokens, vocab = (clip_text if args.model == "clip" else bert_base)()
+    build = {"clip": clip_text, "smollm2": smollm2}.get(args.model, bert_base)
+    model, tokens, vocab = build()
+    tokens = args.tokens or tokens
     if args.model == "bert-qa":
         model = Outputs(transformers.BertForQuestionAnswering(model.config),
                         ("start_logits", "end_logits"))
-    else:
+    elif args.model != "smollm2":  # the LM's module returns its logits already
         model = Outputs(model, ("last_hidden_state", "pooler_output"))
     with torch.no_grad():  # biases and norms drawn too: an ONNX exporter would store each
         for parameter in model.parameters():  # init value (zeros, ones) once for all layers

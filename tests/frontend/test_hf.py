@@ -157,18 +157,23 @@ def test_ids_outside_the_table_and_computed_ids_are_refused_in_one_line(tmp_path
     assert one_error_line(code, capsys.readouterr().err) == (
         f"error: --inputs {inputs}: input_ids holds ids outside [0, 1000) or not whole "
         "(1000 to 1000)")
-    # RoBERTa's position ids are arithmetic on the ids on the device (ne, cumsum): refused
-    config = transformers.RobertaConfig(vocab_size=500, hidden_size=64, intermediate_size=128,
-                                        num_hidden_layers=1, num_attention_heads=4,
-                                        max_position_embeddings=32)
-    roberta = _Encoder(transformers.RobertaModel(config, add_pooling_layer=False).eval()).eval()
-    program = torch.export.export(roberta, (torch.randint(0, 500, (1, 8)),))
-    path = tmp_path / "roberta.pt2"
+    # ids computed on the device (the argmax of an activation) cannot be looked up: refused
+
+    class Computed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table, self.fc = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.table(torch.argmax(self.fc(self.table(ids)), -1))
+
+    program = torch.export.export(Computed().eval(), (torch.randint(0, 50, (1, 8)),))
+    path = tmp_path / "computed.pt2"
     torch.export.save(program, str(path))
     code = main(["bench", str(path), "--out", str(tmp_path / "q")])
     line = one_error_line(code, capsys.readouterr().err)
-    assert line.startswith("error: unsupported operation aten.ne.Scalar in module "
-                           "model.embeddings (RobertaEmbeddings)"), line
+    assert line.startswith("error: unsupported operation aten.argmax.default") and \
+        "an argmax other than over the last axis of host ids" in line, line
 
 
 def test_clip_text_imports_with_its_pooler_and_runs_as_the_builtin(tmp_path, capsys) -> None:
@@ -264,3 +269,46 @@ def test_bert_for_question_answering_imports_its_squeezed_logits(tmp_path, capsy
     code = main(["bench", str(path), "--out", str(tmp_path / "p2")])
     line = one_error_line(code, capsys.readouterr().err)
     assert "a squeezed [2, 16] value used other than as an output" in line, line
+
+
+def test_roberta_position_ids_are_host_arithmetic_and_pass_against_torch(tmp_path,
+                                                                         capsys) -> None:
+    """``RobertaForQuestionAnswering``: position ids from the input ids (``ne``, ``cumsum``,
+    products and sums: padding keeps the padding position) computed by the host, looked up
+    on the device; PASS against torch on ids with padding at the end."""
+    from ipu_stack.cli import main
+    from ipu_stack.frontend.forms import HostIds
+
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=40, pad_token_id=1)
+    model = transformers.RobertaForQuestionAnswering(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.model(input_ids=input_ids)
+            return out.start_logits, out.end_logits
+
+    ids = torch.randint(3, 300, (2, 16))
+    ids[0, 12:] = 1  # padding
+    path = tmp_path / "roberta.pt2"
+    torch.export.save(torch.export.export(Logits(), (ids,)), str(path))
+    np.savez(tmp_path / "ids.npz", input_ids=ids.numpy().astype(np.float32))
+    code = main(["--quiet", "bench", str(path), "--precision", "f16", "--json", "--inputs",
+                 str(tmp_path / "ids.npz"), "--out", str(tmp_path / "pkg")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["conversionError"] < 1e-5
+    # the host's steps against transformers' own position ids, padding included
+    steps = HostIds(0, "input_ids", (2, 16), (2, 16), (
+        ("ne", 1.0), ("cumsum", 1), ("add", 0.0)))
+    mask = HostIds(0, "input_ids", (2, 16), (2, 16), (("ne", 1.0),))
+    positions = steps.then("times", mask).then("add", 1.0).evaluate(ids.numpy())
+    embeddings = transformers.models.roberta.modeling_roberta.RobertaEmbeddings
+    expected = embeddings.create_position_ids_from_input_ids(ids, 1).numpy()
+    assert np.array_equal(positions, expected) and positions[0, 12:].tolist() == [1] * 4

@@ -100,8 +100,10 @@ class UserInput:
 @dataclass(frozen=True)
 class HostIds:
     """Integer arithmetic on a program input's ids, done by the host before the run (host
-    preprocessing, as a serving stack does it): ``steps`` are ``("eq", value)`` and
-    ``("argmax", None)`` over the last axis, applied to input ``index`` in order."""
+    preprocessing, as a serving stack does it): ``steps`` (``HOST_STEPS``: comparisons with
+    a number, ``argmax`` over the last axis, ``cumsum``, sums and products with a number or
+    with other arithmetic on the same ids, a constant table read at the ids) applied to
+    input ``index`` in order: CLIP's end-of-text position, RoBERTa's position ids."""
 
     index: int
     name: str
@@ -112,9 +114,32 @@ class HostIds:
     def evaluate(self, ids: np.ndarray) -> np.ndarray:
         values = np.asarray(ids, dtype=np.float64).reshape(self.source_shape)
         for step, argument in self.steps:
-            values = (values == argument).astype(np.float64) if step == "eq" else \
-                np.argmax(values, axis=-1).astype(np.float64)
+            values = HOST_STEPS[step](values, argument, ids)
         return values
+
+    def then(self, step: str, argument: Any, shape: tuple[int, ...] | None = None) -> HostIds:
+        return dataclasses.replace(self, steps=(*self.steps, (step, argument)),
+                                   shape=self.shape if shape is None else shape)
+
+
+def _take(values: np.ndarray, table_axis: tuple[np.ndarray, int]) -> np.ndarray:
+    table, axis = table_axis
+    table = np.broadcast_to(table, (*values.shape[:axis], table.shape[axis],
+                                    *values.shape[axis + 1:]))
+    return np.take_along_axis(table, values.astype(np.int64), axis=axis).astype(np.float64)
+
+
+HOST_STEPS: dict[str, Any] = {
+    "eq": lambda v, a, ids: (v == a).astype(np.float64),
+    "ne": lambda v, a, ids: (v != a).astype(np.float64),
+    "argmax": lambda v, a, ids: np.argmax(v, axis=-1).astype(np.float64),
+    "cumsum": lambda v, a, ids: np.cumsum(v, axis=a),
+    "add": lambda v, a, ids: v + a,
+    "mul": lambda v, a, ids: v * a,
+    "plus": lambda v, a, ids: v + a.evaluate(ids),
+    "times": lambda v, a, ids: v * a.evaluate(ids),
+    "take": lambda v, a, ids: _take(v, a),
+}
 
 
 def resolve_shape(shape: list[int] | tuple[int, ...], total: int) -> tuple[int, ...]:

@@ -10,7 +10,6 @@ refused in one line: only a program input's ids are looked up.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, HostIds, UserInput
 from ipu_stack.frontend.rules import activation, is_tensor, rule, to_numpy
 from ipu_stack.ir.precision import F16
+from ipu_stack.util.errors import UsageError
 
 
 @rule("aten.embedding")
@@ -26,25 +26,84 @@ def _embedding(conv: Converter, node: Any, weight: Any, indices: Any, padding_id
                scale_grad_by_freq: bool = False, sparse: bool = False) -> Act:
     if not is_tensor(weight) or len(weight.shape) != 2:
         raise unsupported(node, "a lookup table that is not a constant [rows, width] tensor")
-    if not isinstance(indices, UserInput):
+    if not isinstance(indices, (UserInput, HostIds)):
         raise unsupported(node, "a lookup of ids computed on the device (only a program "
-                                "input's ids are looked up)")
+                                "input's ids, or the host's arithmetic on them, are looked up)")
     table = to_numpy(weight)
     key = conv.const_key(weight, conv.name(node, ".table"))
     table_id = conv.weight(key, table, matrix=False)
-    ids = conv.id_input(indices, node, table.shape[0])
+    ids = conv.id_input(indices, node, table.shape[0]) if isinstance(indices, UserInput) \
+        else _host_ids(conv, node, indices, table.shape[0])
     out = conv.b.op("embedding", [ids, table_id], F16, conv.name(node))
     return Act(out, (*indices.shape, table.shape[1]))
 
 
-@rule("aten.eq")
-def _equal(conv: Converter, node: Any, x: Any, value: Any) -> HostIds:
-    """``ids == value`` on the host (CLIP's end-of-text test)."""
+def _host_ids(conv: Converter, node: Any, ids: HostIds, rows: int) -> int:
+    """An I32 input of ids the host computes (RoBERTa's positions), checked to fall within
+    the table whenever they are made."""
+    shape, index, name = (*ids.shape, 1), ids.index, conv.name(node, ".ids")
+
+    def make(arrays: list[np.ndarray]) -> np.ndarray:
+        values = ids.evaluate(arrays[index])
+        if values.size and (values.min() < 0 or values.max() >= rows):
+            raise UsageError(f"{name}: the host computed ids {values.min():g} to "
+                             f"{values.max():g}, outside the table's [0, {rows})")
+        return values.reshape(shape).astype(np.float32)
+
+    conv.rewrites.append(f"{node.name}: ids computed from {ids.name} on the host (host "
+                         "preprocessing), looked up on the device")
+    return conv.host_input(name, shape, make)
+
+
+def host_ids(x: Any) -> HostIds | None:
+    """A program input's ids, or the host's arithmetic on them, as :class:`HostIds`."""
     if isinstance(x, UserInput):
-        x = HostIds(x.index, x.name, x.shape, x.shape)
-    if not isinstance(x, HostIds) or not isinstance(value, (int, float)):
+        return HostIds(x.index, x.name, x.shape, x.shape)
+    return x if isinstance(x, HostIds) else None
+
+
+def host_arithmetic(node: Any, kind: str, x: Any, y: Any) -> HostIds:
+    """``ids + n``, ``ids * n`` or the sum or product of two results of arithmetic on the
+    same input's ids (``add``/``mul``), on the host."""
+    first, second = host_ids(x), host_ids(y)
+    if first is None:
+        first, second, x, y = second, first, y, x
+    if first is not None and second is not None and second.index == first.index:
+        return first.then("plus" if kind == "add" else "times", second)
+    if first is not None and isinstance(y, (int, float)):
+        return first.then(kind, float(y))
+    raise unsupported(node, "arithmetic of a program input's ids with something other than "
+                            "a number or the same ids")
+
+
+@rule("aten.eq", "aten.ne")
+def _equal(conv: Converter, node: Any, x: Any, value: Any) -> HostIds:
+    """``ids == value`` (CLIP's end-of-text test), ``ids != value`` (RoBERTa's padding) on
+    the host."""
+    x = host_ids(x)
+    if x is None or not isinstance(value, (int, float)):
         raise unsupported(node, "a comparison other than a program input's ids with a number")
-    return replace(x, steps=(*x.steps, ("eq", float(value))))
+    return x.then("ne" if "ne" in str(node.target) else "eq", float(value))
+
+
+@rule("aten.cumsum")
+def _cumsum(conv: Converter, node: Any, x: Any, dim: int, dtype: Any = None) -> HostIds:
+    x = host_ids(x)
+    if x is None:
+        raise unsupported(node, "a running sum of anything but a program input's ids")
+    return x.then("cumsum", int(dim) % len(x.shape))
+
+
+@rule("aten.gather")
+def _gather(conv: Converter, node: Any, x: Any, dim: int, index: Any,
+            sparse_grad: bool = False) -> HostIds:
+    """A constant table read at host-computed ids (RoBERTa's token types at its
+    positions): more host arithmetic."""
+    index = host_ids(index)
+    if index is None or not is_tensor(x):
+        raise unsupported(node, "a gather other than of a constant at a program input's ids")
+    table = to_numpy(x)
+    return index.then("take", (table, int(dim) % table.ndim))
 
 
 @rule("aten.argmax")
@@ -53,7 +112,7 @@ def _argmax(conv: Converter, node: Any, x: Any, dim: Any = None, keepdim: bool =
     """The first position of the largest value along the last axis, on the host."""
     if not isinstance(x, HostIds) or dim not in (-1, len(x.shape) - 1) or keepdim:
         raise unsupported(node, "an argmax other than over the last axis of host ids")
-    return replace(x, shape=x.shape[:-1], steps=(*x.steps, ("argmax", None)))
+    return x.then("argmax", None, x.shape[:-1])
 
 
 @rule("aten.index")

@@ -12,6 +12,7 @@ from ipu_stack.frontend import forms, patterns, rope
 from ipu_stack.frontend.attention import softmax_op
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
+from ipu_stack.frontend.ops_lookup import host_arithmetic
 from ipu_stack.frontend.rules import (
     activation,
     constant_array,
@@ -26,7 +27,9 @@ from ipu_stack.ir.precision import F16
 
 # ---------------------------------------------------------------- arithmetic
 @rule("aten.add", "aten.sub", "aten.rsub")
-def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Act:
+def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
+    if _on_ids(node) and "sub" not in str(node.target) and alpha == 1.0:
+        return host_arithmetic(node, "add", x, y)  # RoBERTa's position ids
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
@@ -78,8 +81,16 @@ def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
     return Act(value, x.shape, x.form, x.dims)
 
 
+def _on_ids(node: Any) -> bool:
+    """Whether the operation is integer arithmetic (on a program input's ids)."""
+    value = node.meta.get("val")
+    return value is not None and hasattr(value, "dtype") and not value.dtype.is_floating_point
+
+
 @rule("aten.mul")
 def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
+    if _on_ids(node):
+        return host_arithmetic(node, "mul", x, y)
     symbolic = (Act, UserInput, rope.Pairs, rope.PairPart, patterns.Pending)
     if not isinstance(x, symbolic):
         x, y = y, x

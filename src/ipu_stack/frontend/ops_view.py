@@ -240,6 +240,8 @@ def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = Fal
         if len(size) != 5 or (size[0], size[1], size[3], size[4]) != (b, kv, t, d):
             raise unsupported(node, "expanding a head axis other than repeat_kv's")
         return dataclasses.replace(x, repeats=size[2])
+    if isinstance(x, HostIds) and tuple(int(s) for s in shape) in (x.shape, ()):
+        return x  # host ids expanded to the shape they have
     act = activation(conv, node, x)
     size = tuple(s if s != -1 else act.shape[i - len(shape) + len(act.shape)]
                  for i, s in enumerate(shape))
