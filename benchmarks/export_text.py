@@ -2,7 +2,8 @@
 ``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
 figures").
 
-Usage: ``python benchmarks/export_text.py clip|bert|bert-qa|smollm2 --batch B --out MODEL.pt2``
+Usage: ``python benchmarks/export_text.py clip|bert|bert-qa|roberta-qa|smollm2 --batch B
+--out MODEL.pt2``
 (``smollm2``: a causal LM's prefill, ``--tokens`` long, returning its logits); an
 ``--out MODEL.onnx`` is written by ``torch.onnx.export`` instead (opset 18, the ``[onnx]``
 extra), for ``ipu-stack bench MODEL.onnx`` (docs/onnx.md).  Random init
@@ -69,7 +70,7 @@ def smollm2() -> tuple[torch.nn.Module, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=("clip", "bert", "bert-qa", "smollm2"))
+    parser.add_argument("model", choices=("clip", "bert", "bert-qa", "roberta-qa", "smollm2"))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=0, help="smollm2: the prompt length "
                         "(default 128)")
@@ -82,6 +83,12 @@ def main() -> None:
     if args.model == "bert-qa":
         model = Outputs(transformers.BertForQuestionAnswering(model.config),
                         ("start_logits", "end_logits"))
+    elif args.model == "roberta-qa":  # roberta-base: vocabulary 50,265, positions from ids
+        config = transformers.RobertaConfig(vocab_size=50265, max_position_embeddings=514,
+                                            type_vocab_size=1, layer_norm_eps=1e-5)
+        model, tokens = Outputs(transformers.RobertaForQuestionAnswering(config),
+                                ("start_logits", "end_logits")), 384
+        vocab = 50265
     elif args.model != "smollm2":  # the LM's module returns its logits already
         model = Outputs(model, ("last_hidden_state", "pooler_output"))
     with torch.no_grad():  # biases and norms drawn too: an ONNX exporter would store each
