@@ -257,7 +257,9 @@ def graph_inputs(model: Any) -> list[GraphInput]:
                              "not a float or integer tensor")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in kind.shape.dim)
-        element_count(Path(value.name), value.name, [d for d in dims if isinstance(d, int)])
+        if len(dims) > MAX_RANK:
+            raise UsageError(f"graph input {value.name!r} has {len(dims)} dimensions (at most "
+                             f"{MAX_RANK})")
         out.append(GraphInput(value.name, dtype, dims))
     return out
 
@@ -267,6 +269,9 @@ def concrete_shape(spec: GraphInput, batch: int, tokens: int) -> tuple[int, ...]
     ``tokens`` (refused when ``tokens`` is 0: the file does not say the size)."""
     shape = []
     for axis, dim in enumerate(spec.dims):
+        if isinstance(dim, int) and axis == 0 and batch not in (0, dim):
+            raise UsageError(f"--batch {batch}: graph input {spec.name} has a fixed batch of "
+                             f"{dim} (export it with a symbolic first dimension)")
         if isinstance(dim, int):
             shape.append(dim)
         elif axis == 0:

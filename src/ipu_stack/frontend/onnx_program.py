@@ -389,22 +389,25 @@ def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, n
 
 def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
          dtypes: dict[str, Any]) -> Folded:
-    """Run the graph once on zeros: constants folded, the rest listed to trace."""
+    """Run the graph once: constants folded on the CPU, every value that depends on an
+    input computed on torch's ``meta`` device (shapes only, no memory: a batch of any size
+    costs nothing here) and listed to trace."""
     torch = require_torch()
     folded = Folded(dict(weights))
-    values: dict[str, Any] = {n: torch.zeros(s, dtype=_torch_dtype(torch, dtypes[n]))
-                              for n, s in shapes.items()}
+    values: dict[str, Any] = {n: torch.empty(s, dtype=_torch_dtype(torch, dtypes[n]),
+                                             device="meta") for n, s in shapes.items()}
     last_use = {name: i for i, n in enumerate(nodes) for name in n.inputs}
     with torch.no_grad():
         for position, node in enumerate(nodes):
             if node.op_type == "Constant":
                 folded.constants[node.outputs[0]] = constant_of(node.attrs)
                 continue
-            live = {i: values[i] if i in values else torch.from_numpy(
-                np.array(folded.constants[i])) for i in node.inputs if i}
-            outputs = run_node(torch, node, live, folded.constants)
             constant = node.op_type == "Shape" or all(
                 i in folded.constants for i in node.inputs if i)
+            live = {i: values[i] if i in values else
+                    _constant_tensor(torch, folded.constants[i], meta=not constant)
+                    for i in node.inputs if i}
+            outputs = run_node(torch, node, live, folded.constants)
             for name, out in zip(node.outputs, outputs, strict=False):
                 if constant:
                     folded.constants[name] = out.numpy().copy()
@@ -415,6 +418,15 @@ def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tu
             for name in [n for n in node.inputs if last_use.get(n) == position]:
                 values.pop(name, None)
     return folded
+
+
+def _constant_tensor(torch: Any, array: np.ndarray, meta: bool) -> Any:
+    """A constant as a tensor: its values, or (beside a value that depends on an input)
+    only its shape and dtype."""
+    if meta:
+        return torch.empty(array.shape, dtype=torch.from_numpy(np.zeros(0, array.dtype)).dtype,
+                           device="meta")
+    return torch.from_numpy(np.array(array))
 
 
 def _torch_dtype(torch: Any, dtype: Any) -> Any:

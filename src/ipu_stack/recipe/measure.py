@@ -48,7 +48,7 @@ def _measure(workload: Any, params: dict[str, Any], out: Path, options: CompileO
                       compiled.timings["compile"], settings)
     fields = {k: outcome.record.get(k) for k in RUN_FIELDS}
     fields["deviceError"] = float(f"{device_error(outcome, compiled.graph, compiled.tensors):.4g}")
-    fields["gemms"] = [op_name for op_name in _gemm_names(compiled.graph)]
+    fields["gemms"] = _gemm_names(compiled.graph)
     return fields
 
 
