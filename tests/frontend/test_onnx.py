@@ -276,3 +276,12 @@ def test_mutated_files_compile_or_are_refused_in_one_line(tmp_path: Path, capsys
                                              .startswith("error: ")), (case, code, err)
         outcomes.append(code)
     assert 0 in outcomes and 2 in outcomes  # both kinds happened
+
+
+def test_a_fixed_batch_refuses_another(clip_files: dict[str, Path], tmp_path: Path,
+                                       capsys) -> None:
+    code = main(["--quiet", "compile", str(clip_files["dynamo"]), "--batch", "3", "-o",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == ("error: --batch 3: graph input input_ids has a fixed batch "
+                                 "of 2 (export it with a symbolic first dimension)")
