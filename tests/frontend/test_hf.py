@@ -91,12 +91,22 @@ def test_a_causal_lm_with_grouped_query_attention_passes_against_torch(tmp_path,
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == f"operations={len(out) - 1} supported={len(out) - 1} unsupported=0"
     assert any("aten.embedding" in line and line.startswith("yes") for line in out)
+    builtin = ["smollm2-135m", "--vocab", "256", "--dim", "64", "--hidden", "128", "--layers",
+               "2", "--heads", "4", "--kv-heads", "2", "--tokens", "16", "--eps", "1e-6",
+               "--theta", "10000"]
     for precision in ("f16", "fp8"):
         code = main(["--quiet", "bench", str(path), "--precision", precision, "--json",
                      "--out", str(tmp_path / precision)])
         record = json.loads(capsys.readouterr().out)
         assert code == 0 and record["numericalTest"] == "PASS", record
         assert record["referenceSource"] == "torch" and record["conversionError"] < 1e-5
+        # the builtin of the same shape is the same graph: the same cycles, no torch
+        code = main(["--quiet", "bench", *builtin, "--precision", precision, "--json",
+                     "--out", str(tmp_path / f"builtin-{precision}")])
+        twin = json.loads(capsys.readouterr().out)
+        assert code == 0 and twin["numericalTest"] == "PASS"
+        assert twin["cycles"] == record["cycles"] and twin["weightBytes"] == \
+            record["weightBytes"]
 
 
 class _Encoder(torch.nn.Module):

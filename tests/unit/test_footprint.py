@@ -33,6 +33,8 @@ SMALL = {
     "bert-base": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4, "hidden": 96},
     "roberta-base": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
                      "hidden": 96},
+    "smollm2-135m": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
+                     "kv_heads": 2, "hidden": 96},
 }
 
 

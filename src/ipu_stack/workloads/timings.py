@@ -22,6 +22,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "clip-text": (" --batch 4", 3.32, 4.95, 13),
     "bert-base": (" --batch 8", 11.78, 17.72, 45),
     "roberta-base": (" --batch 8", 8.68, 21.01, 45),
+    "smollm2-135m": ("", 6.16, 3.97, 14),
 }
 
 

@@ -1,0 +1,227 @@
+"""Decoder language models: a prompt's pass (prefill), token ids in, logits out.
+
+* ``smollm2-135m``: HuggingFaceTB/SmolLM2-135M's configuration (the Llama family): a
+  49,152-row token table, 30 layers of width 576, 9 query and 3 key/value heads of 64,
+  SwiGLU 1,536, RMS norm (eps 1e-5), RoPE (theta 100,000, ``rotate_half`` pairs), a causal
+  mask, the final norm and the LM head; random weights stand in for every weight.
+
+The layer is the graph ``LlamaForCausalLM`` imports to (docs/frontend.md), operation for
+operation: RMS norm; the q, k and v products; grouped-query attention's key and value heads
+repeated by a 0/1 selection product; RoPE on the queries and the repeated keys; the scores,
+the causal softmax, the context, the output product and the residual; RMS norm, the gate
+and up products, SwiGLU, the down product and the residual.  So the builtin and an exported
+model of the same shape take the same cycles, and benchmarks need no torch.  There is no KV
+cache and no decode step here: the prompt's pass only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.precision import F16, F32, Precision
+from ipu_stack.ir.types import TensorType
+from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.footprint import Footprint
+from ipu_stack.workloads.text import causal_mask
+from ipu_stack.workloads.transformer import (
+    ATTENTION_OPTION,
+    KEEP_F16,
+    LayerBuilder,
+    attention_precision,
+    attention_suffix,
+    calibrated_build,
+)
+
+I32 = Precision("I32")
+
+
+def _parameters() -> tuple[Parameter, ...]:
+    return (
+        Parameter("batch", int, 1, "sequences per run"),
+        Parameter("tokens", int, 128, "prompt tokens per sequence", minimum=2),
+        Parameter("vocab", int, 49152, "vocabulary (rows of the token table)", minimum=2),
+        Parameter("layers", int, 30, "decoder layers"),
+        Parameter("dim", int, 576, "model dimension"),
+        Parameter("heads", int, 9, "query heads"),
+        Parameter("kv_heads", int, 3, "key/value heads (grouped-query attention)"),
+        Parameter("hidden", int, 1536, "SwiGLU hidden dimension"),
+        Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
+        Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None),
+        Parameter("theta", float, 100000.0, "RoPE base", minimum=None),
+        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
+        ATTENTION_OPTION("f16"), KEEP_F16,
+    )
+
+
+def rope_1d_tables(batch: int, tokens: int, head_dim: int, theta: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Llama's RoPE angles, ``position * theta^(-2i/d)``, one row a token of every
+    sequence (``[B T, d/2]`` cos and sin, float32)."""
+    inverse = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(tokens), inverse)
+    return (np.tile(np.cos(angles), (batch, 1)).astype(np.float32),
+            np.tile(np.sin(angles), (batch, 1)).astype(np.float32))
+
+
+def head_selection(kv_heads: int, repeats: int, head_dim: int) -> np.ndarray:
+    """The 0/1 ``[kv d, kv n d]`` matrix that repeats each key/value head ``n`` times."""
+    select = np.zeros((kv_heads * head_dim, kv_heads * repeats * head_dim), np.float32)
+    for head in range(kv_heads * repeats):
+        group = head // repeats
+        select[group * head_dim:(group + 1) * head_dim,
+               head * head_dim:(head + 1) * head_dim] = np.eye(head_dim)
+    return select
+
+
+class DecoderLayers:
+    """The decoder's layers into a :class:`LayerBuilder`'s graph."""
+
+    def __init__(self, builder: LayerBuilder) -> None:
+        self.builder, self.b, self.p = builder, builder.b, builder.p
+        p = self.p
+        self.head_dim = p["dim"] // p["heads"]
+        self.repeats = p["heads"] // p["kv_heads"]
+
+    def constant(self, name: str, values: np.ndarray, precision: Precision) -> int:
+        """A weight whose values the model defines (tables, the selection matrix)."""
+        self.builder.tensors[name] = precision.round_trip(values)
+        return self.b.weight(name, TensorType(values.shape, precision))
+
+    def rms_norm(self, x: int, name: str) -> int:
+        """RMS norm, F16, and (with FP8) its cast for the products that read it."""
+        gamma = self.builder.weight(f"{name}.gamma", (self.p["dim"],), 0.1, offset=1.0)
+        return self.gemm_input(self.b.op("rms_norm", [x, gamma], F16, f"{name}.out",
+                                         eps=self.p["eps"]), f"{name}.fp8")
+
+    def gemm_input(self, value: int, name: str) -> int:
+        """``value`` cast to FP8 where the products run FP8, as the importer casts them."""
+        builder = self.builder
+        return self.b.op("cast", [value], builder.act(name), name) if builder.fp8_at(name) \
+            else value
+
+    def linear(self, x: int, din: int, dout: int, name: str, out: Precision = F16) -> int:
+        return self.builder.linear(x, din, dout, name, out, bias=False)
+
+    def attention(self, h: int, prefix: str, tables: tuple[int, int]) -> int:
+        p, b, d = self.p, self.b, self.head_dim
+        kv = p["kv_heads"] * d
+        q = self.linear(h, p["dim"], p["dim"], f"{prefix}.q")
+        k = self.linear(h, p["dim"], kv, f"{prefix}.k")
+        v = self.linear(h, p["dim"], kv, f"{prefix}.v")
+        select = head_selection(p["kv_heads"], self.repeats, d)
+        k = b.op("matmul", [k, self.constant(f"{prefix}.k.select", select, F16)], F16,
+                 f"{prefix}.k.repeat")
+        v = b.op("matmul", [v, self.constant(f"{prefix}.v.select", select, F16)], F16,
+                 f"{prefix}.v.repeat")
+        cos, sin = tables
+        q = b.op("rope", [q, cos, sin], F16, f"{prefix}.q.rope", head_dim=d, pairs="halves")
+        k = b.op("rope", [k, cos, sin], F16, f"{prefix}.k.rope", head_dim=d, pairs="halves")
+        scores = b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
+                      heads=p["heads"], tokens=p["tokens"])
+        mask = self.constant(f"{prefix}.mask", causal_mask(p["batch"], p["heads"],
+                                                           p["tokens"]), F16)
+        probs = b.op("biased_softmax", [scores, mask], F16, f"{prefix}.probs",
+                     scale=1.0 / float(np.sqrt(d)))
+        context = b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
+                       heads=p["heads"], tokens=p["tokens"])
+        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
+                           p["dim"], f"{prefix}.o")
+
+    def layer(self, x: int, index: int, tables: tuple[int, int]) -> int:
+        p, b, prefix = self.p, self.b, f"layer{index}"
+        act = self.builder.act
+        h = self.rms_norm(x, f"{prefix}.ln1")
+        x = b.op("add", [x, self.attention(h, f"{prefix}.attn", tables)], F16,
+                 f"{prefix}.residual1")
+        h = self.rms_norm(x, f"{prefix}.ln2")
+        gate = self.linear(h, p["dim"], p["hidden"], f"{prefix}.gate")
+        up = self.linear(h, p["dim"], p["hidden"], f"{prefix}.up")
+        g = b.op("swiglu", [gate, up], act(f"{prefix}.swiglu"), f"{prefix}.swiglu")
+        down = self.linear(g, p["hidden"], p["dim"], f"{prefix}.down")
+        return b.op("add", [x, down], F16, f"{prefix}.residual2")
+
+
+def token_ids(seed: int, stream: str, batch: int, tokens: int, vocab: int) -> np.ndarray:
+    """A random prompt (``[batch, tokens, 1]`` ids, whole numbers held as float32)."""
+    ids = rng_for(seed, stream).integers(0, vocab, (batch, tokens, 1))
+    return ids.astype(np.float32)
+
+
+def _build(builder: LayerBuilder, seed: int) -> None:
+    p, b = builder.p, builder.b
+    layers = DecoderLayers(builder)
+    batch, tokens, dim = p["batch"], p["tokens"], p["dim"]
+    builder.tensors["ids"] = token_ids(seed, "ids", batch, tokens, p["vocab"])
+    ids = b.input("ids", TensorType((batch, tokens, 1), I32))
+    table = builder.weight("token_embedding", (p["vocab"], dim), 0.02, precision=F16)
+    h = b.op("embedding", [ids, table], F16, "token_embedding.out")
+    cos, sin = rope_1d_tables(batch, tokens, layers.head_dim, p["theta"])
+    tables = (layers.constant("rope.cos", cos, F32), layers.constant("rope.sin", sin, F32))
+    for index in range(p["layers"]):
+        h = layers.layer(h, index, tables)
+    h = layers.rms_norm(h, "final_norm")
+    b.output(b.op("matmul", [h, builder.weight("lm_head.w", (dim, p["vocab"]),
+                                               1.0 / np.sqrt(dim))], F16, "logits"))
+
+
+def build_decoder(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The prefill graph and tensors, FP8 scales fitted per role on a calibration prompt."""
+    if params["dim"] % params["heads"] or params["heads"] % params["kv_heads"]:
+        raise UsageError(f"--heads {params['heads']} must divide --dim {params['dim']} and be "
+                         f"a multiple of --kv-heads {params['kv_heads']}")
+    if (params["dim"] // params["heads"]) % 2:
+        raise UsageError("the head dimension must be even (RoPE rotates pairs)")
+    return calibrated_build(params, "smollm2-135m", _build)
+
+
+def _identifier(p: dict[str, Any]) -> str:
+    return (f"smollm2-135m-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
+            f"-d{p['dim']}-h{p['heads']}-kv{p['kv_heads']}-f{p['hidden']}-n{p['layers']}"
+            f"{attention_suffix(p, 'f16')}")
+
+
+def _fields(p: dict[str, Any]) -> dict[str, Any]:
+    return {"benchmark": f"smollm2-135m-{p['precision']}", "batch": p["batch"],
+            "tokens": p["tokens"], "rows": p["batch"] * p["tokens"], "vocabulary": p["vocab"],
+            "dimension": p["dim"], "heads": p["heads"], "kvHeads": p["kv_heads"],
+            "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": False,
+            "attention": attention_precision(p)}
+
+
+def _footprint(params: dict[str, Any]) -> Footprint:
+    """Every 2-D weight of the graph (the layers' products, their selection matrices and
+    causal masks, the token table, the LM head, the RoPE tables) and the largest pair of
+    activations: the logits with the final norm's output, or a layer's scores, or the
+    SwiGLU products' input and output."""
+    p = params
+    weight = 1 if p["precision"] == "fp8" else 2
+    rows, dim, hidden, vocab = p["batch"] * p["tokens"], p["dim"], p["hidden"], p["vocab"]
+    head_dim = dim // max(p["heads"], 1)
+    kv = p["kv_heads"] * head_dim
+    scores = p["batch"] * p["heads"] * p["tokens"] * p["tokens"] * 2
+    per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight \
+        + 2 * kv * dim * 2 + scores
+    tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4
+    logits = rows * (vocab * 2 + dim * weight)
+    mlp = rows * (dim + hidden) * weight
+    largest = max((logits, "the logits and the final norm's output"),
+                  (scores, "one layer's attention scores"),
+                  (mlp, "the SwiGLU products' input and output"))
+    return Footprint(p["layers"] * per_layer + tables, largest[0], largest[1], p["layers"],
+                     "layers", per_layer)
+
+
+def _stream(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.ndarray]:
+    return {"ids": token_ids(params["seed"], f"ids.{index}", params["batch"], params["tokens"],
+                             params["vocab"])}
+
+
+register(Workload(
+    name="smollm2-135m", description="SmolLM2-135M (Llama family) prefill: token ids in, "
+    "logits out; 30 layers of width 576, grouped-query attention (9 / 3 heads), RoPE, SwiGLU",
+    parameters=_parameters(), build=build_decoder, identifier=_identifier,
+    benchmark_fields=_fields, stream_input=_stream, footprint=_footprint))
