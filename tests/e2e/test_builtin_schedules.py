@@ -18,7 +18,7 @@ from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import IPU21
 from ipu_stack.workloads import REGISTRY
 
-SMALL = {"tokens": 17, "dim": 64, "heads": 4, "hidden": 96, "image": 28, "patch": 7,
+SMALL = {"tokens": 17, "dim": 64, "heads": 4, "kv_heads": 2, "hidden": 96, "image": 28, "patch": 7,
          "layers": 2}
 
 
