@@ -35,6 +35,8 @@ SMALL = {
                      "hidden": 96},
     "smollm2-135m": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
                      "kv_heads": 2, "hidden": 96},
+    "tinyllama-1.1b": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
+                       "kv_heads": 2, "hidden": 96},
 }
 
 

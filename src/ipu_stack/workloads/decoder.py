@@ -4,6 +4,9 @@
   49,152-row token table, 30 layers of width 576, 9 query and 3 key/value heads of 64,
   SwiGLU 1,536, RMS norm (eps 1e-5), RoPE (theta 100,000, ``rotate_half`` pairs), a causal
   mask, the final norm and the LM head; random weights stand in for every weight.
+* ``tinyllama-1.1b``: TinyLlama/TinyLlama-1.1B's: a 32,000-row table, 22 layers of width
+  2,048, 32 query and 4 key/value heads, SwiGLU 5,632, RoPE theta 10,000; its FP8 weights
+  (1.2 GB) need two chips.
 
 The layer is the graph ``LlamaForCausalLM`` imports to (docs/frontend.md), operation for
 operation: RMS norm; the q, k and v products; grouped-query attention's key and value heads
@@ -16,6 +19,8 @@ cache and no decode step here: the prompt's pass only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -168,28 +173,32 @@ def _build(builder: LayerBuilder, seed: int) -> None:
                                                1.0 / np.sqrt(dim))], F16, "logits"))
 
 
-def build_decoder(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """The prefill graph and tensors, FP8 scales fitted per role on a calibration prompt."""
     if params["dim"] % params["heads"] or params["heads"] % params["kv_heads"]:
         raise UsageError(f"--heads {params['heads']} must divide --dim {params['dim']} and be "
                          f"a multiple of --kv-heads {params['kv_heads']}")
     if (params["dim"] // params["heads"]) % 2:
         raise UsageError("the head dimension must be even (RoPE rotates pairs)")
-    return calibrated_build(params, "smollm2-135m", _build)
+    return calibrated_build(params, kind, _build)
 
 
-def _identifier(p: dict[str, Any]) -> str:
-    return (f"smollm2-135m-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
-            f"-d{p['dim']}-h{p['heads']}-kv{p['kv_heads']}-f{p['hidden']}-n{p['layers']}"
-            f"{attention_suffix(p, 'f16')}")
+def _identifier(kind: str) -> Callable[[dict[str, Any]], str]:
+    def make(p: dict[str, Any]) -> str:
+        return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
+                f"-d{p['dim']}-h{p['heads']}-kv{p['kv_heads']}-f{p['hidden']}-n{p['layers']}"
+                f"{attention_suffix(p, 'f16')}")
+    return make
 
 
-def _fields(p: dict[str, Any]) -> dict[str, Any]:
-    return {"benchmark": f"smollm2-135m-{p['precision']}", "batch": p["batch"],
-            "tokens": p["tokens"], "rows": p["batch"] * p["tokens"], "vocabulary": p["vocab"],
-            "dimension": p["dim"], "heads": p["heads"], "kvHeads": p["kv_heads"],
-            "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": False,
-            "attention": attention_precision(p)}
+def _fields(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def make(p: dict[str, Any]) -> dict[str, Any]:
+        return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
+                "tokens": p["tokens"], "rows": p["batch"] * p["tokens"],
+                "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"],
+                "kvHeads": p["kv_heads"], "hiddenDimension": p["hidden"],
+                "layers": p["layers"], "biases": False, "attention": attention_precision(p)}
+    return make
 
 
 def _footprint(params: dict[str, Any]) -> Footprint:
@@ -220,8 +229,17 @@ def _stream(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.nd
                              params["vocab"])}
 
 
-register(Workload(
-    name="smollm2-135m", description="SmolLM2-135M (Llama family) prefill: token ids in, "
-    "logits out; 30 layers of width 576, grouped-query attention (9 / 3 heads), RoPE, SwiGLU",
-    parameters=_parameters(), build=build_decoder, identifier=_identifier,
-    benchmark_fields=_fields, stream_input=_stream, footprint=_footprint))
+def _register(kind: str, description: str, **defaults: Any) -> None:
+    parameters = tuple(replace(q, default=defaults.get(q.name, q.default))
+                       for q in _parameters())
+    register(Workload(
+        name=kind, description=description, parameters=parameters,
+        build=lambda params: build_decoder(kind, params), identifier=_identifier(kind),
+        benchmark_fields=_fields(kind), stream_input=_stream, footprint=_footprint))
+
+
+_register("smollm2-135m", "SmolLM2-135M (Llama family) prefill: token ids in, logits out; "
+          "30 layers of width 576, grouped-query attention (9 / 3 heads), RoPE, SwiGLU")
+_register("tinyllama-1.1b", "TinyLlama-1.1B prefill: 22 layers of width 2048, grouped-query "
+          "attention (32 / 4 heads), SwiGLU 5632, a 32,000-row table; two chips (--chips 2)",
+          vocab=32000, layers=22, dim=2048, heads=32, kv_heads=4, hidden=5632, theta=10000.0)

@@ -23,6 +23,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "bert-base": (" --batch 8", 11.78, 17.72, 45),
     "roberta-base": (" --batch 8", 8.68, 21.01, 45),
     "smollm2-135m": ("", 6.16, 3.97, 14),
+    "tinyllama-1.1b": (" --chips 2", 39.39, 34.04, 81),
 }
 
 
