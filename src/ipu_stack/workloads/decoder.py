@@ -19,7 +19,6 @@ cache and no decode step here: the prompt's pass only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -31,13 +30,11 @@ from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
 from ipu_stack.workloads.footprint import Footprint
-from ipu_stack.workloads.text import causal_mask
+from ipu_stack.workloads.text import causal_mask, sequence_fields, sequence_identifier
 from ipu_stack.workloads.transformer import (
     ATTENTION_OPTION,
     KEEP_F16,
     LayerBuilder,
-    attention_precision,
-    attention_suffix,
     calibrated_build,
 )
 
@@ -183,24 +180,6 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
     return calibrated_build(params, kind, _build)
 
 
-def _identifier(kind: str) -> Callable[[dict[str, Any]], str]:
-    def make(p: dict[str, Any]) -> str:
-        return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
-                f"-d{p['dim']}-h{p['heads']}-kv{p['kv_heads']}-f{p['hidden']}-n{p['layers']}"
-                f"{attention_suffix(p, 'f16')}")
-    return make
-
-
-def _fields(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def make(p: dict[str, Any]) -> dict[str, Any]:
-        return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
-                "tokens": p["tokens"], "rows": p["batch"] * p["tokens"],
-                "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"],
-                "kvHeads": p["kv_heads"], "hiddenDimension": p["hidden"],
-                "layers": p["layers"], "biases": False, "attention": attention_precision(p)}
-    return make
-
-
 def _footprint(params: dict[str, Any]) -> Footprint:
     """Every 2-D weight of the graph (the layers' products, their selection matrices and
     causal masks, the token table, the LM head, the RoPE tables) and the largest pair of
@@ -234,8 +213,9 @@ def _register(kind: str, description: str, **defaults: Any) -> None:
                        for q in _parameters())
     register(Workload(
         name=kind, description=description, parameters=parameters,
-        build=lambda params: build_decoder(kind, params), identifier=_identifier(kind),
-        benchmark_fields=_fields(kind), stream_input=_stream, footprint=_footprint))
+        build=lambda params: build_decoder(kind, params),
+        identifier=sequence_identifier(kind), benchmark_fields=sequence_fields(kind, False),
+        stream_input=_stream, footprint=_footprint))
 
 
 _register("smollm2-135m", "SmolLM2-135M (Llama family) prefill: token ids in, logits out; "

@@ -141,20 +141,26 @@ def stream_prompt(params: dict[str, Any], graph: Graph, index: int) -> dict[str,
     return {"ids": ids, "pooled.rows": end_of_text_rows(ids, params["vocab"])}
 
 
-def _identifier(kind: str) -> Callable[[dict[str, Any]], str]:
+def sequence_identifier(kind: str) -> Callable[[dict[str, Any]], str]:
+    """The identifier of a token model (text encoders, decoders: ``-kv`` where the
+    key/value heads are their own parameter)."""
     def make(p: dict[str, Any]) -> str:
+        kv = f"-kv{p['kv_heads']}" if "kv_heads" in p else ""
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
-                f"-d{p['dim']}-h{p['heads']}-f{p['hidden']}-n{p['layers']}"
+                f"-d{p['dim']}-h{p['heads']}{kv}-f{p['hidden']}-n{p['layers']}"
                 f"{attention_suffix(p, 'f16')}")
     return make
 
 
-def _fields(kind: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def sequence_fields(kind: str, biases: bool = True) -> Callable[[dict[str, Any]],
+                                                                 dict[str, Any]]:
+    """A token model's record fields (``kvHeads`` where they are their own parameter)."""
     def make(p: dict[str, Any]) -> dict[str, Any]:
+        kv = {"kvHeads": p["kv_heads"]} if "kv_heads" in p else {}
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "tokens": p["tokens"], "rows": p["batch"] * p["tokens"],
-                "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"],
-                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": True,
+                "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"], **kv,
+                "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": biases,
                 "attention": attention_precision(p)}
     return make
 
@@ -252,8 +258,8 @@ def _bert_parameters(vocab: int, eps: float) -> tuple[Parameter, ...]:
 def _register_bert(kind: str, description: str, vocab: int, eps: float) -> None:
     register(Workload(
         name=kind, description=description, parameters=_bert_parameters(vocab, eps),
-        build=lambda params: build_bert(kind, params), identifier=_identifier(kind),
-        benchmark_fields=_fields(kind),
+        build=lambda params: build_bert(kind, params), identifier=sequence_identifier(kind),
+        benchmark_fields=sequence_fields(kind),
         stream_input=lambda params, graph, index: stream_squad(kind, params, graph, index),
         footprint=_footprint(2 if kind == "bert-base" else 0)))
 
@@ -261,8 +267,9 @@ def _register_bert(kind: str, description: str, vocab: int, eps: float) -> None:
 register(Workload(
     name="clip-text", description="CLIP ViT-L/14 text encoder of Stable Diffusion (ByteMLPerf's "
     "clip-onnx-fp32 shape): token ids, 77 tokens, width 768, 12 causal layers, quick GELU",
-    parameters=_parameters(), build=build_text, identifier=_identifier("clip-text"),
-    benchmark_fields=_fields("clip-text"), stream_input=stream_prompt, footprint=_footprint(0)))
+    parameters=_parameters(), build=build_text, identifier=sequence_identifier("clip-text"),
+    benchmark_fields=sequence_fields("clip-text"), stream_input=stream_prompt,
+    footprint=_footprint(0)))
 _register_bert("bert-base", "BERT-base encoder for SQuAD (ByteMLPerf's bert-torch-fp32 shape): "
                "384 tokens, word and token-type lookups, 12 post-norm layers", 30522, 1e-12)
 _register_bert("roberta-base", "RoBERTa-base encoder for SQuAD (ByteMLPerf's roberta-torch-fp32 "
