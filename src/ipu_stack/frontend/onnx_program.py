@@ -140,7 +140,8 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
             test = producer.get(node.inputs[0])
             soft = producer.get(node.inputs[2])
             if test is not None and test.op_type == "IsNaN" and soft is not None and \
-                    soft.op_type == "Softmax" and test.inputs[0] == node.inputs[2]:
+                    soft.op_type == "Softmax" and test.inputs[0] == node.inputs[2] and \
+                    _is_constant(small, node.inputs[1], 0.0):
                 node.op_type, node.inputs = "SafeSoftmax", [soft.inputs[0]]
                 node.attrs = {**soft.attrs, "_outputs": node.outputs}
         elif node.op_type == "GatherND":
@@ -333,7 +334,8 @@ def _argmax_source(producer: dict[str, Node], name: str) -> str | None:
     node = producer.get(name)
     while node is not None and node.op_type in ("Unsqueeze", "Cast"):
         node = producer.get(node.inputs[0])
-    if node is None or node.op_type != "ArgMax" or int(node.attrs.get("axis", 0)) != -1:
+    if node is None or node.op_type != "ArgMax" or int(node.attrs.get("axis", 0)) != -1 or \
+            node.attrs.get("select_last_index", 0):
         return None
     return node.inputs[0]
 
