@@ -136,7 +136,7 @@ def search(build: Callable[[frozenset[int]], tuple[Graph, dict[str, np.ndarray]]
         current = run(current.kept | {layer})
     if current.error <= max_error:
         order = sorted(added, key=lambda k: evaluations[0].contributions.get(k, 0.0))
-        for layer in order[:-1] if len(order) > 1 else []:
+        for layer in order if len(order) > 1 else []:  # one alone was needed: FP8 failed
             if len(evaluations) >= max_evaluations:
                 break
             trial = run(current.kept - {layer})
