@@ -285,3 +285,13 @@ def test_a_fixed_batch_refuses_another(clip_files: dict[str, Path], tmp_path: Pa
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == ("error: --batch 3: graph input input_ids has a fixed batch "
                                  "of 2 (export it with a symbolic first dimension)")
+
+
+def test_the_same_file_gives_a_byte_identical_package(clip_files: dict[str, Path],
+                                                      tmp_path: Path, cache_dir: Path) -> None:
+    packages = []
+    for name in ("a", "b"):
+        assert main(["--quiet", "compile", str(clip_files["torchscript"]), "--precision", "fp8",
+                     "-o", str(tmp_path / name), "--cache-dir", str(cache_dir)]) == 0
+        packages.append((tmp_path / name / "model.ipuexe").read_bytes())
+    assert packages[0] == packages[1]
