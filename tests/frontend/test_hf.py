@@ -281,6 +281,27 @@ def test_bert_for_question_answering_imports_its_squeezed_logits(tmp_path, capsy
     assert "a squeezed [2, 16] value used other than as an output" in line, line
 
 
+def test_multi_query_attention_passes_against_torch(tmp_path, capsys) -> None:
+    """One key/value head (multi-query attention): the key, held as rows, still takes RoPE,
+    and its head is repeated for every query head."""
+    from ipu_stack.cli import main
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config).eval()
+    program = torch.export.export(model, (torch.randint(0, 128, (1, 12)),),
+                                  kwargs={"use_cache": False})
+    path = tmp_path / "mqa.pt2"
+    torch.export.save(program, str(path))
+    code = main(["--quiet", "bench", str(path), "--precision", "f16", "--json", "--out",
+                 str(tmp_path / "pkg")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["conversionError"] < 1e-5
+
+
 def test_roberta_position_ids_are_host_arithmetic_and_pass_against_torch(tmp_path,
                                                                          capsys) -> None:
     """``RobertaForQuestionAnswering``: position ids from the input ids (``ne``, ``cumsum``,

@@ -176,7 +176,8 @@ def _unsqueeze(conv: Converter, node: Any, x: Any, dim: int) -> Any:
 
 def _heads_source(x: Any) -> bool:
     base = x.base if isinstance(x, rope.Pairs) and not x.split and x.window is None else x
-    return isinstance(base, Act) and base.form == "heads_major" and len(x.shape) == 4
+    return isinstance(base, Act) and len(x.shape) == 4 and (
+        base.form == "heads_major" or base.form == "rows" and base.shape[1] == 1)
 
 
 def repeat_heads(conv: Converter, node: Any, repeat: HeadRepeat) -> Any:
@@ -192,7 +193,7 @@ def repeat_heads(conv: Converter, node: Any, repeat: HeadRepeat) -> Any:
 
 def _repeat_act(conv: Converter, node: Any, act: Act, repeats: int) -> Act:
     act = conv.plain(act, node)
-    b, t, kv, d = act.dims
+    b, kv, t, d = act.shape  # heads_major, or one head held as rows
     select = np.zeros((kv * d, kv * repeats * d), np.float32)
     for head in range(kv * repeats):
         group = head // repeats

@@ -75,6 +75,8 @@ def token_axis(act: Act) -> int | None:
     """The token axis of a 4-D heads-form value, or None when rope does not apply."""
     if len(act.shape) != 4:
         return None
+    if act.form == "rows" and act.shape[1] == 1 and act.shape[0] * act.shape[2] > 1:
+        return 2  # one head ``[B, 1, T, d]`` (multi-query attention's key): rows' bytes
     return {"heads": 1, "heads_major": 2}.get(act.form)
 
 
