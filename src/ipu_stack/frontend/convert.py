@@ -28,7 +28,7 @@ import numpy as np
 
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
-from ipu_stack.ir.names import fp8_allowed
+from ipu_stack.ir.names import MODULE_LAYER, fp8_allowed
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import CompileError, UsageError
@@ -52,14 +52,13 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
               "aten.split_with_sizes", "aten.slice", "aten.cat"}
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
-LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?:\.|$)")
 
 
 def weight_role(name: str) -> str:
     """A parameter's name with its layer index starred (``encoder.layers.*.mlp.fc1.weight``),
     and without a slice suffix: one FP8 exponent per role, so identical layers stay
     identical (the compiler then runs them as one loop body, ``planning.repeat``)."""
-    return LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), name).split("[")[0]
+    return MODULE_LAYER.sub(lambda m: m.group(0).replace(m.group(1), "*"), name).split("[")[0]
 
 
 def op_name(target: Any) -> str:
@@ -178,7 +177,7 @@ class Converter:
         if node not in self.node_names:
             stack = node.meta.get("nn_module_stack") or {}
             path = (list(stack.values())[-1][0] if stack else "") or ""
-            match = LAYER.search(path)
+            match = MODULE_LAYER.search(path)
             op = op_name(node.target).split(".")[-1].strip("<>_ ").replace(" ", "_")
             if match:
                 rest = path[match.end():]

@@ -285,8 +285,16 @@ def _conv(call: NodeCall) -> Any:
         groups=int(call.attrs.get("group", 1)))
 
 
+def constant_of(node_attrs: dict[str, Any]) -> np.ndarray:
+    """A ``Constant`` node's value, from whichever attribute holds it."""
+    for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        if key in node_attrs:
+            return np.asarray(node_attrs[key])
+    raise CompileError("a Constant node with no value this importer reads")
+
+
 def _constant(call: NodeCall) -> Any:
-    raise CompileError("a Constant node is read as its value")  # onnx_program handles it
+    return call.torch.from_numpy(np.array(constant_of(call.attrs)))
 
 
 def _shape(call: NodeCall) -> Any:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
-from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall
+from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall, constant_of
 from ipu_stack.util.errors import CompileError
 
 MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
@@ -369,13 +369,6 @@ IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linea
           "Unflatten": _unflatten_call}
 
 
-def constant_of(node_attrs: dict[str, Any]) -> np.ndarray:
-    for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
-        if key in node_attrs:
-            return np.asarray(node_attrs[key])
-    raise CompileError("a Constant node with no value this importer reads")
-
-
 def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, np.ndarray]
              ) -> tuple[Any, ...]:
     """One node's outputs, computed by its translation."""
@@ -400,10 +393,7 @@ def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tu
                                              device="meta") for n, s in shapes.items()}
     last_use = {name: i for i, n in enumerate(nodes) for name in n.inputs}
     with torch.no_grad():
-        for position, node in enumerate(nodes):
-            if node.op_type == "Constant":
-                folded.constants[node.outputs[0]] = constant_of(node.attrs)
-                continue
+        for position, node in enumerate(nodes):  # a Constant node has no inputs: folded
             constant = node.op_type == "Shape" or all(
                 i in folded.constants for i in node.inputs if i)
             live = {i: values[i] if i in values else

@@ -115,7 +115,7 @@ def list_onnx_operations(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     model = load_onnx(path)
     protos = list(model.graph.node)
-    missing = {operator_kind(p) for p in protos} - set(TRANSLATIONS) - {"Constant"}
+    missing = {operator_kind(p) for p in protos} - set(TRANSLATIONS)
     per_node: dict[str, list[dict[str, Any]]] = {}
     if not missing:
         program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, 0))
