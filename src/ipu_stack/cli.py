@@ -30,6 +30,7 @@ from ipu_stack.runtime.execute import (
     run_any,
     save_tensors,
 )
+from ipu_stack.runtime.generate import Generation, generation_fields, prompt_tokens, run_generation
 from ipu_stack.runtime.session import load_package, refuse_group_program
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
@@ -194,6 +195,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = compile_strategy(workload, params, out, options, args.images)
     return _run_and_report(args, result.package, result.graph, result.tensors, workload,
                            params, result.timings["compile"])
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Greedy generation on a decode step's package (``runtime.generate``)."""
+    if is_program_path(args.workload):
+        raise UsageError("generate runs a builtin decoder (smollm2-135m, tinyllama-1.1b); a "
+                         "model file's KV cache is not imported")
+    workload = get_workload(args.workload)
+    if workload.step_inputs is None:
+        raise UsageError(f"{workload.name} is not a language model with a KV cache "
+                         "(generate runs smollm2-135m or tinyllama-1.1b)")
+    if args.prompt_tokens < 1 or args.new_tokens < 1:
+        raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
+    if args.tokens not in (None, 1):
+        raise UsageError("generate feeds one token a step: give --prompt-tokens, not --tokens")
+    needed = args.prompt_tokens + args.new_tokens - 1
+    args.context, args.tokens = args.context or needed, 1
+    if args.context < needed:
+        raise UsageError(f"--context {args.context} holds fewer than the {needed} positions "
+                         "the prompt and the new tokens fill")
+    workload, params = _params(args)
+    settings = _settings(args)
+    out = Path(args.out) if args.out else check_output_folder(
+        "--out (default)", Path("artifacts") / workload.identifier(params))
+    result = compile_strategy(workload, params, out, _options(args))
+    prompt = prompt_tokens(params["seed"], params["batch"], args.prompt_tokens,
+                           params["vocab"])
+    generation = Generation(prompt, args.new_tokens,
+                            lambda tokens, position: workload.step_inputs(params, tokens,
+                                                                          position))
+    run, feed, package = run_generation(result.package, result.graph, result.tensors,
+                                        generation, settings)
+    fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
+              "compileSeconds": round(result.timings["compile"], 2)}
+    record = generation_fields(run, feed, package, result.graph, fields)
+    _print_record(record, args.json, "generate", args.record)
+    return 0 if run.passed else 1
 
 
 def cmd_fp8_recipe(args: argparse.Namespace) -> int:
@@ -366,6 +404,7 @@ def cmd_exchange(args: argparse.Namespace) -> int:
 COMMANDS = {
     "compile": cmd_compile,
     "bench": cmd_bench,
+    "generate": cmd_generate,
     "run": cmd_run,
     "capacity": cmd_capacity,
     "fp8-recipe": cmd_fp8_recipe,

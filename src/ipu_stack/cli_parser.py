@@ -129,6 +129,15 @@ def _add_model_commands(sub: Any) -> None:
                    "(default: as many as there are groups, the fewest that fill a step)")
     _add_run_options(p)
 
+    p = sub.add_parser("generate", help="greedy generation with a decoder's KV cache on the "
+                       "device: the prompt a token a step, then NEW tokens, every step checked")
+    _add_workload_options(p)
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens a sequence "
+                   "(random ids, seeded)")
+    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate")
+    p.add_argument("--out", help="package folder (default artifacts/<workload>/)")
+    _add_run_options(p)
+
     p = sub.add_parser("fp8-recipe", help="the fewest layers to keep F16 for an FP8 model "
                        "to stay within --max-error of the float64 model; measured beside "
                        "all-F16 and all-FP8")

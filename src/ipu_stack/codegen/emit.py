@@ -48,8 +48,8 @@ class _Kernels:
         return self.index[instance]
 
 
-def _stream(step: lowered.HostWrite | lowered.HostRead, placement: Placement
-            ) -> HostWrite | HostRead:
+def _stream(step: lowered.HostWrite | lowered.HostRead, placement: Placement,
+            slot_of: dict[int, int]) -> HostWrite | HostRead:
     tiles = np.asarray(step.layout.tiles, dtype=np.int32)
     flat = tiles.ravel()
     addresses = np.where(flat >= 0, placement.addresses[step.buffer, np.maximum(flat, 0)], -1)
@@ -60,7 +60,8 @@ def _stream(step: lowered.HostWrite | lowered.HostRead, placement: Placement
         return HostWrite(step.tensor, layout, tiles, addresses)
     passes = None if step.passes is None else tuple(tuple(p) for p in step.passes)
     return HostRead(step.tensor, layout, tiles, addresses, tuple(step.origin),
-                    step.checkpoint, step.operation, passes)  # type: ignore[arg-type]
+                    step.checkpoint, step.operation, passes,  # type: ignore[arg-type]
+                    slot_of.get(step.buffer))
 
 
 def _compute(step: lowered.ComputeSet, placement: Placement, kernels: _Kernels,
@@ -129,7 +130,7 @@ def emit_program(program: lowered.Program, placement: Placement,
                            for slot in step.slots)
             steps[name].append(Loop(step.name, step.count, step.length, tables))
         elif isinstance(step, (lowered.HostWrite, lowered.HostRead)):
-            steps[name].append(_stream(step, placement))
+            steps[name].append(_stream(step, placement, slot_of if name == "run" else {}))
         elif isinstance(step, lowered.ComputeSet):
             steps[name].append(_compute(step, placement, kernels, slot_of))
         elif isinstance(step, lowered.Exchange):

@@ -322,8 +322,13 @@ class _StepReader:
                         e is not None and (not _is_int(e) or e < 0) for e in entry[1:]):
                     raise _fail(where, f"bad pass {entry!r}")
             passes = tuple((e[0], e[1], e[2]) for e in raw)
+        slot = None
+        if step.get("slot") is not None:
+            if loop is None or not _is_int(step["slot"]) or not 0 <= step["slot"] < loop[1]:
+                raise _fail(where, f"reads slot {step['slot']!r}, not one of the loop's")
+            slot = int(step["slot"])
         return HostRead(step["tensor"], layout, tiles, addresses, origin, checkpoint, operation,
-                        passes)
+                        passes, slot)
 
     def compute(self, step: dict, where: str, loop: tuple[int, int] | None) -> Compute:
         calls = []

@@ -51,6 +51,11 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# the tensors the host writes in ``initialize``: weights, and states (a KV cache: resident,
+# its initial bytes written once, then updated in place by the programs that run)
+RESIDENT_ROLES = ("weight", "state")
+
+
 @dataclass(frozen=True, eq=False)
 class TensorSpec(ByValue):
     """A host tensor the programs read or write: its shape and stored precision (``info``
@@ -117,6 +122,7 @@ class HostRead(ByValue):
     checkpoint: int | None = None
     operation: int | None = None
     passes: tuple[tuple[str | None, int | None, int | None], ...] | None = None
+    slot: int | None = None  # the loop's per-layer buffer read (a layer's KV cache)
 
     kind = "host_read"
 
@@ -128,7 +134,7 @@ class HostRead(ByValue):
         if tensor is None:
             return None
         return HostRead(tensor, self.layout, self.tiles, self.addresses, self.origin,
-                        checkpoint, operation)
+                        checkpoint, operation, slot=self.slot)
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,6 +282,8 @@ def _step_json(out: _Arrays, prefix: str, step: Step) -> dict[str, Any]:
                          operation=step.operation)
             if step.passes is not None:
                 entry["passes"] = [list(p) for p in step.passes]
+            if step.slot is not None:
+                entry["slot"] = step.slot
         return entry
     if isinstance(step, Compute):
         calls = []
@@ -358,10 +366,25 @@ def exchange_sources(step: Exchange, tables: tuple[np.ndarray, ...], layer: int)
     return src
 
 
+def read_addresses(step: HostRead, tables: tuple[np.ndarray, ...], layer: int | None
+                   ) -> np.ndarray:
+    """A host read's block addresses on pass ``layer`` (a per-layer buffer's read moved by
+    its slot's table)."""
+    if step.slot is None or not layer:
+        return step.addresses
+    table = tables[step.slot]
+    held = step.tiles >= 0
+    moved = step.addresses.copy()
+    moved[held] += table[layer, step.tiles[held]] - table[0, step.tiles[held]]
+    return moved
+
+
 def per_layer(step: Step) -> bool:
     """Whether a step's addresses differ between passes of the loop (it names a slot)."""
     if isinstance(step, Compute):
         return any(call.slots for call in step.calls)
+    if isinstance(step, HostRead):
+        return step.slot is not None
     return isinstance(step, Exchange) and step.src_slot is not None
 
 

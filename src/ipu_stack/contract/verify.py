@@ -34,6 +34,7 @@ from ipu_stack.contract.program import (
     call_addresses,
     exchange_sources,
     per_layer,
+    read_addresses,
 )
 from ipu_stack.exchange import verify_schedule
 from ipu_stack.exchange.model import ScheduleError
@@ -154,7 +155,14 @@ class Verifier:
     def _step(self, step: Step, where: str, layer: int, index: int) -> None:
         if isinstance(step, (HostWrite, HostRead)):
             self._tiles(step.tiles, where)
-            self._range(step.addresses[step.tiles >= 0], step.layout.block_bytes, where)
+            addresses = step.addresses
+            if isinstance(step, HostRead) and step.slot is not None:
+                if step.slot >= len(self.tables) or np.any(
+                        self.tables[step.slot][0, step.tiles[step.tiles >= 0]] < 0):
+                    raise PackageError(f"package program is invalid: {where} reads slot "
+                                       f"{step.slot}, which its tiles do not hold")
+                addresses = read_addresses(step, self.tables, layer)
+            self._range(addresses[step.tiles >= 0], step.layout.block_bytes, where)
         elif isinstance(step, Compute):
             self._compute(step, where, layer, index)
         elif isinstance(step, Exchange):

@@ -139,6 +139,16 @@ def _multislice(offsets: int, in_range: int, elements: int, itemsize: int) -> in
                       + (share - hits) * p("multislice_offset_out_of_range"))
 
 
+def _multiupdate(offsets: int, in_range: int, elements: int, itemsize: int) -> int:
+    """The vendor's MultiUpdate as it ran: each worker owns a range of the tile's rows and
+    scans every offset (``MultiSliceUpdateCommon.cpp:86-124``), so the busiest worker may
+    write all the tile's in-range rows; the vertex estimator charges every offset in range."""
+    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
+    per_hit = p("multislice_offset") + cycles * cdiv(elements, width)
+    return p("multislice_workers") * (p("multiupdate_call") + in_range * per_hit
+                                      + (offsets - in_range) * p("multislice_offset_out_of_range"))
+
+
 def price_work(work: Work, weights_interleaved: bool = True) -> int:
     """Cycles of one executed kernel call on one tile."""
     c = work.counts
@@ -170,6 +180,9 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
     if kind == "multislice":
         in_range = c["offsets"] if p("multislice_all_in_range") else c["in_range"]
         return _multislice(c["offsets"], in_range, c["elements"], c["itemsize"])
+    if kind == "multiupdate":
+        in_range = c["offsets"] if p("multislice_all_in_range") else c["in_range"]
+        return _multiupdate(c["offsets"], in_range, c["elements"], c["itemsize"])
     if kind == "fill":  # six workers, each a Fill vertex over its share of the bytes
         call = {1: "fill_byte_call", 2: "fill_half_call"}.get(c["itemsize"], "fill_float_call")
         share = cdiv(c["elements"], 6) * c["itemsize"]

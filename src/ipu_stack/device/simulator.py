@@ -46,7 +46,12 @@ from ipu_stack.contract import (
     from_manifest,
     verify_program,
 )
-from ipu_stack.contract.program import call_addresses, exchange_sources, execution_order
+from ipu_stack.contract.program import (
+    call_addresses,
+    exchange_sources,
+    execution_order,
+    read_addresses,
+)
 from ipu_stack.device import pricing
 from ipu_stack.device.record import ComputeTrace, StepRecord
 from ipu_stack.device.words import move_words
@@ -176,7 +181,7 @@ class SimulatedIpu:
             report.host_bytes += written
             record.host = {"tensor": step.tensor, "bytes": written}
         elif isinstance(step, HostRead):
-            piece, precision = self._host_read(step)
+            piece, precision = self._host_read(step, layer)
             read = 0
             if step.checkpoint is None:  # probes are the simulator's, not traffic
                 read = int(piece.size) * precision.itemsize
@@ -276,9 +281,10 @@ class SimulatedIpu:
             raise PackageError(f"host read of {name} at {r0},{c0} lies outside the tensor")
         target[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] = piece
 
-    def _host_read(self, step: HostRead) -> tuple[np.ndarray, Precision]:
+    def _host_read(self, step: HostRead, layer: int | None = None
+                   ) -> tuple[np.ndarray, Precision]:
         tiles = step.tiles[:, :, :1]
-        addresses = step.addresses[:, :, :1]
+        addresses = read_addresses(step, self.tables, layer)[:, :, :1]
         layout = step.layout.on(tiles)
         nbytes = layout.block_bytes
         blocks = np.zeros((tiles.shape[0] * tiles.shape[1], nbytes), dtype=np.uint8)

@@ -116,23 +116,66 @@ def _embedding_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[in
     return (*ids.shape[:-1], table.cols)
 
 
-def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
-    """``qk``: [B*T, H*d] x [B*T, H*d] -> [B*H*T, T]; ``pv``: [B*H*T, T] x [B*T, H*d] -> [B*T, H*d]."""
-    a, b = inputs
+@dataclass(frozen=True)
+class HeadGeometry:
+    """An attention product's shape: ``batch`` sequences of ``tokens`` query rows, ``heads``
+    query heads reading ``kv_heads`` key/value heads (grouped-query attention: query head
+    ``h`` reads head ``h // (heads / kv_heads)``) of ``kv_tokens`` rows each (a decode step
+    reads a cache longer than its one query row)."""
+
+    batch: int
+    tokens: int
+    kv_tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def kv_head(self, head: int) -> int:
+        return head // (self.heads // self.kv_heads)
+
+
+def head_geometry(attrs: dict[str, Any], keys: TensorType) -> HeadGeometry:
+    """The geometry of a ``head_matmul`` whose key/value operand is ``keys``
+    (``[batch x kv_tokens, kv_heads x head_dim]``)."""
     heads, tokens = int(attrs.get("heads", 0)), int(attrs.get("tokens", 0))
-    mode = attrs.get("mode")
-    if heads <= 0 or tokens <= 0 or b.rows % tokens or b.cols % heads:
+    kv_heads = int(attrs.get("kv_heads", heads))
+    kv_tokens = int(attrs.get("kv_tokens", tokens))
+    if min(heads, tokens, kv_heads, kv_tokens) <= 0 or heads % kv_heads \
+            or keys.rows % kv_tokens or keys.cols % kv_heads:
         raise CompileError("head_matmul needs heads and tokens that divide its operands")
-    batch = b.rows // tokens
+    return HeadGeometry(keys.rows // kv_tokens, tokens, kv_tokens, heads, kv_heads,
+                        keys.cols // kv_heads)
+
+
+def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``qk``: [B*T, H*d] x [B*S, KV*d] -> [B*H*T, S]; ``pv``: [B*H*T, S] x [B*S, KV*d] ->
+    [B*T, H*d] (``S``: ``kv_tokens``, default ``tokens``; ``KV``: ``kv_heads``, default
+    ``heads``)."""
+    a, b = inputs
+    geo = head_geometry(attrs, b)
+    mode = attrs.get("mode")
+    queries = geo.batch * geo.tokens
     if mode == "qk":
-        if a.rows != b.rows or a.cols != b.cols:
-            raise CompileError("head_matmul qk operands differ in shape")
-        return (batch * heads * tokens, tokens)
+        if a.rows != queries or a.cols != geo.heads * geo.head_dim:
+            raise CompileError("head_matmul qk queries and keys do not match")
+        return (geo.batch * geo.heads * geo.tokens, geo.kv_tokens)
     if mode == "pv":
-        if a.rows != batch * heads * tokens or a.cols != tokens:
+        if a.rows != geo.batch * geo.heads * geo.tokens or a.cols != geo.kv_tokens:
             raise CompileError("head_matmul pv probabilities have the wrong shape")
-        return (b.rows, b.cols)
+        return (queries, geo.heads * geo.head_dim)
     raise CompileError(f"head_matmul mode {mode!r} is not qk or pv")
+
+
+def _cache_write_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``state`` with row ``slots[i]`` replaced by ``rows[i]``: a KV cache written in place
+    at runtime positions (popops ``MultiUpdate``).  The state is a resident weight whose
+    bytes carry from call to call; the result is the same bytes (``state_writes``)."""
+    state, rows, slots = inputs
+    if len(state.shape) != 2 or rows.cols != state.cols or rows.precision != state.precision:
+        raise CompileError(f"cache_write rows {rows} do not fit state {state}")
+    if not slots.precision.is_integer or slots.cols != 1 or slots.rows != rows.rows:
+        raise CompileError(f"cache_write slots must be I32 [{rows.rows}, 1], not {slots}")
+    return state.shape
 
 
 OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]], tuple]]] = {
@@ -152,6 +195,7 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "rms_norm": (2, _rms_norm_rule),
     "rope": (3, _rope_rule),
     "embedding": (2, _embedding_rule),
+    "cache_write": (3, _cache_write_rule),
 }
 
 
@@ -193,7 +237,7 @@ class Graph:
 
 def operation_macs(graph: Graph, op: Operation) -> int:
     """Multiply-accumulates of one GEMM operation (0 for any other): a matmul, or a head
-    matmul's ``batch x heads`` products of ``tokens x tokens`` over the head width, in either
+    matmul's ``batch x heads`` products of ``tokens x kv_tokens`` over the head width, in either
     order."""
     if op.kind not in ("matmul", "head_matmul"):
         return 0
@@ -201,15 +245,38 @@ def operation_macs(graph: Graph, op: Operation) -> int:
     b = graph.value(op.inputs[1]).type
     if op.kind == "matmul":
         return a.rows * a.cols * b.shape[1]
-    heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
-    batch, head_dim = b.rows // tokens, b.cols // heads
-    return batch * heads * tokens * tokens * head_dim
+    geo = head_geometry(op.attrs, b)
+    return geo.batch * geo.heads * geo.tokens * geo.kv_tokens * geo.head_dim
 
 
 def gemm_macs(graph: Graph) -> int:
     """Multiply-accumulates of every GEMM: the matmuls and the attention products, which the
     roofline and the TFLOPS figures count."""
     return sum(operation_macs(graph, op) for op in graph.operations)
+
+
+def state_writes(graph: Graph) -> dict[int, int]:
+    """Each state (a KV cache: a weight that ``cache_write`` updates in place) and the value
+    its write produces, which is its contents for the rest of the call and the next call's
+    state."""
+    return {op.inputs[0]: op.outputs[0] for op in graph.operations if op.kind == "cache_write"}
+
+
+def _verify_states(graph: Graph) -> None:
+    """A state is a weight written once, and read only by that write (everything after it
+    reads the written value, so the order of reads and the write is the graph's)."""
+    for state, written in state_writes(graph).items():
+        value = graph.value(state)
+        if value.role != "weight":
+            raise CompileError(f"cache_write state {value.name} must be a weight (resident "
+                               f"across calls), not {value.role}")
+        readers = graph.consumers(state)
+        if len(readers) != 1:
+            raise CompileError(f"state {value.name} must be read only by its one "
+                               "cache_write")
+        if graph.value(written).role == "output":
+            raise CompileError(f"state {value.name}'s write is a graph output: read the "
+                               "attention's result, not the cache")
 
 
 class GraphBuilder:
@@ -277,3 +344,4 @@ def verify_graph(graph: Graph) -> None:
             defined.add(o)
     if not graph.by_role("output"):
         raise CompileError(f"graph {graph.name} has no outputs")
+    _verify_states(graph)

@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 from scipy import special
 
-from ipu_stack.ir.graph import Graph, Operation
-from ipu_stack.ir.precision import Precision, fit_scale_exponent
+from ipu_stack.ir.graph import Graph, Operation, head_geometry
+from ipu_stack.ir.precision import F32, Precision, fit_scale_exponent
 from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
+from ipu_stack.ir.types import TensorType
 from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
 
@@ -146,12 +147,15 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
     """Every image's and head's product (``split``, the plan's record: in the FP8 mode with
     FP16 partials, :func:`fp16_partial_matmul`; in the F16 mode summed as the device's depth
     tiles sum it, :func:`split_depth_matmul`; each image and head is a GEMM of its own
-    there)."""
-    heads, tokens = int(op.attrs["heads"]), int(op.attrs["tokens"])
-    batch = b.shape[0] // tokens
-    head_dim = b.shape[1] // heads
+    there).  Query head ``h`` reads key/value head ``geo.kv_head(h)``."""
+    geo = head_geometry(op.attrs, TensorType(b.shape, F32))
+    batch, tokens, span, heads, head_dim = (geo.batch, geo.tokens, geo.kv_tokens, geo.heads,
+                                            geo.head_dim)
     # contiguous per-head operands: a batched matmul over strided views is several times slower
-    bh = np.ascontiguousarray(b.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
+    bh = np.ascontiguousarray(b.reshape(batch, span, geo.kv_heads, head_dim).transpose(
+        0, 2, 1, 3))
+    if geo.kv_heads != heads:
+        bh = np.repeat(bh, heads // geo.kv_heads, axis=1)
     fp8 = split is not None and split.get("mode") == "fp8"
     if split is not None and not fp8 and depth_owners(tokens, split) is None:
         split = None  # no depth split: every image and head in one batched product
@@ -166,17 +170,30 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
         ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
         if split is None:
             return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens,
-                                                                    tokens)
+                                                                    span)
         return np.stack([product(ah[i, h], bh[i, h].T)
                          for i in range(batch) for h in range(heads)]).reshape(
-                             batch * heads * tokens, tokens)
-    p = a.reshape(batch, heads, tokens, tokens)
+                             batch * heads * tokens, span)
+    p = a.reshape(batch, heads, tokens, span)
     if split is None:
         o = np.matmul(p, bh)  # [B, H, T, d]
     else:
         o = np.stack([np.stack([product(p[i, h], bh[i, h])
                                 for h in range(heads)]) for i in range(batch)])
     return o.transpose(0, 2, 1, 3).reshape(batch * tokens, heads * head_dim)
+
+
+def write_rows(state: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """``state`` with row ``slots[i]`` replaced by ``rows[i]`` (a copy: the reference keeps
+    every value).  A slot outside the state is refused: the device's vertex would skip it."""
+    index = np.asarray(slots).reshape(-1).astype(np.int64)
+    out = np.array(state, copy=True).reshape(-1, np.shape(state)[-1])
+    bad = (index < 0) | (index >= out.shape[0])
+    if bad.any():
+        raise ValueError(f"cache slot {int(index[bad][0])} is outside the state's "
+                         f"{out.shape[0]} rows")
+    out[index] = np.asarray(rows).reshape(len(index), -1)
+    return out
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
@@ -339,6 +356,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
     if op.kind == "embedding":
         return lookup_rows(ins[0], ins[1]).astype(dtype, copy=False)
+    if op.kind == "cache_write":
+        return write_rows(ins[0], ins[1], ins[2]).astype(dtype, copy=False)
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

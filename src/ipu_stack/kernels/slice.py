@@ -1,4 +1,5 @@
-"""A lookup: popops ``MultiSlice`` on one tile (a token embedding, a data-dependent gather).
+"""A lookup and a cache write: popops ``MultiSlice`` and ``MultiUpdate`` on one tile (a token
+embedding, a data-dependent gather; a KV cache row written at a runtime position).
 
 Each tile holds every row of a column block of the table (the vendor's unplanned
 ``createSliceableTensor`` split: the embedding dimension over tiles, so every id is in range
@@ -8,6 +9,11 @@ rows is skipped and its output row left unwritten, as the vertex does
 (``MultiSlice.cpp:68-71``). A table too large for one tile a column block is also split by
 rows: each tile holds ``rows`` rows from ``first_row``, and with ``fill`` zeroes its output
 first (popops Fill), so that summing the row groups' outputs gives each id's row.
+
+``MultiUpdate`` is the reverse copy: each of ``offsets`` rows of the source is written to the
+table's row ``slot`` where the tile holds that row (``MultiUpdate.cpp:74-77``: rows it does not
+hold are skipped), so a cache split by positions over tiles takes each row where it belongs
+while every exchange stays static.
 
 Work: offsets, the ones in range, and the region's elements and their size, which
 ``device.pricing`` prices at the vendor's model of the vertex.
@@ -90,4 +96,67 @@ def multislice_params(offsets: int, rows: int, region_bytes: int, itemsize: int,
               "out_pitch": int(out_pitch)}
     if first_row or fill:
         params.update(first_row=int(first_row), fill=bool(fill))
+    return params
+
+
+def _update_name(p: dict[str, Any]) -> str:
+    first = f"_r{p['first_row']}" if p.get("first_row") else ""
+    return f"multiupdate_n{p['offsets']}_v{p['rows']}{first}_b{p['region_bytes']}"
+
+
+def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
+                addresses: list[int]) -> list[Work]:
+    slots_at, rows_at, table_at = (per_tile(a, tiles) for a in addresses)
+    n, held_rows, region = p["offsets"], p["rows"], p["region_bytes"]
+    span = np.arange(region, dtype=np.int64)
+    in_range = 0
+    for t in range(len(tiles)):
+        tile = mem[tiles[t]]
+        slots = tile[slots_at[t]: slots_at[t] + 4 * n].view("<u4").astype(np.int64) \
+            - p.get("first_row", 0)
+        held = (slots >= 0) & (slots < held_rows)  # the vertex's unsigned compare
+        source = rows_at[t] + np.flatnonzero(held)[:, None] * p["src_pitch"] + span
+        target = table_at[t] + slots[held, None] * p["table_pitch"] + span
+        tile[target.ravel()] = tile[source.ravel()]
+        in_range = max(in_range, int(held.sum()))
+    elements = -(-region // p["itemsize"])
+    return [Work("multiupdate", {"offsets": n, "in_range": in_range, "elements": elements,
+                                 "itemsize": p["itemsize"]})]
+
+
+def _update_accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    return [(0, 4 * p["offsets"], False),
+            (1, (p["offsets"] - 1) * p["src_pitch"] + p["region_bytes"], False),
+            (2, (p["rows"] - 1) * p["table_pitch"] + p["region_bytes"], True)]
+
+
+def _update_regions(p: dict[str, Any]) -> list[Region]:
+    return [Region(0, 0, 1, 4 * p["offsets"], 4 * p["offsets"], False),
+            Region(1, 0, p["offsets"], p["region_bytes"], p["src_pitch"], False),
+            Region(2, 0, p["rows"], p["region_bytes"], p["table_pitch"], True)]
+
+
+MULTIUPDATE = register(
+    KernelFamily(
+        name="multiupdate",
+        source="poplibs lib/popops/codelets/MultiUpdate.cpp, asm/MultiSlice.S (MU entry)",
+        code_bytes=512,  # assumed: the vertex's assembly and its C++ wrapper
+        make_name=_update_name,
+        run=_update_run,
+        accesses=_update_accesses,
+        regions=_update_regions,
+    )
+)
+
+
+def multiupdate_params(offsets: int, rows: int, region_bytes: int, itemsize: int,
+                       src_pitch: int, table_pitch: int, first_row: int = 0) -> dict[str, Any]:
+    """A call's parameters: ``offsets`` source rows (``src_pitch`` apart) written into the
+    tile's table rows ``[first_row, first_row + rows)`` (``table_pitch`` apart) at their
+    slots; a slot outside them is skipped."""
+    params = {"offsets": int(offsets), "rows": int(rows), "region_bytes": int(region_bytes),
+              "itemsize": int(itemsize), "src_pitch": int(src_pitch),
+              "table_pitch": int(table_pitch)}
+    if first_row:
+        params["first_row"] = int(first_row)
     return params

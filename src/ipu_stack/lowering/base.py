@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, state_writes
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
@@ -79,8 +79,10 @@ class LoweringBase:
         # same normed rows in the same tiling, and one gather serves all three (values never
         # change once made; cleared where the loop body begins and ends)
         self.gathered: dict[tuple, int] = {}
-        for value in graph.values:
-            self.program.tensors[value.name] = {"role": value.role, **value.type.to_json()}
+        states = state_writes(graph)
+        for value in graph.values:  # a state is declared as such: resident, written in place
+            role = "state" if value.id in states else value.role
+            self.program.tensors[value.name] = {"role": role, **value.type.to_json()}
 
     def _matrix(self, value_id: int) -> tuple[int, int, Precision]:
         ttype = self.graph.value(value_id).type

@@ -40,6 +40,8 @@ def lower(
             lowering.gemm_stage(stage, plan)
         elif stage.kind == "embedding":
             lowering.lookup_stage(stage)
+        elif stage.kind == "cache_write":
+            lowering.cache_write_stage(stage)
         else:
             lowering.row_stage(stage)
         if graph.value(stage.out).role != "output":

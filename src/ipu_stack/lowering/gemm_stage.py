@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, head_geometry
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16, F32, Precision
 from ipu_stack.kernels.base import KernelInstance
@@ -47,20 +47,18 @@ def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0) 
     for the row chunk that starts at row ``row0`` of each group's A and output."""
     if stage.kind == "matmul":
         return [Group((row0, 0), (0, 0), (row0, 0), 0)]
-    heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
-    value = graph.value(stage.b).type
-    batch, head_dim = value.rows // tokens, value.cols // heads
+    geo = head_geometry(stage.attrs, graph.value(stage.b).type)
+    t, s, d = geo.tokens, geo.kv_tokens, geo.head_dim
     groups = []
-    for b in range(batch):
-        for h in range(heads):
-            g = b * heads + h
+    for b in range(geo.batch):
+        for h in range(geo.heads):
+            g = b * geo.heads + h
             base = g * plan.tiles_used
+            keys = (b * s, geo.kv_head(h) * d)
             if stage.attrs["mode"] == "qk":
-                groups.append(Group((b * tokens + row0, h * head_dim),
-                                    (b * tokens, h * head_dim), (g * tokens + row0, 0), base))
+                groups.append(Group((b * t + row0, h * d), keys, (g * t + row0, 0), base))
             else:
-                groups.append(Group((g * tokens + row0, 0), (b * tokens, h * head_dim),
-                                    (b * tokens + row0, h * head_dim), base))
+                groups.append(Group((g * t + row0, 0), keys, (b * t + row0, h * d), base))
     return groups
 
 

@@ -118,7 +118,12 @@ class RowLowering(LoweringBase):
             aux_prec = g.value(stage.inputs[1]).type.precision
             half = int(stage.attrs["head_dim"]) // 2
             table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
-            aux = [self._host_weight(i, table, MemoryClass.STANDARD) for i in stage.inputs[1:]]
+            # the angles: a weight (a prompt's positions) or the host's input (a decode
+            # step's position), gathered beside the rows
+            aux = [self._host_weight(i, table, MemoryClass.STANDARD)
+                   if g.value(i).role == "weight" else
+                   self._in_row_layout(builder, i, table, f"{name}.{self._name(i)}")
+                   for i in stage.inputs[1:]]
             aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
             if stage.attrs.get("pairs") == "halves":
                 extra["pairs"] = "halves"

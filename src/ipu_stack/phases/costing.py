@@ -14,7 +14,7 @@ import numpy as np
 
 from ipu_stack.exchange import Schedule, ScheduleMemo, Transfers, schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, head_geometry
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program
 from ipu_stack.memory.placement import Placement
@@ -35,13 +35,12 @@ def stage_shape(graph: Graph, stage: GemmStage, pair_lanes: int = 1) -> GemmShap
     groups = 1
     rows, depth, cols = a.rows, a.cols, b.cols
     if stage.kind == "head_matmul":
-        heads, tokens = int(stage.attrs["heads"]), int(stage.attrs["tokens"])
-        groups = (b.rows // tokens) * heads
-        head_dim = b.cols // heads
+        geo = head_geometry(stage.attrs, b)
+        groups = geo.batch * geo.heads
         if stage.attrs["mode"] == "qk":
-            rows, depth, cols = tokens, head_dim, tokens
+            rows, depth, cols = geo.tokens, geo.head_dim, geo.kv_tokens
         else:
-            rows, depth, cols = tokens, tokens, head_dim
+            rows, depth, cols = geo.tokens, geo.kv_tokens, geo.head_dim
     return GemmShape(
         op=stage.index,
         rows=rows,

@@ -270,8 +270,17 @@ def _multislice(params: dict[str, Any]) -> int:
     return fill + estimate_multislice(params["offsets"], elements, params["itemsize"])
 
 
+def _multiupdate(params: dict[str, Any]) -> int:
+    """popops MultiUpdate at its vertex estimator: every offset in range, all on the worker
+    that owns the rows (PerformanceEstimation.cpp:49-122 with isUpdate)."""
+    width, cycles = (4, 3) if params["itemsize"] == 1 else (2, p("multislice_vector_cycles"))
+    elements = cdiv(params["region_bytes"], params["itemsize"])
+    return p("multislice_workers") * (p("multiupdate_call") + params["offsets"] * (
+        p("multislice_offset") + cycles * cdiv(elements, width)))
+
+
 KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy,
-                "multislice": _multislice}
+                "multislice": _multislice, "multiupdate": _multiupdate}
 
 
 def kernel_cost(instance: KernelInstance) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ipu_stack.contract import from_manifest
 from ipu_stack.contract.handoff import handoff_transfers, same_transfers
+from ipu_stack.contract.program import RESIDENT_ROLES
 from ipu_stack.contract.system import (
     GroupSpec,
     Handoff,
@@ -77,7 +78,8 @@ class LoadedGroup:
         if device:  # without: the program described, not loaded on tiles
             self.device.load(package)
         tensors = package.manifest.get("tensors", {})
-        self.weights = [name for name, info in tensors.items() if info.get("role") == "weight"]
+        self.weights = [name for name, info in tensors.items()
+                        if info.get("role") in RESIDENT_ROLES]
         self.inputs = [name for name, info in tensors.items() if info.get("role") == "input"]
 
     def tower(self, name: str) -> str:
@@ -135,7 +137,7 @@ def check_tower(groups: list[LoadedGroup], graph: Graph) -> None:
                 raise PackageError(f"pipeline group {group.index} does not match its tower: "
                                    f"tensor {group.tower(name)}")
         for name, info in group.package.manifest["tensors"].items():
-            if info.get("role") == "weight":  # a weight may serve several groups (RoPE tables)
+            if info.get("role") in RESIDENT_ROLES:  # a weight may serve several groups
                 continue
             tower = group.tower(name)
             earlier = named.setdefault(tower, group.index)
@@ -245,7 +247,7 @@ def chip_weight_names(package: Package, system: SystemProgram, chip: int) -> lis
     for spec in specs:
         tensors = programs[spec.program].manifest.get("tensors", {})
         names += [spec.tower(name) for name, info in tensors.items()
-                  if info.get("role") == "weight"]
+                  if info.get("role") in RESIDENT_ROLES]
     return names
 
 

@@ -146,9 +146,10 @@ class StreamRun:
         """The period: the slowest chip's full step, then the link phase."""
         return max(self.chip_full_cycles) + max(self.link_cycles, default=0)
 
-    def judge(self, number: int, host: Any, outputs: dict[str, np.ndarray]) -> float:
+    def judge(self, number: int, host: Any, outputs: dict[str, np.ndarray]
+              ) -> tuple[float, Mapping[str, np.ndarray]]:
         """Image ``number``'s verdict from its host side, kept and logged with its
-        ``outputs``; the seconds spent waiting for it."""
+        ``outputs``; the seconds spent waiting for it, and the host's reference."""
         wait = time.perf_counter()
         reference, verdict = host.result()
         self.host_peak_bytes = max(self.host_peak_bytes, getattr(host, "peak_bytes", 0))
@@ -165,7 +166,7 @@ class StreamRun:
                   failedParts=",".join(verdict.failed_parts) or "none")
         self.verdicts.append(verdict)
         self.outputs.append(outputs)
-        return verdict.seconds
+        return verdict.seconds, reference
 
 
 def step_schedule(groups: int, images: int) -> list[list[tuple[int, int]]]:
@@ -294,7 +295,8 @@ def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors:
 
 
 def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
-               images: list[dict[str, np.ndarray]], options: StreamOptions | None = None
+               images: list[dict[str, np.ndarray]] | StepFeed,
+               options: StreamOptions | None = None
                ) -> StreamRun:
     """Stream ``images`` (each the tower's inputs by name) through the package's system."""
     options = options or StreamOptions()
@@ -332,12 +334,35 @@ def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray]
     return run
 
 
+class StepFeed:
+    """Calls whose inputs depend on the calls before (decode steps: each step's token is
+    the last step's choice, and its state the device's cache after the step before): the
+    coordinator runs them one at a time, asking for each call's inputs once the call before
+    is judged."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def inputs(self, number: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Call ``number``'s device inputs, and the state the host judges it from."""
+        raise NotImplementedError
+
+    def probed(self, items: list) -> None:
+        """Probe reads of the running call, ``(tensor, values)``."""
+        raise NotImplementedError
+
+    def judged(self, number: int, outputs: dict[str, np.ndarray],
+               reference: Mapping[str, np.ndarray]) -> None:
+        """Call ``number`` judged: the device's outputs and the host's reference."""
+        raise NotImplementedError
+
+
 class Coordinator:
     """The one run loop: images let into chip 0 as far as host sides may be in flight,
     each chip's output sent on to the next chip, every image judged in order."""
 
     def __init__(self, run: StreamRun, graph: Graph, tensors: Mapping[str, Any],
-                 images: list[dict[str, np.ndarray]], modes: dict[str, dict],
+                 images: list[dict[str, np.ndarray]] | StepFeed, modes: dict[str, dict],
                  model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None
                  ) -> None:
         self.run, self.graph, self.images, self.modes, self.model = \
@@ -350,25 +375,38 @@ class Coordinator:
         self.waited = 0.0
         self.judged = 0
         self.in_flight = min(run.chips + 1, max(HOSTS_IN_FLIGHT, (os.cpu_count() or 1) // 2))
+        if isinstance(images, StepFeed):  # each call's inputs wait for the call before
+            self.in_flight = 1
 
     def probes(self, number: int, items: list) -> None:
-        """Probe reads of image ``number`` for its host side."""
+        """Probe reads of image ``number`` for its host side (and for a feed, which keeps
+        the device's state for the next call's verdict)."""
+        if isinstance(self.images, StepFeed):
+            self.images.probed(items)
         self.hosts[number].put(items)
 
     def judge_next(self) -> None:
         number = self.judged
-        self.waited += self.run.judge(number, self.hosts.pop(number),
-                                      self.finished.pop(number))
+        outputs = self.finished.pop(number)
+        seconds, reference = self.run.judge(number, self.hosts.pop(number), outputs)
+        self.waited += seconds
+        if isinstance(self.images, StepFeed):
+            self.images.judged(number, outputs, reference)
         self.judged += 1
 
     def admit(self, number: int) -> list[tuple[str, Any]]:
-        """Image ``number`` let in: its host side started; its inputs for chip 0."""
+        """Image ``number`` let in: its host side started; its inputs for chip 0 (a
+        :class:`StepFeed` makes them from the calls before, with the host's state)."""
         if self.weights is None:
             self.weights = {v.name: self.tensors[v.name] for v in self.graph.by_role("weight")}
-        own = {**self.weights, **self.images[number]}
+        if isinstance(self.images, StepFeed):
+            image, state = self.images.inputs(number)
+        else:
+            image, state = self.images[number], {}
+        own = {**self.weights, **state, **image}
         self.hosts[number] = start_host_side(self.graph, own, self.modes, self.outputs_only,
                                              self.model)
-        return list(self.images[number].items())
+        return list(image.items())
 
     def done(self, chip: int, number: int, header: dict[str, Any],
              arrived: list[tuple[str, Any]]) -> bool:
@@ -431,5 +469,5 @@ class Coordinator:
             raise
 
 
-__all__ = ["GroupRun", "StreamOptions", "StreamRun", "images_to_fill", "merged_step",
+__all__ = ["GroupRun", "StepFeed", "StreamOptions", "StreamRun", "images_to_fill", "merged_step",
            "run_stream", "step_schedule", "stream_images", "time_steps"]

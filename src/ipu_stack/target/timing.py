@@ -296,6 +296,8 @@ _SLICE = "poplibs 7eac0f26 lib/popops"
 PRICES.update({
     "multislice_call": Fact(30, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
                                 "proAndEpilogueCycles 30 (29 for MultiUpdate)"),
+    "multiupdate_call": Fact(29, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
+                                 "proAndEpilogueCycles 29 with isUpdate"),
     "multislice_offset": Fact(19, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "
                                   "cyclesOverheadPerOffsetInRange 19"),
     "multislice_offset_out_of_range": Fact(8, f"{_SLICE}/PerformanceEstimation.cpp:49-122: "

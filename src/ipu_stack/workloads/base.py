@@ -52,6 +52,8 @@ class Workload:
     stream_input: Callable[[dict[str, Any], Graph, int], dict[str, np.ndarray]] | None = None
     # the least memory it needs, from its parameters alone (``workloads.footprint``)
     footprint: Callable[[dict[str, Any]], Footprint] | None = None
+    # a decoder's decode step inputs: ``(params, tokens, position)`` (``runtime.generate``)
+    step_inputs: Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}

@@ -4,6 +4,12 @@
   49,152-row token table, 30 layers of width 576, 9 query and 3 key/value heads of 64,
   SwiGLU 1,536, RMS norm (eps 1e-5), RoPE (theta 100,000, ``rotate_half`` pairs), a causal
   mask, the final norm and the LM head; random weights stand in for every weight.
+
+With ``--context S`` the graph is the decode step instead: one new token a sequence, each
+layer's keys and values written into a KV cache of ``S`` positions (a resident state the
+step updates in place, ``cache_write``) and attention over the whole cache, positions after
+the token's masked.  The host gives each step its token, its cache slots, the mask row and
+the RoPE angles of its position (:func:`step_inputs`).
 * ``tinyllama-1.1b``: TinyLlama/TinyLlama-1.1B's: a 32,000-row table, 22 layers of width
   2,048, 32 query and 4 key/value heads, SwiGLU 5,632, RoPE theta 10,000; its FP8 weights
   (1.2 GB) need two chips.
@@ -13,13 +19,14 @@ operation: RMS norm; the q, k and v products; grouped-query attention's key and 
 repeated by a 0/1 selection product; RoPE on the queries and the repeated keys; the scores,
 the causal softmax, the context, the output product and the residual; RMS norm, the gate
 and up products, SwiGLU, the down product and the residual.  So the builtin and an exported
-model of the same shape take the same cycles, and benchmarks need no torch.  There is no KV
-cache and no decode step here: the prompt's pass only.
+model of the same shape take the same cycles, and benchmarks need no torch.  The decode
+step reads the cache's key/value heads directly (``head_matmul``'s ``kv_heads``), with no
+repeat.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,7 +51,9 @@ I32 = Precision("I32")
 def _parameters() -> tuple[Parameter, ...]:
     return (
         Parameter("batch", int, 1, "sequences per run"),
-        Parameter("tokens", int, 128, "prompt tokens per sequence", minimum=2),
+        Parameter("tokens", int, 128, "prompt tokens per sequence", minimum=1),
+        Parameter("context", int, 0, "KV cache positions: the decode step over a cache this "
+                  "long (0: the prompt's pass, no cache)", minimum=0),
         Parameter("vocab", int, 49152, "vocabulary (rows of the token table)", minimum=2),
         Parameter("layers", int, 30, "decoder layers"),
         Parameter("dim", int, 576, "model dimension"),
@@ -77,6 +86,17 @@ def head_selection(kv_heads: int, repeats: int, head_dim: int) -> np.ndarray:
         select[group * head_dim:(group + 1) * head_dim,
                head * head_dim:(head + 1) * head_dim] = np.eye(head_dim)
     return select
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """A decode step's host inputs every layer reads (value ids): the cache slots, the
+    additive mask row of each head, the RoPE angles of the step's position."""
+
+    slots: int
+    mask: int
+    cos: int
+    sin: int
 
 
 class DecoderLayers:
@@ -133,12 +153,43 @@ class DecoderLayers:
         return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
                            p["dim"], f"{prefix}.o")
 
-    def layer(self, x: int, index: int, tables: tuple[int, int]) -> int:
+    def cached_attention(self, h: int, prefix: str, step: StepValues) -> int:
+        """One new token's attention: its key and value rows written into the layer's cache
+        at the step's slots, then its query against every cached position."""
+        p, b, d = self.p, self.b, self.head_dim
+        kv, positions = p["kv_heads"] * d, p["context"]
+        q = self.linear(h, p["dim"], p["dim"], f"{prefix}.q")
+        k = self.linear(h, p["dim"], kv, f"{prefix}.k")
+        v = self.linear(h, p["dim"], kv, f"{prefix}.v")
+        q = b.op("rope", [q, step.cos, step.sin], F16, f"{prefix}.q.rope", head_dim=d,
+                 pairs="halves")
+        k = b.op("rope", [k, step.cos, step.sin], F16, f"{prefix}.k.rope", head_dim=d,
+                 pairs="halves")
+        shape = (p["batch"] * positions, kv)
+        cached = []
+        for name, rows in (("k", k), ("v", v)):
+            state = self.constant(f"{prefix}.{name}_cache", np.zeros(shape, np.float32), F16)
+            cached.append(b.op("cache_write", [state, rows, step.slots], F16,
+                               f"{prefix}.{name}_cache.written", positions=positions,
+                               kv_heads=p["kv_heads"]))
+        heads = {"heads": p["heads"], "tokens": 1, "kv_heads": p["kv_heads"],
+                 "kv_tokens": positions}
+        scores = b.op("head_matmul", [q, cached[0]], F16, f"{prefix}.scores", mode="qk",
+                      **heads)
+        probs = b.op("biased_softmax", [scores, step.mask], F16, f"{prefix}.probs",
+                     scale=1.0 / float(np.sqrt(d)))
+        context = b.op("head_matmul", [probs, cached[1]], F16, f"{prefix}.context",
+                       mode="pv", **heads)
+        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
+                           p["dim"], f"{prefix}.o")
+
+    def layer(self, x: int, index: int, tables: tuple[int, int] | StepValues) -> int:
         p, b, prefix = self.p, self.b, f"layer{index}"
         act = self.builder.act
         h = self.rms_norm(x, f"{prefix}.ln1")
-        x = b.op("add", [x, self.attention(h, f"{prefix}.attn", tables)], F16,
-                 f"{prefix}.residual1")
+        attended = self.cached_attention(h, f"{prefix}.attn", tables) \
+            if isinstance(tables, StepValues) else self.attention(h, f"{prefix}.attn", tables)
+        x = b.op("add", [x, attended], F16, f"{prefix}.residual1")
         h = self.rms_norm(x, f"{prefix}.ln2")
         gate = self.linear(h, p["dim"], p["hidden"], f"{prefix}.gate")
         up = self.linear(h, p["dim"], p["hidden"], f"{prefix}.up")
@@ -170,13 +221,67 @@ def _build(builder: LayerBuilder, seed: int) -> None:
                                                1.0 / np.sqrt(dim))], F16, "logits"))
 
 
+def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int
+                ) -> dict[str, np.ndarray]:
+    """The decode step's inputs for ``tokens`` (one id a sequence) at cache ``position``:
+    the ids, each sequence's cache row (``b x context + position``), the mask row (every
+    later position masked), and the position's RoPE angles."""
+    batch, positions, heads = params["batch"], params["context"], params["heads"]
+    if not 0 <= position < positions:
+        raise UsageError(f"position {position} is outside the KV cache's {positions} "
+                         "positions")
+    ids = np.asarray(tokens, dtype=np.float32).reshape(batch, 1, 1)
+    slots = (np.arange(batch) * positions + position).astype(np.float32).reshape(batch, 1, 1)
+    row = np.where(np.arange(positions) > position, -np.inf, 0.0).astype(np.float32)
+    head_dim = params["dim"] // heads
+    inverse = 1.0 / params["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.tile(position * inverse, (batch, 1))
+    return {"ids": ids, "slots": slots, "mask": np.tile(row, (batch * heads, 1)),
+            "rope.cos": np.cos(angles).astype(np.float32),
+            "rope.sin": np.sin(angles).astype(np.float32)}
+
+
+def _build_step(builder: LayerBuilder, seed: int) -> None:
+    """The decode step's graph: the step's inputs (:func:`step_inputs`, a random token at
+    position 0 by default), every layer over its KV cache, the final norm and the logits."""
+    p, b = builder.p, builder.b
+    layers = DecoderLayers(builder)
+    batch, dim, heads = p["batch"], p["dim"], p["heads"]
+    first = rng_for(seed, "ids").integers(0, p["vocab"], batch)
+    inputs = step_inputs(p, first, 0)
+    builder.tensors.update(inputs)
+    ids = b.input("ids", TensorType((batch, 1, 1), I32))
+    step = StepValues(
+        b.input("slots", TensorType((batch, 1, 1), I32)),
+        b.input("mask", TensorType((batch * heads, p["context"]), F16)),
+        b.input("rope.cos", TensorType(inputs["rope.cos"].shape, F32)),
+        b.input("rope.sin", TensorType(inputs["rope.sin"].shape, F32)))
+    table = builder.weight("token_embedding", (p["vocab"], dim), 0.02, precision=F16)
+    h = b.op("embedding", [ids, table], F16, "token_embedding.out")
+    for index in range(p["layers"]):
+        h = layers.layer(h, index, step)
+    h = layers.rms_norm(h, "final_norm")
+    b.output(b.op("matmul", [h, builder.weight("lm_head.w", (dim, p["vocab"]),
+                                               1.0 / np.sqrt(dim))], F16, "logits"))
+
+
 def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-    """The prefill graph and tensors, FP8 scales fitted per role on a calibration prompt."""
+    """The prefill graph and tensors, FP8 scales fitted per role on a calibration prompt;
+    with ``context``, the decode step, calibrated on the model's prompt pass."""
     if params["dim"] % params["heads"] or params["heads"] % params["kv_heads"]:
         raise UsageError(f"--heads {params['heads']} must divide --dim {params['dim']} and be "
                          f"a multiple of --kv-heads {params['kv_heads']}")
     if (params["dim"] // params["heads"]) % 2:
         raise UsageError("the head dimension must be even (RoPE rotates pairs)")
+    if params["context"]:
+        if params["tokens"] != 1:
+            raise UsageError("a decode step (--context) takes one token a sequence: "
+                             f"--tokens 1, not {params['tokens']}")
+        prompt = {**params, "context": 0, "tokens": min(params["context"], 128)}
+        return calibrated_build(params, kind, _build_step, calibration=(prompt, _build))
+    if params["tokens"] < 2:
+        raise UsageError("the prompt's pass needs --tokens of at least 2 (one token a step "
+                         "is the decode step: --context)")
     return calibrated_build(params, kind, _build)
 
 
@@ -190,9 +295,11 @@ def _footprint(params: dict[str, Any]) -> Footprint:
     rows, dim, hidden, vocab = p["batch"] * p["tokens"], p["dim"], p["hidden"], p["vocab"]
     head_dim = dim // max(p["heads"], 1)
     kv = p["kv_heads"] * head_dim
-    scores = p["batch"] * p["heads"] * p["tokens"] * p["tokens"] * 2
-    per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight \
-        + 2 * kv * dim * 2 + scores
+    keys = p["context"] or p["tokens"]
+    scores = p["batch"] * p["heads"] * p["tokens"] * keys * 2
+    # the prompt's pass: the selection matrices and a causal mask; a step: its KV cache
+    held = 2 * p["batch"] * p["context"] * kv * 2 if p["context"] else 2 * kv * dim * 2 + scores
+    per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight + held
     tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4
     logits = rows * (vocab * 2 + dim * weight)
     mlp = rows * (dim + hidden) * weight
@@ -215,7 +322,7 @@ def _register(kind: str, description: str, **defaults: Any) -> None:
         name=kind, description=description, parameters=parameters,
         build=lambda params: build_decoder(kind, params),
         identifier=sequence_identifier(kind), benchmark_fields=sequence_fields(kind, False),
-        stream_input=_stream, footprint=_footprint))
+        stream_input=_stream, footprint=_footprint, step_inputs=step_inputs))
 
 
 _register("smollm2-135m", "SmolLM2-135M (Llama family) prefill: token ids in, logits out; "

@@ -312,6 +312,7 @@ def _calibrate(params: dict[str, Any], name: str, make: Callable[[LayerBuilder, 
 
 def calibrated_build(
     params: dict[str, Any], name: str, make: Callable[[LayerBuilder, int], None],
+    calibration: tuple[dict[str, Any], Callable[[LayerBuilder, int], None]] | None = None,
 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Two-pass build: with FP8, a calibration pass (:func:`_calibrate`) fits every FP8
     activation's and weight's exponent per role, then the build for real.  The fitted
@@ -323,16 +324,19 @@ def calibrated_build(
     first read, not held from the pass.  Its memory (all the weights and the model's
     float32 activations) then never becomes part of this process, nor of the chip workers
     and host sides forked from it.  Where the child cannot run, the pass runs here and the
-    real build reuses the weights it made."""
+    real build reuses the weights it made.  ``calibration``: the parameters and builder the
+    pass runs instead (a decode step is calibrated on its model's prompt pass, so both
+    programs round the same roles alike)."""
+    fit_params, fit_make = calibration or (params, make)
     scales: dict[str, int] = {}
     weight_scales: dict[str, int] | None = None
     made: dict[str, tuple[Precision, Any]] = {}
-    cached = calibration_cache.load(name, params) if params["precision"] == "fp8" else None
+    cached = calibration_cache.load(name, fit_params) if params["precision"] == "fp8" else None
     if cached is not None:
         scales, weight_scales = cached["activations"], cached["weights"]
     elif params["precision"] == "fp8":
         started = time.perf_counter()
-        apart = call_forked(lambda: _calibrate(params, name, make)[:2])
+        apart = call_forked(lambda: _calibrate(fit_params, name, fit_make)[:2])
         if apart.ok:
             scales, weight_scales = apart.result
             event(LOG, "calibration fitted in a child process", workload=name,
@@ -342,8 +346,9 @@ def calibrated_build(
         else:
             event(LOG, "calibration fitted in this process", workload=name,
                   reason=apart.failure)
-            scales, weight_scales, made = _calibrate(params, name, make)
-        calibration_cache.store(name, params, {"activations": scales, "weights": weight_scales})
+            scales, weight_scales, made = _calibrate(fit_params, name, fit_make)
+        calibration_cache.store(name, fit_params, {"activations": scales,
+                                                   "weights": weight_scales})
     builder = LayerBuilder(params, scales, name, weight_scales)
     builder.made = made
     make(builder, params["seed"])
