@@ -1,5 +1,5 @@
 """Helpers more than one test file needs: the CLI in-process, a ``bench`` run and its record,
-an independent tanh GELU, random stored tensors, the entries of an on-disk cache, the small
+an independent tanh GELU, an independent numpy Llama forward pass, random stored tensors, the entries of an on-disk cache, the small
 layer sizes and an injected softmax fault.
 
 One copy each, so that a change to how the suite drives the command line (or what a random
@@ -24,7 +24,7 @@ from ipu_stack.testing.runner import cli
 if TYPE_CHECKING:
     from ipu_stack.ir.precision import Precision
 
-__all__ = ["Bench", "bench", "cache_entries", "cli", "gelu_tanh", "one_error_line",
+__all__ = ["Bench", "bench", "cache_entries", "cli", "gelu_tanh", "llama_forward", "one_error_line",
            "placement_fails_on_call", "random_stored", "small", "snapshot",
            "softmax_times_1_01", "stages_left_at_finish"]
 
@@ -157,3 +157,43 @@ def softmax_times_1_01(monkeypatch, layer: int) -> str:  # type: ignore[no-untyp
 
     monkeypatch.setitem(FAMILIES, "row", dataclasses.replace(original, run=run))
     return "layer0.attn.probs"
+
+
+def _rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gamma
+
+
+def _rotate_half(x: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], -1)
+
+
+def llama_forward(t: dict[str, np.ndarray], p: dict) -> np.ndarray:
+    """transformers' LlamaForCausalLM, written from its definition in numpy (float64)."""
+    b, n, d = p["batch"], p["tokens"], p["dim"] // p["heads"]
+    w = {k: np.asarray(v, np.float64) for k, v in t.items()}
+    x = w["token_embedding"][t["ids"].reshape(b, n).astype(int)]
+    angles = np.outer(np.arange(n), 1.0 / p["theta"] ** (np.arange(0, d, 2) / d))
+    cos, sin = (np.concatenate([f(angles)] * 2, -1) for f in (np.cos, np.sin))
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    for i in range(p["layers"]):
+        h = _rms_norm(x, w[f"layer{i}.ln1.gamma"], p["eps"])
+
+        def heads(y: np.ndarray, count: int) -> np.ndarray:
+            return y.reshape(b, n, count, d).transpose(0, 2, 1, 3)
+
+        q = heads(h @ w[f"layer{i}.attn.q.w"], p["heads"])
+        k = heads(h @ w[f"layer{i}.attn.k.w"], p["kv_heads"])
+        v = heads(h @ w[f"layer{i}.attn.v.w"], p["kv_heads"])
+        q, k = (y * cos + _rotate_half(y) * sin for y in (q, k))
+        repeat = p["heads"] // p["kv_heads"]
+        k, v = np.repeat(k, repeat, axis=1), np.repeat(v, repeat, axis=1)
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + causal
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, n, p["dim"])
+        x = x + context @ w[f"layer{i}.attn.o.w"]
+        h = _rms_norm(x, w[f"layer{i}.ln2.gamma"], p["eps"])
+        gate, up = h @ w[f"layer{i}.gate.w"], h @ w[f"layer{i}.up.w"]
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[f"layer{i}.down.w"]
+    return _rms_norm(x, w["final_norm.gamma"], p["eps"]) @ w["lm_head.w"]

@@ -31,8 +31,8 @@ def _change_outputs(monkeypatch, change) -> None:
 
     original = simulator.SimulatedIpu._host_read
 
-    def read(self, step):
-        piece, precision = original(self, step)  # storage codes
+    def read(self, step, layer=None):
+        piece, precision = original(self, step, layer)  # storage codes
         if step.checkpoint is None:  # changed as values, stored back as the device would
             piece = precision.quantize(change(precision.dequantize(piece), step))
         return piece, precision

@@ -10,49 +10,10 @@ from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.decoder import head_selection, rope_1d_tables
+from tests.helpers import llama_forward
 
 SMALL = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
          "tokens": 6, "batch": 2, "precision": "f16"}
-
-
-def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gamma
-
-
-def rotate_half(x: np.ndarray) -> np.ndarray:
-    half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], -1)
-
-
-def llama_forward(t: dict[str, np.ndarray], p: dict) -> np.ndarray:
-    """transformers' LlamaForCausalLM, written from its definition in numpy (float64)."""
-    b, n, d = p["batch"], p["tokens"], p["dim"] // p["heads"]
-    w = {k: np.asarray(v, np.float64) for k, v in t.items()}
-    x = w["token_embedding"][t["ids"].reshape(b, n).astype(int)]
-    angles = np.outer(np.arange(n), 1.0 / p["theta"] ** (np.arange(0, d, 2) / d))
-    cos, sin = (np.concatenate([f(angles)] * 2, -1) for f in (np.cos, np.sin))
-    causal = np.triu(np.full((n, n), -np.inf), 1)
-    for i in range(p["layers"]):
-        h = rms_norm(x, w[f"layer{i}.ln1.gamma"], p["eps"])
-
-        def heads(y: np.ndarray, count: int) -> np.ndarray:
-            return y.reshape(b, n, count, d).transpose(0, 2, 1, 3)
-
-        q = heads(h @ w[f"layer{i}.attn.q.w"], p["heads"])
-        k = heads(h @ w[f"layer{i}.attn.k.w"], p["kv_heads"])
-        v = heads(h @ w[f"layer{i}.attn.v.w"], p["kv_heads"])
-        q, k = (y * cos + rotate_half(y) * sin for y in (q, k))
-        repeat = p["heads"] // p["kv_heads"]
-        k, v = np.repeat(k, repeat, axis=1), np.repeat(v, repeat, axis=1)
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + causal
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, n, p["dim"])
-        x = x + context @ w[f"layer{i}.attn.o.w"]
-        h = rms_norm(x, w[f"layer{i}.ln2.gamma"], p["eps"])
-        gate, up = h @ w[f"layer{i}.gate.w"], h @ w[f"layer{i}.up.w"]
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[f"layer{i}.down.w"]
-    return rms_norm(x, w["final_norm.gamma"], p["eps"]) @ w["lm_head.w"]
 
 
 def test_the_prefill_graph_is_llama_forward() -> None:

@@ -1,0 +1,148 @@
+"""The decode step and its KV cache: the step's graph, run a position at a time, against an
+independent numpy Llama forward pass over the whole prompt; the cache written in place at
+the right rows, on the host and on the device; grouped-query heads read from the cache; a
+step's cycles independent of the tokens and the position; a package's slot reads checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipu_stack.contract import from_manifest
+from ipu_stack.ir.graph import state_writes
+from ipu_stack.ir.interpret import evaluate_float64, write_rows
+from ipu_stack.pipeline import CompileOptions
+from ipu_stack.runtime.execute import RunSettings
+from ipu_stack.runtime.generate import Generation, generation_fields, run_generation
+from ipu_stack.runtime.session import load_package
+from ipu_stack.strategy import compile_strategy
+from ipu_stack.util.errors import PackageError
+from ipu_stack.workloads import get_workload
+from ipu_stack.workloads.decoder import step_inputs
+from tests.helpers import cli, llama_forward, one_error_line
+
+STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
+        "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}
+
+
+def _step(overrides: dict | None = None):
+    workload = get_workload("smollm2-135m")
+    params = workload.resolve({**STEP, **(overrides or {})})
+    graph, tensors = workload.build(params)
+    return params, graph, dict(tensors)
+
+
+def test_decode_steps_are_llama_forward_over_the_prompt() -> None:
+    """Each step's logits (float64, the cache carried from step to step) equal the numpy
+    forward pass's logits at that position: the cache rows, the mask of later positions,
+    RoPE at the step's position and the key/value head each query head reads are right."""
+    params, graph, tensors = _step()
+    batch, positions = params["batch"], params["context"]
+    prompt = np.random.default_rng(3).integers(0, params["vocab"], (batch, positions))
+    written = {graph.value(w).name: graph.value(s).name for s, w in state_writes(graph).items()}
+    logits = []
+    for position in range(positions):
+        tensors.update(step_inputs(params, prompt[:, position], position))
+        values = evaluate_float64(graph, tensors, keep={"logits", *written})
+        logits.append(values["logits"].reshape(batch, -1))
+        for name, state in written.items():
+            tensors[state] = values[name]
+    whole = llama_forward({**tensors, "ids": prompt.reshape(batch, positions, 1)},
+                          {**params, "tokens": positions})
+    stepped = np.stack(logits, axis=1)
+    assert np.abs(stepped - whole).max() < 1e-6 * np.abs(whole).max()
+
+
+def test_cache_rows_are_written_at_their_slots() -> None:
+    state = np.arange(24, dtype=np.float32).reshape(6, 4)
+    rows = -np.ones((2, 4), np.float32)
+    out = write_rows(state, rows, np.array([[1.0], [4.0]]))
+    expected = state.copy()
+    expected[[1, 4]] = -1
+    assert np.array_equal(out, expected) and state[1, 0] == 4  # a copy, not in place
+    with pytest.raises(ValueError, match="cache slot 6 is outside the state's 6 rows"):
+        write_rows(state, rows, np.array([[0.0], [6.0]]))
+
+
+def test_a_step_refuses_a_position_past_the_cache() -> None:
+    params, _, _ = _step()
+    with pytest.raises(Exception, match="position 6 is outside the KV cache's 6 positions"):
+        step_inputs(params, np.zeros(2), 6)
+
+
+@pytest.fixture(scope="module")
+def small_generation(tmp_path_factory):
+    """The small decode step compiled once, and two generations on the device from two
+    prompts (the same lengths), with a cache longer than they fill."""
+    params, _, _ = _step({"context": 8})
+    out = tmp_path_factory.mktemp("decode")
+    workload = get_workload("smollm2-135m")
+    result = compile_strategy(workload, params, out, CompileOptions())
+    runs = []
+    for seed in (1, 2):
+        prompt = np.random.default_rng(seed).integers(0, params["vocab"], (2, 3))
+        generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p))
+        run, feed, package = run_generation(result.package, result.graph, result.tensors,
+                                            generation, RunSettings())
+        record = generation_fields(run, feed, package, result.graph, {})
+        runs.append((run, feed, record))
+    return params, result, runs
+
+
+def test_generation_on_the_device_passes_and_matches(small_generation) -> None:
+    params, result, runs = small_generation
+    for run, feed, record in runs:
+        assert record["numericalTest"] == "PASS" and record["tokensMatch"]
+        assert len(feed.chosen) == 4 and record["promptTokens"] == 3
+        assert record["kvCacheBytes"] == 2 * 2 * (2 * 8) * 8 * 2  # layers, k/v, batch x S, KV x d, bytes
+
+
+def test_the_device_cache_holds_each_step_at_its_position(small_generation) -> None:
+    """After 6 steps (3 prompt tokens, 3 generated fed back) the device's cache of every
+    layer holds 6 of its 8 rows a sequence, each equal to the host's float64 cache from the same
+    tokens within F16 rounding; the rows past them are still zero."""
+    params, result, runs = small_generation
+    run, feed, _ = runs[0]
+    graph, tensors = result.graph, dict(result.tensors)
+    tokens = np.concatenate([feed.prompt, np.stack(feed.chosen[:-1], axis=1)], axis=1)
+    written = {graph.value(w).name: graph.value(s).name for s, w in state_writes(graph).items()}
+    for position in range(tokens.shape[1]):
+        tensors.update(step_inputs(params, tokens[:, position], position))
+        values = evaluate_float64(graph, tensors, keep=set(written))
+        for name, state in written.items():
+            tensors[state] = values[name]
+    for state in written.values():
+        device = feed.state[state].reshape(2, 8, -1)
+        expected = np.asarray(tensors[state]).reshape(2, 8, -1)
+        assert np.array_equal(device[:, 6:], np.zeros_like(device[:, 6:]))
+        assert np.abs(device[:, :6] - expected[:, :6]).max() <= 4e-3 * np.abs(expected).max()
+
+
+def test_step_cycles_do_not_depend_on_tokens_or_position(small_generation) -> None:
+    _, _, runs = small_generation
+    cycles = [sorted({r.cycles for r in run.runs.values()}) for run, _, _ in runs]
+    assert cycles[0] == cycles[1] and len(cycles[0]) == 1
+
+
+def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None:
+    _, result, _ = small_generation
+    package = load_package(result.package)
+    run = package.manifest["programs"]["run"]
+    reads = [s for s in run if s.get("kind") == "host_read" and s.get("slot") is not None]
+    assert reads, "the layer loop's cache probes read their slot"
+    reads[0]["slot"] = 99
+    with pytest.raises(PackageError, match="reads slot 99, not one of the loop's"):
+        from_manifest(package.manifest, package.arrays)
+    assert any(info["role"] == "state" for info in package.manifest["tensors"].values())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "siglip-layer"], "siglip-layer is not a language model with a KV cache"),
+    (["generate", "smollm2-135m", "--context", "3", "--prompt-tokens", "4"],
+     "--context 3 holds fewer than the 11 positions"),
+    (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
+    (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
+])
+def test_generate_refuses_in_one_line(argv, message) -> None:
+    code, _, err = cli(argv)
+    assert message in one_error_line(code, err)
