@@ -1,6 +1,6 @@
 """Helpers more than one test file needs: the CLI in-process, a ``bench`` run and its record,
-an independent tanh GELU, an independent numpy Llama forward pass, random stored tensors, the entries of an on-disk cache, the small
-layer sizes and an injected softmax fault.
+an independent tanh GELU, an independent numpy Llama forward pass, random stored tensors,
+the entries of an on-disk cache, the small layer sizes and an injected softmax fault.
 
 One copy each, so that a change to how the suite drives the command line (or what a random
 FP8 operand looks like) is made once.  ``cli`` and ``gelu_tanh`` are those of

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.helpers import llama_forward
 
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.decoder import head_selection, rope_1d_tables
-from tests.helpers import llama_forward
 
 SMALL = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
          "tokens": 6, "batch": 2, "precision": "f16"}

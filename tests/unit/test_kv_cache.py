@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.helpers import cli, llama_forward, one_error_line
 
 from ipu_stack.contract import from_manifest
 from ipu_stack.ir.graph import state_writes
@@ -19,7 +20,6 @@ from ipu_stack.strategy import compile_strategy
 from ipu_stack.util.errors import PackageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.decoder import step_inputs
-from tests.helpers import cli, llama_forward, one_error_line
 
 STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
         "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}
@@ -91,7 +91,7 @@ def small_generation(tmp_path_factory):
 
 def test_generation_on_the_device_passes_and_matches(small_generation) -> None:
     params, result, runs = small_generation
-    for run, feed, record in runs:
+    for _, feed, record in runs:
         assert record["numericalTest"] == "PASS" and record["tokensMatch"]
         assert len(feed.chosen) == 4 and record["promptTokens"] == 3
         assert record["kvCacheBytes"] == 2 * 2 * (2 * 8) * 8 * 2  # layers, k/v, batch x S, KV x d, bytes
