@@ -218,8 +218,9 @@ def _slice(graph: Graph, index: int, first: float, count: float, op_ids: list[in
             if value_id in produced:
                 continue
             role = graph.value(value_id).role
-            if role == "weight" or value_id == carried_in or (carried_in is None
-                                                             and role == "input"):
+            # a weight, the carried activation, or a host input (every group may read the
+            # tower's inputs: a decode step's slots, mask and RoPE angles feed every layer)
+            if role in ("weight", "input") or value_id == carried_in:
                 continue
             raise PipelineError(
                 f"{graph.name} cannot be pipelined: group {index} reads "

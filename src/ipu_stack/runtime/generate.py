@@ -135,7 +135,10 @@ def generation_fields(run: StreamRun, feed: TokenFeed, package: Package, graph: 
     clock = get_target(package.target).clock_hz
     prompt = feed.prompt.shape[1]
     batch = feed.prompt.shape[0]
-    steps = [sum(r.cycles for (g, n), r in run.runs.items() if n == number)
+    # a step crosses every hand-off once: each link, and each on-chip hand-off phase
+    per_chip = run.groups // run.chips
+    handoffs = sum(run.link_cycles) + sum(h * (per_chip - 1) for h in run.chip_handoffs)
+    steps = [sum(r.cycles for (g, n), r in run.runs.items() if n == number) + handoffs
              for number in range(len(feed))]
     hosts = [sum(r.host_bytes for (g, n), r in run.runs.items() if n == number)
              for number in range(len(feed))]
@@ -167,6 +170,7 @@ def generation_fields(run: StreamRun, feed: TokenFeed, package: Package, graph: 
         "prefillCycles": sum(steps[:prompt]),
         "decodeCycles": max(decode),
         "decodeCyclesMin": min(decode),
+        "handoffCycles": handoffs,
         "kvCacheBytes": kv_bytes,
         "peakTileBytes": int(package.manifest["memory"]["peak_bytes"]),
         **verdict_fields(worst),

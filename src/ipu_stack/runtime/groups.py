@@ -141,7 +141,8 @@ def check_tower(groups: list[LoadedGroup], graph: Graph) -> None:
                 continue
             tower = group.tower(name)
             earlier = named.setdefault(tower, group.index)
-            if earlier != group.index and tower != group.spec.input:
+            if earlier != group.index and tower != group.spec.input and \
+                    values[tower].role != "input":  # the host gives every group its inputs
                 raise PackageError(f"pipeline groups {earlier} and {group.index} both name "
                                    f"the tower's tensor {tower}")
         for name in group.weights:
@@ -231,7 +232,8 @@ def run_through(groups: list[LoadedGroup], inputs: Mapping[str, Any],
     for position, group in enumerate(groups):
         feed = {name: carried[group.tower(name)] for name in group.inputs}
         report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
-        carried = {group.tower(k): v for k, v in report.outputs.items()}
+        # the next group reads this one's output, and the tower's inputs it reads itself
+        carried = {**inputs, **{group.tower(k): v for k, v in report.outputs.items()}}
         if position < len(groups) - 1:
             on_probes(list(carried.items()))
         reports.append(report)

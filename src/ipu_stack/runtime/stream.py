@@ -371,6 +371,7 @@ class Coordinator:
         self.tensors = tensors
         self.weights: dict[str, Any] | None = None  # taken once the weights are held
         self.hosts: dict[int, Any] = {}
+        self.admitted: dict[int, list[tuple[str, Any]]] = {}  # inputs of images in flight
         self.finished: dict[int, dict[str, np.ndarray]] = {}
         self.waited = 0.0
         self.judged = 0
@@ -406,6 +407,8 @@ class Coordinator:
         own = {**self.weights, **state, **image}
         self.hosts[number] = start_host_side(self.graph, own, self.modes, self.outputs_only,
                                              self.model)
+        if self.run.chips > 1:
+            self.admitted[number] = list(image.items())
         return list(image.items())
 
     def done(self, chip: int, number: int, header: dict[str, Any],
@@ -426,6 +429,7 @@ class Coordinator:
             return False
         self.hosts[number].put(None)
         self.finished[number] = {k: np.asarray(v) for k, v in arrived}
+        self.admitted.pop(number, None)
         return True
 
     def stream(self, workers: Any) -> None:
@@ -458,7 +462,8 @@ class Coordinator:
                     continue
                 busy[chip] = None
                 if not self.done(chip, number, header, arrived):
-                    carried[number] = arrived
+                    # the next chip's groups read the hand-off, and the host's inputs
+                    carried[number] = arrived + self.admitted[number]
                     queues[chip + 1].append(number)
                     continue
                 while self.judged in self.finished and len(self.hosts) >= self.in_flight:
