@@ -58,7 +58,8 @@ def probe_capacity(
     limit: int,
     options: CompileOptions,
 ) -> CapacityResult:
-    """Search ``parameter`` (``batch``, ``blocks`` or ``layers``) in ``[1, limit]``."""
+    """Search ``parameter`` (``batch``, ``blocks``, ``layers`` or a decoder's ``context``) in
+    ``[1, limit]``."""
     if parameter not in params:
         raise UsageError(f"workload {workload.name} has no parameter --{parameter}")
     if limit < 1:

@@ -250,6 +250,11 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    if args.max_context is not None:  # the decode step's cache: one token a sequence
+        if args.tokens not in (None, 1):
+            raise UsageError("--max-context searches a decode step: one token a sequence, "
+                             "not --tokens")
+        args.tokens, args.context = 1, 1
     workload, params = _params(args)
     options = capacity_options(_options(args))
     if args.max_chips is not None:
@@ -259,10 +264,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         parameter, limit = next((name, value) for name, value in (
             ("batch", args.max_batch), ("blocks", args.max_blocks),
-            ("layers", args.max_layers)) if value is not None)
+            ("layers", args.max_layers), ("context", args.max_context))
+            if value is not None)
         result = probe_capacity(workload, params, parameter, limit, options)
-        key = {"batch": "maximumBatch", "blocks": "maximumBlocks",
-               "layers": "maximumLayers"}[parameter]
+        key = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers",
+               "context": "maximumContext"}[parameter]
     record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
               "compiles": len(result.tried), "seconds": round(result.seconds, 1),
               "tried": {str(k): v for k, v in sorted(result.tried.items())}}

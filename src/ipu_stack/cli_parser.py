@@ -148,12 +148,14 @@ def _add_model_commands(sub: Any) -> None:
                    "recipe/)")
     _add_run_options(p)
 
-    p = sub.add_parser("capacity", help="largest batch or number of layers that compiles")
+    p = sub.add_parser("capacity", help="largest batch, layer count or KV cache that compiles")
     _add_workload_options(p)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--max-batch", type=int, help="search batch sizes up to N")
     group.add_argument("--max-blocks", type=int, help="search stacked-layer counts up to N")
     group.add_argument("--max-layers", type=int, help="search a tower's layer counts up to N")
+    group.add_argument("--max-context", type=int, help="a decoder's longest KV cache (decode "
+                       "step positions) up to N")
     group.add_argument("--max-chips", type=int,
                        help="the fewest C600 cards (up to N) the workload fits, pipelined")
     p.add_argument("--json", action="store_true")

@@ -227,13 +227,14 @@ def run_through(groups: list[LoadedGroup], inputs: Mapping[str, Any],
     does each hand-off between the groups, as soon as it is made (the verdict judges the next
     group's first stage on it while the device runs).  Returns the last group's output (tower
     names) and each group's run report, in order."""
-    carried = dict(inputs)
+    carried: dict[str, Any] = {}
     reports: list[CallReport] = []
     for position, group in enumerate(groups):
-        feed = {name: carried[group.tower(name)] for name in group.inputs}
+        # a group reads the one before's output, and the tower's inputs it reads itself
+        available = {**inputs, **carried}
+        feed = {name: available[group.tower(name)] for name in group.inputs}
         report = group.device.call("run", feed, on_probes=renamed(on_probes, group))
-        # the next group reads this one's output, and the tower's inputs it reads itself
-        carried = {**inputs, **{group.tower(k): v for k, v in report.outputs.items()}}
+        carried = {group.tower(k): v for k, v in report.outputs.items()}
         if position < len(groups) - 1:
             on_probes(list(carried.items()))
         reports.append(report)
