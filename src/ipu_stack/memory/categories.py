@@ -1,4 +1,5 @@
-"""What fills a tile, by category: weights, activations, partials, code, exchange tables.
+"""What fills a tile, by category: weights, a KV cache, activations, partials, code, exchange
+tables.
 
 When a model does not fit, the first question is what took the space.  A tile's bytes at its
 peak step are split into the buffers live there (weights, which stay resident; partial sums
@@ -14,14 +15,16 @@ from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
 
 PARTIAL_SUFFIXES = (".partial", ".received", ".f16")
-ORDER = ("weights", "activations", "partials", "code", "exchange tables", "layer tables",
-         "runtime")
+ORDER = ("weights", "kv cache", "activations", "partials", "code", "exchange tables",
+         "layer tables", "runtime")
 
 
 def buffer_categories(program: Program) -> list[str]:
-    """Each buffer's category, by buffer id."""
+    """Each buffer's category, by buffer id (a state, resident like a weight, is the KV
+    cache)."""
     weights = {step.buffer for step in program.initialize}
-    return ["weights" if b.id in weights else
+    states = {name for name, info in program.tensors.items() if info.get("role") == "state"}
+    return [("kv cache" if b.name in states else "weights") if b.id in weights else
             "partials" if b.name.endswith(PARTIAL_SUFFIXES) else "activations"
             for b in program.buffers]
 
