@@ -67,8 +67,13 @@ def probe_capacity(
     start = time.perf_counter()
     tried: dict[int, str] = {}
 
+    # over several chips, each size as a pipeline over them
+    over_chips = {"compile": compile_pipeline} if options.chips > 1 else {}
+
     def attempt(size: int) -> bool:
-        reason = _fits(workload, workload.resolve({**params, parameter: size}), options)
+        reason = _fits(workload, workload.resolve({**params, parameter: size}),
+                       replace(options, strategy="pipeline") if over_chips else options,
+                       **over_chips)
         tried[size] = reason or "fits"
         event(LOG, "capacity probe", parameter=parameter, size=size, fits=not reason,
               reason=reason or None)

@@ -135,6 +135,9 @@ def _add_model_commands(sub: Any) -> None:
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens a sequence "
                    "(random ids, seeded)")
     p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate")
+    p.add_argument("--prompt-by-steps", action="store_true", help="feed the prompt a token a "
+                   "step through the decode program (default: the prompt's pass, a program "
+                   "of its own, fills the cache)")
     p.add_argument("--out", help="package folder (default artifacts/<workload>/)")
     _add_run_options(p)
 

@@ -14,15 +14,15 @@ from ipu_stack.ir.graph import state_writes
 from ipu_stack.ir.interpret import evaluate_float64, write_rows
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.runtime.execute import RunSettings
-from ipu_stack.runtime.generate import Generation, generation_fields, run_generation
+from ipu_stack.runtime.generate import Compiled, Generation, generation_fields, run_generation
 from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.util.errors import PackageError
 from ipu_stack.workloads import get_workload
-from ipu_stack.workloads.decoder import step_inputs
+from ipu_stack.workloads.decoder import prompt_inputs, step_inputs
 
 STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
-        "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}
+        "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}  # a cache of 32 positions
 
 
 def _step(overrides: dict | None = None):
@@ -72,37 +72,54 @@ def test_a_step_refuses_a_position_past_the_cache() -> None:
 
 @pytest.fixture(scope="module")
 def small_generation(tmp_path_factory):
-    """The small decode step compiled once, and two generations on the device from two
-    prompts (the same lengths), with a cache longer than they fill."""
-    params, _, _ = _step({"context": 8})
+    """The small decode step (a cache of 32 positions) and its prompt's pass compiled once;
+    two generations from two prompts of the same length a token a step, and the first
+    prompt's again with the prompt's pass filling the cache."""
+    params, _, _ = _step()
     out = tmp_path_factory.mktemp("decode")
     workload = get_workload("smollm2-135m")
     result = compile_strategy(workload, params, out, CompileOptions())
+    decode = Compiled(result.package, result.graph, result.tensors)
+    passing = {**params, "tokens": 3}
+    compiled = compile_strategy(workload, passing, out / "prompt", CompileOptions())
+    prompt_pass = Compiled(compiled.package, compiled.graph, compiled.tensors)
     runs = []
-    for seed in (1, 2):
+    for seed, whole in ((1, False), (2, False), (1, True)):
         prompt = np.random.default_rng(seed).integers(0, params["vocab"], (2, 3))
-        generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p))
-        run, feed, package = run_generation(result.package, result.graph, result.tensors,
-                                            generation, RunSettings())
-        record = generation_fields(run, feed, package, result.graph, {})
-        runs.append((run, feed, record))
+        generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
+                                lambda ids: prompt_inputs(passing, ids))
+        run = run_generation(decode, generation, RunSettings(),
+                             prompt_pass if whole else None)
+        runs.append((run, generation_fields(run, {})))
     return params, result, runs
 
 
 def test_generation_on_the_device_passes_and_matches(small_generation) -> None:
     params, result, runs = small_generation
-    for _, feed, record in runs:
+    for run, record in runs:
         assert record["numericalTest"] == "PASS" and record["tokensMatch"]
-        assert len(feed.chosen) == 4 and record["promptTokens"] == 3
-        assert record["kvCacheBytes"] == 2 * 2 * (2 * 8) * 8 * 2  # layers, k/v, batch x S, KV x d, bytes
+        assert len(run.feed.chosen) == 4 and record["promptTokens"] == 3
+        assert record["kvCacheBytes"] == 2 * 2 * (2 * 32) * 8 * 2  # layers, k/v, B x S, KV x d
+    assert runs[2][1]["prefill"] == "one pass" and runs[0][1]["prefill"] == "a token a step"
+    assert runs[2][1]["cacheHandoffBytes"] == 2 * 2 * (2 * 3) * 8 * 2  # the prompt's rows
+
+
+def test_the_prompt_pass_fills_the_cache_the_steps_would(small_generation) -> None:
+    """The prompt's pass and the prompt a token a step choose the same tokens and leave the
+    same cache, to F16 rounding (the rows are computed by different programs)."""
+    _, _, runs = small_generation
+    steps, whole = runs[0][0], runs[2][0]
+    assert [c.tolist() for c in steps.feed.chosen] == [c.tolist() for c in whole.feed.chosen]
+    for name, cache in steps.feed.state.items():
+        assert np.abs(cache - whole.feed.state[name]).max() <= 4e-3 * np.abs(cache).max()
 
 
 def test_the_device_cache_holds_each_step_at_its_position(small_generation) -> None:
     """After 6 steps (3 prompt tokens, 3 generated fed back) the device's cache of every
-    layer holds 6 of its 8 rows a sequence, each equal to the host's float64 cache from the same
-    tokens within F16 rounding; the rows past them are still zero."""
+    layer holds 6 of its 32 rows a sequence, each equal to the host's float64 cache from the
+    same tokens within F16 rounding; the rows past them are still zero."""
     params, result, runs = small_generation
-    run, feed, _ = runs[0]
+    feed = runs[0][0].feed
     graph, tensors = result.graph, dict(result.tensors)
     tokens = np.concatenate([feed.prompt, np.stack(feed.chosen[:-1], axis=1)], axis=1)
     written = {graph.value(w).name: graph.value(s).name for s, w in state_writes(graph).items()}
@@ -112,15 +129,15 @@ def test_the_device_cache_holds_each_step_at_its_position(small_generation) -> N
         for name, state in written.items():
             tensors[state] = values[name]
     for state in written.values():
-        device = feed.state[state].reshape(2, 8, -1)
-        expected = np.asarray(tensors[state]).reshape(2, 8, -1)
+        device = feed.state[state].reshape(2, 32, -1)
+        expected = np.asarray(tensors[state]).reshape(2, 32, -1)
         assert np.array_equal(device[:, 6:], np.zeros_like(device[:, 6:]))
         assert np.abs(device[:, :6] - expected[:, :6]).max() <= 4e-3 * np.abs(expected).max()
 
 
 def test_step_cycles_do_not_depend_on_tokens_or_position(small_generation) -> None:
     _, _, runs = small_generation
-    cycles = [sorted({r.cycles for r in run.runs.values()}) for run, _, _ in runs]
+    cycles = [sorted({r.cycles for r in run.decode.runs.values()}) for run, _ in runs[:2]]
     assert cycles[0] == cycles[1] and len(cycles[0]) == 1
 
 

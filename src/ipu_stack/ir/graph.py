@@ -166,6 +166,19 @@ def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[
     raise CompileError(f"head_matmul mode {mode!r} is not qk or pv")
 
 
+# a KV cache's positions are a multiple of this: its holders keep whole blocks of it
+# (``lowering.cache``), so the workloads round a cache's length up to it
+POSITION_GRAIN = 32
+
+
+def _cache_positions(state: TensorType, attrs: dict[str, Any]) -> int:
+    positions = int(attrs.get("positions", 0))
+    if positions <= 0 or positions % POSITION_GRAIN or state.rows % positions:
+        raise CompileError(f"a cache of {positions} positions must be a whole number of "
+                           f"blocks of {POSITION_GRAIN} dividing the state's {state.rows} rows")
+    return positions
+
+
 def _cache_write_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
     """``state`` with row ``slots[i]`` replaced by ``rows[i]``: a KV cache written in place
     at runtime positions (popops ``MultiUpdate``).  The state is a resident weight whose
@@ -175,6 +188,22 @@ def _cache_write_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[
         raise CompileError(f"cache_write rows {rows} do not fit state {state}")
     if not slots.precision.is_integer or slots.cols != 1 or slots.rows != rows.rows:
         raise CompileError(f"cache_write slots must be I32 [{rows.rows}, 1], not {slots}")
+    _cache_positions(state, attrs)
+    return state.shape
+
+
+def _cache_fill_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``state`` with each sequence's first ``N`` positions replaced by its ``N`` rows: a
+    prompt's keys or values written into a KV cache at positions the compiler knows (a
+    static copy, no runtime index)."""
+    state, rows = inputs
+    if len(state.shape) != 2 or rows.cols != state.cols or rows.precision != state.precision:
+        raise CompileError(f"cache_fill rows {rows} do not fit state {state}")
+    positions = _cache_positions(state, attrs)
+    batch = state.rows // positions
+    if rows.rows % batch or rows.rows // batch > positions:
+        raise CompileError(f"cache_fill rows {rows} are not at most {positions} a sequence "
+                           f"of {batch}")
     return state.shape
 
 
@@ -196,6 +225,7 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "rope": (3, _rope_rule),
     "embedding": (2, _embedding_rule),
     "cache_write": (3, _cache_write_rule),
+    "cache_fill": (2, _cache_fill_rule),
 }
 
 
@@ -256,10 +286,12 @@ def gemm_macs(graph: Graph) -> int:
 
 
 def state_writes(graph: Graph) -> dict[int, int]:
-    """Each state (a KV cache: a weight that ``cache_write`` updates in place) and the value
+    """Each state (a KV cache: a weight that ``cache_write`` or ``cache_fill`` updates in
+    place) and the value
     its write produces, which is its contents for the rest of the call and the next call's
     state."""
-    return {op.inputs[0]: op.outputs[0] for op in graph.operations if op.kind == "cache_write"}
+    return {op.inputs[0]: op.outputs[0] for op in graph.operations
+            if op.kind in ("cache_write", "cache_fill")}
 
 
 def _verify_states(graph: Graph) -> None:
@@ -272,8 +304,7 @@ def _verify_states(graph: Graph) -> None:
                                f"across calls), not {value.role}")
         readers = graph.consumers(state)
         if len(readers) != 1:
-            raise CompileError(f"state {value.name} must be read only by its one "
-                               "cache_write")
+            raise CompileError(f"state {value.name} must be read only by its one write")
         if graph.value(written).role == "output":
             raise CompileError(f"state {value.name}'s write is a graph output: read the "
                                "attention's result, not the cache")

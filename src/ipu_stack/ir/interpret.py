@@ -310,6 +310,16 @@ def lookup_rows(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.asarray(table)[index].reshape(*np.shape(ids)[:-1], table.shape[1])
 
 
+def fill_rows(state: np.ndarray, rows: np.ndarray, positions: int) -> np.ndarray:
+    """``state`` (``[batch x positions, width]``) with each sequence's first rows replaced by
+    its rows of ``rows`` (``[batch x n, width]``); a copy."""
+    out = np.array(state, copy=True).reshape(-1, np.shape(state)[-1])
+    batch = out.shape[0] // positions
+    given = np.asarray(rows).reshape(batch, -1, out.shape[1])
+    out.reshape(batch, positions, -1)[:, :given.shape[1]] = given
+    return out
+
+
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
            mode: dict | None = None, normce: bool = False) -> np.ndarray:
     if op.kind == "matmul":
@@ -358,6 +368,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return lookup_rows(ins[0], ins[1]).astype(dtype, copy=False)
     if op.kind == "cache_write":
         return write_rows(ins[0], ins[1], ins[2]).astype(dtype, copy=False)
+    if op.kind == "cache_fill":
+        return fill_rows(ins[0], ins[1], int(op.attrs["positions"])).astype(dtype, copy=False)
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

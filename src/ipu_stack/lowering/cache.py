@@ -1,4 +1,5 @@
-"""Lowering a cache write (``cache_write``: a KV cache's rows written at runtime positions).
+"""Lowering a cache write (``cache_write``: a KV cache's rows written at runtime positions;
+``cache_fill``: a prompt's rows written at the positions it fills).
 
 The cache (``[batch x positions, kv heads x head width]``, a resident state) is held in
 blocks of one key/value head's columns and a run of one sequence's positions, each block on
@@ -13,10 +14,14 @@ readers (the attention products) gather it from these blocks like any activation
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from ipu_stack.ir.graph import POSITION_GRAIN
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.slice import multiupdate_params
 from ipu_stack.lowering.base import LoweringBase, Piece
 from ipu_stack.lowering.program import Call, ComputeSet
@@ -25,18 +30,20 @@ from ipu_stack.planning.stages import RowStage
 from ipu_stack.target import MemoryClass
 from ipu_stack.util.errors import CompileError
 
-# position blocks a sequence's cache is split into at most: more holders make the readers'
-# gather wider, but each holder is a MultiUpdate call of its own first row
-MAX_POSITION_BLOCKS = 16
-
 
 def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int:
-    """Positions a holder keeps: the smallest divisor of ``positions`` that splits each
-    sequence into at most ``MAX_POSITION_BLOCKS`` blocks and the whole cache over at most
-    ``tiles`` holders (a block never straddles two sequences)."""
-    splits = max(1, min(MAX_POSITION_BLOCKS, tiles // max(batch * kv_heads, 1), positions))
-    least = -(-positions // splits)
-    return next(rows for rows in range(least, positions + 1) if positions % rows == 0)
+    """Positions a holder keeps: the smallest multiple of ``POSITION_GRAIN`` dividing
+    ``positions`` that spreads the cache over at most ``tiles`` holders (a block never
+    straddles two sequences; a layer loop keeps every layer's cache on the same holders, so
+    the more holders, the less each tile holds)."""
+    if positions % POSITION_GRAIN:
+        raise CompileError(f"a KV cache of {positions} positions is not a whole number of "
+                           f"blocks of {POSITION_GRAIN}")
+    for rows in range(POSITION_GRAIN, positions + 1, POSITION_GRAIN):
+        if positions % rows == 0 and batch * kv_heads * (positions // rows) <= tiles:
+            return rows
+    raise CompileError(f"a KV cache of {batch} sequences and {kv_heads} heads needs more "
+                       f"holder tiles than the chip's {tiles}")
 
 
 def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int) -> np.ndarray:
@@ -49,50 +56,108 @@ def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int) -> np.ndar
     return spread.astype(np.int32).reshape(batch, blocks, kv_heads)
 
 
+@dataclass(frozen=True)
+class CacheBlocks:
+    """A layer's cache as the chip holds it: ``holders[b, p, h]`` keeps positions
+    ``[p x block, (p + 1) x block)`` of sequence ``b`` for key/value head ``h``."""
+
+    batch: int
+    positions: int
+    width: int
+    block: int
+    holders: np.ndarray
+    layout: BlockLayout
+    buffer: int
+
+
 class CacheLowering(LoweringBase):
     """The cache-write stages of a :class:`~ipu_stack.lowering.lower.Lowering` (module
     docstring)."""
 
-    def cache_write_stage(self, stage: RowStage) -> None:
-        g = self.graph
-        state_id, rows_id, slots_id = stage.inputs
-        state, rows = g.value(state_id).type, g.value(rows_id).type
+    def _cache(self, stage: RowStage, state_id: int) -> CacheBlocks:
+        """The stage's cache blocks, its buffer written by the host in ``initialize``."""
+        state = self.graph.value(state_id).type
         heads = int(stage.attrs.get("kv_heads", 1))
         positions = int(stage.attrs.get("positions", 0))
-        if positions <= 0 or state.rows % positions or state.cols % heads \
-                or rows.rows % (state.rows // positions):
-            raise CompileError(f"{self._name(stage.out)}: cache_write needs positions and "
-                               "kv_heads that divide its state and rows")
+        if positions <= 0 or state.rows % positions or state.cols % heads:
+            raise CompileError(f"{self._name(stage.out)}: a cache write needs positions and "
+                               "kv_heads that divide its state")
         batch = state.rows // positions
-        written = rows.rows // batch  # rows each sequence writes in one call
-        width, precision = state.cols // heads, state.precision
+        width = state.cols // heads
         block = cache_blocking(batch, positions, heads, self.target.tiles)
-        blocks = positions // block
-        holders = cache_holders(batch, blocks, heads, self.target.tiles)
-        cache = BlockLayout(state.rows, state.cols, precision, block, width,
-                            holders.reshape(batch * blocks, heads, 1))
-        cache_buf = self._host_weight(state_id, cache, MemoryClass.STANDARD)
+        holders = cache_holders(batch, positions // block, heads, self.target.tiles)
+        layout = BlockLayout(state.rows, state.cols, state.precision, block, width,
+                             holders.reshape(-1, heads, 1))
+        buffer = self._host_weight(state_id, layout, MemoryClass.STANDARD)
+        self.where[stage.out] = [Piece(0, 0, layout, buffer)]
+        return CacheBlocks(batch, positions, width, block, holders, layout, buffer)
+
+    def cache_write_stage(self, stage: RowStage) -> None:
+        """Rows written at runtime slots: popops ``MultiUpdate`` on every holder of each
+        sequence (module docstring)."""
+        g = self.graph
+        state_id, rows_id, slots_id = stage.inputs
+        cache = self._cache(stage, state_id)
+        rows, precision = g.value(rows_id).type, cache.layout.precision
+        if rows.rows % cache.batch:
+            raise CompileError(f"{self._name(stage.out)}: {rows.rows} rows are not a whole "
+                               f"number a sequence of {cache.batch}")
+        written = rows.rows // cache.batch  # rows each sequence writes in one call
+        holders, blocks = cache.holders, cache.positions // cache.block
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.rows")
-        fresh = BlockLayout(rows.rows, rows.cols, precision, written, width,
+        fresh = BlockLayout(rows.rows, rows.cols, precision, written, cache.width,
                             holders.transpose(0, 2, 1).copy())
         fresh_buf = self._in_row_layout(builder, rows_id, fresh, f"{name}.fresh")
         slots_type = g.value(slots_id).type
         slots = BlockLayout(slots_type.rows, 1, slots_type.precision, written, 1,
-                            holders.reshape(batch, 1, blocks * heads))
+                            holders.reshape(cache.batch, 1, -1))
         slots_buf = self._in_row_layout(builder, slots_id, slots, f"{name}.slots")
         self.emit_exchange(builder)
         compute = ComputeSet(f"{name}.update")
-        for sequence in range(batch):
+        for sequence in range(cache.batch):
             for position_block in range(blocks):
-                first = sequence * positions + position_block * block
-                params = multiupdate_params(written, block, width * precision.itemsize,
-                                            precision.itemsize, fresh.pitch, cache.pitch,
-                                            first)
+                first = sequence * cache.positions + position_block * cache.block
+                params = multiupdate_params(written, cache.block,
+                                            cache.width * precision.itemsize,
+                                            precision.itemsize, fresh.pitch,
+                                            cache.layout.pitch, first)
                 tiles = np.sort(holders[sequence, position_block])
                 zero = np.zeros(len(tiles), dtype=np.int64)
                 compute.calls.append(Call(KernelInstance("multiupdate", params), tiles,
                                           [(slots_buf, zero), (fresh_buf, zero),
-                                           (cache_buf, zero)]))
+                                           (cache.buffer, zero)]))
         self.program.run.append(compute)
-        self.where[stage.out] = [Piece(0, 0, cache, cache_buf)]
+
+    def cache_fill_stage(self, stage: RowStage) -> None:
+        """A prompt's rows written at the positions they fill (known when compiling): each
+        holder of those positions receives its block's rows in one static exchange and
+        copies them into the cache (a layer loop's cache is a per-layer slot, which a copy
+        call can address on every pass and an exchange cannot)."""
+        state_id, rows_id = stage.inputs
+        cache = self._cache(stage, state_id)
+        rows = self.graph.value(rows_id).type
+        given = rows.rows // cache.batch  # positions each sequence fills
+        used = -(-given // cache.block)  # the position blocks holding them
+        precision = cache.layout.precision
+        name = f"stage{stage.index}"
+        holding = cache.holders[:, :used]
+        fresh_buf = self.program.add_buffer(
+            f"{name}.fresh", holding.ravel(), cache.block * cache.layout.pitch,
+            MemoryClass.STANDARD, f"{self._name(rows_id)} by cache block")
+        builder = TransferBuilder(f"{name}.rows")
+        for sequence in range(cache.batch):
+            window = BlockLayout(given, rows.cols, precision, cache.block, cache.width,
+                                 holding[sequence][:, :, None].copy())
+            self.gather(builder, rows_id, window, fresh_buf, (sequence * given, 0))
+        self.emit_exchange(builder)
+        compute = ComputeSet(f"{name}.fill")
+        row_bytes = cache.width * precision.itemsize
+        for position_block in range(used):
+            count = min(cache.block, given - position_block * cache.block)
+            tiles = np.sort(holding[:, position_block].ravel())
+            zero = np.zeros(len(tiles), dtype=np.int64)
+            params = copy_params(count, row_bytes, cache.layout.pitch, cache.layout.pitch)
+            compute.calls.append(Call(KernelInstance("copy", params), tiles,
+                                      [(fresh_buf, zero), (cache.buffer, zero)]))
+        self.program.run.append(compute)

@@ -42,6 +42,8 @@ def lower(
             lowering.lookup_stage(stage)
         elif stage.kind == "cache_write":
             lowering.cache_write_stage(stage)
+        elif stage.kind == "cache_fill":
+            lowering.cache_fill_stage(stage)
         else:
             lowering.row_stage(stage)
         if graph.value(stage.out).role != "output":

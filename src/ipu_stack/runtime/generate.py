@@ -20,6 +20,7 @@ reference's top-two gap at the first token that differs).
 from __future__ import annotations
 
 import logging
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,14 +46,16 @@ StepInputs = Callable[[np.ndarray, int], dict[str, np.ndarray]]
 
 @dataclass
 class TokenFeed(StepFeed):
-    """The decode steps of a greedy generation: the prompt's tokens a step, then the
-    device's own choices; the host reference's cache carried from step to step."""
+    """The decode steps of a greedy generation: the prompt's tokens a step (unless a prompt's
+    pass filled the cache: ``prefilled``), then the device's own choices; the cache the
+    device wrote at each step is the next step's host state."""
 
     prompt: np.ndarray  # [batch, prompt tokens] ids
     new_tokens: int
     step_inputs: StepInputs
     graph: Graph
     state: dict[str, np.ndarray]  # the device's cache before the next step, by state name
+    prefilled: bool = False
     chosen: list[np.ndarray] = field(default_factory=list)  # the device's, each generated step
     expected: list[np.ndarray] = field(default_factory=list)  # the reference's choices
     margins: list[np.ndarray] = field(default_factory=list)  # the reference's top-2 gaps
@@ -64,12 +67,13 @@ class TokenFeed(StepFeed):
                        for s, w in state_writes(self.graph).items()}
 
     def __len__(self) -> int:
-        return self.prompt.shape[1] + self.new_tokens - 1
+        return self.new_tokens - 1 + (0 if self.prefilled else self.prompt.shape[1])
 
     def inputs(self, number: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         prompt = self.prompt.shape[1]
-        tokens = self.prompt[:, number] if number < prompt else self.chosen[-1]
-        return self.step_inputs(tokens, number), dict(self.state)
+        position = number + (prompt if self.prefilled else 0)
+        tokens = self.prompt[:, position] if position < prompt else self.chosen[-1]
+        return self.step_inputs(tokens, position), dict(self.state)
 
     def probed(self, items: list) -> None:
         for name, values in items:
@@ -78,7 +82,7 @@ class TokenFeed(StepFeed):
 
     def judged(self, number: int, outputs: dict[str, np.ndarray],
                reference: Mapping[str, np.ndarray]) -> None:
-        if number < self.prompt.shape[1] - 1:
+        if not self.prefilled and number < self.prompt.shape[1] - 1:
             return  # a prompt token's step: its logits choose nothing
         batch = self.prompt.shape[0]
         device = np.asarray(outputs["logits"], np.float32).reshape(batch, -1)
@@ -96,87 +100,164 @@ class TokenFeed(StepFeed):
         self.margins.append(top[:, 1] - top[:, 0])
 
 
+@dataclass
+class PromptFeed(TokenFeed):
+    """The prompt's pass: one call over the whole prompt that fills every layer's cache
+    and chooses the first new token."""
+
+    prompt_inputs: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+
+    def __len__(self) -> int:
+        return 1
+
+    def inputs(self, number: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        assert self.prompt_inputs is not None
+        return self.prompt_inputs(self.prompt), {}
+
+
 def prompt_tokens(seed: int, batch: int, tokens: int, vocab: int) -> np.ndarray:
     """A random prompt of ``tokens`` ids a sequence (seeded)."""
     return np.random.default_rng(seed).integers(0, vocab, (batch, tokens))
 
 
 @dataclass(frozen=True)
+class Compiled:
+    """A compiled program to run: its package, graph and tensors."""
+
+    path: Path
+    graph: Graph
+    tensors: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class Generation:
-    """What ``generate`` asks for: the prompt, how many tokens to generate, and how to make
-    a step's inputs."""
+    """What ``generate`` asks for: the prompt, how many tokens to generate, how to make a
+    decode step's inputs, and the prompt's pass's (``None``: the prompt a token a step)."""
 
     prompt: np.ndarray
     new_tokens: int
     step_inputs: StepInputs
+    prompt_inputs: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
 
 
-def run_generation(path: Path, graph: Graph, tensors: Mapping[str, Any],
-                   generation: Generation, settings: RunSettings,
-                   model: Any = None) -> tuple[StreamRun, TokenFeed, Package]:
-    """Every step of ``generation`` on the package at ``path``, judged step by step."""
+@dataclass
+class GenerationRun:
+    """The runs of a generation: the prompt's pass (if any) and the decode steps (none when
+    the prompt's pass chose the only new token)."""
+
+    feed: TokenFeed
+    package: Package
+    graph: Graph
+    decode: StreamRun | None
+    prompt_feed: PromptFeed | None = None
+    prompt_run: StreamRun | None = None
+
+
+def run_generation(decode: Compiled, generation: Generation, settings: RunSettings,
+                   prompt_pass: Compiled | None = None, model: Any = None) -> GenerationRun:
+    """Every step of ``generation``, judged step by step: the prompt's pass first when
+    given (its caches, as the device wrote them, are the decode program's initial state:
+    handed over through the host), then the decode steps."""
+    graph = decode.graph
     states = {graph.value(s).name for s in state_writes(graph)}
     if not states:
         raise UsageError("generate needs a decode step's package (a KV cache: --context)")
-    package = load_package(path)
-    feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
-                     {name: np.asarray(tensors[name], np.float32) for name in states})
     options = StreamOptions(settings.engine, None, settings.record, settings.poison,
                             settings.lock_path, settings.wait, model)
-    run = run_stream(package, graph, tensors, feed, options)
-    return run, feed, package
+    state = {name: np.asarray(decode.tensors[name], np.float32) for name in states}
+    prompt_feed, prompt_run = None, None
+    if prompt_pass is not None:
+        prompt_feed = PromptFeed(generation.prompt, generation.new_tokens,
+                                 generation.step_inputs, prompt_pass.graph, {}, True,
+                                 prompt_inputs=generation.prompt_inputs)
+        prompt_run = run_stream(load_package(prompt_pass.path), prompt_pass.graph,
+                                prompt_pass.tensors, prompt_feed, options)
+        state.update(prompt_feed.state)
+    feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
+                     dict(state), prompt_pass is not None)
+    if prompt_feed is not None:
+        feed.chosen = list(prompt_feed.chosen)
+    package = load_package(decode.path)
+    run = run_stream(package, graph, ChainMap(state, decode.tensors), feed, options) \
+        if len(feed) else None
+    return GenerationRun(feed, package, graph, run, prompt_feed, prompt_run)
 
 
-def generation_fields(run: StreamRun, feed: TokenFeed, package: Package, graph: Graph,
-                      fields: dict[str, Any]) -> dict[str, Any]:
-    """The record: the verdict over every step, the tokens against the reference's, the time
-    to the first token (the prompt's steps and their host transfers), a decode step's time
-    and the tokens a second it gives, and what the cache holds."""
-    clock = get_target(package.target).clock_hz
-    prompt = feed.prompt.shape[1]
-    batch = feed.prompt.shape[0]
-    # a step crosses every hand-off once: each link, and each on-chip hand-off phase
+def _calls(run: StreamRun, calls: int, clock: float) -> tuple[list[int], list[int], int]:
+    """Each call's device cycles (its groups in order, and every hand-off: each link, each
+    on-chip hand-off phase), each call's host transfer cycles, and the hand-offs."""
     per_chip = run.groups // run.chips
     handoffs = sum(run.link_cycles) + sum(h * (per_chip - 1) for h in run.chip_handoffs)
-    steps = [sum(r.cycles for (g, n), r in run.runs.items() if n == number) + handoffs
-             for number in range(len(feed))]
-    hosts = [sum(r.host_bytes for (g, n), r in run.runs.items() if n == number)
-             for number in range(len(feed))]
-    host = [host_cycles(b, clock) for b in hosts]
-    decode = steps[prompt:] or steps[-1:]
-    decode_host = host[prompt:] or host[-1:]
-    tpot = (max(decode) + max(decode_host)) / clock
-    chosen, expected = np.array(feed.chosen), np.array(feed.expected)
+    cycles = [sum(r.cycles for (_, n), r in run.runs.items() if n == number) + handoffs
+              for number in range(calls)]
+    host = [host_cycles(sum(r.host_bytes for (_, n), r in run.runs.items() if n == number),
+                        clock) for number in range(calls)]
+    return cycles, host, handoffs
+
+
+def _timing(gen: GenerationRun, clock: float) -> dict[str, Any]:
+    """The time to the first token and a decode step's: from the prompt's pass (and its
+    caches' bytes handed to the decode program at the host link's rate), or from the
+    prompt's steps; a decode step's cycles with its host transfers."""
+    prompt = gen.feed.prompt.shape[1]
+    cycles, host, handoffs = _calls(gen.decode, len(gen.feed), clock) if gen.decode \
+        else ([], [], 0)
+    if gen.prompt_run is not None:
+        first, first_host, _ = _calls(gen.prompt_run, 1, clock)
+        states = [gen.graph.value(s).type for s in state_writes(gen.graph)]
+        positions = states[0].rows // gen.feed.prompt.shape[0]
+        filled = sum(t.nbytes for t in states) * prompt // positions  # the prompt's rows
+        prefill, ttft = first[0], first[0] + first_host[0] + host_cycles(filled, clock)
+        decode, decode_host = cycles, host
+    else:
+        prefill = sum(cycles[:prompt])
+        ttft = prefill + sum(host[:prompt])
+        decode, decode_host = cycles[prompt:], host[prompt:]
+        filled = 0
+    step = (max(decode) + max(decode_host)) / clock if decode else None
+    return {"ttftMicroseconds": round(ttft / clock * 1e6, 3),
+            "tpotMicroseconds": None if step is None else round(step * 1e6, 3),
+            "tokensPerSecond": None if step is None else round(
+                gen.feed.prompt.shape[0] / step, 1),
+            "prefillCycles": prefill, "decodeCycles": max(decode, default=None),
+            "decodeCyclesMin": min(decode, default=None), "handoffCycles": handoffs,
+            "cacheHandoffBytes": filled}
+
+
+def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, Any]:
+    """The record: the verdict over every call, the tokens against the reference's, the time
+    to the first token, a decode step's time and the tokens a second it gives, and what the
+    cache holds."""
+    clock = get_target(gen.package.target).clock_hz
+    feed, batch = gen.feed, gen.feed.prompt.shape[0]
+    runs = [r for r in (gen.prompt_run, gen.decode) if r is not None]
+    verdicts = [v for r in runs for v in r.verdicts]
+    chosen, expected = np.array(feed.chosen), np.array(
+        (gen.prompt_feed.expected if gen.prompt_feed else []) + feed.expected)
+    margins = (gen.prompt_feed.margins if gen.prompt_feed else []) + feed.margins
+    ties = int(np.array((gen.prompt_feed.tied if gen.prompt_feed else []) + feed.tied).sum())
     differ = np.argwhere(chosen != expected)
-    ties = int(np.array(feed.tied).sum())
-    worst = max(run.verdicts, key=lambda v: (not v.passed, getattr(v.worst, "max_ulps", 0)))
-    kv_bytes = sum(graph.value(s).type.nbytes for s in state_writes(graph))
+    worst = max(verdicts, key=lambda v: (not v.passed, getattr(v.worst, "max_ulps", 0)))
     record = {
-        "numericalTest": "PASS" if run.passed else "FAIL",
+        "numericalTest": "PASS" if all(v.passed for v in verdicts) else "FAIL",
         **fields,
         "batch": batch,
-        "chips": run.chips,
-        "promptTokens": prompt,
+        "chips": runs[-1].chips,
+        "promptTokens": feed.prompt.shape[1],
         "newTokens": feed.new_tokens,
+        "prefill": "one pass" if gen.prompt_run is not None else "a token a step",
         "tokensMatch": len(differ) == ties,
         "tokensDiffering": int(len(differ)),
         "tokensTied": ties,
-        "firstDifferingMargin": round(float(feed.margins[differ[0][0]][differ[0][1]]), 6)
+        "firstDifferingMargin": round(float(margins[differ[0][0]][differ[0][1]]), 6)
         if len(differ) else None,
-        "ttftMicroseconds": round((sum(steps[:prompt]) + sum(host[:prompt]))
-                                  / clock * 1e6, 3),
-        "tpotMicroseconds": round(tpot * 1e6, 3),
-        "tokensPerSecond": round(batch / tpot, 1),
-        "prefillCycles": sum(steps[:prompt]),
-        "decodeCycles": max(decode),
-        "decodeCyclesMin": min(decode),
-        "handoffCycles": handoffs,
-        "kvCacheBytes": kv_bytes,
-        "peakTileBytes": int(package.manifest["memory"]["peak_bytes"]),
+        **_timing(gen, clock),
+        "kvCacheBytes": sum(gen.graph.value(s).type.nbytes for s in state_writes(gen.graph)),
+        "peakTileBytes": int(gen.package.manifest["memory"]["peak_bytes"]),
         **verdict_fields(worst),
-        "verdictSeconds": round(run.verdict_seconds, 2),
-        "simulateSeconds": round(run.simulate_seconds, 2),
-        "hostPeakBytes": run.host_peak_bytes,
+        "verdictSeconds": round(sum(r.verdict_seconds for r in runs), 2),
+        "simulateSeconds": round(sum(r.simulate_seconds for r in runs), 2),
+        "hostPeakBytes": max(r.host_peak_bytes for r in runs),
         "generated": chosen[:, 0].tolist() if len(chosen) else [],
     }
     event(LOG, "generated", tokens=feed.new_tokens, batch=batch,
@@ -184,4 +265,5 @@ def generation_fields(run: StreamRun, feed: TokenFeed, package: Package, graph: 
     return record
 
 
-__all__ = ["Generation", "TokenFeed", "generation_fields", "prompt_tokens", "run_generation"]
+__all__ = ["Compiled", "Generation", "GenerationRun", "PromptFeed", "TokenFeed",
+           "generation_fields", "prompt_tokens", "run_generation"]

@@ -54,6 +54,8 @@ class Workload:
     footprint: Callable[[dict[str, Any]], Footprint] | None = None
     # a decoder's decode step inputs: ``(params, tokens, position)`` (``runtime.generate``)
     step_inputs: Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]] | None = None
+    # and its prompt's pass that fills the cache: ``(params, prompt ids)``
+    prompt_inputs: Callable[[dict[str, Any], Any], dict[str, np.ndarray]] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import POSITION_GRAIN, Graph
 from ipu_stack.ir.precision import F16, F32, Precision
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
@@ -135,13 +135,19 @@ class DecoderLayers:
         k = self.linear(h, p["dim"], kv, f"{prefix}.k")
         v = self.linear(h, p["dim"], kv, f"{prefix}.v")
         select = head_selection(p["kv_heads"], self.repeats, d)
+        cos, sin = tables
+        if p["context"]:  # the keys turned before they are repeated, and both kept
+            k = b.op("rope", [k, cos, sin], F16, f"{prefix}.k.rope", head_dim=d,
+                     pairs="halves")
+            self.fill_cache(prefix, k, v)
         k = b.op("matmul", [k, self.constant(f"{prefix}.k.select", select, F16)], F16,
                  f"{prefix}.k.repeat")
         v = b.op("matmul", [v, self.constant(f"{prefix}.v.select", select, F16)], F16,
                  f"{prefix}.v.repeat")
-        cos, sin = tables
         q = b.op("rope", [q, cos, sin], F16, f"{prefix}.q.rope", head_dim=d, pairs="halves")
-        k = b.op("rope", [k, cos, sin], F16, f"{prefix}.k.rope", head_dim=d, pairs="halves")
+        if not p["context"]:
+            k = b.op("rope", [k, cos, sin], F16, f"{prefix}.k.rope", head_dim=d,
+                     pairs="halves")
         scores = b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
                       heads=p["heads"], tokens=p["tokens"])
         mask = self.constant(f"{prefix}.mask", causal_mask(p["batch"], p["heads"],
@@ -153,11 +159,26 @@ class DecoderLayers:
         return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
                            p["dim"], f"{prefix}.o")
 
+    def cache_state(self, prefix: str, name: str) -> int:
+        """The layer's key or value cache (``[batch x context, kv heads x head width]``,
+        F16), a resident state whose initial bytes are zeros."""
+        p = self.p
+        shape = (p["batch"] * cache_positions(p), p["kv_heads"] * self.head_dim)
+        return self.constant(f"{prefix}.{name}_cache", np.zeros(shape, np.float32), F16)
+
+    def fill_cache(self, prefix: str, keys: int, values: int) -> None:
+        """The prompt's keys (turned) and values written into the layer's caches at the
+        positions they fill, for the decode steps after it."""
+        for name, rows in (("k", keys), ("v", values)):
+            self.b.op("cache_fill", [self.cache_state(prefix, name), rows], F16,
+                      f"{prefix}.{name}_cache.filled", positions=cache_positions(self.p),
+                      kv_heads=self.p["kv_heads"])
+
     def cached_attention(self, h: int, prefix: str, step: StepValues) -> int:
         """One new token's attention: its key and value rows written into the layer's cache
         at the step's slots, then its query against every cached position."""
         p, b, d = self.p, self.b, self.head_dim
-        kv, positions = p["kv_heads"] * d, p["context"]
+        kv, positions = p["kv_heads"] * d, cache_positions(p)
         q = self.linear(h, p["dim"], p["dim"], f"{prefix}.q")
         k = self.linear(h, p["dim"], kv, f"{prefix}.k")
         v = self.linear(h, p["dim"], kv, f"{prefix}.v")
@@ -165,11 +186,10 @@ class DecoderLayers:
                  pairs="halves")
         k = b.op("rope", [k, step.cos, step.sin], F16, f"{prefix}.k.rope", head_dim=d,
                  pairs="halves")
-        shape = (p["batch"] * positions, kv)
         cached = []
         for name, rows in (("k", k), ("v", v)):
-            state = self.constant(f"{prefix}.{name}_cache", np.zeros(shape, np.float32), F16)
-            cached.append(b.op("cache_write", [state, rows, step.slots], F16,
+            cached.append(b.op("cache_write", [self.cache_state(prefix, name), rows,
+                                               step.slots], F16,
                                f"{prefix}.{name}_cache.written", positions=positions,
                                kv_heads=p["kv_heads"]))
         heads = {"heads": p["heads"], "tokens": 1, "kv_heads": p["kv_heads"],
@@ -216,9 +236,32 @@ def _build(builder: LayerBuilder, seed: int) -> None:
     tables = (layers.constant("rope.cos", cos, F32), layers.constant("rope.sin", sin, F32))
     for index in range(p["layers"]):
         h = layers.layer(h, index, tables)
+    if p["context"]:  # filling a cache for the steps after: only the last token's logits
+        builder.tensors["last"] = last_rows(batch, tokens)
+        last = b.input("last", TensorType((batch, 1, 1), I32))
+        h = b.op("embedding", [last, h], F16, "last_token")
     h = layers.rms_norm(h, "final_norm")
     b.output(b.op("matmul", [h, builder.weight("lm_head.w", (dim, p["vocab"]),
                                                1.0 / np.sqrt(dim))], F16, "logits"))
+
+
+def last_rows(batch: int, tokens: int) -> np.ndarray:
+    """Each sequence's last row of a prompt's pass (``[batch, 1, 1]``, whole numbers)."""
+    return (np.arange(batch) * tokens + tokens - 1).astype(np.float32).reshape(batch, 1, 1)
+
+
+def prompt_inputs(params: dict[str, Any], prompt: np.ndarray) -> dict[str, np.ndarray]:
+    """The inputs of the prompt's pass that fills the KV cache: the prompt's ids
+    (``[batch, tokens]``) and each sequence's last row."""
+    batch, tokens = prompt.shape
+    return {"ids": prompt.astype(np.float32).reshape(batch, tokens, 1),
+            "last": last_rows(batch, tokens)}
+
+
+def cache_positions(params: dict[str, Any]) -> int:
+    """The KV cache's positions: ``--context`` rounded up to whole blocks of the cache's
+    holders (``ir.graph.POSITION_GRAIN``); the ones past it stay masked."""
+    return -(-params["context"] // POSITION_GRAIN) * POSITION_GRAIN
 
 
 def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int
@@ -226,9 +269,9 @@ def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int
     """The decode step's inputs for ``tokens`` (one id a sequence) at cache ``position``:
     the ids, each sequence's cache row (``b x context + position``), the mask row (every
     later position masked), and the position's RoPE angles."""
-    batch, positions, heads = params["batch"], params["context"], params["heads"]
-    if not 0 <= position < positions:
-        raise UsageError(f"position {position} is outside the KV cache's {positions} "
+    batch, positions, heads = params["batch"], cache_positions(params), params["heads"]
+    if not 0 <= position < params["context"]:
+        raise UsageError(f"position {position} is outside the KV cache's {params['context']} "
                          "positions")
     ids = np.asarray(tokens, dtype=np.float32).reshape(batch, 1, 1)
     slots = (np.arange(batch) * positions + position).astype(np.float32).reshape(batch, 1, 1)
@@ -253,7 +296,7 @@ def _build_step(builder: LayerBuilder, seed: int) -> None:
     ids = b.input("ids", TensorType((batch, 1, 1), I32))
     step = StepValues(
         b.input("slots", TensorType((batch, 1, 1), I32)),
-        b.input("mask", TensorType((batch * heads, p["context"]), F16)),
+        b.input("mask", TensorType((batch * heads, cache_positions(p)), F16)),
         b.input("rope.cos", TensorType(inputs["rope.cos"].shape, F32)),
         b.input("rope.sin", TensorType(inputs["rope.sin"].shape, F32)))
     table = builder.weight("token_embedding", (p["vocab"], dim), 0.02, precision=F16)
@@ -273,12 +316,13 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
                          f"a multiple of --kv-heads {params['kv_heads']}")
     if (params["dim"] // params["heads"]) % 2:
         raise UsageError("the head dimension must be even (RoPE rotates pairs)")
-    if params["context"]:
-        if params["tokens"] != 1:
-            raise UsageError("a decode step (--context) takes one token a sequence: "
-                             f"--tokens 1, not {params['tokens']}")
+    if params["context"] and params["tokens"] > params["context"]:
+        raise UsageError(f"--tokens {params['tokens']} do not fit a KV cache of --context "
+                         f"{params['context']} positions")
+    if params["context"]:  # a prompt's pass filling the cache, or a decode step
         prompt = {**params, "context": 0, "tokens": min(params["context"], 128)}
-        return calibrated_build(params, kind, _build_step, calibration=(prompt, _build))
+        make = _build_step if params["tokens"] == 1 else _build
+        return calibrated_build(params, kind, make, calibration=(prompt, _build))
     if params["tokens"] < 2:
         raise UsageError("the prompt's pass needs --tokens of at least 2 (one token a step "
                          "is the decode step: --context)")
@@ -295,10 +339,10 @@ def _footprint(params: dict[str, Any]) -> Footprint:
     rows, dim, hidden, vocab = p["batch"] * p["tokens"], p["dim"], p["hidden"], p["vocab"]
     head_dim = dim // max(p["heads"], 1)
     kv = p["kv_heads"] * head_dim
-    keys = p["context"] or p["tokens"]
+    keys = cache_positions(p) or p["tokens"]
     scores = p["batch"] * p["heads"] * p["tokens"] * keys * 2
     # the prompt's pass: the selection matrices and a causal mask; a step: its KV cache
-    held = 2 * p["batch"] * p["context"] * kv * 2 if p["context"] else 2 * kv * dim * 2 + scores
+    held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * dim * 2 + scores
     per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight + held
     tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4
     logits = rows * (vocab * 2 + dim * weight)
@@ -322,7 +366,8 @@ def _register(kind: str, description: str, **defaults: Any) -> None:
         name=kind, description=description, parameters=parameters,
         build=lambda params: build_decoder(kind, params),
         identifier=sequence_identifier(kind), benchmark_fields=sequence_fields(kind, False),
-        stream_input=_stream, footprint=_footprint, step_inputs=step_inputs))
+        stream_input=_stream, footprint=_footprint, step_inputs=step_inputs,
+        prompt_inputs=prompt_inputs))
 
 
 _register("smollm2-135m", "SmolLM2-135M (Llama family) prefill: token ids in, logits out; "

@@ -143,10 +143,11 @@ def stream_prompt(params: dict[str, Any], graph: Graph, index: int) -> dict[str,
 
 def sequence_identifier(kind: str) -> Callable[[dict[str, Any]], str]:
     """The identifier of a token model (text encoders, decoders: ``-kv`` where the
-    key/value heads are their own parameter)."""
+    key/value heads are their own parameter, ``-c`` a KV cache's positions)."""
     def make(p: dict[str, Any]) -> str:
         kv = f"-kv{p['kv_heads']}" if "kv_heads" in p else ""
-        return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}-v{p['vocab']}"
+        cache = f"-c{p['context']}" if p.get("context") else ""
+        return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}{cache}-v{p['vocab']}"
                 f"-d{p['dim']}-h{p['heads']}{kv}-f{p['hidden']}-n{p['layers']}"
                 f"{attention_suffix(p, 'f16')}")
     return make
@@ -158,7 +159,9 @@ def sequence_fields(kind: str, biases: bool = True) -> Callable[[dict[str, Any]]
     def make(p: dict[str, Any]) -> dict[str, Any]:
         kv = {"kvHeads": p["kv_heads"]} if "kv_heads" in p else {}
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
-                "tokens": p["tokens"], "rows": p["batch"] * p["tokens"],
+                "tokens": p["tokens"], **({"context": p["context"]} if p.get("context")
+                                          else {}),
+                "rows": p["batch"] * p["tokens"],
                 "vocabulary": p["vocab"], "dimension": p["dim"], "heads": p["heads"], **kv,
                 "hiddenDimension": p["hidden"], "layers": p["layers"], "biases": biases,
                 "attention": attention_precision(p)}
