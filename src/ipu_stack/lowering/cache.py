@@ -32,14 +32,15 @@ from ipu_stack.util.errors import CompileError
 
 
 def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int:
-    """Positions a holder keeps: the smallest multiple of ``POSITION_GRAIN`` dividing
-    ``positions`` that spreads the cache over at most ``tiles`` holders (a block never
-    straddles two sequences; a layer loop keeps every layer's cache on the same holders, so
-    the more holders, the less each tile holds)."""
+    """Positions a holder keeps: the smallest divisor of ``positions`` that spreads the cache
+    over at most ``tiles`` holders (a block never straddles two sequences).  A layer loop
+    keeps every layer's cache on the same holders, so the more holders, the less each tile
+    holds; a cache's positions are whole blocks of ``POSITION_GRAIN``, so small divisors
+    exist."""
     if positions % POSITION_GRAIN:
         raise CompileError(f"a KV cache of {positions} positions is not a whole number of "
                            f"blocks of {POSITION_GRAIN}")
-    for rows in range(POSITION_GRAIN, positions + 1, POSITION_GRAIN):
+    for rows in range(1, positions + 1):
         if positions % rows == 0 and batch * kv_heads * (positions // rows) <= tiles:
             return rows
     raise CompileError(f"a KV cache of {batch} sequences and {kv_heads} heads needs more "
