@@ -77,6 +77,10 @@ CASE_SECONDS = 60
 SOURCES = {
     "siglip-mlp": ["siglip-mlp", "--tokens", "16", "--dim", "64", "--hidden", "64"],
     "attention": ["attention", "--tokens", "17", "--dim", "64", "--heads", "4"],
+    # a decode step: KV cache states, MultiUpdate calls and the loop's slot reads
+    "decode-step": ["smollm2-135m", "--vocab", "50", "--dim", "16", "--hidden", "24",
+                    "--heads", "4", "--kv-heads", "2", "--tokens", "1", "--context", "32",
+                    "--batch", "2"],
 }
 # a system package: a small tower over two chips, two groups a chip (on-chip hand-offs, a
 # link hand-off, two group programs)

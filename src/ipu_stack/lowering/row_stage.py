@@ -21,6 +21,10 @@ from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.stages import RowStage, chain_step
 from ipu_stack.target import MemoryClass
 
+# rows up to which an elementwise product runs where its first input lies (a decode step's
+# batch); above, whole rows spread over the tiles already
+FEW_ROWS = 32
+
 
 def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
                    params: Callable[[int], dict[str, Any]], buffers: list[int]) -> None:
@@ -86,8 +90,64 @@ class RowLowering(LoweringBase):
         self.where[stage.out] = out_pieces
         return True
 
+    def elementwise_in_place(self, stage: RowStage) -> bool:
+        """An elementwise product of few rows (``swiglu``, ``mul``: a decode step's row a
+        sequence) run in the column blocks where its GEMM left its first input, the other
+        gathered beside it: gathered into whole rows, a row lands on one tile, which would
+        run the whole row alone (a sum gains nothing: the norm after it gathers the row
+        back).  False when the stage or the layouts are not so (the loop's carried value
+        keeps its own layout)."""
+        rows, cols, out_prec = self._matrix(stage.out)
+        g = self.graph
+        if stage.kind not in ("swiglu", "mul") or rows > FEW_ROWS or any(
+                g.value(i).role == "weight" for i in stage.inputs) or (
+                self.body is not None and stage.out == self.body.carried_out):
+            return False
+        first, other = stage.inputs
+        pieces = self.where[first]
+        if not self._column_blocks(first):
+            return False
+        lay = pieces[0].layout
+        aux_prec = g.value(other).type.precision
+        if any(lay.col_block * p.itemsize % 4 for p in (out_prec, aux_prec)):
+            return False
+        out = BlockLayout(rows, cols, out_prec, lay.row_block, lay.col_block, lay.tiles)
+        second = BlockLayout(rows, cols, aux_prec, lay.row_block, lay.col_block, lay.tiles)
+        name = f"stage{stage.index}"
+        builder = TransferBuilder(f"{name}.beside")
+        aux_buf = self._in_row_layout(builder, other, second, f"{name}.beside")
+        self.emit_exchange(builder)
+        out_buf = self.program.add_buffer(
+            self._name(stage.out), out.used_tiles(), out.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.out)}: {out.describe()}", out)
+        x_prec = g.value(first).type.precision
+        calls: dict[tuple, list[int]] = {}
+        for i, count in enumerate(lay.valid_rows()):
+            for j, width in enumerate(lay.valid_cols()):
+                if count and width:
+                    calls.setdefault((int(count), int(width)), []).append(int(lay.tiles[i, j, 0]))
+        compute = ComputeSet(f"{name}.{stage.kind}")
+        for (count, width), tiles in group_calls(calls):
+            zero = np.zeros(len(tiles), dtype=np.int64)
+            params = row_params(stage.kind, count, width, x_prec, lay.pitch, out_prec,
+                                out.pitch, aux_prec, second.pitch)
+            compute.calls.append(Call(KernelInstance("row", params), tiles,
+                                      [(pieces[0].buffer, zero), (aux_buf, zero), (-1, zero),
+                                       (out_buf, zero)]))
+        self.program.run.append(compute)
+        self.where[stage.out] = [Piece(0, 0, out, out_buf)]
+        return True
+
+    def _column_blocks(self, value_id: int) -> bool:
+        """Whether the value lies in one piece of column blocks, one copy each (a GEMM's
+        result), not in whole rows."""
+        pieces = self.where[value_id]
+        return len(pieces) == 1 and not pieces[0].row0 and not pieces[0].col0 and \
+            pieces[0].layout.col_block < pieces[0].layout.cols and \
+            pieces[0].layout.replicas == 1
+
     def row_stage(self, stage: RowStage) -> None:
-        if self.softmax_in_place(stage):
+        if self.softmax_in_place(stage) or self.elementwise_in_place(stage):
             return
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)
