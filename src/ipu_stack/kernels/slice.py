@@ -60,16 +60,34 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     return work
 
 
+def _row_operands(p: dict[str, Any], update: bool) -> list[tuple[int, int]]:
+    """``(rows, pitch)`` of operands 1 (read) and 2 (written): the table, then a row an
+    offset (a slice); the reverse for an update."""
+    table = (p["rows"], p["table_pitch"])
+    per_offset = (p["offsets"], p["src_pitch"] if update else p["out_pitch"])
+    return [per_offset, table] if update else [table, per_offset]
+
+
+def _extents(p: dict[str, Any], update: bool) -> list[tuple[int, int, bool]]:
+    """Each operand's extent: the offsets (4 bytes each), the read rows, the written rows."""
+    return [(0, 4 * p["offsets"], False)] + [
+        (k + 1, (rows - 1) * pitch + p["region_bytes"], k == 1)
+        for k, (rows, pitch) in enumerate(_row_operands(p, update))]
+
+
+def _exact(p: dict[str, Any], update: bool) -> list[Region]:
+    """Each operand's exact bytes (the rows' padding left out)."""
+    return [Region(0, 0, 1, 4 * p["offsets"], 4 * p["offsets"], False)] + [
+        Region(k + 1, 0, rows, p["region_bytes"], pitch, k == 1)
+        for k, (rows, pitch) in enumerate(_row_operands(p, update))]
+
+
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
-    return [(0, 4 * p["offsets"], False),
-            (1, (p["rows"] - 1) * p["table_pitch"] + p["region_bytes"], False),
-            (2, (p["offsets"] - 1) * p["out_pitch"] + p["region_bytes"], True)]
+    return _extents(p, update=False)
 
 
 def _regions(p: dict[str, Any]) -> list[Region]:
-    return [Region(0, 0, 1, 4 * p["offsets"], 4 * p["offsets"], False),
-            Region(1, 0, p["rows"], p["region_bytes"], p["table_pitch"], False),
-            Region(2, 0, p["offsets"], p["region_bytes"], p["out_pitch"], True)]
+    return _exact(p, update=False)
 
 
 MULTISLICE = register(
@@ -125,15 +143,11 @@ def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
 
 
 def _update_accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
-    return [(0, 4 * p["offsets"], False),
-            (1, (p["offsets"] - 1) * p["src_pitch"] + p["region_bytes"], False),
-            (2, (p["rows"] - 1) * p["table_pitch"] + p["region_bytes"], True)]
+    return _extents(p, update=True)
 
 
 def _update_regions(p: dict[str, Any]) -> list[Region]:
-    return [Region(0, 0, 1, 4 * p["offsets"], 4 * p["offsets"], False),
-            Region(1, 0, p["offsets"], p["region_bytes"], p["src_pitch"], False),
-            Region(2, 0, p["rows"], p["region_bytes"], p["table_pitch"], True)]
+    return _exact(p, update=True)
 
 
 MULTIUPDATE = register(
