@@ -179,8 +179,9 @@ def test_memory_by_category_adds_up(tmp_path, lock_path, cache_dir, capsys):
     assert code == 0
     memory = read_package(out / "pkg" / "model.ipuexe").manifest["memory"]
     filled = memory["peak_tile_by_category"]
-    assert set(filled) == {"weights", "activations", "partials", "code", "exchange tables",
-                           "layer tables", "runtime"}
+    assert set(filled) == {"weights", "kv cache", "activations", "partials", "code",
+                           "exchange tables", "layer tables", "runtime"}
+    assert filled["kv cache"] == 0  # a tower holds no state
     support = filled["code"] + filled["exchange tables"] + filled["layer tables"] + filled[
         "runtime"]
     live = filled["weights"] + filled["activations"] + filled["partials"]

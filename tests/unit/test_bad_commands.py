@@ -40,7 +40,7 @@ BAD = [
     (["run", "{folder}"], "is a folder with no model.ipuexe in it"),
     (["inspect", "{text}"], "is corrupt: not a ZIP archive"),
     (["capacity", "siglip-mlp"], "one of the arguments --max-batch --max-blocks --max-layers "
-                                 "--max-chips is required"),
+                                 "--max-context --max-chips is required"),
     (["capacity", "siglip-mlp", "--max-batch", "0"], "--max-batch must be at least 1"),
     (["bench", "siglip-mlp", "--images", "0"], "--images must be at least 1"),
     (["bench", "siglip-mlp", "--memory-proportion", "2"], "--memory-proportion must be in (0, 1]"),
