@@ -51,11 +51,20 @@ class BodyState:
     weights: list[tuple[int, BlockLayout, MemoryClass, int]] = field(default_factory=list)
 
 
+# rows up to which whole rows land on the chip's last tiles, not its first: a GEMM grid
+# starts at tile 0, and a row already on a tile of the grid it feeds costs that tile an
+# on-tile copy in a compute superstep of its own (a decode step's few rows, every stage)
+FEW_ROWS = 32
+
+
 def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -> BlockLayout:
-    """Whole rows spread evenly over the tiles (host landing and row stages)."""
+    """Whole rows spread evenly over the tiles (host landing and row stages); a few rows
+    (``FEW_ROWS``) from the last tile down."""
     row_block = -(-rows // target.tiles)
     blocks = -(-rows // row_block)
     spread = (np.arange(blocks, dtype=np.int64) * target.tiles) // blocks
+    if rows <= FEW_ROWS:
+        spread = target.tiles - 1 - spread
     return BlockLayout(rows, cols, precision, row_block, cols, spread.reshape(blocks, 1, 1))
 
 

@@ -15,15 +15,11 @@ import numpy as np
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.rowwise import row_params
-from ipu_stack.lowering.base import LoweringBase, Piece, group_calls, landing_layout
+from ipu_stack.lowering.base import FEW_ROWS, LoweringBase, Piece, group_calls, landing_layout
 from ipu_stack.lowering.program import Call, ComputeSet
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.stages import RowStage, chain_step
 from ipu_stack.target import MemoryClass
-
-# rows up to which an elementwise product runs where its first input lies (a decode step's
-# batch); above, whole rows spread over the tiles already
-FEW_ROWS = 32
 
 
 def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
