@@ -142,8 +142,55 @@ class RowLowering(LoweringBase):
             pieces[0].layout.col_block < pieces[0].layout.cols and \
             pieces[0].layout.replicas == 1
 
+    def rope_by_heads(self, stage: RowStage) -> bool:
+        """RoPE on few rows (a decode step's) run a head a tile, each with the angles: in
+        whole rows one tile turns every head of the row alone.  False when the stage is not
+        so or a head's block is not whole words."""
+        rows, cols, out_prec = self._matrix(stage.out)
+        if stage.kind != "rope" or rows > FEW_ROWS:
+            return False
+        g = self.graph
+        head = int(stage.attrs["head_dim"])
+        x_prec = g.value(stage.inputs[0]).type.precision
+        aux_prec = g.value(stage.inputs[1]).type.precision
+        if any(width * p.itemsize % 4 for width, p in (
+                (head, x_prec), (head, out_prec), (head // 2, aux_prec))):
+            return False
+        heads = cols // head
+        # below the last tile, where the rows and the angles land: a tile cannot send to
+        # itself, so a head there would cost an on-tile copy superstep
+        grid = (self.target.tiles - 2 - np.arange(heads, dtype=np.int32)).reshape(1, heads, 1)
+        name = f"stage{stage.index}"
+        builder = TransferBuilder(f"{name}.heads")
+        x = BlockLayout(rows, cols, x_prec, rows, head, grid)
+        x_buf = self._in_row_layout(builder, stage.inputs[0], x, f"{name}.heads")
+        table = BlockLayout(rows, head // 2, aux_prec, rows, head // 2, grid.reshape(1, 1, -1))
+        aux = [self._host_weight(i, table, MemoryClass.STANDARD)
+               if g.value(i).role == "weight" else
+               self._in_row_layout(builder, i, table, f"{name}.{self._name(i)}")
+               for i in stage.inputs[1:]]
+        self.emit_exchange(builder)
+        out = BlockLayout(rows, cols, out_prec, rows, head, grid)
+        out_buf = self.program.add_buffer(
+            self._name(stage.out), out.used_tiles(), out.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(stage.out)}: {out.describe()}", out)
+        extra = {"head_dim": head, **({"pairs": "halves"} if stage.attrs.get("pairs") ==
+                                      "halves" else {})}
+        params = row_params("rope", rows, head, x_prec, x.pitch, out_prec, out.pitch, aux_prec,
+                            table.pitch, **extra)
+        tiles = np.sort(grid.ravel())
+        zero = np.zeros(heads, dtype=np.int64)
+        compute = ComputeSet(f"{name}.rope")
+        compute.calls.append(Call(KernelInstance("row", params), tiles,
+                                  [(x_buf, zero), (aux[0], zero), (aux[1], zero),
+                                   (out_buf, zero)]))
+        self.program.run.append(compute)
+        self.where[stage.out] = [Piece(0, 0, out, out_buf)]
+        return True
+
     def row_stage(self, stage: RowStage) -> None:
-        if self.softmax_in_place(stage) or self.elementwise_in_place(stage):
+        if self.softmax_in_place(stage) or self.elementwise_in_place(stage) or \
+                self.rope_by_heads(stage):
             return
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)
