@@ -20,7 +20,6 @@ reference's top-two gap at the first token that differs).
 from __future__ import annotations
 
 import logging
-from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from ipu_stack.ir.graph import Graph, state_writes
 from ipu_stack.package import Package
 from ipu_stack.runtime.execute import RunSettings
 from ipu_stack.runtime.record import verdict_fields
-from ipu_stack.runtime.session import load_package
+from ipu_stack.runtime.session import hold_weights, load_package
 from ipu_stack.runtime.stream import StepFeed, StreamOptions, StreamRun, run_stream
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
@@ -167,6 +166,7 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     state = {name: np.asarray(decode.tensors[name], np.float32) for name in states}
     prompt_feed, prompt_run = None, None
     if prompt_pass is not None:
+        share_weights(decode, prompt_pass)
         prompt_feed = PromptFeed(generation.prompt, generation.new_tokens,
                                  generation.step_inputs, prompt_pass.graph, {}, True,
                                  prompt_inputs=generation.prompt_inputs)
@@ -178,9 +178,22 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     if prompt_feed is not None:
         feed.chosen = list(prompt_feed.chosen)
     package = load_package(decode.path)
-    run = run_stream(package, graph, ChainMap(state, decode.tensors), feed, options) \
-        if len(feed) else None
+    tensors = decode.tensors
+    for name, values in state.items():  # the decode program starts from these caches
+        tensors[name] = values  # type: ignore[index]
+    run = run_stream(package, graph, tensors, feed, options) if len(feed) else None
     return GenerationRun(feed, package, graph, run, prompt_feed, prompt_run)
+
+
+def share_weights(decode: Compiled, prompt_pass: Compiled) -> None:
+    """One copy of the weights for both programs: the decode step's, made and held in their
+    stored precisions, also serve the prompt's pass (every weight of the same name and
+    type; the pass's own constants, its masks and angle tables, stay its own)."""
+    hold_weights(decode.graph, decode.tensors)
+    types = {v.name: v.type for v in decode.graph.by_role("weight")}
+    for value in prompt_pass.graph.by_role("weight"):
+        if types.get(value.name) == value.type and value.name in decode.tensors:
+            prompt_pass.tensors[value.name] = decode.tensors[value.name]  # type: ignore[index]
 
 
 def _calls(run: StreamRun, calls: int, clock: float) -> tuple[list[int], list[int], int]:
