@@ -17,7 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ipu_stack.memory.categories import describe
+from ipu_stack.package import read_package
 from ipu_stack.pipeline import CompileOptions, compile_workload
+from ipu_stack.runtime.groups import group_programs, read_system
 from ipu_stack.strategy.compile import compile_pipeline
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
@@ -37,17 +40,31 @@ class CapacityResult:
     reason: str
     tried: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
+    fullest: dict[int, str] = field(default_factory=dict)  # each size that fits: its fullest tile
+
+
+def fullest_tile(path: Path) -> str:
+    """What fills the fullest tile of a compiled package (of its fullest group program):
+    ``tile 153: 604,160 bytes: weights 349184, kv cache 238080, ...``."""
+    package = read_package(path)
+    programs = list(group_programs(package, read_system(package)).values())
+    memory = max((p.manifest["memory"] for p in programs), key=lambda m: m["peak_bytes"])
+    return (f"{int(memory['peak_bytes'])} bytes: "
+            f"{describe(memory.get('peak_tile_by_category', {}))}")
 
 
 def _fits(workload: Workload, params: dict[str, Any], options: CompileOptions,
-          compile: Callable[..., Any] = compile_workload) -> str:
+          compile: Callable[..., Any] = compile_workload,
+          fullest: dict[int, str] | None = None, size: int = 0) -> str:
     """'' when the workload compiles (by ``compile``: one program, or a pipeline), else the
-    one-line reason it does not."""
+    one-line reason it does not; ``fullest[size]`` gets the fullest tile of one that does."""
     with tempfile.TemporaryDirectory(prefix="ipu-stack-capacity-") as out:
         try:  # whether it fits, not how fast: no second plan for the room it leaves
             compile(workload, params, Path(out), replace(options, slack=False))
         except CompileError as failure:
             return str(failure)
+        if fullest is not None:
+            fullest[size] = fullest_tile(Path(out) / "model.ipuexe")
     return ""
 
 
@@ -69,11 +86,12 @@ def probe_capacity(
 
     # over several chips, each size as a pipeline over them
     over_chips = {"compile": compile_pipeline} if options.chips > 1 else {}
+    fullest: dict[int, str] = {}
 
     def attempt(size: int) -> bool:
         reason = _fits(workload, workload.resolve({**params, parameter: size}),
                        replace(options, strategy="pipeline") if over_chips else options,
-                       **over_chips)
+                       fullest=fullest, size=size, **over_chips)
         tried[size] = reason or "fits"
         event(LOG, "capacity probe", parameter=parameter, size=size, fits=not reason,
               reason=reason or None)
@@ -103,7 +121,8 @@ def probe_capacity(
         reason = f"{parameter}={bad}: {tried[bad]}"
     else:
         reason = f"reached --max-{parameter} {limit}"
-    return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start)
+    return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start,
+                          fullest)
 
 
 def _weight_bytes(workload: Workload, params: dict[str, Any], options: CompileOptions) -> int:

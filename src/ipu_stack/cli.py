@@ -290,12 +290,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         key = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers",
                "context": "maximumContext"}[parameter]
     record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
+              "fullestTile": result.fullest.get(result.maximum),
               "compiles": len(result.tried), "seconds": round(result.seconds, 1),
               "tried": {str(k): v for k, v in sorted(result.tried.items())}}
     if args.json:
         print(json.dumps(record))
     else:
-        print(f"{key}={result.maximum} reason={log.format_value(result.reason)} "
+        fullest = f" fullestTile={log.format_value(record['fullestTile'])}" \
+            if record["fullestTile"] else ""
+        print(f"{key}={result.maximum} reason={log.format_value(result.reason)}{fullest} "
               f"compiles={len(result.tried)} seconds={record['seconds']}")
     return 0 if result.maximum or args.max_chips is None else 1  # no card count fits: 1
 

@@ -5,6 +5,8 @@ step's cycles independent of the tokens and the position; a package's slot reads
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from tests.helpers import cli, llama_forward, one_error_line
@@ -163,3 +165,12 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)
     assert message in one_error_line(code, err)
+
+
+def test_capacity_searches_the_longest_cache_and_names_the_fullest_tile() -> None:
+    code, out, err = cli(["capacity", "smollm2-135m", "--vocab", "50", "--dim", "16",
+                          "--hidden", "24", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                          "--precision", "f16", "--max-context", "64", "--json"])
+    record = json.loads(out)
+    assert code == 0 and record["maximumContext"] == 64, err
+    assert "kv cache" in record["fullestTile"] and "weights" in record["fullestTile"]
