@@ -52,8 +52,9 @@ def _parameters() -> tuple[Parameter, ...]:
     return (
         Parameter("batch", int, 1, "sequences per run"),
         Parameter("tokens", int, 128, "prompt tokens per sequence", minimum=1),
-        Parameter("context", int, 0, "KV cache positions: the decode step over a cache this "
-                  "long (0: the prompt's pass, no cache)", minimum=0),
+        Parameter("context", int, 0, "KV cache positions (rounded up to 32): with --tokens 1 "
+                  "the decode step, else the prompt's pass filling the cache (0: no cache)",
+                  minimum=0),
         Parameter("vocab", int, 49152, "vocabulary (rows of the token table)", minimum=2),
         Parameter("layers", int, 30, "decoder layers"),
         Parameter("dim", int, 576, "model dimension"),
@@ -370,8 +371,11 @@ def _register(kind: str, description: str, **defaults: Any) -> None:
         prompt_inputs=prompt_inputs))
 
 
-_register("smollm2-135m", "SmolLM2-135M (Llama family) prefill: token ids in, logits out; "
-          "30 layers of width 576, grouped-query attention (9 / 3 heads), RoPE, SwiGLU")
-_register("tinyllama-1.1b", "TinyLlama-1.1B prefill: 22 layers of width 2048, grouped-query "
-          "attention (32 / 4 heads), SwiGLU 5632, a 32,000-row table; two chips (--chips 2)",
+_register("smollm2-135m", "SmolLM2-135M (Llama family): the prompt's pass, token ids in, "
+          "logits out, or with --context S --tokens 1 a decode step over a KV cache "
+          "(ipu-stack generate); 30 layers of width 576, grouped-query attention (9 / 3 "
+          "heads), RoPE, SwiGLU")
+_register("tinyllama-1.1b", "TinyLlama-1.1B, as smollm2-135m: 22 layers of width 2048, "
+          "grouped-query attention (32 / 4 heads), SwiGLU 5632, a 32,000-row table; two chips "
+          "(--chips 2)",
           vocab=32000, layers=22, dim=2048, heads=32, kv_heads=4, hidden=5632, theta=10000.0)
