@@ -21,6 +21,7 @@ Work: offsets, the ones in range, and the region's elements and their size, whic
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -82,25 +83,18 @@ def _exact(p: dict[str, Any], update: bool) -> list[Region]:
         for k, (rows, pitch) in enumerate(_row_operands(p, update))]
 
 
-def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
-    return _extents(p, update=False)
-
-
-def _regions(p: dict[str, Any]) -> list[Region]:
-    return _exact(p, update=False)
-
-
-MULTISLICE = register(
-    KernelFamily(
-        name="multislice",
-        source="poplibs lib/popops/codelets/MultiSlice.cpp, asm/MultiSlice.S",
+def _register(name: str, source: str, make_name: Any, run: Any, update: bool) -> KernelFamily:
+    """A slice family: its operands' extents and exact regions from :func:`_row_operands`."""
+    return register(KernelFamily(
+        name=name, source=source,
         code_bytes=512,  # assumed: the vertex's assembly and its C++ wrapper
-        make_name=_name,
-        run=_run,
-        accesses=_accesses,
-        regions=_regions,
-    )
-)
+        make_name=make_name, run=run,
+        accesses=functools.partial(_extents, update=update),
+        regions=functools.partial(_exact, update=update)))
+
+
+MULTISLICE = _register("multislice", "poplibs lib/popops/codelets/MultiSlice.cpp, "
+                       "asm/MultiSlice.S", _name, _run, update=False)
 
 
 def multislice_params(offsets: int, rows: int, region_bytes: int, itemsize: int,
@@ -142,25 +136,8 @@ def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
                                  "itemsize": p["itemsize"]})]
 
 
-def _update_accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
-    return _extents(p, update=True)
-
-
-def _update_regions(p: dict[str, Any]) -> list[Region]:
-    return _exact(p, update=True)
-
-
-MULTIUPDATE = register(
-    KernelFamily(
-        name="multiupdate",
-        source="poplibs lib/popops/codelets/MultiUpdate.cpp, asm/MultiSlice.S (MU entry)",
-        code_bytes=512,  # assumed: the vertex's assembly and its C++ wrapper
-        make_name=_update_name,
-        run=_update_run,
-        accesses=_update_accesses,
-        regions=_update_regions,
-    )
-)
+MULTIUPDATE = _register("multiupdate", "poplibs lib/popops/codelets/MultiUpdate.cpp, "
+                        "asm/MultiSlice.S (MU entry)", _update_name, _update_run, update=True)
 
 
 def multiupdate_params(offsets: int, rows: int, region_bytes: int, itemsize: int,
