@@ -174,3 +174,25 @@ def test_capacity_searches_the_longest_cache_and_names_the_fullest_tile() -> Non
     record = json.loads(out)
     assert code == 0 and record["maximumContext"] == 64, err
     assert "kv cache" in record["fullestTile"] and "weights" in record["fullestTile"]
+
+
+def test_generation_over_two_chips_matches_one_chip(tmp_path, small_generation) -> None:
+    """The layers pipelined over two linked chips (each group reads the step's host inputs,
+    each chip holds its layers' caches): the same tokens as on one chip, every step the same
+    cycles, a step crossing the link."""
+    params, _, runs = small_generation
+    workload = get_workload("smollm2-135m")
+    options = CompileOptions(chips=2, strategy="pipeline")
+    result = compile_strategy(workload, params, tmp_path / "decode", options)
+    passing = {**params, "tokens": 3}
+    compiled = compile_strategy(workload, passing, tmp_path / "prompt", options)
+    prompt = np.random.default_rng(1).integers(0, params["vocab"], (2, 3))
+    generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
+                            lambda ids: prompt_inputs(passing, ids))
+    run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
+                         RunSettings(engine="inprocess"),
+                         Compiled(compiled.package, compiled.graph, compiled.tensors))
+    record = generation_fields(run, {})
+    assert record["numericalTest"] == "PASS" and record["chips"] == 2
+    assert [c.tolist() for c in run.feed.chosen] == [c.tolist() for c in runs[2][0].feed.chosen]
+    assert record["decodeCycles"] == record["decodeCyclesMin"] and record["handoffCycles"] > 0
