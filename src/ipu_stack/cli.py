@@ -221,14 +221,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = Generation(prompt, args.new_tokens,
                             lambda tokens, position: workload.step_inputs(params, tokens,
                                                                           position),
-                            prompt_inputs)
+                            prompt_inputs, _stream_tokens() if sys.stdout.isatty() else None)
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          settings, prompt_pass)
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
               "compileSeconds": round(result.timings["compile"], 2)}
     record = generation_fields(run, fields)
+    if generation.on_token is not None:
+        print()  # the streamed tokens' line
     _print_record(record, args.json, "generate", args.record)
     return 0 if record["numericalTest"] == "PASS" else 1
+
+
+def _stream_tokens() -> Any:
+    """At a terminal: each new token of the first sequence as the device chooses it."""
+    print("tokens:", end="", flush=True)
+
+    def show(tokens: np.ndarray) -> None:
+        print(f" {int(tokens[0])}", end="", flush=True)
+    return show
 
 
 def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:

@@ -80,3 +80,17 @@ def test_at_a_terminal_compile_and_bench_end_with_the_answer(tmp_path, capsys, m
     assert main(["run", str(tmp_path / "b"), "--record", "--lock", str(tmp_path / "lock")]) == 0
     line = capsys.readouterr().out
     assert line.startswith("numericalTest=PASS ") and line.count("\n") == 1
+
+
+def test_a_generation_reads_as_tokens_and_their_times() -> None:
+    record = {"numericalTest": "PASS", "workload": "smollm2-135m-fp8", "batch": 1, "chips": 1,
+              "promptTokens": 128, "prefill": "one pass", "ttftMicroseconds": 1580.1,
+              "tpotMicroseconds": 895.4, "tokensPerSecond": 1116.8, "decodeCycles": 1338363,
+              "tokensDiffering": 1, "tokensTied": 1, "kvCacheBytes": 3686400,
+              "peakTileBytes": 482884, "stageMismatch": 5e-06, "noiseRatio": 0.98}
+    lines = answer_lines(record, "generate")
+    assert lines[0] == "PASS  smollm2-135m-fp8 (batch 1)"
+    assert "first token after 1,580 us" in lines[1]
+    assert "895 us a token = 1,117 tokens/s (1,338,363 cycles a decode step)" in lines[2]
+    assert "1 differ (1 ties)" in lines[3] and "KV cache 3.7 MB" in lines[4]
+    assert not any("images/s" in line for line in lines)

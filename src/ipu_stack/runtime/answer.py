@@ -54,9 +54,35 @@ def _numbers(record: dict[str, Any]) -> str:
     return stages + ideal
 
 
+def generation_lines(record: dict[str, Any]) -> list[str]:
+    """A generation said in a few lines: the time to the first token, a token's time and
+    the tokens a second, the tokens against the reference's, the cache, the numbers."""
+    lines = [f"{record.get('numericalTest', '?')}  {record.get('workload')} (batch "
+             f"{record.get('batch')}" + (f", chips {record['chips']}" if record.get("chips", 1)
+                                          > 1 else "") + ")"]
+    lines.append(f"  prompt of {record.get('promptTokens')} tokens ({record.get('prefill')}): "
+                 f"first token after {_number(record.get('ttftMicroseconds') or 0.0)} us")
+    if record.get("tpotMicroseconds"):
+        lines.append(f"  then {_number(record['tpotMicroseconds'])} us a token = "
+                     f"{_number(record.get('tokensPerSecond') or 0.0)} tokens/s "
+                     f"({_number(record.get('decodeCycles') or 0)} cycles a decode step)")
+    differ, ties = record.get("tokensDiffering", 0), record.get("tokensTied", 0)
+    lines.append(f"  tokens: {'all equal' if not differ else f'{differ} differ ({ties} ties)'}"
+                 " against the device-precision reference's choices")
+    cache = record.get("kvCacheBytes", 0)
+    size = f"{cache / 1e6:.1f} MB" if cache >= 100_000 else f"{cache / 1e3:.1f} KB"
+    lines.append(f"  KV cache {size}; the fullest tile holds "
+                 f"{_number(record.get('peakTileBytes') or 0)} bytes")
+    lines.append(f"  numbers: {_numbers(record)}")
+    lines.append("  more: `ipu-stack generate ... --json` (the whole record)")
+    return lines
+
+
 def answer_lines(record: dict[str, Any], command: str) -> list[str]:
     """At most a dozen lines: verdict, cycles and time, throughput, share of peak, what
     limits the run, the numbers, the package and the next command."""
+    if command == "generate":
+        return generation_lines(record)
     verdict = record.get("numericalTest", "?")
     stream = record.get("strategy") == "pipeline"
     size = ", ".join(f"{key} {record[key]}" for key in ("batch", "chips", "images")

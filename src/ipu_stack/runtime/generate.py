@@ -60,6 +60,7 @@ class TokenFeed(StepFeed):
     margins: list[np.ndarray] = field(default_factory=list)  # the reference's top-2 gaps
     tied: list[np.ndarray] = field(default_factory=list)  # differing, but a tie (see judged)
     states: dict[str, str] = field(default_factory=dict)  # written value -> its state
+    on_token: Callable[[np.ndarray], None] | None = None  # each new token (one a sequence)
 
     def __post_init__(self) -> None:
         self.states = {self.graph.value(w).name: self.graph.value(s).name
@@ -87,6 +88,8 @@ class TokenFeed(StepFeed):
         device = np.asarray(outputs["logits"], np.float32).reshape(batch, -1)
         host = np.asarray(reference["logits"], np.float32).reshape(batch, -1)
         chosen, expected = device.argmax(axis=1), host.argmax(axis=1)
+        if self.on_token is not None:
+            self.on_token(chosen)
         rows = np.arange(batch)
         # a tie at device precision: the device's choice is within the logits' own
         # device-to-reference difference of the reference's best
@@ -137,6 +140,7 @@ class Generation:
     new_tokens: int
     step_inputs: StepInputs
     prompt_inputs: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    on_token: Callable[[np.ndarray], None] | None = None  # each new token, as chosen
 
 
 @dataclass
@@ -169,12 +173,13 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
         share_weights(decode, prompt_pass)
         prompt_feed = PromptFeed(generation.prompt, generation.new_tokens,
                                  generation.step_inputs, prompt_pass.graph, {}, True,
+                                 on_token=generation.on_token,
                                  prompt_inputs=generation.prompt_inputs)
         prompt_run = run_stream(load_package(prompt_pass.path), prompt_pass.graph,
                                 prompt_pass.tensors, prompt_feed, options)
         state.update(prompt_feed.state)
     feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
-                     dict(state), prompt_pass is not None)
+                     dict(state), prompt_pass is not None, on_token=generation.on_token)
     if prompt_feed is not None:
         feed.chosen = list(prompt_feed.chosen)
     package = load_package(decode.path)
