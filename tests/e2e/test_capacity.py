@@ -16,7 +16,7 @@ from ipu_stack.workloads import get_workload
 def test_search_finds_the_boundary_in_few_compiles(monkeypatch, fits_up_to):
     tried: list[int] = []
 
-    def fake_fits(workload, params, options):
+    def fake_fits(workload, params, options, **_):
         tried.append(params["batch"])
         return "" if params["batch"] <= fits_up_to else f"batch {params['batch']} is too big"
 

@@ -69,7 +69,8 @@ def _tile_out_of_range(program: Program, target: Target) -> None:
 def _buffer_not_on_tile(program: Program, target: Target) -> None:
     step = _step(program, "stage0.operands")
     step.dst_tile = step.dst_tile.copy()
-    step.dst_tile[0] = target.tiles - 1
+    step.dst_tile[0] = target.tiles - 2  # neither the sender (the rows land on the last
+    # tile) nor a tile of the GEMM's grid
 
 
 def _access_outside_buffer(program: Program, target: Target) -> None:
@@ -112,7 +113,7 @@ def _touched_after_its_lifetime(program: Program, target: Target) -> None:
 
 PROGRAM_FAULTS: dict[str, tuple[Callable[[Program, Target], None], str]] = {
     "tile out of range": (_tile_out_of_range, "tile 1472 is not one of ipu21's 1472 tiles"),
-    "buffer not on the tile": (_buffer_not_on_tile, "('stage0.a') is not on tile 1471"),
+    "buffer not on the tile": (_buffer_not_on_tile, "('stage0.a') is not on tile 1470"),
     "access outside the buffer": (_access_outside_buffer,
                                   "accesses bytes [0, 32) of buffer 3 ('stage0.partial'), "
                                   "which has 16"),
@@ -125,7 +126,7 @@ PROGRAM_FAULTS: dict[str, tuple[Callable[[Program, Target], None], str]] = {
     "read before written": (_read_before_written,
                             "reads buffer 2 ('w1.0') before any step writes it"),
     "touched outside its lifetime": (_touched_after_its_lifetime,
-                                     "touches buffer 4 ('gelu.0') outside its lifetime [6, 7]"),
+                                     "touches buffer 4 ('gelu.0') outside its lifetime [5, 6]"),
 }
 
 
@@ -152,12 +153,19 @@ def _beyond_memory(placement: Placement, program: Program, target: Target) -> No
     placement.addresses[weights, 0] = target.memory_end - 8
 
 
+def _holder(placement: Placement, buffer: int) -> int:
+    """The first tile holding ``buffer``."""
+    return int(np.flatnonzero(placement.addresses[buffer] >= 0)[0])
+
+
 def _misaligned(placement: Placement, program: Program, target: Target) -> None:
-    placement.addresses[_buffer(program, "x"), 0] += 4
+    x = _buffer(program, "x")
+    placement.addresses[x, _holder(placement, x)] += 4
 
 
 def _in_support_memory(placement: Placement, program: Program, target: Target) -> None:
-    placement.addresses[_buffer(program, "x"), 0] = target.memory_base
+    x = _buffer(program, "x")
+    placement.addresses[x, _holder(placement, x)] = target.memory_base
 
 
 def _missing(placement: Placement, program: Program, target: Target) -> None:
@@ -165,7 +173,7 @@ def _missing(placement: Placement, program: Program, target: Target) -> None:
 
 
 PLACEMENT_FAULTS: dict[str, tuple[Callable[[Placement, Program, Target], None], str]] = {
-    "overlap": (_overlap, "buffers 2 ('w1.0', steps 0-11) and 3 ('stage0.partial', steps 5-6) "
+    "overlap": (_overlap, "buffers 2 ('w1.0', steps 0-10) and 3 ('stage0.partial', steps 4-5) "
                           "share bytes on tile 0"),
     "beyond tile memory": (_beyond_memory, "on tile 0 ends beyond its memory class's range"),
     "misaligned": (_misaligned, "is not aligned for its memory class"),
