@@ -254,6 +254,9 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
                          "(generate runs smollm2-135m or tinyllama-1.1b)")
     if args.prompt_tokens < 1 or args.new_tokens < 1:
         raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
+    if args.profile or args.save_tensors:
+        raise UsageError("generate writes no profile or tensors (its record has every step's "
+                         "figures); --profile and --save-tensors are for bench and run")
     if args.tokens not in (None, 1):
         raise UsageError("generate feeds one token a step: give --prompt-tokens, not --tokens")
     needed = args.prompt_tokens + args.new_tokens - 1

@@ -161,6 +161,7 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
      "--context 3 holds fewer than the 11 positions"),
     (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
     (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
+    (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),
 ])
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)
