@@ -45,7 +45,7 @@ class CapacityResult:
 
 def fullest_tile(path: Path) -> str:
     """What fills the fullest tile of a compiled package (of its fullest group program):
-    ``tile 153: 604,160 bytes: weights 349184, kv cache 238080, ...``."""
+    ``604160 bytes: weights 349184, kv cache 238080, ...``."""
     package = read_package(path)
     programs = list(group_programs(package, read_system(package)).values())
     memory = max((p.manifest["memory"] for p in programs), key=lambda m: m["peak_bytes"])

@@ -127,26 +127,28 @@ def _normce_call(kind: str, rows: int, width: int) -> int:
     return 6 * (stats + p(f"normce_merge_{rows}") + chunk + tail) + p("normce_split_supervisor")
 
 
+def _slice_vertex(call: str, share: int, hits: int, elements: int, itemsize: int) -> int:
+    """A MultiSlice or MultiUpdate vertex over six workers, its busiest worker's ``share`` of
+    the offsets ``hits`` of them in range: each in-range offset copies ``elements`` (vectors
+    of 2 halves or floats at 2 cycles, of 4 bytes at 3), each other one only tests."""
+    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
+    per_hit = p("multislice_offset") + cycles * cdiv(elements, width)
+    return p("multislice_workers") * (p(call) + hits * per_hit
+                                      + (share - hits) * p("multislice_offset_out_of_range"))
+
+
 def _multislice(offsets: int, in_range: int, elements: int, itemsize: int) -> int:
     """The vendor's MultiSlice as it ran: the busiest worker's share of the offsets, the
     tile's in-range ones first (its busiest worker can hold only in-range ones)."""
-    workers = p("multislice_workers")
-    share = cdiv(offsets, workers)
-    hits = min(share, in_range)
-    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
-    per_hit = p("multislice_offset") + cycles * cdiv(elements, width)
-    return workers * (p("multislice_call") + hits * per_hit
-                      + (share - hits) * p("multislice_offset_out_of_range"))
+    share = cdiv(offsets, p("multislice_workers"))
+    return _slice_vertex("multislice_call", share, min(share, in_range), elements, itemsize)
 
 
 def _multiupdate(offsets: int, in_range: int, elements: int, itemsize: int) -> int:
     """The vendor's MultiUpdate as it ran: each worker owns a range of the tile's rows and
     scans every offset (``MultiSliceUpdateCommon.cpp:86-124``), so the busiest worker may
     write all the tile's in-range rows; the vertex estimator charges every offset in range."""
-    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
-    per_hit = p("multislice_offset") + cycles * cdiv(elements, width)
-    return p("multislice_workers") * (p("multiupdate_call") + in_range * per_hit
-                                      + (offsets - in_range) * p("multislice_offset_out_of_range"))
+    return _slice_vertex("multiupdate_call", offsets, in_range, elements, itemsize)
 
 
 def price_work(work: Work, weights_interleaved: bool = True) -> int:

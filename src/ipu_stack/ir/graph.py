@@ -171,11 +171,23 @@ def _head_matmul_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[
 POSITION_GRAIN = 32
 
 
-def _cache_positions(state: TensorType, attrs: dict[str, Any]) -> int:
-    positions = int(attrs.get("positions", 0))
+def _cache_positions(name: str, state: TensorType, rows: TensorType,
+                     attrs: dict[str, Any]) -> int:
+    """A cache write's positions a sequence, once its state and rows are checked to agree:
+    whole blocks of ``POSITION_GRAIN`` dividing the state's rows, ``kv_heads`` dividing its
+    columns, and whole rows a sequence written."""
+    if len(state.shape) != 2 or rows.cols != state.cols or rows.precision != state.precision:
+        raise CompileError(f"{name} rows {rows} do not fit state {state}")
+    positions, heads = int(attrs.get("positions", 0)), int(attrs.get("kv_heads", 1))
     if positions <= 0 or positions % POSITION_GRAIN or state.rows % positions:
         raise CompileError(f"a cache of {positions} positions must be a whole number of "
                            f"blocks of {POSITION_GRAIN} dividing the state's {state.rows} rows")
+    if heads <= 0 or state.cols % heads:
+        raise CompileError(f"a cache's {heads} key/value heads must divide its {state.cols} "
+                           "columns")
+    if rows.rows % (state.rows // positions):
+        raise CompileError(f"{name} rows {rows} are not a whole number a sequence of "
+                           f"{state.rows // positions}")
     return positions
 
 
@@ -184,11 +196,9 @@ def _cache_write_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[
     at runtime positions (popops ``MultiUpdate``).  The state is a resident weight whose
     bytes carry from call to call; the result is the same bytes (``state_writes``)."""
     state, rows, slots = inputs
-    if len(state.shape) != 2 or rows.cols != state.cols or rows.precision != state.precision:
-        raise CompileError(f"cache_write rows {rows} do not fit state {state}")
+    _cache_positions("cache_write", state, rows, attrs)
     if not slots.precision.is_integer or slots.cols != 1 or slots.rows != rows.rows:
         raise CompileError(f"cache_write slots must be I32 [{rows.rows}, 1], not {slots}")
-    _cache_positions(state, attrs)
     return state.shape
 
 
@@ -197,11 +207,9 @@ def _cache_fill_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[i
     prompt's keys or values written into a KV cache at positions the compiler knows (a
     static copy, no runtime index)."""
     state, rows = inputs
-    if len(state.shape) != 2 or rows.cols != state.cols or rows.precision != state.precision:
-        raise CompileError(f"cache_fill rows {rows} do not fit state {state}")
-    positions = _cache_positions(state, attrs)
+    positions = _cache_positions("cache_fill", state, rows, attrs)
     batch = state.rows // positions
-    if rows.rows % batch or rows.rows // batch > positions:
+    if rows.rows // batch > positions:
         raise CompileError(f"cache_fill rows {rows} are not at most {positions} a sequence "
                            f"of {batch}")
     return state.shape
@@ -287,9 +295,8 @@ def gemm_macs(graph: Graph) -> int:
 
 def state_writes(graph: Graph) -> dict[int, int]:
     """Each state (a KV cache: a weight that ``cache_write`` or ``cache_fill`` updates in
-    place) and the value
-    its write produces, which is its contents for the rest of the call and the next call's
-    state."""
+    place) and the value its write produces, which is its contents for the rest of the call
+    and the next call's state."""
     return {op.inputs[0]: op.outputs[0] for op in graph.operations
             if op.kind in ("cache_write", "cache_fill")}
 
@@ -300,8 +307,8 @@ def _verify_states(graph: Graph) -> None:
     for state, written in state_writes(graph).items():
         value = graph.value(state)
         if value.role != "weight":
-            raise CompileError(f"cache_write state {value.name} must be a weight (resident "
-                               f"across calls), not {value.role}")
+            raise CompileError(f"cache state {value.name} must be a weight (resident across "
+                               f"calls), not {value.role}")
         readers = graph.consumers(state)
         if len(readers) != 1:
             raise CompileError(f"state {value.name} must be read only by its one write")

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipu_stack.ir.graph import POSITION_GRAIN
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
@@ -35,11 +34,8 @@ def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int
     """Positions a holder keeps: the smallest divisor of ``positions`` that spreads the cache
     over at most ``tiles`` holders (a block never straddles two sequences).  A layer loop
     keeps every layer's cache on the same holders, so the more holders, the less each tile
-    holds; a cache's positions are whole blocks of ``POSITION_GRAIN``, so small divisors
-    exist."""
-    if positions % POSITION_GRAIN:
-        raise CompileError(f"a KV cache of {positions} positions is not a whole number of "
-                           f"blocks of {POSITION_GRAIN}")
+    holds; a cache's positions are whole blocks of ``ir.graph.POSITION_GRAIN`` (the graph's
+    rule), so small divisors exist."""
     for rows in range(1, positions + 1):
         if positions % rows == 0 and batch * kv_heads * (positions // rows) <= tiles:
             return rows
@@ -48,11 +44,9 @@ def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int
 
 
 def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int) -> np.ndarray:
-    """``[batch, position blocks, kv heads]`` holder tiles, spread evenly over the chip."""
+    """``[batch, position blocks, kv heads]`` holder tiles, spread evenly over the chip (at
+    most ``tiles`` of them: :func:`cache_blocking`)."""
     count = batch * blocks * kv_heads
-    if count > tiles:
-        raise CompileError(f"a KV cache of {batch} sequences and {kv_heads} heads needs "
-                           f"{count} holder tiles; the chip has {tiles}")
     spread = (np.arange(count, dtype=np.int64) * tiles) // count
     return spread.astype(np.int32).reshape(batch, blocks, kv_heads)
 
@@ -76,13 +70,11 @@ class CacheLowering(LoweringBase):
     docstring)."""
 
     def _cache(self, stage: RowStage, state_id: int) -> CacheBlocks:
-        """The stage's cache blocks, its buffer written by the host in ``initialize``."""
+        """The stage's cache blocks, its buffer written by the host in ``initialize``
+        (positions and heads that divide the state: the graph's rule)."""
         state = self.graph.value(state_id).type
         heads = int(stage.attrs.get("kv_heads", 1))
-        positions = int(stage.attrs.get("positions", 0))
-        if positions <= 0 or state.rows % positions or state.cols % heads:
-            raise CompileError(f"{self._name(stage.out)}: a cache write needs positions and "
-                               "kv_heads that divide its state")
+        positions = int(stage.attrs["positions"])
         batch = state.rows // positions
         width = state.cols // heads
         block = cache_blocking(batch, positions, heads, self.target.tiles)
@@ -100,9 +92,6 @@ class CacheLowering(LoweringBase):
         state_id, rows_id, slots_id = stage.inputs
         cache = self._cache(stage, state_id)
         rows, precision = g.value(rows_id).type, cache.layout.precision
-        if rows.rows % cache.batch:
-            raise CompileError(f"{self._name(stage.out)}: {rows.rows} rows are not a whole "
-                               f"number a sequence of {cache.batch}")
         written = rows.rows // cache.batch  # rows each sequence writes in one call
         holders, blocks = cache.holders, cache.positions // cache.block
         name = f"stage{stage.index}"

@@ -113,9 +113,7 @@ class RowLowering(LoweringBase):
         builder = TransferBuilder(f"{name}.beside")
         aux_buf = self._in_row_layout(builder, other, second, f"{name}.beside")
         self.emit_exchange(builder)
-        out_buf = self.program.add_buffer(
-            self._name(stage.out), out.used_tiles(), out.block_bytes, MemoryClass.STANDARD,
-            f"{self._name(stage.out)}: {out.describe()}", out)
+        out_buf = self._result_buffer(stage.out, out)
         x_prec = g.value(first).type.precision
         calls: dict[tuple, list[int]] = {}
         for i, count in enumerate(lay.valid_rows()):
@@ -133,6 +131,22 @@ class RowLowering(LoweringBase):
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]
         return True
+
+    def _result_buffer(self, value_id: int, layout: BlockLayout) -> int:
+        """A new buffer for a stage's result in ``layout``."""
+        name = self._name(value_id)
+        return self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
+                                       MemoryClass.STANDARD, f"{name}: {layout.describe()}",
+                                       layout)
+
+    def _angles(self, builder: TransferBuilder, stage: RowStage, table: BlockLayout,
+                name: str) -> list[int]:
+        """RoPE's cos and sin in ``table``: a weight (a prompt's positions) written there by
+        the host, or the host's input (a decode step's position) gathered there."""
+        return [self._host_weight(i, table, MemoryClass.STANDARD)
+                if self.graph.value(i).role == "weight" else
+                self._in_row_layout(builder, i, table, f"{name}.{self._name(i)}")
+                for i in stage.inputs[1:]]
 
     def _column_blocks(self, value_id: int) -> bool:
         """Whether the value lies in one piece of column blocks, one copy each (a GEMM's
@@ -165,15 +179,10 @@ class RowLowering(LoweringBase):
         x = BlockLayout(rows, cols, x_prec, rows, head, grid)
         x_buf = self._in_row_layout(builder, stage.inputs[0], x, f"{name}.heads")
         table = BlockLayout(rows, head // 2, aux_prec, rows, head // 2, grid.reshape(1, 1, -1))
-        aux = [self._host_weight(i, table, MemoryClass.STANDARD)
-               if g.value(i).role == "weight" else
-               self._in_row_layout(builder, i, table, f"{name}.{self._name(i)}")
-               for i in stage.inputs[1:]]
+        aux = self._angles(builder, stage, table, name)
         self.emit_exchange(builder)
         out = BlockLayout(rows, cols, out_prec, rows, head, grid)
-        out_buf = self.program.add_buffer(
-            self._name(stage.out), out.used_tiles(), out.block_bytes, MemoryClass.STANDARD,
-            f"{self._name(stage.out)}: {out.describe()}", out)
+        out_buf = self._result_buffer(stage.out, out)
         extra = {"head_dim": head, **({"pairs": "halves"} if stage.attrs.get("pairs") ==
                                       "halves" else {})}
         params = row_params("rope", rows, head, x_prec, x.pitch, out_prec, out.pitch, aux_prec,
@@ -221,12 +230,7 @@ class RowLowering(LoweringBase):
             aux_prec = g.value(stage.inputs[1]).type.precision
             half = int(stage.attrs["head_dim"]) // 2
             table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
-            # the angles: a weight (a prompt's positions) or the host's input (a decode
-            # step's position), gathered beside the rows
-            aux = [self._host_weight(i, table, MemoryClass.STANDARD)
-                   if g.value(i).role == "weight" else
-                   self._in_row_layout(builder, i, table, f"{name}.{self._name(i)}")
-                   for i in stage.inputs[1:]]
+            aux = self._angles(builder, stage, table, name)
             aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
             if stage.attrs.get("pairs") == "halves":
                 extra["pairs"] = "halves"
@@ -247,11 +251,7 @@ class RowLowering(LoweringBase):
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)
         if out_buf < 0:
-            out_buf = self.program.add_buffer(
-                self._name(stage.out), out_layout.used_tiles(), out_layout.block_bytes,
-                MemoryClass.STANDARD, f"{self._name(stage.out)}: {out_layout.describe()}",
-                out_layout,
-            )
+            out_buf = self._result_buffer(stage.out, out_layout)
         compute = ComputeSet(f"{name}.{stage.kind}")
         _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),
                        lambda rows: row_params(op, rows, cols, x_prec, base.pitch, out_prec,

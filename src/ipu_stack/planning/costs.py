@@ -247,13 +247,19 @@ def _copy(params: dict[str, Any]) -> int:
     return estimate_copy(params["rows"] * params["row_bytes"])
 
 
+def _slice_estimate(call: str, offsets: int, elements: int, itemsize: int) -> int:
+    """A slice vertex over six workers whose busiest copies ``offsets`` rows of
+    ``elements`` (vectors of 2 halves or floats at 2 cycles, of 4 bytes at 3)."""
+    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
+    return p("multislice_workers") * (p(call) + offsets * (
+        p("multislice_offset") + cycles * cdiv(elements, width)))
+
+
 def estimate_multislice(offsets: int, elements: int, itemsize: int) -> int:
     """popops MultiSlice over a column block holding every row: each worker copies
     ceil(N/6) rows of ``elements`` (the vendor's planner model, DynamicSlice.cpp)."""
-    workers = p("multislice_workers")
-    width, cycles = (4, 3) if itemsize == 1 else (2, p("multislice_vector_cycles"))
-    return workers * (p("multislice_call") + cdiv(offsets, workers) * (
-        p("multislice_offset") + cycles * cdiv(elements, width)))
+    return _slice_estimate("multislice_call", cdiv(offsets, p("multislice_workers")),
+                           elements, itemsize)
 
 
 def estimate_fill(elements: int, itemsize: int) -> int:
@@ -273,10 +279,8 @@ def _multislice(params: dict[str, Any]) -> int:
 def _multiupdate(params: dict[str, Any]) -> int:
     """popops MultiUpdate at its vertex estimator: every offset in range, all on the worker
     that owns the rows (PerformanceEstimation.cpp:49-122 with isUpdate)."""
-    width, cycles = (4, 3) if params["itemsize"] == 1 else (2, p("multislice_vector_cycles"))
-    elements = cdiv(params["region_bytes"], params["itemsize"])
-    return p("multislice_workers") * (p("multiupdate_call") + params["offsets"] * (
-        p("multislice_offset") + cycles * cdiv(elements, width)))
+    return _slice_estimate("multiupdate_call", params["offsets"],
+                           cdiv(params["region_bytes"], params["itemsize"]), params["itemsize"])
 
 
 KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy,

@@ -152,7 +152,6 @@ class GenerationRun:
     package: Package
     graph: Graph
     decode: StreamRun | None
-    prompt_feed: PromptFeed | None = None
     prompt_run: StreamRun | None = None
 
 
@@ -180,14 +179,15 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
         state.update(prompt_feed.state)
     feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
                      dict(state), prompt_pass is not None, on_token=generation.on_token)
-    if prompt_feed is not None:
-        feed.chosen = list(prompt_feed.chosen)
+    if prompt_feed is not None:  # the first token's choice opens the generation's
+        feed.chosen, feed.expected = list(prompt_feed.chosen), list(prompt_feed.expected)
+        feed.margins, feed.tied = list(prompt_feed.margins), list(prompt_feed.tied)
     package = load_package(decode.path)
     tensors = decode.tensors
     for name, values in state.items():  # the decode program starts from these caches
         tensors[name] = values  # type: ignore[index]
     run = run_stream(package, graph, tensors, feed, options) if len(feed) else None
-    return GenerationRun(feed, package, graph, run, prompt_feed, prompt_run)
+    return GenerationRun(feed, package, graph, run, prompt_run)
 
 
 def share_weights(decode: Compiled, prompt_pass: Compiled) -> None:
@@ -213,18 +213,19 @@ def _calls(run: StreamRun, calls: int, clock: float) -> tuple[list[int], list[in
     return cycles, host, handoffs
 
 
-def _timing(gen: GenerationRun, clock: float) -> dict[str, Any]:
-    """The time to the first token and a decode step's: from the prompt's pass (and its
-    caches' bytes handed to the decode program at the host link's rate), or from the
-    prompt's steps; a decode step's cycles with its host transfers."""
-    prompt = gen.feed.prompt.shape[1]
+def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any]:
+    """The time to the first token and a decode step's: from the prompt's pass (and the
+    prompt's rows of the caches, ``cache_bytes`` in all, handed to the decode program at the
+    host link's rate), or from the prompt's steps; a decode step's cycles with its host
+    transfers."""
+    batch, prompt = gen.feed.prompt.shape
     cycles, host, handoffs = _calls(gen.decode, len(gen.feed), clock) if gen.decode \
         else ([], [], 0)
     if gen.prompt_run is not None:
         first, first_host, _ = _calls(gen.prompt_run, 1, clock)
-        states = [gen.graph.value(s).type for s in state_writes(gen.graph)]
-        positions = states[0].rows // gen.feed.prompt.shape[0]
-        filled = sum(t.nbytes for t in states) * prompt // positions  # the prompt's rows
+        state = next(iter(state_writes(gen.graph)))
+        positions = gen.graph.value(state).type.rows // batch
+        filled = cache_bytes * prompt // positions
         prefill, ttft = first[0], first[0] + first_host[0] + host_cycles(filled, clock)
         decode, decode_host = cycles, host
     else:
@@ -235,8 +236,7 @@ def _timing(gen: GenerationRun, clock: float) -> dict[str, Any]:
     step = (max(decode) + max(decode_host)) / clock if decode else None
     return {"ttftMicroseconds": round(ttft / clock * 1e6, 3),
             "tpotMicroseconds": None if step is None else round(step * 1e6, 3),
-            "tokensPerSecond": None if step is None else round(
-                gen.feed.prompt.shape[0] / step, 1),
+            "tokensPerSecond": None if step is None else round(batch / step, 1),
             "prefillCycles": prefill, "decodeCycles": max(decode, default=None),
             "decodeCyclesMin": min(decode, default=None), "handoffCycles": handoffs,
             "cacheHandoffBytes": filled}
@@ -250,11 +250,10 @@ def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, A
     feed, batch = gen.feed, gen.feed.prompt.shape[0]
     runs = [r for r in (gen.prompt_run, gen.decode) if r is not None]
     verdicts = [v for r in runs for v in r.verdicts]
-    chosen, expected = np.array(feed.chosen), np.array(
-        (gen.prompt_feed.expected if gen.prompt_feed else []) + feed.expected)
-    margins = (gen.prompt_feed.margins if gen.prompt_feed else []) + feed.margins
-    ties = int(np.array((gen.prompt_feed.tied if gen.prompt_feed else []) + feed.tied).sum())
+    chosen, expected = np.array(feed.chosen), np.array(feed.expected)
+    ties = int(np.array(feed.tied).sum())
     differ = np.argwhere(chosen != expected)
+    cache_bytes = sum(gen.graph.value(s).type.nbytes for s in state_writes(gen.graph))
     worst = max(verdicts, key=lambda v: (not v.passed, getattr(v.worst, "max_ulps", 0)))
     record = {
         "numericalTest": "PASS" if all(v.passed for v in verdicts) else "FAIL",
@@ -267,10 +266,10 @@ def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, A
         "tokensMatch": len(differ) == ties,
         "tokensDiffering": int(len(differ)),
         "tokensTied": ties,
-        "firstDifferingMargin": round(float(margins[differ[0][0]][differ[0][1]]), 6)
+        "firstDifferingMargin": round(float(feed.margins[differ[0][0]][differ[0][1]]), 6)
         if len(differ) else None,
-        **_timing(gen, clock),
-        "kvCacheBytes": sum(gen.graph.value(s).type.nbytes for s in state_writes(gen.graph)),
+        **_timing(gen, clock, cache_bytes),
+        "kvCacheBytes": cache_bytes,
         "peakTileBytes": int(gen.package.manifest["memory"]["peak_bytes"]),
         **verdict_fields(worst),
         "verdictSeconds": round(sum(r.verdict_seconds for r in runs), 2),
