@@ -51,6 +51,7 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
               "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
               "aten.split_with_sizes", "aten.slice", "aten.cat"}
+PROBE_SHIFT = 7  # a second set of positions that tells per-call inputs apart
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 
 
@@ -164,6 +165,11 @@ class Converter:
         self.pairs_done: dict[int, tuple[Any, Act]] = {}
         self.rewrites: list[str] = []
         self.dynamic: set[Any] = set()
+        # the host's arithmetic on position inputs (``frontend/ops_cache.py``): its nodes, the
+        # user inputs it starts from (index -> placeholder), the per-call inputs it makes
+        self.host_nodes: set[Any] = set()
+        self.positions: dict[int, Any] = {}
+        self.per_call: dict[tuple, int] = {}
         self.node: Any = None
         self.node_names: dict[Any, str] = {}
         self.name_counts: dict[str, int] = {}
@@ -282,6 +288,27 @@ class Converter:
         a pooled row's position)."""
         return self.add_input(name, shape, make(self.user), False, make, I32)
 
+    def per_call_input(self, label: str, make: Callable[[list[np.ndarray]], np.ndarray],
+                       precision: Precision) -> int:
+        """An input the host computes before each call from the position inputs (a cache
+        slot, a mask row, RoPE tables).  Inputs computed alike are one input: the same
+        values at the example positions and at positions moved on by ``PROBE_SHIFT``."""
+        data = np.asarray(make(self.user), np.float32)
+        probe = [u + PROBE_SHIFT if index in self.positions else u
+                 for index, u in enumerate(self.user)]
+        key = (label, data.shape, data.tobytes(), np.asarray(make(probe), np.float32).tobytes())
+        if key not in self.per_call:
+            taken = {spec.name for spec in self.inputs}
+            name = next(f"{label}{suffix}" for suffix in ("", *(f".{n}" for n in range(1, 9999)))
+                        if f"{label}{suffix}" not in taken)
+            self.per_call[key] = self.add_input(name, data.shape, data, False, make, precision)
+        return self.per_call[key]
+
+    def replay(self, node: Any, arrays: list[np.ndarray]) -> Any:
+        """``node``'s value again, the host's arithmetic redone for the user inputs
+        ``arrays`` (``frontend/walk.py`` implements it)."""
+        raise NotImplementedError("the walk (frontend/walk.py) replays the host's arithmetic")
+
     def constant_input(self, name: str, rows: np.ndarray, shape: tuple[int, ...]) -> int:
         """A host-made constant streamed as an input (addends, token-mixing matrices): the
         IR has no elementwise op with a weight of the activation's own shape."""
@@ -306,6 +333,9 @@ class Converter:
     # ------------------------------------------------------------------ lazy values
     def plain(self, act: Act, node: Any) -> Act:
         """``act`` with its lazy factor and addend applied by IR operations."""
+        if act.cached and act.dims[2] != act.cached:
+            raise unsupported(node, "a KV cache's shared key/value heads used other than by "
+                              "attention")
         if act.prefix or act.suffix or act.gap[1]:
             raise unsupported(node, "patch tokens used before the concatenation that completes "
                               "the token sequence")

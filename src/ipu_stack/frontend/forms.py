@@ -63,6 +63,7 @@ class Act:
     origin: str = ""  # the node whose lazy factor/addend this is (names the materialisation)
     one_query: bool = False  # scores/probs of a single query replicated over the token rows
     norm_scale: str | None = None  # fresh RMS norm output: its scale weight's key (foldable)
+    cached: int = 0  # a KV cache read whole: the key/value heads its IR value holds
 
     @property
     def lazy(self) -> bool:

@@ -40,6 +40,8 @@ def list_operations(program: Any) -> list[dict[str, Any]]:
             status, supported, reached = "unsupported: " + failure[1], False, False
         elif reached and node not in live and op_name(node.target) not in SIDE_EFFECTS:
             status, supported = "dead (nothing reads it)", True
+        elif reached and node in converter.host_nodes:
+            status, supported = "host (position arithmetic, before each call)", True
         elif reached:
             folded = node not in converter.dynamic
             status, supported = ("folded (constant)" if folded else "mapped"), True

@@ -51,6 +51,51 @@ def _addmm(conv: Converter, node: Any, bias: Any, x: Any, weight: Any, beta: flo
     return _linear_weight(conv, node, x, to_numpy(weight), f"{conv.name(node)}.weight", bias)
 
 
+def _cached_attention(conv: Converter, node: Any, q: Act, k: Act, v: Act, attn_mask: Any,
+                      scale: Any, enable_gqa: bool) -> Act:
+    """A step's queries against a whole KV cache (``frontend/ops_cache.py``): each query
+    head reads its key/value head straight from the cache (``head_matmul``'s ``kv_heads``),
+    the mask a per-call input when the host computes it from the positions."""
+    q = conv.plain(q, node)
+    b, t, h, d = q.dims
+    if q.form != "heads_major" or not k.cached == v.cached or k.dims != v.dims or \
+            k.dims[0] != b or k.dims[3] != d:
+        raise unsupported(node, "attention over a KV cache with queries that are not "
+                          "[B, H, T, d] views of a projection, or keys and values that differ")
+    positions, heads = k.dims[1], k.dims[2]
+    if heads != h and not (enable_gqa and h % heads == 0):
+        raise unsupported(node, f"{h} query heads over a cache read as {heads} heads")
+    name = conv.name(node)
+    attrs = {"heads": h, "tokens": t, "kv_heads": k.cached, "kv_tokens": positions}
+    scores = conv.b.op("head_matmul", [q.value, k.value], F16, f"{name}.scores", mode="qk",
+                       **attrs)
+    factor = q.factor * k.factor * (1.0 / sqrt(d) if scale is None else float(scale))
+    mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if attn_mask is None:
+        probs = conv.b.op("softmax", [scores], F16, f"{name}.probs", scale=float(factor))
+    else:
+        def rows(values: Any) -> np.ndarray:
+            if values.dtype == conv.torch.bool:
+                values = np.where(values.numpy(), 0.0, -np.inf)
+            full = np.broadcast_to(to_numpy(values) if is_tensor(values) else values,
+                                   (b, h, t, positions))
+            return np.ascontiguousarray(full, np.float32).reshape(b * h * t, positions)
+        if mask_node in conv.host_nodes:
+            mask = conv.per_call_input("mask", lambda arrays: rows(conv.replay(mask_node,
+                                                                             arrays)), F16)
+        elif is_tensor(attn_mask):
+            mask = conv.weight(f"{name}.probs.bias", rows(attn_mask.detach()), False)
+        else:
+            raise unsupported(node, "attention over a KV cache with a mask computed on the "
+                              "device")
+        probs = conv.b.op("biased_softmax", [scores, mask], F16, f"{name}.probs",
+                          scale=float(factor))
+    context = conv.b.op("head_matmul", [probs, v.value], F16, name, mode="pv", **attrs)
+    conv.rewrites.append(f"{node.name}: attention over the KV cache, {h} query heads reading "
+                         f"{k.cached} key/value heads")
+    return Act(context, q.shape, "heads_major", q.dims, factor=v.factor)
+
+
 @rule("aten.mm", "aten.matmul", "aten.bmm")
 def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
     if isinstance(x, (Act, UserInput)) and is_tensor(y) and y.ndim == 2:
@@ -110,6 +155,9 @@ def _sdpa(conv: Converter, node: Any, q: Any, k: Any, v: Any, attn_mask: Any = N
     k, v = (activation(conv, node, a) for a in (k, v))
     if is_causal or dropout_p:
         raise unsupported(node, "causal or dropout attention")
+    if k.cached or v.cached:
+        return _cached_attention(conv, node, activation(conv, node, q), k, v, attn_mask,
+                                 scale, enable_gqa)
     if is_tensor(q) and k.form == v.form == "heads_major" and k.dims == v.dims:
         # a learned query (an attention-pooling head): one query per image and head
         query = to_numpy(q)

@@ -192,6 +192,9 @@ def repeat_heads(conv: Converter, node: Any, repeat: HeadRepeat) -> Any:
 
 
 def _repeat_act(conv: Converter, node: Any, act: Act, repeats: int) -> Act:
+    if act.cached:  # a KV cache: attention reads its key/value heads shared, as they are
+        b, kv, t, d = act.shape
+        return act.with_(shape=(b, kv * repeats, t, d), dims=(b, t, kv * repeats, d))
     act = conv.plain(act, node)
     b, kv, t, d = act.shape  # heads_major, or one head held as rows
     select = np.zeros((kv * d, kv * repeats * d), np.float32)

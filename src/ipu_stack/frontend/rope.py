@@ -25,13 +25,14 @@ The tables are constants (folded at import, whatever computed them: meshgrid, co
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ipu_stack.frontend.forms import Act
-from ipu_stack.ir.precision import F16
+from ipu_stack.ir.precision import F16, F32
 
 
 def _windowed(base: Act, window: tuple[int, int] | None) -> tuple[int, ...]:
@@ -137,7 +138,8 @@ def add(x: Any, y: Any, sign: float) -> Pairs | PairPart | None:
     if isinstance(x, Pairs):
         if x.split != y.split:
             return None
-        x, y = _relayout(x, y.layout) or x, _relayout(y, x.layout) or y
+        x = _relayout(x, y.layout) or x  # one of them adopts the other's layout
+        y = _relayout(y, x.layout) or y
         if x.layout != y.layout:
             return None
         return replace(x, m=x.m + sign * y.m)
@@ -260,9 +262,12 @@ def concat_tokens(parts: list[Any]) -> Pairs | None:
     return Pairs(base, np.concatenate([p.m for p in parts], axis=0), False, layout, None)
 
 
-def materialize(conv: Any, node: Any, value: Pairs) -> Act | None:
+def materialize(conv: Any, node: Any, value: Pairs,
+                host: Callable[[list[np.ndarray]], Pairs] | None = None) -> Act | None:
     """The IR value of ``value`` used as a whole: the base itself (identity), or one
-    ``rope`` operation when every pair is rotated; None when it is neither."""
+    ``rope`` operation when every pair is rotated; None when it is neither.  ``host``
+    gives the value again for other user inputs when its tables come from the host's
+    arithmetic on positions (a decode step's angles): the tables are then per-call inputs."""
     if value.split or value.window is not None:
         return None
     m = value.m
@@ -270,12 +275,16 @@ def materialize(conv: Any, node: Any, value: Pairs) -> Act | None:
     if not (np.array_equal(m[..., 1, 1], cos) and np.array_equal(m[..., 0, 1], -sin)):
         return None
     base = value.base
-    if np.all(cos == 1.0) and np.all(sin == 0.0):
+    if np.all(cos == 1.0) and np.all(sin == 0.0) and host is None:
         return base
     batch = base.dims[0]
     tables = []
-    for label, table in (("cos", cos), ("sin", sin)):
-        rows = np.tile(table.astype(np.float32), (batch, 1))
+    for index, label in enumerate(("cos", "sin")):
+        if host is not None:
+            tables.append(conv.per_call_input(f"rope.{label}", _table_maker(host, index, batch),
+                                              F32))
+            continue
+        rows = np.tile((cos, sin)[index].astype(np.float32), (batch, 1))
         digest = hashlib.sha256(rows.tobytes()).hexdigest()[:8]
         tables.append(conv.weight(f"rope.{label}.{digest}", rows, False, table=True))
     plain = base.with_(factor=1.0)
@@ -284,3 +293,12 @@ def materialize(conv: Any, node: Any, value: Pairs) -> Act | None:
     out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1], **layout)
     conv.rewrites.append(f"{node.name}: rotary embedding recognised as rope ({name})")
     return base.with_(value=out)
+
+
+def _table_maker(host: Callable[[list[np.ndarray]], Pairs], index: int, batch: int
+                 ) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """The cos (``index`` 0) or sin table of the value ``host`` gives for a call's inputs."""
+    def make(arrays: list[np.ndarray]) -> np.ndarray:
+        m = host(arrays).m
+        return np.tile(m[..., index, 0].astype(np.float32), (batch, 1))
+    return make

@@ -27,11 +27,23 @@ from ipu_stack.frontend.convert import (
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.linear import emit_linear
 from ipu_stack.frontend.ops import HANDLERS
+from ipu_stack.frontend.ops_cache import CACHE_WRITES, position_inputs
 from ipu_stack.util.errors import CompileError
+
+
+# device operations that may read the host's arithmetic on positions (``_check_host_use``)
+HOST_READERS = {*CACHE_WRITES, "aten.scaled_dot_product_attention", "aten.mul"}
 
 
 class Importer(Converter):
     """Walks an ``ExportedProgram``'s graph in order and builds the IR graph."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.host_touched: set[Any] = set()  # device nodes reading the host's arithmetic
+        self.pair_nodes: dict[int, Any] = {}  # id of a symbolic RoPE value -> its node
+        self.chains: dict[Any, list[Any]] = {}
+        self.host_cache: tuple[Any, dict[Any, Any]] = ((), {})
 
     def run(self) -> Converted:
         torch = self.torch
@@ -39,6 +51,7 @@ class Importer(Converter):
         specs = {spec.arg.name: spec for spec in signature.input_specs}
         user_index = 0
         live = self.live_nodes()
+        positions = set(position_inputs(self.program))
         for node in self.program.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -52,8 +65,14 @@ class Importer(Converter):
                     if user_index >= len(self.user):
                         raise CompileError(f"the program takes more inputs than the "
                                            f"{len(self.user)} given")
-                    self.env[node] = UserInput(user_index, node.name, tuple(value.shape))
-                    self.dynamic.add(node)
+                    if node.name in positions:  # the host's arithmetic starts here
+                        self.env[node] = torch.as_tensor(
+                            self.user[user_index].astype(np.int64)).to(value.dtype)
+                        self.host_nodes.add(node)
+                        self.positions[user_index] = node
+                    else:
+                        self.env[node] = UserInput(user_index, node.name, tuple(value.shape))
+                        self.dynamic.add(node)
                     user_index += 1
                 else:
                     self.env[node] = self._state(spec)
@@ -65,9 +84,12 @@ class Importer(Converter):
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
                     with torch.no_grad():
                         self.env[node] = node.target(*args, **kwargs)
+                    if any(a in self.host_nodes for a in node.all_input_nodes):
+                        self.host_nodes.add(node)
                     continue
                 self.dynamic.add(node)
                 kind = op_name(node.target)
+                self._check_host_use(node, kind)
                 handler = HANDLERS.get(kind)
                 if handler is None:
                     raise unsupported(node)
@@ -77,6 +99,8 @@ class Importer(Converter):
                     self.env[node] = handler(self, node, *args, **kwargs)
                 except TypeError as exc:  # a signature this rule was not written for
                     raise unsupported(node, f"arguments not understood ({exc})") from exc
+                if node in self.host_touched:
+                    self._keep_symbolic(node)
             elif node.op == "get_attr":
                 self.env[node] = getattr(self.program.graph_module, node.target)
             elif node.op == "output":
@@ -100,7 +124,10 @@ class Importer(Converter):
             raise unsupported(node, "a fused projection's output used without selecting a part")
         if isinstance(value, rope.Pairs):
             if id(value) not in self.pairs_done:  # one rope per value, however many readers
-                done = rope.materialize(self, node, value)
+                source = self.pair_nodes.get(id(value))
+                host = None if source is None else (
+                    lambda arrays, source=source: self.replay(source, arrays))
+                done = rope.materialize(self, node, value, host)
                 if done is None:
                     raise unsupported(node, "a per-channel-pair mix that is not a rotation "
                                       "(RoPE)")
@@ -127,6 +154,84 @@ class Importer(Converter):
                     stack.append(source)
         return live
 
+    def _check_host_use(self, node: Any, kind: str) -> None:
+        """A device operation may read the host's position arithmetic only as a cache
+        write's positions, an attention mask, or RoPE tables (a product on a query or key
+        whose result stays symbolic until it is one ``rope``)."""
+        reads = [a for a in node.all_input_nodes if a in self.host_nodes]
+        if reads and kind not in HOST_READERS:
+            raise unsupported(node, f"a value computed from the position input "
+                              f"({reads[0].name}) used on the device other than as cache "
+                              "positions, an attention mask or RoPE tables")
+        symbolic = kind in PAIR_AWARE and any(
+            a in self.host_touched and isinstance(self.env.get(a), (rope.Pairs, rope.PairPart))
+            for a in node.all_input_nodes)
+        if reads or symbolic:
+            self.host_touched.add(node)
+
+    def _keep_symbolic(self, node: Any) -> None:
+        """A product with the host's tables must stay a RoPE in the making (replayed at each
+        call, ``replay``); the readers of whole tables record their own per-call inputs."""
+        value = self.env[node]
+        if isinstance(value, (rope.Pairs, rope.PairPart)):
+            self.pair_nodes[id(value)] = node
+            return
+        if op_name(node.target) == "aten.mul" and any(
+                a in self.host_nodes for a in node.all_input_nodes):
+            raise unsupported(node, "a product with a table computed from the position input "
+                              "that is not a rotary embedding")
+        self.host_touched.discard(node)  # concrete now: its rule made its per-call inputs
+
+    def replay(self, node: Any, arrays: list[np.ndarray]) -> Any:
+        """``node``'s value for the user inputs ``arrays``: the host's arithmetic on the
+        positions evaluated again (``_host_values``), then the symbolic RoPE products
+        between it and ``node`` (no IR operation may be made here)."""
+        env = self._host_values(arrays)
+        made = len(self.b.graph.operations)
+        for step in self._replay_chain(node):
+            args, kwargs = _map(step.args, env), _map(step.kwargs, env)
+            env[step] = HANDLERS[op_name(step.target)](self, step, *args, **kwargs)
+        if len(self.b.graph.operations) != made:
+            raise CompileError(f"importer bug: replaying {node.name} made device operations")
+        return env[node]
+
+    def _host_values(self, arrays: list[np.ndarray]) -> dict[Any, Any]:
+        """The converter's values with the host's nodes evaluated for ``arrays`` (the last
+        evaluation is kept: every per-call input of a call asks for the same)."""
+        key = tuple(np.asarray(arrays[i]).tobytes() for i in sorted(self.positions))
+        if self.host_cache[0] == key:
+            return self.host_cache[1]
+        torch = self.torch
+        env = dict(self.env)
+        for node in self.program.graph.nodes:
+            if node not in self.host_nodes:
+                continue
+            if node.op == "placeholder":
+                index = next(i for i, n in self.positions.items() if n is node)
+                env[node] = torch.as_tensor(np.asarray(arrays[index]).astype(np.int64)).to(
+                    node.meta["val"].dtype)
+                continue
+            args, kwargs = _map(node.args, env), _map(node.kwargs, env)
+            if mutates(node):  # a bookkeeping buffer written in place: write a copy
+                args = (args[0].clone(), *args[1:])
+            with torch.no_grad():
+                env[node] = node.target(*args, **kwargs)
+        self.host_cache = (key, env)
+        return env
+
+    def _replay_chain(self, node: Any) -> list[Any]:
+        """The device nodes between the host's arithmetic and ``node``, in order."""
+        if node not in self.chains:
+            ancestors, stack = {node}, [node]
+            while stack:
+                for source in stack.pop().all_input_nodes:
+                    if source not in ancestors:
+                        ancestors.add(source)
+                        stack.append(source)
+            self.chains[node] = [n for n in self.program.graph.nodes
+                                 if n in ancestors and n in self.host_touched]
+        return self.chains[node]
+
     def _is_dynamic(self, node: Any) -> bool:
         return node in self.dynamic
 
@@ -141,6 +246,8 @@ class Importer(Converter):
         else:
             raise CompileError(f"program input {spec.arg.name} ({spec.kind.name}) has no value")
         tensor = tensor.detach()
+        if spec.kind.name == "BUFFER":  # the walk may write a buffer: never the program's own
+            tensor = tensor.clone()
         self.const_names[id(tensor)] = target
         return tensor
 

@@ -28,6 +28,7 @@ import numpy as np
 from ipu_stack.frontend.convert import TRANSPARENT, Converted, op_name, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
+from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
@@ -189,9 +190,13 @@ def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
     """Standard-normal inputs of the exported shapes, one generator per input name; an
     integer input gets ids within the tables it is looked up in."""
     out = []
+    positions = position_inputs(program)
     for (name, shape), integer in zip(input_shapes(program), integer_inputs(program),
                                       strict=True):
         rng = rng_for(seed, name)
+        if name in positions:  # a static cache's step: the first positions
+            out.append(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+            continue
         out.append(rng.integers(0, smallest_table_rows(program, name), shape).astype(np.float32)
                    if integer else rng.standard_normal(shape).astype(np.float32))
     return out
@@ -229,9 +234,22 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
     args, kwargs = call_arguments(program, inputs)
     with torch.no_grad():
-        result = program.module()(*args, **kwargs)
+        result = fresh_module(program)(*args, **kwargs)
     return [leaf.detach().to(torch.float32).numpy() for leaf in _pytree.tree_leaves(result)
             if isinstance(leaf, torch.Tensor)]
+
+
+def fresh_module(program: Any) -> Any:
+    """The program's module with copies of the buffers it writes (a static KV cache):
+    a run must not change the program, whose buffers the next import reads."""
+    module = program.module()
+    for name in cache_buffers(program):
+        target = next(spec.target for spec in program.graph_signature.input_specs
+                      if spec.arg.name == name)
+        owner, _, leaf = target.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        holder.register_buffer(leaf, holder.get_buffer(leaf).clone(), persistent=False)
+    return module
 
 
 @dataclass(frozen=True)
