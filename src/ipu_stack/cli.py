@@ -210,8 +210,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else check_output_folder(
         "--out (default)", Path("artifacts") / workload.identifier(params))
     result = compile_strategy(workload, params, out, options)
+    step = getattr(workload, "step", None)  # an imported step: its vocabulary
     prompt = prompt_tokens(params["seed"], params["batch"], args.prompt_tokens,
-                           params["vocab"])
+                           params["vocab"] if step is None else step.vocab)
     prompt_pass, prompt_inputs = None, None
     if not by_steps:  # the prompt's pass, compiled beside the decode step
         passing = {**params, "tokens": args.prompt_tokens}
@@ -227,6 +228,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
               "compileSeconds": round(result.timings["compile"], 2)}
     record = generation_fields(run, fields)
+    if step is not None:  # PyTorch's own greedy tokens from the same prompt
+        record.update(workload.torch_tokens(prompt, args.new_tokens,
+                                            np.array(run.feed.chosen)))
     if generation.on_token is not None:
         print()  # the streamed tokens' line
     _print_record(record, args.json, "generate", args.record)
@@ -246,19 +250,12 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
     """The decode step's workload and parameters (one token a sequence, a cache as long as
     the prompt and the new tokens need), and whether the prompt goes a token a step."""
     if is_program_path(args.workload):
-        raise UsageError("generate runs a builtin decoder (smollm2-135m, tinyllama-1.1b); a "
-                         "model file's KV cache is not imported")
+        return _program_generation(args)
     workload = get_workload(args.workload)
     if workload.step_inputs is None:
         raise UsageError(f"{workload.name} is not a language model with a KV cache "
                          "(generate runs smollm2-135m or tinyllama-1.1b)")
-    if args.prompt_tokens < 1 or args.new_tokens < 1:
-        raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
-    if args.profile or args.save_tensors:
-        raise UsageError("generate writes no profile or tensors (its record has every step's "
-                         "figures); --profile and --save-tensors are for bench and run")
-    if args.tokens not in (None, 1):
-        raise UsageError("generate feeds one token a step: give --prompt-tokens, not --tokens")
+    _generation_checks(args)
     needed = args.prompt_tokens + args.new_tokens - 1
     args.context, args.tokens = args.context or needed, 1
     if args.context < needed:
@@ -266,6 +263,42 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
                          "the prompt and the new tokens fill")
     workload, params = _params(args)
     return workload, params, args.prompt_by_steps or args.prompt_tokens < 2
+
+
+def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:
+    """A decoder step exported with a static KV cache (``frontend/step.py``): its cache
+    and batch are the export's; the prompt goes a token a step."""
+    _generation_checks(args)
+    if args.context is not None:
+        raise UsageError("a model file's KV cache has the length it was exported with; "
+                         "give no --context")
+    workload, params = _program_params(args)
+    step = getattr(workload, "step", None)
+    if step is None:
+        raise UsageError(f"{args.workload} is not a decoder step with a static KV cache "
+                         "(export one with transformers.integrations.executorch)")
+    if step.tokens != 1:
+        raise UsageError(f"{args.workload} takes {step.tokens} tokens a step; generate runs "
+                         "a one-token step")
+    needed = args.prompt_tokens + args.new_tokens - 1
+    if needed > step.context:
+        raise UsageError(f"the prompt and the new tokens fill {needed} positions; the "
+                         f"exported cache holds {step.context}")
+    if params["batch"] not in (0, step.batch):
+        raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
+                         f"{step.batch}")
+    return workload, {**params, "batch": step.batch}, True
+
+
+def _generation_checks(args: argparse.Namespace) -> None:
+    """The options generate refuses whatever it runs."""
+    if args.prompt_tokens < 1 or args.new_tokens < 1:
+        raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
+    if args.profile or args.save_tensors:
+        raise UsageError("generate writes no profile or tensors (its record has every step's "
+                         "figures); --profile and --save-tensors are for bench and run")
+    if args.tokens not in (None, 1):
+        raise UsageError("generate feeds one token a step: give --prompt-tokens, not --tokens")
 
 
 def cmd_fp8_recipe(args: argparse.Namespace) -> int:

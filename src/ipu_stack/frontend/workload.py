@@ -29,6 +29,13 @@ from ipu_stack.frontend.convert import TRANSPARENT, Converted, op_name, role
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
+from ipu_stack.frontend.step import (
+    CacheStep,
+    cache_step,
+    step_feed,
+    torch_greedy,
+    torch_token_fields,
+)
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
@@ -352,6 +359,22 @@ class ImportedWorkload(Workload):
     reference_source: str = "torch"
     # (name, layer) of each product in the user's file where it names them (ONNX nodes)
     source_gemms: tuple[tuple[str, int | None], ...] = ()
+    step: CacheStep | None = None  # a decoder step with a static KV cache (generate)
+
+    def torch_tokens(self, prompt: np.ndarray, new_tokens: int, device: np.ndarray
+                     ) -> dict[str, Any]:
+        """The device's generated tokens (``[new_tokens, batch]``) against PyTorch's own
+        greedy tokens for ``prompt`` (``frontend/step.py``), run with a fresh copy of the
+        program's caches: ``torchTokenMatch`` and where they first part."""
+        torch = require_torch()
+        module = fresh_module(self.program)
+
+        def run(arrays: list[np.ndarray]) -> np.ndarray:
+            args, kwargs = call_arguments(self.program, arrays)
+            with torch.no_grad():
+                return module(*args, **kwargs).float().numpy()
+        assert self.step is not None
+        return torch_token_fields(device, *torch_greedy(run, self.step, prompt, new_tokens))
 
     @property
     def reference(self) -> ReferenceOutputs:
@@ -439,10 +462,14 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                 "attention": attention_precision(params)}
 
     kind = "ONNX model" if reference.source == "onnxruntime" else "torch.export program"
+    step = cache_step(program, input_shapes(program)) if reference.source == "torch" and \
+        position_inputs(program) else None
     return ImportedWorkload(
         name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
         build=build, identifier=identifier, benchmark_fields=fields, program=program,
-        imports=holder, reference_source=reference.source, source_gemms=source_gemms)
+        imports=holder, reference_source=reference.source, source_gemms=source_gemms,
+        step=step, step_inputs=None if step is None else step_feed(
+            step, lambda: next(iter(holder.values())).converted.inputs))
 
 
 def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:

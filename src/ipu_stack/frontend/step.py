@@ -1,0 +1,105 @@
+"""A decoder's step exported with a static KV cache, as generation drives it.
+
+``transformers.integrations.executorch`` exports a decoder as one step: token ids
+``[B, T]`` and their cache positions ``[T]`` in, logits out, the cache held in buffers the
+step writes in place (``frontend/ops_cache.py``).  ``ipu-stack generate MODEL.pt2`` feeds
+the prompt a token a step and then the device's own choices: each step's inputs come from
+the user inputs the host makes here (the ids, the positions), mapped through the import's
+per-call inputs (the slots, the mask and the RoPE tables the host computes from the
+positions).  PyTorch's own greedy tokens (:func:`torch_greedy`) run the same program in
+float32 from its own prefix, for ``torchTokenMatch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.convert import InputSpec
+from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
+from ipu_stack.util.errors import UsageError
+
+
+@dataclass(frozen=True)
+class CacheStep:
+    """The shape of a step program: sequences, tokens a step, cache positions, vocabulary
+    (the width of its logits), and which user input is the positions."""
+
+    batch: int
+    tokens: int
+    context: int
+    vocab: int
+    position_index: int
+
+
+def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> CacheStep | None:
+    """The program's step shape when it is a decoder step with a static KV cache (one ids
+    input, one positions input), else None."""
+    positions = position_inputs(program)
+    if len(positions) != 1 or len(shapes) != 2:
+        return None
+    index = next(i for i, (name, _) in enumerate(shapes) if name == positions[0])
+    ids = shapes[1 - index][1]
+    if len(ids) != 2:
+        return None
+    name = cache_buffers(program)[0]
+    cache = next(n for n in program.graph.nodes if n.name == name).meta["val"]
+    logits = [n for n in program.graph.nodes if n.op == "output"][0].args[0][0].meta["val"]
+    return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
+                     index)
+
+
+def user_arrays(step: CacheStep, tokens: Any, position: int) -> list[np.ndarray]:
+    """The program's user inputs for ``tokens`` (one id a sequence) at cache ``position``."""
+    if not 0 <= position <= step.context - step.tokens:
+        raise UsageError(f"position {position} is outside the KV cache's {step.context} "
+                         "positions")
+    ids = np.asarray(tokens, dtype=np.float32).reshape(step.batch, step.tokens)
+    where = (position + np.arange(step.tokens)).astype(np.float32)
+    return [where, ids] if step.position_index == 0 else [ids, where]
+
+
+def step_feed(step: CacheStep, inputs: Callable[[], list[InputSpec]]
+              ) -> Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]]:
+    """A workload's ``step_inputs``: the graph's inputs for a step, each made by the host
+    from the step's user inputs as the last import says (``inputs``)."""
+    def feed(params: dict[str, Any], tokens: Any, position: int) -> dict[str, np.ndarray]:
+        arrays = user_arrays(step, tokens, position)
+        return {spec.name: np.asarray(spec.make(arrays), np.float32) for spec in inputs()}
+    return feed
+
+
+def torch_greedy(run: Callable[[list[np.ndarray]], np.ndarray], step: CacheStep,
+                 prompt: np.ndarray, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's own greedy generation: ``run`` calls the program's module (whose caches are
+    its own) on a step's user inputs; the prompt goes a token a step, then ``new_tokens``
+    choices.  Returns the tokens (``[new_tokens, batch]``) and the top-two logit gap at
+    each."""
+    chosen, margins = [], []
+    current = prompt[:, 0]
+    for position in range(prompt.shape[1] + new_tokens - 1):
+        logits = np.asarray(run(user_arrays(step, current, position)), np.float64)
+        last = logits.reshape(step.batch, -1)
+        if position + 1 < prompt.shape[1]:
+            current = prompt[:, position + 1]
+            continue
+        top = np.sort(last, axis=-1)[:, -2:]
+        current = last.argmax(axis=-1)
+        chosen.append(current)
+        margins.append(top[:, 1] - top[:, 0])
+    return np.array(chosen), np.array(margins)
+
+
+def torch_token_fields(device: np.ndarray, torch_tokens: np.ndarray, margins: np.ndarray
+                       ) -> dict[str, Any]:
+    """The device's tokens against PyTorch's: whether all match, and where they first part
+    (each follows its own prefix after that) with PyTorch's top-two gap there."""
+    differ = np.argwhere(np.asarray(device) != torch_tokens)
+    first = differ[0] if len(differ) else None
+    return {"torchTokenMatch": first is None,
+            "torchFirstDifferingStep": None if first is None else int(first[0]),
+            "torchMarginThere": None if first is None else
+            round(float(margins[first[0], first[1]]), 6)}

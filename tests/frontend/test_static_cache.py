@@ -1,0 +1,130 @@
+"""A decoder step exported with a static KV cache (``transformers.integrations.executorch``):
+the position arithmetic runs on the host before each call, the cache buffers become device
+state written in place, and ``generate MODEL.pt2`` matches the builtin's cycles and
+PyTorch's own greedy tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+executorch = pytest.importorskip("transformers.integrations.executorch")
+
+from ipu_stack.cli import main  # noqa: E402
+from ipu_stack.frontend import import_program, imported_workload  # noqa: E402
+from tests.helpers import one_error_line  # noqa: E402
+
+CONTEXT = 32
+SHAPE = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 256, "tie_word_embeddings": True}
+BUILTIN = ["smollm2-135m", "--vocab", "256", "--dim", "64", "--hidden", "128", "--layers", "2",
+           "--heads", "4", "--kv-heads", "2", "--eps", "1e-6", "--theta", "10000"]
+
+
+def _step_program(context: int = CONTEXT):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).eval()
+    model.generation_config = transformers.GenerationConfig(
+        use_cache=True, cache_implementation="static", max_length=context,
+        cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
+    module = executorch.TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
+                                                              max_cache_len=context)
+    return module.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
+                         cache_position=torch.tensor([0]))
+
+
+@pytest.fixture(scope="module")
+def step_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("step") / "llama_step.pt2"
+    torch.export.save(_step_program(), str(path))
+    return path
+
+
+def test_the_host_computes_slots_mask_and_angles_for_each_position(step_file) -> None:
+    """Each call's per-call inputs at position 7, against numpy: the cache slot, the mask
+    row (every later position masked) and Llama's RoPE angles; the caches are F16 states
+    each written by one cache_write, and importing leaves the program's buffers as they
+    were (torch's reference run writes a copy)."""
+    workload, params = imported_workload(step_file)
+    graph, _ = workload.build(workload.resolve({**params, "precision": "f16"}))
+    writes = [op for op in graph.operations if op.kind == "cache_write"]
+    assert len(writes) == 4 and all(op.attrs["kv_heads"] == 2 and op.attrs["positions"] ==
+                                    CONTEXT for op in writes)
+    states = [graph.value(op.inputs[0]) for op in writes]
+    assert all(s.role == "weight" and s.type.shape == (CONTEXT, 32) and
+               s.type.precision.kind == "F16" for s in states)
+    inputs = workload.step_inputs(params, np.array([9]), 7)
+    assert sorted(inputs) == ["input_ids", "mask", "rope.cos", "rope.sin", "slots"]
+    assert inputs["slots"].reshape(-1).tolist() == [7.0]
+    assert inputs["input_ids"].reshape(-1).tolist() == [9.0]
+    row = np.where(np.arange(CONTEXT) > 7, -np.inf, 0.0)
+    np.testing.assert_array_equal(inputs["mask"], np.tile(row, (4, 1)))
+    angles = 7 * 10000.0 ** (-np.arange(0, 16, 2) / 16)
+    np.testing.assert_allclose(inputs["rope.cos"].reshape(-1), np.cos(angles), atol=1e-6)
+    np.testing.assert_allclose(inputs["rope.sin"].reshape(-1), np.sin(angles), atol=1e-6)
+    buffers = [t for name, t in workload.program.constants.items() if "cache" in name]
+    assert buffers and all(not t.abs().sum() for t in buffers)
+
+
+def test_generate_a_static_cache_step_matches_torch_and_the_builtins_cycles(
+        step_file, tmp_path, capsys) -> None:
+    """``generate MODEL.pt2``: the prompt a token a step, every step PASS, the tokens equal
+    the host reference's and PyTorch's own greedy tokens, and a step takes the cycles of
+    the builtin decode step of the same shape."""
+    assert main(["ops", str(step_file)]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[-1].endswith("unsupported=0")
+    assert any("aten.index_copy_" in line and "mapped" in line for line in listing)
+    assert any("host (position arithmetic" in line for line in listing)
+    code = main(["--quiet", "generate", str(step_file), "--prompt-tokens", "5",
+                 "--new-tokens", "6", "--precision", "f16", "--json",
+                 "--out", str(tmp_path / "generated")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["prefill"] == "a token a step" and len(record["generated"]) == 6
+    assert record["tokensMatch"] and record["torchTokenMatch"], record
+    assert record["decodeCycles"] == record["decodeCyclesMin"]
+    code = main(["--quiet", "bench", *BUILTIN, "--context", str(CONTEXT), "--tokens", "1",
+                 "--precision", "f16", "--json", "--out", str(tmp_path / "builtin")])
+    builtin = json.loads(capsys.readouterr().out)
+    assert code == 0 and builtin["cycles"] == record["decodeCycles"]
+
+
+class _PositionScaled(torch.nn.Module):
+    """A step that writes its cache and also scales its output by the position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, CONTEXT, 8), persistent=False)
+        self.proj = torch.nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        rows = h.view(1, 1, 2, 8).transpose(1, 2)
+        self.cache.index_copy_(2, cache_position, rows)
+        return h * cache_position.float()
+
+
+def test_position_arithmetic_on_the_device_and_odd_caches_are_refused(tmp_path, capsys
+                                                                      ) -> None:
+    """One line each: the position used as a device operand; a cache whose length is not
+    whole blocks of 32; generate on a program that is not a step with a cache."""
+    module = _PositionScaled().eval()
+    program = torch.export.export(module, (torch.randn(1, 1, 16), torch.tensor([0])))
+    with pytest.raises(Exception, match="computed from the position input"):
+        import_program(program, precision="f16")
+    path = tmp_path / "odd.pt2"
+    torch.export.save(_step_program(context=40), str(path))
+    code = main(["--quiet", "bench", str(path), "--precision", "f16"])
+    assert "whole blocks of 32" in one_error_line(code, capsys.readouterr().err)
+    plain = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(8, 8).eval(),
+                                          (torch.randn(2, 8),)), str(plain))
+    code = main(["--quiet", "generate", str(plain), "--prompt-tokens", "2", "--new-tokens", "2"])
+    assert "not a decoder step with a static KV cache" in one_error_line(
+        code, capsys.readouterr().err)
