@@ -360,7 +360,9 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "rms_norm":
         x = ins[0].astype(dtype, copy=False)
         mean_square = (x * x).mean(axis=-1, keepdims=True)
-        return x / np.sqrt(mean_square + dtype(op.attrs["eps"])) * ins[1]
+        # the device's form: the row's inverse root, then two products (kernels/rowwise.py)
+        inverse = (1.0 / np.sqrt(mean_square + dtype(op.attrs["eps"]))).astype(dtype)
+        return x * inverse * ins[1]
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
         return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")

@@ -1,0 +1,49 @@
+"""Export a decoder step with a static KV cache, as a user hands one to ``ipu-stack generate``.
+
+Usage: ``python benchmarks/export_llama_step.py OUT.pt2 [--layers 30] [--context 160]``
+(needs the ``[torch]`` extra and transformers).  The model is ``LlamaForCausalLM`` at
+SmolLM2-135M's configuration (random weights, seed 0), exported one token a step through
+``transformers.integrations.executorch`` with a cache of ``--context`` positions; the builtin
+``smollm2-135m --context N --tokens 1`` is the same step (docs/language-models.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+           "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True}
+
+
+def export_step(out: Path, layers: int, context: int) -> None:
+    """Write the step program to ``out`` (``torch.export.save``)."""
+    import torch
+    import transformers
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=layers, **SMOLLM2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config = transformers.GenerationConfig(
+        use_cache=True, cache_implementation="static", max_length=context,
+        cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
+    step = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=context)
+    program = step.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
+                          cache_position=torch.tensor([0]))
+    torch.export.save(program, str(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--context", type=int, default=160)
+    args = parser.parse_args(argv)
+    export_step(args.out, args.layers, args.context)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
