@@ -373,6 +373,11 @@ def test_normce_is_priced_alike_by_the_planner_and_the_device(rows: int) -> None
     work = _normce_work(rows, 1152)
     assert price_work(work) == normce_cycles(rows, 1152) == kernel_cost(
         KernelInstance("row", params))
+    # an RMS norm on NormCE's loops is priced as NormCE (assumed: an upper bound)
+    rms = row_params("rms_norm", rows, 1152, F16, 2304, F16, 2304, F16, 2304, eps=1e-6)
+    rms_work = _normce_work(rows, 1152, "normce_rms")
+    assert price_work(rms_work) == normce_cycles(rows, 1152) == kernel_cost(
+        KernelInstance("row", rms))
     calls = normce_calls(rows)
     assert sum(n for _, n in calls) == rows
     expected = {1: 6 * (192 // 4 + 52 + 35 + 192 + 38) + 180,  # 2,370
@@ -384,12 +389,12 @@ def test_normce_is_priced_alike_by_the_planner_and_the_device(rows: int) -> None
         assert normce_cycles(rows, 1152) == expected[rows]
 
 
-def _normce_work(rows: int, width: int):
+def _normce_work(rows: int, width: int, kind: str = "normce"):
     from ipu_stack.kernels.norm import normce_calls
     from ipu_stack.target.timing import Work
 
     calls = normce_calls(rows)
-    return Work("normce", {"row_calls": [n for k, n in calls if k == "rows"],
+    return Work(kind, {"row_calls": [n for k, n in calls if k == "rows"],
                            "split_calls": [n for k, n in calls if k == "split"], "width": width})
 
 
@@ -436,7 +441,7 @@ def test_normce_is_not_used_where_its_f16_deviation_could_overflow() -> None:
     values would give an infinite deviation, so that layer norm runs the measured kernel;
     the builtins' 1e-6 and 1e-5 run NormCE."""
     from ipu_stack.ir.graph import GraphBuilder
-    from ipu_stack.ir.interpret import runs_normce
+    from ipu_stack.ir.one_pass import runs_normce
     from ipu_stack.ir.types import TensorType
     from ipu_stack.kernels.norm import normce_applies
 

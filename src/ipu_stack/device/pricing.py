@@ -189,10 +189,12 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         call = {1: "fill_byte_call", 2: "fill_half_call"}.get(c["itemsize"], "fill_float_call")
         share = cdiv(c["elements"], 6) * c["itemsize"]
         return 6 * (p(call) + share // p("fill_bytes_per_cycle"))
-    if kind == "normce":  # its compute sets, a sync between two
+    if kind in ("normce", "normce_rms"):  # its compute sets, a sync between two
         calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
-        return sum(_normce_call(k, n, c["width"]) for k, n in calls) + \
+        cycles = sum(_normce_call(k, n, c["width"]) for k, n in calls) + \
             p("sync") * max(len(calls) - 1, 0)
+        return cycles if kind == "normce" else int(
+            cycles * float(PRICES["rms_norm_normce_fraction"].value))
     if kind == "layer_norm":  # rows one after another, each over all six workers
         return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
     if kind == "softmax":

@@ -30,7 +30,6 @@ from ipu_stack.frontend.ops import HANDLERS
 from ipu_stack.frontend.ops_cache import CACHE_WRITES, position_inputs
 from ipu_stack.util.errors import CompileError
 
-
 # device operations that may read the host's arithmetic on positions (``_check_host_use``)
 HOST_READERS = {*CACHE_WRITES, "aten.scaled_dot_product_attention", "aten.mul"}
 

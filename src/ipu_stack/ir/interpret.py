@@ -24,6 +24,7 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation, head_geometry
+from ipu_stack.ir.one_pass import one_pass_layer_norm, one_pass_rms_norm, runs_normce
 from ipu_stack.ir.precision import F32, Precision, fit_scale_exponent
 from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
 from ipu_stack.ir.types import TensorType
@@ -253,50 +254,6 @@ def fp16_partial_matmul(a: np.ndarray, b: np.ndarray, depth_block: int,
                                depth_block, FP8_PASS_DEPTH, owners)
 
 
-def runs_normce(graph: Graph, op: Operation) -> bool:
-    """A layer norm the device runs as the vendor's fused ``NormCE`` (F16 rows, F16 scale
-    and shift, a width that is a multiple of 4 below 8192, and an epsilon whose ``1 /
-    sqrt(eps)`` an F16 holds; ``kernels/norm.py``)."""
-    if op.kind != "layer_norm":
-        return False
-    width = graph.value(op.inputs[0]).type.shape[-1]
-    return all(graph.value(i).type.precision.kind == "F16" for i in op.inputs) and \
-        width % 4 == 0 and width < 8192 and float(op.attrs["eps"]) * 65504.0**2 >= 1.0
-
-
-def _accumulate(values: np.ndarray, lanes: int) -> np.ndarray:
-    """FP32 accumulators, one a lane, each adding its elements in order, then combined in
-    pairs as the vendor's kernel combines them."""
-    columns = values.shape[-1] // lanes
-    acc = np.zeros((*values.shape[:-1], lanes), np.float32)
-    for step in range(columns):
-        acc = acc + values[..., step * lanes:(step + 1) * lanes]
-    pairs = [acc[..., k] + acc[..., k + 2] for k in ((0, 4, 1, 5) if lanes == 8 else (0, 1))]
-    if lanes == 8:
-        return (pairs[0] + pairs[1]) + (pairs[2] + pairs[3])
-    return pairs[0] + pairs[1]
-
-
-def _one_pass_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
-                   ) -> np.ndarray:
-    """The layer norm at the device's precision when it runs as ``NormCE``: sum and sum of
-    squares in FP32 lanes, the mean rounded to F16, ``E[x^2] - mean^2`` in FP32 (not below
-    0) plus eps, ``1 / sqrt`` in FP32 rounded to F16, then ``(x - mean) * r * gamma + beta``
-    with every operation rounded to F16."""
-    width = x.shape[-1]
-    lanes = 8 if width % 8 == 0 and width >= 576 else 4
-    xf = np.asarray(x, np.float32)
-    inv_width = np.float32(1) / np.float32(width)
-    mean_h = (_accumulate(xf, lanes) * inv_width).astype(np.float16)
-    mean_f = mean_h.astype(np.float32)
-    power = _accumulate(xf * xf, lanes) * inv_width
-    var = np.maximum(power - mean_f * mean_f, np.float32(0)) + np.float32(eps)
-    inverse = (np.float32(1) / np.sqrt(var)).astype(np.float16)
-    out = (xf.astype(np.float16) - mean_h[..., None]) * inverse[..., None]
-    out = out * np.asarray(gamma).astype(np.float16)
-    return (out + np.asarray(beta).astype(np.float16)).astype(np.float32)
-
-
 def lookup_rows(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     """``table[ids]`` for ids ``[..., 1]`` held as whole numbers: one table row each, an exact
     copy (the device's MultiSlice copies the row's bytes).  An id outside the table is
@@ -351,12 +308,14 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return _softmax(ins[0], ins[1] if op.kind == "biased_softmax" else None,
                         dtype(op.attrs.get("scale", 1.0)), dtype)
     if op.kind == "layer_norm" and normce and dtype is np.float32:
-        return _one_pass_norm(ins[0], ins[1], ins[2], float(op.attrs["eps"]))
+        return one_pass_layer_norm(ins[0], ins[1], ins[2], float(op.attrs["eps"]))
     if op.kind == "layer_norm":
         x = ins[0].astype(dtype, copy=False)
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         return (x - mean) / np.sqrt(var + dtype(op.attrs["eps"])) * ins[1] + ins[2]
+    if op.kind == "rms_norm" and normce and dtype is np.float32:
+        return one_pass_rms_norm(ins[0], ins[1], float(op.attrs["eps"]))
     if op.kind == "rms_norm":
         x = ins[0].astype(dtype, copy=False)
         mean_square = (x * x).mean(axis=-1, keepdims=True)

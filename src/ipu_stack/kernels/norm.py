@@ -1,4 +1,5 @@
-"""The layer norm Graphcore ships for the C600: PopTransformer's fused ``NormCE``.
+"""The layer norm Graphcore ships for the C600: PopTransformer's fused ``NormCE``, and an
+RMS norm written on its loops.
 
 One pass gathers a row's sum and sum of squares in FP32 accumulators (``f16v8acc``,
 ``f16v8sqacc``: eight lanes, lane ``k`` summing elements ``8i + k``, when the width is a
@@ -15,6 +16,12 @@ from it in FP32 rounding only); the host reference follows this form.  It applie
 rows and F16 scale and shift of a width that is a multiple of 4 below 8192, with an epsilon
 that keeps ``1 / sqrt(eps)`` within F16 (BEiT's 1e-12 does not); other layer norms run the
 reference's measured kernel.
+
+An RMS norm of the same precisions and widths runs on NormCE's loops with two of their
+steps left out (the sum and the mean's subtraction, :func:`normce_rms_norm`): the vendor
+ships no RMS norm kernel (PopTransformer composes it from popart operations,
+``poptransformer/layers/rms_layer_norm.py``), so its price is assumed to be NormCE's
+bundles, an upper bound for a kernel that does less (docs/machine.md).
 """
 
 from __future__ import annotations
@@ -76,6 +83,21 @@ def normce_layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     normal = centred * inverse[..., None]
     scaled = normal * gamma.astype(np.float16)
     return (scaled + beta.astype(np.float16)).astype(np.float32)
+
+
+def normce_rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """An RMS norm written on ``NormCE``'s loops, as F16 values in float32: the sum of
+    squares in FP32 lanes (``f16v8sqacc``), times the FP32 reciprocal of the width, plus
+    eps; ``1 / sqrt`` in FP32 rounded to F16; then ``(x * r) * gamma`` in F16, rounding
+    after each product.  No mean and no shift: NormCE's loops less two of their steps."""
+    width = x.shape[-1]
+    lanes = 8 if interleaved(width) else 4
+    x32 = x.astype(np.float32)
+    squares = _combine(_lane_sums(x32 * x32, lanes))
+    power = squares * (np.float32(1.0) / np.float32(width)) + np.float32(eps)
+    inverse = (np.float32(1.0) / np.sqrt(power)).astype(np.float16)
+    normal = x.astype(np.float16) * inverse[..., None]
+    return (normal * gamma.astype(np.float16)).astype(np.float32)
 
 
 def normce_calls(rows: int) -> list[tuple[str, int]]:

@@ -10,8 +10,9 @@ the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projecti
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
 chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
-Work and prices: the reference's measured layer norm and softmax kernels, assumed prices for
-the residual add, RMS norm and RoPE, the vendor's popops vertices for products and SwiGLU,
+Work and prices: the reference's measured layer norm and softmax kernels, the vendor's
+``NormCE`` for layer norms (and, assumed, for RMS norms on its loops), assumed prices for
+the residual add, other RMS norms and RoPE, the vendor's popops vertices for products and SwiGLU,
 the chain's passes, and a cast pass for an FP8 output
 (``target.timing``).
 """
@@ -32,7 +33,12 @@ from ipu_stack.kernels.base import (
     write_rows,
 )
 from ipu_stack.kernels.elementwise import activation, apply_chain, chain_work
-from ipu_stack.kernels.norm import normce_applies, normce_calls, normce_layer_norm
+from ipu_stack.kernels.norm import (
+    normce_applies,
+    normce_calls,
+    normce_layer_norm,
+    normce_rms_norm,
+)
 from ipu_stack.target.timing import Work, split_over_workers
 
 
@@ -42,7 +48,10 @@ def _name(p: dict[str, Any]) -> str:
 
 
 def _normce(p: dict[str, Any]) -> bool:
-    """A layer norm that runs as the vendor's ``NormCE`` (``kernels.norm``)."""
+    """A layer norm that runs as the vendor's ``NormCE``, or an RMS norm on its loops
+    (``kernels.norm``)."""
+    if p["op"] not in ("layer_norm", "rms_norm"):
+        return False
     aux = None if p.get("aux") is None else Precision.from_json(p["aux"])
     return normce_applies(Precision.from_json(p["x"]), aux, int(p["cols"]), float(p["eps"]))
 
@@ -61,11 +70,12 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
     per_worker = split_over_workers(rows * cols)
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
-    if op == "layer_norm" and _normce(p):
+    if _normce(p):
         calls = normce_calls(rows)
-        work = [Work("normce", {"row_calls": [n for kind, n in calls if kind == "rows"],
-                                "split_calls": [n for kind, n in calls if kind == "split"],
-                                "width": cols})]
+        kind = "normce" if op == "layer_norm" else "normce_rms"
+        work = [Work(kind, {"row_calls": [n for k, n in calls if k == "rows"],
+                            "split_calls": [n for k, n in calls if k == "split"],
+                            "width": cols})]
     elif op in ("layer_norm", "rms_norm"):
         work = [Work(op, {"row_widths": [cols] * rows})]
     elif op in ("softmax", "biased_softmax"):
@@ -129,6 +139,9 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         result = (x - mean) / np.sqrt(var + np.float32(p["eps"])) * gamma + beta
+    elif op == "rms_norm" and _normce(p):
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        result = normce_rms_norm(x, gamma, p["eps"])
     elif op == "rms_norm":
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
         inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True)

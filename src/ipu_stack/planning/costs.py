@@ -220,10 +220,11 @@ def _row(params: dict[str, Any]) -> int:
     if rows * cols == 0:
         return 0
     aux = params.get("aux")
-    if op == "layer_norm" and normce_applies(Precision.from_json(params["x"]),
+    if op in ("layer_norm", "rms_norm") and normce_applies(Precision.from_json(params["x"]),
                                              None if aux is None else Precision.from_json(aux),
                                              cols, float(params["eps"])):
-        cycles = normce_cycles(rows, cols)
+        cycles = normce_cycles(rows, cols) if op == "layer_norm" else int(
+            normce_cycles(rows, cols) * float(PRICES["rms_norm_normce_fraction"].value))
     elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
     elif op == "rms_norm":

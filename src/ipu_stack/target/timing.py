@@ -167,8 +167,14 @@ PRICES.update({
     "multiply_loop": Fact(3, f"{_POPOPS}: MULTIPLY (and ADD) HALF {{1, true}} + 2 loop "
                              "overhead (external codelet): 3 cycles per 4-half vector"),
     "rms_norm_fraction": Fact(
-        1.0, "assumed: an RMS norm costs what the measured layer norm of the same shape costs "
-        "(it skips the mean and the shift, so this is an upper bound); siglip-mlp has none"),
+        1.0, "assumed: an RMS norm off NormCE's precisions and widths costs what the measured "
+        "layer norm of the same shape costs (it skips the mean and the shift, so this is an "
+        "upper bound); siglip-mlp has none"),
+    "rms_norm_normce_fraction": Fact(
+        1.0, "assumed: an RMS norm of F16 rows on NormCE's loops (kernels/norm.py) costs "
+        "NormCE's bundles (it leaves out the sum and the subtraction, so an upper bound); the "
+        "vendor ships no RMS norm kernel (PopTransformer 1314598f "
+        "poptransformer/layers/rms_layer_norm.py composes popart operations)"),
 })
 
 _GELU_LOOP = "poplibs lib/popnn/codelets/asm/NonLinearityLoop_gelu.S:80-134"

@@ -80,6 +80,31 @@ def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     return out.reshape(np.shape(x))
 
 
+def rms_norm_normce(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """An RMS norm on ``NormCE``'s loops, row by row with scalar float32 and float16
+    arithmetic: the sums of squares in eight (or four) FP32 lanes, combined in pairs, times
+    the FP32 reciprocal of the width, plus eps; ``1 / sqrt`` in FP32 rounded to F16;
+    ``x * r * gamma`` rounding to F16 after each product.  float64 out."""
+    f32, f16 = np.float32, np.float16
+    rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    width = rows.shape[1]
+    lanes = 8 if width % 8 == 0 and width >= 576 else 4
+    order = [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
+    out = np.empty_like(rows)
+    for r, row in enumerate(rows):
+        squares = [f32(0)] * lanes
+        for i, value in enumerate(row):
+            squares[i % lanes] = f32(squares[i % lanes] + f32(f32(value) * f32(value)))
+        a = [squares[k] for k in order]
+        total = f32(f32(f32(a[0] + a[1]) + f32(a[2] + a[3])) + f32(f32(a[4] + a[5]) + f32(
+            a[6] + a[7]))) if lanes == 8 else f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
+        power = f32(f32(total * f32(f32(1) / f32(width))) + f32(eps))
+        inverse = f16(f32(1) / f32(np.sqrt(power)))
+        for i, value in enumerate(row):
+            out[r, i] = float(f16(f16(f16(value) * inverse) * f16(gamma[i])))
+    return out.reshape(np.shape(x))
+
+
 def round_to(values: np.ndarray, precision: dict) -> np.ndarray:
     """``values`` rounded to a stored precision given as its JSON form (``{"kind": "F8F143",
     "scale_exponent": -3}``), back in float64; FP8 saturates at its largest finite value."""
