@@ -1,8 +1,9 @@
 """Measure greedy generation (``ipu-stack generate``) and print docs/benchmarks.md's rows.
 
 Usage: ``python benchmarks/bench_generate.py [--only NAME ...] [--records DIR]``.  Each
-case runs ``/usr/bin/time -v ipu-stack --quiet generate ... --json`` (about 13 minutes on 2
-cores for all of them) and keeps its record and the time's report in ``DIR`` (a temporary
+case runs ``/usr/bin/time -v ipu-stack --quiet generate ... --json`` (about 20 minutes on 2
+cores for all of them; the model file's case exports its step first, with the ``[torch]``
+extra) and keeps its record and the time's report in ``DIR`` (a temporary
 folder by default); with ``--records DIR`` holding them from an earlier run, the rows are
 printed from them without running anything.  The table is the one in docs/benchmarks.md,
 "Language models: generation".
@@ -18,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+STEP_FILE = "smollm2_step.pt2"
 CASES: dict[str, tuple[str, ...]] = {
     "smollm2-fp8": ("smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "32"),
     "smollm2-f16": ("smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "32",
@@ -30,13 +32,24 @@ CASES: dict[str, tuple[str, ...]] = {
                       "--new-tokens", "8", "--batch", "32"),
     "tinyllama-f16": ("tinyllama-1.1b", "--chips", "4", "--prompt-tokens", "16",
                       "--new-tokens", "8", "--precision", "f16"),
+    "smolvlm": ("smolvlm-256m", "--prompt-tokens", "64", "--new-tokens", "32"),
+    # LlamaForCausalLM at SmolLM2-135M's widths exported with a static cache of 160
+    # positions (benchmarks/export_llama_step.py, into the records folder): a token a step
+    "smollm2-pt2": (STEP_FILE, "--prompt-tokens", "128", "--new-tokens", "32"),
 }
 
 
 def run_case(name: str, folder: Path) -> None:
     """One generation under ``/usr/bin/time -v``: its record and the time's report."""
+    case = list(CASES[name])
+    if case[0] == STEP_FILE:  # the model file, exported once (needs the [torch] extra)
+        step = folder / STEP_FILE
+        if not step.exists():
+            subprocess.run([sys.executable, str(Path(__file__).with_name(
+                "export_llama_step.py")), str(step)], check=True, capture_output=True)
+        case[0] = str(step)
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "ipu_stack.cli", "--quiet",
-               "generate", *CASES[name], "--json"]
+               "generate", *case, "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     (folder / f"{name}.json").write_text(done.stdout)
     (folder / f"{name}.time").write_text(done.stderr)

@@ -213,16 +213,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     step = getattr(workload, "step", None)  # an imported step: its vocabulary
     prompt = prompt_tokens(params["seed"], params["batch"], args.prompt_tokens,
                            params["vocab"] if step is None else step.vocab)
-    prompt_pass, prompt_inputs = None, None
+    if workload.vision is not None:  # a VLM: the image's tokens ahead of the text's
+        count, token = workload.image_prompt(params)
+        prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
+    prompt_pass, prompt_inputs, image = None, None, None
     if not by_steps:  # the prompt's pass, compiled beside the decode step
         passing = {**params, "tokens": args.prompt_tokens}
         compiled = compile_strategy(workload, passing, out / "prompt", options)
         prompt_pass = Compiled(compiled.package, compiled.graph, compiled.tensors)
-        prompt_inputs = lambda ids: workload.prompt_inputs(passing, ids)  # noqa: E731
+        prompt_inputs = lambda ids, rows: workload.prompt_inputs(passing, ids, rows)  # noqa: E731
+    if workload.vision is not None:  # a VLM's tower and connector
+        looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
+        image = Compiled(looked.package, looked.graph, looked.tensors)
     generation = Generation(prompt, args.new_tokens,
                             lambda tokens, position: workload.step_inputs(params, tokens,
                                                                           position),
-                            prompt_inputs, _stream_tokens() if sys.stdout.isatty() else None)
+                            prompt_inputs, _stream_tokens() if sys.stdout.isatty() else None,
+                            image)
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          settings, prompt_pass)
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
@@ -257,6 +264,12 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
                          "(generate runs smollm2-135m or tinyllama-1.1b)")
     _generation_checks(args)
     needed = args.prompt_tokens + args.new_tokens - 1
+    if workload.vision is not None:  # a VLM: the image's tokens go ahead of the prompt's
+        if args.prompt_by_steps or args.prompt_tokens < 2:
+            raise UsageError(f"{workload.name} reads its image in the prompt's pass: give "
+                             "--prompt-tokens of at least 2, without --prompt-by-steps")
+        args.tokens = 1
+        needed += workload.image_prompt(_params(args)[1])[0]
     args.context, args.tokens = args.context or needed, 1
     if args.context < needed:
         raise UsageError(f"--context {args.context} holds fewer than the {needed} positions "

@@ -89,7 +89,7 @@ def small_generation(tmp_path_factory):
     for seed, whole in ((1, False), (2, False), (1, True)):
         prompt = np.random.default_rng(seed).integers(0, params["vocab"], (2, 3))
         generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
-                                lambda ids: prompt_inputs(passing, ids))
+                                lambda ids, image: prompt_inputs(passing, ids, image))
         run = run_generation(decode, generation, RunSettings(),
                              prompt_pass if whole else None)
         runs.append((run, generation_fields(run, {})))

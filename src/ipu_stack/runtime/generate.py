@@ -30,9 +30,9 @@ import numpy as np
 from ipu_stack.device.pricing import host_cycles
 from ipu_stack.ir.graph import Graph, state_writes
 from ipu_stack.package import Package
-from ipu_stack.runtime.execute import RunSettings
+from ipu_stack.runtime.execute import RunSettings, run_package
 from ipu_stack.runtime.record import verdict_fields
-from ipu_stack.runtime.session import hold_weights, load_package
+from ipu_stack.runtime.session import RunResult, hold_weights, load_package
 from ipu_stack.runtime.stream import StepFeed, StreamOptions, StreamRun, run_stream
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
@@ -140,8 +140,11 @@ class Generation:
     prompt: np.ndarray
     new_tokens: int
     step_inputs: StepInputs
-    prompt_inputs: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    # the prompt's pass's inputs: ``(ids, image rows or None)``
+    prompt_inputs: Callable[[np.ndarray, np.ndarray | None], dict[str, np.ndarray]] | None \
+        = None
     on_token: Callable[[np.ndarray], None] | None = None  # each new token, as chosen
+    image: Compiled | None = None  # a VLM's image program, run before the prompt's pass
 
 
 @dataclass
@@ -154,6 +157,7 @@ class GenerationRun:
     graph: Graph
     decode: StreamRun | None
     prompt_run: StreamRun | None = None
+    image_run: RunResult | None = None  # a VLM's tower and connector
 
 
 def run_generation(decode: Compiled, generation: Generation, settings: RunSettings,
@@ -168,13 +172,17 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     options = StreamOptions(settings.engine, None, settings.record, settings.poison,
                             settings.lock_path, settings.wait, model)
     state = {name: np.asarray(decode.tensors[name], np.float32) for name in states}
-    prompt_feed, prompt_run = None, None
+    prompt_feed, prompt_run, image_run, rows = None, None, None, None
+    if generation.image is not None:  # the image's rows, as the device computed them
+        image_run, rows = run_image(generation.image, settings)
     if prompt_pass is not None:
         share_weights(decode, prompt_pass)
+        made = generation.prompt_inputs
+        assert made is not None
         prompt_feed = PromptFeed(generation.prompt, generation.new_tokens,
                                  generation.step_inputs, prompt_pass.graph, {}, True,
                                  on_token=generation.on_token,
-                                 prompt_inputs=generation.prompt_inputs)
+                                 prompt_inputs=lambda ids: made(ids, rows))
         prompt_run = run_stream(load_package(prompt_pass.path), prompt_pass.graph,
                                 prompt_pass.tensors, prompt_feed, options)
         state.update(prompt_feed.state)
@@ -188,7 +196,17 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     for name, values in state.items():  # the decode program starts from these caches
         tensors[name] = values  # type: ignore[index]
     run = run_stream(package, graph, tensors, feed, options) if len(feed) else None
-    return GenerationRun(feed, package, graph, run, prompt_run)
+    return GenerationRun(feed, package, graph, run, prompt_run, image_run)
+
+
+def run_image(image: Compiled, settings: RunSettings) -> tuple[RunResult, np.ndarray]:
+    """A VLM's image program run once and judged: the connector's rows the prompt's pass
+    reads (its one output, as the device wrote it)."""
+    result = run_package(load_package(image.path), image.graph, image.tensors,
+                         settings.lock_path, wait=settings.wait, poison=settings.poison)
+    output = next(v.name for v in image.graph.values if v.role == "output")
+    event(LOG, "image program ran", cycles=result.run.cycles, passed=result.passed)
+    return result, np.asarray(result.outputs[output], np.float32)
 
 
 def share_weights(decode: Compiled, prompt_pass: Compiled) -> None:
@@ -222,16 +240,19 @@ def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any
     batch, prompt = gen.feed.prompt.shape
     cycles, host, handoffs = _calls(gen.decode, len(gen.feed), clock) if gen.decode \
         else ([], [], 0)
+    image = 0 if gen.image_run is None else (gen.image_run.run.cycles
+                                             + gen.image_run.run.host_cycles)
     if gen.prompt_run is not None:
         first, first_host, _ = _calls(gen.prompt_run, 1, clock)
         state = next(iter(state_writes(gen.graph)))
         positions = gen.graph.value(state).type.rows // batch
         filled = cache_bytes * prompt // positions
-        prefill, ttft = first[0], first[0] + first_host[0] + host_cycles(filled, clock)
+        prefill = first[0]
+        ttft = image + first[0] + first_host[0] + host_cycles(filled, clock)
         decode, decode_host = cycles, host
     else:
         prefill = sum(cycles[:prompt])
-        ttft = prefill + sum(host[:prompt])
+        ttft = image + prefill + sum(host[:prompt])
         decode, decode_host = cycles[prompt:], host[prompt:]
         filled = 0
     step = (max(decode) + max(decode_host)) / clock if decode else None
@@ -240,7 +261,8 @@ def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any
             "tokensPerSecond": None if step is None else round(batch / step, 1),
             "prefillCycles": prefill, "decodeCycles": max(decode, default=None),
             "decodeCyclesMin": min(decode, default=None), "handoffCycles": handoffs,
-            "cacheHandoffBytes": filled}
+            "cacheHandoffBytes": filled,
+            **({} if gen.image_run is None else {"imageCycles": gen.image_run.run.cycles})}
 
 
 def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +272,8 @@ def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, A
     clock = get_target(gen.package.target).clock_hz
     feed, batch = gen.feed, gen.feed.prompt.shape[0]
     runs = [r for r in (gen.prompt_run, gen.decode) if r is not None]
-    verdicts = [v for r in runs for v in r.verdicts]
+    verdicts = [v for r in runs for v in r.verdicts] + (
+        [] if gen.image_run is None else [gen.image_run.verdict])
     chosen, expected = np.array(feed.chosen), np.array(feed.expected)
     ties = int(np.array(feed.tied).sum())
     differ = np.argwhere(chosen != expected)

@@ -54,8 +54,13 @@ class Workload:
     footprint: Callable[[dict[str, Any]], Footprint] | None = None
     # a decoder's decode step inputs: ``(params, tokens, position)`` (``runtime.generate``)
     step_inputs: Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]] | None = None
-    # and its prompt's pass that fills the cache: ``(params, prompt ids)``
-    prompt_inputs: Callable[[dict[str, Any], Any], dict[str, np.ndarray]] | None = None
+    # and its prompt's pass that fills the cache: ``(params, prompt ids[, image rows])``
+    prompt_inputs: Callable[..., dict[str, np.ndarray]] | None = None
+    # a vision-language model: its image program's parameters (the tower and connector,
+    # whose rows the prompt's pass reads), and the image's tokens ahead of the prompt's text
+    # with the token id they hold
+    vision: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    image_prompt: Callable[[dict[str, Any]], tuple[int, int]] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}

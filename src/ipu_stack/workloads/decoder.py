@@ -48,7 +48,8 @@ from ipu_stack.workloads.transformer import (
 I32 = Precision("I32")
 
 
-def _parameters() -> tuple[Parameter, ...]:
+def decoder_parameters() -> tuple[Parameter, ...]:
+    """A decoder's options (defaults: SmolLM2-135M's)."""
     return (
         Parameter("batch", int, 1, "sequences per run"),
         Parameter("tokens", int, 128, "prompt tokens per sequence", minimum=1),
@@ -231,8 +232,13 @@ def _build(builder: LayerBuilder, seed: int) -> None:
     batch, tokens, dim = p["batch"], p["tokens"], p["dim"]
     builder.tensors["ids"] = token_ids(seed, "ids", batch, tokens, p["vocab"])
     ids = b.input("ids", TensorType((batch, tokens, 1), I32))
-    table = builder.weight("token_embedding", (p["vocab"], dim), 0.02, precision=F16)
-    h = b.op("embedding", [ids, table], F16, "token_embedding.out")
+    h = b.op("embedding", [ids, token_table(layers)], F16, "token_embedding.out")
+    if p.get("image_tokens"):  # a VLM's prompt: the connector's rows where the image is
+        builder.tensors["ids"][:, :p["image_tokens"]] = p["image_token"]
+        builder.tensors["image"] = image_rows(batch, tokens, rng_for(seed, "image").normal(
+            0.0, 0.5, (batch, p["image_tokens"], dim)))
+        h = b.op("add", [h, b.input("image", TensorType((batch, tokens, dim), F16))], F16,
+                 "image_embedding")
     cos, sin = rope_1d_tables(batch, tokens, layers.head_dim, p["theta"])
     tables = (layers.constant("rope.cos", cos, F32), layers.constant("rope.sin", sin, F32))
     for index in range(p["layers"]):
@@ -246,17 +252,42 @@ def _build(builder: LayerBuilder, seed: int) -> None:
                                                1.0 / np.sqrt(dim))], F16, "logits"))
 
 
+def token_table(layers: DecoderLayers) -> int:
+    """The token table; a VLM's (``image_token`` set) holds zeros in the image token's row,
+    so the image's positions take the connector's rows as they are (the model replaces
+    their embeddings with them)."""
+    builder, p = layers.builder, layers.p
+    if p.get("image_token") is None:
+        return builder.weight("token_embedding", (p["vocab"], p["dim"]), 0.02, precision=F16)
+    table = rng_for(p["seed"], "token_embedding").normal(0.0, 0.02, (p["vocab"], p["dim"]))
+    table[p["image_token"]] = 0.0
+    return layers.constant("token_embedding", table.astype(np.float32), F16)
+
+
+def image_rows(batch: int, tokens: int, image: np.ndarray) -> np.ndarray:
+    """A VLM prompt's ``image`` input ``[batch, tokens, dim]``: the connector's rows
+    (``[batch, n, dim]``) at the first ``n`` positions, zeros at the text's."""
+    rows = np.zeros((batch, tokens, image.shape[-1]), np.float32)
+    rows[:, :image.shape[1]] = np.asarray(image, np.float32).reshape(batch, -1, image.shape[-1])
+    return rows
+
+
 def last_rows(batch: int, tokens: int) -> np.ndarray:
     """Each sequence's last row of a prompt's pass (``[batch, 1, 1]``, whole numbers)."""
     return (np.arange(batch) * tokens + tokens - 1).astype(np.float32).reshape(batch, 1, 1)
 
 
-def prompt_inputs(params: dict[str, Any], prompt: np.ndarray) -> dict[str, np.ndarray]:
+def prompt_inputs(params: dict[str, Any], prompt: np.ndarray, image: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
     """The inputs of the prompt's pass that fills the KV cache: the prompt's ids
-    (``[batch, tokens]``) and each sequence's last row."""
+    (``[batch, tokens]``) and each sequence's last row; for a VLM, the connector's rows
+    ``image`` (``[batch x n, dim]``) at the image's positions."""
     batch, tokens = prompt.shape
-    return {"ids": prompt.astype(np.float32).reshape(batch, tokens, 1),
-            "last": last_rows(batch, tokens)}
+    inputs = {"ids": prompt.astype(np.float32).reshape(batch, tokens, 1),
+              "last": last_rows(batch, tokens)}
+    if image is not None:
+        inputs["image"] = image_rows(batch, tokens, image.reshape(batch, -1, image.shape[-1]))
+    return inputs
 
 
 def cache_positions(params: dict[str, Any]) -> int:
@@ -300,8 +331,7 @@ def _build_step(builder: LayerBuilder, seed: int) -> None:
         b.input("mask", TensorType((batch * heads, cache_positions(p)), F16)),
         b.input("rope.cos", TensorType(inputs["rope.cos"].shape, F32)),
         b.input("rope.sin", TensorType(inputs["rope.sin"].shape, F32)))
-    table = builder.weight("token_embedding", (p["vocab"], dim), 0.02, precision=F16)
-    h = b.op("embedding", [ids, table], F16, "token_embedding.out")
+    h = b.op("embedding", [ids, token_table(layers)], F16, "token_embedding.out")
     for index in range(p["layers"]):
         h = layers.layer(h, index, step)
     h = layers.rms_norm(h, "final_norm")
@@ -330,7 +360,7 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
     return calibrated_build(params, kind, _build)
 
 
-def _footprint(params: dict[str, Any]) -> Footprint:
+def decoder_footprint(params: dict[str, Any]) -> Footprint:
     """Every 2-D weight of the graph (the layers' products, their selection matrices and
     causal masks, the token table, the LM head, the RoPE tables) and the largest pair of
     activations: the logits with the final norm's output, or a layer's scores, or the
@@ -362,12 +392,12 @@ def _stream(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.nd
 
 def _register(kind: str, description: str, **defaults: Any) -> None:
     parameters = tuple(replace(q, default=defaults.get(q.name, q.default))
-                       for q in _parameters())
+                       for q in decoder_parameters())
     register(Workload(
         name=kind, description=description, parameters=parameters,
         build=lambda params: build_decoder(kind, params),
         identifier=sequence_identifier(kind), benchmark_fields=sequence_fields(kind, False),
-        stream_input=_stream, footprint=_footprint, step_inputs=step_inputs,
+        stream_input=_stream, footprint=decoder_footprint, step_inputs=step_inputs,
         prompt_inputs=prompt_inputs))
 
 

@@ -85,7 +85,8 @@ def _has_cls(kind: str) -> bool:
     return kind.startswith("pe-")
 
 
-def _tokens(params: dict[str, Any], cls: bool) -> int:
+def tower_tokens(params: dict[str, Any], cls: bool) -> int:
+    """The tower's tokens: its patches, and a CLS token when it has one."""
     image, patch = params["image"], params["patch"]
     if image < patch:
         raise UsageError(f"--image {image} is smaller than one --patch {patch}")
@@ -96,6 +97,13 @@ def _tokens(params: dict[str, Any], cls: bool) -> int:
 
 def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
     """Stem, layers and final norm into ``builder`` (module docstring)."""
+    builder.b.output(tower_into(kind, builder, seed))
+
+
+def tower_into(kind: str, builder: LayerBuilder, seed: int) -> int:
+    """The tower's stem, layers and final norm into ``builder``'s graph (``builder.p`` with
+    ``tokens`` set): the final norm's value, for a graph that goes on from it (a VLM's
+    connector, ``workloads/vlm.py``)."""
     p = builder.p
     cls = _has_cls(kind)
     batch, dim, patch = p["batch"], p["dim"], p["patch"]
@@ -123,12 +131,12 @@ def _build_tower(kind: str, builder: LayerBuilder, seed: int) -> None:
         h = builder.norm(h, "ln_pre", F16)
     for index in range(p["layers"]):
         h = builder.layer(h, index, rope=cls)
-    builder.b.output(builder.norm(h, "post_ln", F16))
+    return builder.norm(h, "post_ln", F16)
 
 
 def build_tower(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """The tower's graph and tensors, FP8 scales fitted per role on a calibration image."""
-    params = {**params, "tokens": _tokens(params, _has_cls(kind))}
+    params = {**params, "tokens": tower_tokens(params, _has_cls(kind))}
     return calibrated_build(params, kind, lambda builder, seed: _build_tower(kind, builder, seed))
 
 
@@ -155,7 +163,7 @@ def _identifier(kind: str):
 
 def _fields(kind: str):
     def make(p: dict[str, Any]) -> dict[str, Any]:
-        tokens = _tokens(p, _has_cls(kind))
+        tokens = tower_tokens(p, _has_cls(kind))
         return {"benchmark": f"{kind}-{p['precision']}", "batch": p["batch"],
                 "image": p["image"], "patch": p["patch"], "tokens": tokens,
                 "rows": p["batch"] * tokens, "dimension": p["dim"], "heads": p["heads"],
