@@ -28,7 +28,6 @@ from ipu_stack.ir.precision import F16, Precision
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register
-from ipu_stack.workloads.footprint import Footprint, tower_footprint
 from ipu_stack.workloads.decoder import (
     build_decoder,
     decoder_footprint,
@@ -36,6 +35,7 @@ from ipu_stack.workloads.decoder import (
     prompt_inputs,
     step_inputs,
 )
+from ipu_stack.workloads.footprint import Footprint, tower_footprint
 from ipu_stack.workloads.text import sequence_fields, sequence_identifier
 from ipu_stack.workloads.transformer import LayerBuilder, attention_suffix, calibrated_build
 from ipu_stack.workloads.vision import tower_into, tower_tokens
