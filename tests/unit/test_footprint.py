@@ -37,6 +37,8 @@ SMALL = {
                      "kv_heads": 2, "hidden": 96},
     "tinyllama-1.1b": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
                        "kv_heads": 2, "hidden": 96},
+    "smolvlm-256m": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
+                     "kv_heads": 2, "hidden": 96, "image": 64},
 }
 
 

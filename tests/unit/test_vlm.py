@@ -81,3 +81,11 @@ def test_a_small_vlm_generates_on_the_device(tmp_path) -> None:
 def test_a_vlm_refuses_a_prompt_a_token_a_step() -> None:
     code, _, err = cli(["generate", "smolvlm-256m", *SMALL, "--prompt-by-steps"])
     assert "reads its image in the prompt's pass" in one_error_line(code, err)
+
+
+def test_the_vision_parts_footprint_is_a_lower_bound_of_its_graph() -> None:
+    workload = get_workload("smolvlm-256m")
+    params = workload.resolve({"image": 64, "vision_layers": 1, "part": "vision"})
+    graph, _ = workload.build(params)
+    weights = sum(v.type.nbytes for v in graph.by_role("weight") if len(v.type.shape) == 2)
+    assert 0.9 * weights <= workload.footprint(params).weight_bytes <= weights

@@ -55,6 +55,13 @@ PROBE_SHIFT = 7  # a second set of positions that tells per-call inputs apart
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 
 
+def user_input_nodes(program: Any) -> list[Any]:
+    """The placeholders of a program's user inputs, in the order it takes them."""
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    return [nodes[spec.arg.name] for spec in program.graph_signature.input_specs
+            if spec.kind.name == "USER_INPUT"]
+
+
 def weight_role(name: str) -> str:
     """A parameter's name with its layer index starred (``encoder.layers.*.mlp.fc1.weight``),
     and without a slice suffix: one FP8 exponent per role, so identical layers stay

@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import TRANSPARENT, Converter, op_name, unsupported
+from ipu_stack.frontend.convert import (
+    TRANSPARENT,
+    Converter,
+    op_name,
+    unsupported,
+    user_input_nodes,
+)
 from ipu_stack.frontend.forms import Act
 from ipu_stack.frontend.rules import activation, is_tensor, rule
 from ipu_stack.ir.graph import POSITION_GRAIN
@@ -41,14 +47,11 @@ def position_inputs(program: Any) -> list[str]:
     if not cache_buffers(program):
         return []
     names = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind.name != "USER_INPUT":
-            continue
-        node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+    for node in user_input_nodes(program):
         value = node.meta.get("val")
         if hasattr(value, "dtype") and not value.dtype.is_floating_point and \
                 not _looked_up(node):
-            names.append(spec.arg.name)
+            names.append(node.name)
     return names
 
 

@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import TRANSPARENT, Converted, op_name, role
+from ipu_stack.frontend.convert import (
+    TRANSPARENT,
+    Converted,
+    op_name,
+    role,
+    user_input_nodes,
+)
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
@@ -87,15 +93,12 @@ def user_input_values(program: Any) -> list[tuple[str, Any]]:
     ``torch.export`` fixed (``use_cache=False``).  A constant is specialised: the program
     runs with that value; an input of any other kind is refused in one line."""
     out = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind.name != "USER_INPUT":
-            continue
-        node = next(n for n in program.graph.nodes if n.name == spec.arg.name)
+    for node in user_input_nodes(program):
         value = node.meta.get("val")
         if not hasattr(value, "shape") and not isinstance(value, CONSTANT_TYPES):
-            raise UsageError(f"program input {spec.arg.name} is a {type(value).__name__}, "
+            raise UsageError(f"program input {node.name} is a {type(value).__name__}, "
                              "neither a tensor nor a constant the export fixed")
-        out.append((spec.arg.name, value))
+        out.append((node.name, value))
     return out
 
 

@@ -41,6 +41,23 @@ def gelu_tanh_half_loop(x: np.ndarray) -> np.ndarray:
     return rn(steps[-1] * x)
 
 
+def _lane_layout(width: int) -> tuple[int, tuple[int, ...]]:
+    """NormCE's FP32 accumulator lanes for a row of ``width`` (eight, or four below 576 or
+    off a multiple of 8) and the order its pairwise combination reads them in."""
+    lanes = 8 if width % 8 == 0 and width >= 576 else 4
+    return lanes, [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
+
+
+def _combined(acc: list, order: tuple[int, ...]) -> np.float32:
+    """The lanes summed in pairs, as the kernel combines them (scalar float32)."""
+    f32 = np.float32
+    a = [acc[k] for k in order]
+    if len(a) == 8:
+        return f32(f32(f32(a[0] + a[1]) + f32(a[2] + a[3])) + f32(f32(a[4] + a[5])
+                                                                + f32(a[6] + a[7])))
+    return f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
+
+
 def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
                       ) -> np.ndarray:
     """A layer norm the way PopTransformer's ``NormCE`` assembly computes it, written from
@@ -52,8 +69,7 @@ def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     f32, f16 = np.float32, np.float16
     rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
     width = rows.shape[1]
-    lanes = 8 if width % 8 == 0 and width >= 576 else 4
-    order = [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
+    lanes, order = _lane_layout(width)
     out = np.empty_like(rows)
     for r, row in enumerate(rows):
         sums, squares = [f32(0)] * lanes, [f32(0)] * lanes
@@ -62,16 +78,9 @@ def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
             sums[i % lanes] = f32(sums[i % lanes] + v)
             squares[i % lanes] = f32(squares[i % lanes] + f32(v * v))
 
-        def combine(acc):
-            a = [acc[k] for k in order]
-            if lanes == 8:
-                return f32(f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
-                           + f32(f32(a[4] + a[5]) + f32(a[6] + a[7])))
-            return f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
-
         reciprocal = f32(f32(1) / f32(width))
-        mean = f16(f32(combine(sums) * reciprocal))
-        var = f32(f32(combine(squares) * reciprocal) - f32(f32(mean) * f32(mean)))
+        mean = f16(f32(_combined(sums, order) * reciprocal))
+        var = f32(f32(_combined(squares, order) * reciprocal) - f32(f32(mean) * f32(mean)))
         var = f32(max(var, f32(0)) + f32(eps))
         inverse = f16(f32(1) / f32(np.sqrt(var)))
         for i, value in enumerate(row):
@@ -88,16 +97,13 @@ def rms_norm_normce(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     f32, f16 = np.float32, np.float16
     rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
     width = rows.shape[1]
-    lanes = 8 if width % 8 == 0 and width >= 576 else 4
-    order = [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
+    lanes, order = _lane_layout(width)
     out = np.empty_like(rows)
     for r, row in enumerate(rows):
         squares = [f32(0)] * lanes
         for i, value in enumerate(row):
             squares[i % lanes] = f32(squares[i % lanes] + f32(f32(value) * f32(value)))
-        a = [squares[k] for k in order]
-        total = f32(f32(f32(a[0] + a[1]) + f32(a[2] + a[3])) + f32(f32(a[4] + a[5]) + f32(
-            a[6] + a[7]))) if lanes == 8 else f32(f32(a[0] + a[1]) + f32(a[2] + a[3]))
+        total = _combined(squares, order)
         power = f32(f32(total * f32(f32(1) / f32(width))) + f32(eps))
         inverse = f16(f32(1) / f32(np.sqrt(power)))
         for i, value in enumerate(row):

@@ -22,8 +22,9 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "clip-text": (" --batch 4", 3.32, 4.95, 13),
     "bert-base": (" --batch 8", 11.78, 17.72, 45),
     "roberta-base": (" --batch 8", 8.68, 21.01, 45),
-    "smollm2-135m": ("", 6.16, 3.97, 14),
-    "tinyllama-1.1b": (" --chips 2", 39.39, 34.04, 81),
+    "smollm2-135m": ("", 3.06, 4.85, 14),
+    "tinyllama-1.1b": (" --chips 2", 19.84, 44.11, 73),
+    "smolvlm-256m": (" --part vision", 19.83, 12.83, 44),
 }
 
 
