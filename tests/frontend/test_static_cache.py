@@ -26,16 +26,19 @@ BUILTIN = ["smollm2-135m", "--vocab", "256", "--dim", "64", "--hidden", "128", "
            "--heads", "4", "--kv-heads", "2", "--eps", "1e-6", "--theta", "10000"]
 
 
-def _step_program(context: int = CONTEXT):
+def _step_program(context: int = CONTEXT, family: str = "llama", **config):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).eval()
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
+    model = classes[1](classes[0](**SHAPE, **config)).eval()
     model.generation_config = transformers.GenerationConfig(
         use_cache=True, cache_implementation="static", max_length=context,
         cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
     module = executorch.TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
                                                               max_cache_len=context)
-    return module.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
-                         cache_position=torch.tensor([0]))
+    program = module.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
+                            cache_position=torch.tensor([0]))
+    return (program, model) if config or family != "llama" else program
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +96,35 @@ def test_generate_a_static_cache_step_matches_torch_and_the_builtins_cycles(
                  "--precision", "f16", "--json", "--out", str(tmp_path / "builtin")])
     builtin = json.loads(capsys.readouterr().out)
     assert code == 0 and builtin["cycles"] == record["decodeCycles"]
+
+
+@pytest.mark.parametrize("family, config", [
+    ("qwen2", {}),  # biases on q, k and v
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16}}),  # Llama 3's RoPE
+], ids=["qwen2", "llama3-rope"])
+def test_other_llama_family_steps_generate_as_torch_does(family, config, tmp_path, capsys
+                                                        ) -> None:
+    """Generation PASS with PyTorch's tokens, and each call's RoPE tables at position 9 those
+    of the model's own rotary embedding (Llama 3's frequency scaling included)."""
+    program, model = _step_program(family=family, **config)
+    path = tmp_path / "step.pt2"
+    torch.export.save(program, str(path))
+    code = main(["--quiet", "generate", str(path), "--prompt-tokens", "4", "--new-tokens", "4",
+                 "--precision", "f16", "--json", "--out", str(tmp_path / "out")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["tokensMatch"] and record["torchTokenMatch"], record
+    workload, params = imported_workload(path)
+    workload.build(workload.resolve({**params, "precision": "f16"}))
+    inputs = workload.step_inputs(params, np.array([3]), 9)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 1, 16), torch.tensor([[9]]))
+    np.testing.assert_allclose(inputs["rope.cos"].reshape(-1), cos.numpy().reshape(-1)[:8],
+                               atol=1e-6)
+    np.testing.assert_allclose(inputs["rope.sin"].reshape(-1), sin.numpy().reshape(-1)[:8],
+                               atol=1e-6)
 
 
 class _PositionScaled(torch.nn.Module):
