@@ -189,7 +189,7 @@ def test_generation_over_two_chips_matches_one_chip(tmp_path, small_generation) 
     compiled = compile_strategy(workload, passing, tmp_path / "prompt", options)
     prompt = np.random.default_rng(1).integers(0, params["vocab"], (2, 3))
     generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
-                            lambda ids: prompt_inputs(passing, ids))
+                            lambda ids, image: prompt_inputs(passing, ids, image))
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          RunSettings(engine="inprocess"),
                          Compiled(compiled.package, compiled.graph, compiled.tensors))
