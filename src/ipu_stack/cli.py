@@ -300,7 +300,9 @@ def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], 
     if params["batch"] not in (0, step.batch):
         raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
                          f"{step.batch}")
-    return workload, {**params, "batch": step.batch}, True
+    # a dynamic sequence length gives the prompt's pass from the same file
+    by_steps = args.prompt_by_steps or args.prompt_tokens < 2 or workload.prompt_inputs is None
+    return workload, {**params, "batch": step.batch}, by_steps
 
 
 def _generation_checks(args: argparse.Namespace) -> None:

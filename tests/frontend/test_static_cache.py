@@ -26,7 +26,8 @@ BUILTIN = ["smollm2-135m", "--vocab", "256", "--dim", "64", "--hidden", "128", "
            "--heads", "4", "--kv-heads", "2", "--eps", "1e-6", "--theta", "10000"]
 
 
-def _step_program(context: int = CONTEXT, family: str = "llama", **config):
+def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool = False,
+                  **config):
     torch.manual_seed(0)
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
@@ -36,6 +37,12 @@ def _step_program(context: int = CONTEXT, family: str = "llama", **config):
         cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
     module = executorch.TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
                                                               max_cache_len=context)
+    if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
+        tokens = torch.export.Dim("tokens", min=1, max=context - 1)
+        return module.export(input_ids=torch.zeros((1, 4), dtype=torch.long),
+                             cache_position=torch.arange(4), strict=False,
+                             dynamic_shapes={"input_ids": {1: tokens},
+                                             "cache_position": {0: tokens}})
     program = module.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
                             cache_position=torch.tensor([0]))
     return (program, model) if config or family != "llama" else program
@@ -125,6 +132,24 @@ def test_other_llama_family_steps_generate_as_torch_does(family, config, tmp_pat
                                atol=1e-6)
     np.testing.assert_allclose(inputs["rope.sin"].reshape(-1), sin.numpy().reshape(-1)[:8],
                                atol=1e-6)
+
+
+def test_a_dynamic_sequence_length_gives_the_prompts_pass(tmp_path, capsys) -> None:
+    """An export whose sequence length is dynamic: the prompt's pass (the step re-exported
+    at the prompt's length, writing its rows into the cache) runs once, then the one-token
+    step; the same tokens as the prompt a token a step, and PyTorch's."""
+    path = tmp_path / "dynamic.pt2"
+    torch.export.save(_step_program(dynamic=True), str(path))
+    records = []
+    for extra in ([], ["--prompt-by-steps"]):
+        code = main(["--quiet", "generate", str(path), "--prompt-tokens", "6", "--new-tokens",
+                     "4", "--precision", "f16", "--json", "--out", str(tmp_path / "o"), *extra])
+        records.append(json.loads(capsys.readouterr().out))
+        assert code == 0 and records[-1]["numericalTest"] == "PASS", records[-1]
+    whole, steps = records
+    assert whole["prefill"] == "one pass" and steps["prefill"] == "a token a step"
+    assert whole["generated"] == steps["generated"] and whole["torchTokenMatch"]
+    assert whole["decodeCycles"] == steps["decodeCycles"]
 
 
 class _PositionScaled(torch.nn.Module):

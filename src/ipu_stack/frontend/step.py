@@ -6,14 +6,16 @@ step writes in place (``frontend/ops_cache.py``).  ``ipu-stack generate MODEL.pt
 the prompt a token a step and then the device's own choices: each step's inputs come from
 the user inputs the host makes here (the ids, the positions), mapped through the import's
 per-call inputs (the slots, the mask and the RoPE tables the host computes from the
-positions).  PyTorch's own greedy tokens (:func:`torch_greedy`) run the same program in
-float32 from its own prefix, for ``torchTokenMatch``.
+positions).  An export whose sequence length is dynamic also gives the prompt's pass: the
+step re-exported at the prompt's length (:func:`prompt_feed`).  PyTorch's own greedy tokens
+(:func:`torch_greedy`) run the same program in float32 from its own prefix, for
+``torchTokenMatch``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,19 @@ def step_feed(step: CacheStep, inputs: Callable[[], list[InputSpec]]
     def feed(params: dict[str, Any], tokens: Any, position: int) -> dict[str, np.ndarray]:
         arrays = user_arrays(step, tokens, position)
         return {spec.name: np.asarray(spec.make(arrays), np.float32) for spec in inputs()}
+    return feed
+
+
+def prompt_feed(step: CacheStep, inputs: Callable[[int], list[InputSpec]]
+                ) -> Callable[..., dict[str, np.ndarray]]:
+    """A workload's ``prompt_inputs`` where the export's sequence length is dynamic: the
+    prompt's pass's inputs, made from the prompt's ids at positions ``0 .. N - 1`` as the
+    import of that length says (``inputs(N)``)."""
+    def feed(params: dict[str, Any], ids: np.ndarray, image: Any = None
+             ) -> dict[str, np.ndarray]:
+        arrays = user_arrays(replace(step, tokens=ids.shape[1]), ids, 0)
+        return {spec.name: np.asarray(spec.make(arrays), np.float32)
+                for spec in inputs(ids.shape[1])}
     return feed
 
 

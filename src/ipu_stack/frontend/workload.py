@@ -38,6 +38,7 @@ from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.frontend.step import (
     CacheStep,
     cache_step,
+    prompt_feed,
     step_feed,
     torch_greedy,
     torch_token_fields,
@@ -171,6 +172,30 @@ def specialize(program: Any, batch: int) -> Any:
                          f"{{input: {{0: Dim('batch')}}}}): {first[:120]}") from None
 
 
+def has_dynamic_shape(program: Any) -> bool:
+    """Whether a tensor input of the program has a dimension the export left dynamic."""
+    return any(not isinstance(size, int) for _, value in user_input_values(program)
+               if hasattr(value, "shape") for size in value.shape)
+
+
+def step_program(program: Any, tokens: int) -> Any:
+    """A decoder step with a static cache and a dynamic sequence length, re-exported at
+    ``tokens`` tokens a sequence (ids ``[B, tokens]`` at positions ``0 .. tokens - 1``)."""
+    torch = require_torch()
+    shapes = _example_shapes(program)
+    tensors = [name for name, value in user_input_values(program) if hasattr(value, "shape")]
+    arrays = [np.arange(tokens, dtype=np.float32) if name in position_inputs(program) else
+              np.zeros((shape[0], tokens), np.float32)
+              for name, shape in zip(tensors, shapes, strict=True)]
+    args, kwargs = call_arguments(program, arrays)
+    try:
+        return torch.export.export(program.module(), args, kwargs=kwargs)
+    except Exception as exc:  # torch reports a failed guard in many exception types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"the step cannot take {tokens} tokens a sequence: {first[:120]}"
+                         ) from None
+
+
 def integer_inputs(program: Any) -> list[bool]:
     """Whether each tensor user input is integer (ids a lookup reads), in order."""
     return [not getattr(value, "dtype", None).is_floating_point
@@ -258,7 +283,11 @@ def fresh_module(program: Any) -> Any:
                       if spec.arg.name == name)
         owner, _, leaf = target.rpartition(".")
         holder = module.get_submodule(owner) if owner else module
-        holder.register_buffer(leaf, holder.get_buffer(leaf).clone(), persistent=False)
+        if leaf in dict(holder.named_buffers(recurse=False)):  # a re-export lifts it to a
+            # tensor constant, an attribute
+            holder.register_buffer(leaf, holder.get_buffer(leaf).clone(), persistent=False)
+        else:
+            setattr(holder, leaf, getattr(holder, leaf).clone())
     return module
 
 
@@ -427,12 +456,28 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
     ``--batch``), ``reference`` what its outputs are checked against."""
     holder: dict[int, Imported] = {}
     specialized: dict[tuple, Any] = {}
+    # a decoder step with a static cache: its one-token step, and a prompt's pass of any
+    # length where the export's sequence length is dynamic (``frontend/step.py``)
+    cached = reference.source == "torch" and bool(position_inputs(program))
+    prompts = cached and has_dynamic_shape(program)
+    base = step_program(program, 1) if prompts else program
+    step = cache_step(base, input_shapes(base)) if cached else None
+    tokens_of: dict[int, int] = {}  # an import's graph -> the tokens a sequence it takes
 
     def at_batch(params: dict[str, Any]) -> Any:
         key = (params["batch"], params.get("tokens", 0))
         if key not in specialized:
-            specialized[key] = sized(params) if sized else specialize(program, params["batch"])
+            specialized[key] = sized(params) if sized else (
+                step_program(program, key[1]) if prompts and key[1] > 1 else base
+                if cached else specialize(program, params["batch"]))
         return specialized[key]
+
+    def imported_at(tokens: int) -> Imported:
+        """The last import taking ``tokens`` tokens a sequence (a step: 1)."""
+        found = [i for key, i in holder.items() if tokens_of[key] == tokens]
+        if not found:
+            raise CompileError(f"no import of {label} takes {tokens} tokens a sequence")
+        return found[-1]
 
     def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
         sized_program = at_batch(params)
@@ -441,8 +486,11 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                                   seed=params["seed"], name=label,
                                   attention=attention_precision(params), reference=reference,
                                   kept=layer_set(params.get("keep_f16", "")))
-        holder.clear()  # one import at a time: the graph the pipeline holds now
+        tokens = params.get("tokens") or (step.tokens if step else 0)
+        for key in [k for k in holder if not cached or tokens_of[k] == tokens]:
+            del holder[key]  # one import a shape: the graphs the pipeline holds now
         holder[id(imported.graph)] = imported
+        tokens_of[id(imported.graph)] = tokens
         # the exact float32 weights served the conversion check; the compile and the run
         # read the device's tensors and torch's outputs (half a gigabyte for CLIP's text)
         imported.converted.exact.clear()
@@ -465,14 +513,14 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                 "attention": attention_precision(params)}
 
     kind = "ONNX model" if reference.source == "onnxruntime" else "torch.export program"
-    step = cache_step(program, input_shapes(program)) if reference.source == "torch" and \
-        position_inputs(program) else None
     return ImportedWorkload(
         name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
         build=build, identifier=identifier, benchmark_fields=fields, program=program,
         imports=holder, reference_source=reference.source, source_gemms=source_gemms,
         step=step, step_inputs=None if step is None else step_feed(
-            step, lambda: next(iter(holder.values())).converted.inputs))
+            step, lambda: imported_at(step.tokens).converted.inputs),
+        prompt_inputs=prompt_feed(step, lambda tokens: imported_at(tokens).converted.inputs)
+        if prompts and step is not None else None)
 
 
 def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:

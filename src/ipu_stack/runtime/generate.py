@@ -85,9 +85,12 @@ class TokenFeed(StepFeed):
         if not self.prefilled and number < self.prompt.shape[1] - 1:
             return  # a prompt token's step: its logits choose nothing
         batch = self.prompt.shape[0]
-        logits = next(v.name for v in self.graph.values if v.role == "output")
-        device = np.asarray(outputs[logits], np.float32).reshape(batch, -1)
-        host = np.asarray(reference[logits], np.float32).reshape(batch, -1)
+        logits = next(v for v in self.graph.values if v.role == "output")
+        # each sequence's last row (a prompt's pass may give every position's)
+        device = np.asarray(outputs[logits.name], np.float32).reshape(
+            batch, -1, logits.type.cols)[:, -1]
+        host = np.asarray(reference[logits.name], np.float32).reshape(
+            batch, -1, logits.type.cols)[:, -1]
         chosen, expected = device.argmax(axis=1), host.argmax(axis=1)
         if self.on_token is not None:
             self.on_token(chosen)
