@@ -1,9 +1,11 @@
 """Export a decoder step with a static KV cache, as a user hands one to ``ipu-stack generate``.
 
-Usage: ``python benchmarks/export_llama_step.py OUT.pt2 [--layers 30] [--context 160]``
+Usage: ``python benchmarks/export_llama_step.py OUT.pt2 [--layers 30] [--context 160]
+[--dynamic]``
 (needs the ``[torch]`` extra and transformers).  The model is ``LlamaForCausalLM`` at
 SmolLM2-135M's configuration (random weights, seed 0), exported one token a step through
-``transformers.integrations.executorch`` with a cache of ``--context`` positions; the builtin
+``transformers.integrations.executorch`` with a cache of ``--context`` positions (with
+``--dynamic``, any number of tokens a step: the prompt's pass from the same file); the builtin
 ``smollm2-135m --context N --tokens 1`` is the same step (docs/language-models.md).
 """
 
@@ -17,7 +19,7 @@ SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
            "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True}
 
 
-def export_step(out: Path, layers: int, context: int) -> None:
+def export_step(out: Path, layers: int, context: int, dynamic: bool = False) -> None:
     """Write the step program to ``out`` (``torch.export.save``)."""
     import torch
     import transformers
@@ -30,8 +32,15 @@ def export_step(out: Path, layers: int, context: int) -> None:
         use_cache=True, cache_implementation="static", max_length=context,
         cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
     step = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=context)
-    program = step.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
-                          cache_position=torch.tensor([0]))
+    if dynamic:  # any prompt length: the prompt's pass from the same file
+        tokens = torch.export.Dim("tokens", min=1, max=context - 1)
+        program = step.export(input_ids=torch.zeros((1, 4), dtype=torch.long),
+                              cache_position=torch.arange(4), strict=False,
+                              dynamic_shapes={"input_ids": {1: tokens},
+                                              "cache_position": {0: tokens}})
+    else:
+        program = step.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
+                              cache_position=torch.tensor([0]))
     torch.export.save(program, str(out))
 
 
@@ -40,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--dynamic", action="store_true",
+                        help="a dynamic sequence length (the prompt's pass from the same file)")
     args = parser.parse_args(argv)
-    export_step(args.out, args.layers, args.context)
+    export_step(args.out, args.layers, args.context, args.dynamic)
     return 0
 
 

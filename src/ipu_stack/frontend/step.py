@@ -48,8 +48,11 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
     if len(ids) != 2:
         return None
     name = cache_buffers(program)[0]
-    cache = next(n for n in program.graph.nodes if n.name == name).meta["val"]
-    logits = [n for n in program.graph.nodes if n.op == "output"][0].args[0][0].meta["val"]
+    cache = next(n for n in program.graph.nodes if n.name == name).meta.get("val")
+    outputs = [n for n in program.graph.nodes if n.op == "output"][0].args[0]
+    logits = outputs[0].meta.get("val") if outputs and hasattr(outputs[0], "meta") else None
+    if getattr(cache, "ndim", 0) != 4 or getattr(logits, "ndim", 0) < 2:
+        return None  # not a step's cache and logits: generate refuses it in one line
     return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
                      index)
 
