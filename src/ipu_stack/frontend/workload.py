@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,7 +190,7 @@ def step_program(program: Any, tokens: int) -> Any:
               for name, shape in zip(tensors, shapes, strict=True)]
     args, kwargs = call_arguments(program, arrays)
     try:
-        return torch.export.export(program.module(), args, kwargs=kwargs)
+        return torch.export.export(quiet_module(program), args, kwargs=kwargs)
     except Exception as exc:  # torch reports a failed guard in many exception types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"the step cannot take {tokens} tokens a sequence: {first[:120]}"
@@ -274,10 +275,18 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
             if isinstance(leaf, torch.Tensor)]
 
 
+def quiet_module(program: Any) -> Any:
+    """``program.module()`` without torch's warning for each lifted cache tensor (a
+    re-exported static cache is one: hundreds of lines for a 30-layer decoder)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch.export")
+        return program.module()
+
+
 def fresh_module(program: Any) -> Any:
     """The program's module with copies of the buffers it writes (a static KV cache):
     a run must not change the program, whose buffers the next import reads."""
-    module = program.module()
+    module = quiet_module(program)
     for name in cache_buffers(program):
         target = next(spec.target for spec in program.graph_signature.input_specs
                       if spec.arg.name == name)
