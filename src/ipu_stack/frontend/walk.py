@@ -108,7 +108,10 @@ class Importer(Converter):
             raise CompileError(f"the program takes {user_index} inputs, {len(self.user)} given")
         if self.attention_fp8:
             attention_operands_in_fp8(self)
-        return self.finish()
+        converted = self.finish()
+        if self.host_nodes:  # the per-call inputs keep this converter for ``replay``, which
+            self.weights.clear()  # never reads the weights' float32 copies: let them go
+        return converted
 
     def settle(self, node: Any, value: Any) -> Any:
         """Arguments with symbolic channel-pair values (``frontend/rope.py``) made concrete:

@@ -5,6 +5,7 @@ with code that does not share them."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -48,6 +49,19 @@ def _lane_layout(width: int) -> tuple[int, tuple[int, ...]]:
     return lanes, [(0, 2, 4, 6, 1, 3, 5, 7), (0, 2, 1, 3)][lanes == 4]
 
 
+def _lane_sums(row: np.ndarray) -> tuple[list, list, tuple[int, ...]]:
+    """A row's sums and sums of squares in NormCE's FP32 lanes (scalar float32), and the
+    order the lanes combine in."""
+    f32 = np.float32
+    lanes, order = _lane_layout(len(row))
+    sums, squares = [f32(0)] * lanes, [f32(0)] * lanes
+    for i, value in enumerate(row):
+        v = f32(value)
+        sums[i % lanes] = f32(sums[i % lanes] + v)
+        squares[i % lanes] = f32(squares[i % lanes] + f32(v * v))
+    return sums, squares, order
+
+
 def _combined(acc: list, order: tuple[int, ...]) -> np.float32:
     """The lanes summed in pairs, as the kernel combines them (scalar float32)."""
     f32 = np.float32
@@ -67,26 +81,15 @@ def layer_norm_normce(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     ``1 / sqrt`` in FP32 rounded to F16; ``(x - mean) * r * gamma + beta`` rounding to F16
     after each operation.  float64 out."""
     f32, f16 = np.float32, np.float16
-    rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
-    width = rows.shape[1]
-    lanes, order = _lane_layout(width)
-    out = np.empty_like(rows)
-    for r, row in enumerate(rows):
-        sums, squares = [f32(0)] * lanes, [f32(0)] * lanes
-        for i, value in enumerate(row):
-            v = f32(value)
-            sums[i % lanes] = f32(sums[i % lanes] + v)
-            squares[i % lanes] = f32(squares[i % lanes] + f32(v * v))
 
-        reciprocal = f32(f32(1) / f32(width))
+    def normalise(row: np.ndarray, sums: list, squares: list, order: tuple) -> list:
+        reciprocal = f32(f32(1) / f32(len(row)))
         mean = f16(f32(_combined(sums, order) * reciprocal))
         var = f32(f32(_combined(squares, order) * reciprocal) - f32(f32(mean) * f32(mean)))
-        var = f32(max(var, f32(0)) + f32(eps))
-        inverse = f16(f32(1) / f32(np.sqrt(var)))
-        for i, value in enumerate(row):
-            y = f16(f16(f16(value) - mean) * inverse)
-            out[r, i] = float(f16(f16(y * f16(gamma[i])) + f16(beta[i])))
-    return out.reshape(np.shape(x))
+        inverse = f16(f32(1) / f32(np.sqrt(f32(max(var, f32(0)) + f32(eps)))))
+        return [float(f16(f16(f16(f16(f16(v) - mean) * inverse) * f16(gamma[i]))
+                          + f16(beta[i]))) for i, v in enumerate(row)]
+    return _by_rows(x, normalise)
 
 
 def rms_norm_normce(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
@@ -95,19 +98,18 @@ def rms_norm_normce(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     the FP32 reciprocal of the width, plus eps; ``1 / sqrt`` in FP32 rounded to F16;
     ``x * r * gamma`` rounding to F16 after each product.  float64 out."""
     f32, f16 = np.float32, np.float16
-    rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
-    width = rows.shape[1]
-    lanes, order = _lane_layout(width)
-    out = np.empty_like(rows)
-    for r, row in enumerate(rows):
-        squares = [f32(0)] * lanes
-        for i, value in enumerate(row):
-            squares[i % lanes] = f32(squares[i % lanes] + f32(f32(value) * f32(value)))
-        total = _combined(squares, order)
-        power = f32(f32(total * f32(f32(1) / f32(width))) + f32(eps))
+
+    def normalise(row: np.ndarray, sums: list, squares: list, order: tuple) -> list:
+        power = f32(f32(_combined(squares, order) * f32(f32(1) / f32(len(row)))) + f32(eps))
         inverse = f16(f32(1) / f32(np.sqrt(power)))
-        for i, value in enumerate(row):
-            out[r, i] = float(f16(f16(f16(value) * inverse) * f16(gamma[i])))
+        return [float(f16(f16(f16(v) * inverse) * f16(gamma[i]))) for i, v in enumerate(row)]
+    return _by_rows(x, normalise)
+
+
+def _by_rows(x: np.ndarray, normalise: Any) -> np.ndarray:
+    """``normalise(row, sums, squares, order)`` of each row of ``x``, float64 out."""
+    rows = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    out = np.array([normalise(row, *_lane_sums(row)) for row in rows], dtype=np.float64)
     return out.reshape(np.shape(x))
 
 
