@@ -245,11 +245,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _stream_tokens() -> Any:
-    """At a terminal: each new token of the first sequence as the device chooses it."""
-    print("tokens:", end="", flush=True)
+    """At a terminal: each new token of the first sequence as the device chooses it (the
+    line starts with the first, after the prefill's progress line)."""
+    shown: list[int] = []
 
     def show(tokens: np.ndarray) -> None:
-        print(f" {int(tokens[0])}", end="", flush=True)
+        print(f"{'' if shown else 'tokens:'} {int(tokens[0])}", end="", flush=True)
+        shown.append(int(tokens[0]))
     return show
 
 

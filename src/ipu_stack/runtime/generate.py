@@ -36,7 +36,7 @@ from ipu_stack.runtime.session import RunResult, hold_weights, load_package
 from ipu_stack.runtime.stream import StepFeed, StreamOptions, StreamRun, run_stream
 from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
-from ipu_stack.util.log import event
+from ipu_stack.util.log import Progress, event
 
 LOG = logging.getLogger("ipu_stack.runtime")
 
@@ -61,6 +61,8 @@ class TokenFeed(StepFeed):
     tied: list[np.ndarray] = field(default_factory=list)  # differing, but a tie (see judged)
     states: dict[str, str] = field(default_factory=dict)  # written value -> its state
     on_token: Callable[[np.ndarray], None] | None = None  # each new token (one a sequence)
+    # at a terminal, the prompt's steps until the first token (the tokens then show decode)
+    prefill: Progress | None = None
 
     def __post_init__(self) -> None:
         self.states = {self.graph.value(w).name: self.graph.value(s).name
@@ -83,7 +85,12 @@ class TokenFeed(StepFeed):
     def judged(self, number: int, outputs: dict[str, np.ndarray],
                reference: Mapping[str, np.ndarray]) -> None:
         if not self.prefilled and number < self.prompt.shape[1] - 1:
+            if self.prefill is not None:
+                self.prefill.step("prompt tokens")
             return  # a prompt token's step: its logits choose nothing
+        if self.prefill is not None:  # the first token: its line replaces the progress
+            self.prefill.close()
+            self.prefill = None
         batch = self.prompt.shape[0]
         logits = next(v for v in self.graph.values if v.role == "output")
         # each sequence's last row (a prompt's pass may give every position's)
@@ -176,6 +183,8 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
                             settings.lock_path, settings.wait, model)
     state = {name: np.asarray(decode.tensors[name], np.float32) for name in states}
     prompt_feed, prompt_run, image_run, rows = None, None, None, None
+    prefill = Progress("prefill", generation.prompt.shape[1] - 1) \
+        if generation.on_token is not None and prompt_pass is None else None
     if generation.image is not None:  # the image's rows, as the device computed them
         image_run, rows = run_image(generation.image, settings)
     if prompt_pass is not None:
@@ -190,7 +199,8 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
                                 prompt_pass.tensors, prompt_feed, options)
         state.update(prompt_feed.state)
     feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
-                     dict(state), prompt_pass is not None, on_token=generation.on_token)
+                     dict(state), prompt_pass is not None, on_token=generation.on_token,
+                     prefill=prefill)
     if prompt_feed is not None:  # the first token's choice opens the generation's
         feed.chosen, feed.expected = list(prompt_feed.chosen), list(prompt_feed.expected)
         feed.margins, feed.tied = list(prompt_feed.margins), list(prompt_feed.tied)
