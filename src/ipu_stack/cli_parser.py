@@ -130,7 +130,8 @@ def _add_model_commands(sub: Any) -> None:
     _add_run_options(p)
 
     p = sub.add_parser("generate", help="greedy generation with a decoder's KV cache on the "
-                       "device: the prompt a token a step, then NEW tokens, every step checked")
+                       "device (a builtin decoder or VLM, or MODEL.pt2: a step exported with a "
+                       "static cache): the prompt's pass, then NEW tokens, every call checked")
     _add_workload_options(p)
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens a sequence "
                    "(random ids, seeded)")
