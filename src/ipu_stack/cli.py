@@ -263,7 +263,8 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
     workload = get_workload(args.workload)
     if workload.step_inputs is None:
         raise UsageError(f"{workload.name} is not a language model with a KV cache "
-                         "(generate runs smollm2-135m or tinyllama-1.1b)")
+                         "(generate runs smollm2-135m, tinyllama-1.1b, smolvlm-256m or a "
+                         "MODEL.pt2 step exported with a static cache)")
     _generation_checks(args)
     needed = args.prompt_tokens + args.new_tokens - 1
     if workload.vision is not None:  # a VLM: the image's tokens go ahead of the prompt's
@@ -282,7 +283,8 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
 
 def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:
     """A decoder step exported with a static KV cache (``frontend/step.py``): its cache
-    and batch are the export's; the prompt goes a token a step."""
+    and batch are the export's; the prompt goes a token a step, or in one pass where the
+    export's sequence length is dynamic."""
     _generation_checks(args)
     if args.context is not None:
         raise UsageError("a model file's KV cache has the length it was exported with; "
