@@ -301,15 +301,20 @@ class Converter:
         slot, a mask row, RoPE tables).  Inputs computed alike are one input: the same
         values at the example positions and at positions moved on by ``PROBE_SHIFT``."""
         data = np.asarray(make(self.user), np.float32)
-        probe = [u + PROBE_SHIFT if index in self.positions else u
-                 for index, u in enumerate(self.user)]
-        key = (label, data.shape, data.tobytes(), np.asarray(make(probe), np.float32).tobytes())
+        probe = np.asarray(make(self.probe_user()), np.float32)
+        key = (label, data.shape, data.tobytes(), probe.tobytes())
         if key not in self.per_call:
             taken = {spec.name for spec in self.inputs}
             name = next(f"{label}{suffix}" for suffix in ("", *(f".{n}" for n in range(1, 9999)))
                         if f"{label}{suffix}" not in taken)
             self.per_call[key] = self.add_input(name, data.shape, data, False, make, precision)
         return self.per_call[key]
+
+    def probe_user(self) -> list[np.ndarray]:
+        """The user inputs with the position inputs moved on by ``PROBE_SHIFT``: a second
+        call's, to check what the host's arithmetic gives beyond the example's positions."""
+        return [u + PROBE_SHIFT if index in self.positions else u
+                for index, u in enumerate(self.user)]
 
     def replay(self, node: Any, arrays: list[np.ndarray]) -> Any:
         """``node``'s value again, the host's arithmetic redone for the user inputs

@@ -272,8 +272,8 @@ def materialize(conv: Any, node: Any, value: Pairs,
         return None
     m = value.m
     cos, sin = m[..., 0, 0], m[..., 1, 0]
-    if not (np.array_equal(m[..., 1, 1], cos) and np.array_equal(m[..., 0, 1], -sin)):
-        return None
+    if not _rotation(m) or (host is not None and not _rotation(host(conv.probe_user()).m)):
+        return None  # at the example's positions, and a call's later ones
     base = value.base
     if np.all(cos == 1.0) and np.all(sin == 0.0) and host is None:
         return base
@@ -293,6 +293,12 @@ def materialize(conv: Any, node: Any, value: Pairs,
     out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1], **layout)
     conv.rewrites.append(f"{node.name}: rotary embedding recognised as rope ({name})")
     return base.with_(value=out)
+
+
+def _rotation(m: np.ndarray) -> bool:
+    """Whether every pair's transform is a rotation ``[[cos, -sin], [sin, cos]]``."""
+    return bool(np.array_equal(m[..., 1, 1], m[..., 0, 0])
+                and np.array_equal(m[..., 0, 1], -m[..., 1, 0]))
 
 
 def _table_maker(host: Callable[[list[np.ndarray]], Pairs], index: int, batch: int

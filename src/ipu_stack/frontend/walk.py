@@ -199,8 +199,10 @@ class Importer(Converter):
 
     def _host_values(self, arrays: list[np.ndarray]) -> dict[Any, Any]:
         """The converter's values with the host's nodes evaluated for ``arrays`` (the last
-        evaluation is kept: every per-call input of a call asks for the same)."""
-        key = tuple(np.asarray(arrays[i]).tobytes() for i in sorted(self.positions))
+        evaluation is kept: every per-call input of a call asks for the same; during the
+        walk, only until the walk adds a value)."""
+        key = (len(self.env),  # the walk may still be adding values
+               *(np.asarray(arrays[i]).tobytes() for i in sorted(self.positions)))
         if self.host_cache[0] == key:
             return self.host_cache[1]
         torch = self.torch
