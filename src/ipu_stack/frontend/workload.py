@@ -154,23 +154,15 @@ def specialize(program: Any, batch: int) -> Any:
 
     A program exported with a dynamic batch dimension is re-exported from its own module at
     the size asked for; one exported with static shapes can only run at its own batch."""
-    torch = require_torch()
     shapes = _example_shapes(program)
-    dynamic = any(not isinstance(s, int) for _, value in user_input_values(program)
-                  if hasattr(value, "shape") for s in value.shape)
     exported = shapes[0][0] if shapes and shapes[0] else 1
-    if not dynamic and batch in (0, exported):
+    if not has_dynamic_shape(program) and batch in (0, exported):
         return program
     size = batch or exported
-    args, kwargs = call_arguments(program, [np.zeros((size, *shape[1:]), np.float32)
-                                            for shape in shapes])
-    try:
-        return torch.export.export(program.module(), args, kwargs=kwargs)
-    except Exception as exc:  # torch reports a failed guard in many exception types
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"--batch {size}: the program was exported for batch {exported} "
-                         f"without a dynamic batch dimension (export with dynamic_shapes="
-                         f"{{input: {{0: Dim('batch')}}}}): {first[:120]}") from None
+    return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
+                     f"--batch {size}: the program was exported for batch {exported} without "
+                     "a dynamic batch dimension (export with dynamic_shapes={input: {0: "
+                     "Dim('batch')}})")
 
 
 def has_dynamic_shape(program: Any) -> bool:
@@ -182,19 +174,24 @@ def has_dynamic_shape(program: Any) -> bool:
 def step_program(program: Any, tokens: int) -> Any:
     """A decoder step with a static cache and a dynamic sequence length, re-exported at
     ``tokens`` tokens a sequence (ids ``[B, tokens]`` at positions ``0 .. tokens - 1``)."""
-    torch = require_torch()
     shapes = _example_shapes(program)
     tensors = [name for name, value in user_input_values(program) if hasattr(value, "shape")]
     arrays = [np.arange(tokens, dtype=np.float32) if name in position_inputs(program) else
               np.zeros((shape[0], tokens), np.float32)
               for name, shape in zip(tensors, shapes, strict=True)]
+    return _reexport(program, arrays, f"the step cannot take {tokens} tokens a sequence")
+
+
+def _reexport(program: Any, arrays: list[np.ndarray], refusal: str) -> Any:
+    """``program`` exported again from its own module at the shapes of ``arrays``; a shape
+    its export does not allow is refused in one line (``refusal``, then torch's reason)."""
+    torch = require_torch()
     args, kwargs = call_arguments(program, arrays)
     try:
         return torch.export.export(quiet_module(program), args, kwargs=kwargs)
     except Exception as exc:  # torch reports a failed guard in many exception types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"the step cannot take {tokens} tokens a sequence: {first[:120]}"
-                         ) from None
+        raise UsageError(f"{refusal}: {first[:120]}") from None
 
 
 def integer_inputs(program: Any) -> list[bool]:
@@ -471,7 +468,10 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
     prompts = cached and has_dynamic_shape(program)
     base = step_program(program, 1) if prompts else program
     step = cache_step(base, input_shapes(base)) if cached else None
-    tokens_of: dict[int, int] = {}  # an import's graph -> the tokens a sequence it takes
+
+    def tokens_of(imported: Imported) -> int:
+        """The tokens a sequence an import of a step takes (its positions input's)."""
+        return imported.user_inputs[step.position_index].size if step else 0
 
     def at_batch(params: dict[str, Any]) -> Any:
         key = (params["batch"], params.get("tokens", 0))
@@ -483,7 +483,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
 
     def imported_at(tokens: int) -> Imported:
         """The last import taking ``tokens`` tokens a sequence (a step: 1)."""
-        found = [i for key, i in holder.items() if tokens_of[key] == tokens]
+        found = [i for i in holder.values() if tokens_of(i) == tokens]
         if not found:
             raise CompileError(f"no import of {label} takes {tokens} tokens a sequence")
         return found[-1]
@@ -495,11 +495,10 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                                   seed=params["seed"], name=label,
                                   attention=attention_precision(params), reference=reference,
                                   kept=layer_set(params.get("keep_f16", "")))
-        tokens = params.get("tokens") or (step.tokens if step else 0)
-        for key in [k for k in holder if not cached or tokens_of[k] == tokens]:
+        for key in [k for k, i in holder.items()
+                    if not cached or tokens_of(i) == tokens_of(imported)]:
             del holder[key]  # one import a shape: the graphs the pipeline holds now
         holder[id(imported.graph)] = imported
-        tokens_of[id(imported.graph)] = tokens
         # the exact float32 weights served the conversion check; the compile and the run
         # read the device's tensors and torch's outputs (half a gigabyte for CLIP's text)
         imported.converted.exact.clear()
