@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipu_stack.ir.precision import Precision
-from ipu_stack.ir.types import TensorType
+from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.util.errors import CompileError
 
 ROLES = ("input", "weight", "intermediate", "output")
@@ -91,6 +91,33 @@ def _add_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...
     if (x.rows, x.cols) != (y.rows, y.cols):
         raise CompileError(f"elementwise operation on {list(x.shape)} and {list(y.shape)}")
     return x.shape
+
+
+def _biased_softmax_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``softmax(scale x + table)``: the table is as many rows as the scores, or a period of
+    them that repeats (row ``r`` adds table row ``r mod P``: a Swin layer's relative
+    position bias and shift mask, the same for every image of the batch)."""
+    x, table = inputs
+    if table.cols != x.cols or table.rows == 0 or x.rows % table.rows:
+        raise CompileError(f"biased_softmax table {list(table.shape)} is not a period of the "
+                           f"scores {list(x.shape)}")
+    return x.shape
+
+
+def _gather_rows_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """``x[index]`` with each ``group`` picked rows side by side in one row: a fixed
+    permutation of the rows (a Swin window partition and its shift) or, with ``group`` 4,
+    the 2 x 2 neighbours a patch merging concatenates. Known when compiling: the device
+    moves the rows in one exchange, with no compute."""
+    (x,) = inputs
+    index, group = attrs.get("index"), int(attrs.get("group", 1))
+    if not isinstance(index, RowIndex) or len(index) == 0:
+        raise CompileError("gather_rows needs a RowIndex of the rows it picks")
+    if group <= 0 or len(index) % group:
+        raise CompileError(f"gather_rows picks {len(index)} rows, not whole groups of {group}")
+    if index.rows.min() < 0 or index.rows.max() >= x.rows:
+        raise CompileError(f"gather_rows picks a row outside its input's {x.rows}")
+    return (len(index) // group, group * x.cols)
 
 
 def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
@@ -226,12 +253,13 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "layer_norm": (3, _layer_norm_rule),
     "add": (2, _add_rule),
     "mul": (2, _add_rule),
-    "biased_softmax": (2, _add_rule),
+    "biased_softmax": (2, _biased_softmax_rule),
     "swiglu": (2, _add_rule),
     "activation": (1, _activation_rule),
     "rms_norm": (2, _rms_norm_rule),
     "rope": (3, _rope_rule),
     "embedding": (2, _embedding_rule),
+    "gather_rows": (1, _gather_rows_rule),
     "cache_write": (3, _cache_write_rule),
     "cache_fill": (2, _cache_fill_rule),
 }

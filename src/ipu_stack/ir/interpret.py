@@ -215,6 +215,13 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
 BLOCK_BYTES = 1 << 19  # a block of rows of a softmax's temporaries: kept within L2
 
 
+def periodic(table: np.ndarray, rows: int) -> np.ndarray:
+    """A biased softmax's table as many rows as its scores: a period repeated (a view where
+    it already is)."""
+    table = table.reshape(-1, table.shape[-1])
+    return table if len(table) == rows else np.tile(table, (rows // len(table), 1))
+
+
 def _softmax(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type) -> np.ndarray:
     """Softmax over the last axis of ``scale * x (+ bias)``, block of rows by block of rows
     into one result.  Each row goes through the same operations as over the whole matrix
@@ -305,7 +312,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return ins[0].astype(dtype, copy=False)
     if op.kind in ("softmax", "biased_softmax"):
         # an additive mask or bias (-inf masks a key)
-        return _softmax(ins[0], ins[1] if op.kind == "biased_softmax" else None,
+        return _softmax(ins[0], periodic(ins[1], len(ins[0])) if op.kind == "biased_softmax"
+                        else None,
                         dtype(op.attrs.get("scale", 1.0)), dtype)
     if op.kind == "layer_norm" and normce and dtype is np.float32:
         return one_pass_layer_norm(ins[0], ins[1], ins[2], float(op.attrs["eps"]))
@@ -327,6 +335,11 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
     if op.kind == "embedding":
         return lookup_rows(ins[0], ins[1]).astype(dtype, copy=False)
+    if op.kind == "gather_rows":
+        x = ins[0].reshape(-1, ins[0].shape[-1])
+        group = int(op.attrs.get("group", 1))
+        return x[op.attrs["index"].rows].reshape(-1, group * x.shape[1]).astype(dtype,
+                                                                                copy=False)
     if op.kind == "cache_write":
         return write_rows(ins[0], ins[1], ins[2]).astype(dtype, copy=False)
     if op.kind == "cache_fill":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from math import prod
+
+import numpy as np
 
 from ipu_stack.ir.precision import Precision
 from ipu_stack.util.errors import UsageError
@@ -46,3 +49,31 @@ class TensorType:
     @staticmethod
     def from_json(data: dict) -> TensorType:
         return TensorType(tuple(int(d) for d in data["shape"]), Precision.from_json(data["precision"]))
+
+
+class RowIndex:
+    """A fixed row order known when compiling (the source row of each row a gather makes),
+    compared, hashed and printed by its digest: a Swin stage's window order holds tens of
+    thousands of rows, and graph dumps and stage signatures print every attribute."""
+
+    __slots__ = ("rows", "digest")
+
+    def __init__(self, rows: object) -> None:
+        values = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1))
+        values.setflags(write=False)
+        self.rows = values
+        self.digest = hashlib.sha256(values.tobytes()).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RowIndex) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __str__(self) -> str:
+        return f"rows[{len(self.rows)}]#{self.digest}"
+
+    __repr__ = __str__

@@ -28,6 +28,12 @@ PARAM_BLOCK = 64  # columns per holder tile of a per-layer row parameter inside 
 # transfers one tile may receive in one gather before the value goes through whole rows
 # first (8 bytes of exchange table each: 1024 is 8 KB of one tile's memory for one phase)
 FRAGMENT_LIMIT = 1024
+# the same for a GEMM's A operand in a lean program (``LoweringBase.lean``)
+LEAN_FRAGMENT_LIMIT = 128
+# replicated per-row parameters (norm scales and shifts outside a layer loop) a tile may
+# hold before the program is lowered lean: a model of many stages that do not repeat (Swin's
+# four stages of different widths) would otherwise hold every one of them on every tile
+REPLICA_BUDGET = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,12 @@ class LoweringBase:
         # same normed rows in the same tiling, and one gather serves all three (values never
         # change once made; cleared where the loop body begins and ends)
         self.gathered: dict[tuple, int] = {}
+        # a lean program (``lowering.driver``: its stages outside any loop would replicate
+        # more than ``REPLICA_BUDGET`` of parameters a tile) keeps its norms' parameters on
+        # holder tiles and gathers each per stage, and moves a GEMM's A operand through whole
+        # rows past ``LEAN_FRAGMENT_LIMIT`` transfers a tile: each costs an exchange phase,
+        # and saves the replicas and exchange-table entries of stages that do not repeat
+        self.lean = False
         states = state_writes(graph)
         for value in graph.values:  # a state is declared as such: resident, written in place
             role = "state" if value.id in states else value.role
@@ -116,7 +128,8 @@ class LoweringBase:
                                  (piece.row0, piece.col0), origin)
 
     def gather_whole(self, builder: TransferBuilder, value_id: int,
-                     targets: list[tuple[BlockLayout, int, tuple[int, int]]], stage: str) -> None:
+                     targets: list[tuple[BlockLayout, int, tuple[int, int]]], stage: str,
+                     limit: int = FRAGMENT_LIMIT) -> None:
         """Gather ``value_id`` into every ``(layout, buffer, origin)`` of ``targets``; when
         that would land more than ``FRAGMENT_LIMIT`` transfers on one tile (a block of
         many rows assembled from narrow column blocks, row by row), move the value into
@@ -128,7 +141,7 @@ class LoweringBase:
             self.gather(trial, value_id, layout, buffer, origin)
         pieces = self.where[value_id]
         in_rows = len(pieces) == 1 and pieces[0].layout.col_block == pieces[0].layout.cols
-        if trial.most_received() <= FRAGMENT_LIMIT or in_rows:
+        if trial.most_received() <= limit or in_rows:
             builder.absorb(trial)
             return
         rows, cols, precision = self._matrix(value_id)
@@ -184,19 +197,44 @@ class LoweringBase:
         in column blocks on a few holder tiles instead and gathered into a row buffer by the
         stage's exchange (the per-layer address table points the sends at layer ``k``'s
         blocks)."""
-        if self.body is None or value_id not in self.body.slot_weights:
+        in_loop = self.body is not None and value_id in self.body.slot_weights
+        if not in_loop and (self.body is not None or not self.lean):
             return self._host_weight(value_id, shared, MemoryClass.STANDARD)
         cols = shared.cols
         block = min(cols, PARAM_BLOCK)
         blocks = -(-cols // block)
         stride = max(self.target.tiles // blocks, 1)
-        offset = (stage * 7 + len(self.body.weights) * 3) % stride
+        made = len(self.body.weights) if self.body is not None else len(self.program.initialize)
+        offset = (stage * 7 + made * 3) % stride
         holders = (np.arange(blocks) * stride + offset) % self.target.tiles
         held = BlockLayout(1, cols, shared.precision, 1, block,
                            holders.reshape(1, blocks, 1).astype(np.int32))
         buffer = self._host_weight(value_id, held, MemoryClass.STANDARD)
         self.where[value_id] = [Piece(0, 0, held, buffer)]
         return self._in_row_layout(builder, value_id, shared, f"stage{stage}.{self._name(value_id)}")
+
+    def periodic_rows(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
+                      what: str) -> int:
+        """A buffer holding a table of ``P`` rows repeated into ``layout``'s rows (row ``r``
+        is table row ``r mod P``): the table is written once by the host, in whole rows
+        spread over the tiles, and each call's exchange copies it to the rows that add it. A
+        Swin layer's relative position bias is the same for every image; held at the
+        scores' size it would cost each layer the batch's multiple of its bytes."""
+        period, cols, precision = self._matrix(value_id)
+        if value_id not in self.where:
+            held = landing_layout(period, cols, precision, self.target)
+            self.where[value_id] = [Piece(0, 0, held, self._host_weight(
+                value_id, held, MemoryClass.STANDARD))]
+        buffer = self.program.add_buffer(
+            f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(value_id)} repeated every {period} rows: {layout.describe()}",
+            layout)
+        for repeat in range(layout.rows // period):
+            for piece in self.where[value_id]:
+                add_layout_transfers(builder, self._name(value_id), piece.layout, piece.buffer,
+                                     layout, buffer,
+                                     (repeat * period + piece.row0, piece.col0))
+        return buffer
 
     def land_inputs(self) -> None:
         for value in self.graph.by_role("input"):

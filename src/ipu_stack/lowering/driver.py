@@ -8,6 +8,7 @@ once.  Kept apart from both so that ``loop`` can build on ``lower`` without a cy
 from __future__ import annotations
 
 from ipu_stack.ir.graph import Graph
+from ipu_stack.lowering.base import REPLICA_BUDGET
 from ipu_stack.lowering.loop import LoopLowering
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import Program
@@ -15,6 +16,22 @@ from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage, Stage
 from ipu_stack.target import Target
+
+
+def replicated_parameter_bytes(graph: Graph, plans: list[tuple[Stage, GemmPlan | None]],
+                               loop: LayerLoop | None) -> int:
+    """Bytes of the per-row parameters (a norm's scale and shift, a row stage's bias) that
+    the stages outside the layer loop would hold on every tile."""
+    total = 0
+    for position, (stage, _) in enumerate(plans):
+        if isinstance(stage, GemmStage) or (
+                loop is not None and loop.start <= position < loop.start + loop.length):
+            continue
+        out = graph.value(stage.out).type
+        total += sum(graph.value(i).type.nbytes for i in stage.inputs[1:]
+                     if graph.value(i).role == "weight" and graph.value(i).type.shape == (
+                         out.cols,))
+    return total
 
 
 def lower(
@@ -29,6 +46,7 @@ def lower(
     that is not a graph output.  With ``loop``, ``plans`` are the compact stages
     (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``)."""
     lowering = Lowering(graph, target, paired)
+    lowering.lean = replicated_parameter_bytes(graph, plans, loop) > REPLICA_BUDGET
     lowering.land_inputs()
     looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
@@ -40,6 +58,8 @@ def lower(
             lowering.gemm_stage(stage, plan)
         elif stage.kind == "embedding":
             lowering.lookup_stage(stage)
+        elif stage.kind == "gather_rows":
+            lowering.gather_rows_stage(stage)
         elif stage.kind == "cache_write":
             lowering.cache_write_stage(stage)
         elif stage.kind == "cache_fill":

@@ -23,7 +23,13 @@ from ipu_stack.ir.precision import F16, F32, Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.epilogue import epilogue_params, partials_are_result
 from ipu_stack.kernels.gemm import gemm_params, scratch_bytes
-from ipu_stack.lowering.base import LoweringBase, Piece, group_calls
+from ipu_stack.lowering.base import (
+    FRAGMENT_LIMIT,
+    LEAN_FRAGMENT_LIMIT,
+    LoweringBase,
+    Piece,
+    group_calls,
+)
 from ipu_stack.lowering.program import Call, ComputeSet
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.gemm import GemmPlan
@@ -181,7 +187,8 @@ class GemmLowering(LoweringBase):
                 f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}", a_layouts[0],
             )
             self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
-                                                 zip(a_layouts, groups, strict=True)], name)
+                                                 zip(a_layouts, groups, strict=True)], name,
+                              LEAN_FRAGMENT_LIMIT if self.lean else FRAGMENT_LIMIT)
         if "b" in shared:
             b_buf = shared["b"]
         elif g.value(stage.b).role == "weight" and not gg.plan.streamed:

@@ -4,7 +4,8 @@
 the two kinds of stage: ``lowering.gemm_stage`` (a GEMM stage: operands gathered onto a tile
 grid, AMP calls into partials, the reduce-scatter of depth partials, the reduce with its
 fused chain) and ``lowering.row_stage`` (a row stage: inputs gathered into whole rows, one
-row kernel), ``lowering.lookup`` (a table's rows picked by runtime ids) and
+row kernel), ``lowering.lookup`` (a table's rows picked by runtime ids), ``lowering.permute`` (rows
+moved in an order known when compiling) and
 ``lowering.cache`` (a KV cache's rows written at runtime positions).
 ``lowering.driver`` walks the stages on it; ``lowering.loop`` lowers a layer
 loop's body on it once.
@@ -18,11 +19,12 @@ from ipu_stack.lowering.base import FRAGMENT_LIMIT, PARAM_BLOCK, BodyState, Piec
 from ipu_stack.lowering.cache import CacheLowering
 from ipu_stack.lowering.gemm_stage import GemmLowering, Group, stage_groups
 from ipu_stack.lowering.lookup import LookupLowering
+from ipu_stack.lowering.permute import PermuteLowering
 from ipu_stack.lowering.row_stage import RowLowering
 
 __all__ = ["FRAGMENT_LIMIT", "PARAM_BLOCK", "BodyState", "Group", "Lowering", "Piece",
            "landing_layout", "stage_groups"]
 
 
-class Lowering(GemmLowering, RowLowering, LookupLowering, CacheLowering):
+class Lowering(GemmLowering, RowLowering, LookupLowering, PermuteLowering, CacheLowering):
     """Builds a :class:`~ipu_stack.lowering.program.Program` stage by stage."""

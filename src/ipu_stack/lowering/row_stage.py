@@ -221,7 +221,10 @@ class RowLowering(LoweringBase):
         elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
-            if g.value(stage.inputs[1]).role == "weight":  # a table (position embeddings)
+            table = g.value(stage.inputs[1])
+            if table.role == "weight" and table.type.rows < rows:  # a period of the rows
+                aux[0] = self.periodic_rows(builder, stage.inputs[1], layout, f"{name}.table")
+            elif table.role == "weight":  # a table (position embeddings, a causal mask)
                 aux[0] = self._host_weight(stage.inputs[1], layout, MemoryClass.STANDARD)
             else:
                 aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")

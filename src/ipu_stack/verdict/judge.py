@@ -465,9 +465,13 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: _Inputs,
                     if graph.operations[op].kind == "matmul"}
     for value_id in inputs:
         # activations, and per-row tables (position embeddings): not a GEMM's weights
-        if value_id not in gemm_weights and sliced[value_id].ndim == 2 and (
-                sliced[value_id].shape[0] == rows_out):
-            sliced[value_id] = sliced[value_id][rows]
+        held = sliced[value_id]
+        if value_id in gemm_weights or held.ndim != 2:
+            continue
+        if held.shape[0] == rows_out:
+            sliced[value_id] = held[rows]
+        elif rows_out % held.shape[0] == 0:  # a period of rows (a Swin layer's bias table)
+            sliced[value_id] = held[rows % held.shape[0]]
     expected = reference.writable(stage.out)
     expected[rows] = evaluate_operations(graph, operations, sliced, gemm_modes)[stage.out]
     return expected

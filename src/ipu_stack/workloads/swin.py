@@ -1,0 +1,322 @@
+"""Swin Transformer: shifted-window attention over a patch grid that halves at each stage.
+
+* ``swin-l``: Swin-L at 384 (ByteMLPerf's ``swin-large-torch-fp32`` shape, transformers'
+  ``SwinModel``): 4 x 4 patches (a 96 x 96 grid), embedding width 192, depths 2-2-18-2,
+  heads 6-12-24-48, windows of 12 x 12 tokens, MLP 4 x the width, exact GELU, layer norm
+  eps 1e-5, patch merging between stages, the final layer norm (the last hidden state).
+
+**Token order.** Everything in a block but attention works row by row (the norms, the
+projections, the MLP and the residual adds), so the residual stream needs no fixed order:
+it is kept in the order of the windows of the block that reads it. A block whose windows
+differ from its predecessor's (a shifted block after a plain one, and back) first moves the
+stream's rows into its own window order (``gather_rows``: one exchange, no arithmetic).
+That one move does transformers' roll, window partition, window reverse and roll back
+(``shifts=(-s, -s)`` then partition, ``s`` = half a window; each of those four is a fixed
+permutation of the rows, and between two blocks only their composition matters). Patch
+merging is one gather too: each new row concatenates the 2 x 2 neighbours
+``x0 = [0::2, 0::2], x1 = [1::2, 0::2], x2 = [0::2, 1::2], x3 = [1::2, 1::2]``, picked from
+wherever the stream holds them and laid out in the next block's window order. The host
+writes the patch rows in the first block's window order (a reordering of the image's bytes,
+as the towers' patch rows are).
+
+**Attention** inside each window is a ``head_matmul`` over ``batch x windows`` sequences of
+``window^2`` tokens. The relative position bias (``relative_position_bias_table`` indexed by
+``relative_position_index``, a table of ``(2w - 1)^2`` rows a head) and a shifted block's
+attention mask (-100 between tokens from different regions of the rolled grid, as
+transformers' ``get_attn_mask``) are one additive table a layer, ``[windows x heads x T, T]``
+(``heads x T`` rows where no mask applies), the same for every image: the softmax adds it
+every ``P`` rows (``biased_softmax`` with a period, ``lowering.base.periodic_rows``).
+
+A stage whose grid is no larger than a window (Swin-L's last, 12 x 12) runs one window
+without shifts, as transformers does. A grid that windows do not tile, or an odd grid before
+a patch merging, would need transformers' zero padding: refused in one line (not built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.precision import F16, Precision
+from ipu_stack.ir.types import RowIndex, TensorType
+from ipu_stack.util.errors import UsageError
+from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.footprint import Footprint
+from ipu_stack.workloads.transformer import (
+    ATTENTION_OPTION,
+    KEEP_F16,
+    LayerBuilder,
+    attention_precision,
+    attention_suffix,
+    calibrated_build,
+)
+from ipu_stack.workloads.vision import image_patches
+
+MASKED = -100.0  # transformers' attention mask between regions of a shifted grid
+
+
+@dataclass(frozen=True)
+class SwinStage:
+    """One stage's geometry: its grid side, width, heads, blocks and window."""
+
+    side: int
+    dim: int
+    heads: int
+    depth: int
+    window: int
+
+    def shift(self, block: int) -> int:
+        """A block's shift: half a window on odd blocks, none where one window covers the
+        grid (transformers' ``set_shift_and_window_size``)."""
+        return self.window // 2 if block % 2 and self.side > self.window else 0
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--{option} {text!r} is not a comma-separated list of whole "
+                         "numbers") from None
+    if not values or min(values) <= 0:
+        raise UsageError(f"--{option} {text!r} needs positive numbers")
+    return values
+
+
+def swin_stages(params: dict[str, Any]) -> list[SwinStage]:
+    """The stages ``params`` describe, or one line naming what does not fit together."""
+    depths, heads = _int_list(params["depths"], "depths"), _int_list(params["stage_heads"], "stage-heads")
+    if len(depths) != len(heads):
+        raise UsageError(f"--depths has {len(depths)} stages and --stage-heads {len(heads)}")
+    if params["image"] % params["patch"]:
+        raise UsageError(f"--image {params['image']} is not a multiple of --patch "
+                         f"{params['patch']} (transformers pads it: not built)")
+    side, dim, stages = params["image"] // params["patch"], params["dim"], []
+    for number, (depth, count) in enumerate(zip(depths, heads, strict=True)):
+        window = min(params["window"], side)
+        if side % window:
+            raise UsageError(f"stage {number}'s {side} x {side} grid is not whole windows of "
+                             f"{window} (transformers pads it: not built)")
+        if dim % count:
+            raise UsageError(f"stage {number}'s width {dim} is not a multiple of its {count} "
+                             "heads")
+        stages.append(SwinStage(side, dim, count, depth, window))
+        if number < len(depths) - 1:
+            if side % 2:
+                raise UsageError(f"stage {number}'s {side} x {side} grid is odd: its patch "
+                                 "merging would pad it (not built)")
+            side, dim = side // 2, dim * 2
+    return stages
+
+
+def window_order(batch: int, side: int, window: int, shift: int) -> np.ndarray:
+    """For each row of the window order, the raster token (``b side^2 + y side + x``) it
+    holds: windows in raster order, tokens in raster order inside each, on the grid rolled
+    by ``-shift`` in both directions (``torch.roll(x, (-s, -s), (1, 2))`` then transformers'
+    ``window_partition``)."""
+    b, wy, wx, iy, ix = np.meshgrid(np.arange(batch), np.arange(side // window),
+                                    np.arange(side // window), np.arange(window),
+                                    np.arange(window), indexing="ij")
+    y = (wy * window + iy + shift) % side
+    x = (wx * window + ix + shift) % side
+    return (b * side * side + y * side + x).reshape(-1)
+
+
+def merge_order(batch: int, side: int, order: np.ndarray) -> np.ndarray:
+    """The raster tokens patch merging concatenates for each token of the halved grid held
+    in ``order`` (raster tokens of that grid), four a token: ``x0, x1, x2, x3``."""
+    half = side // 2
+    b, rest = np.divmod(order, half * half)
+    y, x = np.divmod(rest, half)
+    base = b * side * side + 2 * y * side + 2 * x
+    return np.stack([base, base + side, base + 1, base + side + 1], axis=1).reshape(-1)
+
+
+def relative_position_index(window: int) -> np.ndarray:
+    """transformers' ``relative_position_index``: ``[T, T]`` rows of the bias table."""
+    coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij"))
+    coords = coords.reshape(2, -1)
+    relative = coords[:, :, None] - coords[:, None, :] + (window - 1)
+    return relative[0] * (2 * window - 1) + relative[1]
+
+
+def shift_mask(side: int, window: int, shift: int) -> np.ndarray:
+    """transformers' ``get_attn_mask``: ``[windows, T, T]``, -100 between tokens of
+    different regions of the rolled grid, 0 elsewhere (all 0 without a shift)."""
+    windows = (side // window) ** 2
+    if not shift:
+        return np.zeros((windows, window * window, window * window), np.float32)
+    regions = np.zeros((side, side), np.int64)
+    cuts = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+    for number, (rows, cols) in enumerate((r, c) for r in cuts for c in cuts):
+        regions[rows, cols] = number
+    held = regions.reshape(-1)[window_order(1, side, window, 0)].reshape(windows, -1)
+    return np.where(held[:, None, :] != held[:, :, None], MASKED, 0.0).astype(np.float32)
+
+
+def attention_table(bias_table: np.ndarray, stage: SwinStage, shift: int) -> np.ndarray:
+    """One layer's additive table for scores laid out ``[windows, heads, T, T]`` (just
+    ``[heads, T, T]`` without a mask): the relative position bias plus the shift mask."""
+    tokens = stage.window ** 2
+    bias = bias_table[relative_position_index(stage.window).reshape(-1)]  # [T T, heads]
+    bias = bias.T.reshape(stage.heads, tokens, tokens)
+    if not shift:
+        return bias.reshape(-1, tokens).astype(np.float32)
+    mask = shift_mask(stage.side, stage.window, shift)
+    return (mask[:, None] + bias[None]).reshape(-1, tokens).astype(np.float32)
+
+
+def _parameters() -> tuple[Parameter, ...]:
+    return (
+        Parameter("batch", int, 1, "images per run"),
+        Parameter("image", int, 384, "image side in pixels"),
+        Parameter("patch", int, 4, "patch side in pixels"),
+        Parameter("window", int, 12, "window side in tokens"),
+        Parameter("dim", int, 192, "embedding width (doubles at each patch merging)"),
+        Parameter("depths", str, "2,2,18,2", "blocks of each stage"),
+        Parameter("stage_heads", str, "6,12,24,48", "attention heads of each stage"),
+        Parameter("mlp_ratio", int, 4, "MLP hidden width over the stage's width"),
+        Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
+        Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None),
+        Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
+        ATTENTION_OPTION("fp8"), KEEP_F16,
+    )
+
+
+def _norm(builder: LayerBuilder, x: int, width: int, name: str, out: Precision) -> int:
+    gamma = builder.weight(f"{name}.gamma", (width,), 0.1, offset=1.0)
+    beta = builder.weight(f"{name}.beta", (width,), 0.1)
+    return builder.b.op("layer_norm", [x, gamma, beta], out, f"{name}.out",
+                        eps=builder.p["eps"])
+
+
+def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, shift: int) -> int:
+    """One Swin block on the stream ``x`` (already in the block's window order)."""
+    prefix = f"layer{number}"
+    tokens = stage.window ** 2
+    builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads, "tokens": tokens,
+                 "hidden": builder.p["mlp_ratio"] * stage.dim}
+    bias_table = rng_for(builder.p["seed"], f"{prefix}.attn.rel_bias").standard_normal(
+        ((2 * stage.window - 1) ** 2, stage.heads)) * 0.02
+    table = F16.round_trip(attention_table(bias_table, stage, shift))
+    name = f"{prefix}.attn.table"
+    builder.tensors[name] = table
+    builder.mask = builder.b.weight(name, TensorType(table.shape, F16))
+    return builder.layer(x, number, rope=False)
+
+
+def _stem(builder: LayerBuilder, seed: int, order: np.ndarray) -> int:
+    """Patch rows (in ``order``) through the patch embedding and its norm."""
+    p = builder.p
+    batch, patch, dim = p["batch"], p["patch"], p["dim"]
+    depth = 3 * patch * patch
+    pixels = rng_for(seed, "pixels").uniform(-1.0, 1.0, (batch, 3, p["image"], p["image"]))
+    rows = image_patches(pixels, patch).reshape(-1, depth)[order]
+    precision = builder.act("patches")
+    builder.tensors["patches"] = precision.round_trip(rows)
+    builder.tensors["pixels"] = pixels.astype(np.float32)
+    x = builder.b.input("patches", TensorType((len(order), depth), precision))
+    weight = builder.weight("patch.w", (depth, dim), 1.0 / np.sqrt(depth))
+    stem = builder.b.op("matmul", [x, weight], F16, "patch.mm")
+    stem = builder.b.op("bias_add", [stem, builder.weight("patch.b", (dim,), 0.02)], F16,
+                        "patch.out")
+    return _norm(builder, stem, dim, "embed_ln", F16)
+
+
+def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: np.ndarray,
+           order: np.ndarray) -> int:
+    """Patch merging of the stream ``x`` (raster tokens ``held``) into ``order``."""
+    picks = np.argsort(held)[merge_order(builder.p["batch"], stage.side, order)]
+    merged = builder.b.op("gather_rows", [x], F16, f"merge{number}.rows",
+                          index=RowIndex(picks), group=4)
+    name = f"merge{number}"
+    normed = _norm(builder, merged, 4 * stage.dim, f"{name}.ln", builder.act(f"{name}.ln.out"))
+    weight = builder.weight(f"{name}.reduction.w", (4 * stage.dim, 2 * stage.dim),
+                            1.0 / np.sqrt(4 * stage.dim))
+    return builder.b.op("matmul", [normed, weight], F16, f"{name}.reduction.mm")
+
+
+def _build_swin(builder: LayerBuilder, seed: int) -> None:
+    """The stem, the stages with their merges, the final norm into ``builder``."""
+    stages = swin_stages(builder.p)
+    batch = builder.p["batch"]
+    held = window_order(batch, stages[0].side, stages[0].window, 0)
+    x = _stem(builder, seed, held)
+    number = 0
+    for index, stage in enumerate(stages):
+        if index:
+            before = stages[index - 1]
+            order = window_order(batch, stage.side, stage.window, 0)
+            x, held = _merge(builder, x, before, index - 1, held, order), order
+        for block in range(stage.depth):
+            shift = stage.shift(block)
+            order = window_order(batch, stage.side, stage.window, shift)
+            if not np.array_equal(order, held):
+                picks = np.argsort(held)[order]
+                x = builder.b.op("gather_rows", [x], F16, f"layer{number}.windows",
+                                 index=RowIndex(picks))
+                held = order
+            x = _block(builder, x, stage, number, shift)
+            number += 1
+    builder.b.output(_norm(builder, x, stages[-1].dim, "final_ln", F16))
+
+
+def build_swin(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The model's graph and tensors, FP8 scales fitted per role on a calibration image."""
+    stages = swin_stages(params)
+    tokens = stages[0].side ** 2
+    return calibrated_build({**params, "tokens": tokens, "gelu": "erf"}, "swin-l", _build_swin)
+
+
+def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.ndarray]:
+    """Image ``index`` of a stream (``--images``): new pixels as patch rows in the first
+    block's window order."""
+    stages = swin_stages(params)
+    batch, image, patch = params["batch"], params["image"], params["patch"]
+    pixels = rng_for(params["seed"], f"pixels.{index}").uniform(-1.0, 1.0,
+                                                                (batch, 3, image, image))
+    order = window_order(batch, stages[0].side, stages[0].window, 0)
+    rows = image_patches(pixels, patch).reshape(-1, 3 * patch * patch)[order]
+    value = graph.by_role("input")[0]
+    return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape)}
+
+
+def swin_footprint(params: dict[str, Any]) -> Footprint:
+    """Every stage's GEMM weights, and the largest of a stage's attention scores (F16) and
+    its first MLP product's input and output."""
+    size = 1 if params["precision"] == "fp8" else 2
+    stages = swin_stages(params)
+    per_layer = [(4 + 2 * params["mlp_ratio"]) * s.dim * s.dim * size for s in stages]
+    weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
+    weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
+    batch = params["batch"]
+    largest = max(max(batch * s.side ** 2 * s.heads * s.window ** 2 * 2,
+                      batch * s.side ** 2 * s.dim * (1 + params["mlp_ratio"]) * size)
+                  for s in stages)
+    return Footprint(weights, largest, "a stage's attention scores or MLP input and output",
+                     sum(s.depth for s in stages), "depths", max(per_layer))
+
+
+def _identifier(p: dict[str, Any]) -> str:
+    return (f"swin-l-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
+            f"-w{p['window']}-d{p['dim']}-n{p['depths'].replace(',', '.')}"
+            f"-h{p['stage_heads'].replace(',', '.')}-r{p['mlp_ratio']}{attention_suffix(p, 'fp8')}")
+
+
+def _fields(p: dict[str, Any]) -> dict[str, Any]:
+    stages = swin_stages(p)
+    return {"benchmark": f"swin-l-{p['precision']}", "batch": p["batch"], "image": p["image"],
+            "patch": p["patch"], "window": p["window"], "tokens": stages[0].side ** 2,
+            "rows": p["batch"] * stages[0].side ** 2, "dimension": p["dim"],
+            "depths": p["depths"], "heads": p["stage_heads"],
+            "layers": sum(s.depth for s in stages), "biases": True,
+            "attention": attention_precision(p)}
+
+
+register(Workload(
+    name="swin-l", description="Swin-L/384 (ByteMLPerf's swin-large-torch-fp32 shape): 4 x 4 "
+    "patches, windows of 12, shifted windows, depths 2-2-18-2, patch merging",
+    parameters=_parameters(), build=build_swin, identifier=_identifier,
+    benchmark_fields=_fields, stream_input=stream_image, footprint=swin_footprint))

@@ -1,0 +1,193 @@
+"""Swin: the window orders, the merge and the mask against numpy transcriptions of
+transformers' reshapes, the whole model against a numpy Swin that rolls and partitions in
+raster order, the row gather's rule, and a small Swin on the device."""
+
+from __future__ import annotations
+
+import json
+from math import erf
+
+import numpy as np
+import pytest
+from tests.helpers import cli
+
+from ipu_stack.ir.graph import GraphBuilder
+from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import RowIndex, TensorType
+from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.workloads import get_workload
+from ipu_stack.workloads.base import rng_for
+from ipu_stack.workloads.swin import (
+    merge_order,
+    relative_position_index,
+    shift_mask,
+    swin_stages,
+    window_order,
+)
+
+SMALL = {"batch": 2, "image": 32, "window": 4, "dim": 16, "depths": "2,2",
+         "stage_heads": "2,4", "precision": "f16"}
+SMALL_ARGS = ["--batch", "2", "--image", "32", "--window", "4", "--dim", "16", "--depths",
+              "2,2", "--stage-heads", "2,4"]
+
+
+def partition(x: np.ndarray, window: int) -> np.ndarray:
+    """transformers' ``window_partition``: ``[B, H, W, C]`` -> ``[B nW, w w, C]``."""
+    batch, height, width, channels = x.shape
+    x = x.reshape(batch, height // window, window, width // window, window, channels)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(-1, window * window, channels)
+
+
+def reverse(windows: np.ndarray, window: int, height: int, width: int) -> np.ndarray:
+    """transformers' ``window_reverse``."""
+    channels = windows.shape[-1]
+    x = windows.reshape(-1, height // window, width // window, window, window, channels)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, channels)
+
+
+@pytest.mark.parametrize("side, window, shift", [(8, 4, 0), (8, 4, 2), (12, 4, 2), (6, 6, 0)])
+def test_the_window_order_is_a_roll_then_a_partition(side: int, window: int, shift: int) -> None:
+    raster = np.arange(2 * side * side).reshape(2, side, side, 1)
+    rolled = np.roll(raster, (-shift, -shift), (1, 2))
+    np.testing.assert_array_equal(window_order(2, side, window, shift),
+                                  partition(rolled, window).reshape(-1))
+
+
+def test_the_merge_picks_the_four_neighbours_in_transformers_order() -> None:
+    side = 6
+    raster = np.arange(2 * side * side).reshape(2, side, side)
+    parts = [raster[:, 0::2, 0::2], raster[:, 1::2, 0::2], raster[:, 0::2, 1::2],
+             raster[:, 1::2, 1::2]]
+    expected = np.stack(parts, axis=-1).reshape(-1)
+    half_grid = np.arange(2 * (side // 2) ** 2)
+    np.testing.assert_array_equal(merge_order(2, side, half_grid), expected)
+
+
+def hf_shift_mask(side: int, window: int, shift: int) -> np.ndarray:
+    """transformers' ``SwinLayer.get_attn_mask`` in numpy."""
+    image = np.zeros((1, side, side, 1))
+    count = 0
+    for rows in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+        for cols in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+            image[:, rows, cols, :] = count
+            count += 1
+    held = partition(image, window).reshape(-1, window * window)
+    differ = held[:, None, :] - held[:, :, None]
+    return np.where(differ != 0, -100.0, 0.0)
+
+
+def test_the_shift_mask_and_the_bias_index_are_transformers() -> None:
+    np.testing.assert_array_equal(shift_mask(8, 4, 2), hf_shift_mask(8, 4, 2))
+    coords = np.stack(np.meshgrid(np.arange(3), np.arange(3), indexing="ij")).reshape(2, -1)
+    relative = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0) + 2
+    np.testing.assert_array_equal(relative_position_index(3),
+                                  relative[..., 0] * 5 + relative[..., 1])
+
+
+def _layer_norm(x: np.ndarray, t: dict, name: str) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * t[f"{name}.gamma"] + t[f"{name}.beta"]
+
+
+def _linear(x: np.ndarray, t: dict, name: str) -> np.ndarray:
+    return x @ t[f"{name}.w"] + t[f"{name}.b"]
+
+
+def _window_attention(h: np.ndarray, t: dict, prefix: str, heads: int, window: int,
+                      shift: int) -> np.ndarray:
+    """Rolled, partitioned, attended with the bias (and mask), reversed, rolled back."""
+    batch, side = h.shape[0], h.shape[1]
+    rolled = np.roll(h, (-shift, -shift), (1, 2))
+    windows = partition(rolled, window)
+    q, k, v = (_linear(windows, t, f"{prefix}.attn.{n}") for n in "qkv")
+    tokens, width = window * window, windows.shape[-1]
+    split = [x.reshape(len(windows), tokens, heads, width // heads).transpose(0, 2, 1, 3)
+             for x in (q, k, v)]
+    table = rng_for(0, f"{prefix}.attn.rel_bias").standard_normal(((2 * window - 1) ** 2,
+                                                                  heads)) * 0.02
+    bias = table[relative_position_index(window).reshape(-1)].T.reshape(heads, tokens, tokens)
+    scores = split[0] @ split[1].transpose(0, 1, 3, 2) / np.sqrt(width // heads) + bias
+    if shift:
+        mask = hf_shift_mask(side, window, shift)
+        scores = scores + np.tile(mask, (batch, 1, 1))[:, None]
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    context = (probs @ split[2]).transpose(0, 2, 1, 3).reshape(len(windows), tokens, width)
+    out = reverse(_linear(context, t, f"{prefix}.attn.o"), window, side, side)
+    return np.roll(out, (shift, shift), (1, 2))
+
+
+def swin_forward(t: dict, params: dict) -> np.ndarray:
+    """A float64 Swin in raster order, as transformers' ``SwinModel`` computes it."""
+    stages = swin_stages(params)
+    pixels, batch, patch = t["pixels"], params["batch"], params["patch"]
+    side = stages[0].side
+    patches = pixels.reshape(batch, 3, side, patch, side, patch).transpose(0, 2, 4, 1, 3, 5)
+    patches = patches.reshape(batch, side, side, -1).astype(np.float16).astype(np.float64)
+    x = _layer_norm(patches @ t["patch.w"] + t["patch.b"], t, "embed_ln")
+    gelu = np.vectorize(lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))))
+    number = 0
+    for index, stage in enumerate(stages):
+        if index:
+            x = np.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2],
+                                x[:, 1::2, 1::2]], axis=-1)
+            x = _layer_norm(x, t, f"merge{index - 1}.ln") @ t[f"merge{index - 1}.reduction.w"]
+        for block in range(stage.depth):
+            prefix = f"layer{number}"
+            shift = stage.window // 2 if block % 2 and stage.side > stage.window else 0
+            x = x + _window_attention(_layer_norm(x, t, f"{prefix}.ln1"), t, prefix,
+                                      stage.heads, stage.window, shift)
+            hidden = gelu(_linear(_layer_norm(x, t, f"{prefix}.ln2"), t, f"{prefix}.fc1"))
+            x = x + _linear(hidden, t, f"{prefix}.fc2")
+            number += 1
+    return _layer_norm(x, t, "final_ln").reshape(batch, -1, x.shape[-1])
+
+
+def test_the_model_is_a_swin_that_rolls_and_partitions() -> None:
+    """The graph in float64, its rows moved once a block, against the numpy Swin that rolls,
+    partitions, reverses and rolls back in raster order (the last stage is one window, so
+    its order is the raster's)."""
+    workload = get_workload("swin-l")
+    params = workload.resolve(SMALL)
+    graph, tensors = workload.build(params)
+    assert sum(op.kind == "gather_rows" for op in graph.operations) == 2  # the shifted block's, the merge's
+    ideal = evaluate_float64(graph, dict(tensors))
+    t = {name: np.asarray(tensors[name], np.float64) for name in tensors}
+    expected = swin_forward(t, params)
+    out = np.asarray(ideal[graph.by_role("output")[0].name]).reshape(expected.shape)
+    np.testing.assert_allclose(out, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_a_row_gather_is_checked_when_built() -> None:
+    b = GraphBuilder("g")
+    x = b.input("x", TensorType((6, 4), F16))
+    y = b.op("gather_rows", [x], F16, "y", index=RowIndex([5, 4, 3, 2, 1, 0, 0, 1]), group=2)
+    assert b.graph.value(y).type.shape == (4, 8)
+    with pytest.raises(CompileError, match="outside its input's 6"):
+        b.op("gather_rows", [x], F16, "z", index=RowIndex([6]))
+    with pytest.raises(CompileError, match="not whole groups of 4"):
+        b.op("gather_rows", [x], F16, "z", index=RowIndex([0, 1]), group=4)
+    assert RowIndex([1, 2]) == RowIndex(np.array([1, 2])) != RowIndex([2, 1])
+
+
+def test_a_grid_windows_do_not_tile_is_refused() -> None:
+    with pytest.raises(UsageError, match="not whole windows of 5"):
+        swin_stages(get_workload("swin-l").resolve({**SMALL, "window": 5}))
+    code, _, err = cli(["bench", "swin-l", *SMALL_ARGS, "--stage-heads", "2"])
+    assert code == 2 and "--depths has 2 stages and --stage-heads 1" in err
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_small_swin_passes_on_the_device(tmp_path, monkeypatch, lean: bool) -> None:
+    """Rows gathered by exchanges, bias tables repeated every period; lean (parameters on
+    holders, A operands through whole rows) gives the same values."""
+    if lean:
+        monkeypatch.setattr("ipu_stack.lowering.driver.REPLICA_BUDGET", 0)
+    code, out, err = cli(["--quiet", "bench", "swin-l", *SMALL_ARGS, "--json", "--out",
+                          str(tmp_path)])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS", (record, err)
+    assert record["maximumAbsoluteError"] == 0.0  # bit-exact with the host reference
+    assert record["layers"] == 4 and record["estimateError"] == 0.0
