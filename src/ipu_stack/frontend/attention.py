@@ -47,9 +47,32 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
     with the bias as an F16 table laid out as the scores are (``[B*H*T, T]``)."""
     if bias is None:
         return conv.b.op("softmax", [scores.value], F16, name, scale=float(factor))
-    table = conv.weight(f"{name}.bias", bias.reshape(-1, bias.shape[-1]), False)
-    conv.rewrites.append(f"{name}: additive attention bias/mask as the table {name}.bias")
+    rows = bias.reshape(-1, bias.shape[-1])
+    # a bias that differs between heads (a relative position bias) is held as the rows
+    # that repeat; a mask the heads share (causal, padding) keeps its whole table
+    per_head = bias.ndim == 4 and bias.shape[1] > 1 and not np.array_equal(
+        bias, np.broadcast_to(bias[:, :1], bias.shape))
+    period = table_period(rows, bias.shape[0]) if per_head else len(rows)
+    table = conv.weight(f"{name}.bias", rows[:period], False)
+    conv.rewrites.append(f"{name}: additive attention bias/mask as the table {name}.bias"
+                         + (f", repeated every {period} rows" if period < len(rows) else ""))
     return conv.b.op("biased_softmax", [scores.value, table], F16, name, scale=float(factor))
+
+
+def table_period(rows: np.ndarray, sequences: int) -> int:
+    """The fewest rows of a ``[B H T, T]`` bias table that repeat to make it, a whole number
+    of sequences' rows (``biased_softmax`` holds one period: a Swin layer's relative
+    position bias is the same for every image, its shift mask for every head)."""
+    per_sequence = len(rows) // sequences
+    for count in range(1, sequences + 1):
+        if sequences % count:
+            continue
+        period = count * per_sequence
+        if np.array_equal(rows.reshape(-1, period, rows.shape[-1]),
+                          np.broadcast_to(rows[:period], (len(rows) // period, period,
+                                                          rows.shape[-1]))):
+            return period
+    return len(rows)
 
 
 # the ops whose output a tile can store in FP8 itself (a GEMM epilogue's last step, or a row

@@ -51,6 +51,16 @@ PAIR_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous
               "aten.alias", "aten.to", "aten._to_copy", "aten.detach", "aten.unsqueeze",
               "aten.squeeze", "aten.transpose", "aten.permute", "aten.chunk", "aten.split",
               "aten.split_with_sizes", "aten.slice", "aten.cat"}
+# rules that take rows out of order and keep them so (``frontend/order.py``): row-local
+# operations, views and permutes that keep the last axis, rolls, strided slices and the
+# concatenation that gathers them; every other rule gets its rows in order first
+ORDER_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous",
+               "aten.clone", "aten.alias", "aten.detach", "aten.dropout", "aten.flatten",
+               "aten.unflatten", "aten.transpose", "aten.permute", "aten.roll", "aten.pad",
+               "aten.constant_pad_nd", "aten.slice", "aten.cat", "aten.layer_norm",
+               "aten.gelu", "aten.linear", "aten.add", "<built-in function getitem>"}
+# one stack index of a module path, not consuming the dot after it (nested stacks)
+STACKED = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?=\.|$)")
 PROBE_SHIFT = 7  # a second set of positions that tells per-call inputs apart
 GEMM_A = {"aten.linear": 0, "aten.addmm": 1, "aten.mm": 0, "aten.matmul": 0}
 
@@ -168,6 +178,8 @@ class Converter:
         self.user_acts: dict[int, Act] = {}
         self.id_values: dict[int, int] = {}  # user input index -> its I32 ids value
         self.materialized: dict[tuple, Act] = {}
+        self.nested_layers: dict[str, int] = {}  # a nested block's path -> its layer number
+        self.row_orders: dict[tuple, int] = {}  # (value, order) -> its rows gathered in order
         self.fused_done: dict[int, tuple[Any, Act]] = {}
         self.pairs_done: dict[int, tuple[Any, Act]] = {}
         self.rewrites: list[str] = []
@@ -186,13 +198,21 @@ class Converter:
         """A value name from the node's module and operation, ``layer3.self_attn.q_proj.linear``
         inside layer 3 of a stack (``#k`` for the k-th repeat within one module): the same
         position in every layer has the same name after the ``layerN.`` prefix (its *role*,
-        which FP8 exponents are shared by), and the verdict groups stages by ``layerN``."""
+        which FP8 exponents are shared by), and the verdict groups stages by ``layerN``.
+        Stacks inside stacks (``layers.2.blocks.5``) number their innermost layers in the
+        order the program reaches them, so every block of every stage shares its roles."""
         if node not in self.node_names:
             stack = node.meta.get("nn_module_stack") or {}
             path = (list(stack.values())[-1][0] if stack else "") or ""
             match = MODULE_LAYER.search(path)
             op = op_name(node.target).split(".")[-1].strip("<>_ ").replace(" ", "_")
-            if match:
+            nested = list(STACKED.finditer(path))
+            if len(nested) > 1:  # blocks inside stages (Swin): numbered in order of use
+                end = nested[-1].end()
+                number = self.nested_layers.setdefault(path[:end], len(self.nested_layers))
+                rest = path[end:].lstrip(".")
+                base = f"layer{number}." + (f"{rest}.{op}" if rest else op)
+            elif match:
                 rest = path[match.end():]
                 base = f"layer{match.group(1)}." + (f"{rest}.{op}" if rest else op)
             else:
@@ -382,6 +402,21 @@ class Converter:
                 return cached
             return self.b.op("cast", [act.value], self.act_precision(name), name)
         return act.value
+
+    def in_order(self, act: Act, node: Any) -> Act:
+        """``act`` with its rows in logical order: one ``gather_rows`` (made once for a
+        value and an order, however many readers)."""
+        if act.order is None:
+            return act
+        act = self.plain(act, node)
+        key = (act.value, act.order)
+        if key not in self.row_orders:
+            source = self.b.graph.value(act.value)
+            self.row_orders[key] = self.b.op("gather_rows", [act.value], source.type.precision,
+                                             f"{self.name(node)}.rows", index=act.order)
+            self.rewrites.append(f"{node.name}: rows moved into order by one gather "
+                                 f"({len(act.order)} rows)")
+        return act.with_(value=self.row_orders[key], order=None)
 
     def settle(self, node: Any, value: Any) -> Any:
         """Arguments with symbolic values made concrete (``frontend/walk.py`` implements it:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.ir.types import RowIndex
 from ipu_stack.util.errors import CompileError
 
 
@@ -64,6 +65,9 @@ class Act:
     one_query: bool = False  # scores/probs of a single query replicated over the token rows
     norm_scale: str | None = None  # fresh RMS norm output: its scale weight's key (foldable)
     cached: int = 0  # a KV cache read whole: the key/value heads its IR value holds
+    # rows form with its rows out of order: logical row ``l`` (leading axes flattened) sits
+    # in IR row ``order.rows[l]``; ``None`` is the IR's own order (``frontend/order.py``)
+    order: RowIndex | None = field(default=None, compare=False)
 
     @property
     def lazy(self) -> bool:

@@ -16,7 +16,7 @@ from ipu_stack.ir.precision import F16
 def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str,
                 bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
     """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
-    act = row_activation(conv, node, x)
+    act = row_activation(conv, node, x)  # rows in any order: the result keeps it
     name = conv.name(node, suffix)
     a = conv.a_operand(act, node)
     w = conv.weight(key, weight, True)
@@ -29,4 +29,4 @@ def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str
         bias_name = conv.b.graph.value(bv).name
         value = conv.b.op("bias_add", [mm, bv], F16, name)
     return Act(value, (*act.shape[:-1], weight.shape[1]), act.form, act.dims,
-               linear=(conv.b.graph.value(w).name, bias_name))
+               linear=(conv.b.graph.value(w).name, bias_name), order=act.order)

@@ -24,15 +24,29 @@ def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: 
     """A linear layer: emitted now, or kept as :class:`~ipu_stack.frontend.fused.Fused`
     when every user splits its output into parts (``frontend/fused.py``)."""
     act = row_activation(conv, node, x)
+    if act.order is not None and _splits_columns(node, act):
+        act = conv.in_order(act, node)  # attention's q, k, v read the rows in order
     if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
         raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
     bias_np = None if bias is None else to_numpy(bias).reshape(-1)
     bias_key = None if bias is None else conv.const_key(bias, f"{conv.name(node)}.bias")
     users = list(node.users)
     if users and all(fused.is_fused_user(u, len(act.shape)) for u in users):
+        act = conv.in_order(act, node)  # its parts are views the orders do not follow
         return fused.Fused(act, weight, bias_np, key, bias_key,
                            (*act.shape[:-1], weight.shape[1]), node)
     return emit_linear(conv, node, act, weight, key, bias_np, bias_key)
+
+
+def _splits_columns(node: Any, act: Act) -> bool:
+    """Whether every user views the linear layer's output with another last axis (an
+    attention projection split into heads): those need the rows in order, and moving the
+    input once serves q, k and v, where moving each output would take three gathers."""
+    users = list(node.users)
+    return bool(users) and all(
+        op_name(u.target) in ("aten.view", "aten.reshape", "aten._unsafe_view")
+        and hasattr(u.meta.get("val"), "shape") and u.meta["val"].shape[-1] != act.shape[-1]
+        for u in users)
 
 
 @rule("aten.linear")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend import forms, patterns, rope
+from ipu_stack.frontend import forms, order, patterns, rope
 from ipu_stack.frontend.attention import softmax_op
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
@@ -58,6 +58,7 @@ def _scale(act: Act, factor: float) -> Act:
 
 
 def _add_constant(conv: Converter, node: Any, act: Act, constant: np.ndarray) -> Act:
+    act = conv.in_order(act, node)  # the constant's rows are in logical order
     if act.prefix or act.suffix or act.form not in ("rows", "replicated"):
         raise unsupported(node, f"adding a constant to a {act.form}-form value")
     if np.broadcast_shapes(constant.shape, act.shape) != act.shape:
@@ -77,8 +78,13 @@ def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
     ys = conv.plain(y.with_(factor=y.factor * alpha,
                             addend=None if y.addend is None else y.addend * alpha), node) \
         if alpha != 1.0 else conv.plain(y, node)
+    if xs.order is not None or ys.order is not None:  # rows out of order (Swin's windows)
+        if order.keeps_rows(xs, True) and order.keeps_rows(ys, True):
+            xs, ys = order.in_same_order(conv, node, xs, ys)
+        else:
+            xs, ys = conv.in_order(xs, node), conv.in_order(ys, node)
     value = conv.b.op("add", [xs.value, ys.value], F16, conv.name(node))
-    return Act(value, x.shape, x.form, x.dims)
+    return Act(value, x.shape, x.form, x.dims, order=ys.order)
 
 
 def _on_ids(node: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend import forms, fused, patterns, rope
+from ipu_stack.frontend import forms, fused, order, patterns, rope
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, HeadRepeat, HostIds, UserInput
 from ipu_stack.frontend.rules import activation, rule, to_numpy
@@ -70,6 +70,10 @@ def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
     act = activation(conv, node, x)
     total = prod(act.shape)
     resolved = forms.resolve_shape(shape, total)
+    if act.order is not None:  # rows out of order: regrouped leading axes stay so
+        if order.keeps_rows(act, resolved[-1] == act.shape[-1]):
+            return order.viewed(act, resolved)
+        act = conv.in_order(act, node)
     if resolved == (*act.shape[:-1], act.shape[-1] // 2, 2) and rope.start(act) is not None:
         return rope.view(rope.start(act), resolved)  # type: ignore[arg-type]
     out = forms.reshape(act, resolved)
@@ -229,11 +233,43 @@ def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
     if isinstance(x, fused.Split):
         return fused.permute(x, tuple(int(p) for p in perm))
     act = activation(conv, node, conv.settle(node, x))
-    out = forms.permute(act, tuple(int(p) for p in perm))
+    perm = tuple(int(p) % len(act.shape) for p in perm)
+    kept = perm[-1] == len(act.shape) - 1
+    if act.order is not None and not order.keeps_rows(act, kept):
+        act = conv.in_order(act, node)
+    out = forms.permute(act, perm) if act.order is None else None
+    if out is None and order.keeps_rows(act, kept):
+        return order.permuted(act, perm)  # whole rows in another order (Swin's windows)
+    if out is None and _pooled_tokens(node, act, perm):
+        b, n, d = act.shape
+        return act.with_(shape=(b, d, n), form="channels", dims=(b, d, n), linear=None)
     if out is None:
         raise unsupported(node, f"permute {list(perm)} of a {act.form}-form value "
                           f"{list(act.shape)} moves data")
     return out
+
+
+def _pooled_tokens(node: Any, act: Act, perm: tuple[int, ...]) -> bool:
+    """``x.transpose(1, 2)`` of rows ``[B, T, D]`` read only by an adaptive pooling (Swin's
+    pooler): held as it is, in the ``channels`` form the pooling reads."""
+    user = patterns.only_user(node)
+    return act.form == "rows" and len(act.shape) == 3 and perm == (0, 2, 1) and \
+        user is not None and op_name(user.target) == "aten.adaptive_avg_pool1d"
+
+
+@rule("aten.adaptive_avg_pool1d")
+def _adaptive_avg_pool1d(conv: Converter, node: Any, x: Any, size: Any) -> Act:
+    """``pool(x.transpose(1, 2), 1).flatten(1)``: the mean over the tokens (Swin's pooler),
+    as ``mean(x, 1)`` makes it."""
+    act = activation(conv, node, x)
+    user = patterns.only_user(node)
+    if list(size) != [1] or act.form != "channels" or act.prefix or act.suffix or \
+            user is None or op_name(user.target) != "aten.flatten":
+        raise unsupported(node, "an adaptive pooling other than a mean over the tokens, "
+                          "flattened")
+    b, d, n = act.dims
+    tokens = act.with_(shape=(b, n, d), form="rows", dims=())
+    return _mix_tokens(conv, node, tokens, np.full(n, 1.0 / n), keepdim=False)
 
 
 @rule("aten.expand")
@@ -261,6 +297,13 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
     if part is not None:
         return part
     act = activation(conv, node, conv.settle(node, x))
+    last = dim % len(act.shape) == len(act.shape) - 1
+    if order.keeps_rows(act, not last) and (act.order is not None or step != 1):
+        size = act.shape[dim]
+        first = 0 if start is None else (start + size if start < 0 else start)
+        stop = size if end is None else min(end + size if end < 0 else end, size)
+        return order.strided(act, dim % len(act.shape), first, stop, step)
+    act = conv.in_order(act, node)
     if act.gap[1] and dim % len(act.shape) == 1 and step == 1:
         size = act.shape[1]
         first = 0 if start is None else (start + size if start < 0 else start)
@@ -385,6 +428,9 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
     if parts and isinstance(parts[0], GapSlice):
         return _fill_gap(conv, node, list(parts))
     parts = conv.settle(node, parts)
+    if order.concatenable(list(parts), dim):  # patch merging's 2 x 2 neighbours
+        return order.gathered_parts(conv, node, list(parts))
+    parts = [conv.in_order(p, node) if isinstance(p, Act) else p for p in parts]
     acts = [p for p in parts if isinstance(p, Act)]
     if len(acts) != 1 or acts[0].prefix + acts[0].suffix == 0:
         raise unsupported(node, "concatenation of activations (only constant tokens around "

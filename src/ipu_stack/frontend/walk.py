@@ -16,6 +16,7 @@ import numpy as np
 from ipu_stack.frontend import fused, rope
 from ipu_stack.frontend.attention import attention_operands_in_fp8
 from ipu_stack.frontend.convert import (
+    ORDER_AWARE,
     PAIR_AWARE,
     SIDE_EFFECTS,
     Converted,
@@ -94,6 +95,8 @@ class Importer(Converter):
                     raise unsupported(node)
                 if kind not in PAIR_AWARE:
                     args, kwargs = self.settle(node, args), self.settle(node, kwargs)
+                if kind not in ORDER_AWARE:
+                    args, kwargs = self.ordered(node, args), self.ordered(node, kwargs)
                 try:
                     self.env[node] = handler(self, node, *args, **kwargs)
                 except TypeError as exc:  # a signature this rule was not written for
@@ -141,6 +144,17 @@ class Importer(Converter):
             return type(value)(self.settle(node, v) for v in value)
         if isinstance(value, dict):
             return {k: self.settle(node, v) for k, v in value.items()}
+        return value
+
+    def ordered(self, node: Any, value: Any) -> Any:
+        """Arguments with every activation's rows in logical order (``Converter.in_order``):
+        what a rule that does not track row orders (``ORDER_AWARE``) reads."""
+        if isinstance(value, Act) and value.order is not None:
+            return self.in_order(value, node)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.ordered(node, v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.ordered(node, v) for k, v in value.items()}
         return value
 
     def live_nodes(self) -> set[Any]:
@@ -270,7 +284,7 @@ class Importer(Converter):
             if not isinstance(value, Act):
                 raise unsupported(arg if hasattr(arg, "op") else node,
                                   "an output that is a constant or an unmodified input")
-            act = self.plain(value, arg)
+            act = self.in_order(self.plain(value, arg), arg)
             ir = self.b.graph.value(act.value)
             if ir.role != "intermediate":
                 raise unsupported(arg, "an output that is an input, or returned twice")

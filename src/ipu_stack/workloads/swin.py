@@ -3,21 +3,24 @@
 * ``swin-l``: Swin-L at 384 (ByteMLPerf's ``swin-large-torch-fp32`` shape, transformers'
   ``SwinModel``): 4 x 4 patches (a 96 x 96 grid), embedding width 192, depths 2-2-18-2,
   heads 6-12-24-48, windows of 12 x 12 tokens, MLP 4 x the width, exact GELU, layer norm
-  eps 1e-5, patch merging between stages, the final layer norm (the last hidden state).
+  eps 1e-5, patch merging between stages, the final layer norm (the last hidden state) and
+  the pooled mean.
 
 **Token order.** Everything in a block but attention works row by row (the norms, the
 projections, the MLP and the residual adds), so the residual stream needs no fixed order:
-it is kept in the order of the windows of the block that reads it. A block whose windows
-differ from its predecessor's (a shifted block after a plain one, and back) first moves the
-stream's rows into its own window order (``gather_rows``: one exchange, no arithmetic).
-That one move does transformers' roll, window partition, window reverse and roll back
-(``shifts=(-s, -s)`` then partition, ``s`` = half a window; each of those four is a fixed
-permutation of the rows, and between two blocks only their composition matters). Patch
-merging is one gather too: each new row concatenates the 2 x 2 neighbours
-``x0 = [0::2, 0::2], x1 = [1::2, 0::2], x2 = [0::2, 1::2], x3 = [1::2, 1::2]``, picked from
-wherever the stream holds them and laid out in the next block's window order. The host
-writes the patch rows in the first block's window order (a reordering of the image's bytes,
-as the towers' patch rows are).
+it stays in the order of the windows of the block that made it. A block whose windows
+differ from that order (a shifted block after a plain one, and back) moves rows twice
+(``gather_rows``: an exchange each, no arithmetic): its first norm's output into its
+window order for the attention, and the stream into the same order for the residual add.
+Those moves do transformers' roll, window partition, window reverse and roll back
+(``shifts=(-s, -s)`` then partition, ``s`` = half a window; each a fixed permutation of the
+rows: between two blocks only their composition matters). Patch merging is one gather: each
+new row concatenates the 2 x 2 neighbours ``x0 = [0::2, 0::2], x1 = [1::2, 0::2],
+x2 = [0::2, 1::2], x3 = [1::2, 1::2]``, picked from wherever the stream holds them, in the
+halved grid's raster order. This is the graph the importer makes of transformers'
+``SwinModel`` (``frontend/order.py``), so an exported model and this builtin run the same
+program. The pooled output is each image's mean token (``head_matmul pv`` with a constant
+mixing input, as for the towers' importer).
 
 **Attention** inside each window is a ``head_matmul`` over ``batch x windows`` sequences of
 ``window^2`` tokens. The relative position bias (``relative_position_bias_table`` indexed by
@@ -192,32 +195,59 @@ def _norm(builder: LayerBuilder, x: int, width: int, name: str, out: Precision) 
                         eps=builder.p["eps"])
 
 
-def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, shift: int) -> int:
-    """One Swin block on the stream ``x`` (already in the block's window order)."""
-    prefix = f"layer{number}"
-    tokens = stage.window ** 2
-    builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads, "tokens": tokens,
-                 "hidden": builder.p["mlp_ratio"] * stage.dim}
+def _gather(builder: LayerBuilder, x: int, picks: np.ndarray, name: str, group: int = 1) -> int:
+    precision = builder.b.graph.value(x).type.precision
+    return builder.b.op("gather_rows", [x], precision, name, index=RowIndex(picks),
+                        group=group)
+
+
+def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift: int) -> None:
+    """The layer's bias (and shift mask) as ``builder.mask``: the rows that repeat over
+    the images (and, without a mask, the windows)."""
     bias_table = rng_for(builder.p["seed"], f"{prefix}.attn.rel_bias").standard_normal(
         ((2 * stage.window - 1) ** 2, stage.heads)) * 0.02
     table = F16.round_trip(attention_table(bias_table, stage, shift))
     name = f"{prefix}.attn.table"
     builder.tensors[name] = table
     builder.mask = builder.b.weight(name, TensorType(table.shape, F16))
-    return builder.layer(x, number, rope=False)
 
 
-def _stem(builder: LayerBuilder, seed: int, order: np.ndarray) -> int:
-    """Patch rows (in ``order``) through the patch embedding and its norm."""
+def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: np.ndarray | None,
+           shift: int) -> int:
+    """One Swin block on the stream ``x``; ``picks``: the rows that put it in the block's
+    window order, where it is not in it."""
+    prefix = f"layer{number}"
+    p = builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads,
+                     "tokens": stage.window ** 2, "hidden": builder.p["mlp_ratio"] * stage.dim}
+    _attention_table(builder, stage, prefix, shift)
+    h = builder.norm(x, f"{prefix}.ln1", F16)
+    if picks is not None:
+        h = _gather(builder, h, picks, f"{prefix}.ln1.rows")
+    if builder.fp8_at(prefix):
+        h = builder.b.op("cast", [h], builder.act(f"{prefix}.ln1.fp8"), f"{prefix}.ln1.fp8")
+    a = builder.attention(h, f"{prefix}.attn", rope=False, bias=True)
+    if picks is not None:
+        x = _gather(builder, x, picks, f"{prefix}.shortcut.rows")
+    x = builder.b.op("add", [x, a], F16, f"{prefix}.residual1")
+    h = builder.norm(x, f"{prefix}.ln2", builder.act(f"{prefix}.ln2.out"))
+    f1 = builder.linear(h, p["dim"], p["hidden"], f"{prefix}.fc1", F16, True)
+    g = builder.b.op("gelu", [f1], builder.act(f"{prefix}.gelu"), f"{prefix}.gelu",
+                     approximate="none")
+    m = builder.linear(g, p["hidden"], p["dim"], f"{prefix}.fc2", F16, True)
+    return builder.b.op("add", [x, m], F16, f"{prefix}.residual2")
+
+
+def _stem(builder: LayerBuilder, seed: int) -> int:
+    """Patch rows (raster order) through the patch embedding and its norm."""
     p = builder.p
     batch, patch, dim = p["batch"], p["patch"], p["dim"]
     depth = 3 * patch * patch
     pixels = rng_for(seed, "pixels").uniform(-1.0, 1.0, (batch, 3, p["image"], p["image"]))
-    rows = image_patches(pixels, patch).reshape(-1, depth)[order]
+    rows = image_patches(pixels, patch)
     precision = builder.act("patches")
     builder.tensors["patches"] = precision.round_trip(rows)
     builder.tensors["pixels"] = pixels.astype(np.float32)
-    x = builder.b.input("patches", TensorType((len(order), depth), precision))
+    x = builder.b.input("patches", TensorType(rows.shape, precision))
     weight = builder.weight("patch.w", (depth, dim), 1.0 / np.sqrt(depth))
     stem = builder.b.op("matmul", [x, weight], F16, "patch.mm")
     stem = builder.b.op("bias_add", [stem, builder.weight("patch.b", (dim,), 0.02)], F16,
@@ -225,12 +255,14 @@ def _stem(builder: LayerBuilder, seed: int, order: np.ndarray) -> int:
     return _norm(builder, stem, dim, "embed_ln", F16)
 
 
-def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: np.ndarray,
-           order: np.ndarray) -> int:
-    """Patch merging of the stream ``x`` (raster tokens ``held``) into ``order``."""
-    picks = np.argsort(held)[merge_order(builder.p["batch"], stage.side, order)]
-    merged = builder.b.op("gather_rows", [x], F16, f"merge{number}.rows",
-                          index=RowIndex(picks), group=4)
+def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: np.ndarray
+           ) -> int:
+    """Patch merging of the stream ``x`` (raster tokens ``held``) into the raster order of
+    the halved grid."""
+    batch = builder.p["batch"]
+    raster = np.arange(batch * (stage.side // 2) ** 2)
+    picks = np.argsort(held)[merge_order(batch, stage.side, raster)]
+    merged = _gather(builder, x, picks, f"merge{number}.rows", group=4)
     name = f"merge{number}"
     normed = _norm(builder, merged, 4 * stage.dim, f"{name}.ln", builder.act(f"{name}.ln.out"))
     weight = builder.weight(f"{name}.reduction.w", (4 * stage.dim, 2 * stage.dim),
@@ -238,29 +270,41 @@ def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: n
     return builder.b.op("matmul", [normed, weight], F16, f"{name}.reduction.mm")
 
 
+def _pooled(builder: LayerBuilder, x: int, tokens: int) -> int:
+    """The mean over each image's tokens (transformers' pooler), every row of an image
+    holding it: ``head_matmul pv`` with a constant mixing input, as the importer makes it."""
+    batch = builder.p["batch"]
+    builder.tensors["pool.mix"] = np.full((batch * tokens, tokens), 1.0 / tokens, np.float32)
+    mix = builder.b.input("pool.mix", TensorType((batch * tokens, tokens), F16))
+    return builder.b.op("head_matmul", [mix, x], F16, "pooled", mode="pv", heads=1,
+                        tokens=tokens)
+
+
 def _build_swin(builder: LayerBuilder, seed: int) -> None:
-    """The stem, the stages with their merges, the final norm into ``builder``."""
+    """The stem, the stages with their merges, the final norm and the pooled mean into
+    ``builder``; the stream's rows move where a block's windows need another order (the
+    order the importer keeps for transformers' ``SwinModel``, ``frontend/order.py``)."""
     stages = swin_stages(builder.p)
     batch = builder.p["batch"]
-    held = window_order(batch, stages[0].side, stages[0].window, 0)
-    x = _stem(builder, seed, held)
+    x = _stem(builder, seed)
+    held = np.arange(batch * stages[0].side ** 2)
     number = 0
     for index, stage in enumerate(stages):
         if index:
-            before = stages[index - 1]
-            order = window_order(batch, stage.side, stage.window, 0)
-            x, held = _merge(builder, x, before, index - 1, held, order), order
+            x = _merge(builder, x, stages[index - 1], index - 1, held)
+            held = np.arange(batch * stage.side ** 2)
         for block in range(stage.depth):
             shift = stage.shift(block)
             order = window_order(batch, stage.side, stage.window, shift)
-            if not np.array_equal(order, held):
-                picks = np.argsort(held)[order]
-                x = builder.b.op("gather_rows", [x], F16, f"layer{number}.windows",
-                                 index=RowIndex(picks))
-                held = order
-            x = _block(builder, x, stage, number, shift)
+            picks = None if np.array_equal(order, held) else np.argsort(held)[order]
+            x = _block(builder, x, stage, number, picks, shift)
+            held = order
             number += 1
-    builder.b.output(_norm(builder, x, stages[-1].dim, "final_ln", F16))
+    x = _norm(builder, x, stages[-1].dim, "final_ln", F16)
+    if not np.array_equal(held, np.arange(len(held))):
+        x = _gather(builder, x, np.argsort(held), "final_ln.rows")
+    builder.b.output(x)
+    builder.b.output(_pooled(builder, x, stages[-1].side ** 2))
 
 
 def build_swin(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -277,10 +321,11 @@ def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, 
     batch, image, patch = params["batch"], params["image"], params["patch"]
     pixels = rng_for(params["seed"], f"pixels.{index}").uniform(-1.0, 1.0,
                                                                 (batch, 3, image, image))
-    order = window_order(batch, stages[0].side, stages[0].window, 0)
-    rows = image_patches(pixels, patch).reshape(-1, 3 * patch * patch)[order]
+    rows = image_patches(pixels, patch)
     value = graph.by_role("input")[0]
-    return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape)}
+    tokens = stages[-1].side ** 2
+    return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape),
+            "pool.mix": np.full((batch * tokens, tokens), 1.0 / tokens, np.float32)}
 
 
 def swin_footprint(params: dict[str, Any]) -> Footprint:

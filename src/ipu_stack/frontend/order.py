@@ -1,0 +1,142 @@
+"""ATen rules, row orders: rolls, permutes of the leading axes and strided slices that move
+whole rows, kept as an order over the rows (``Act.order``) instead of moved.
+
+A Swin block rolls its grid (``torch.roll`` over height and width), cuts it into windows
+(a ``view`` and a ``transpose`` of the leading axes), attends, and puts the windows back
+and rolls them back; patch merging takes ``x[:, r::2, c::2]`` and concatenates the four.
+Every one of those keeps each row whole: only which row is where changes. The importer
+tracks that as an index (logical row ``l`` is IR row ``order[l]``) through views, permutes
+and rolls, and row-local operations (norms, linear layers, GELU, residual adds) run on
+the rows where they lie, the result in the same order. Rows move only where a rule needs
+them in order (``Converter.in_order``: one ``gather_rows``, an exchange on the device), or
+where two operands of an add lie in different orders (the left one moves into the right
+one's); a concatenation of strided slices of one value is one gather too. Zero padding that
+adds no rows passes through.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend.convert import Converter, unsupported
+from ipu_stack.frontend.forms import Act
+from ipu_stack.frontend.rules import activation, rule
+from ipu_stack.ir.types import RowIndex
+
+
+def rows_of(act: Act) -> np.ndarray:
+    """The IR row of each logical row of a rows-form value, as an array over its leading
+    axes."""
+    lead = act.shape[:-1]
+    held = act.order.rows if act.order is not None else np.arange(prod(lead))
+    return held.reshape(lead)
+
+
+def reordered(act: Act, rows: np.ndarray, shape: tuple[int, ...]) -> Act:
+    """``act`` viewed as ``shape`` with logical row ``l`` at IR row ``rows.flat[l]`` (no
+    order where that is the IR's own)."""
+    flat = np.ascontiguousarray(rows.reshape(-1))
+    same = len(flat) == act_rows(act) and np.array_equal(flat, np.arange(len(flat)))
+    return act.with_(shape=shape, order=None if same else RowIndex(flat), linear=None)
+
+
+def act_rows(act: Act) -> int:
+    """Rows the IR value holds (a strided slice holds fewer logical ones)."""
+    return prod(act.shape[:-1]) if act.order is None else len(act.order)
+
+
+def keeps_rows(act: Act, last_axis_kept: bool) -> bool:
+    """Whether a rule may move ``act``'s rows as an order: a rows-form value without lazy
+    terms or hidden rows, whose last axis stays the columns."""
+    return (isinstance(act, Act) and act.form == "rows" and last_axis_kept and not act.lazy
+            and not (act.prefix or act.suffix or act.gap[1]) and act.attention is None
+            and not act.cached)
+
+
+def permuted(act: Act, perm: tuple[int, ...]) -> Act:
+    """A permute of the leading axes (the last stays last) as an order."""
+    rows = rows_of(act).transpose(perm[:-1])
+    return reordered(act, rows, tuple(act.shape[p] for p in perm))
+
+
+def viewed(act: Act, shape: tuple[int, ...]) -> Act:
+    """A view that keeps the last axis: the same rows, leading axes regrouped."""
+    return act.with_(shape=shape, linear=None)
+
+
+def in_same_order(conv: Converter, node: Any, x: Act, y: Act) -> tuple[Act, Act]:
+    """Two rows-form operands of a row-local operation in one order: ``x`` moved into
+    ``y``'s when they differ (a residual add: the stream moves to where the block's
+    windows left its attention output), both into logical order where ``y``'s rows are
+    not every row of its value."""
+    if x.order == y.order:
+        return x, y
+    wanted = rows_of(y).reshape(-1)
+    if y.order is not None and len(np.unique(wanted)) != len(wanted):
+        return conv.in_order(x, node), conv.in_order(y, node)
+    if y.order is not None and (len(wanted) != act_rows(y) or x.shape[:-1] != y.shape[:-1]):
+        return conv.in_order(x, node), conv.in_order(y, node)
+    holder = np.empty(len(wanted), dtype=np.int64)
+    holder[wanted] = np.arange(len(wanted))  # the logical row each IR row of y holds
+    source = rows_of(x).reshape(-1)[holder]
+    moved = conv.in_order(x.with_(order=RowIndex(source)), node)
+    return moved.with_(order=y.order), y
+
+
+def gathered_parts(conv: Converter, node: Any, parts: list[Act]) -> Act:
+    """``cat(parts, -1)`` of strided slices of one value: each result row their rows side
+    by side, one ``gather_rows`` of ``len(parts)`` rows a row."""
+    first = conv.plain(parts[0], node)
+    picks = np.stack([rows_of(conv.plain(p, node)).reshape(-1) for p in parts], axis=1)
+    name = conv.name(node)
+    precision = conv.b.graph.value(first.value).type.precision
+    value = conv.b.op("gather_rows", [first.value], precision, name,
+                      index=RowIndex(picks.reshape(-1)), group=len(parts))
+    conv.rewrites.append(f"{node.name}: {len(parts)} strided slices concatenated by one "
+                         "gather")
+    shape = (*first.shape[:-1], first.shape[-1] * len(parts))
+    return Act(value, shape)
+
+
+def concatenable(parts: list[Any], dim: int) -> bool:
+    """Whether ``cat(parts, dim)`` is a gather of one value's rows: rows-form parts of one
+    IR value and one shape, along the last axis."""
+    if len(parts) < 2 or not all(isinstance(p, Act) for p in parts):
+        return False
+    rank = len(parts[0].shape)
+    return dim % rank == rank - 1 and all(
+        keeps_rows(p, True) and p.value == parts[0].value and p.shape == parts[0].shape
+        for p in parts)
+
+
+def strided(act: Act, dim: int, start: int, end: int, step: int) -> Act:
+    """``act[..., start:end:step, ...]`` along a leading axis: a subset of its rows."""
+    index = [slice(None)] * (len(act.shape) - 1)
+    index[dim] = slice(start, end, step)
+    rows = rows_of(act)[tuple(index)]
+    return reordered(act, rows, (*rows.shape, act.shape[-1]))
+
+
+@rule("aten.roll")
+def _roll(conv: Converter, node: Any, x: Any, shifts: Any, dims: Any = ()) -> Act:
+    act = activation(conv, node, x)
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    dims = [int(d) % len(act.shape) for d in (dims if isinstance(dims, (list, tuple))
+                                              else [dims])]
+    if not dims or len(dims) != len(shifts) or not keeps_rows(
+            act, len(act.shape) - 1 not in dims):
+        raise unsupported(node, "a roll of anything but the leading axes of a rows value")
+    return reordered(act, np.roll(rows_of(act), shifts, dims), act.shape)
+
+
+@rule("aten.pad", "aten.constant_pad_nd")
+def _pad(conv: Converter, node: Any, x: Any, pad: Any, *rest: Any, **kwargs: Any) -> Act:
+    """Zero padding that adds nothing (Swin's ``maybe_pad`` on a grid windows tile)."""
+    act = activation(conv, node, x)
+    if any(int(p) for p in pad):
+        raise unsupported(node, "padding that adds rows or columns (a grid that windows or "
+                          "a patch merging do not tile)")
+    return act
