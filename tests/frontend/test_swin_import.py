@@ -17,6 +17,7 @@ from ipu_stack.frontend import import_program  # noqa: E402
 from ipu_stack.frontend.forms import Act  # noqa: E402
 from ipu_stack.frontend.order import rows_of  # noqa: E402
 from ipu_stack.ir.types import RowIndex  # noqa: E402
+from ipu_stack.testing.models import swin  # noqa: E402
 
 BUILTIN = ["swin-l", "--batch", "2", "--image", "32", "--window", "4", "--dim", "16",
            "--depths", "2,2", "--stage-heads", "2,4"]
@@ -24,17 +25,10 @@ BUILTIN = ["swin-l", "--batch", "2", "--image", "32", "--window", "4", "--dim", 
 
 def _swin(classify: bool = False):
     """A small Swin (a 8 x 8 grid of windows of 4: one plain and one shifted block, a merge,
-    a stage of one window), its relative position biases random (transformers starts them
-    at zero, which would hide them)."""
+    a stage of one window), its relative position biases random."""
     torch.manual_seed(3)
-    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2],
-                                     num_heads=[2, 4], window_size=4, num_labels=5)
-    kind = transformers.SwinForImageClassification if classify else transformers.SwinModel
-    model = kind(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "relative_position_bias_table" in name:
-                parameter.normal_(0, 0.02)
+    model = swin(classify, image_size=32, patch_size=4, embed_dim=16, depths=[2, 2],
+                 num_heads=[2, 4], window_size=4, num_labels=5)
     return model, torch.randn(2, 3, 32, 32)
 
 
