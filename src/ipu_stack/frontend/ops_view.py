@@ -293,6 +293,8 @@ def _expand(conv: Converter, node: Any, x: Any, shape: Any, implicit: bool = Fal
 @rule("aten.slice")
 def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, end: Any = None,
            step: int = 1) -> Any:
+    if isinstance(x, Act) and x.order is not None and dim % len(x.shape) == len(x.shape) - 1:
+        x = conv.in_order(x, node)  # a slice of the columns reads the rows in order
     part = _rope_half(x, dim, start, end, step)
     if part is not None:
         return part

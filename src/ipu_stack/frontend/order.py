@@ -39,13 +39,10 @@ def reordered(act: Act, rows: np.ndarray, shape: tuple[int, ...]) -> Act:
     """``act`` viewed as ``shape`` with logical row ``l`` at IR row ``rows.flat[l]`` (no
     order where that is the IR's own)."""
     flat = np.ascontiguousarray(rows.reshape(-1))
-    same = len(flat) == act_rows(act) and np.array_equal(flat, np.arange(len(flat)))
+    # the IR's own order only where every row of the value is still there: an ordered
+    # value may be a strided slice, fewer rows than its IR value holds
+    same = act.order is None and np.array_equal(flat, np.arange(prod(act.shape[:-1])))
     return act.with_(shape=shape, order=None if same else RowIndex(flat), linear=None)
-
-
-def act_rows(act: Act) -> int:
-    """Rows the IR value holds (a strided slice holds fewer logical ones)."""
-    return prod(act.shape[:-1]) if act.order is None else len(act.order)
 
 
 def keeps_rows(act: Act, last_axis_kept: bool) -> bool:
@@ -75,9 +72,9 @@ def in_same_order(conv: Converter, node: Any, x: Act, y: Act) -> tuple[Act, Act]
     if x.order == y.order:
         return x, y
     wanted = rows_of(y).reshape(-1)
-    if y.order is not None and len(np.unique(wanted)) != len(wanted):
-        return conv.in_order(x, node), conv.in_order(y, node)
-    if y.order is not None and (len(wanted) != act_rows(y) or x.shape[:-1] != y.shape[:-1]):
+    held = conv.b.graph.value(y.value).type.rows
+    if x.shape[:-1] != y.shape[:-1] or len(wanted) != held or (
+            len(np.unique(wanted)) != held):  # y holds rows no logical row of it names
         return conv.in_order(x, node), conv.in_order(y, node)
     holder = np.empty(len(wanted), dtype=np.int64)
     holder[wanted] = np.arange(len(wanted))  # the logical row each IR row of y holds
