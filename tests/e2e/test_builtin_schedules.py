@@ -19,7 +19,7 @@ from ipu_stack.target import IPU21
 from ipu_stack.workloads import REGISTRY
 
 SMALL = {"tokens": 17, "dim": 64, "heads": 4, "kv_heads": 2, "hidden": 96, "image": 28, "patch": 7,
-         "layers": 2}
+         "layers": 2, "window": 2, "depths": "2,2", "stage_heads": "4,8"}
 
 
 def lowered(name: str, sizes: dict, rank: int, paired: bool = False) -> Program:

@@ -213,7 +213,9 @@ class GemmLowering(LoweringBase):
             builder = TransferBuilder(f"{name}.right")
             self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
                                                  zip(b_layouts, groups, strict=True)], name)
-            if gg.plan.streamed:  # an all-gather over the row groups: at its bound as unicasts
+            # an all-gather (streamed weights over the row groups, or an activation's blocks
+            # already on the tiles that share them): at its bound as unicasts
+            if gg.plan.streamed or builder.all_gather():
                 builder.split_multicasts()
         self.emit_exchange(builder)
         return a_buf, b_buf

@@ -126,6 +126,17 @@ class TransferBuilder:
         self.dst_count = [np.ones(int(fanout.sum()), dtype=np.int64)]
         self.dst = [np.concatenate(self.dst)]
 
+    def all_gather(self) -> bool:
+        """Whether the phase is an all-gather: multicasts whose every sender also receives
+        (tiles that each hold a slice the others need), which ``split_multicasts`` turns
+        into unicasts that meet the phase's bound."""
+        if not self.src:
+            return False
+        senders = np.concatenate(self.src)[:, 0]
+        receivers = np.concatenate(self.dst)[:, 0]
+        return bool(np.concatenate(self.dst_count).max() > 1) and bool(
+            np.isin(senders, receivers).all())
+
     def absorb(self, other: TransferBuilder) -> None:
         """Take over ``other``'s transfers and local copies (a trial built separately)."""
         self.src += other.src

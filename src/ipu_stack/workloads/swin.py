@@ -329,13 +329,19 @@ def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, 
 
 
 def swin_footprint(params: dict[str, Any]) -> Footprint:
-    """Every stage's GEMM weights, and the largest of a stage's attention scores (F16) and
-    its first MLP product's input and output."""
+    """Every stage's GEMM weights with the patch embedding's and the attention tables (F16:
+    a shifted block's repeats every window), and the largest of a stage's attention scores
+    (F16) and its first MLP product's input and output."""
     size = 1 if params["precision"] == "fp8" else 2
     stages = swin_stages(params)
     per_layer = [(4 + 2 * params["mlp_ratio"]) * s.dim * s.dim * size for s in stages]
     weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
     weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
+    weights += 3 * params["patch"] ** 2 * params["dim"] * size
+    for s in stages:
+        tables = [s.heads * s.window ** 4 * 2 * ((s.side // s.window) ** 2 if s.shift(block)
+                                                 else 1) for block in range(s.depth)]
+        weights += sum(tables)
     batch = params["batch"]
     largest = max(max(batch * s.side ** 2 * s.heads * s.window ** 2 * 2,
                       batch * s.side ** 2 * s.dim * (1 + params["mlp_ratio"]) * size)
