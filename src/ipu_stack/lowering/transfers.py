@@ -127,15 +127,19 @@ class TransferBuilder:
         self.dst = [np.concatenate(self.dst)]
 
     def all_gather(self) -> bool:
-        """Whether the phase is an all-gather: multicasts whose every sender also receives
-        (tiles that each hold a slice the others need), which ``split_multicasts`` turns
-        into unicasts that meet the phase's bound."""
+        """Whether the phase is an all-gather: multicasts among tiles that each send to
+        every tile that sends to them (each holds a slice the others need). While one of
+        them multicasts, the others only listen, so the slices go one after the other;
+        ``split_multicasts`` turns them into unicasts that meet the phase's bound."""
         if not self.src:
             return False
-        senders = np.concatenate(self.src)[:, 0]
+        fanout = np.concatenate(self.dst_count)
+        if fanout.max() < 2:
+            return False
+        senders = np.repeat(np.concatenate(self.src)[:, 0], fanout)
         receivers = np.concatenate(self.dst)[:, 0]
-        return bool(np.concatenate(self.dst_count).max() > 1) and bool(
-            np.isin(senders, receivers).all())
+        pairs = set(zip(senders.tolist(), receivers.tolist(), strict=True))
+        return all((receiver, sender) in pairs for sender, receiver in pairs)
 
     def absorb(self, other: TransferBuilder) -> None:
         """Take over ``other``'s transfers and local copies (a trial built separately)."""
