@@ -13,8 +13,15 @@ from tests.helpers import cli
 
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate_float64
+from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import RowIndex, TensorType
+from ipu_stack.lowering.driver import lower
+from ipu_stack.lowering.permute import row_moves
+from ipu_stack.pipeline import stage_shape
+from ipu_stack.planning.gemm import gemm_candidates
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.target import IPU21
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.base import rng_for
@@ -194,3 +201,56 @@ def test_a_small_swin_passes_on_the_device(tmp_path, monkeypatch, lean: bool) ->
     assert code == 0 and record["numericalTest"] == "PASS", (record, err)
     assert record["maximumAbsoluteError"] == 0.0  # bit-exact with the host reference
     assert record["layers"] == 4 and record["estimateError"] == 0.0
+
+
+def _whole_rows(rows: int, cols: int, tiles: int, row_block: int) -> BlockLayout:
+    blocks = -(-rows // row_block)
+    spread = (np.arange(blocks) * tiles // blocks).astype(np.int32)
+    return BlockLayout(rows, cols, F16, row_block, cols, spread.reshape(blocks, 1, 1))
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_row_moves_replayed_byte_by_byte_put_every_row_where_it_goes(group: int) -> None:
+    """The runs a row gather makes, copied byte by byte between per-tile memories, leave
+    the result rows ``x[index]`` (``group`` side by side); rows consecutive on both sides
+    go as one run."""
+    rng = np.random.default_rng(7)
+    rows, cols = 48, 6
+    x = rng.standard_normal((rows, cols)).astype(np.float16)
+    index = rng.permutation(rows) if group == 1 else np.arange(rows)
+    source = _whole_rows(rows, cols, 20, 5)  # a block a tile, as landing layouts are
+    out = _whole_rows(rows // group, cols * group, 17, 3)
+    row_bytes = cols * 2
+    memory = {t: np.zeros(source.block_bytes, np.uint8) for t in range(20)}
+    for r in range(rows):
+        tile, at = int(source.tiles[r // 5, 0, 0]), (r % 5) * source.pitch
+        memory[tile][at:at + row_bytes] = x[r].view(np.uint8)
+    result = {t: np.zeros(out.block_bytes, np.uint8) for t in range(17)}
+    runs = row_moves(index, group, source, out, row_bytes)
+    for src_tile, src_off, dst_tile, dst_off, size in zip(*runs, strict=True):
+        result[int(dst_tile)][dst_off:dst_off + size] = memory[int(src_tile)][
+            src_off:src_off + size]
+    got = np.stack([result[int(out.tiles[r // 3, 0, 0])][(r % 3) * out.pitch:][
+        :out.pitch].view(np.float16) for r in range(rows // group)])
+    np.testing.assert_array_equal(got, x[index].reshape(rows // group, cols * group))
+    if group == 4:  # in order: a run is as long as both sides keep rows together
+        assert len(runs[0]) < rows
+
+
+def test_a_repeating_bias_table_is_held_once() -> None:
+    """The lowered small Swin writes each layer's table once (its period's rows), not once
+    per image: the host writes are the tables' own bytes."""
+    workload = get_workload("swin-l")
+    graph, _ = workload.build(workload.resolve(SMALL))
+    stages = find_stages(graph)
+    plans = [gemm_candidates(stage_shape(graph, s), IPU21)[0] if isinstance(s, GemmStage)
+             else None for s in stages]
+    program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+    tables = {v.name: v.type for v in graph.values if v.name.endswith("attn.table")}
+    written = {w.tensor: w.layout for w in program.initialize if w.tensor in tables}
+    assert set(written) == set(tables)
+    for name, layout in written.items():
+        assert (layout.rows, layout.cols) == (tables[name].rows, tables[name].cols)
+    scores = [graph.value(op.inputs[0]).type.rows for op in graph.operations
+              if op.kind == "biased_softmax"]
+    assert all(rows > tables[name].rows for rows, name in zip(scores, tables, strict=True))
