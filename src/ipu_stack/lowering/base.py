@@ -213,6 +213,13 @@ class LoweringBase:
         self.where[value_id] = [Piece(0, 0, held, buffer)]
         return self._in_row_layout(builder, value_id, shared, f"stage{stage}.{self._name(value_id)}")
 
+    def result_buffer(self, value_id: int, layout: BlockLayout) -> int:
+        """A new buffer for a stage's result in ``layout``."""
+        name = self._name(value_id)
+        return self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
+                                       MemoryClass.STANDARD, f"{name}: {layout.describe()}",
+                                       layout)
+
     def periodic_rows(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
                       what: str) -> int:
         """A buffer holding a table of ``P`` rows repeated into ``layout``'s rows (row ``r``

@@ -18,7 +18,6 @@ from ipu_stack.ir.layout import WORD, BlockLayout
 from ipu_stack.lowering.base import LoweringBase, Piece, landing_layout
 from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder
 from ipu_stack.planning.stages import RowStage
-from ipu_stack.target import MemoryClass
 from ipu_stack.util.errors import CompileError
 
 
@@ -63,10 +62,7 @@ class PermuteLowering(LoweringBase):
         src_buf = self._in_row_layout(staging, x_id, source, name)
         self.emit_exchange(staging)
         out = landing_layout(out_rows, out_cols, precision, self.target)
-        label = self._name(stage.out)
-        out_buf = self.program.add_buffer(label, out.used_tiles(), out.block_bytes,
-                                          MemoryClass.STANDARD,
-                                          f"{label}: {out.describe()} (rows gathered)", out)
+        out_buf = self.result_buffer(stage.out, out)
         src_tile, src_off, dst_tile, dst_off, nbytes = row_moves(
             stage.attrs["index"].rows, int(stage.attrs.get("group", 1)), source, out, row_bytes)
         builder = TransferBuilder(f"{name}.gather")

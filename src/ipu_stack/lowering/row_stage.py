@@ -113,7 +113,7 @@ class RowLowering(LoweringBase):
         builder = TransferBuilder(f"{name}.beside")
         aux_buf = self._in_row_layout(builder, other, second, f"{name}.beside")
         self.emit_exchange(builder)
-        out_buf = self._result_buffer(stage.out, out)
+        out_buf = self.result_buffer(stage.out, out)
         x_prec = g.value(first).type.precision
         calls: dict[tuple, list[int]] = {}
         for i, count in enumerate(lay.valid_rows()):
@@ -131,13 +131,6 @@ class RowLowering(LoweringBase):
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]
         return True
-
-    def _result_buffer(self, value_id: int, layout: BlockLayout) -> int:
-        """A new buffer for a stage's result in ``layout``."""
-        name = self._name(value_id)
-        return self.program.add_buffer(name, layout.used_tiles(), layout.block_bytes,
-                                       MemoryClass.STANDARD, f"{name}: {layout.describe()}",
-                                       layout)
 
     def _angles(self, builder: TransferBuilder, stage: RowStage, table: BlockLayout,
                 name: str) -> list[int]:
@@ -182,7 +175,7 @@ class RowLowering(LoweringBase):
         aux = self._angles(builder, stage, table, name)
         self.emit_exchange(builder)
         out = BlockLayout(rows, cols, out_prec, rows, head, grid)
-        out_buf = self._result_buffer(stage.out, out)
+        out_buf = self.result_buffer(stage.out, out)
         extra = {"head_dim": head, **({"pairs": "halves"} if stage.attrs.get("pairs") ==
                                       "halves" else {})}
         params = row_params("rope", rows, head, x_prec, x.pitch, out_prec, out.pitch, aux_prec,
@@ -254,7 +247,7 @@ class RowLowering(LoweringBase):
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)
         if out_buf < 0:
-            out_buf = self._result_buffer(stage.out, out_layout)
+            out_buf = self.result_buffer(stage.out, out_layout)
         compute = ComputeSet(f"{name}.{stage.kind}")
         _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),
                        lambda rows: row_params(op, rows, cols, x_prec, base.pitch, out_prec,

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.precision import F16, Precision
+from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
@@ -188,13 +188,6 @@ def _parameters() -> tuple[Parameter, ...]:
     )
 
 
-def _norm(builder: LayerBuilder, x: int, width: int, name: str, out: Precision) -> int:
-    gamma = builder.weight(f"{name}.gamma", (width,), 0.1, offset=1.0)
-    beta = builder.weight(f"{name}.beta", (width,), 0.1)
-    return builder.b.op("layer_norm", [x, gamma, beta], out, f"{name}.out",
-                        eps=builder.p["eps"])
-
-
 def _gather(builder: LayerBuilder, x: int, picks: np.ndarray, name: str, group: int = 1) -> int:
     precision = builder.b.graph.value(x).type.precision
     return builder.b.op("gather_rows", [x], precision, name, index=RowIndex(picks),
@@ -217,8 +210,8 @@ def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: 
     """One Swin block on the stream ``x``; ``picks``: the rows that put it in the block's
     window order, where it is not in it."""
     prefix = f"layer{number}"
-    p = builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads,
-                     "tokens": stage.window ** 2, "hidden": builder.p["mlp_ratio"] * stage.dim}
+    builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads,
+                 "tokens": stage.window ** 2, "hidden": builder.p["mlp_ratio"] * stage.dim}
     _attention_table(builder, stage, prefix, shift)
     h = builder.norm(x, f"{prefix}.ln1", F16)
     if picks is not None:
@@ -228,13 +221,7 @@ def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: 
     a = builder.attention(h, f"{prefix}.attn", rope=False, bias=True)
     if picks is not None:
         x = _gather(builder, x, picks, f"{prefix}.shortcut.rows")
-    x = builder.b.op("add", [x, a], F16, f"{prefix}.residual1")
-    h = builder.norm(x, f"{prefix}.ln2", builder.act(f"{prefix}.ln2.out"))
-    f1 = builder.linear(h, p["dim"], p["hidden"], f"{prefix}.fc1", F16, True)
-    g = builder.b.op("gelu", [f1], builder.act(f"{prefix}.gelu"), f"{prefix}.gelu",
-                     approximate="none")
-    m = builder.linear(g, p["hidden"], p["dim"], f"{prefix}.fc2", F16, True)
-    return builder.b.op("add", [x, m], F16, f"{prefix}.residual2")
+    return builder.mlp(builder.b.op("add", [x, a], F16, f"{prefix}.residual1"), prefix)
 
 
 def _stem(builder: LayerBuilder, seed: int) -> int:
@@ -252,7 +239,7 @@ def _stem(builder: LayerBuilder, seed: int) -> int:
     stem = builder.b.op("matmul", [x, weight], F16, "patch.mm")
     stem = builder.b.op("bias_add", [stem, builder.weight("patch.b", (dim,), 0.02)], F16,
                         "patch.out")
-    return _norm(builder, stem, dim, "embed_ln", F16)
+    return builder.norm(stem, "embed_ln", F16)
 
 
 def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: np.ndarray
@@ -264,17 +251,22 @@ def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: n
     picks = np.argsort(held)[merge_order(batch, stage.side, raster)]
     merged = _gather(builder, x, picks, f"merge{number}.rows", group=4)
     name = f"merge{number}"
-    normed = _norm(builder, merged, 4 * stage.dim, f"{name}.ln", builder.act(f"{name}.ln.out"))
+    normed = builder.norm(merged, f"{name}.ln", builder.act(f"{name}.ln.out"), 4 * stage.dim)
     weight = builder.weight(f"{name}.reduction.w", (4 * stage.dim, 2 * stage.dim),
                             1.0 / np.sqrt(4 * stage.dim))
     return builder.b.op("matmul", [normed, weight], F16, f"{name}.reduction.mm")
+
+
+def _pool_mix(batch: int, tokens: int) -> np.ndarray:
+    """The pooled mean's mixing input: each token row weighs its image's tokens equally."""
+    return np.full((batch * tokens, tokens), 1.0 / tokens, np.float32)
 
 
 def _pooled(builder: LayerBuilder, x: int, tokens: int) -> int:
     """The mean over each image's tokens (transformers' pooler), every row of an image
     holding it: ``head_matmul pv`` with a constant mixing input, as the importer makes it."""
     batch = builder.p["batch"]
-    builder.tensors["pool.mix"] = np.full((batch * tokens, tokens), 1.0 / tokens, np.float32)
+    builder.tensors["pool.mix"] = _pool_mix(batch, tokens)
     mix = builder.b.input("pool.mix", TensorType((batch * tokens, tokens), F16))
     return builder.b.op("head_matmul", [mix, x], F16, "pooled", mode="pv", heads=1,
                         tokens=tokens)
@@ -300,7 +292,7 @@ def _build_swin(builder: LayerBuilder, seed: int) -> None:
             x = _block(builder, x, stage, number, picks, shift)
             held = order
             number += 1
-    x = _norm(builder, x, stages[-1].dim, "final_ln", F16)
+    x = builder.norm(x, "final_ln", F16, stages[-1].dim)
     if not np.array_equal(held, np.arange(len(held))):
         x = _gather(builder, x, np.argsort(held), "final_ln.rows")
     builder.b.output(x)
@@ -315,8 +307,8 @@ def build_swin(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
 
 
 def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.ndarray]:
-    """Image ``index`` of a stream (``--images``): new pixels as patch rows in the first
-    block's window order."""
+    """Image ``index`` of a stream (``--images``): new pixels as patch rows in raster
+    order, and the pooled mean's mixing input."""
     stages = swin_stages(params)
     batch, image, patch = params["batch"], params["image"], params["patch"]
     pixels = rng_for(params["seed"], f"pixels.{index}").uniform(-1.0, 1.0,
@@ -325,7 +317,7 @@ def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, 
     value = graph.by_role("input")[0]
     tokens = stages[-1].side ** 2
     return {value.name: value.type.precision.round_trip(rows).reshape(value.type.shape),
-            "pool.mix": np.full((batch * tokens, tokens), 1.0 / tokens, np.float32)}
+            "pool.mix": _pool_mix(batch, tokens)}
 
 
 def swin_footprint(params: dict[str, Any]) -> Footprint:

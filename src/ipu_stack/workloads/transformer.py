@@ -198,8 +198,10 @@ class LayerBuilder:
             y = self.b.op("bias_add", [y, bv], out, f"{name}.out")
         return y
 
-    def norm(self, x: int, name: str, out: Precision) -> int:
-        d = self.p["dim"]
+    def norm(self, x: int, name: str, out: Precision, width: int | None = None) -> int:
+        """A layer norm over ``width`` columns (the model dimension unless given: a Swin
+        patch merging's norm is four times it)."""
+        d = width or self.p["dim"]
         g = self.weight(f"{name}.gamma", (d,), 0.1, offset=1.0)
         beta = self.weight(f"{name}.beta", (d,), 0.1)
         return self.b.op("layer_norm", [x, g, beta], out, f"{name}.out", eps=self.p["eps"])
@@ -250,12 +252,14 @@ class LayerBuilder:
 
     def layer(self, x: int, index: int, rope: bool, mlp: bool = True) -> int:
         prefix = f"layer{index}"
-        p = self.p
         h = self.norm(x, f"{prefix}.ln1", self.act(f"{prefix}.ln1.out"))
         a = self.attention(h, f"{prefix}.attn", rope, bias=True)
         x = self.b.op("add", [x, a], F16, f"{prefix}.residual1")
-        if not mlp:
-            return x
+        return self.mlp(x, prefix) if mlp else x
+
+    def mlp(self, x: int, prefix: str) -> int:
+        """``x + fc2(gelu(fc1(ln2(x))))``: a pre-norm layer's second half."""
+        p = self.p
         h = self.norm(x, f"{prefix}.ln2", self.act(f"{prefix}.ln2.out"))
         f1 = self.linear(h, p["dim"], p["hidden"], f"{prefix}.fc1", F16, True)
         if p.get("gelu") == QUICK_GELU:
