@@ -101,6 +101,7 @@ def _options(args: argparse.Namespace) -> CompileOptions:
         memory_proportion=args.memory_proportion,
         cache_dir=args.cache_dir if args.cache_dir else defaults.cache_dir,
         paired_exchange=args.paired_exchange, exchange_cache=args.exchange_cache,
+        fuse_supersteps=args.fuse_supersteps,
         gemm_mode=args.gemm_mode, share_layers=not args.unroll_layers,
         dump_stages=args.dump_stages, strategy=_strategy(args), groups=args.groups or 0,
         chips=args.chips, verify_stages=args.verify_stages,

@@ -34,6 +34,11 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         help="target option: paired tiles share an exchange bus (two-lane "
                         "transfers to whole tile pairs; default on, --no-paired-exchange "
                         "sends every word on one lane)")
+    parser.add_argument("--fuse-supersteps", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="a decode step runs its independent stages side by side, their "
+                        "compute sets and exchange phases fused (default on; "
+                        "--no-fuse-supersteps runs one stage after another)")
     parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
                         help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "
                         "(FP8 data cast first), or auto (the planner picks per stage)")

@@ -24,7 +24,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(CompileOptions)}
 # what the package's options record held before it was derived from the marks
 RECORD = ("target", "finalists", "diagnostics", "memory_proportion", "paired_exchange",
           "gemm_mode", "share_layers")
-RECORD_WHEN_SET = ("tiles", "support_reserve", "strategy", "groups", "chips")
+RECORD_WHEN_SET = ("tiles", "support_reserve", "strategy", "groups", "chips", "fuse_supersteps")
 UNRECORDED = ("slack",)
 NOT_IN_THE_PACKAGE = ("cache_dir", "reuse_schedules", "exchange_cache", "dump_stages",
                       "verify_stages")

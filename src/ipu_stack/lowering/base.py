@@ -100,6 +100,12 @@ class LoweringBase:
         # rows past ``LEAN_FRAGMENT_LIMIT`` transfers a tile: each costs an exchange phase,
         # and saves the replicas and exchange-table entries of stages that do not repeat
         self.lean = False
+        # a program of few rows (a decode step) puts each GEMM's grid after the one before
+        # (``next_grid_tile``) and its independent supersteps are fused (``lowering.fuse``):
+        # the stages that do not depend on each other then run side by side
+        self.spread = False
+        self.grid_cursor = 0
+        self.row_cursor = target.tiles - 2
         states = state_writes(graph)
         for value in graph.values:  # a state is declared as such: resident, written in place
             role = "state" if value.id in states else value.role
@@ -111,6 +117,23 @@ class LoweringBase:
 
     def _name(self, value_id: int) -> str:
         return self.graph.value(value_id).name
+
+    def next_grid_tile(self, span: int) -> int:
+        """The first tile of a GEMM grid of ``span`` tiles: where the previous grid ended
+        (an even tile, so paired tiles stay pairs), or tile 0 when it would not fit."""
+        start = self.grid_cursor if self.grid_cursor + span <= self.target.tiles else 0
+        self.grid_cursor = start + span + span % 2
+        return start
+
+    def next_row_tile(self, count: int) -> int:
+        """The highest of ``count`` tiles, counted down, for a row stage that runs a block
+        a tile: below the previous such stage's, from the tile below the last one (where few
+        rows land, and a tile cannot send to itself) down to the chip's middle."""
+        floor = self.target.tiles // 2
+        start = self.row_cursor if self.row_cursor - count + 1 >= floor else \
+            self.target.tiles - 2
+        self.row_cursor = start - count
+        return start
 
     # ------------------------------------------------------------------ helpers
     def gather(

@@ -7,8 +7,9 @@ once.  Kept apart from both so that ``loop`` can build on ``lower`` without a cy
 
 from __future__ import annotations
 
-from ipu_stack.ir.graph import Graph
-from ipu_stack.lowering.base import REPLICA_BUDGET
+from ipu_stack.ir.graph import Graph, state_writes
+from ipu_stack.lowering.base import FEW_ROWS, REPLICA_BUDGET
+from ipu_stack.lowering.fuse import fuse_supersteps
 from ipu_stack.lowering.loop import LoopLowering
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import Program
@@ -34,19 +35,35 @@ def replicated_parameter_bytes(graph: Graph, plans: list[tuple[Stage, GemmPlan |
     return total
 
 
+def decode_step(graph: Graph, plans: list[tuple[Stage, GemmPlan | None]]) -> bool:
+    """Whether the program is a decode step: it writes a KV cache (state kept on the device
+    from call to call) and every GEMM stage multiplies at most ``FEW_ROWS`` rows a group (a
+    row a sequence).  Such a step runs once a generated token; its supersteps are mostly
+    syncs and the fixed costs of exchange phases, so its independent stages are lowered to
+    run side by side (``LoweringBase.spread``, ``lowering.fuse``).  A prompt's pass and the
+    towers are bound by their GEMMs, and keep one stage after another."""
+    gemms = [plan for _, plan in plans if plan is not None]
+    return bool(state_writes(graph)) and bool(gemms) and all(
+        plan.shape.rows <= FEW_ROWS for plan in gemms)
+
+
 def lower(
     graph: Graph,
     plans: list[tuple[Stage, GemmPlan | None]],
     target: Target,
     paired: bool = False,
     loop: LayerLoop | None = None,
+    fuse: bool = True,
 ) -> Program:
     """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
     grids out for the paired-tiles exchange option), with a probe read of every stage result
     that is not a graph output.  With ``loop``, ``plans`` are the compact stages
-    (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``)."""
+    (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``).
+    With ``fuse``, a decode step (:func:`decode_step`) runs its independent stages side by
+    side: each GEMM grid after the one before, and the steps fused (``lowering.fuse``)."""
     lowering = Lowering(graph, target, paired)
     lowering.lean = replicated_parameter_bytes(graph, plans, loop) > REPLICA_BUDGET
+    lowering.spread = fuse and decode_step(graph, plans)
     lowering.land_inputs()
     looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
@@ -73,6 +90,8 @@ def lower(
             checkpoints = looping.end(checkpoints)
     lowering.read_outputs()
     program = lowering.program
+    if lowering.spread:
+        fuse_supersteps(program)
     program.compute_lifetimes()
     end = len(program.initialize) + len(program.run) - 1
     for step in program.initialize:

@@ -150,6 +150,10 @@ class GemmLowering(LoweringBase):
             local = np.arange(r_n * c_n * d_n, dtype=np.int32).reshape(r_n, c_n, d_n)
         grids = [local + group.tile_base for group in groups]
         all_tiles = np.concatenate([grid.ravel() for grid in grids])
+        if self.spread:  # after the previous stage's grid, so independent stages can share
+            shift = self.next_grid_tile(int(all_tiles.max()) + 1)
+            grids = [grid + shift for grid in grids]
+            all_tiles = all_tiles + shift
         if all_tiles.max() >= self.target.tiles:
             raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
         name = f"stage{stage.index}{suffix}"

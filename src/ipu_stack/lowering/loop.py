@@ -16,7 +16,7 @@ buffer the block read it from.  ``end`` then
 
 from __future__ import annotations
 
-from ipu_stack.lowering.base import BodyState
+from ipu_stack.lowering.base import BodyState, Piece, landing_layout
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import HostRead, HostWrite, Loop, Slot
 from ipu_stack.lowering.transfers import TransferBuilder
@@ -36,6 +36,8 @@ class LoopLowering:
 
     def begin(self, checkpoints: int) -> None:
         program = self.lowering.program
+        if self.lowering.spread:
+            self.land_carried()
         self.at = len(program.run)
         program.run.append(self.step)
         self.first_checkpoint = checkpoints
@@ -46,6 +48,24 @@ class LoopLowering:
         self.lowering.body = BodyState(frozenset(self.loop.slot_weights), self.loop.carried_in,
                                        self.loop.carried_out)
         self.lowering.gathered.clear()  # a body pass sees nothing gathered before the loop
+
+    def land_carried(self) -> None:
+        """Before the loop, the carried value into whole rows (``landing_layout``), where
+        a decode step's residual adds make it: the last add of each pass then writes it in
+        place, and no pass ends with a carry exchange (a decode step's row a sequence makes
+        that a phase a layer)."""
+        lowering = self.lowering
+        value = self.loop.carried_in
+        pieces = lowering.where[value]
+        kind = lowering.graph.value(value).type
+        layout = landing_layout(kind.rows, kind.cols, kind.precision, lowering.target)
+        if len(pieces) == 1 and pieces[0].layout == layout:
+            return
+        builder = TransferBuilder("layers.land")
+        buffer = lowering.result_buffer(value, layout)
+        lowering.gather(builder, value, layout, buffer)
+        lowering.emit_exchange(builder)
+        lowering.where[value] = [Piece(0, 0, layout, buffer)]
 
     def end(self, checkpoints: int) -> int:
         """Close the body; returns the next checkpoint number after every pass's probes."""

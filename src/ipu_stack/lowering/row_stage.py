@@ -166,7 +166,8 @@ class RowLowering(LoweringBase):
         heads = cols // head
         # below the last tile, where the rows and the angles land: a tile cannot send to
         # itself, so a head there would cost an on-tile copy superstep
-        grid = (self.target.tiles - 2 - np.arange(heads, dtype=np.int32)).reshape(1, heads, 1)
+        first = self.next_row_tile(heads) if self.spread else self.target.tiles - 2
+        grid = (first - np.arange(heads, dtype=np.int32)).reshape(1, heads, 1)
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.heads")
         x = BlockLayout(rows, cols, x_prec, rows, head, grid)
@@ -245,7 +246,7 @@ class RowLowering(LoweringBase):
             extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         self.emit_exchange(builder)
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
-        out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs)
+        out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs, stage.kind)
         if out_buf < 0:
             out_buf = self.result_buffer(stage.out, out_layout)
         compute = ComputeSet(f"{name}.{stage.kind}")
@@ -256,12 +257,16 @@ class RowLowering(LoweringBase):
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
 
-    def _carried_buffer(self, value_id: int, layout: BlockLayout, inputs: tuple[int, ...]) -> int:
+    def _carried_buffer(self, value_id: int, layout: BlockLayout, inputs: tuple[int, ...],
+                        kind: str = "") -> int:
         """The loop's carried input buffer, when this stage makes the carried output in the
-        same layout and does not read the carried input: the next pass then finds its input
-        where the first pass did, with no copy.  -1 otherwise."""
+        same layout and does not read the carried input, or reads it element for element (a
+        residual ``add``, which then runs in place: each element is read before it is
+        written): the next pass then finds its input where the first pass did, with no copy.
+        -1 otherwise."""
         body = self.body
-        if body is None or value_id != body.carried_out or body.carried_in in inputs:
+        if body is None or value_id != body.carried_out or (
+                body.carried_in in inputs and kind != "add"):
             return -1
         pieces = self.where[body.carried_in]
         if len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:

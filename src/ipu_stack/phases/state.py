@@ -69,6 +69,9 @@ class CompileOptions:
     # (the vendor's and the reference's production width selection, hardware-replayed;
     # docs/machine.md).  On by default; off (``--no-paired-exchange``) for one-lane phases
     paired_exchange: bool = True
+    # a decode step runs its independent stages side by side (``lowering.fuse``); off
+    # (``--no-fuse-supersteps``) for one stage after another, as every other program runs
+    fuse_supersteps: bool = _marked(True, WHEN_SET)
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
     tiles: int = _marked(0, WHEN_SET)  # plan for this many of the chip's tiles; 0: all

@@ -22,6 +22,7 @@ from ipu_stack.workloads import get_workload
 OPTIONS: dict[str, tuple[str, type]] = {
     "memory-proportion": ("memory_proportion", float),
     "paired-exchange": ("paired_exchange", bool),
+    "fuse-supersteps": ("fuse_supersteps", bool),
     "gemm-mode": ("gemm_mode", str),
     "finalists": ("finalists", int),
     "strategy": ("strategy", str),

@@ -1,0 +1,148 @@
+"""Superstep fusion: independent compute sets share one superstep, independent exchange
+phases one phase.
+
+Why: the lowering emits each stage's steps one after another, and each step is a
+superstep of the chip: a sync (``sync`` in the price table) and, for an exchange phase, the
+measured cost of a phase besides its horizon.  Where the rows are few (a decode step: one
+row a sequence) those fixed costs are most of a stage's time, and stages that do not depend
+on each other (a layer's q, k and v projections, its gate and up projections, the two cache
+writes) pay them once each.  Here every step moves to the earliest superstep of its kind
+after the steps it depends on, and joins the step there: a compute set's calls run beside
+the other's (a tile that has calls from both runs them one after the other, so a merged
+superstep never takes longer than the two apart), an exchange phase's transfers are
+scheduled with the other's.
+
+A step depends on an earlier one when either writes a buffer the other reads or writes
+(buffers, not bytes: placement has not yet shared memory between buffers, and runs after
+this, from the new order's lifetimes).  A kernel operand the kernel writes counts as read
+as well (partials accumulate in place).  Host reads and writes are never merged: each goes
+right after what it depends on.  A layer loop's body is fused on its own (its steps run once
+a pass), and so are the steps before and after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ipu_stack.lowering.program import (
+    ComputeSet,
+    Exchange,
+    HostRead,
+    HostWrite,
+    Loop,
+    Program,
+    Step,
+)
+
+
+@dataclass
+class Superstep:
+    """Steps that run as one: all compute sets, all exchange phases, or one host step."""
+
+    kind: str
+    steps: list[Step] = field(default_factory=list)
+
+
+def step_kind(step: Step) -> str:
+    if isinstance(step, ComputeSet):
+        return "compute"
+    if isinstance(step, Exchange):
+        return "exchange"
+    return "host"
+
+
+def step_access(step: Step) -> tuple[set[int], set[int]]:
+    """The buffers ``step`` reads and writes (a written kernel operand is read too)."""
+    if isinstance(step, ComputeSet):
+        reads: set[int] = set()
+        writes: set[int] = set()
+        for call in step.calls:
+            writing = {k for k, _, writes_it in call.instance.impl.accesses(call.instance.params)
+                       if writes_it}
+            for k, (buffer_id, _) in enumerate(call.operands):
+                if buffer_id >= 0:
+                    (writes if k in writing else reads).add(buffer_id)
+        return reads | writes, writes
+    if isinstance(step, Exchange):
+        return ({int(b) for b in np.unique(step.src_buf)},
+                {int(b) for b in np.unique(step.dst_buf)})
+    if isinstance(step, HostRead):
+        return {step.buffer}, set()
+    assert isinstance(step, HostWrite)
+    return set(), {step.buffer}
+
+
+def merged(superstep: Superstep) -> Step:
+    """The one step a superstep's steps become (named after them, ``+`` between)."""
+    steps = superstep.steps
+    if len(steps) == 1:
+        return steps[0]
+    name = "+".join(s.name for s in steps)  # type: ignore[union-attr]
+    if superstep.kind == "compute":
+        return ComputeSet(name, [c for s in steps for c in s.calls])  # type: ignore[union-attr]
+    phases: list[Exchange] = steps  # type: ignore[assignment]
+    starts = np.cumsum([0] + [int(s.dst_offsets[-1]) for s in phases[:-1]])
+    return Exchange(
+        name,
+        np.concatenate([s.src_tile for s in phases]),
+        np.concatenate([s.src_buf for s in phases]),
+        np.concatenate([s.src_off for s in phases]),
+        np.concatenate([s.words for s in phases]),
+        np.concatenate([np.zeros(1, dtype=phases[0].dst_offsets.dtype)]
+                       + [s.dst_offsets[1:] + start for s, start in zip(phases, starts,
+                                                                        strict=True)]),
+        np.concatenate([s.dst_tile for s in phases]),
+        np.concatenate([s.dst_buf for s in phases]),
+        np.concatenate([s.dst_off for s in phases]),
+    )
+
+
+def fuse_steps(steps: list[Step]) -> list[Step]:
+    """``steps`` (no loop among them) as fused supersteps, each step at the earliest
+    superstep of its kind after every step it depends on."""
+    out: list[Superstep] = []
+    last_write: dict[int, int] = {}  # buffer -> the latest superstep that writes it
+    last_read: dict[int, int] = {}
+    for step in steps:
+        kind = step_kind(step)
+        reads, writes = step_access(step)
+        earliest = max([last_write.get(b, -1) + 1 for b in reads | writes]
+                       + [last_read.get(b, -1) + 1 for b in writes] + [0])
+        if kind == "host":
+            place = earliest
+            out.insert(place, Superstep(kind, [step]))
+            for table in (last_write, last_read):
+                for b, position in table.items():
+                    if position >= place:
+                        table[b] = position + 1
+        else:
+            place = next((p for p in range(earliest, len(out)) if out[p].kind == kind),
+                         len(out))
+            if place == len(out):
+                out.append(Superstep(kind))
+            out[place].steps.append(step)
+        for b in writes:
+            last_write[b] = max(last_write.get(b, -1), place)
+        for b in reads:
+            last_read[b] = max(last_read.get(b, -1), place)
+    return [merged(s) for s in out]
+
+
+def fuse_supersteps(program: Program) -> int:
+    """Fuse ``program``'s run steps in place (the loop's body on its own); returns how many
+    steps the run program has fewer."""
+    before = len(program.run)
+    found = program.loop()
+    if found is None:
+        program.run = fuse_steps(program.run)
+    else:
+        index = found[0] - len(program.initialize)
+        loop = program.run[index]
+        assert isinstance(loop, Loop)
+        body = fuse_steps(program.run[index + 1:index + 1 + loop.length])
+        after = program.run[index + 1 + loop.length:]
+        program.run = fuse_steps(program.run[:index]) + [loop] + body + fuse_steps(after)
+        loop.length = len(body)
+    return before - len(program.run)

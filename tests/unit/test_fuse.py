@@ -1,0 +1,155 @@
+"""Superstep fusion of a decode step (``lowering.fuse``): every dependency of the program as
+lowered is kept (checked here by an access walk of its own), the fused program verifies, the
+device computes the same bytes as the unfused program in fewer cycles, and the planner's
+estimate still equals what the device timed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tests.helpers import cli
+
+from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.precision import F16
+from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.copy import copy_params
+from ipu_stack.lowering.driver import lower
+from ipu_stack.lowering.fuse import fuse_steps, fuse_supersteps
+from ipu_stack.lowering.program import Call, ComputeSet, Exchange, HostRead, Loop
+from ipu_stack.lowering.verify import verify_program
+from ipu_stack.phases.costing import stage_shape
+from ipu_stack.planning.gemm import gemm_candidates
+from ipu_stack.planning.repeat import find_layer_loop
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.target import IPU21
+from ipu_stack.workloads import get_workload
+
+STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
+        "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}
+ARGS = ["smollm2-135m", "--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2",
+        "--heads", "4", "--kv-heads", "2", "--tokens", "1", "--context", "6", "--batch", "2",
+        "--finalists", "1"]
+
+
+def lowered(fuse: bool, unroll: bool = False):
+    workload = get_workload("smollm2-135m")
+    graph, _ = workload.build(workload.resolve(STEP))
+    stages = find_stages(graph)
+    loop = None if unroll else find_layer_loop(graph, stages)
+    if loop is not None:
+        stages = loop.compact(stages)
+    plans = [gemm_candidates(stage_shape(graph, s), IPU21)[0] if isinstance(s, GemmStage)
+             else None for s in stages]
+    return lower(graph, list(zip(stages, plans, strict=True)), IPU21, loop=loop, fuse=fuse)
+
+
+def accesses(step) -> tuple[set[int], set[int]]:
+    """Buffers a step reads and writes, walked here apart from ``lowering.fuse``."""
+    if isinstance(step, ComputeSet):
+        read, written = set(), set()
+        for call in step.calls:
+            kinds = {k: w for k, _, w in call.instance.impl.accesses(call.instance.params)}
+            for k, (buffer, _) in enumerate(call.operands):
+                if buffer >= 0:
+                    (written if kinds.get(k, False) else read).add(buffer)
+        return read, written
+    if isinstance(step, Exchange):
+        return set(step.src_buf.tolist()), set(step.dst_buf.tolist())
+    if isinstance(step, HostRead):
+        return {step.buffer}, set()
+    return set(), {step.buffer}
+
+
+def key(step) -> tuple:
+    """A compute set or phase by its kind and name (unique in a lowered program), a host
+    step by itself (fusion keeps host steps as they are)."""
+    if isinstance(step, ComputeSet | Exchange):
+        return type(step).__name__, step.name
+    return "host", id(step)
+
+
+def positions(run) -> dict[tuple, int]:
+    """Each original step at the run step it ended up in."""
+    where = {}
+    for index, step in enumerate(run):
+        if isinstance(step, Loop):
+            continue
+        names = step.name.split("+") if isinstance(step, ComputeSet | Exchange) else [None]
+        for name in names:
+            found = key(step) if name is None else (type(step).__name__, name)
+            assert found not in where, found
+            where[found] = index
+    return where
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_fusion_keeps_every_dependency_of_the_lowered_order(unroll: bool) -> None:
+    program = lowered(False, unroll)
+    original = list(program.run)
+    steps = [s for s in original if not isinstance(s, Loop)]
+    loops = [(original.index(s), s.length) for s in original if isinstance(s, Loop)]
+    assert len(positions(original)) == len(steps)
+    fuse_supersteps(program)
+    program.compute_lifetimes()
+    verify_program(program, IPU21, "fused")
+    where = positions(program.run)
+    assert len(where) == len(steps) and len(program.run) < len(original)  # each step, once
+    for later, step in enumerate(steps):
+        read, written = accesses(step)
+        for earlier in steps[:later]:
+            before_read, before_written = accesses(earlier)
+            if (before_written & (read | written)) or (before_read & written):
+                assert where[key(earlier)] < where[key(step)], (key(earlier), key(step))
+    assert len(loops) == (0 if unroll else 1)
+    for at, length in loops:  # the loop's body fused on its own: the same steps inside
+        (loop,) = [s for s in program.run if isinstance(s, Loop)]
+        start = program.run.index(loop)
+        inside = set(positions(program.run[start + 1:start + 1 + loop.length]))
+        assert inside == {key(s) for s in original[at + 1:at + 1 + length]}
+
+
+def test_independent_grids_of_a_decode_step_share_supersteps() -> None:
+    """q, k and v read the same rows: their GEMM calls run in one superstep on tiles of
+    their own."""
+    fused = lowered(True)
+    gemms = [s for s in fused.run if isinstance(s, ComputeSet) and ".gemm+" in s.name]
+    assert gemms, [s.name for s in fused.run]
+    for step in gemms:
+        tiles = [set(c.tiles.tolist()) for c in step.calls]
+        assert all(not (a & b) for i, a in enumerate(tiles) for b in tiles[i + 1:])
+
+
+def _copy(name: str, src: int, dst: int, tile: int = 0) -> ComputeSet:
+    instance = KernelInstance("copy", copy_params(1, 4, 4, 4))
+    zero = np.zeros(1, dtype=np.int64)
+    return ComputeSet(name, [Call(instance, np.array([tile], np.int32),
+                                  [(src, zero), (dst, zero)])])
+
+
+def test_steps_join_the_earliest_superstep_after_what_they_need() -> None:
+    layout = BlockLayout(1, 2, F16, 1, 2, np.zeros((1, 1, 1), dtype=np.int32))
+    steps = [_copy("a", 0, 1), _copy("b", 1, 2), HostRead("t", layout, 2),
+             _copy("c", 0, 3, tile=5), _copy("d", 2, 0)]
+    out = fuse_steps(steps)
+    # c needs nothing a, b wrote: it joins a; the read follows b; d writes what a and c read
+    assert [getattr(s, "name", "read") for s in out] == ["a+c", "b", "read", "d"]
+
+
+def test_the_device_computes_the_same_bytes_in_fewer_cycles(tmp_path) -> None:
+    records, outputs = [], []
+    for flag in ("--fuse-supersteps", "--no-fuse-supersteps"):
+        folder = tmp_path / flag
+        code, out, err = cli(["bench", *ARGS, flag, "--json", "--out", str(folder / "pkg"),
+                              "--save-tensors", str(folder / "tensors")])
+        assert code == 0, err
+        records.append(json.loads(out.strip().splitlines()[-1]))
+        with np.load(folder / "tensors" / "outputs.npz") as saved:
+            outputs.append({name: saved[name].copy() for name in saved.files})
+    fused, plain = records
+    assert fused["numericalTest"] == plain["numericalTest"] == "PASS"
+    assert fused["estimatedCycles"] == fused["cycles"] < plain["cycles"]
+    assert outputs[0].keys() == outputs[1].keys()
+    for name, values in outputs[0].items():
+        assert np.array_equal(values, outputs[1][name]), name
