@@ -61,6 +61,10 @@ class BodyState:
 # starts at tile 0, and a row already on a tile of the grid it feeds costs that tile an
 # on-tile copy in a compute superstep of its own (a decode step's few rows, every stage)
 FEW_ROWS = 32
+# a decode step's last tiles: its few rows land there and its RoPE heads run there, and its
+# KV cache is held below them, so a head's keys reach the cache's holders by exchange and
+# never by an on-tile copy in a superstep of its own
+ROW_BAND = 2 * FEW_ROWS
 
 
 def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -> BlockLayout:
@@ -121,15 +125,23 @@ class LoweringBase:
     def next_grid_tile(self, span: int) -> int:
         """The first tile of a GEMM grid of ``span`` tiles: where the previous grid ended
         (an even tile, so paired tiles stay pairs), or tile 0 when it would not fit."""
-        start = self.grid_cursor if self.grid_cursor + span <= self.target.tiles else 0
+        start = self.grid_cursor if self.grid_cursor + span <= self.target.tiles else \
+            max(self.target.tiles - span - span % 2, 0)
         self.grid_cursor = start + span + span % 2
         return start
+
+    def reserve_grids(self, spans: list[int]) -> None:
+        """Before sibling GEMM stages (they read the same operand, and run side by side):
+        start them at tile 0 when their grids would not all fit after the previous grid."""
+        if self.grid_cursor + sum(span + span % 2 for span in spans) > self.target.tiles:
+            self.grid_cursor = 0
 
     def next_row_tile(self, count: int) -> int:
         """The highest of ``count`` tiles, counted down, for a row stage that runs a block
         a tile: below the previous such stage's, from the tile below the last one (where few
-        rows land, and a tile cannot send to itself) down to the chip's middle."""
-        floor = self.target.tiles // 2
+        rows land, and a tile cannot send to itself) down to ``ROW_BAND`` tiles below the
+        top."""
+        floor = self.target.tiles - ROW_BAND
         start = self.row_cursor if self.row_cursor - count + 1 >= floor else \
             self.target.tiles - 2
         self.row_cursor = start - count

@@ -22,7 +22,7 @@ from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.kernels.slice import multiupdate_params
-from ipu_stack.lowering.base import LoweringBase, Piece
+from ipu_stack.lowering.base import ROW_BAND, LoweringBase, Piece
 from ipu_stack.lowering.program import Call, ComputeSet
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.stages import RowStage
@@ -77,8 +77,9 @@ class CacheLowering(LoweringBase):
         positions = int(stage.attrs["positions"])
         batch = state.rows // positions
         width = state.cols // heads
-        block = cache_blocking(batch, positions, heads, self.target.tiles)
-        holders = cache_holders(batch, positions // block, heads, self.target.tiles)
+        tiles = self.target.tiles - (ROW_BAND if self.spread else 0)  # below a decode's rows
+        block = cache_blocking(batch, positions, heads, tiles)
+        holders = cache_holders(batch, positions // block, heads, tiles)
         layout = BlockLayout(state.rows, state.cols, state.precision, block, width,
                              holders.reshape(-1, heads, 1))
         buffer = self._host_weight(state_id, layout, MemoryClass.STANDARD)

@@ -15,7 +15,7 @@ from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import Program
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
-from ipu_stack.planning.stages import GemmStage, Stage
+from ipu_stack.planning.stages import GemmStage, Stage, sibling_runs
 from ipu_stack.target import Target
 
 
@@ -67,9 +67,12 @@ def lower(
     lowering.land_inputs()
     looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
+    runs = {run[0]: run for run in sibling_runs([stage for stage, _ in plans])}
     for position, (stage, plan) in enumerate(plans):
         if looping is not None and position == looping.loop.start:
             looping.begin(checkpoints)
+        if lowering.spread and position in runs:  # siblings' grids one after the other
+            lowering.reserve_grids([plans[i][1].tiles_used for i in runs[position]])
         if isinstance(stage, GemmStage):
             assert plan is not None
             lowering.gemm_stage(stage, plan)

@@ -22,7 +22,7 @@ from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.names import Part
-from ipu_stack.lowering.driver import lower
+from ipu_stack.lowering.driver import decode_step, lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
 from ipu_stack.memory.placement import Placement, fragmentation, place_storage
@@ -50,7 +50,7 @@ from ipu_stack.planning.fit import (
 )
 from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
 from ipu_stack.planning.repeat import find_layer_loop, loop_fields
-from ipu_stack.planning.stages import GemmStage, find_stages, stage_parts
+from ipu_stack.planning.stages import GemmStage, find_stages, sibling_runs, stage_parts
 from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.log import event, phase
@@ -147,6 +147,31 @@ def pin_body_plans(build: Build, times: list[int]) -> bool:
     return True
 
 
+def side_by_side_choice(build: Build, plans: list) -> list[list]:
+    """For a decode step, whose sibling GEMM stages run side by side (``lowering.fuse``):
+    the first finalist with each run of siblings that together need more than the chip's
+    tiles planned on an equal share of the tiles each, so that they run on tiles of their
+    own (a finalist of its own: the refined estimate of every finalist decides).  None when
+    the program is not a decode step or every run fits already."""
+    assert build.graph is not None
+    pairs = list(zip(build.stages, plans, strict=True))
+    if not decode_step(build.graph, pairs):
+        return []
+    chosen, changed = list(plans), False
+    for run in sibling_runs(build.stages):
+        if sum(plans[i].tiles_used for i in run) <= build.target.tiles:
+            continue
+        share = build.target.with_tiles(build.target.tiles // len(run))
+        for i in run:
+            found, _ = gemm_search(plans[i].shape, share, keep=1,
+                                   mode=build.options.gemm_mode)
+            if not found:
+                return []
+            chosen[i] = dataclasses.replace(found[0], shape=plans[i].shape)
+            changed = True
+    return [chosen] if changed else []
+
+
 def choose_fitting_plans(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
@@ -162,7 +187,10 @@ def choose_fitting_plans(build: Build) -> Fields:
         event(LOG, "took the layer body's plans asked for" if pinned
               else "kept its own layer body plans: a plan asked for is not a candidate",
               stages=len(build.body_hints))
-    for plans in finalist_choices(build.candidates, build.options.finalists):
+    choices = finalist_choices(build.candidates, build.options.finalists)
+    if build.options.fuse_supersteps and choices:
+        choices += side_by_side_choice(build, choices[0])
+    for plans in choices:
         fitted, moves = fit_plans(plans, build.fronts, budget, times)
         build.traded += moves
         if moves:

@@ -120,6 +120,22 @@ def find_stages(graph: Graph) -> list[Stage]:
     return stages
 
 
+def sibling_runs(stages: list[Stage]) -> list[list[int]]:
+    """Runs of consecutive GEMM stages that multiply the same A operand (a layer's q, k
+    and v; its gate and up projections), by stage index; runs of one left out."""
+    runs: list[list[int]] = []
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, GemmStage):
+            continue
+        previous = stages[runs[-1][-1]] if runs else None
+        if isinstance(previous, GemmStage) and runs[-1][-1] == index - 1 and \
+                previous.a == stage.a:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return [run for run in runs if len(run) > 1]
+
+
 def stage_parts(graph: Graph, stages: list[Stage]) -> dict[int, Part]:
     """Each stage's model part (``ir.names``): a GEMM stage's is its product's (``fc1``,
     not the GELU its chain ends in); a row stage's is its output's, with the operation
