@@ -1,10 +1,10 @@
 """Measure greedy generation (``ipu-stack generate``) and print docs/benchmarks.md's rows.
 
-Usage: ``python benchmarks/bench_generate.py [--only NAME ...] [--records DIR]``.  Each
-case runs ``/usr/bin/time -v ipu-stack --quiet generate ... --json`` (about 20 minutes on 2
+Usage: ``python benchmarks/bench_generate.py [--only NAME ...] [--records DIR | --keep DIR]``.
+Each case runs ``/usr/bin/time -v ipu-stack --quiet generate ... --json`` (about 20 minutes on 2
 cores for all of them; the model file's case exports its step first, with the ``[torch]``
-extra) and keeps its record and the time's report in ``DIR`` (a temporary
-folder by default); with ``--records DIR`` holding them from an earlier run, the rows are
+extra) and keeps its record and the time's report in a temporary folder, or in ``DIR``
+with ``--keep DIR``; with ``--records DIR`` holding them from an earlier run, the rows are
 printed from them without running anything.  The table is the one in docs/benchmarks.md,
 "Language models: generation".
 """
@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", choices=sorted(CASES), help="these cases")
     parser.add_argument("--records", type=Path, help="print from these records, run nothing")
+    parser.add_argument("--keep", type=Path, help="run, and keep the records here")
     args = parser.parse_args(argv)
     names = args.only or list(CASES)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
-        folder = args.records or Path(scratch)
+        folder = args.records or args.keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
         if args.records is None:
             for name in names:
                 run_case(name, folder)

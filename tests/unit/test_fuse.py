@@ -6,6 +6,7 @@ estimate still equals what the device timed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +20,12 @@ from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.fuse import fuse_steps, fuse_supersteps
 from ipu_stack.lowering.program import Call, ComputeSet, Exchange, HostRead, Loop
 from ipu_stack.lowering.verify import verify_program
-from ipu_stack.phases.costing import stage_shape
+from ipu_stack.phases.costing import finalist_choices, stage_shape
+from ipu_stack.phases.stages import build_graph_and_tilings, side_by_side_choice
+from ipu_stack.phases.state import Build, CompileOptions
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.repeat import find_layer_loop
-from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.planning.stages import GemmStage, find_stages, sibling_runs
 from ipu_stack.target import IPU21
 from ipu_stack.workloads import get_workload
 
@@ -153,3 +156,25 @@ def test_the_device_computes_the_same_bytes_in_fewer_cycles(tmp_path) -> None:
     assert outputs[0].keys() == outputs[1].keys()
     for name, values in outputs[0].items():
         assert np.array_equal(values, outputs[1][name]), name
+
+
+def test_siblings_that_overfill_the_chip_are_planned_on_shares_of_it() -> None:
+    """SmolLM2's gate and up need 864 tiles each at their fastest: the decode step's extra
+    finalist plans each on half the chip (their columns are equal); q, k and v (540
+    together) keep theirs."""
+    workload = get_workload("smollm2-135m")
+    params = workload.resolve({"layers": 1, "tokens": 1, "context": 32})
+    options = CompileOptions()
+    build = Build(workload=workload, params=params, out_dir=Path("unused"), options=options,
+                  target=options.machine(), memo=None)
+    build_graph_and_tilings(build)
+    first = finalist_choices(build.candidates, 1)[0]
+    runs = sibling_runs(build.stages)
+    names = [[build.graph.value(build.stages[i].out).name for i in run] for run in runs]
+    assert names == [["layer0.attn.q.mm", "layer0.attn.k.mm", "layer0.attn.v.mm"],
+                     ["layer0.gate.mm", "layer0.up.mm"]]
+    (chosen,) = side_by_side_choice(build, first)
+    qkv, mlp = runs
+    assert sum(first[i].tiles_used for i in mlp) > IPU21.tiles
+    assert all(chosen[i].tiles_used <= IPU21.tiles // 2 for i in mlp)
+    assert all(chosen[i] is first[i] for i in qkv)

@@ -231,9 +231,10 @@ class LoweringBase:
         loop body would cost its full size on every row tile for every layer, so it is kept
         in column blocks on a few holder tiles instead and gathered into a row buffer by the
         stage's exchange (the per-layer address table points the sends at layer ``k``'s
-        blocks)."""
+        blocks).  A decode step's rows are few (``spread``): each layer's parameter is
+        written on its row tiles, so its norms gather nothing but the row."""
         in_loop = self.body is not None and value_id in self.body.slot_weights
-        if not in_loop and (self.body is not None or not self.lean):
+        if self.spread or not in_loop and (self.body is not None or not self.lean):
             return self._host_weight(value_id, shared, MemoryClass.STANDARD)
         cols = shared.cols
         block = min(cols, PARAM_BLOCK)

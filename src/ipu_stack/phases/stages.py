@@ -150,8 +150,9 @@ def pin_body_plans(build: Build, times: list[int]) -> bool:
 def side_by_side_choice(build: Build, plans: list) -> list[list]:
     """For a decode step, whose sibling GEMM stages run side by side (``lowering.fuse``):
     the first finalist with each run of siblings that together need more than the chip's
-    tiles planned on an equal share of the tiles each, so that they run on tiles of their
-    own (a finalist of its own: the refined estimate of every finalist decides).  None when
+    tiles planned on a share of the tiles each, in proportion to its output columns (its
+    weights: q against k and v), so that they run on tiles of their own (a finalist of its
+    own: the refined estimate of every finalist decides).  None when
     the program is not a decode step or every run fits already."""
     assert build.graph is not None
     pairs = list(zip(build.stages, plans, strict=True))
@@ -161,8 +162,10 @@ def side_by_side_choice(build: Build, plans: list) -> list[list]:
     for run in sibling_runs(build.stages):
         if sum(plans[i].tiles_used for i in run) <= build.target.tiles:
             continue
-        share = build.target.with_tiles(build.target.tiles // len(run))
+        columns = sum(plans[i].shape.cols for i in run)
         for i in run:
+            share = build.target.with_tiles(
+                max(build.target.tiles * plans[i].shape.cols // columns, 1))
             found, _ = gemm_search(plans[i].shape, share, keep=1,
                                    mode=build.options.gemm_mode)
             if not found:
