@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.exchange import ScheduleMemo, ScheduleStore
+from ipu_stack.lowering.driver import decode_step
 from ipu_stack.lowering.verify import verify_program
 from ipu_stack.memory.verify import verify_placement
 from ipu_stack.phases import stages as phases
@@ -187,6 +188,13 @@ def compile_workload(
             placed = lower_and_place(build, dump)
             break
         except PlacementError as failure:
+            if options.fuse_supersteps and build.plans and decode_step(
+                    build.graph, list(zip(build.stages, build.plans, strict=True))):
+                # side by side, grids overlap where one after another they would not
+                options = dataclasses.replace(options, fuse_supersteps=False)
+                event(LOG, "lowering one stage after another: the side-by-side decode step "
+                      "did not place", reason=str(failure))
+                continue
             tries += 1
             if proportion <= floor:
                 raise

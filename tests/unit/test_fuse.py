@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tests.helpers import cli
 
+from ipu_stack import pipeline
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16
 from ipu_stack.kernels.base import KernelInstance
@@ -20,13 +21,16 @@ from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.fuse import fuse_steps, fuse_supersteps
 from ipu_stack.lowering.program import Call, ComputeSet, Exchange, HostRead, Loop
 from ipu_stack.lowering.verify import verify_program
+from ipu_stack.phases import stages as compile_stages
 from ipu_stack.phases.costing import finalist_choices, stage_shape
 from ipu_stack.phases.stages import build_graph_and_tilings, side_by_side_choice
 from ipu_stack.phases.state import Build, CompileOptions
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.repeat import find_layer_loop
 from ipu_stack.planning.stages import GemmStage, find_stages, sibling_runs
+from ipu_stack.runtime.session import load_package
 from ipu_stack.target import IPU21
+from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.workloads import get_workload
 
 STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
@@ -178,3 +182,59 @@ def test_siblings_that_overfill_the_chip_are_planned_on_shares_of_it() -> None:
     assert sum(first[i].tiles_used for i in mlp) > IPU21.tiles
     assert all(chosen[i].tiles_used <= IPU21.tiles // 2 for i in mlp)
     assert all(chosen[i] is first[i] for i in qkv)
+
+
+def test_side_by_side_plans_that_do_not_fit_leave_the_others(monkeypatch, caplog) -> None:
+    """The extra finalist is dropped with a log line when the fitter cannot fit it; the
+    compile goes on with the finalists that fit (TinyLlama's F16 step on its fourth chip)."""
+    extra: list = []
+
+    def choice(build, plans):
+        extra.append(list(plans))
+        return [extra[-1]]
+
+    fit = compile_stages.fit_plans
+
+    def refusing(plans, *args):
+        if extra and plans is extra[-1]:
+            raise CompileError("does not fit: the side-by-side plans, for this test")
+        return fit(plans, *args)
+
+    monkeypatch.setattr(compile_stages, "side_by_side_choice", choice)
+    monkeypatch.setattr(compile_stages, "fit_plans", refusing)
+    workload = get_workload("smollm2-135m")
+    params = workload.resolve(STEP)
+    options = CompileOptions(finalists=1)
+    build = Build(workload=workload, params=params, out_dir=Path("unused"), options=options,
+                  target=options.machine(), memo=None)
+    build_graph_and_tilings(build)
+    with caplog.at_level("INFO", logger="ipu_stack.package.build"):
+        compile_stages.choose_fitting_plans(build)
+    assert extra and len(build.finalists) == 1
+    assert "the side-by-side plans do not fit" in caplog.text
+
+
+def test_a_decode_step_that_does_not_place_side_by_side_goes_stage_by_stage(
+        tmp_path, monkeypatch, caplog) -> None:
+    """Grids side by side overlap where one after another they would not: when that does
+    not place, the same compile lowers the step one stage after another (and its package
+    says so), before it plans for less memory."""
+    place = pipeline.lower_and_place
+    tried: list[bool] = []
+
+    def placing(build, dump):
+        placed = place(build, dump)
+        tried.append(build.options.fuse_supersteps)
+        if build.options.fuse_supersteps:
+            raise PlacementError("placement failed: side by side, for this test")
+        return placed
+
+    monkeypatch.setattr(pipeline, "lower_and_place", placing)
+    workload = get_workload("smollm2-135m")
+    with caplog.at_level("INFO", logger="ipu_stack.package.build"):
+        result = pipeline.compile_workload(workload, workload.resolve(STEP), tmp_path,
+                                           CompileOptions(finalists=1))
+    assert tried == [True, False]
+    assert "the side-by-side decode step did not place" in caplog.text
+    manifest = load_package(result.package).manifest
+    assert manifest["options"]["fuse_supersteps"] is False

@@ -124,7 +124,8 @@ class LoweringBase:
 
     def next_grid_tile(self, span: int) -> int:
         """The first tile of a GEMM grid of ``span`` tiles: where the previous grid ended
-        (an even tile, so paired tiles stay pairs), or tile 0 when it would not fit."""
+        (an even tile, so paired tiles stay pairs), or, when it would not fit there, where
+        it ends at the chip's last tile (the farthest from the grids just before)."""
         start = self.grid_cursor if self.grid_cursor + span <= self.target.tiles else \
             max(self.target.tiles - span - span % 2, 0)
         self.grid_cursor = start + span + span % 2

@@ -152,8 +152,8 @@ def side_by_side_choice(build: Build, plans: list) -> list[list]:
     the first finalist with each run of siblings that together need more than the chip's
     tiles planned on a share of the tiles each, in proportion to its output columns (its
     weights: q against k and v), so that they run on tiles of their own (a finalist of its
-    own: the refined estimate of every finalist decides).  None when
-    the program is not a decode step or every run fits already."""
+    own: the refined estimate of every finalist decides).  None when the program is not a
+    decode step or every run fits already."""
     assert build.graph is not None
     pairs = list(zip(build.stages, plans, strict=True))
     if not decode_step(build.graph, pairs):
@@ -191,10 +191,16 @@ def choose_fitting_plans(build: Build) -> Fields:
               else "kept its own layer body plans: a plan asked for is not a candidate",
               stages=len(build.body_hints))
     choices = finalist_choices(build.candidates, build.options.finalists)
-    if build.options.fuse_supersteps and choices:
-        choices += side_by_side_choice(build, choices[0])
-    for plans in choices:
-        fitted, moves = fit_plans(plans, build.fronts, budget, times)
+    extra = side_by_side_choice(build, choices[0]) if (
+        build.options.fuse_supersteps and choices and not build.body_hints) else []
+    for number, plans in enumerate(choices + extra):
+        try:
+            fitted, moves = fit_plans(plans, build.fronts, budget, times)
+        except CompileError as why:
+            if number < len(choices):
+                raise
+            event(LOG, "the side-by-side plans do not fit", reason=str(why))
+            continue
         build.traded += moves
         if moves:
             event(LOG, "traded cycles for memory", moves=moves, budget_bytes=budget.bytes,
