@@ -5,6 +5,7 @@ estimate still equals what the device timed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.fuse import fuse_steps, fuse_supersteps
+from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import Call, ComputeSet, Exchange, HostRead, Loop
 from ipu_stack.lowering.verify import verify_program
 from ipu_stack.phases import stages as compile_stages
@@ -238,3 +240,46 @@ def test_a_decode_step_that_does_not_place_side_by_side_goes_stage_by_stage(
     assert "the side-by-side decode step did not place" in caplog.text
     manifest = load_package(result.package).manifest
     assert manifest["options"]["fuse_supersteps"] is False
+
+
+def test_a_small_target_keeps_every_grid_and_head_on_its_tiles() -> None:
+    """On 48 tiles (a pipeline group's share) the row band and the cache's holders still
+    fit the target, RoPE's heads never count below tile 0, and the program verifies."""
+    small = IPU21.with_tiles(48)
+    lowering = Lowering(_graph(), small)
+    firsts = [lowering.next_row_tile(16) for _ in range(3)]
+    assert all(0 <= first - 15 and first < small.tiles for first in firsts)
+    graph = _graph()
+    stages = find_stages(graph)
+    loop = find_layer_loop(graph, stages)
+    stages = loop.compact(stages)
+    plans = [gemm_candidates(stage_shape(graph, s), small)[0] if isinstance(s, GemmStage)
+             else None for s in stages]
+    program = lower(graph, list(zip(stages, plans, strict=True)), small, loop=loop)
+    verify_program(program, small, "small target")
+
+
+def test_every_row_chunk_of_a_stage_shares_its_grid() -> None:
+    """A plan in row chunks holds its weights once: every chunk's calls run on the tiles
+    of the stage's one grid (its weights' buffer is there)."""
+    graph = _graph()
+    stages = find_stages(graph)
+    plans = []
+    for stage in stages:
+        plan = None
+        if isinstance(stage, GemmStage):
+            found = gemm_candidates(stage_shape(graph, stage), IPU21, keep=16)
+            plan = found[0]
+            single = [p for p in found if p.row_splits == 1]
+            if stage.kind == "matmul" and single:
+                plan = dataclasses.replace(single[0], row_chunks=2)
+        plans.append(plan)
+    assert any(p is not None and p.row_chunks == 2 for p in plans)
+    program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
+    verify_program(program, IPU21, "row chunks")
+
+
+def _graph():
+    workload = get_workload("smollm2-135m")
+    graph, _ = workload.build(workload.resolve(STEP))
+    return graph

@@ -78,6 +78,14 @@ def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -
     return BlockLayout(rows, cols, precision, row_block, cols, spread.reshape(blocks, 1, 1))
 
 
+def same_layout(held: BlockLayout, wanted: BlockLayout) -> bool:
+    """Whether a value held in ``held`` is already in ``wanted``: the same blocks, precision
+    and tiles (a layout compares by identity)."""
+    return (held.row_block, held.col_block, held.precision) == (
+        wanted.row_block, wanted.col_block, wanted.precision) and np.array_equal(
+        held.tiles, wanted.tiles)
+
+
 def group_calls(keys: dict[tuple, list[int]]) -> list[tuple[tuple, np.ndarray]]:
     """Each call shape of ``keys`` with its tiles as a sorted int32 array, in shape order."""
     return [(key, np.array(sorted(tiles), dtype=np.int32)) for key, tiles in sorted(keys.items())]
@@ -109,6 +117,7 @@ class LoweringBase:
         # the stages that do not depend on each other then run side by side
         self.spread = False
         self.grid_cursor = 0
+        self.grid_starts: dict[int, int] = {}  # stage index -> its grid's first tile
         self.row_cursor = target.tiles - 2
         states = state_writes(graph)
         for value in graph.values:  # a state is declared as such: resident, written in place
@@ -122,14 +131,17 @@ class LoweringBase:
     def _name(self, value_id: int) -> str:
         return self.graph.value(value_id).name
 
-    def next_grid_tile(self, span: int) -> int:
-        """The first tile of a GEMM grid of ``span`` tiles: where the previous grid ended
-        (an even tile, so paired tiles stay pairs), or, when it would not fit there, where
-        it ends at the chip's last tile (the farthest from the grids just before)."""
-        start = self.grid_cursor if self.grid_cursor + span <= self.target.tiles else \
-            max(self.target.tiles - span - span % 2, 0)
-        self.grid_cursor = start + span + span % 2
-        return start
+    def next_grid_tile(self, stage: int, span: int) -> int:
+        """The first tile of stage ``stage``'s GEMM grid of ``span`` tiles (every row chunk
+        of the stage on the same grid): where the previous grid ended (an even tile, so
+        paired tiles stay pairs), or, when it would not fit there, the even tile where it
+        ends nearest the chip's last (the farthest from the grids just before)."""
+        if stage not in self.grid_starts:
+            fits = self.grid_cursor + span <= self.target.tiles
+            start = self.grid_cursor if fits else max((self.target.tiles - span) // 2 * 2, 0)
+            self.grid_cursor = start + span + span % 2
+            self.grid_starts[stage] = start
+        return self.grid_starts[stage]
 
     def reserve_grids(self, spans: list[int]) -> None:
         """Before sibling GEMM stages (they read the same operand, and run side by side):
@@ -142,9 +154,10 @@ class LoweringBase:
         a tile: below the previous such stage's, from the tile below the last one (where few
         rows land, and a tile cannot send to itself) down to ``ROW_BAND`` tiles below the
         top."""
-        floor = self.target.tiles - ROW_BAND
+        floor = max(self.target.tiles - ROW_BAND, 0)
         start = self.row_cursor if self.row_cursor - count + 1 >= floor else \
             self.target.tiles - 2
+        start = min(max(start, count - 1), self.target.tiles - 1)  # no tile below 0
         self.row_cursor = start - count
         return start
 
@@ -299,12 +312,9 @@ class LoweringBase:
                        what: str) -> int:
         """A buffer holding ``value_id`` in ``layout``: reused if it is already there."""
         pieces = self.where[value_id]
-        if len(pieces) == 1 and pieces[0].row0 == pieces[0].col0 == 0:
-            held = pieces[0].layout
-            if (held.row_block, held.col_block, held.precision) == (
-                layout.row_block, layout.col_block, layout.precision
-            ) and np.array_equal(held.tiles, layout.tiles):
-                return pieces[0].buffer
+        if len(pieces) == 1 and pieces[0].row0 == pieces[0].col0 == 0 and same_layout(
+                pieces[0].layout, layout):
+            return pieces[0].buffer
         buffer = self.program.add_buffer(
             f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
             f"{self._name(value_id)} in rows: {layout.describe()}", layout,

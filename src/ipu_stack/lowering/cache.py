@@ -77,7 +77,9 @@ class CacheLowering(LoweringBase):
         positions = int(stage.attrs["positions"])
         batch = state.rows // positions
         width = state.cols // heads
-        tiles = self.target.tiles - (ROW_BAND if self.spread else 0)  # below a decode's rows
+        tiles = self.target.tiles
+        if self.spread and batch * heads <= tiles - ROW_BAND:  # below a decode step's rows
+            tiles -= ROW_BAND
         block = cache_blocking(batch, positions, heads, tiles)
         holders = cache_holders(batch, positions // block, heads, tiles)
         layout = BlockLayout(state.rows, state.cols, state.precision, block, width,

@@ -16,7 +16,10 @@ A step depends on an earlier one when either writes a buffer the other reads or 
 (buffers, not bytes: placement has not yet shared memory between buffers, and runs after
 this, from the new order's lifetimes).  A kernel operand the kernel writes counts as read
 as well (partials accumulate in place).  Host reads and writes are never merged: each goes
-right after what it depends on.  A layer loop's body is fused on its own (its steps run once
+right after what it depends on (and after the host steps there, in their order).  A fused
+phase may schedule above its bound where its parts would each have met theirs (a GEMM's A
+and B blocks come from different replica groups): it still saves a phase's fixed cost, and
+the estimate prices the schedule it gets.  A layer loop's body is fused on its own (its steps run once
 a pass), and so are the steps before and after it.
 """
 
@@ -110,8 +113,10 @@ def fuse_steps(steps: list[Step]) -> list[Step]:
         reads, writes = step_access(step)
         earliest = max([last_write.get(b, -1) + 1 for b in reads | writes]
                        + [last_read.get(b, -1) + 1 for b in writes] + [0])
-        if kind == "host":
+        if kind == "host":  # after the host steps already there: they keep their order
             place = earliest
+            while place < len(out) and out[place].kind == "host":
+                place += 1
             out.insert(place, Superstep(kind, [step]))
             for table in (last_write, last_read):
                 for b, position in table.items():

@@ -151,7 +151,7 @@ class GemmLowering(LoweringBase):
         grids = [local + group.tile_base for group in groups]
         all_tiles = np.concatenate([grid.ravel() for grid in grids])
         if self.spread:  # after the previous stage's grid, so independent stages can share
-            shift = self.next_grid_tile(int(all_tiles.max()) + 1)
+            shift = self.next_grid_tile(stage.index, int(all_tiles.max()) + 1)
             grids = [grid + shift for grid in grids]
             all_tiles = all_tiles + shift
         if all_tiles.max() >= self.target.tiles:

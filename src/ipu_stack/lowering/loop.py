@@ -16,7 +16,7 @@ buffer the block read it from.  ``end`` then
 
 from __future__ import annotations
 
-from ipu_stack.lowering.base import BodyState, Piece, landing_layout
+from ipu_stack.lowering.base import BodyState, Piece, landing_layout, same_layout
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import HostRead, HostWrite, Loop, Slot
 from ipu_stack.lowering.transfers import TransferBuilder
@@ -59,7 +59,8 @@ class LoopLowering:
         pieces = lowering.where[value]
         kind = lowering.graph.value(value).type
         layout = landing_layout(kind.rows, kind.cols, kind.precision, lowering.target)
-        if len(pieces) == 1 and pieces[0].layout == layout:
+        if len(pieces) == 1 and not pieces[0].row0 and not pieces[0].col0 and same_layout(
+                pieces[0].layout, layout):
             return
         builder = TransferBuilder("layers.land")
         buffer = lowering.result_buffer(value, layout)

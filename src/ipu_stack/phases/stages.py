@@ -163,14 +163,16 @@ def side_by_side_choice(build: Build, plans: list) -> list[list]:
         if sum(plans[i].tiles_used for i in run) <= build.target.tiles:
             continue
         columns = sum(plans[i].shape.cols for i in run)
-        for i in run:
-            share = build.target.with_tiles(
-                max(build.target.tiles * plans[i].shape.cols // columns, 1))
-            found, _ = gemm_search(plans[i].shape, share, keep=1,
-                                   mode=build.options.gemm_mode)
-            if not found:
-                return []
-            chosen[i] = dataclasses.replace(found[0], shape=plans[i].shape)
+        shared = {}
+        for i in run:  # an even share each: the grids start on even tiles
+            tiles = build.target.tiles * plans[i].shape.cols // columns // 2 * 2
+            found, _ = gemm_search(plans[i].shape, build.target.with_tiles(max(tiles, 2)),
+                                   keep=1, mode=build.options.gemm_mode)
+            if found:
+                shared[i] = dataclasses.replace(found[0], shape=plans[i].shape)
+        if len(shared) == len(run):  # the whole run, or none of it
+            for i, plan in shared.items():
+                chosen[i] = plan
             changed = True
     return [chosen] if changed else []
 
