@@ -29,15 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.lowering.program import (
-    ComputeSet,
-    Exchange,
-    HostRead,
-    HostWrite,
-    Loop,
-    Program,
-    Step,
-)
+from ipu_stack.lowering.program import ComputeSet, Exchange, HostRead, Loop, Program, Step
 
 
 @dataclass
@@ -73,8 +65,7 @@ def step_access(step: Step) -> tuple[set[int], set[int]]:
                 {int(b) for b in np.unique(step.dst_buf)})
     if isinstance(step, HostRead):
         return {step.buffer}, set()
-    assert isinstance(step, HostWrite)
-    return set(), {step.buffer}
+    return set(), {step.buffer}  # a host write
 
 
 def merged(superstep: Superstep) -> Step:
