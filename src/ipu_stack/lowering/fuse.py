@@ -19,8 +19,8 @@ as well (partials accumulate in place).  Host reads and writes are never merged:
 right after what it depends on (and after the host steps there, in their order).  A fused
 phase may schedule above its bound where its parts would each have met theirs (a GEMM's A
 and B blocks come from different replica groups): it still saves a phase's fixed cost, and
-the estimate prices the schedule it gets.  A layer loop's body is fused on its own (its steps run once
-a pass), and so are the steps before and after it.
+the estimate prices the schedule it gets.  A layer loop's body is fused on its own (its
+steps run once a pass), and so are the steps before and after it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class Superstep:
 
 
 def step_kind(step: Step) -> str:
+    """Which steps may share a superstep: compute sets with compute sets, exchange phases
+    with exchange phases; a host step shares with nothing."""
     if isinstance(step, ComputeSet):
         return "compute"
     if isinstance(step, Exchange):
