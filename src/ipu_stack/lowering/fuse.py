@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.lowering.program import ComputeSet, Exchange, HostRead, Loop, Program, Step
+from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program, Step, step_access
 
 
 @dataclass
@@ -48,26 +48,6 @@ def step_kind(step: Step) -> str:
     if isinstance(step, Exchange):
         return "exchange"
     return "host"
-
-
-def step_access(step: Step) -> tuple[set[int], set[int]]:
-    """The buffers ``step`` reads and writes (a written kernel operand is read too)."""
-    if isinstance(step, ComputeSet):
-        reads: set[int] = set()
-        writes: set[int] = set()
-        for call in step.calls:
-            writing = {k for k, _, writes_it in call.instance.impl.accesses(call.instance.params)
-                       if writes_it}
-            for k, (buffer_id, _) in enumerate(call.operands):
-                if buffer_id >= 0:
-                    (writes if k in writing else reads).add(buffer_id)
-        return reads | writes, writes
-    if isinstance(step, Exchange):
-        return ({int(b) for b in np.unique(step.src_buf)},
-                {int(b) for b in np.unique(step.dst_buf)})
-    if isinstance(step, HostRead):
-        return {step.buffer}, set()
-    return set(), {step.buffer}  # a host write
 
 
 def merged(superstep: Superstep) -> Step:
@@ -104,6 +84,7 @@ def fuse_steps(steps: list[Step]) -> list[Step]:
     for step in steps:
         kind = step_kind(step)
         reads, writes = step_access(step)
+        reads |= writes  # a written operand is read too (partials accumulate in place)
         earliest = max([last_write.get(b, -1) + 1 for b in reads | writes]
                        + [last_read.get(b, -1) + 1 for b in writes] + [0])
         if kind == "host":  # after the host steps already there: they keep their order

@@ -204,6 +204,30 @@ class Program:
                 buffer.first, buffer.last = min(buffer.first, index), max(buffer.last, hi)
 
 
+def step_access(step: Step) -> tuple[set[int], set[int]]:
+    """The buffers a step reads and the buffers it writes (a kernel operand the kernel
+    writes counts as written; an exchange reads its sources and writes its destinations):
+    what the verifier orders and superstep fusion keeps in order."""
+    if isinstance(step, ComputeSet):
+        reads: set[int] = set()
+        writes: set[int] = set()
+        for call in step.calls:
+            written = {k for k, _, writing in call.instance.impl.accesses(call.instance.params)
+                       if writing}
+            for k, (buffer_id, _) in enumerate(call.operands):
+                if buffer_id >= 0:
+                    (writes if k in written else reads).add(buffer_id)
+        return reads, writes
+    if isinstance(step, Exchange):
+        return ({int(b) for b in np.unique(step.src_buf)},
+                {int(b) for b in np.unique(step.dst_buf)})
+    if isinstance(step, HostRead):
+        return {step.buffer}, set()
+    if isinstance(step, HostWrite):
+        return set(), {step.buffer}
+    return set(), set()  # a loop step names its body, not buffers
+
+
 def step_buffers(step: Step) -> set[int]:
     """Buffers a step reads or writes."""
     if isinstance(step, ComputeSet):

@@ -38,6 +38,7 @@ from ipu_stack.lowering.program import (
     Loop,
     Program,
     Step,
+    step_access,
     step_buffers,
 )
 from ipu_stack.target import MemoryClass, Target
@@ -115,30 +116,31 @@ class ProgramVerifier:
 
     # -------------------------------------------------------------- steps
     def compute(self, step: ComputeSet, index: int, where: str) -> None:
-        reads: set[int] = set()
-        writes: set[int] = set()
         for number, call in enumerate(step.calls):
             here = f"{where} call {number} ({call.instance.name})"
             self.check_tiles(call.tiles, here)
-            read, written = self.call(call, here)
-            reads |= read
-            writes |= written
+            self.call(call, here)
+        self.ordered(step, index, where)
+
+    def ordered(self, step: Step, index: int, where: str) -> None:
+        """What ``step`` reads was written by an earlier step; note what it writes."""
+        reads, writes = step_access(step)
         self.read(reads, index, where)
         self.wrote(writes, index)
 
-    def call(self, call: Call, where: str) -> tuple[set[int], set[int]]:
-        """The buffers ``call`` reads and writes, once its operands are checked."""
+    def call(self, call: Call, where: str) -> None:
+        """Check ``call``'s operands: held on its tiles, accessed inside their buffers, in
+        the memory class the kernel takes."""
         extent = {k: (length, writes) for k, length, writes
                   in call.instance.impl.accesses(call.instance.params)}
         interleaved = set(call.instance.impl.interleaved)
-        reads, writes = set(), set()
         for k, (buffer_id, offsets) in enumerate(call.operands):
             if buffer_id < 0:
                 continue
             buffer = self.buffer(buffer_id, f"{where} operand {k}")
             self.check_held(buffer, call.tiles, f"{where} operand {k}")
             offsets = np.asarray(offsets, dtype=np.int64)
-            length, writing = extent.get(k, (0, False))
+            length, _ = extent.get(k, (0, False))
             if offsets.size and (int(offsets.min()) < 0
                                  or int(offsets.max()) + length > buffer.nbytes):
                 self.fail(f"{where} operand {k}", f"accesses bytes "
@@ -148,8 +150,6 @@ class ProgramVerifier:
                 self.fail(f"{where} operand {k}", f"buffer {buffer_id} ({buffer.name!r}) is "
                           f"{buffer.memory_class.value}; the kernel takes it only from "
                           "interleaved memory")
-            (writes if writing else reads).add(buffer_id)
-        return reads, writes
 
     def exchange(self, step: Exchange, index: int, where: str) -> None:
         n, fanout = step.transfers, np.diff(step.dst_offsets)
@@ -174,8 +174,7 @@ class ProgramVerifier:
         self.ends(step.src_tile, step.src_buf, step.src_off, step.words, f"{where} sources")
         self.ends(step.dst_tile, step.dst_buf, step.dst_off, np.repeat(step.words, fanout),
                   f"{where} destinations")
-        self.read({int(b) for b in np.unique(step.src_buf)}, index, where)
-        self.wrote({int(b) for b in np.unique(step.dst_buf)}, index)
+        self.ordered(step, index, where)
 
     def ends(self, tiles: np.ndarray, buffers: np.ndarray, offsets: np.ndarray,
              words: np.ndarray, where: str) -> None:
@@ -195,10 +194,7 @@ class ProgramVerifier:
 
     def host(self, step: HostWrite | HostRead, index: int, where: str) -> None:
         self.buffer(step.buffer, where)
-        if isinstance(step, HostRead):
-            self.read({step.buffer}, index, where)
-        else:
-            self.wrote({step.buffer}, index)
+        self.ordered(step, index, where)
 
     def loop(self, step: Loop, index: int, where: str) -> None:
         end = len(self.program.initialize) + len(self.program.run)
