@@ -191,9 +191,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "--out (default)", Path("artifacts") / workload.identifier(params))
     _settings(args)  # every run option checked before the compile
     options = _options(args)
-    if options.strategy == "layers" and args.images not in (None, 1):
-        raise UsageError("--images streams images through a pipeline; the layers strategy "
-                         "runs one batch (use --batch, or --strategy pipeline)")
     if options.groups and args.images is not None and args.images < options.groups:
         raise UsageError(f"--images {args.images} is fewer than the pipeline's "
                          f"{options.groups} groups" + (" a chip" if options.chips > 1 else "")

@@ -130,8 +130,10 @@ def _add_model_commands(sub: Any) -> None:
     _add_workload_options(p)
     p.add_argument("--out", help="package and reports folder (default artifacts/<workload>/)")
     p.add_argument("--images", type=int, default=None,
-                   help="pipeline strategy: images streamed through the groups, each checked "
-                   "(default: as many as there are groups, the fewest that fill a step)")
+                   help="batches of --batch images streamed through the groups, each "
+                   "checked (default: as many as there are groups, the fewest that fill a "
+                   "step); the layers strategy runs them one after another on its loaded "
+                   "chip: a larger batch as micro-batches")
     _add_run_options(p)
 
     p = sub.add_parser("generate", help="greedy generation with a decoder's KV cache on the "

@@ -73,13 +73,10 @@ class Outcome:
 
 def check_images(system: SystemProgram, images: int | None) -> int:
     """The images a run streams: ``images``, at least one a group of a chip (the period is an
-    executed step with every group busy); one for a whole-chip program."""
+    executed step with every group busy).  A whole-chip program runs one by default; given
+    more, it runs them one after another on the same loaded chip, as a batch larger than
+    one program holds runs as micro-batches of the program's batch."""
     groups = images_to_fill(system)
-    if len(system.groups) == 1:
-        if images not in (None, 1):
-            raise UsageError("--images streams images through a pipeline; the layers strategy "
-                             "runs one batch (use --batch, or --strategy pipeline)")
-        return 1
     count = images or groups
     if count < groups:
         raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups"
@@ -96,7 +93,7 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     count = check_images(system, settings.images)
     model = getattr(workload, "reference", None)
     fields = workload.benchmark_fields(params)
-    if len(system.groups) == 1:
+    if len(system.groups) == 1 and count == 1:
         result = run_package(package, graph, tensors, settings.lock_path, wait=settings.wait,
                              poison=settings.poison, record=settings.record, model=model)
         record = benchmark_fields(result, graph, fields, path, compile_seconds)
@@ -148,12 +145,12 @@ def save_tensors(folder: str | Path, graph: Graph, tensors: Any, outcome: Outcom
     precisions = {v.name: v.type.precision.to_json() for v in graph.values}
     result = outcome.result
     if isinstance(result, StreamRun):
-        outputs = {f"image{k}/{name}": values for k, image in enumerate(result.outputs)
-                   for name, values in image.items()}
-        gemm_modes: dict[str, dict] = {}
+        shapes = {v.name: v.type.shape for v in graph.by_role("output")}
+        outputs = {f"image{k}/{name}": np.reshape(values, shapes[name])
+                   for k, image in enumerate(result.outputs) for name, values in image.items()}
     else:
         outputs = result.outputs
-        gemm_modes = outcome.package.manifest.get("gemm_modes") or {}
+    gemm_modes = outcome.package.manifest.get("gemm_modes") or {}  # one program's
     modes = {graph.value(graph.operations[int(op)].outputs[0]).name: mode
              for op, mode in gemm_modes.items()}
 

@@ -187,7 +187,7 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
     record = {
         "numericalTest": "PASS" if run.passed else "FAIL",
         "workload": manifest["workload"]["identifier"],
-        "strategy": "pipeline",
+        "strategy": "pipeline" if run.groups > 1 else "layers",
         **workload_fields,
         "images": run.images,
         "imagesPassed": sum(v.passed for v in run.verdicts),
@@ -226,6 +226,11 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
         "verdictSeconds": round(run.verdict_seconds, 2),
         "compiler": __version__,
     }
+    if "gemm_modes" in manifest:  # one program's modes: a whole-chip program's stream
+        roofline = roofline_cycles(graph, manifest["gemm_modes"], target.tiles,
+                                   int(target.facts["amp_f16_macs_per_cycle"].value),
+                                   int(target.amp_f8_macs_per_cycle))
+        record["rooflinePercent"] = round(100 * roofline / period, 2) if period else 0.0
     if run.chips > 1:
         record.update(chip_fields(run, manifest))
     return record
