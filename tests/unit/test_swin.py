@@ -20,6 +20,7 @@ from ipu_stack.lowering.driver import lower
 from ipu_stack.lowering.permute import row_moves
 from ipu_stack.pipeline import stage_shape
 from ipu_stack.planning.gemm import gemm_candidates
+from ipu_stack.planning.repeat import find_layer_loop
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import CompileError, UsageError
@@ -159,7 +160,8 @@ def test_the_model_is_a_swin_that_rolls_and_partitions() -> None:
     workload = get_workload("swin-l")
     params = workload.resolve(SMALL)
     graph, tensors = workload.build(params)
-    # two a block (its norm's output and its stream into its windows), one a merge
+    # two a block (its norm's output into its windows, its attention's output back), one a
+    # merge; the last stage is one window
     assert sum(op.kind == "gather_rows" for op in graph.operations) == 5
     ideal = evaluate_float64(graph, dict(tensors))
     t = {name: np.asarray(tensors[name], np.float64) for name in tensors}
@@ -168,6 +170,24 @@ def test_the_model_is_a_swin_that_rolls_and_partitions() -> None:
     np.testing.assert_allclose(hidden.reshape(expected.shape), expected, rtol=2e-3, atol=2e-3)
     means = np.repeat(expected.mean(axis=1), expected.shape[1], axis=0)
     np.testing.assert_allclose(pooled, means, rtol=2e-3, atol=2e-3)
+
+
+def test_a_stage_is_one_loop_from_its_first_block() -> None:
+    """The stream stays in raster order, so the first block after a patch merging moves its
+    rows as every other plain block of the stage does: the stage's four blocks are two
+    passes of one (plain, shifted) body."""
+    workload = get_workload("swin-l")
+    params = workload.resolve({**SMALL, "image": 64, "depths": "2,4"})
+    graph, _ = workload.build(params)
+    stages = find_stages(graph)
+    loop = find_layer_loop(graph, stages)
+    assert loop is not None and loop.count == 2
+    names = [graph.value(stage.out).name for stage in stages]
+    first = next(i for i, name in enumerate(names) if name.startswith("layer2."))
+    assert loop.start == first  # stage 2's first block, right after the merge
+    assert all(name.startswith(("layer2.", "layer3.")) for name in names[loop.start:
+                                                                       loop.start + loop.length])
+    assert names[loop.end - 1].startswith("layer5.")
 
 
 def test_a_row_gather_is_checked_when_built() -> None:

@@ -80,11 +80,11 @@ def _add_acts(conv: Converter, node: Any, x: Act, y: Act, alpha: float) -> Act:
         if alpha != 1.0 else conv.plain(y, node)
     if xs.order is not None or ys.order is not None:  # rows out of order (Swin's windows)
         if order.keeps_rows(xs, True) and order.keeps_rows(ys, True):
-            xs, ys = order.in_same_order(conv, node, xs, ys)
+            ys, xs = order.in_same_order(conv, node, ys, xs)
         else:
             xs, ys = conv.in_order(xs, node), conv.in_order(ys, node)
     value = conv.b.op("add", [xs.value, ys.value], F16, conv.name(node))
-    return Act(value, x.shape, x.form, x.dims, order=ys.order)
+    return Act(value, x.shape, x.form, x.dims, order=xs.order)
 
 
 def _on_ids(node: Any) -> bool:

@@ -9,9 +9,9 @@ tracks that as an index (logical row ``l`` is IR row ``order[l]``) through views
 and rolls, and row-local operations (norms, linear layers, GELU, residual adds) run on
 the rows where they lie, the result in the same order. Rows move only where a rule needs
 them in order (``Converter.in_order``: one ``gather_rows``, an exchange on the device), or
-where two operands of an add lie in different orders (the left one moves into the right
-one's); a concatenation of strided slices of one value is one gather too. Zero padding that
-adds no rows passes through.
+where two operands of an add lie in different orders (the right one, a block's attention
+output, moves into the left one's, the residual stream's); a concatenation of strided
+slices of one value is one gather too. Zero padding that adds no rows passes through.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ def viewed(act: Act, shape: tuple[int, ...]) -> Act:
 
 def in_same_order(conv: Converter, node: Any, x: Act, y: Act) -> tuple[Act, Act]:
     """Two rows-form operands of a row-local operation in one order: ``x`` moved into
-    ``y``'s when they differ (a residual add: the stream moves to where the block's
-    windows left its attention output), both into logical order where ``y``'s rows are
+    ``y``'s when they differ (a residual add: the block's attention output, left in its
+    windows' order, moves to where the stream holds its rows, so the stream keeps one order
+    and a stage's blocks move rows alike), both into logical order where ``y``'s rows are
     not every row of its value."""
     if x.order == y.order:
         return x, y

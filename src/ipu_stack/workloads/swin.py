@@ -7,16 +7,17 @@
   the pooled mean.
 
 **Token order.** Everything in a block but attention works row by row (the norms, the
-projections, the MLP and the residual adds), so the residual stream needs no fixed order:
-it stays in the order of the windows of the block that made it. A block whose windows
-differ from that order (a shifted block after a plain one, and back) moves rows twice
-(``gather_rows``: an exchange each, no arithmetic): its first norm's output into its
-window order for the attention, and the stream into the same order for the residual add.
-Those moves do transformers' roll, window partition, window reverse and roll back
-(``shifts=(-s, -s)`` then partition, ``s`` = half a window; each a fixed permutation of the
-rows: between two blocks only their composition matters). Patch merging is one gather: each
-new row concatenates the 2 x 2 neighbours ``x0 = [0::2, 0::2], x1 = [1::2, 0::2],
-x2 = [0::2, 1::2], x3 = [1::2, 1::2]``, picked from wherever the stream holds them, in the
+projections, the MLP and the residual adds). The residual stream stays in raster order; a
+block whose windows are not that order moves rows twice (``gather_rows``: an exchange each,
+no arithmetic): its first norm's output into its window order for the attention, and the
+attention's output back into raster order for the residual add. Those moves do
+transformers' roll and window partition (``shifts=(-s, -s)`` then partition, ``s`` = half a
+window), and window reverse and roll back: each a fixed permutation of the rows. So every
+plain block of a stage moves its rows as every other does, and every shifted block too:
+a stage's blocks are one loop from its first (``planning.repeat``), where a stream left in
+the last block's window order would make the first block after a patch merging differ from
+the rest. Patch merging is one gather: each new row concatenates the 2 x 2 neighbours
+``x0 = [0::2, 0::2], x1 = [1::2, 0::2], x2 = [0::2, 1::2], x3 = [1::2, 1::2]``, in the
 halved grid's raster order. This is the graph the importer makes of transformers'
 ``SwinModel`` (``frontend/order.py``), so an exported model and this builtin run the same
 program. The pooled output is each image's mean token (``head_matmul pv`` with a constant
@@ -207,8 +208,8 @@ def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift
 
 def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: np.ndarray | None,
            shift: int) -> int:
-    """One Swin block on the stream ``x``; ``picks``: the rows that put it in the block's
-    window order, where it is not in it."""
+    """One Swin block on the stream ``x`` (raster order); ``picks``: the raster rows of the
+    block's window order, where it is not raster order."""
     prefix = f"layer{number}"
     builder.p = {**builder.p, "dim": stage.dim, "heads": stage.heads,
                  "tokens": stage.window ** 2, "hidden": builder.p["mlp_ratio"] * stage.dim}
@@ -220,7 +221,7 @@ def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: 
         h = builder.b.op("cast", [h], builder.act(f"{prefix}.ln1.fp8"), f"{prefix}.ln1.fp8")
     a = builder.attention(h, f"{prefix}.attn", rope=False, bias=True)
     if picks is not None:
-        x = _gather(builder, x, picks, f"{prefix}.shortcut.rows")
+        a = _gather(builder, a, np.argsort(picks), f"{prefix}.attn.rows")
     return builder.mlp(builder.b.op("add", [x, a], F16, f"{prefix}.residual1"), prefix)
 
 
@@ -242,13 +243,11 @@ def _stem(builder: LayerBuilder, seed: int) -> int:
     return builder.norm(stem, "embed_ln", F16)
 
 
-def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int, held: np.ndarray
-           ) -> int:
-    """Patch merging of the stream ``x`` (raster tokens ``held``) into the raster order of
-    the halved grid."""
+def _merge(builder: LayerBuilder, x: int, stage: SwinStage, number: int) -> int:
+    """Patch merging of the stream ``x`` (raster order) into the raster order of the halved
+    grid."""
     batch = builder.p["batch"]
-    raster = np.arange(batch * (stage.side // 2) ** 2)
-    picks = np.argsort(held)[merge_order(batch, stage.side, raster)]
+    picks = merge_order(batch, stage.side, np.arange(batch * (stage.side // 2) ** 2))
     merged = _gather(builder, x, picks, f"merge{number}.rows", group=4)
     name = f"merge{number}"
     normed = builder.norm(merged, f"{name}.ln", builder.act(f"{name}.ln.out"), 4 * stage.dim)
@@ -274,27 +273,22 @@ def _pooled(builder: LayerBuilder, x: int, tokens: int) -> int:
 
 def _build_swin(builder: LayerBuilder, seed: int) -> None:
     """The stem, the stages with their merges, the final norm and the pooled mean into
-    ``builder``; the stream's rows move where a block's windows need another order (the
-    order the importer keeps for transformers' ``SwinModel``, ``frontend/order.py``)."""
+    ``builder``; rows move where a block's windows need another order than raster (the
+    moves the importer makes of transformers' ``SwinModel``, ``frontend/order.py``)."""
     stages = swin_stages(builder.p)
     batch = builder.p["batch"]
     x = _stem(builder, seed)
-    held = np.arange(batch * stages[0].side ** 2)
     number = 0
     for index, stage in enumerate(stages):
         if index:
-            x = _merge(builder, x, stages[index - 1], index - 1, held)
-            held = np.arange(batch * stage.side ** 2)
+            x = _merge(builder, x, stages[index - 1], index - 1)
         for block in range(stage.depth):
             shift = stage.shift(block)
             order = window_order(batch, stage.side, stage.window, shift)
-            picks = None if np.array_equal(order, held) else np.argsort(held)[order]
+            picks = None if np.array_equal(order, np.arange(len(order))) else order
             x = _block(builder, x, stage, number, picks, shift)
-            held = order
             number += 1
     x = builder.norm(x, "final_ln", F16, stages[-1].dim)
-    if not np.array_equal(held, np.arange(len(held))):
-        x = _gather(builder, x, np.argsort(held), "final_ln.rows")
     builder.b.output(x)
     builder.b.output(_pooled(builder, x, stages[-1].side ** 2))
 
