@@ -21,11 +21,11 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "pe-giant": (" --chips 4", 53.9, 150.0, 416),
     "clip-text": (" --batch 4", 3.32, 4.95, 13),
     "bert-base": (" --batch 8", 11.78, 17.72, 45),
-    "roberta-base": (" --batch 8", 8.68, 21.01, 45),
+    "roberta-base": (" --batch 10 --images 4", 9.57, 130.65, 164),
     "smollm2-135m": ("", 3.06, 4.85, 14),
     "tinyllama-1.1b": (" --chips 2", 19.84, 44.11, 73),
     "smolvlm-256m": (" --part vision", 19.83, 12.83, 44),
-    "swin-l": (" --batch 2", 110.6, 28.4, 162),
+    "swin-l": (" --batch 2", 74.34, 22.85, 118),
 }
 
 
