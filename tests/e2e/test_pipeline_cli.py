@@ -118,7 +118,8 @@ def test_the_layers_strategy_streams_micro_batches(tmp_path, cache_dir):
     one = bench("siglip-vision", *TOWER, "--batch", "2", "--save-tensors",
                 str(tmp_path / "one"), folder=tmp_path / "a", cache_dir=cache_dir)
     three = bench("siglip-vision", *TOWER, "--batch", "2", "--images", "3", "--save-tensors",
-                  str(tmp_path / "three"), folder=tmp_path / "b", cache_dir=cache_dir)
+                  str(tmp_path / "three"), "--profile", str(tmp_path / "profile"),
+                  folder=tmp_path / "b", cache_dir=cache_dir)
     record = three.record
     assert record["numericalTest"] == "PASS" and record["imagesPassed"] == 3
     assert record["strategy"] == "layers" and record["pipelineGroups"] == 1
@@ -133,6 +134,10 @@ def test_the_layers_strategy_streams_micro_batches(tmp_path, cache_dir):
     assert np.array_equal(streamed[f"image0/{name}"], single[name])  # the same first batch
     assert not np.array_equal(streamed[f"image1/{name}"], streamed[f"image0/{name}"])
     assert not np.array_equal(streamed[f"image2/{name}"], streamed[f"image1/{name}"])
+    # the profile is of one micro-batch's step, with the package's own placement page
+    profile = json.loads((tmp_path / "profile" / "profile.json").read_text())["profile"]
+    assert profile["cycles"] == record["cycles"]
+    assert [label for label, _ in profile["placement_pages"]] == ["the whole chip"]
 
 
 def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):

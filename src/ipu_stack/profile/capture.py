@@ -87,6 +87,10 @@ def group_placement_pages(package_path: Path, package: Package, system: SystemPr
     into ``group<N>`` (or ``group<N>.aligned``) beside the package, ``N`` its first group;
     the folder whose package holds program ``k``'s very bytes is it.  Paths relative to
     ``folder``."""
+    if len(system.groups) == 1:  # a whole-chip package's stream: its own page, beside it
+        page = Path(package_path).parent / "memory" / "placement.html"
+        return [["the whole chip", os.path.relpath(page, folder) if folder else str(page)]] \
+            if page.exists() else []
     pages, seen = [], set()
     for spec in system.groups:
         if spec.program in seen:
