@@ -111,6 +111,29 @@ def test_attention_operand_read_elsewhere_keeps_f16() -> None:
     assert any("kept in F16" in r for r in imported.converted.rewrites)
 
 
+def test_an_imports_weights_are_held_once() -> None:
+    """The exact weights are read-only views of the loaded program's parameters (no float32
+    copy), and the device's weights are held as their storage codes (one byte an FP8
+    weight), so an imported model costs little more than the program it was loaded from."""
+    from ipu_stack.ir.values import StoredTensor
+
+    torch.manual_seed(6)
+    program = export(TinyVit(layers=1), torch.randn(1, 3, 32, 32))
+    imported = import_program(program, precision="fp8")
+    params = [t.detach().numpy() for t in program.state_dict.values()]
+    graph = imported.graph
+    matrices = [v.name for v in graph.by_role("weight") if v.type.precision.is_fp8]
+    assert matrices
+    for name in matrices:
+        exact = imported.converted.exact[name]
+        assert not exact.flags.writeable
+        assert any(np.shares_memory(exact, held) for held in params), name
+        stored = imported.converted.tensors[name]
+        assert isinstance(stored, StoredTensor) and stored.nbytes == exact.size
+        value = graph.value(next(v.id for v in graph.values if v.name == name))
+        np.testing.assert_array_equal(np.asarray(stored), value.type.precision.round_trip(exact))
+
+
 def _inputs(program) -> np.ndarray:
     from ipu_stack.frontend.workload import random_inputs
 

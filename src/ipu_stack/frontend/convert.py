@@ -31,6 +31,7 @@ from ipu_stack.ir.graph import Graph, GraphBuilder, Value
 from ipu_stack.ir.names import MODULE_LAYER, fp8_allowed
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import TensorType
+from ipu_stack.ir.values import weight_storer
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.workloads.transformer import role  # FP8 activation exponents are per role
 
@@ -158,7 +159,7 @@ class Converter:
 
     def __init__(self, program: Any, user_inputs: list[np.ndarray], precision: str,
                  scales: dict[str, int], name: str, attention: str = "f16",
-                 kept: frozenset[int] = frozenset()) -> None:
+                 kept: frozenset[int] = frozenset(), device_tensors: bool = True) -> None:
         import torch
 
         self.torch = torch
@@ -167,6 +168,8 @@ class Converter:
         self.fp8 = precision == "fp8"
         self.attention_fp8 = self.fp8 and attention == "fp8"  # --attention fp8
         self.kept = kept  # layers an FP8 recipe keeps F16 (--keep-f16)
+        # False: the exact tensors stand for the device's (a calibration pass reads only them)
+        self.device_tensors = device_tensors
         self.scales = scales
         self.b = GraphBuilder(name)
         self.env: dict[Any, Any] = {}
@@ -275,7 +278,7 @@ class Converter:
             key = f"{key}#{len(self.weights)}"
         value_id = self.b.weight(key, TensorType(tuple(raw.shape), F16))
         kind = "table" if table else ("matrix" if matrix else "vector")
-        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32).copy(), kind)
+        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32), kind)  # read-only
         return value_id
 
     def const_key(self, tensor: Any, fallback: str) -> str:
@@ -433,13 +436,19 @@ class Converter:
             if kind == "matrix":
                 key = weight_role(name)
                 exponents[key] = max(exponents.get(key, -99), fit_scale_exponent(raw))
-        for name, (value_id, raw, kind) in self.weights.items():
+        for name, (value_id, _, kind) in self.weights.items():
             precision = Precision("F8F143", exponents[weight_role(name)]) if (
                 self.fp8_at(name) and kind == "matrix") else (F32 if kind == "table" else F16)
             old = graph.values[value_id]
             graph.values[value_id] = Value(value_id, name, TensorType(old.type.shape, precision),
                                            "weight")
-            tensors[name] = precision.round_trip(raw)
+        # each weight held as its storage codes as soon as it is rounded: the device's copy
+        # of a model takes its stored bytes, not float32's, beside the exact weights
+        store = weight_storer(graph)
+        for name, (value_id, raw, _) in self.weights.items():
+            precision = graph.values[value_id].type.precision
+            tensors[name] = store(name, precision.round_trip(raw)) if self.device_tensors \
+                else raw
             exact[name] = raw
         for spec in self.inputs:
             data = self.input_values[spec.name]

@@ -36,10 +36,14 @@ def rule(*names: str) -> Callable[[Handler], Handler]:
 
 
 def to_numpy(tensor: Any) -> np.ndarray:
-    """A constant torch tensor as float32 numpy."""
+    """A constant torch tensor as float32 numpy: read-only, and where the tensor is float32
+    already a view of its memory, so an imported model's weights are held once (by the
+    loaded program) and no rule can change them in place."""
     import torch
 
-    return tensor.detach().to(dtype=torch.float32).numpy().astype(np.float32)
+    array = tensor.detach().to(dtype=torch.float32).numpy()
+    array.flags.writeable = False
+    return array
 
 
 def is_tensor(value: Any) -> bool:

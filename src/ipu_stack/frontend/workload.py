@@ -315,7 +315,8 @@ def _fit_scales(program: Any, calibration: list[np.ndarray], name: str,
     """FP8 exponents of activations, one per role (the largest over its layers), fitted
     with 2x headroom on an unrounded float32 run of a calibration input: the test data never tunes its
     own scales, and identical layers keep identical precisions."""
-    first = Importer(program, calibration, "fp8", {}, name, attention).run()
+    first = Importer(program, calibration, "fp8", {}, name, attention,
+                     device_tensors=False).run()
     # float32, as the builtins fit; each value fitted as it is made, then dropped
     return fit_scales(first.graph, first.exact,
                       [v.name for v in first.graph.values
