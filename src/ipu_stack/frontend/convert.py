@@ -278,7 +278,8 @@ class Converter:
             key = f"{key}#{len(self.weights)}"
         value_id = self.b.weight(key, TensorType(tuple(raw.shape), F16))
         kind = "table" if table else ("matrix" if matrix else "vector")
-        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32), kind)  # read-only
+        # not copied (a constant is a view of the program's tensor): folds replace a weight
+        self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32), kind)
         return value_id
 
     def const_key(self, tensor: Any, fallback: str) -> str:
