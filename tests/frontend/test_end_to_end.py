@@ -134,6 +134,39 @@ def test_an_imports_weights_are_held_once() -> None:
         np.testing.assert_array_equal(np.asarray(stored), value.type.precision.round_trip(exact))
 
 
+def test_a_files_program_is_let_go_once_imported_and_loaded_again(tmp_path, monkeypatch
+                                                                  ) -> None:
+    """A ``.pt2``'s program is dropped after its import (the run holds the device's weights,
+    not torch's) and loaded again, its sha256 checked, when another import needs it."""
+    import gc
+    import weakref
+
+    from ipu_stack.frontend import workload as imported
+    from ipu_stack.util.errors import UsageError
+
+    torch.manual_seed(7)
+    path = tmp_path / "tiny.pt2"
+    torch.export.save(export(TinyVit(layers=1), torch.randn(1, 3, 32, 32)), str(path))
+    loads, load = [], imported.load_program
+
+    def counted(where):
+        loads.append(load(where))
+        return loads[-1]
+    monkeypatch.setattr(imported, "load_program", counted)
+    workload, base = imported.imported_workload(path)
+    params = workload.resolve({**base, "precision": "f16"})
+    graph, _ = workload.build(params)
+    first = weakref.ref(loads.pop())
+    gc.collect()
+    assert first() is None  # nothing holds the loaded program
+    assert workload.benchmark_fields(params)["inputShapes"] == "1x3x32x32"  # kept
+    again, _ = workload.build({**params, "seed": 1})  # another import: loaded again
+    assert len(loads) == 1 and again.dump() == graph.dump()
+    path.write_bytes(path.read_bytes() + b"\0")
+    with pytest.raises(UsageError, match="changed since the package was compiled"):
+        workload.build({**params, "seed": 2})
+
+
 def _inputs(program) -> np.ndarray:
     from ipu_stack.frontend.workload import random_inputs
 

@@ -453,6 +453,55 @@ def program_parameters() -> tuple[Parameter, ...]:
     )
 
 
+class ShapedPrograms:
+    """An imported workload's program at each run's shape (batch, tokens a sequence).
+
+    A decoder step with a static cache keeps its one-token step, and a prompt's pass of
+    any length where the export's sequence length is dynamic (``frontend/step.py``).  A
+    file's program without a cache is let go once imported (its float32 weights take as
+    much as the rest of a run) and loaded again, its sha256 checked, if another import
+    needs it; the input shapes of each shape are kept for the record."""
+
+    def __init__(self, program: Any, path: str, sha256: str,
+                 sized: Callable[[dict[str, Any]], Any] | None, source: str) -> None:
+        self.program, self.path, self.sha256, self.sized = program, path, sha256, sized
+        self.cached = source == "torch" and bool(position_inputs(program))
+        self.prompts = self.cached and has_dynamic_shape(program)
+        self.base = step_program(program, 1) if self.prompts else program
+        self.step = cache_step(self.base, input_shapes(self.base)) if self.cached else None
+        self.releasable = bool(path) and sized is None and not self.cached
+        self.specialized: dict[tuple, Any] = {}
+        self.shapes_at: dict[tuple, list[tuple[str, tuple[int, ...]]]] = {}
+
+    def at(self, params: dict[str, Any]) -> Any:
+        """The program at ``params``' batch and tokens."""
+        key = (params["batch"], params.get("tokens", 0))
+        if key not in self.specialized:
+            if self.sized:
+                self.specialized[key] = self.sized(params)
+            elif self.cached:
+                self.specialized[key] = step_program(self.program, key[1]) \
+                    if self.prompts and key[1] > 1 else self.base
+            else:
+                if self.program is None:
+                    self.program = load_program(recorded_file(
+                        {"model": self.path, "sha256": self.sha256}))
+                self.specialized[key] = specialize(self.program, params["batch"])
+        return self.specialized[key]
+
+    def shapes(self, params: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+        key = (params["batch"], params.get("tokens", 0))
+        if key not in self.shapes_at:
+            self.shapes_at[key] = input_shapes(self.at(params))
+        return self.shapes_at[key]
+
+    def release(self) -> None:
+        """Let the program go, where it can be loaded again."""
+        if self.releasable:
+            self.program = self.base = None
+            self.specialized.clear()
+
+
 def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                   sized: Callable[[dict[str, Any]], Any] | None = None,
                   reference: Reference = TORCH_REFERENCE,
@@ -462,25 +511,12 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
     ``sized`` gives the program at a run's parameters (default: ``program`` re-exported at
     ``--batch``), ``reference`` what its outputs are checked against."""
     holder: dict[int, Imported] = {}
-    specialized: dict[tuple, Any] = {}
-    # a decoder step with a static cache: its one-token step, and a prompt's pass of any
-    # length where the export's sequence length is dynamic (``frontend/step.py``)
-    cached = reference.source == "torch" and bool(position_inputs(program))
-    prompts = cached and has_dynamic_shape(program)
-    base = step_program(program, 1) if prompts else program
-    step = cache_step(base, input_shapes(base)) if cached else None
+    shaped = ShapedPrograms(program, path, sha256, sized, reference.source)
+    step = shaped.step
 
     def tokens_of(imported: Imported) -> int:
         """The tokens a sequence an import of a step takes (its positions input's)."""
         return imported.user_inputs[step.position_index].size if step else 0
-
-    def at_batch(params: dict[str, Any]) -> Any:
-        key = (params["batch"], params.get("tokens", 0))
-        if key not in specialized:
-            specialized[key] = sized(params) if sized else (
-                step_program(program, key[1]) if prompts and key[1] > 1 else base
-                if cached else specialize(program, params["batch"]))
-        return specialized[key]
 
     def imported_at(tokens: int) -> Imported:
         """The last import taking ``tokens`` tokens a sequence (a step: 1)."""
@@ -490,14 +526,17 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         return found[-1]
 
     def build(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
-        sized_program = at_batch(params)
+        shaped.shapes(params)
+        sized_program = shaped.at(params)
         user = inputs_from_file(sized_program, params["inputs"]) if params["inputs"] else None
         imported = import_program(sized_program, inputs=user, precision=params["precision"],
                                   seed=params["seed"], name=label,
                                   attention=attention_precision(params), reference=reference,
                                   kept=layer_set(params.get("keep_f16", "")))
+        del sized_program
+        shaped.release()
         for key in [k for k, i in holder.items()
-                    if not cached or tokens_of(i) == tokens_of(imported)]:
+                    if not shaped.cached or tokens_of(i) == tokens_of(imported)]:
             del holder[key]  # one import a shape: the graphs the pipeline holds now
         holder[id(imported.graph)] = imported
         # the exact float32 weights served the conversion check; the compile and the run
@@ -514,7 +553,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)
-        shapes = input_shapes(at_batch(params))
+        shapes = shaped.shapes(params)
         return {"benchmark": f"{label}-{params['precision']}", "model": params["model"] or label,
                 "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
                 "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
@@ -524,12 +563,13 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
     kind = "ONNX model" if reference.source == "onnxruntime" else "torch.export program"
     return ImportedWorkload(
         name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
-        build=build, identifier=identifier, benchmark_fields=fields, program=program,
+        build=build, identifier=identifier, benchmark_fields=fields,
+        program=None if shaped.releasable else program,
         imports=holder, reference_source=reference.source, source_gemms=source_gemms,
         step=step, step_inputs=None if step is None else step_feed(
             step, lambda: imported_at(step.tokens).converted.inputs),
         prompt_inputs=prompt_feed(step, lambda tokens: imported_at(tokens).converted.inputs)
-        if prompts and step is not None else None)
+        if shaped.prompts and step is not None else None)
 
 
 def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
