@@ -2,8 +2,8 @@
 ``ipu-stack bench MODEL.pt2`` (docs/benchmarks.md, "Text encoders beside the vendor's C600
 figures").
 
-Usage: ``python benchmarks/export_text.py clip|bert|bert-qa|roberta-qa|smollm2 --batch B
---out MODEL.pt2``
+Usage: ``python benchmarks/export_text.py clip|bert|bert-encoder|bert-qa|roberta-qa|smollm2
+--batch B --out MODEL.pt2``
 (``smollm2``: a causal LM's prefill, ``--tokens`` long, returning its logits); an
 ``--out MODEL.onnx`` is written by ``torch.onnx.export`` instead (opset 18, the ``[onnx]``
 extra), for ``ipu-stack bench MODEL.onnx`` (docs/onnx.md).  Random init
@@ -47,6 +47,18 @@ def bert_base() -> tuple[torch.nn.Module, int, int]:
     return transformers.BertModel(transformers.BertConfig()), 384, 30522
 
 
+class EncoderWithTypes(torch.nn.Module):
+    """BERT's encoder called with ``input_ids`` and ``token_type_ids`` (both looked up on
+    the device), returning the last hidden state: the builtin ``bert-base``'s program."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, token_type_ids=token_type_ids).last_hidden_state
+
+
 class Logits(torch.nn.Module):
     """A causal LM's prefill (``use_cache=False``) returning its logits only."""
 
@@ -70,7 +82,8 @@ def smollm2() -> tuple[torch.nn.Module, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=("clip", "bert", "bert-qa", "roberta-qa", "smollm2"))
+    parser.add_argument("model", choices=("clip", "bert", "bert-encoder", "bert-qa",
+                                          "roberta-qa", "smollm2"))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=0, help="smollm2: the prompt length "
                         "(default 128)")
@@ -80,7 +93,9 @@ def main() -> None:
     build = {"clip": clip_text, "smollm2": smollm2}.get(args.model, bert_base)
     model, tokens, vocab = build()
     tokens = args.tokens or tokens
-    if args.model == "bert-qa":
+    if args.model == "bert-encoder":
+        model = EncoderWithTypes(transformers.BertModel(model.config, add_pooling_layer=False))
+    elif args.model == "bert-qa":
         model = Outputs(transformers.BertForQuestionAnswering(model.config),
                         ("start_logits", "end_logits"))
     elif args.model == "roberta-qa":  # roberta-base: vocabulary 50,265, positions from ids
@@ -95,12 +110,15 @@ def main() -> None:
         for parameter in model.parameters():  # init value (zeros, ones) once for all layers
             if parameter.dim() == 1:
                 parameter.add_(0.02 * torch.randn_like(parameter))
-    ids = torch.randint(0, vocab, (args.batch, tokens))
+    inputs: tuple[torch.Tensor, ...] = (torch.randint(0, vocab, (args.batch, tokens)),)
+    if args.model == "bert-encoder":  # SQuAD's two segments: question, then context
+        inputs += (torch.randint(0, 2, (args.batch, tokens)),)
     if args.out.endswith(".onnx"):
-        torch.onnx.export(model.eval(), (ids,), args.out, dynamo=True, opset_version=18,
-                          input_names=["input_ids"], verbose=False)
+        torch.onnx.export(model.eval(), inputs, args.out, dynamo=True, opset_version=18,
+                          input_names=["input_ids", "token_type_ids"][:len(inputs)],
+                          verbose=False)
     else:
-        torch.export.save(torch.export.export(model.eval(), (ids,)), args.out)
+        torch.export.save(torch.export.export(model.eval(), inputs), args.out)
     print(f"wrote {args.out}")
 
 

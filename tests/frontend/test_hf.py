@@ -220,6 +220,42 @@ def test_clip_text_imports_with_its_pooler_and_runs_as_the_builtin(tmp_path, cap
     assert builtin["numericalTest"] == "PASS" and builtin["cycles"] == record["cycles"]
 
 
+def test_the_bert_encoder_with_token_types_runs_as_the_builtin(tmp_path, capsys) -> None:
+    """``BertModel`` without its pooler, called with ``input_ids`` and ``token_type_ids``:
+    both lookups on the device, PASS against torch in the same cycles as the builtin
+    ``bert-base`` of the same shape (the builtin is the encoder of ByteMLPerf's model)."""
+    from ipu_stack.cli import main
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor
+                    ) -> torch.Tensor:
+            return self.model(input_ids=input_ids,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    torch.manual_seed(8)
+    config = transformers.BertConfig(vocab_size=500, hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     max_position_embeddings=64)
+    model = Encoder(transformers.BertModel(config, add_pooling_layer=False).eval()).eval()
+    program = torch.export.export(model, (torch.randint(0, 500, (3, 12)),
+                                          torch.randint(0, 2, (3, 12))))
+    path = tmp_path / "bert_encoder.pt2"
+    torch.export.save(program, str(path))
+    assert main(["--quiet", "bench", str(path), "--precision", "f16", "--json", "--out",
+                 str(tmp_path / "pkg")]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["numericalTest"] == "PASS" and record["referenceSource"] == "torch"
+    assert main(["--quiet", "bench", "bert-base", "--layers", "2", "--vocab", "500", "--dim",
+                 "64", "--heads", "4", "--hidden", "128", "--tokens", "12", "--batch", "3",
+                 "--out", str(tmp_path / "builtin"), "--json"]) == 0
+    builtin = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert builtin["numericalTest"] == "PASS" and builtin["cycles"] == record["cycles"]
+
+
 def test_ids_cast_before_their_lookup_are_still_ids() -> None:
     """``embedding(ids.long())`` (a model fed int32 ids): the cast keeps them ids."""
 
