@@ -85,7 +85,7 @@ def fuse_steps(steps: list[Step]) -> list[Step]:
         kind = step_kind(step)
         reads, writes = step_access(step)
         reads |= writes  # a written operand is read too (partials accumulate in place)
-        earliest = max([last_write.get(b, -1) + 1 for b in reads | writes]
+        earliest = max([last_write.get(b, -1) + 1 for b in reads]
                        + [last_read.get(b, -1) + 1 for b in writes] + [0])
         if kind == "host":  # after the host steps already there: they keep their order
             place = earliest

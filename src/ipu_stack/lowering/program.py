@@ -229,11 +229,9 @@ def step_access(step: Step) -> tuple[set[int], set[int]]:
 
 
 def step_buffers(step: Step) -> set[int]:
-    """Buffers a step reads or writes."""
+    """Buffers a step reads or writes (a compute set's without asking its kernels which
+    operands they write: lifetimes need only the union)."""
     if isinstance(step, ComputeSet):
         return {b for call in step.calls for b, _ in call.operands if b >= 0}
-    if isinstance(step, Exchange):
-        return set(np.unique(step.src_buf).tolist()) | set(np.unique(step.dst_buf).tolist())
-    if isinstance(step, Loop):
-        return set()
-    return {step.buffer}
+    reads, writes = step_access(step)
+    return reads | writes

@@ -31,16 +31,22 @@ PIPELINE_FIGURES = ("strategy", "imagesPerSecond", "latencyMicroseconds", "pipel
                     "groupCyclesMax", "groupCyclesMin", "handoffCycles")
 
 
+def placement_link(package_path: Path, folder: Path | None) -> str:
+    """The whole-chip package's placement page beside it, relative to ``folder`` (where the
+    profile is written); empty when there is none."""
+    placement = Path(package_path).parent / "memory" / "placement.html"
+    if not placement.exists():
+        return ""
+    return os.path.relpath(placement, folder) if folder is not None else str(placement)
+
+
 def profile_of(result: RunResult, package_path: Path, record: dict[str, Any],
                folder: Path | None = None) -> Profile:
     """The profile of ``result``'s ``run`` call (recorded with ``run_package(record=True)``);
     ``folder`` is where it will be written, so the placement page link is relative to it."""
     target = get_target(result.package.target)
     run = result.run
-    placement = Path(package_path).parent / "memory" / "placement.html"
-    link = ""
-    if placement.exists():
-        link = os.path.relpath(placement, folder) if folder is not None else str(placement)
+    link = placement_link(package_path, folder)
     totals = {"cycles": run.cycles, "compute": run.compute_cycles,
               "exchange": run.exchange_cycles, "sync": run.sync_cycles,
               "host_cycles": run.host_cycles, "host_bytes": run.host_bytes}
@@ -88,9 +94,8 @@ def group_placement_pages(package_path: Path, package: Package, system: SystemPr
     the folder whose package holds program ``k``'s very bytes is it.  Paths relative to
     ``folder``."""
     if len(system.groups) == 1:  # a whole-chip package's stream: its own page, beside it
-        page = Path(package_path).parent / "memory" / "placement.html"
-        return [["the whole chip", os.path.relpath(page, folder) if folder else str(page)]] \
-            if page.exists() else []
+        link = placement_link(package_path, folder)
+        return [["the whole chip", link]] if link else []
     pages, seen = [], set()
     for spec in system.groups:
         if spec.program in seen:

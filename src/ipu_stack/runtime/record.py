@@ -21,7 +21,7 @@ from ipu_stack.ir.graph import Graph, gemm_macs, operation_macs
 from ipu_stack.package import Package
 from ipu_stack.runtime.session import RunResult
 from ipu_stack.runtime.stream import StreamRun
-from ipu_stack.target import get_target
+from ipu_stack.target import Target, get_target
 from ipu_stack.util.errors import DeviceError
 from ipu_stack.verdict.judge import Verdict
 
@@ -72,6 +72,14 @@ def roofline_cycles(graph: Graph, modes: dict[str, Any], tiles: int, f16_macs: i
     return total
 
 
+def program_roofline(graph: Graph, manifest: dict[str, Any], target: Target) -> float:
+    """:func:`roofline_cycles` of a whole-chip program on every tile, each GEMM in the mode
+    its package runs it in (``manifest["gemm_modes"]``)."""
+    return roofline_cycles(graph, manifest.get("gemm_modes", {}), target.tiles,
+                           int(target.facts["amp_f16_macs_per_cycle"].value),
+                           int(target.amp_f8_macs_per_cycle))
+
+
 def gemm_flops(graph: Graph) -> int:
     """Two flops per multiply-accumulate of every GEMM (``ir.graph.gemm_macs``)."""
     return 2 * gemm_macs(graph)
@@ -104,9 +112,7 @@ def benchmark_fields(
     tflops = flops / seconds / 1e12 if seconds else 0.0
     peak = target.peak_flops() / 1e12
     max_error = max((c.max_abs_error for c in result.comparisons.values()), default=0.0)
-    roofline = roofline_cycles(graph, manifest.get("gemm_modes", {}), target.tiles,
-                               int(target.facts["amp_f16_macs_per_cycle"].value),
-                               int(target.amp_f8_macs_per_cycle))
+    roofline = program_roofline(graph, manifest, target)
     if roofline > cycles:
         raise DeviceError(f"{cycles} cycles is under the AMP roofline of its GEMMs' modes, "
                           f"{roofline:.0f}: the run's pricing is wrong")
@@ -227,9 +233,7 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
         "compiler": __version__,
     }
     if "gemm_modes" in manifest:  # one program's modes: a whole-chip program's stream
-        roofline = roofline_cycles(graph, manifest["gemm_modes"], target.tiles,
-                                   int(target.facts["amp_f16_macs_per_cycle"].value),
-                                   int(target.amp_f8_macs_per_cycle))
+        roofline = program_roofline(graph, manifest, target)
         record["rooflinePercent"] = round(100 * roofline / period, 2) if period else 0.0
     if run.chips > 1:
         record.update(chip_fields(run, manifest))
