@@ -19,6 +19,7 @@ from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
 from ipu_stack.cli_parser import build_parser, workload_parameters
 from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_onnx_path, is_program_path
+from ipu_stack.ir.graph import POSITION_GRAIN
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
@@ -209,14 +210,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "--out (default)", Path("artifacts") / workload.identifier(params))
     result = compile_strategy(workload, params, out, options)
     step = getattr(workload, "step", None)  # an imported step: its vocabulary
-    prompt = prompt_tokens(params["seed"], params["batch"], args.prompt_tokens,
+    micro = args.micro_batches
+    prompt = prompt_tokens(params["seed"], params["batch"] * micro, args.prompt_tokens,
                            params["vocab"] if step is None else step.vocab)
     if workload.vision is not None:  # a VLM: the image's tokens ahead of the text's
         count, token = workload.image_prompt(params)
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
     prompt_pass, prompt_inputs, image = None, None, None
     if not by_steps:  # the prompt's pass, compiled beside the decode step
-        passing = {**params, "tokens": args.prompt_tokens}
+        passing = {**params, "tokens": args.prompt_tokens,  # a micro-batch's cache range
+                   **({"context": params["context"] // micro} if micro > 1 else {})}
         compiled = compile_strategy(workload, passing, out / "prompt", options)
         prompt_pass = Compiled(compiled.package, compiled.graph, compiled.tensors)
         prompt_inputs = lambda ids, rows: workload.prompt_inputs(passing, ids, rows)  # noqa: E731
@@ -224,10 +227,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
         image = Compiled(looked.package, looked.graph, looked.tensors)
     generation = Generation(prompt, args.new_tokens,
-                            lambda tokens, position: workload.step_inputs(params, tokens,
-                                                                          position),
+                            lambda tokens, position, first: workload.step_inputs(
+                                params, tokens, position, first),
                             prompt_inputs, _stream_tokens() if sys.stdout.isatty() else None,
-                            image)
+                            image, micro, params["context"] // micro if micro > 1 else 0)
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          settings, prompt_pass)
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
@@ -275,8 +278,26 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
     if args.context < needed:
         raise UsageError(f"--context {args.context} holds fewer than the {needed} positions "
                          "the prompt and the new tokens fill")
+    args.micro_batches = _micro_batches(args, workload.vision is not None)
+    if args.micro_batches > 1:  # one program for a micro-batch, each its own cache range
+        args.context = -(-args.context // POSITION_GRAIN) * POSITION_GRAIN * args.micro_batches
+        args.batch = (args.batch or 1) // args.micro_batches
     workload, params = _params(args)
     return workload, params, args.prompt_by_steps or args.prompt_tokens < 2
+
+
+def _micro_batches(args: argparse.Namespace, vision: bool) -> int:
+    """The batch's micro-batches in flight: ``--micro-batches``, or one a chip where the
+    layers are pipelined over several and the batch divides among them."""
+    batch, micro = args.batch or 1, args.micro_batches
+    if micro is None:
+        return args.chips if args.chips > 1 and batch % args.chips == 0 and not vision else 1
+    if micro < 1 or batch % micro:
+        raise UsageError(f"--micro-batches {micro} does not divide the batch of {batch}")
+    if micro > 1 and vision:
+        raise UsageError("a VLM's image program runs for the whole batch: give no "
+                         "--micro-batches")
+    return micro
 
 
 def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:
@@ -302,6 +323,10 @@ def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], 
     if params["batch"] not in (0, step.batch):
         raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
                          f"{step.batch}")
+    if args.micro_batches not in (None, 1):
+        raise UsageError("a model file's step is exported for one batch and one cache: give "
+                         "no --micro-batches")
+    args.micro_batches = 1
     # a dynamic sequence length gives the prompt's pass from the same file
     by_steps = args.prompt_by_steps or args.prompt_tokens < 2 or workload.prompt_inputs is None
     return workload, {**params, "batch": step.batch}, by_steps

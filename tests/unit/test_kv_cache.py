@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import cli, llama_forward, one_error_line
 
 from ipu_stack.contract import from_manifest
+from ipu_stack.device.pricing import host_cycles
 from ipu_stack.ir.graph import state_writes
 from ipu_stack.ir.interpret import evaluate_float64, write_rows
 from ipu_stack.pipeline import CompileOptions
@@ -19,10 +20,12 @@ from ipu_stack.runtime.execute import RunSettings
 from ipu_stack.runtime.generate import Compiled, Generation, generation_fields, run_generation
 from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_strategy
+from ipu_stack.target import get_target
 from ipu_stack.util.errors import PackageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.decoder import prompt_inputs, step_inputs
 
+CLOCK = get_target("ipu21").clock_hz
 STEP = {"vocab": 50, "dim": 16, "hidden": 24, "layers": 2, "heads": 4, "kv_heads": 2,
         "tokens": 1, "context": 6, "batch": 2, "precision": "f16"}  # a cache of 32 positions
 
@@ -88,7 +91,7 @@ def small_generation(tmp_path_factory):
     runs = []
     for seed, whole in ((1, False), (2, False), (1, True)):
         prompt = np.random.default_rng(seed).integers(0, params["vocab"], (2, 3))
-        generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
+        generation = Generation(prompt, 4, lambda t, p, first: step_inputs(params, t, p, first),
                                 lambda ids, image: prompt_inputs(passing, ids, image))
         run = run_generation(decode, generation, RunSettings(),
                              prompt_pass if whole else None)
@@ -162,6 +165,8 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
     (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),
+    (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],
+     "--micro-batches 3 does not divide the batch of 2"),
 ])
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)
@@ -188,7 +193,7 @@ def test_generation_over_two_chips_matches_one_chip(tmp_path, small_generation) 
     passing = {**params, "tokens": 3}
     compiled = compile_strategy(workload, passing, tmp_path / "prompt", options)
     prompt = np.random.default_rng(1).integers(0, params["vocab"], (2, 3))
-    generation = Generation(prompt, 4, lambda t, p: step_inputs(params, t, p),
+    generation = Generation(prompt, 4, lambda t, p, first: step_inputs(params, t, p, first),
                             lambda ids, image: prompt_inputs(passing, ids, image))
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          RunSettings(engine="inprocess"),
@@ -197,3 +202,47 @@ def test_generation_over_two_chips_matches_one_chip(tmp_path, small_generation) 
     assert record["numericalTest"] == "PASS" and record["chips"] == 2
     assert [c.tolist() for c in run.feed.chosen] == [c.tolist() for c in runs[2][0].feed.chosen]
     assert record["decodeCycles"] == record["decodeCyclesMin"] and record["handoffCycles"] > 0
+
+
+def test_micro_batches_in_flight_fill_the_pipeline(tmp_path, small_generation) -> None:
+    """The batch of 2 as 2 micro-batches of 1 over two chips: one decode program of one
+    sequence whose cache holds both micro-batches' ranges (positions 0-31 and 32-63, the
+    mask hiding the other's); the same tokens as the whole batch on one chip, each
+    micro-batch's rows in its own range of the cache, and a sequence's next token two
+    steps of the pipeline later (the slowest chip's step, the link, one call's host
+    transfers)."""
+    params, _, runs = small_generation
+    workload = get_workload("smollm2-135m")
+    options = CompileOptions(chips=2, strategy="pipeline")
+    micro = {**params, "batch": 1, "context": 64}
+    result = compile_strategy(workload, micro, tmp_path / "decode", options)
+    passing = {**micro, "tokens": 3, "context": 32}
+    compiled = compile_strategy(workload, passing, tmp_path / "prompt", options)
+    prompt = np.random.default_rng(1).integers(0, params["vocab"], (2, 3))
+    generation = Generation(prompt, 4, lambda t, p, first: step_inputs(micro, t, p, first),
+                            lambda ids, image: prompt_inputs(passing, ids, image),
+                            micro_batches=2, micro_positions=32)
+    run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
+                         RunSettings(engine="inprocess"),
+                         Compiled(compiled.package, compiled.graph, compiled.tensors))
+    record = generation_fields(run, {})
+    assert record["numericalTest"] == "PASS" and record["tokensMatch"]
+    assert record["batch"] == 2 and record["microBatches"] == 2
+    assert [c.tolist() for c in run.feed.chosen] == [c.tolist() for c in runs[2][0].feed.chosen]
+    # 3 prompt rows and 3 fed-back steps (positions 0-5) in each micro-batch's range
+    whole = runs[2][0].feed.state
+    for name, cache in run.feed.state.items():
+        held = cache.reshape(2, 32, -1)  # [micro-batch range, position, KV x d]
+        assert np.array_equal(held[:, 6:], np.zeros_like(held[:, 6:]))
+        expected = whole[name].reshape(2, 32, -1)[:, :6]
+        assert np.abs(held[:, :6] - expected).max() <= 4e-3 * np.abs(expected).max()
+    decode = run.decode
+    calls = {n for _, n in decode.runs}
+    host = max(host_cycles(sum(r.host_bytes for (_, n), r in decode.runs.items() if n == call),
+                           CLOCK) for call in calls)
+    assert record["periodCycles"] == decode.steady_cycles > 0
+    assert record["decodeCycles"] == record["decodeCyclesMin"] > record["periodCycles"]
+    assert record["tpotMicroseconds"] == pytest.approx(
+        2 * (record["periodCycles"] + host) / CLOCK * 1e6, abs=1e-3)
+    assert record["tokensPerSecond"] == pytest.approx(2e6 / record["tpotMicroseconds"],
+                                                      rel=1e-4)

@@ -68,10 +68,13 @@ def user_arrays(step: CacheStep, tokens: Any, position: int) -> list[np.ndarray]
 
 
 def step_feed(step: CacheStep, inputs: Callable[[], list[InputSpec]]
-              ) -> Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]]:
+              ) -> Callable[..., dict[str, np.ndarray]]:
     """A workload's ``step_inputs``: the graph's inputs for a step, each made by the host
     from the step's user inputs as the last import says (``inputs``)."""
-    def feed(params: dict[str, Any], tokens: Any, position: int) -> dict[str, np.ndarray]:
+    def feed(params: dict[str, Any], tokens: Any, position: int, first: int = 0
+             ) -> dict[str, np.ndarray]:
+        if first:
+            raise UsageError("a model file's step holds one range of its cache")
         arrays = user_arrays(step, tokens, position)
         return {spec.name: np.asarray(spec.make(arrays), np.float32) for spec in inputs()}
     return feed

@@ -31,6 +31,7 @@ from ipu_stack.device.pricing import host_cycles
 from ipu_stack.ir.graph import Graph, state_writes
 from ipu_stack.package import Package
 from ipu_stack.runtime.execute import RunSettings, run_package
+from ipu_stack.runtime.groups import read_system
 from ipu_stack.runtime.record import verdict_fields
 from ipu_stack.runtime.session import RunResult, hold_weights, load_package
 from ipu_stack.runtime.stream import StepFeed, StreamOptions, StreamRun, run_stream
@@ -40,14 +41,22 @@ from ipu_stack.util.log import Progress, event
 
 LOG = logging.getLogger("ipu_stack.runtime")
 
-StepInputs = Callable[[np.ndarray, int], dict[str, np.ndarray]]
+StepInputs = Callable[[np.ndarray, int, int], dict[str, np.ndarray]]
+"""A decode step's inputs: ``(tokens, position, first)``, ``first`` the cache position the
+micro-batch's range begins at."""
 
 
 @dataclass
 class TokenFeed(StepFeed):
     """The decode steps of a greedy generation: the prompt's tokens a step (unless a prompt's
     pass filled the cache: ``prefilled``), then the device's own choices; the cache the
-    device wrote at each step is the next step's host state."""
+    device wrote at each step is the next step's host state.
+
+    With ``micro_batches`` M the batch is M micro-batches of ``B / M`` sequences, each its own
+    call of the one program: call ``n`` is micro-batch ``n mod M``'s step ``n // M``, whose
+    sequences hold positions ``m x micro_positions ..`` of their caches (the step's mask
+    hides the other micro-batches' ranges).  A step's choices are kept for the whole batch
+    once its last micro-batch is judged."""
 
     prompt: np.ndarray  # [batch, prompt tokens] ids
     new_tokens: int
@@ -55,6 +64,8 @@ class TokenFeed(StepFeed):
     graph: Graph
     state: dict[str, np.ndarray]  # the device's cache before the next step, by state name
     prefilled: bool = False
+    micro_batches: int = 1
+    micro_positions: int = 0  # a micro-batch's cache positions (when micro_batches > 1)
     chosen: list[np.ndarray] = field(default_factory=list)  # the device's, each generated step
     expected: list[np.ndarray] = field(default_factory=list)  # the reference's choices
     margins: list[np.ndarray] = field(default_factory=list)  # the reference's top-2 gaps
@@ -63,19 +74,30 @@ class TokenFeed(StepFeed):
     on_token: Callable[[np.ndarray], None] | None = None  # each new token (one a sequence)
     # at a terminal, the prompt's steps until the first token (the tokens then show decode)
     prefill: Progress | None = None
+    # the step's micro-batches judged so far: (chosen, expected, tied, margins) each
+    pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.states = {self.graph.value(w).name: self.graph.value(s).name
                        for s, w in state_writes(self.graph).items()}
 
     def __len__(self) -> int:
-        return self.new_tokens - 1 + (0 if self.prefilled else self.prompt.shape[1])
+        steps = self.new_tokens - 1 + (0 if self.prefilled else self.prompt.shape[1])
+        return steps * self.micro_batches
+
+    def rows(self, micro: int) -> slice:
+        """Micro-batch ``micro``'s sequences of the batch."""
+        size = self.prompt.shape[0] // self.micro_batches
+        return slice(micro * size, (micro + 1) * size)
 
     def inputs(self, number: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        micro, step = number % self.micro_batches, number // self.micro_batches
         prompt = self.prompt.shape[1]
-        position = number + (prompt if self.prefilled else 0)
-        tokens = self.prompt[:, position] if position < prompt else self.chosen[-1]
-        return self.step_inputs(tokens, position), dict(self.state)
+        position = step + (prompt if self.prefilled else 0)
+        rows = self.rows(micro)
+        tokens = self.prompt[rows, position] if position < prompt else self.chosen[-1][rows]
+        return (self.step_inputs(tokens, position, micro * self.micro_positions),
+                dict(self.state))
 
     def probed(self, items: list) -> None:
         for name, values in items:
@@ -84,48 +106,62 @@ class TokenFeed(StepFeed):
 
     def judged(self, number: int, outputs: dict[str, np.ndarray],
                reference: Mapping[str, np.ndarray]) -> None:
-        if not self.prefilled and number < self.prompt.shape[1] - 1:
-            if self.prefill is not None:
+        micro, step = number % self.micro_batches, number // self.micro_batches
+        if not self.prefilled and step < self.prompt.shape[1] - 1:
+            if self.prefill is not None and micro == self.micro_batches - 1:
                 self.prefill.step("prompt tokens")
             return  # a prompt token's step: its logits choose nothing
         if self.prefill is not None:  # the first token: its line replaces the progress
             self.prefill.close()
             self.prefill = None
-        batch = self.prompt.shape[0]
         logits = next(v for v in self.graph.values if v.role == "output")
+        size = self.prompt.shape[0] // self.micro_batches
         # each sequence's last row (a prompt's pass may give every position's)
         device = np.asarray(outputs[logits.name], np.float32).reshape(
-            batch, -1, logits.type.cols)[:, -1]
+            size, -1, logits.type.cols)[:, -1]
         host = np.asarray(reference[logits.name], np.float32).reshape(
-            batch, -1, logits.type.cols)[:, -1]
+            size, -1, logits.type.cols)[:, -1]
         chosen, expected = device.argmax(axis=1), host.argmax(axis=1)
-        if self.on_token is not None:
-            self.on_token(chosen)
-        rows = np.arange(batch)
+        rows = np.arange(size)
         # a tie at device precision: the device's choice is within the logits' own
         # device-to-reference difference of the reference's best
         slack = np.abs(device - host).max(axis=1)
-        self.tied.append((chosen != expected)
-                         & (host[rows, chosen] >= host[rows, expected] - slack))
-        self.chosen.append(chosen)
-        self.expected.append(expected)
         top = np.sort(host, axis=1)[:, -2:]
-        self.margins.append(top[:, 1] - top[:, 0])
+        self.pending.append((chosen, expected,
+                             (chosen != expected)
+                             & (host[rows, chosen] >= host[rows, expected] - slack),
+                             top[:, 1] - top[:, 0]))
+        if len(self.pending) < self.micro_batches:
+            return
+        whole = [np.concatenate(parts) for parts in zip(*self.pending, strict=True)]
+        self.pending = []
+        self.chosen.append(whole[0])
+        self.expected.append(whole[1])
+        self.tied.append(whole[2])
+        self.margins.append(whole[3])
+        if self.on_token is not None:
+            self.on_token(whole[0])
 
 
 @dataclass
 class PromptFeed(TokenFeed):
-    """The prompt's pass: one call over the whole prompt that fills every layer's cache
-    and chooses the first new token."""
+    """The prompt's pass: one call a micro-batch over its whole prompt, each filling every
+    layer's cache (kept as ``filled``, one a micro-batch) and choosing the first new token."""
 
     prompt_inputs: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+    filled: list[dict[str, np.ndarray]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return 1
+        return self.micro_batches
 
     def inputs(self, number: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         assert self.prompt_inputs is not None
-        return self.prompt_inputs(self.prompt), {}
+        return self.prompt_inputs(self.prompt[self.rows(number)]), {}
+
+    def judged(self, number: int, outputs: dict[str, np.ndarray],
+               reference: Mapping[str, np.ndarray]) -> None:
+        self.filled.append(dict(self.state))
+        super().judged(number, outputs, reference)
 
 
 def prompt_tokens(seed: int, batch: int, tokens: int, vocab: int) -> np.ndarray:
@@ -155,6 +191,9 @@ class Generation:
         = None
     on_token: Callable[[np.ndarray], None] | None = None  # each new token, as chosen
     image: Compiled | None = None  # a VLM's image program, run before the prompt's pass
+    # the batch as micro-batches in flight, each holding this many positions of the caches
+    micro_batches: int = 1
+    micro_positions: int = 0
 
 
 @dataclass
@@ -187,29 +226,54 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
         if generation.on_token is not None and prompt_pass is None else None
     if generation.image is not None:  # the image's rows, as the device computed them
         image_run, rows = run_image(generation.image, settings)
+    micro = {"micro_batches": generation.micro_batches,
+             "micro_positions": generation.micro_positions}
+    if generation.micro_batches > 1 and generation.image is not None:
+        raise UsageError("a VLM's image program runs for the whole batch: generate it "
+                         "without --micro-batches")
     if prompt_pass is not None:
         share_weights(decode, prompt_pass)
         made = generation.prompt_inputs
         assert made is not None
         prompt_feed = PromptFeed(generation.prompt, generation.new_tokens,
-                                 generation.step_inputs, prompt_pass.graph, {}, True,
+                                 generation.step_inputs, prompt_pass.graph, {}, True, **micro,
                                  on_token=generation.on_token,
                                  prompt_inputs=lambda ids: made(ids, rows))
         prompt_run = run_stream(load_package(prompt_pass.path), prompt_pass.graph,
                                 prompt_pass.tensors, prompt_feed, options)
-        state.update(prompt_feed.state)
+        place_prompt_caches(state, prompt_feed.filled,
+                            generation.prompt.shape[0] // generation.micro_batches)
     feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
-                     dict(state), prompt_pass is not None, on_token=generation.on_token,
+                     dict(state), prompt_pass is not None, **micro, on_token=generation.on_token,
                      prefill=prefill)
     if prompt_feed is not None:  # the first token's choice opens the generation's
         feed.chosen, feed.expected = list(prompt_feed.chosen), list(prompt_feed.expected)
         feed.margins, feed.tied = list(prompt_feed.margins), list(prompt_feed.tied)
     package = load_package(decode.path)
+    groups = len(read_system(package).groups)
+    if 1 < generation.micro_batches < groups:
+        raise UsageError(f"--micro-batches {generation.micro_batches} is fewer than the "
+                         f"decode program's {groups} groups: a micro-batch's next step "
+                         "would wait for its last one to leave the pipeline")
     tensors = decode.tensors
     for name, values in state.items():  # the decode program starts from these caches
         tensors[name] = values  # type: ignore[index]
     run = run_stream(package, graph, tensors, feed, options) if len(feed) else None
     return GenerationRun(feed, package, graph, run, prompt_run, image_run)
+
+
+def place_prompt_caches(state: dict[str, np.ndarray], filled: list[dict[str, np.ndarray]],
+                        sequences: int) -> None:
+    """The prompt's pass's caches (one a micro-batch of ``sequences``, each
+    ``[sequences x S', KV x d]``) placed in the decode program's
+    (``[sequences x M S', KV x d]``): micro-batch ``m``'s sequences hold positions
+    ``m S' .. (m + 1) S' - 1`` of theirs."""
+    for name in filled[0] if filled else ():
+        whole = np.array(state[name], np.float32)
+        view = whole.reshape(sequences, len(filled), -1, whole.shape[-1])
+        for micro, caches in enumerate(filled):
+            view[:, micro] = caches[name].reshape(sequences, -1, whole.shape[-1])
+        state[name] = whole
 
 
 def run_image(image: Compiled, settings: RunSettings) -> tuple[RunResult, np.ndarray]:
@@ -249,31 +313,39 @@ def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any
     """The time to the first token and a decode step's: from the prompt's pass (and the
     prompt's rows of the caches, ``cache_bytes`` in all, handed to the decode program at the
     host link's rate), or from the prompt's steps; a decode step's cycles with its host
-    transfers."""
+    transfers.  With micro-batches in flight a step of the pipeline (the slowest chip's
+    step, then the link phase: ``StreamRun.steady_cycles``) and one call's host transfers
+    advance one micro-batch, so a sequence's next token comes ``M`` such steps later."""
     batch, prompt = gen.feed.prompt.shape
+    micro = gen.feed.micro_batches
     cycles, host, handoffs = _calls(gen.decode, len(gen.feed), clock) if gen.decode \
         else ([], [], 0)
     image = 0 if gen.image_run is None else (gen.image_run.run.cycles
                                              + gen.image_run.run.host_cycles)
+    period = gen.decode.steady_cycles if gen.decode and micro > 1 else None
     if gen.prompt_run is not None:
-        first, first_host, _ = _calls(gen.prompt_run, 1, clock)
+        first, first_host, _ = _calls(gen.prompt_run, micro, clock)
         state = next(iter(state_writes(gen.graph)))
-        positions = gen.graph.value(state).type.rows // batch
+        positions = gen.graph.value(state).type.rows // (batch // micro) // micro
         filled = cache_bytes * prompt // positions
-        prefill = first[0]
-        ttft = image + first[0] + first_host[0] + host_cycles(filled, clock)
+        prefill = sum(first)  # the micro-batches' passes one after another
+        ttft = image + prefill + sum(first_host) + host_cycles(filled, clock)
         decode, decode_host = cycles, host
     else:
-        prefill = sum(cycles[:prompt])
-        ttft = image + prefill + sum(host[:prompt])
-        decode, decode_host = cycles[prompt:], host[prompt:]
+        steps = prompt * micro
+        decode, decode_host = cycles[steps:], host[steps:]
+        prefill = sum(cycles[:steps]) if period is None else prompt * micro * period
+        ttft = image + (prefill + sum(host[:steps]) if period is None
+                        else prompt * micro * (period + max(host[:steps])))
         filled = 0
-    step = (max(decode) + max(decode_host)) / clock if decode else None
+    step = None if not decode else (max(decode) + max(decode_host) if period is None
+                                    else micro * (period + max(decode_host))) / clock
     return {"ttftMicroseconds": round(ttft / clock * 1e6, 3),
             "tpotMicroseconds": None if step is None else round(step * 1e6, 3),
             "tokensPerSecond": None if step is None else round(batch / step, 1),
             "prefillCycles": prefill, "decodeCycles": max(decode, default=None),
             "decodeCyclesMin": min(decode, default=None), "handoffCycles": handoffs,
+            "microBatches": micro, "periodCycles": period,
             "cacheHandoffBytes": filled,
             **({} if gen.image_run is None else {"imageCycles": gen.image_run.run.cycles})}
 

@@ -52,8 +52,9 @@ class Workload:
     stream_input: Callable[[dict[str, Any], Graph, int], dict[str, np.ndarray]] | None = None
     # the least memory it needs, from its parameters alone (``workloads.footprint``)
     footprint: Callable[[dict[str, Any]], Footprint] | None = None
-    # a decoder's decode step inputs: ``(params, tokens, position)`` (``runtime.generate``)
-    step_inputs: Callable[[dict[str, Any], Any, int], dict[str, np.ndarray]] | None = None
+    # a decoder's decode step inputs: ``(params, tokens, position[, first])``, ``first``
+    # the cache position a micro-batch's range begins at (``runtime.generate``)
+    step_inputs: Callable[..., dict[str, np.ndarray]] | None = None
     # and its prompt's pass that fills the cache: ``(params, prompt ids[, image rows])``
     prompt_inputs: Callable[..., dict[str, np.ndarray]] | None = None
     # a vision-language model: its image program's parameters (the tower and connector,

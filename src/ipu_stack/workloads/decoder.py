@@ -296,18 +296,22 @@ def cache_positions(params: dict[str, Any]) -> int:
     return -(-params["context"] // POSITION_GRAIN) * POSITION_GRAIN
 
 
-def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int
+def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int, first: int = 0
                 ) -> dict[str, np.ndarray]:
-    """The decode step's inputs for ``tokens`` (one id a sequence) at cache ``position``:
-    the ids, each sequence's cache row (``b x context + position``), the mask row (every
-    later position masked), and the position's RoPE angles."""
+    """The decode step's inputs for ``tokens`` (one id a sequence) at ``position``: the ids,
+    each sequence's cache row (``b x context + first + position``), the mask row (every
+    position before ``first`` or after ``first + position`` masked), and the position's RoPE
+    angles.  ``first`` is where the sequence's positions begin in its cache: a micro-batch's
+    range when several micro-batches share the cache (``runtime.generate``), 0 otherwise."""
     batch, positions, heads = params["batch"], cache_positions(params), params["heads"]
-    if not 0 <= position < params["context"]:
-        raise UsageError(f"position {position} is outside the KV cache's {params['context']} "
-                         "positions")
+    if not 0 <= first + position < params["context"] or position < 0:
+        raise UsageError(f"position {first + position} is outside the KV cache's "
+                         f"{params['context']} positions")
     ids = np.asarray(tokens, dtype=np.float32).reshape(batch, 1, 1)
-    slots = (np.arange(batch) * positions + position).astype(np.float32).reshape(batch, 1, 1)
-    row = np.where(np.arange(positions) > position, -np.inf, 0.0).astype(np.float32)
+    slots = (np.arange(batch) * positions + first + position).astype(np.float32).reshape(
+        batch, 1, 1)
+    seen = np.arange(positions) - first
+    row = np.where((seen < 0) | (seen > position), -np.inf, 0.0).astype(np.float32)
     head_dim = params["dim"] // heads
     inverse = 1.0 / params["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = np.tile(position * inverse, (batch, 1))
