@@ -55,7 +55,7 @@ from ipu_stack.phases.state import (
     Planned,
 )
 from ipu_stack.planning.fit import usable_bytes
-from ipu_stack.util.errors import PlacementError
+from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
 from ipu_stack.workloads.base import Workload
@@ -129,6 +129,10 @@ MIN_RETRY_STEP = 0.005
 SLACK_MIN = 8 * 1024
 SLACK_MARGIN = 4 * 1024
 SLACK_GAIN = 0.002
+# a side-by-side decode step short of interleaved memory plans for this much less of it a
+# try, up to the most (then for less memory in all, as any program)
+INTERLEAVED_RESERVE_STEP = 8 * 1024
+INTERLEAVED_RESERVE_MOST = 32 * 1024
 
 
 def retry_proportion(failure: PlacementError, proportion: float, usable: int,
@@ -172,37 +176,24 @@ def compile_workload(
         if options.exchange_cache and options.cache_dir:
             store = ScheduleStore(Path(options.cache_dir))
         memo = ScheduleMemo(store)
-    proportion = options.memory_proportion
-    floor = MIN_PROPORTION if min_proportion is None else min_proportion
-    usable = usable_bytes(options.machine(), options.support_reserve)
+    attempt = Attempts(options, options.memory_proportion,
+                       MIN_PROPORTION if min_proportion is None else min_proportion,
+                       usable_bytes(options.machine(), options.support_reserve))
     prepared: dict[str, Any] = {}
     start = time.perf_counter()
-    tries = 0
     dump = Path(options.dump_stages) if options.dump_stages else None
     while True:
         build = Build(workload, params, Path(out_dir),
-                      dataclasses.replace(options, memory_proportion=proportion),
+                      dataclasses.replace(attempt.options,
+                                          memory_proportion=attempt.proportion),
                       options.machine(), memo, prepared, body_hints)
         try:
             planned = plan(build, dump)
             placed = lower_and_place(build, dump)
             break
-        except PlacementError as failure:
-            if options.fuse_supersteps and build.plans and decode_step(
-                    build.graph, list(zip(build.stages, build.plans, strict=True))):
-                # side by side, grids overlap where one after another they would not
-                options = dataclasses.replace(options, fuse_supersteps=False)
-                event(LOG, "lowering one stage after another: the side-by-side decode step "
-                      "did not place", reason=str(failure))
-                continue
-            tries += 1
-            if proportion <= floor:
-                raise
-            # the last try is at the floor
-            proportion = max(retry_proportion(failure, proportion, usable, tries), floor)
-            event(LOG, "planning again with less memory: the plans did not place",
-                  reason=str(failure), short_bytes=failure.shortfall,
-                  planned_bytes=failure.planned_bytes, memory_proportion=proportion)
+        except CompileError as failure:
+            attempt.after(failure, build)  # the next try's options, or raises
+    options, tries, proportion = attempt.options, attempt.tries, attempt.proportion
     # the room left is planned for where the plans are the ones asked for (no retry, the
     # whole memory, the layer body not pinned to another program's plans) and leaner than
     # the fastest: only then can more memory buy cycles
@@ -212,6 +203,59 @@ def compile_workload(
     result = _result(build)
     result.timings["compile"] = time.perf_counter() - start  # every attempt
     return result
+
+
+@dataclasses.dataclass
+class Attempts:
+    """A compile's tries: the options and memory proportion of the next one, after each
+    failure (:meth:`after`)."""
+
+    options: CompileOptions
+    proportion: float
+    floor: float
+    usable: int
+    tries: int = 0  # placement failures answered with less memory
+    side_by_side_failed: bool = False  # a decode step's side-by-side stages did not place
+
+    def after(self, failure: CompileError, build: Build) -> None:
+        """The next try after ``failure``: a side-by-side decode step short of interleaved
+        memory plans for a little less of it (``INTERLEAVED_RESERVE_STEP`` at a time, up to
+        ``INTERLEAVED_RESERVE_MOST``), else it is lowered one stage after another from the
+        memory asked for; any program then plans for less memory in all
+        (:func:`retry_proportion`) down to the floor.  Raises ``failure`` when nothing is
+        left to try."""
+        options = self.options
+        placing = isinstance(failure, PlacementError)
+        if placing and build.plans and decode_step(
+                build.graph, list(zip(build.stages, build.plans, strict=True))):
+            self.side_by_side_failed |= options.fuse_supersteps
+        side_by_side = self.side_by_side_failed and options.fuse_supersteps
+        if side_by_side and placing and failure.interleaved and \
+                options.interleaved_reserve < INTERLEAVED_RESERVE_MOST:
+            # side by side, one stage's weights share tiles with its siblings'
+            self.options = dataclasses.replace(options, interleaved_reserve=min(
+                INTERLEAVED_RESERVE_MOST, options.interleaved_reserve
+                + max(INTERLEAVED_RESERVE_STEP, 2 * failure.shortfall)))
+            event(LOG, "planning again with less interleaved memory: the side-by-side "
+                  "decode step did not place", reason=str(failure),
+                  interleaved_reserve=self.options.interleaved_reserve)
+            return
+        if side_by_side:  # grids side by side overlap where one after another they would not
+            self.options = dataclasses.replace(options, fuse_supersteps=False,
+                                               interleaved_reserve=0)
+            self.proportion, self.tries = options.memory_proportion, 0
+            event(LOG, "lowering one stage after another: the side-by-side decode step "
+                  "did not place", reason=str(failure))
+            return
+        if not placing or self.proportion <= self.floor:
+            raise failure
+        self.tries += 1
+        # the last try is at the floor
+        self.proportion = max(retry_proportion(failure, self.proportion, self.usable,
+                                               self.tries), self.floor)
+        event(LOG, "planning again with less memory: the plans did not place",
+              reason=str(failure), short_bytes=failure.shortfall,
+              planned_bytes=failure.planned_bytes, memory_proportion=self.proportion)
 
 
 def _into_slack(build: Build, planned: Planned, placed: Placed, dump: Path | None) -> Build:

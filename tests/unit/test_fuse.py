@@ -27,6 +27,7 @@ from ipu_stack.phases import stages as compile_stages
 from ipu_stack.phases.costing import finalist_choices, stage_shape
 from ipu_stack.phases.stages import build_graph_and_tilings, side_by_side_choice
 from ipu_stack.phases.state import Build, CompileOptions
+from ipu_stack.planning.fit import MemoryBudget
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.repeat import find_layer_loop
 from ipu_stack.planning.stages import GemmStage, find_stages, sibling_runs
@@ -283,3 +284,34 @@ def _graph():
     workload = get_workload("smollm2-135m")
     graph, _ = workload.build(workload.resolve(STEP))
     return graph
+
+
+def test_a_decode_step_short_of_interleaved_memory_plans_for_less_of_it(
+        tmp_path, monkeypatch, caplog) -> None:
+    """Side by side, a stage's weights share tiles with its siblings': where placement finds
+    a tile short of interleaved memory, the step is planned for a little less of it
+    (8 KiB a try) and stays side by side; the package records the reserve."""
+    place = pipeline.lower_and_place
+    tried: list[tuple[bool, int]] = []
+
+    def placing(build, dump):
+        placed = place(build, dump)
+        tried.append((build.options.fuse_supersteps, build.options.interleaved_reserve))
+        if build.options.interleaved_reserve < 2 * pipeline.INTERLEAVED_RESERVE_STEP:
+            failure = PlacementError("placement failed: interleaved, for this test")
+            failure.interleaved = True
+            raise failure
+        return placed
+
+    monkeypatch.setattr(pipeline, "lower_and_place", placing)
+    workload = get_workload("smollm2-135m")
+    with caplog.at_level("INFO", logger="ipu_stack.package.build"):
+        result = pipeline.compile_workload(workload, workload.resolve(STEP), tmp_path,
+                                           CompileOptions(finalists=1))
+    step = pipeline.INTERLEAVED_RESERVE_STEP
+    assert tried == [(True, 0), (True, step), (True, 2 * step)]
+    assert "planning again with less interleaved memory" in caplog.text
+    options = load_package(result.package).manifest["options"]
+    assert options["interleaved_reserve"] == 2 * step and "fuse_supersteps" not in options
+    whole, less = (MemoryBudget.for_target(IPU21, 1.0, interleaved_reserve=r) for r in (0, step))
+    assert (whole.interleaved - less.interleaved, whole.bytes) == (step, less.bytes)

@@ -178,6 +178,7 @@ def place_signature(
                      target.alignment(buffer.memory_class)),
         )
         failure.tile = tile
+        failure.interleaved = buffer.memory_class is MemoryClass.INTERLEAVED
         failure.shortfall = _unplaced_peak([b for b, a in zip(order, addresses, strict=True)
                                             if a < 0])
     return {bid: lo for bid, (lo, _) in placed.items()}, failure

@@ -182,7 +182,8 @@ def choose_fitting_plans(build: Build) -> Fields:
     assert build.graph is not None
     budget = dataclasses.replace(
         MemoryBudget.for_target(build.target, build.options.memory_proportion,
-                                build.options.support_reserve),
+                                build.options.support_reserve,
+                                build.options.interleaved_reserve),
         row_bytes=max((row_stage_bytes(build.graph, s, build.target.tiles)
                        for s in build.stages if not isinstance(s, GemmStage)), default=0))
     build.budget = budget

@@ -65,6 +65,9 @@ class CompileOptions:
     # a tile's bytes left out of the plan for support memory (code, exchange tables, carried
     # activations): assumed at first, then the compile's own placement measures it
     support_reserve: int = _marked(SUPPORT_RESERVE, WHEN_SET)
+    # interleaved bytes left out of the plan: placement found that a tile's weights and
+    # partials need more of it than the planner's per-plan fullest tiles add up to
+    interleaved_reserve: int = _marked(0, WHEN_SET)
     # tile pairs share an exchange bus: a broadcast to whole pairs moves two words a cycle
     # (the vendor's and the reference's production width selection, hardware-replayed;
     # docs/machine.md).  On by default; off (``--no-paired-exchange``) for one-lane phases

@@ -48,11 +48,11 @@ class MemoryBudget:
     row_bytes: int = 0
 
     @staticmethod
-    def for_target(target: Target, proportion: float,
-                   reserve: int = SUPPORT_RESERVE) -> MemoryBudget:
+    def for_target(target: Target, proportion: float, reserve: int = SUPPORT_RESERVE,
+                   interleaved_reserve: int = 0) -> MemoryBudget:
         interleaved = target.memory_end - target.interleaved_base
         return MemoryBudget(int(usable_bytes(target, reserve) * proportion),
-                            int(interleaved * proportion))
+                            int(interleaved * proportion) - interleaved_reserve)
 
 
 def usable_bytes(target: Target, reserve: int = SUPPORT_RESERVE) -> int:

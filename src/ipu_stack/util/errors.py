@@ -33,6 +33,7 @@ class PlacementError(CompileError):
         # overshoots its memory, which sizes the compile's next try
         self.shortfall: int = 0
         self.planned_bytes: int = 0  # the planner's estimate for the plans that failed
+        self.interleaved = False  # the buffer that found no place wanted interleaved memory
 
 
 class PackageError(IpuStackError):
