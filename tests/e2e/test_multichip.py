@@ -50,6 +50,12 @@ def test_two_chips_stream_every_image_and_time_the_step_from_both(linked):
     assert isinstance(r["hostPeakBytes"], int) and r["hostPeakBytes"] > 2**20
     assert r["latencyMicroseconds"] * 1500 >= 4 * r["cycles"] * 0.5  # four steps' worth
     assert "chips loaded chips=2 engine=local" in linked.stderr
+    # each card has its own PCIe link: the first chip's carries the image in, more than the
+    # last chip's carries out (16 rows of 64)
+    first, last = r["chipHostBytes"]
+    assert first >= 16 * 7 * 7 * 3 * 2 and 0 < last < first  # 16 patches in, F16 rows out
+    assert r["hostMicroseconds"] == pytest.approx(
+        math.ceil(first * CLOCK / 32e9) / CLOCK * 1e6, abs=1e-3)
 
 
 def test_the_profile_has_a_track_a_chip_and_each_chip_its_step(linked):

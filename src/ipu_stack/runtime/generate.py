@@ -309,20 +309,31 @@ def _calls(run: StreamRun, calls: int, clock: float) -> tuple[list[int], list[in
     return cycles, host, handoffs
 
 
+def pipeline_step(run: StreamRun, clock: float) -> int:
+    """A step of the chips' pipeline with micro-batches in flight: each chip's full step
+    and its own host transfers (its card's PCIe link, not overlapped with its step), the
+    slowest chip's, then the link phase."""
+    calls = {number for _, number in run.runs}
+    own = [max(host_cycles(run.chip_host_bytes(number)[chip], clock) for number in calls)
+           for chip in range(run.chips)]
+    return max(full + host for full, host in zip(run.chip_full_cycles, own, strict=True)) \
+        + max(run.link_cycles, default=0)
+
+
 def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any]:
     """The time to the first token and a decode step's: from the prompt's pass (and the
     prompt's rows of the caches, ``cache_bytes`` in all, handed to the decode program at the
     host link's rate), or from the prompt's steps; a decode step's cycles with its host
-    transfers.  With micro-batches in flight a step of the pipeline (the slowest chip's
-    step, then the link phase: ``StreamRun.steady_cycles``) and one call's host transfers
-    advance one micro-batch, so a sequence's next token comes ``M`` such steps later."""
+    transfers.  With micro-batches in flight a step of the pipeline
+    (:func:`pipeline_step`) advances one micro-batch, so a sequence's next token comes
+    ``M`` such steps later."""
     batch, prompt = gen.feed.prompt.shape
     micro = gen.feed.micro_batches
     cycles, host, handoffs = _calls(gen.decode, len(gen.feed), clock) if gen.decode \
         else ([], [], 0)
     image = 0 if gen.image_run is None else (gen.image_run.run.cycles
                                              + gen.image_run.run.host_cycles)
-    period = gen.decode.steady_cycles if gen.decode and micro > 1 else None
+    period = pipeline_step(gen.decode, clock) if gen.decode and micro > 1 else None
     if gen.prompt_run is not None:
         first, first_host, _ = _calls(gen.prompt_run, micro, clock)
         state = next(iter(state_writes(gen.graph)))
@@ -334,12 +345,13 @@ def _timing(gen: GenerationRun, clock: float, cache_bytes: int) -> dict[str, Any
     else:
         steps = prompt * micro
         decode, decode_host = cycles[steps:], host[steps:]
-        prefill = sum(cycles[:steps]) if period is None else prompt * micro * period
+        prefill = sum(cycles[:steps]) if period is None else \
+            prompt * micro * gen.decode.steady_cycles
         ttft = image + (prefill + sum(host[:steps]) if period is None
-                        else prompt * micro * (period + max(host[:steps])))
+                        else prompt * micro * period)
         filled = 0
     step = None if not decode else (max(decode) + max(decode_host) if period is None
-                                    else micro * (period + max(decode_host))) / clock
+                                    else micro * period) / clock
     return {"ttftMicroseconds": round(ttft / clock * 1e6, 3),
             "tpotMicroseconds": None if step is None else round(step * 1e6, 3),
             "tokensPerSecond": None if step is None else round(batch / step, 1),

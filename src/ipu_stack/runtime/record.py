@@ -241,14 +241,15 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
 
 
 def image_host_bytes(run: StreamRun) -> int:
-    """The bytes one image moves over the host link (its inputs in, its outputs out): the
-    first image's runs of every group."""
-    return sum(r.host_bytes for (_, image), r in run.runs.items() if image == 0)
+    """The bytes one image moves over the busiest host link (its inputs in, its outputs
+    out; each chip's card has its own): the first image's runs of every group."""
+    return max(run.chip_host_bytes(0))
 
 
 def chip_fields(run: StreamRun, manifest: dict[str, Any]) -> dict[str, Any]:
     """The chips' part of a stream's record: each chip's full step, the link phase and its
-    share of the period, the bytes a link carries a step and each worker's peak memory."""
+    share of the period, the bytes a link carries a step, the bytes each chip's host link
+    carries for an image and each worker's peak memory."""
     link = max(run.link_cycles, default=0)
     return {
         "chips": run.chips, "engine": run.engine,
@@ -257,6 +258,7 @@ def chip_fields(run: StreamRun, manifest: dict[str, Any]) -> dict[str, Any]:
         "linkCycles": link, "linkBytes": max(run.link_bytes, default=0),
         "linkSharePercent": round(100 * link / max(run.steady_cycles, 1), 2),
         "estimatedLinkCycles": max(manifest["estimate"].get("link_cycles", []), default=0),
+        "chipHostBytes": run.chip_host_bytes(0),
         "workerPeakBytes": run.worker_peak_bytes,
     }
 

@@ -146,6 +146,16 @@ class StreamRun:
         """The period: the slowest chip's full step, then the link phase."""
         return max(self.chip_full_cycles) + max(self.link_cycles, default=0)
 
+    def chip_host_bytes(self, number: int) -> list[int]:
+        """The bytes image (or call) ``number`` moves over each chip's host link: each C600
+        card has its own PCIe link, carrying its groups' inputs in and outputs out."""
+        per_chip = self.groups // self.chips
+        moved = [0] * self.chips
+        for (group, image), done in self.runs.items():
+            if image == number:
+                moved[group // per_chip] += done.host_bytes
+        return moved
+
     def judge(self, number: int, host: Any, outputs: dict[str, np.ndarray]
               ) -> tuple[float, Mapping[str, np.ndarray]]:
         """Image ``number``'s verdict from its host side, kept and logged with its
