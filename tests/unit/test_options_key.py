@@ -24,7 +24,8 @@ FIELDS = {f.name: f for f in dataclasses.fields(CompileOptions)}
 # what the package's options record held before it was derived from the marks
 RECORD = ("target", "finalists", "diagnostics", "memory_proportion", "paired_exchange",
           "gemm_mode", "share_layers")
-RECORD_WHEN_SET = ("tiles", "support_reserve", "strategy", "groups", "chips", "fuse_supersteps")
+RECORD_WHEN_SET = ("tiles", "support_reserve", "interleaved_reserve", "strategy", "groups",
+                   "chips", "fuse_supersteps")
 UNRECORDED = ("slack",)
 NOT_IN_THE_PACKAGE = ("cache_dir", "reuse_schedules", "exchange_cache", "dump_stages",
                       "verify_stages")
@@ -77,8 +78,10 @@ def test_the_record_is_derived_from_the_marks() -> None:
     assert plain.to_json() == {"target": "ipu21", "finalists": 3, "diagnostics": False,
                                "memory_proportion": 1.0, "paired_exchange": True,
                                "gemm_mode": "auto", "share_layers": True}
-    every = CompileOptions(tiles=162, support_reserve=1234, strategy="pipeline", groups=9,
-                           chips=2, slack=False, dump_stages="/d", verify_stages=True)
+    every = CompileOptions(tiles=162, support_reserve=1234, interleaved_reserve=8192,
+                           strategy="pipeline", groups=9, chips=2, slack=False,
+                           dump_stages="/d", verify_stages=True)
     assert every.to_json() == {**plain.to_json(), "tiles": 162, "support_reserve": 1234,
-                               "strategy": "pipeline", "groups": 9, "chips": 2}
+                               "interleaved_reserve": 8192, "strategy": "pipeline",
+                               "groups": 9, "chips": 2}
     json.dumps(every.to_json(), allow_nan=False)  # what the package writer requires
