@@ -43,7 +43,7 @@ from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target.links import get_system
 from ipu_stack.util import log
-from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
+from ipu_stack.util.errors import CompileError, IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.footprint import footprint_line
@@ -218,11 +218,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
     prompt_pass, prompt_inputs, image = None, None, None
     if not by_steps:  # the prompt's pass, compiled beside the decode step
-        passing = {**params, "tokens": args.prompt_tokens,  # a micro-batch's cache range
-                   **({"context": params["context"] // micro} if micro > 1 else {})}
-        compiled = compile_strategy(workload, passing, out / "prompt", options)
-        prompt_pass = Compiled(compiled.package, compiled.graph, compiled.tensors)
-        prompt_inputs = lambda ids, rows: workload.prompt_inputs(passing, ids, rows)  # noqa: E731
+        prompt_pass, prompt_inputs = _prompt_pass(workload, params, args, options, out / "prompt")
     if workload.vision is not None:  # a VLM's tower and connector
         looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
         image = Compiled(looked.package, looked.graph, looked.tensors)
@@ -243,6 +239,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()  # the streamed tokens' line
     _print_record(record, args.json, "generate", args.record)
     return 0 if record["numericalTest"] == "PASS" else 1
+
+
+def _prompt_pass(workload: Any, params: dict[str, Any], args: argparse.Namespace,
+                 options: CompileOptions, out: Path) -> tuple[Compiled | None, Any]:
+    """The prompt's pass compiled (a micro-batch's sequences and cache range) with the maker
+    of its inputs; ``(None, None)`` where it does not fit the chips, and the prompt then goes
+    a token a step through the decode program (a VLM's pass, which reads the image, must
+    fit)."""
+    micro = args.micro_batches
+    passing = {**params, "tokens": args.prompt_tokens,
+               **({"context": params["context"] // micro} if micro > 1 else {})}
+    try:
+        compiled = compile_strategy(workload, passing, out, options)
+    except CompileError as why:
+        if workload.vision is not None:
+            raise
+        log.event(LOG, "the prompt's pass does not fit: the prompt goes a token a step",
+                  logging.WARNING, reason=str(why))
+        return None, None
+    return (Compiled(compiled.package, compiled.graph, compiled.tensors),
+            lambda ids, rows: workload.prompt_inputs(passing, ids, rows))
 
 
 def _stream_tokens() -> Any:

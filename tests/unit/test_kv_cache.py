@@ -21,7 +21,7 @@ from ipu_stack.runtime.generate import Compiled, Generation, generation_fields, 
 from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.target import get_target
-from ipu_stack.util.errors import PackageError
+from ipu_stack.util.errors import CompileError, PackageError
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.decoder import prompt_inputs, step_inputs
 
@@ -246,3 +246,27 @@ def test_micro_batches_in_flight_fill_the_pipeline(tmp_path, small_generation) -
         2 * record["periodCycles"] / CLOCK * 1e6, abs=1e-3)
     assert record["tokensPerSecond"] == pytest.approx(2e6 / record["tpotMicroseconds"],
                                                       rel=1e-4)
+
+
+def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypatch) -> None:
+    """Where the prompt's pass does not compile (TinyLlama's at batch 32 on two chips), the
+    prompt goes a token a step through the decode program, said in one warning line."""
+    import ipu_stack.cli as cli_module
+
+    compile_any = cli_module.compile_strategy
+
+    def refusing(workload, params, out, options, *rest):
+        if params["tokens"] > 1:
+            raise CompileError("does not fit: the prompt's pass, for this test")
+        return compile_any(workload, params, out, options, *rest)
+
+    monkeypatch.setattr(cli_module, "compile_strategy", refusing)
+    sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
+             "--kv-heads", "2", "--precision", "f16", "--batch", "2"]
+    code, out, err = cli(["generate", "smollm2-135m", *sizes, "--prompt-tokens", "3",
+                          "--new-tokens", "2", "--out", str(tmp_path), "--json"])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS", err
+    assert record["prefill"] == "a token a step" and record["newTokens"] == 2
+    assert "WARNING ipu_stack.cli: the prompt's pass does not fit: the prompt goes a token a " \
+           "step reason=\"does not fit: the prompt's pass, for this test\"" in err
