@@ -217,19 +217,18 @@ def test_side_by_side_plans_that_do_not_fit_leave_the_others(monkeypatch, caplog
     assert "the side-by-side plans do not fit" in caplog.text
 
 
-def test_a_decode_step_that_does_not_place_side_by_side_goes_stage_by_stage(
-        tmp_path, monkeypatch, caplog) -> None:
-    """Grids side by side overlap where one after another they would not: when that does
-    not place, the same compile lowers the step one stage after another (and its package
-    says so), before it plans for less memory."""
+def _compile_refusing(tmp_path, monkeypatch, caplog, refuse) -> tuple[list, dict]:
+    """The small decode step compiled with its placement refused where ``refuse(options)``
+    gives an error: each try's options, and the package's options record."""
     place = pipeline.lower_and_place
-    tried: list[bool] = []
+    tried: list[CompileOptions] = []
 
     def placing(build, dump):
         placed = place(build, dump)
-        tried.append(build.options.fuse_supersteps)
-        if build.options.fuse_supersteps:
-            raise PlacementError("placement failed: side by side, for this test")
+        tried.append(build.options)
+        failure = refuse(build.options)
+        if failure is not None:
+            raise failure
         return placed
 
     monkeypatch.setattr(pipeline, "lower_and_place", placing)
@@ -237,10 +236,19 @@ def test_a_decode_step_that_does_not_place_side_by_side_goes_stage_by_stage(
     with caplog.at_level("INFO", logger="ipu_stack.package.build"):
         result = pipeline.compile_workload(workload, workload.resolve(STEP), tmp_path,
                                            CompileOptions(finalists=1))
-    assert tried == [True, False]
+    return tried, load_package(result.package).manifest["options"]
+
+
+def test_a_decode_step_that_does_not_place_side_by_side_goes_stage_by_stage(
+        tmp_path, monkeypatch, caplog) -> None:
+    """Grids side by side overlap where one after another they would not: when that does
+    not place, the same compile lowers the step one stage after another (and its package
+    says so), before it plans for less memory."""
+    tried, options = _compile_refusing(tmp_path, monkeypatch, caplog, lambda o: PlacementError(
+        "placement failed: side by side, for this test") if o.fuse_supersteps else None)
+    assert [o.fuse_supersteps for o in tried] == [True, False]
     assert "the side-by-side decode step did not place" in caplog.text
-    manifest = load_package(result.package).manifest
-    assert manifest["options"]["fuse_supersteps"] is False
+    assert options["fuse_supersteps"] is False
 
 
 def test_a_small_target_keeps_every_grid_and_head_on_its_tiles() -> None:
@@ -291,27 +299,19 @@ def test_a_decode_step_short_of_interleaved_memory_plans_for_less_of_it(
     """Side by side, a stage's weights share tiles with its siblings': where placement finds
     a tile short of interleaved memory, the step is planned for a little less of it
     (8 KiB a try) and stays side by side; the package records the reserve."""
-    place = pipeline.lower_and_place
-    tried: list[tuple[bool, int]] = []
-
-    def placing(build, dump):
-        placed = place(build, dump)
-        tried.append((build.options.fuse_supersteps, build.options.interleaved_reserve))
-        if build.options.interleaved_reserve < 2 * pipeline.INTERLEAVED_RESERVE_STEP:
-            failure = PlacementError("placement failed: interleaved, for this test")
-            failure.interleaved = True
-            raise failure
-        return placed
-
-    monkeypatch.setattr(pipeline, "lower_and_place", placing)
-    workload = get_workload("smollm2-135m")
-    with caplog.at_level("INFO", logger="ipu_stack.package.build"):
-        result = pipeline.compile_workload(workload, workload.resolve(STEP), tmp_path,
-                                           CompileOptions(finalists=1))
     step = pipeline.INTERLEAVED_RESERVE_STEP
-    assert tried == [(True, 0), (True, step), (True, 2 * step)]
+
+    def short(options):
+        if options.interleaved_reserve >= 2 * step:
+            return None
+        failure = PlacementError("placement failed: interleaved, for this test")
+        failure.interleaved = True
+        return failure
+
+    tried, options = _compile_refusing(tmp_path, monkeypatch, caplog, short)
+    assert [(o.fuse_supersteps, o.interleaved_reserve) for o in tried] == [
+        (True, 0), (True, step), (True, 2 * step)]
     assert "planning again with less interleaved memory" in caplog.text
-    options = load_package(result.package).manifest["options"]
     assert options["interleaved_reserve"] == 2 * step and "fuse_supersteps" not in options
     whole, less = (MemoryBudget.for_target(IPU21, 1.0, interleaved_reserve=r) for r in (0, step))
     assert (whole.interleaved - less.interleaved, whole.bytes) == (step, less.bytes)
