@@ -305,10 +305,14 @@ def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], b
 
 def _micro_batches(args: argparse.Namespace, vision: bool) -> int:
     """The batch's micro-batches in flight: ``--micro-batches``, or one a chip where the
-    layers are pipelined over several and the batch divides among them."""
+    layers are pipelined over several and the batch divides among them (the layers then cut
+    into one group a chip, unless ``--groups`` says otherwise)."""
     batch, micro = args.batch or 1, args.micro_batches
     if micro is None:
-        return args.chips if args.chips > 1 and batch % args.chips == 0 and not vision else 1
+        if args.chips > 1 and batch % args.chips == 0 and batch > 1 and not vision:
+            args.groups = args.groups or 1
+            return args.chips
+        return 1
     if micro < 1 or batch % micro:
         raise UsageError(f"--micro-batches {micro} does not divide the batch of {batch}")
     if micro > 1 and vision:

@@ -270,3 +270,18 @@ def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypat
     assert record["prefill"] == "a token a step" and record["newTokens"] == 2
     assert "WARNING ipu_stack.cli: the prompt's pass does not fit: the prompt goes a token a " \
            "step reason=\"does not fit: the prompt's pass, for this test\"" in err
+
+
+def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
+    """With two chips and a batch they divide, generate runs a micro-batch on each by
+    default: one group a chip, the caches in two ranges, every call checked."""
+    sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
+             "--kv-heads", "2", "--precision", "f16", "--batch", "2"]
+    code, out, err = cli(["generate", "smollm2-135m", *sizes, "--chips", "2", "--engine",
+                          "inprocess", "--prompt-tokens", "3", "--new-tokens", "3", "--out",
+                          str(tmp_path), "--json"])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS" and record["tokensMatch"], err
+    assert (record["chips"], record["microBatches"], record["batch"]) == (2, 2, 2)
+    assert record["periodCycles"] < record["decodeCycles"] < 2 * record["periodCycles"]
+    assert record["workload"].endswith("-b1-t1-c64-v50-d16-h4-kv2-f24-n2")
