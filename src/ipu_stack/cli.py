@@ -309,11 +309,12 @@ def _micro_batches(args: argparse.Namespace, vision: bool) -> int:
     into one group a chip, unless ``--groups`` says otherwise)."""
     batch, micro = args.batch or 1, args.micro_batches
     if micro is None:
-        if args.chips > 1 and batch % args.chips == 0 and batch > 1 and not vision:
-            args.groups = args.groups or 1
-            return args.chips
-        return 1
-    if micro < 1 or batch % micro:
+        micro = args.chips if args.chips > 1 and batch % args.chips == 0 and not vision else 1
+        args.groups = args.groups or (1 if micro > 1 else None)
+        return micro
+    if micro < 1:
+        raise UsageError("--micro-batches must be at least 1")
+    if batch % micro:
         raise UsageError(f"--micro-batches {micro} does not divide the batch of {batch}")
     if micro > 1 and vision:
         raise UsageError("a VLM's image program runs for the whole batch: give no "

@@ -167,6 +167,7 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),
     (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],
      "--micro-batches 3 does not divide the batch of 2"),
+    (["generate", "smollm2-135m", "--micro-batches", "0"], "--micro-batches must be at least 1"),
 ])
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)

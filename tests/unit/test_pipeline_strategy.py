@@ -38,6 +38,7 @@ from ipu_stack.runtime.stream import (
     stream_images,
 )
 from ipu_stack.strategy import compile_pipeline
+from ipu_stack.strategy.compile import choose_groups
 from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import get_workload
 
@@ -538,3 +539,23 @@ def test_each_hand_off_reaches_the_host_side_as_its_group_finishes(pipelined, mo
     run = run_stream(package, result.graph, result.tensors, images)
     assert run.passed and left == [0, 0]
     assert all(len(v.stages) > 3 * 10 for v in run.verdicts)  # three layers' stages judged
+
+
+def test_a_language_models_last_chip_can_take_half_a_layer_less():
+    """The last chip holds the head (a language model's LM head is work the other chips do
+    not have): with one group a chip the search also cuts inside a layer, the last chip half
+    a layer lighter, and keeps that cut only where its planned GEMM cycles rank it first
+    (a vocabulary of 262,144: yes; of 4,096: the whole-layer cut stays the only one)."""
+    workload = get_workload("smollm2-135m")
+    options = CompileOptions(chips=2, strategy="pipeline")
+    found = {}
+    for vocab in (262144, 4096):
+        params = workload.resolve({"vocab": vocab, "dim": 64, "hidden": 96, "layers": 4,
+                                   "heads": 4, "kv_heads": 2, "tokens": 1, "context": 64,
+                                   "batch": 2, "precision": "f16"})
+        graph, tensors = workload.build(params)
+        ranked = choose_groups(workload, params, graph, tensors, options, (1,))
+        found[vocab] = [(tuple(g.layers for g in c.groups), c.slowest) for c in ranked]
+    (lighter, first), (whole, second) = found[262144]
+    assert (lighter, whole) == ((2.5, 1.5), (2, 2)) and first < second
+    assert [cut for cut, _ in found[4096]] == [(2, 2)]

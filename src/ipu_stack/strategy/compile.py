@@ -144,8 +144,8 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     refused = [] if refused is None else refused
     stages = find_stages(graph)
     layers = tower_loop(graph, stages).count
-    ranked = []
-    for count, shares in _groupings(graph, stages, layers, chips, counts):
+    ranked, lighter = [], None
+    for count, shares, lighter_last in _groupings(graph, stages, layers, chips, counts):
         try:
             groups = split_tower(graph, chip_group_layers(layers, chips, count)) \
                 if shares is None else split_at_stages(
@@ -180,21 +180,30 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
                   "layer_shares": ",".join(f"{x:g}" for x in shares)}))
         ranked.append(Candidate(count, slowest, f"{where} of {tiles} tiles: the slowest "
                                 f"group's GEMMs are {slowest} cycles", groups, tiles))
+        lighter = ranked[-1] if lighter_last else lighter
     ranked.sort(key=lambda c: (c.slowest, c.count))
-    return ranked
+    # the lighter last chip only where it ranks first: elsewhere the cuts tried before it
+    # keep their order (the last one tried gets every retry)
+    return [c for c in ranked if c is not lighter or c is ranked[0]]
 
 
 def _groupings(graph: Graph, stages: list[Stage], layers: int, chips: int,
-               counts: tuple[int, ...]) -> list[tuple[int, list[float] | None]]:
+               counts: tuple[int, ...]) -> list[tuple[int, list[float] | None, bool]]:
     """Each count of groups a chip to try, cut at layers' ends (``None``); and, with one
-    group a chip over chips whose layers do not divide evenly, also cut inside layers into
-    equal shares of half layers (12.5 each for 50 layers on 4 chips), where the tower has
-    a point inside a layer that one activation alone crosses (``mid_layer_cuts``): the
-    whole-layer cut leaves some chips a layer more, and they set the step."""
-    found: list[tuple[int, list[float] | None]] = [(count, None) for count in counts]
-    if chips > 1 and 1 in counts and layers % chips and mid_layer_cuts(graph, stages):
+    group a chip where the tower has a point inside a layer that one activation alone
+    crosses (``mid_layer_cuts``), also cut inside layers: into equal shares of half layers
+    over chips whose layers do not divide evenly (12.5 each for 50 layers on 4 chips: the
+    whole-layer cut leaves some chips a layer more, and they set the step), and with the
+    last chip half a layer lighter than the first (its head, a language model's LM head,
+    is work the others do not have; marked True), kept only where it ranks first."""
+    found: list[tuple[int, list[float] | None, bool]] = [(c, None, False) for c in counts]
+    if chips > 1 and 1 in counts and mid_layer_cuts(graph, stages):
         ends = [round(2 * layers * k / chips) / 2 for k in range(chips + 1)]
-        found.append((1, [b - a for a, b in zip(ends, ends[1:], strict=False)]))
+        shares = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        if layers % chips:
+            found.append((1, shares, False))
+        if shares[-1] > 0.5:  # the last chip, which holds the head, half a layer lighter
+            found.append((1, [shares[0] + 0.5, *shares[1:-1], shares[-1] - 0.5], True))
     return found
 
 
