@@ -215,7 +215,6 @@ class Attempts:
     floor: float
     usable: int
     tries: int = 0  # placement failures answered with less memory
-    side_by_side_failed: bool = False  # a decode step's side-by-side stages did not place
 
     def after(self, failure: CompileError, build: Build) -> None:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
@@ -226,10 +225,11 @@ class Attempts:
         left to try."""
         options = self.options
         placing = isinstance(failure, PlacementError)
-        if placing and build.plans and decode_step(
-                build.graph, list(zip(build.stages, build.plans, strict=True))):
-            self.side_by_side_failed |= options.fuse_supersteps
-        side_by_side = self.side_by_side_failed and options.fuse_supersteps
+        # a side-by-side decode step that did not place, now or on an earlier try (which
+        # left it planning for less interleaved memory)
+        side_by_side = options.fuse_supersteps and (options.interleaved_reserve > 0 or (
+            placing and bool(build.plans) and decode_step(
+                build.graph, list(zip(build.stages, build.plans, strict=True)))))
         if side_by_side and placing and failure.interleaved and \
                 options.interleaved_reserve < INTERLEAVED_RESERVE_MOST:
             # side by side, one stage's weights share tiles with its siblings'
