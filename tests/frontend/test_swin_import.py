@@ -42,9 +42,12 @@ def test_swin_imports_exactly_with_one_gather_a_move() -> None:
     # two a block whose windows move the rows (the plain and the shifted block of stage 1:
     # the norm's output and the stream), one a merge; stage 2 is one window, in raster order
     assert kinds.count("gather_rows") == 5 and kinds.count("biased_softmax") == 4
-    tables = [graph.value(op.inputs[1]).type.rows for op in graph.operations
+    tables = [[graph.value(i).type.rows for i in op.inputs[1:]] for op in graph.operations
               if op.kind == "biased_softmax"]
-    assert tables == [2 * 16, 4 * 2 * 16, 4 * 16, 4 * 16]  # heads x T, windows x heads x T
+    # heads x T rows of bias; a shifted block's mask: windows x T, each block for its heads
+    assert tables == [[2 * 16], [2 * 16, 4 * 16], [4 * 16], [4 * 16]]
+    shifted = [op for op in graph.operations if op.kind == "biased_softmax" and len(op.inputs) == 3]
+    assert [op.attrs["table_maps"] for op in shifted] == [[[1, 1], [16, 2]]]
 
 
 def test_swin_for_classification_passes_against_torch(tmp_path, capsys) -> None:

@@ -17,7 +17,7 @@ from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.lowering.driver import lower
-from ipu_stack.lowering.permute import row_moves
+from ipu_stack.lowering.transfers import row_moves
 from ipu_stack.pipeline import stage_shape
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.repeat import find_layer_loop
@@ -258,19 +258,25 @@ def test_row_moves_replayed_byte_by_byte_put_every_row_where_it_goes(group: int)
 
 
 def test_a_repeating_bias_table_is_held_once() -> None:
-    """The lowered small Swin writes each layer's table once (its period's rows), not once
-    per image: the host writes are the tables' own bytes."""
+    """The lowered small Swin writes each layer's bias once (its heads' rows), not once
+    per window and image, and a shifted layer's mask once (a block a window), not once per
+    head: the host writes are the tables' own bytes."""
     workload = get_workload("swin-l")
     graph, _ = workload.build(workload.resolve(SMALL))
     stages = find_stages(graph)
     plans = [gemm_candidates(stage_shape(graph, s), IPU21)[0] if isinstance(s, GemmStage)
              else None for s in stages]
     program = lower(graph, list(zip(stages, plans, strict=True)), IPU21)
-    tables = {v.name: v.type for v in graph.values if v.name.endswith("attn.table")}
+    tables = {v.name: v.type for v in graph.values if v.name.endswith(("attn.table",
+                                                                        "attn.mask"))}
+    first = swin_stages(workload.resolve(SMALL))[0]
+    assert {tables[f"layer{n}.attn.table"].rows for n in (0, 1)} == {2 * 16}  # heads x T
+    assert tables["layer1.attn.mask"].rows == (first.side // 4) ** 2 * 16  # windows x T
+    assert "layer0.attn.mask" not in tables  # a plain block has no mask
     written = {w.tensor: w.layout for w in program.initialize if w.tensor in tables}
     assert set(written) == set(tables)
     for name, layout in written.items():
         assert (layout.rows, layout.cols) == (tables[name].rows, tables[name].cols)
-    scores = [graph.value(op.inputs[0]).type.rows for op in graph.operations
-              if op.kind == "biased_softmax"]
-    assert all(rows > tables[name].rows for rows, name in zip(scores, tables, strict=True))
+    for op in (op for op in graph.operations if op.kind == "biased_softmax"):
+        rows = graph.value(op.inputs[0]).type.rows
+        assert all(rows > graph.value(i).type.rows for i in op.inputs[1:])

@@ -53,10 +53,44 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
     per_head = bias.ndim == 4 and bias.shape[1] > 1 and not np.array_equal(
         bias, np.broadcast_to(bias[:, :1], bias.shape))
     period = table_period(rows, bias.shape[0]) if per_head else len(rows)
+    parts = head_and_sequence_parts(bias) if per_head else None
+    if parts is not None and len(parts[0]) + len(parts[1]) < period:
+        heads_part, mask = parts
+        table = conv.weight(f"{name}.bias", heads_part, False)
+        rows_mask = conv.weight(f"{name}.mask", mask, False)
+        conv.rewrites.append(f"{name}: additive attention bias as the table {name}.bias "
+                             f"(every {len(heads_part)} rows) and mask {name}.mask (a block "
+                             f"a sequence, each for its {bias.shape[1]} heads)")
+        tokens = bias.shape[-1]
+        return conv.b.op("biased_softmax", [scores.value, table, rows_mask], F16, name,
+                         scale=float(factor), table_maps=[[1, 1], [tokens, bias.shape[1]]])
     table = conv.weight(f"{name}.bias", rows[:period], False)
     conv.rewrites.append(f"{name}: additive attention bias/mask as the table {name}.bias"
                          + (f", repeated every {period} rows" if period < len(rows) else ""))
     return conv.b.op("biased_softmax", [scores.value, table], F16, name, scale=float(factor))
+
+
+SUM_TOLERANCE = 1e-4  # float32 rounding of the folded sum's largest terms (about 100)
+
+
+def head_and_sequence_parts(bias: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A ``[S, H, T, T]`` bias as a head part (``[H T, T]`` rows, each sequence's) plus a
+    sequence part the heads share (``[S' T, T]`` rows, its period over the sequences), or
+    None where it is not such a sum, or the sequence part is zero.  torch folds a shifted
+    Swin block's relative position bias and shift mask into one constant: held whole it is
+    ``windows`` times the bias's bytes a layer."""
+    sequences, heads, tokens, _ = bias.shape
+    heads_part = bias[0]
+    sequence_part = bias[:, 0] - heads_part[0]
+    # the sum torch made, again in float32 (a mask's -100 beside a bias of about 0.02
+    # carries float32 rounding)
+    again = sequence_part[:, None] + heads_part[None]
+    if not np.allclose(again, bias, rtol=0.0, atol=SUM_TOLERANCE) or not sequence_part.any():
+        return None
+    mask = sequence_part.reshape(-1, tokens)
+    return (heads_part.reshape(heads * tokens, tokens),
+            mask[:table_period(mask, sequences)])
+
 
 
 def table_period(rows: np.ndarray, sequences: int) -> int:

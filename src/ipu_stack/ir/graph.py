@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.util.errors import CompileError
@@ -93,14 +95,38 @@ def _add_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...
     return x.shape
 
 
+def table_maps(attrs: dict[str, Any], tables: int) -> list[tuple[int, int]]:
+    """Each additive table's ``(block, repeat)`` of a ``biased_softmax``
+    (``attrs["table_maps"]``; ``(1, 1)``, a plain period, where absent)."""
+    maps = attrs.get("table_maps") or [(1, 1)] * tables
+    return [(int(block), int(repeat)) for block, repeat in maps]
+
+
+def table_row_index(rows: int, table_rows: int, block: int = 1, repeat: int = 1) -> np.ndarray:
+    """The table row each of ``rows`` score rows adds: the table's ``block``-row blocks
+    each serve ``repeat`` blocks of rows in turn, and the whole repeats over the rows. With
+    ``(1, 1)`` row ``r`` adds table row ``r mod P`` (a Swin layer's relative position
+    bias, the same for every image); with ``(T, H)`` a ``[W T, T]`` shift mask serves each
+    window's ``H`` heads (``[W, H, T, T]`` scores) without being held ``H`` times."""
+    expanded = np.arange(rows, dtype=np.int64) % (table_rows * repeat)
+    return expanded // (block * repeat) * block + expanded % block
+
+
 def _biased_softmax_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
-    """``softmax(scale x + table)``: the table is as many rows as the scores, or a period of
-    them that repeats (row ``r`` adds table row ``r mod P``: a Swin layer's relative
-    position bias and shift mask, the same for every image of the batch)."""
-    x, table = inputs
-    if table.cols != x.cols or table.rows == 0 or x.rows % table.rows:
-        raise CompileError(f"biased_softmax table {list(table.shape)} is not a period of the "
-                           f"scores {list(x.shape)}")
+    """``softmax(scale x + t1 [+ t2])``: each table is as many rows as the scores, or rows
+    that repeat (:func:`table_row_index`): a Swin layer's relative position bias is the
+    same for every image, and its shift mask for every head."""
+    x, *tables = inputs
+    maps = table_maps(attrs, len(tables))
+    if len(maps) != len(tables):
+        raise CompileError(f"biased_softmax has {len(tables)} tables and {len(maps)} "
+                           "table maps")
+    for table, (block, repeat) in zip(tables, maps, strict=True):
+        if table.cols != x.cols or table.rows == 0 or block < 1 or repeat < 1 or \
+                table.rows % block or x.rows % (table.rows * repeat):
+            raise CompileError(f"biased_softmax table {list(table.shape)} (blocks of "
+                               f"{block} rows, each {repeat} times) does not repeat into the "
+                               f"scores {list(x.shape)}")
     return x.shape
 
 
@@ -242,7 +268,9 @@ def _cache_fill_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[i
     return state.shape
 
 
-OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]], tuple]]] = {
+ShapeRule = Callable[[list[TensorType], dict[str, Any]], tuple]
+# each kind: how many inputs it takes (one count, or the counts it accepts) and its shape rule
+OPERATION_RULES: dict[str, tuple[int | tuple[int, ...], ShapeRule]] = {
     "matmul": (2, _matmul_rule),
     "head_matmul": (2, _head_matmul_rule),
     "bias_add": (2, _bias_rule),
@@ -253,7 +281,7 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "layer_norm": (3, _layer_norm_rule),
     "add": (2, _add_rule),
     "mul": (2, _add_rule),
-    "biased_softmax": (2, _biased_softmax_rule),
+    "biased_softmax": ((2, 3), _biased_softmax_rule),
     "swiglu": (2, _add_rule),
     "activation": (1, _activation_rule),
     "rms_norm": (2, _rms_norm_rule),
@@ -263,6 +291,11 @@ OPERATION_RULES: dict[str, tuple[int, Callable[[list[TensorType], dict[str, Any]
     "cache_write": (3, _cache_write_rule),
     "cache_fill": (2, _cache_fill_rule),
 }
+
+
+def _counts(arity: int | tuple[int, ...]) -> tuple[int, ...]:
+    """The input counts an operation kind takes (``biased_softmax``: one or two tables)."""
+    return arity if isinstance(arity, tuple) else (arity,)
 
 
 @dataclass
@@ -366,7 +399,7 @@ class GraphBuilder:
         if kind not in OPERATION_RULES:
             raise CompileError(f"unknown operation kind {kind!r}")
         arity, rule = OPERATION_RULES[kind]
-        if len(inputs) != arity:
+        if len(inputs) not in _counts(arity):
             raise CompileError(f"{kind} takes {arity} inputs, got {len(inputs)}")
         shape = rule([self.graph.values[i].type for i in inputs], attrs)
         out = self._add_value(name, TensorType(tuple(shape), precision), "intermediate")
@@ -396,7 +429,7 @@ def verify_graph(graph: Graph) -> None:
         arity, rule = OPERATION_RULES.get(op.kind, (None, None))
         if rule is None:
             raise CompileError(f"operation {op.id} has unknown kind {op.kind!r}")
-        if len(op.inputs) != arity:
+        if len(op.inputs) not in _counts(arity):
             raise CompileError(f"operation {op.id} ({op.kind}) takes {arity} inputs")
         for i in op.inputs:
             if i not in defined:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 from scipy import special
 
-from ipu_stack.ir.graph import Graph, Operation, head_geometry
+from ipu_stack.ir.graph import Graph, Operation, head_geometry, table_maps, table_row_index
 from ipu_stack.ir.one_pass import one_pass_layer_norm, one_pass_rms_norm, runs_normce
 from ipu_stack.ir.precision import F32, Precision, fit_scale_exponent
 from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
@@ -215,11 +215,27 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
 BLOCK_BYTES = 1 << 19  # a block of rows of a softmax's temporaries: kept within L2
 
 
-def periodic(table: np.ndarray, rows: int) -> np.ndarray:
-    """A biased softmax's table as many rows as its scores: a period repeated (a view where
-    it already is)."""
+def periodic(table: np.ndarray, rows: int, block: int = 1, repeat: int = 1) -> np.ndarray:
+    """A biased softmax's table as many rows as its scores (:func:`table_row_index`; a view
+    where it already is)."""
     table = table.reshape(-1, table.shape[-1])
-    return table if len(table) == rows else np.tile(table, (rows // len(table), 1))
+    if len(table) == rows:
+        return table
+    if (block, repeat) == (1, 1):
+        return np.tile(table, (rows // len(table), 1))
+    return table[table_row_index(rows, len(table), block, repeat)]
+
+
+def additive_table(op: Operation, ins: list[np.ndarray], dtype: type) -> np.ndarray:
+    """What a ``biased_softmax`` adds to its scaled scores: its one table, or its two
+    tables' sum (the bias and the mask, summed before they are added, as the kernel
+    does)."""
+    rows = len(ins[0])
+    tables = [periodic(table, rows, *where) for table, where in
+              zip(ins[1:], table_maps(op.attrs, len(ins) - 1), strict=True)]
+    if len(tables) == 1:
+        return tables[0]
+    return tables[0].astype(dtype) + tables[1].astype(dtype)
 
 
 def _softmax(x: np.ndarray, bias: np.ndarray | None, scale: Any, dtype: type) -> np.ndarray:
@@ -312,7 +328,7 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return ins[0].astype(dtype, copy=False)
     if op.kind in ("softmax", "biased_softmax"):
         # an additive mask or bias (-inf masks a key)
-        return _softmax(ins[0], periodic(ins[1], len(ins[0])) if op.kind == "biased_softmax"
+        return _softmax(ins[0], additive_table(op, ins, dtype) if op.kind == "biased_softmax"
                         else None,
                         dtype(op.attrs.get("scale", 1.0)), dtype)
     if op.kind == "layer_norm" and normce and dtype is np.float32:

@@ -80,8 +80,9 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
         work = [Work(op, {"row_widths": [cols] * rows})]
     elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
-        if op == "biased_softmax":
-            work.append(Work("add_bias", {"per_worker": per_worker}))
+        if op == "biased_softmax":  # each table an add (two: summed, then added)
+            work.extend(Work("add_bias", {"per_worker": per_worker})
+                        for _ in range(int(p.get("tables", 1))))
     else:
         work = [Work(op, {"per_worker": per_worker})]
     if _out_cast(p):
@@ -153,7 +154,10 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     elif op in ("softmax", "biased_softmax"):
         shifted = x * np.float32(p["scale"])
         if op == "biased_softmax":
-            shifted = shifted + _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
+            table = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
+            if int(p.get("tables", 1)) == 2:  # the bias and the mask, summed first
+                table = table + _matrix(mem, tiles, aux1, rows, cols, p["aux_pitch"], p["aux"])
+            shifted = shifted + table
         shifted = shifted - shifted.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
         result = e / e.sum(axis=-1, keepdims=True)
@@ -193,7 +197,7 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
         else:
             extent = (rows - 1) * p["aux_pitch"] + cols * item
         result.append((1, extent, False))
-        if p["op"] in ("layer_norm", "rope"):
+        if p["op"] in ("layer_norm", "rope") or int(p.get("tables", 1)) == 2:
             result.append((2, extent, False))
     return result
 
@@ -212,7 +216,7 @@ def _regions(p: dict[str, Any]) -> list[Region]:
         else:
             shape = (rows, cols * item)
         result.append(Region(1, 0, shape[0], shape[1], p["aux_pitch"], False))
-        if p["op"] in ("layer_norm", "rope"):
+        if p["op"] in ("layer_norm", "rope") or int(p.get("tables", 1)) == 2:
             result.append(Region(2, 0, shape[0], shape[1], p["aux_pitch"], False))
     result.append(Region(3, 0, rows, cols * out, p["out_pitch"], True))
     return result

@@ -14,15 +14,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph, state_writes
+from ipu_stack.ir.graph import Graph, state_writes, table_row_index
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
 from ipu_stack.lowering.program import Call, ComputeSet, HostRead, HostWrite, Program
-from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder, add_layout_transfers
+from ipu_stack.lowering.transfers import (
+    LocalCopy,
+    TransferBuilder,
+    add_layout_transfers,
+    add_row_moves,
+)
 from ipu_stack.planning.stages import GemmStage, Stage
 from ipu_stack.target import MemoryClass, Target
+from ipu_stack.util.errors import CompileError
 
 PARAM_BLOCK = 64  # columns per holder tile of a per-layer row parameter inside a loop
 # transfers one tile may receive in one gather before the value goes through whole rows
@@ -291,6 +297,31 @@ class LoweringBase:
                 add_layout_transfers(builder, self._name(value_id), piece.layout, piece.buffer,
                                      layout, buffer,
                                      (repeat * period + piece.row0, piece.col0))
+        return buffer
+
+    def mapped_rows(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
+                    where: tuple[int, int], what: str) -> int:
+        """A buffer holding a table's rows in ``layout``'s rows by ``where``, its ``(block,
+        repeat)`` (:func:`~ipu_stack.ir.graph.table_row_index`): the table is held once in
+        whole rows spread over the tiles (written by the host, or landed as an input), and
+        each call's exchange moves each row to the rows that add it. A Swin layer's shift
+        mask, one ``[T, T]`` block a window, serves that window's every head so."""
+        rows, cols, precision = self._matrix(value_id)
+        if value_id not in self.where:
+            held = landing_layout(rows, cols, precision, self.target)
+            self.where[value_id] = [Piece(0, 0, held, self._host_weight(
+                value_id, held, MemoryClass.STANDARD))]
+        pieces = self.where[value_id]
+        if len(pieces) != 1 or pieces[0].layout.col_block != cols:
+            raise CompileError(f"{self._name(value_id)}: a repeated table is held in whole "
+                               "rows")
+        buffer = self.program.add_buffer(
+            f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
+            f"{self._name(value_id)} in blocks of {where[0]} rows, each {where[1]} times: "
+            f"{layout.describe()}", layout)
+        add_row_moves(builder, table_row_index(layout.rows, rows, *where), 1,
+                      (pieces[0].layout, pieces[0].buffer), (layout, buffer),
+                      cols * precision.itemsize)
         return buffer
 
     def land_inputs(self) -> None:

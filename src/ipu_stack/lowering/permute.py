@@ -12,34 +12,11 @@ residual add that reads it finds it in place.
 
 from __future__ import annotations
 
-import numpy as np
-
-from ipu_stack.ir.layout import WORD, BlockLayout
+from ipu_stack.ir.layout import WORD
 from ipu_stack.lowering.base import LoweringBase, Piece, landing_layout
-from ipu_stack.lowering.transfers import LocalCopy, TransferBuilder
+from ipu_stack.lowering.transfers import TransferBuilder, add_row_moves
 from ipu_stack.planning.stages import RowStage
 from ipu_stack.util.errors import CompileError
-
-
-def row_moves(index: np.ndarray, group: int, source: BlockLayout, out: BlockLayout,
-              row_bytes: int) -> tuple[np.ndarray, ...]:
-    """The runs that move picked rows ``index`` from ``source`` into ``out`` (both whole
-    rows): ``(source tile, source offset, target tile, target offset, bytes)`` per run,
-    a run being rows consecutive on both sides between the same two tiles."""
-    picks = len(index)
-    result_row, part = np.divmod(np.arange(picks, dtype=np.int64), group)
-    src_tile = source.tiles[index // source.row_block, 0, 0].astype(np.int64)
-    src_off = (index % source.row_block) * source.pitch
-    dst_tile = out.tiles[result_row // out.row_block, 0, 0].astype(np.int64)
-    dst_off = (result_row % out.row_block) * out.pitch + part * row_bytes
-    starts = np.ones(picks, dtype=bool)
-    starts[1:] = ~((src_tile[1:] == src_tile[:-1]) & (dst_tile[1:] == dst_tile[:-1])
-                   & (src_off[1:] == src_off[:-1] + row_bytes)
-                   & (dst_off[1:] == dst_off[:-1] + row_bytes))
-    first = np.flatnonzero(starts)
-    lengths = np.diff(np.append(first, picks))
-    return (src_tile[first], src_off[first], dst_tile[first], dst_off[first],
-            lengths * row_bytes)
 
 
 class PermuteLowering(LoweringBase):
@@ -63,19 +40,8 @@ class PermuteLowering(LoweringBase):
         self.emit_exchange(staging)
         out = landing_layout(out_rows, out_cols, precision, self.target)
         out_buf = self.result_buffer(stage.out, out)
-        src_tile, src_off, dst_tile, dst_off, nbytes = row_moves(
-            stage.attrs["index"].rows, int(stage.attrs.get("group", 1)), source, out, row_bytes)
         builder = TransferBuilder(f"{name}.gather")
-        remote = src_tile != dst_tile
-        if remote.any():
-            count = int(remote.sum())
-            builder.add_flat(src_tile[remote], src_buf, src_off[remote],
-                             nbytes[remote] // WORD, np.ones(count, dtype=np.int64),
-                             dst_tile[remote], out_buf, dst_off[remote])
-        for tile, s_off, d_off, size in zip(src_tile[~remote].tolist(), src_off[~remote].tolist(),
-                                            dst_off[~remote].tolist(), nbytes[~remote].tolist(),
-                                            strict=True):
-            builder.local.append(LocalCopy(tile, src_buf, s_off, size, out_buf, d_off, size,
-                                           1, size))
+        add_row_moves(builder, stage.attrs["index"].rows, int(stage.attrs.get("group", 1)),
+                      (source, src_buf), (out, out_buf), row_bytes)
         self.emit_exchange(builder)
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.ir.graph import table_maps
 from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.rowwise import row_params
@@ -20,6 +21,7 @@ from ipu_stack.lowering.program import Call, ComputeSet
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.stages import RowStage, chain_step
 from ipu_stack.target import MemoryClass
+from ipu_stack.util.errors import CompileError
 
 
 def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
@@ -215,14 +217,14 @@ class RowLowering(LoweringBase):
         elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
-            table = g.value(stage.inputs[1])
-            if table.role == "weight" and table.type.rows < rows:  # a period of the rows
-                aux[0] = self.periodic_rows(builder, stage.inputs[1], layout, f"{name}.table")
-            elif table.role == "weight":  # a table (position embeddings, a causal mask)
-                aux[0] = self._host_weight(stage.inputs[1], layout, MemoryClass.STANDARD)
-            else:
-                aux[0] = self._in_row_layout(builder, stage.inputs[1], layout, f"{name}.addend")
+            maps = table_maps(g.operations[stage.op].attrs, len(stage.inputs) - 1)
+            for number, (value_id, where) in enumerate(zip(stage.inputs[1:], maps,
+                                                           strict=True)):
+                aux[number] = self._addend(builder, value_id, layout, where,
+                                           f"{name}.{('table', 'mask')[number]}")
             aux_pitch = layout.pitch
+            if len(maps) == 2:
+                extra = {"tables": 2}
         elif op == "rope":
             aux_prec = g.value(stage.inputs[1]).type.precision
             half = int(stage.attrs["head_dim"]) // 2
@@ -243,7 +245,7 @@ class RowLowering(LoweringBase):
                 aux_pitch = shared.pitch
             op = "chain"
         if op == "biased_softmax":
-            extra = {"scale": float(stage.attrs.get("scale", 1.0))}
+            extra = {**extra, "scale": float(stage.attrs.get("scale", 1.0))}
         self.emit_exchange(builder)
         out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs, stage.kind)
@@ -256,6 +258,22 @@ class RowLowering(LoweringBase):
                        [x_buf, aux[0], aux[1], out_buf])
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
+
+    def _addend(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
+                where: tuple[int, int], what: str) -> int:
+        """The buffer of a row stage's second operand (a biased softmax's tables) in
+        ``layout``: a table's rows that repeat moved there by the exchange, a table of the
+        rows' size held there, an activation gathered there."""
+        table = self.graph.value(value_id)
+        if table.type.precision != layout.precision:
+            raise CompileError(f"{table.name}: a softmax's tables share one precision")
+        if where != (1, 1) and table.type.rows != layout.rows:
+            return self.mapped_rows(builder, value_id, layout, where, what)
+        if table.role == "weight" and table.type.rows < layout.rows:  # a period of the rows
+            return self.periodic_rows(builder, value_id, layout, what)
+        if table.role == "weight":  # a table (position embeddings, a causal mask)
+            return self._host_weight(value_id, layout, MemoryClass.STANDARD)
+        return self._in_row_layout(builder, value_id, layout, what.replace("table", "addend"))
 
     def _carried_buffer(self, value_id: int, layout: BlockLayout, inputs: tuple[int, ...],
                         kind: str = "") -> int:

@@ -213,3 +213,46 @@ def add_layout_transfers(
     for tile, s_off, d_at, rows, length in local.tolist():
         builder.local.append(LocalCopy(tile, src_buf, s_off, src.pitch, dst_buf, d_at,
                                        dst.pitch, rows, length))
+
+
+def row_moves(index: np.ndarray, group: int, source: BlockLayout, out: BlockLayout,
+              row_bytes: int) -> tuple[np.ndarray, ...]:
+    """The runs that move picked rows ``index`` from ``source`` into ``out`` (both whole
+    rows): ``(source tile, source offset, target tile, target offset, bytes)`` per run,
+    a run being rows consecutive on both sides between the same two tiles."""
+    picks = len(index)
+    result_row, part = np.divmod(np.arange(picks, dtype=np.int64), group)
+    src_tile = source.tiles[index // source.row_block, 0, 0].astype(np.int64)
+    src_off = (index % source.row_block) * source.pitch
+    dst_tile = out.tiles[result_row // out.row_block, 0, 0].astype(np.int64)
+    dst_off = (result_row % out.row_block) * out.pitch + part * row_bytes
+    starts = np.ones(picks, dtype=bool)
+    starts[1:] = ~((src_tile[1:] == src_tile[:-1]) & (dst_tile[1:] == dst_tile[:-1])
+                   & (src_off[1:] == src_off[:-1] + row_bytes)
+                   & (dst_off[1:] == dst_off[:-1] + row_bytes))
+    first = np.flatnonzero(starts)
+    lengths = np.diff(np.append(first, picks))
+    return (src_tile[first], src_off[first], dst_tile[first], dst_off[first],
+            lengths * row_bytes)
+
+
+def add_row_moves(builder: TransferBuilder, index: np.ndarray, group: int,
+                  source: tuple[BlockLayout, int], out: tuple[BlockLayout, int],
+                  row_bytes: int) -> None:
+    """Transfers that put rows ``index`` of ``source`` (a whole-row layout and its buffer)
+    into ``out``'s rows in turn, ``group`` a result row (:func:`row_moves`); a run that
+    stays on its tile is an on-tile copy (a tile cannot send to itself)."""
+    (src_layout, src_buf), (out_layout, out_buf) = source, out
+    src_tile, src_off, dst_tile, dst_off, nbytes = row_moves(index, group, src_layout,
+                                                             out_layout, row_bytes)
+    remote = src_tile != dst_tile
+    if remote.any():
+        count = int(remote.sum())
+        builder.add_flat(src_tile[remote], src_buf, src_off[remote], nbytes[remote] // WORD,
+                         np.ones(count, dtype=np.int64), dst_tile[remote], out_buf,
+                         dst_off[remote])
+    for tile, s_off, d_off, size in zip(src_tile[~remote].tolist(), src_off[~remote].tolist(),
+                                        dst_off[~remote].tolist(), nbytes[~remote].tolist(),
+                                        strict=True):
+        builder.local.append(LocalCopy(tile, src_buf, s_off, size, out_buf, d_off, size, 1,
+                                       size))

@@ -234,7 +234,8 @@ def _row(params: dict[str, Any]) -> int:
     elif op == "softmax":
         cycles = estimate_softmax(rows, cols)
     elif op == "biased_softmax":
-        cycles = estimate_softmax(rows, cols) + estimate_activation(rows * cols, "add_bias")
+        cycles = estimate_softmax(rows, cols) + int(params.get("tables", 1)) * \
+            estimate_activation(rows * cols, "add_bias")
     elif op in ("add", "rope"):
         cycles = estimate_activation(rows * cols, op)
     else:

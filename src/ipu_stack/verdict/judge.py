@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph, Value
+from ipu_stack.ir.graph import Graph, Value, table_maps, table_row_index
 from ipu_stack.ir.interpret import HostValues, evaluate_float64, evaluate_operations
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.rounding import differing, differing_codes, differing_rows
@@ -470,11 +470,21 @@ def _rerun(graph: Graph, stage: Stage, operations: list[int], known: _Inputs,
             continue
         if held.shape[0] == rows_out:
             sliced[value_id] = held[rows]
-        elif rows_out % held.shape[0] == 0:  # a period of rows (a Swin layer's bias table)
-            sliced[value_id] = held[rows % held.shape[0]]
+        elif rows_out % held.shape[0] == 0:  # rows that repeat (a Swin layer's bias, its mask)
+            where = _table_map(graph, operations, value_id)
+            sliced[value_id] = held[table_row_index(rows_out, held.shape[0], *where)[rows]]
     expected = reference.writable(stage.out)
     expected[rows] = evaluate_operations(graph, operations, sliced, gemm_modes)[stage.out]
     return expected
+
+
+def _table_map(graph: Graph, operations: list[int], value_id: int) -> tuple[int, int]:
+    """How a softmax's table ``value_id`` repeats over its scores' rows: ``(1, 1)`` (a
+    period) unless a ``biased_softmax`` of ``operations`` maps it otherwise."""
+    for op in (graph.operations[i] for i in operations):
+        if op.kind == "biased_softmax" and value_id in op.inputs[1:]:
+            return table_maps(op.attrs, len(op.inputs) - 1)[op.inputs[1:].index(value_id)]
+    return (1, 1)
 
 
 def _rows_differing(graph: Graph, value_id: int, known: _Inputs, reference: _ById

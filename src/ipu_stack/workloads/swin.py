@@ -27,9 +27,10 @@ mixing input, as for the towers' importer).
 ``window^2`` tokens. The relative position bias (``relative_position_bias_table`` indexed by
 ``relative_position_index``, a table of ``(2w - 1)^2`` rows a head) and a shifted block's
 attention mask (-100 between tokens from different regions of the rolled grid, as
-transformers' ``get_attn_mask``) are one additive table a layer, ``[windows x heads x T, T]``
-(``heads x T`` rows where no mask applies), the same for every image: the softmax adds it
-every ``P`` rows (``biased_softmax`` with a period, ``lowering.base.periodic_rows``).
+transformers' ``get_attn_mask``) are the softmax's two additive tables: the bias,
+``[heads x T, T]``, repeating every ``heads x T`` rows, and the mask, ``[windows x T, T]``, each
+window's block serving its heads in turn (``biased_softmax`` with ``table_maps``,
+``ir.graph.table_row_index``); each call's exchange moves their rows to the scores'.
 
 A stage whose grid is no larger than a window (Swin-L's last, 12 x 12) runs one window
 without shifts, as transformers does. A grid that windows do not tile, or an odd grid before
@@ -160,16 +161,12 @@ def shift_mask(side: int, window: int, shift: int) -> np.ndarray:
     return np.where(held[:, None, :] != held[:, :, None], MASKED, 0.0).astype(np.float32)
 
 
-def attention_table(bias_table: np.ndarray, stage: SwinStage, shift: int) -> np.ndarray:
-    """One layer's additive table for scores laid out ``[windows, heads, T, T]`` (just
-    ``[heads, T, T]`` without a mask): the relative position bias plus the shift mask."""
+def attention_bias(bias_table: np.ndarray, stage: SwinStage) -> np.ndarray:
+    """One layer's relative position bias for scores laid out ``[heads, T, T]`` (as
+    ``[heads T, T]`` rows: the period every window and image repeats)."""
     tokens = stage.window ** 2
     bias = bias_table[relative_position_index(stage.window).reshape(-1)]  # [T T, heads]
-    bias = bias.T.reshape(stage.heads, tokens, tokens)
-    if not shift:
-        return bias.reshape(-1, tokens).astype(np.float32)
-    mask = shift_mask(stage.side, stage.window, shift)
-    return (mask[:, None] + bias[None]).reshape(-1, tokens).astype(np.float32)
+    return bias.T.reshape(stage.heads * tokens, tokens).astype(np.float32)
 
 
 def _parameters() -> tuple[Parameter, ...]:
@@ -196,14 +193,24 @@ def _gather(builder: LayerBuilder, x: int, picks: np.ndarray, name: str, group: 
 
 
 def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift: int) -> None:
-    """The layer's bias (and shift mask) as ``builder.mask``: the rows that repeat over
-    the images (and, without a mask, the windows)."""
+    """The layer's bias as ``builder.mask`` (the ``[heads T, T]`` rows every window and
+    image repeats) and, in a shifted block, its shift mask as ``builder.mask_rows``: one
+    ``[T, T]`` block a window, serving each of the window's heads in turn. Held summed,
+    ``[windows heads T, T]``, the two would cost each shifted layer ``windows`` times the
+    bias's bytes (Swin-L at F16 then does not fit one chip)."""
     bias_table = rng_for(builder.p["seed"], f"{prefix}.attn.rel_bias").standard_normal(
         ((2 * stage.window - 1) ** 2, stage.heads)) * 0.02
-    table = F16.round_trip(attention_table(bias_table, stage, shift))
+    bias = F16.round_trip(attention_bias(bias_table, stage))
     name = f"{prefix}.attn.table"
-    builder.tensors[name] = table
-    builder.mask = builder.b.weight(name, TensorType(table.shape, F16))
+    builder.tensors[name] = bias
+    builder.mask = builder.b.weight(name, TensorType(bias.shape, F16))
+    builder.mask_rows = None
+    if shift:
+        tokens = stage.window ** 2
+        mask = shift_mask(stage.side, stage.window, shift).reshape(-1, tokens)
+        builder.tensors[f"{prefix}.attn.mask"] = mask
+        builder.mask_rows = (builder.b.weight(f"{prefix}.attn.mask", TensorType(mask.shape, F16)),
+                             tokens, stage.heads)
 
 
 def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: np.ndarray | None,
@@ -316,7 +323,7 @@ def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, 
 
 def swin_footprint(params: dict[str, Any]) -> Footprint:
     """Every stage's GEMM weights with the patch embedding's and the attention tables (F16:
-    a shifted block's repeats every window), and the largest of a stage's attention scores
+    a layer's bias, a shifted block's mask), and the largest of a stage's attention scores
     (F16) and its first MLP product's input and output."""
     size = 1 if params["precision"] == "fp8" else 2
     stages = swin_stages(params)
@@ -324,9 +331,9 @@ def swin_footprint(params: dict[str, Any]) -> Footprint:
     weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
     weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
     weights += 3 * params["patch"] ** 2 * params["dim"] * size
-    for s in stages:
-        tables = [s.heads * s.window ** 4 * 2 * ((s.side // s.window) ** 2 if s.shift(block)
-                                                 else 1) for block in range(s.depth)]
+    for s in stages:  # F16 bias rows a layer, and a shifted block's mask, a block a window
+        tables = [s.window ** 4 * 2 * (s.heads + ((s.side // s.window) ** 2 if s.shift(block)
+                                                  else 0)) for block in range(s.depth)]
         weights += sum(tables)
     batch = params["batch"]
     largest = max(max(batch * s.side ** 2 * s.heads * s.window ** 2 * 2,

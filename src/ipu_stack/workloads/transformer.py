@@ -141,8 +141,12 @@ class LayerBuilder:
         self.tensors = DeferredTensors()
         self.deferred: dict[str, Precision] = {}
         self.rows = params["batch"] * params["tokens"]
-        # an additive attention mask (a causal one: CLIP's text encoder), [B H T, T] F16
+        # an additive attention mask (a causal one: CLIP's text encoder), [B H T, T] F16, or
+        # the rows that repeat over the scores' (a Swin layer's bias)
         self.mask: int | None = None
+        # a second table the softmax adds, with its rows' (block, repeat): a Swin layer's
+        # shift mask, [windows T, T], each window's block serving its heads
+        self.mask_rows: tuple[int, int, int] | None = None
 
     def fp8_at(self, name: str) -> bool:
         """Whether the value or weight ``name`` is FP8: ``--precision fp8``, outside the
@@ -242,8 +246,13 @@ class LayerBuilder:
             probs = self.b.op("softmax", [scores], operand(f"{prefix}.probs"), f"{prefix}.probs",
                               scale=scale)
         else:
-            probs = self.b.op("biased_softmax", [scores, self.mask], operand(f"{prefix}.probs"),
-                              f"{prefix}.probs", scale=scale)
+            tables, maps = [self.mask], [[1, 1]]
+            if self.mask_rows is not None:
+                tables.append(self.mask_rows[0])
+                maps.append(list(self.mask_rows[1:]))
+            more = {"table_maps": maps} if len(maps) > 1 else {}
+            probs = self.b.op("biased_softmax", [scores, *tables], operand(f"{prefix}.probs"),
+                              f"{prefix}.probs", scale=scale, **more)
         o = self.b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                       heads=heads, tokens=tokens)
         if self.fp8_at(prefix):
