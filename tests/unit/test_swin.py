@@ -209,14 +209,16 @@ def test_a_grid_windows_do_not_tile_is_refused() -> None:
     assert code == 2 and "--depths has 2 stages and --stage-heads 1" in err
 
 
-@pytest.mark.parametrize("lean", [False, True])
-def test_a_small_swin_passes_on_the_device(tmp_path, monkeypatch, lean: bool) -> None:
-    """Rows gathered by exchanges, bias tables repeated every period; lean (parameters on
+@pytest.mark.parametrize("lean, tables", [(False, "auto"), (True, "auto"), (False, "summed")])
+def test_a_small_swin_passes_on_the_device(tmp_path, monkeypatch, lean: bool, tables: str
+                                           ) -> None:
+    """Rows gathered by exchanges, bias tables repeated every period, a shifted block's
+    mask a second table (F16's default) or summed into its bias; lean (parameters on
     holders, A operands through whole rows) gives the same values."""
     if lean:
         monkeypatch.setattr("ipu_stack.lowering.driver.REPLICA_BUDGET", 0)
-    code, out, err = cli(["--quiet", "bench", "swin-l", *SMALL_ARGS, "--json", "--out",
-                          str(tmp_path)])
+    code, out, err = cli(["--quiet", "bench", "swin-l", *SMALL_ARGS, "--tables", tables,
+                          "--json", "--out", str(tmp_path)])
     record = json.loads(out)
     assert code == 0 and record["numericalTest"] == "PASS", (record, err)
     assert record["maximumAbsoluteError"] == 0.0  # bit-exact with the host reference
@@ -280,3 +282,28 @@ def test_a_repeating_bias_table_is_held_once() -> None:
     for op in (op for op in graph.operations if op.kind == "biased_softmax"):
         rows = graph.value(op.inputs[0]).type.rows
         assert all(rows > graph.value(i).type.rows for i in op.inputs[1:])
+
+
+@pytest.mark.parametrize("precision, tables, split", [
+    ("f16", "auto", True), ("fp8", "auto", False), ("fp8", "split", True),
+    ("f16", "summed", False)])
+def test_a_shifted_block_splits_its_mask_at_f16_by_default(precision: str, tables: str,
+                                                           split: bool) -> None:
+    """Split, the shifted block's mask is a table of its own, ``[windows T, T]``, beside the
+    bias's ``[heads T, T]``; summed, one ``[windows heads T, T]`` table: the bias plus the
+    mask, as transformers adds them."""
+    workload = get_workload("swin-l")
+    params = workload.resolve({**SMALL, "precision": precision, "tables": tables})
+    graph, tensors = workload.build(params)
+    softmax = [op for op in graph.operations if op.kind == "biased_softmax"][1]  # shifted
+    shapes = [graph.value(i).type.shape for i in softmax.inputs[1:]]
+    windows, heads, tokens = 4, 2, 16
+    if split:
+        assert shapes == [(heads * tokens, tokens), (windows * tokens, tokens)]
+        assert softmax.attrs["table_maps"] == [[1, 1], [tokens, heads]]
+        return
+    assert shapes == [(windows * heads * tokens, tokens)]
+    summed = tensors["layer1.attn.table"].reshape(windows, heads, tokens, tokens)
+    mask = shift_mask(8, 4, 2)
+    bias = summed - mask[:, None]
+    np.testing.assert_allclose(bias, np.broadcast_to(bias[:1], bias.shape), atol=0.07)

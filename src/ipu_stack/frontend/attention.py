@@ -53,7 +53,9 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
     per_head = bias.ndim == 4 and bias.shape[1] > 1 and not np.array_equal(
         bias, np.broadcast_to(bias[:, :1], bias.shape))
     period = table_period(rows, bias.shape[0]) if per_head else len(rows)
-    parts = head_and_sequence_parts(bias) if per_head else None
+    # split where F16 weights leave no room for the summed tables, as the builtin Swin's
+    # ``--tables auto`` (workloads/swin.py, ``split_tables``)
+    parts = head_and_sequence_parts(bias) if per_head and not conv.fp8 else None
     if parts is not None and len(parts[0]) + len(parts[1]) < period:
         heads_part, mask = parts
         table = conv.weight(f"{name}.bias", heads_part, False)

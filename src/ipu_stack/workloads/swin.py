@@ -27,10 +27,12 @@ mixing input, as for the towers' importer).
 ``window^2`` tokens. The relative position bias (``relative_position_bias_table`` indexed by
 ``relative_position_index``, a table of ``(2w - 1)^2`` rows a head) and a shifted block's
 attention mask (-100 between tokens from different regions of the rolled grid, as
-transformers' ``get_attn_mask``) are the softmax's two additive tables: the bias,
-``[heads x T, T]``, repeating every ``heads x T`` rows, and the mask, ``[windows x T, T]``, each
-window's block serving its heads in turn (``biased_softmax`` with ``table_maps``,
-``ir.graph.table_row_index``); each call's exchange moves their rows to the scores'.
+transformers' ``get_attn_mask``) are what the softmax adds: the bias, ``[heads x T, T]``,
+repeats every ``heads x T`` rows; a shifted block's mask is summed into it (``[windows x
+heads x T, T]``), or held as a second table, ``[windows x T, T]``, each window's block
+serving its heads in turn (``biased_softmax`` with ``table_maps``,
+``ir.graph.table_row_index``; :func:`split_tables` says which); each call's exchange moves
+their rows to the scores'.
 
 A stage whose grid is no larger than a window (Swin-L's last, 12 x 12) runs one window
 without shifts, as transformers does. A grid that windows do not tile, or an odd grid before
@@ -166,7 +168,7 @@ def attention_bias(bias_table: np.ndarray, stage: SwinStage) -> np.ndarray:
     ``[heads T, T]`` rows: the period every window and image repeats)."""
     tokens = stage.window ** 2
     bias = bias_table[relative_position_index(stage.window).reshape(-1)]  # [T T, heads]
-    return bias.T.reshape(stage.heads * tokens, tokens).astype(np.float32)
+    return bias.T.reshape(stage.heads * tokens, tokens)
 
 
 def _parameters() -> tuple[Parameter, ...]:
@@ -181,6 +183,9 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("mlp_ratio", int, 4, "MLP hidden width over the stage's width"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None),
+        Parameter("tables", str, "auto", "a shifted block's bias and mask: summed, or split "
+                  "(the mask a block a window); auto: split at f16", choices=("auto", "summed",
+                                                                             "split")),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         ATTENTION_OPTION("fp8"), KEEP_F16,
     )
@@ -192,25 +197,39 @@ def _gather(builder: LayerBuilder, x: int, picks: np.ndarray, name: str, group: 
                         group=group)
 
 
+def split_tables(params: dict[str, Any]) -> bool:
+    """Whether a shifted block holds its bias and mask as two tables (``--tables split``)
+    rather than summed (``summed``). By default (``auto``) they are split at F16, where the
+    summed tables, ``windows`` times the bias's bytes a shifted layer, leave Swin-L no room
+    on one chip, and summed at FP8, where they fit and save each shifted layer the mask's
+    copy and add (1.7 % of a Swin-L run at batch 2)."""
+    if params["tables"] == "auto":
+        return params["precision"] == "f16"
+    return params["tables"] == "split"
+
+
 def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift: int) -> None:
     """The layer's bias as ``builder.mask`` (the ``[heads T, T]`` rows every window and
-    image repeats) and, in a shifted block, its shift mask as ``builder.mask_rows``: one
-    ``[T, T]`` block a window, serving each of the window's heads in turn. Held summed,
-    ``[windows heads T, T]``, the two would cost each shifted layer ``windows`` times the
-    bias's bytes (Swin-L at F16 then does not fit one chip)."""
+    image repeats) and, in a shifted block, its shift mask: summed into the bias
+    (``[windows heads T, T]``), or as ``builder.mask_rows``, one ``[T, T]`` block a window
+    serving each of the window's heads in turn (:func:`split_tables`)."""
     bias_table = rng_for(builder.p["seed"], f"{prefix}.attn.rel_bias").standard_normal(
         ((2 * stage.window - 1) ** 2, stage.heads)) * 0.02
-    bias = F16.round_trip(attention_bias(bias_table, stage))
-    name = f"{prefix}.attn.table"
-    builder.tensors[name] = bias
-    builder.mask = builder.b.weight(name, TensorType(bias.shape, F16))
+    bias = attention_bias(bias_table, stage)
+    tokens = stage.window ** 2
+    mask = shift_mask(stage.side, stage.window, shift) if shift else None
     builder.mask_rows = None
-    if shift:
-        tokens = stage.window ** 2
-        mask = shift_mask(stage.side, stage.window, shift).reshape(-1, tokens)
+    if mask is not None and not split_tables(builder.p):
+        bias = (mask[:, None] + bias.reshape(stage.heads, tokens, tokens)[None]).reshape(
+            -1, tokens)
+    elif mask is not None:
+        mask = mask.reshape(-1, tokens)
         builder.tensors[f"{prefix}.attn.mask"] = mask
         builder.mask_rows = (builder.b.weight(f"{prefix}.attn.mask", TensorType(mask.shape, F16)),
                              tokens, stage.heads)
+    name = f"{prefix}.attn.table"
+    builder.tensors[name] = F16.round_trip(bias.astype(np.float32))
+    builder.mask = builder.b.weight(name, TensorType(bias.shape, F16))
 
 
 def _block(builder: LayerBuilder, x: int, stage: SwinStage, number: int, picks: np.ndarray | None,
@@ -323,17 +342,19 @@ def stream_image(params: dict[str, Any], graph: Graph, index: int) -> dict[str, 
 
 def swin_footprint(params: dict[str, Any]) -> Footprint:
     """Every stage's GEMM weights with the patch embedding's and the attention tables (F16:
-    a layer's bias, a shifted block's mask), and the largest of a stage's attention scores
-    (F16) and its first MLP product's input and output."""
+    a layer's bias, a shifted block's mask summed in or beside it), and the largest of a
+    stage's attention scores (F16) and its first MLP product's input and output."""
     size = 1 if params["precision"] == "fp8" else 2
     stages = swin_stages(params)
     per_layer = [(4 + 2 * params["mlp_ratio"]) * s.dim * s.dim * size for s in stages]
     weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
     weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
     weights += 3 * params["patch"] ** 2 * params["dim"] * size
-    for s in stages:  # F16 bias rows a layer, and a shifted block's mask, a block a window
-        tables = [s.window ** 4 * 2 * (s.heads + ((s.side // s.window) ** 2 if s.shift(block)
-                                                  else 0)) for block in range(s.depth)]
+    for s in stages:  # F16 bias rows a layer, a shifted block's mask summed in or beside
+        windows = (s.side // s.window) ** 2
+        tables = [s.window ** 4 * 2 * (s.heads if not s.shift(block) else windows + s.heads
+                                       if split_tables(params) else windows * s.heads)
+                  for block in range(s.depth)]
         weights += sum(tables)
     batch = params["batch"]
     largest = max(max(batch * s.side ** 2 * s.heads * s.window ** 2 * 2,
@@ -346,7 +367,8 @@ def swin_footprint(params: dict[str, Any]) -> Footprint:
 def _identifier(p: dict[str, Any]) -> str:
     return (f"swin-l-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
             f"-w{p['window']}-d{p['dim']}-n{p['depths'].replace(',', '.')}"
-            f"-h{p['stage_heads'].replace(',', '.')}-r{p['mlp_ratio']}{attention_suffix(p, 'fp8')}")
+            f"-h{p['stage_heads'].replace(',', '.')}-r{p['mlp_ratio']}{attention_suffix(p, 'fp8')}"
+            + ("" if p["tables"] == "auto" else f"-{p['tables']}"))
 
 
 def _fields(p: dict[str, Any]) -> dict[str, Any]:
