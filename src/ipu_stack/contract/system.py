@@ -126,11 +126,6 @@ class SystemProgram(ByValue):
     def on_chip(self, chip: int) -> tuple[GroupSpec, ...]:
         return tuple(g for g in self.groups if g.chip == chip)
 
-    def chip_handoff_cycles(self, chip: int) -> list[int]:
-        """The planner's cycles of each hand-off between groups of ``chip``."""
-        return [h.estimated_cycles for h in self.handoffs
-                if not h.link and self.groups[h.sender].chip == chip]
-
 
 def single_group(target: Target) -> SystemProgram:
     """A whole-chip program as a system: one chip, one group on every tile, no hand-off."""

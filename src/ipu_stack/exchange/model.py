@@ -275,10 +275,6 @@ class Schedule:
         """Horizon over the endpoint lower bound (1.0 for an empty phase)."""
         return self.horizon / self.lower_bound if self.lower_bound else 1.0
 
-    def durations(self) -> np.ndarray:
-        """Cycles each chunk occupies its ports (``chunk_cycles``)."""
-        return chunk_cycles(self.chunk_words, self.chunk_lanes)
-
     @staticmethod
     def from_chunks(
         lower_bound: int,
