@@ -149,6 +149,7 @@ def test_verifier_refuses_an_access_outside_live_allocations(compiled):
     ("rows", -5, "parameter rows: expected an integer >= 1, found -5"),
     ("mode", "fp4", "parameter mode: expected one of fp8, f16, found 'fp4'"),
     ("b_transposed", 1, "parameter b_transposed: expected true or false, found 1"),
+    ("tables", 7, "parameter tables: expected one of 1, 2, found 7"),
 ])
 def test_kernel_parameters_are_bounded_before_anything_is_sized(compiled, key, value, message):
     _, package = compiled

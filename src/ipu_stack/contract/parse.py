@@ -41,7 +41,8 @@ KIND_FIELDS = {
 }
 PRECISION_KEYS = {"a", "b", "x", "out", "aux", "bias", "partials"}
 NAMES = {"name", "op", "family"}
-CHOICES = {"mode": ("fp8", "f16"), "pairs": ("interleaved", "halves"), "itemsize": (1, 2, 4)}
+CHOICES = {"mode": ("fp8", "f16"), "pairs": ("interleaved", "halves"), "itemsize": (1, 2, 4),
+           "tables": (1, 2)}  # a biased softmax's additive tables
 # no extent, pitch or count of a kernel on one tile can exceed one tile's memory; bounding
 # them here keeps a hostile parameter from sizing an array before the verifier runs
 PARAM_LIMIT = 1 << 20
