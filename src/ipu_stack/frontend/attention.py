@@ -94,7 +94,6 @@ def head_and_sequence_parts(bias: np.ndarray) -> tuple[np.ndarray, np.ndarray] |
             mask[:table_period(mask, sequences)])
 
 
-
 def table_period(rows: np.ndarray, sequences: int) -> int:
     """The fewest rows of a ``[B H T, T]`` bias table that repeat to make it, a whole number
     of sequences' rows (``biased_softmax`` holds one period: a Swin layer's relative
