@@ -247,7 +247,8 @@ CAST_VECTORS: dict[str, tuple[int, str]] = {
 # the vendor vertices an activation runs as, in order (``silu`` = x * sigma(x): a SIGMOID
 # then a MULTIPLY; ``quick_gelu`` scales by 1.702 first, priced as one more MULTIPLY;
 # ``swiglu`` = silu(a) * b is one MULTIPLY more than ``silu``; ``add_bias`` is the ADD of an
-# attention bias or mask table before a softmax; ``add`` is a residual add, the same ADD HALF
+# attention bias or mask table before a softmax (two tables, a bias and a mask: two ADDs, the
+# tables summed, then added); ``add`` is a residual add, the same ADD HALF
 # vertex; ``rope`` is x cos + rot(x) sin as popops runs it: two MULTIPLY vertices, the
 # rotation a view of x with its sign folded into the ADD/SUBTRACT, then the ADD.  Both are
 # priced by the vendor's estimators for these vertices (``_POPOPS``), never measured on an
