@@ -204,7 +204,13 @@ def test_shortfall_is_the_most_unplaced_bytes_live_at_one_step() -> None:
 
 
 def test_retry_gives_up_what_placement_missed_and_more_each_try() -> None:
-    from ipu_stack.pipeline import MIN_RETRY_STEP, RETRY_MARGIN, retry_proportion
+    from ipu_stack.pipeline import (
+        MIN_RETRY_STEP,
+        NEAR_MISS,
+        NEAR_MISS_TRIES,
+        RETRY_MARGIN,
+        retry_proportion,
+    )
 
     usable = 500_000
     failure = PlacementError("test")
@@ -220,3 +226,12 @@ def test_retry_gives_up_what_placement_missed_and_more_each_try() -> None:
     assert retry_proportion(unknown, 0.9, usable, tries=1) == 0.9 - MIN_RETRY_STEP
     assert retry_proportion(unknown, 0.9, usable, tries=3) == pytest.approx(
         0.9 - 4 * MIN_RETRY_STEP)
+    # a near miss on an early try keeps the smallest step; later ones double again
+    near = PlacementError("test")
+    near.planned_bytes, near.shortfall = 480_000, NEAR_MISS
+    assert retry_proportion(near, 0.9, usable, tries=2) == pytest.approx(0.9 - MIN_RETRY_STEP)
+    assert retry_proportion(near, 0.9, usable, tries=NEAR_MISS_TRIES + 1) == pytest.approx(
+        0.9 - 2 ** NEAR_MISS_TRIES * MIN_RETRY_STEP)
+    near.shortfall = NEAR_MISS + 1
+    assert retry_proportion(near, 0.9, usable, tries=2) == pytest.approx(
+        0.9 - 2 * MIN_RETRY_STEP)
