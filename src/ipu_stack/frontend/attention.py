@@ -15,6 +15,7 @@ from ipu_stack.frontend.rules import to_numpy
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
+from ipu_stack.workloads.swin import split_tables
 
 
 def additive_mask(conv: Converter, node: Any, mask: Any, dims: tuple[int, ...]
@@ -53,9 +54,9 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
     per_head = bias.ndim == 4 and bias.shape[1] > 1 and not np.array_equal(
         bias, np.broadcast_to(bias[:, :1], bias.shape))
     period = table_period(rows, bias.shape[0]) if per_head else len(rows)
-    # split where F16 weights leave no room for the summed tables, as the builtin Swin's
-    # ``--tables auto`` (workloads/swin.py, ``split_tables``)
-    parts = head_and_sequence_parts(bias) if per_head and not conv.fp8 else None
+    # split where the builtin Swin splits them by default
+    split = per_head and split_tables("fp8" if conv.fp8 else "f16")
+    parts = head_and_sequence_parts(bias) if split else None
     if parts is not None and len(parts[0]) + len(parts[1]) < period:
         heads_part, mask = parts
         table = conv.weight(f"{name}.bias", heads_part, False)

@@ -219,11 +219,8 @@ def periodic(table: np.ndarray, rows: int, block: int = 1, repeat: int = 1) -> n
     """A biased softmax's table as many rows as its scores (:func:`table_row_index`; a view
     where it already is)."""
     table = table.reshape(-1, table.shape[-1])
-    if len(table) == rows:
-        return table
-    if (block, repeat) == (1, 1):
-        return np.tile(table, (rows // len(table), 1))
-    return table[table_row_index(rows, len(table), block, repeat)]
+    return table if len(table) == rows else table[table_row_index(rows, len(table), block,
+                                                                  repeat)]
 
 
 def additive_table(op: Operation, ins: list[np.ndarray], dtype: type) -> np.ndarray:

@@ -313,9 +313,8 @@ def pipeline_step(run: StreamRun, clock: float) -> int:
     """A step of the chips' pipeline with micro-batches in flight: each chip's full step
     and its own host transfers (its card's PCIe link, not overlapped with its step), the
     slowest chip's, then the link phase."""
-    calls = {number for _, number in run.runs}
-    own = [max(host_cycles(run.chip_host_bytes(number)[chip], clock) for number in calls)
-           for chip in range(run.chips)]
+    moved = [run.chip_host_bytes(number) for number in {number for _, number in run.runs}]
+    own = [host_cycles(max(call[chip] for call in moved), clock) for chip in range(run.chips)]
     return max(full + host for full, host in zip(run.chip_full_cycles, own, strict=True)) \
         + max(run.link_cycles, default=0)
 

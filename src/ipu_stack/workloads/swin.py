@@ -197,15 +197,16 @@ def _gather(builder: LayerBuilder, x: int, picks: np.ndarray, name: str, group: 
                         group=group)
 
 
-def split_tables(params: dict[str, Any]) -> bool:
+def split_tables(precision: str, tables: str = "auto") -> bool:
     """Whether a shifted block holds its bias and mask as two tables (``--tables split``)
     rather than summed (``summed``). By default (``auto``) they are split at F16, where the
     summed tables, ``windows`` times the bias's bytes a shifted layer, leave Swin-L no room
     on one chip, and summed at FP8, where they fit and save each shifted layer the mask's
-    copy and add (1.7 % of a Swin-L run at batch 2)."""
-    if params["tables"] == "auto":
-        return params["precision"] == "f16"
-    return params["tables"] == "split"
+    copy and add (1.7 % of a Swin-L run at batch 2). The importer asks the same of a
+    ``SwinModel`` (``frontend/attention.py``)."""
+    if tables == "auto":
+        return precision == "f16"
+    return tables == "split"
 
 
 def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift: int) -> None:
@@ -219,7 +220,7 @@ def _attention_table(builder: LayerBuilder, stage: SwinStage, prefix: str, shift
     tokens = stage.window ** 2
     mask = shift_mask(stage.side, stage.window, shift) if shift else None
     builder.mask_rows = None
-    if mask is not None and not split_tables(builder.p):
+    if mask is not None and not split_tables(builder.p["precision"], builder.p["tables"]):
         bias = (mask[:, None] + bias.reshape(stage.heads, tokens, tokens)[None]).reshape(
             -1, tokens)
     elif mask is not None:
@@ -350,12 +351,12 @@ def swin_footprint(params: dict[str, Any]) -> Footprint:
     weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
     weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
     weights += 3 * params["patch"] ** 2 * params["dim"] * size
+    split = split_tables(params["precision"], params["tables"])
     for s in stages:  # F16 bias rows a layer, a shifted block's mask summed in or beside
         windows = (s.side // s.window) ** 2
-        tables = [s.window ** 4 * 2 * (s.heads if not s.shift(block) else windows + s.heads
-                                       if split_tables(params) else windows * s.heads)
-                  for block in range(s.depth)]
-        weights += sum(tables)
+        shifted = windows + s.heads if split else windows * s.heads  # [T, T] blocks
+        weights += sum(s.window ** 4 * 2 * (shifted if s.shift(block) else s.heads)
+                       for block in range(s.depth))
     batch = params["batch"]
     largest = max(max(batch * s.side ** 2 * s.heads * s.window ** 2 * 2,
                       batch * s.side ** 2 * s.dim * (1 + params["mlp_ratio"]) * size)
