@@ -19,7 +19,7 @@ from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
 from ipu_stack.cli_parser import build_parser, workload_parameters
 from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_onnx_path, is_program_path
-from ipu_stack.ir.graph import POSITION_GRAIN
+from ipu_stack.generation import GenerateRequest, decode_plan, generate
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
@@ -31,19 +31,12 @@ from ipu_stack.runtime.execute import (
     run_any,
     save_tensors,
 )
-from ipu_stack.runtime.generate import (
-    Compiled,
-    Generation,
-    generation_fields,
-    prompt_tokens,
-    run_generation,
-)
 from ipu_stack.runtime.session import load_package, refuse_group_program
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.sweep import expand, format_table, parse_grid, read_results, run_sweep
 from ipu_stack.target.links import get_system
 from ipu_stack.util import log
-from ipu_stack.util.errors import CompileError, IpuStackError, PlacementError, UsageError
+from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.footprint import footprint_line
@@ -203,63 +196,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Greedy generation: the prompt's pass, then decode steps (``runtime.generate``)."""
-    workload, params, by_steps = _generation_params(args)
+    """Greedy generation: the prompt's pass, then decode steps (``generation``)."""
+    if args.profile or args.save_tensors:
+        raise UsageError("generate writes no profile or tensors (its record has every step's "
+                         "figures); --profile and --save-tensors are for bench and run")
+    request = GenerateRequest(args.workload, args.prompt_tokens, args.new_tokens, args.chips,
+                              args.context, args.batch, args.tokens, args.micro_batches,
+                              args.groups, args.prompt_by_steps)
+    plan = decode_plan(request, lambda changed: _params(
+        argparse.Namespace(**{**vars(args), **changed})))
+    args.groups = plan.groups
     settings, options = _settings(args), _options(args)
     out = Path(args.out) if args.out else check_output_folder(
-        "--out (default)", Path("artifacts") / workload.identifier(params))
-    result = compile_strategy(workload, params, out, options)
-    step = getattr(workload, "step", None)  # an imported step: its vocabulary
-    micro = args.micro_batches
-    prompt = prompt_tokens(params["seed"], params["batch"] * micro, args.prompt_tokens,
-                           params["vocab"] if step is None else step.vocab)
-    if workload.vision is not None:  # a VLM: the image's tokens ahead of the text's
-        count, token = workload.image_prompt(params)
-        prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
-    prompt_pass, prompt_inputs, image = None, None, None
-    if not by_steps:  # the prompt's pass, compiled beside the decode step
-        prompt_pass, prompt_inputs = _prompt_pass(workload, params, args, options, out / "prompt")
-    if workload.vision is not None:  # a VLM's tower and connector
-        looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
-        image = Compiled(looked.package, looked.graph, looked.tensors)
-    generation = Generation(prompt, args.new_tokens,
-                            lambda tokens, position, first: workload.step_inputs(
-                                params, tokens, position, first),
-                            prompt_inputs, _stream_tokens() if sys.stdout.isatty() else None,
-                            image, micro, params["context"] // micro if micro > 1 else 0)
-    run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
-                         settings, prompt_pass)
-    fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
-              "compileSeconds": round(result.timings["compile"], 2)}
-    record = generation_fields(run, fields)
-    if step is not None:  # PyTorch's own greedy tokens from the same prompt
-        record.update(workload.torch_tokens(prompt, args.new_tokens,
-                                            np.array(run.feed.chosen)))
-    if generation.on_token is not None:
+        "--out (default)", Path("artifacts") / plan.workload.identifier(plan.params))
+    streamed = _stream_tokens() if sys.stdout.isatty() else None
+    record = generate(plan, request, options, settings, out, streamed)
+    if streamed is not None:
         print()  # the streamed tokens' line
     _print_record(record, args.json, "generate", args.record)
     return 0 if record["numericalTest"] == "PASS" else 1
-
-
-def _prompt_pass(workload: Any, params: dict[str, Any], args: argparse.Namespace,
-                 options: CompileOptions, out: Path) -> tuple[Compiled | None, Any]:
-    """The prompt's pass compiled (a micro-batch's sequences and cache range) with the maker
-    of its inputs; ``(None, None)`` where it does not fit the chips, and the prompt then goes
-    a token a step through the decode program (a VLM's pass, which reads the image, must
-    fit)."""
-    micro = args.micro_batches
-    passing = {**params, "tokens": args.prompt_tokens,
-               **({"context": params["context"] // micro} if micro > 1 else {})}
-    try:
-        compiled = compile_strategy(workload, passing, out, options)
-    except CompileError as why:
-        if workload.vision is not None:
-            raise
-        log.event(LOG, "the prompt's pass does not fit: the prompt goes a token a step",
-                  logging.WARNING, reason=str(why))
-        return None, None
-    return (Compiled(compiled.package, compiled.graph, compiled.tensors),
-            lambda ids, rows: workload.prompt_inputs(passing, ids, rows))
 
 
 def _stream_tokens() -> Any:
@@ -271,98 +226,6 @@ def _stream_tokens() -> Any:
         print(f"{'' if shown else 'tokens:'} {int(tokens[0])}", end="", flush=True)
         shown.append(int(tokens[0]))
     return show
-
-
-def _generation_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:
-    """The decode step's workload and parameters (one token a sequence, a cache as long as
-    the prompt and the new tokens need), and whether the prompt goes a token a step."""
-    if is_program_path(args.workload):
-        return _program_generation(args)
-    workload = get_workload(args.workload)
-    if workload.step_inputs is None:
-        raise UsageError(f"{workload.name} is not a language model with a KV cache "
-                         "(generate runs smollm2-135m, tinyllama-1.1b, smolvlm-256m or a "
-                         "MODEL.pt2 step exported with a static cache)")
-    _generation_checks(args)
-    needed = args.prompt_tokens + args.new_tokens - 1
-    if workload.vision is not None:  # a VLM: the image's tokens go ahead of the prompt's
-        if args.prompt_by_steps or args.prompt_tokens < 2:
-            raise UsageError(f"{workload.name} reads its image in the prompt's pass: give "
-                             "--prompt-tokens of at least 2, without --prompt-by-steps")
-        args.tokens = 1
-        needed += workload.image_prompt(_params(args)[1])[0]
-    args.context, args.tokens = args.context or needed, 1
-    if args.context < needed:
-        raise UsageError(f"--context {args.context} holds fewer than the {needed} positions "
-                         "the prompt and the new tokens fill")
-    args.micro_batches = _micro_batches(args, workload.vision is not None)
-    if args.micro_batches > 1:  # one program for a micro-batch, each its own cache range
-        args.context = -(-args.context // POSITION_GRAIN) * POSITION_GRAIN * args.micro_batches
-        args.batch = (args.batch or 1) // args.micro_batches
-    workload, params = _params(args)
-    return workload, params, args.prompt_by_steps or args.prompt_tokens < 2
-
-
-def _micro_batches(args: argparse.Namespace, vision: bool) -> int:
-    """The batch's micro-batches in flight: ``--micro-batches``, or one a chip where the
-    layers are pipelined over several and the batch divides among them (the layers then cut
-    into one group a chip, unless ``--groups`` says otherwise)."""
-    batch, micro = args.batch or 1, args.micro_batches
-    if micro is None:
-        micro = args.chips if args.chips > 1 and batch % args.chips == 0 and not vision else 1
-        args.groups = args.groups or (1 if micro > 1 else None)
-        return micro
-    if micro < 1:
-        raise UsageError("--micro-batches must be at least 1")
-    if batch % micro:
-        raise UsageError(f"--micro-batches {micro} does not divide the batch of {batch}")
-    if micro > 1 and vision:
-        raise UsageError("a VLM's image program runs for the whole batch: give no "
-                         "--micro-batches")
-    return micro
-
-
-def _program_generation(args: argparse.Namespace) -> tuple[Any, dict[str, Any], bool]:
-    """A decoder step exported with a static KV cache (``frontend/step.py``): its cache
-    and batch are the export's; the prompt goes a token a step, or in one pass where the
-    export's sequence length is dynamic."""
-    _generation_checks(args)
-    if args.context is not None:
-        raise UsageError("a model file's KV cache has the length it was exported with; "
-                         "give no --context")
-    workload, params = _program_params(args)
-    step = getattr(workload, "step", None)
-    if step is None:
-        raise UsageError(f"{args.workload} is not a decoder step with a static KV cache "
-                         "(export one with transformers.integrations.executorch)")
-    if step.tokens != 1:
-        raise UsageError(f"{args.workload} takes {step.tokens} tokens a step; generate runs "
-                         "a one-token step")
-    needed = args.prompt_tokens + args.new_tokens - 1
-    if needed > step.context:
-        raise UsageError(f"the prompt and the new tokens fill {needed} positions; the "
-                         f"exported cache holds {step.context}")
-    if params["batch"] not in (0, step.batch):
-        raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
-                         f"{step.batch}")
-    if args.micro_batches not in (None, 1):
-        raise UsageError("a model file's step is exported for one batch and one cache: give "
-                         "no --micro-batches")
-    args.micro_batches = 1
-    # a dynamic sequence length gives the prompt's pass from the same file
-    by_steps = args.prompt_by_steps or args.prompt_tokens < 2 or workload.prompt_inputs is None
-    return workload, {**params, "batch": step.batch}, by_steps
-
-
-def _generation_checks(args: argparse.Namespace) -> None:
-    """The options generate refuses whatever it runs."""
-    if args.prompt_tokens < 1 or args.new_tokens < 1:
-        raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
-    if args.profile or args.save_tensors:
-        raise UsageError("generate writes no profile or tensors (its record has every step's "
-                         "figures); --profile and --save-tensors are for bench and run")
-    if args.tokens not in (None, 1):
-        raise UsageError("generate feeds one token a step: give --prompt-tokens, not --tokens")
 
 
 def cmd_fp8_recipe(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "ipu_stack"
 ORDER = ["util", "target", "ir", "kernels", "exchange", "workloads", "frontend", "planning",
          "lowering", "memory", "contract", "codegen", "package", "device", "verdict", "runtime",
-         "profile", "phases", "pipeline", "strategy", "capacity", "sweep", "recipe", "cli_parser",
-         "cli", "testing"]
+         "profile", "phases", "pipeline", "strategy", "capacity", "sweep", "recipe", "generation",
+         "cli_parser", "cli", "testing"]
 
 
 def _module(path: Path) -> str:

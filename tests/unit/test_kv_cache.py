@@ -13,11 +13,11 @@ from tests.helpers import cli, llama_forward, one_error_line
 
 from ipu_stack.contract import from_manifest
 from ipu_stack.device.pricing import host_cycles
+from ipu_stack.generation import Compiled, Generation, generation_fields, run_generation
 from ipu_stack.ir.graph import state_writes
 from ipu_stack.ir.interpret import evaluate_float64, write_rows
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.runtime.execute import RunSettings
-from ipu_stack.runtime.generate import Compiled, Generation, generation_fields, run_generation
 from ipu_stack.runtime.session import load_package
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.target import get_target
@@ -252,16 +252,16 @@ def test_micro_batches_in_flight_fill_the_pipeline(tmp_path, small_generation) -
 def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypatch) -> None:
     """Where the prompt's pass does not compile (TinyLlama's at batch 32 on two chips), the
     prompt goes a token a step through the decode program, said in one warning line."""
-    import ipu_stack.cli as cli_module
+    import ipu_stack.generation.command as command
 
-    compile_any = cli_module.compile_strategy
+    compile_any = command.compile_strategy
 
     def refusing(workload, params, out, options, *rest):
         if params["tokens"] > 1:
             raise CompileError("does not fit: the prompt's pass, for this test")
         return compile_any(workload, params, out, options, *rest)
 
-    monkeypatch.setattr(cli_module, "compile_strategy", refusing)
+    monkeypatch.setattr(command, "compile_strategy", refusing)
     sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
              "--kv-heads", "2", "--precision", "f16", "--batch", "2"]
     code, out, err = cli(["generate", "smollm2-135m", *sizes, "--prompt-tokens", "3",
@@ -269,7 +269,7 @@ def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypat
     record = json.loads(out)
     assert code == 0 and record["numericalTest"] == "PASS", err
     assert record["prefill"] == "a token a step" and record["newTokens"] == 2
-    assert "WARNING ipu_stack.cli: the prompt's pass does not fit: the prompt goes a token a " \
+    assert "WARNING ipu_stack.generation: the prompt's pass does not fit: the prompt goes a token a " \
            "step reason=\"does not fit: the prompt's pass, for this test\"" in err
 
 

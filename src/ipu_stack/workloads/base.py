@@ -53,7 +53,7 @@ class Workload:
     # the least memory it needs, from its parameters alone (``workloads.footprint``)
     footprint: Callable[[dict[str, Any]], Footprint] | None = None
     # a decoder's decode step inputs: ``(params, tokens, position[, first])``, ``first``
-    # the cache position a micro-batch's range begins at (``runtime.generate``)
+    # the cache position a micro-batch's range begins at (``generation``)
     step_inputs: Callable[..., dict[str, np.ndarray]] | None = None
     # and its prompt's pass that fills the cache: ``(params, prompt ids[, image rows])``
     prompt_inputs: Callable[..., dict[str, np.ndarray]] | None = None

@@ -302,7 +302,7 @@ def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int, first
     each sequence's cache row (``b x context + first + position``), the mask row (every
     position before ``first`` or after ``first + position`` masked), and the position's RoPE
     angles.  ``first`` is where the sequence's positions begin in its cache: a micro-batch's
-    range when several micro-batches share the cache (``runtime.generate``), 0 otherwise."""
+    range when several micro-batches share the cache (``generation``), 0 otherwise."""
     batch, positions, heads = params["batch"], cache_positions(params), params["heads"]
     if not 0 <= first + position < params["context"] or position < 0:
         raise UsageError(f"position {first + position} is outside the KV cache's "

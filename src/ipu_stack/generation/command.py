@@ -1,0 +1,222 @@
+"""What ``ipu-stack generate`` asks for, resolved into programs, compiled, run and recorded.
+
+A request names a decoder (a builtin with a KV cache, a VLM, or a step exported with a
+static cache) and the prompt and new tokens.  The decode program is one token a sequence
+with a cache as long as the prompt and the new tokens need; the prompt's pass is a program
+of its own where it fits the chips (else the prompt goes a token a step, said in one
+warning line); a VLM's image program runs first.  The batch may go as micro-batches in
+flight, one a step of the chips' pipeline, each in its own range of the caches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipu_stack.frontend import is_program_path
+from ipu_stack.generation.feed import prompt_tokens
+from ipu_stack.generation.record import generation_fields
+from ipu_stack.generation.run import Compiled, Generation, run_generation
+from ipu_stack.ir.graph import POSITION_GRAIN
+from ipu_stack.pipeline import CompileOptions
+from ipu_stack.runtime.execute import RunSettings
+from ipu_stack.strategy import compile_strategy
+from ipu_stack.util import log
+from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.workloads import get_workload
+
+LOG = logging.getLogger("ipu_stack.generation")
+
+Resolve = Callable[[dict[str, Any]], tuple[Any, dict[str, Any]]]
+"""The workload and its parameters from the command's options with some set anew
+(``{"tokens": 1, "context": 160}``), checked as ``compile`` checks them."""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The options of ``generate``: the model (a builtin's name or a model file), the
+    prompt's and new tokens, and what the options say of the cache, the batch, the chips,
+    the micro-batches and the groups (``None``: not given)."""
+
+    model: str
+    prompt_tokens: int
+    new_tokens: int
+    chips: int = 1
+    context: int | None = None
+    batch: int | None = None
+    tokens: int | None = None
+    micro_batches: int | None = None
+    groups: int | None = None
+    prompt_by_steps: bool = False
+
+    def check(self) -> None:
+        """The options generate refuses whatever it runs."""
+        if self.prompt_tokens < 1 or self.new_tokens < 1:
+            raise UsageError("--prompt-tokens and --new-tokens must be at least 1")
+        if self.tokens not in (None, 1):
+            raise UsageError("generate feeds one token a step: give --prompt-tokens, not "
+                             "--tokens")
+
+    @property
+    def positions(self) -> int:
+        """The cache positions the prompt and the new tokens fill (the last new token is
+        not fed back)."""
+        return self.prompt_tokens + self.new_tokens - 1
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The decode step's workload and parameters, the micro-batches in flight, the groups
+    a chip to compile for (``None``: the planner's choice) and whether the prompt goes a
+    token a step."""
+
+    workload: Any
+    params: dict[str, Any]
+    micro_batches: int
+    groups: int | None
+    by_steps: bool
+
+
+def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
+    """The decode program a request runs: one token a sequence, a cache as long as the
+    prompt and the new tokens need (a VLM's image tokens ahead of them)."""
+    if is_program_path(request.model):
+        return _program_plan(request, resolve)
+    workload = get_workload(request.model)
+    if workload.step_inputs is None:
+        raise UsageError(f"{workload.name} is not a language model with a KV cache "
+                         "(generate runs smollm2-135m, tinyllama-1.1b, smolvlm-256m or a "
+                         "MODEL.pt2 step exported with a static cache)")
+    request.check()
+    needed = request.positions
+    if workload.vision is not None:  # a VLM: the image's tokens go ahead of the prompt's
+        if request.prompt_by_steps or request.prompt_tokens < 2:
+            raise UsageError(f"{workload.name} reads its image in the prompt's pass: give "
+                             "--prompt-tokens of at least 2, without --prompt-by-steps")
+        needed += workload.image_prompt(resolve({"tokens": 1})[1])[0]
+    context = request.context or needed
+    if context < needed:
+        raise UsageError(f"--context {context} holds fewer than the {needed} positions "
+                         "the prompt and the new tokens fill")
+    micro, groups = _micro_batches(request, workload.vision is not None)
+    batch = request.batch
+    if micro > 1:  # one program for a micro-batch, each its own cache range
+        context = -(-context // POSITION_GRAIN) * POSITION_GRAIN * micro
+        batch = (batch or 1) // micro
+    workload, params = resolve({"tokens": 1, "context": context, "batch": batch})
+    return DecodePlan(workload, params, micro, groups,
+                      request.prompt_by_steps or request.prompt_tokens < 2)
+
+
+def _micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | None]:
+    """The batch's micro-batches in flight: ``--micro-batches``, or one a chip where the
+    layers are pipelined over several and the batch divides among them (the layers then cut
+    into one group a chip, unless ``--groups`` says otherwise); and the groups a chip."""
+    batch, micro, chips = request.batch or 1, request.micro_batches, request.chips
+    if micro is None:
+        micro = chips if chips > 1 and batch % chips == 0 and not vision else 1
+        return micro, request.groups or (1 if micro > 1 else None)
+    if micro < 1:
+        raise UsageError("--micro-batches must be at least 1")
+    if batch % micro:
+        raise UsageError(f"--micro-batches {micro} does not divide the batch of {batch}")
+    if micro > 1 and vision:
+        raise UsageError("a VLM's image program runs for the whole batch: give no "
+                         "--micro-batches")
+    return micro, request.groups
+
+
+def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
+    """A decoder step exported with a static KV cache (``frontend/step.py``): its cache
+    and batch are the export's; the prompt goes a token a step, or in one pass where the
+    export's sequence length is dynamic."""
+    request.check()
+    if request.context is not None:
+        raise UsageError("a model file's KV cache has the length it was exported with; "
+                         "give no --context")
+    workload, params = resolve({})
+    step = getattr(workload, "step", None)
+    if step is None:
+        raise UsageError(f"{request.model} is not a decoder step with a static KV cache "
+                         "(export one with transformers.integrations.executorch)")
+    if step.tokens != 1:
+        raise UsageError(f"{request.model} takes {step.tokens} tokens a step; generate runs "
+                         "a one-token step")
+    if request.positions > step.context:
+        raise UsageError(f"the prompt and the new tokens fill {request.positions} positions; "
+                         f"the exported cache holds {step.context}")
+    if params["batch"] not in (0, step.batch):
+        raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
+                         f"{step.batch}")
+    if request.micro_batches not in (None, 1):
+        raise UsageError("a model file's step is exported for one batch and one cache: give "
+                         "no --micro-batches")
+    # a dynamic sequence length gives the prompt's pass from the same file
+    by_steps = request.prompt_by_steps or request.prompt_tokens < 2 \
+        or workload.prompt_inputs is None
+    return DecodePlan(workload, {**params, "batch": step.batch}, 1, request.groups, by_steps)
+
+
+def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions,
+             settings: RunSettings, out: Path,
+             on_token: Callable[[np.ndarray], None] | None = None) -> dict[str, Any]:
+    """Compile the plan's programs into ``out`` (the decode step; the prompt's pass in
+    ``out/prompt``; a VLM's image program in ``out/vision``), generate and return the
+    record (with PyTorch's own greedy tokens for a model file)."""
+    workload, params, micro = plan.workload, plan.params, plan.micro_batches
+    result = compile_strategy(workload, params, out, options)
+    step = getattr(workload, "step", None)  # an imported step: its vocabulary
+    prompt = prompt_tokens(params["seed"], params["batch"] * micro, request.prompt_tokens,
+                           params["vocab"] if step is None else step.vocab)
+    if workload.vision is not None:  # a VLM: the image's tokens ahead of the text's
+        count, token = workload.image_prompt(params)
+        prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
+    prompt_pass, prompt_inputs, image = None, None, None
+    if not plan.by_steps:  # the prompt's pass, compiled beside the decode step
+        prompt_pass, prompt_inputs = _prompt_pass(plan, request, options, out / "prompt")
+    if workload.vision is not None:  # a VLM's tower and connector
+        looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
+        image = Compiled(looked.package, looked.graph, looked.tensors)
+    generation = Generation(prompt, request.new_tokens,
+                            lambda tokens, position, first: workload.step_inputs(
+                                params, tokens, position, first),
+                            prompt_inputs, on_token, image, micro,
+                            params["context"] // micro if micro > 1 else 0)
+    run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
+                         settings, prompt_pass)
+    fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
+              "compileSeconds": round(result.timings["compile"], 2)}
+    record = generation_fields(run, fields)
+    if step is not None:  # PyTorch's own greedy tokens from the same prompt
+        record.update(workload.torch_tokens(prompt, request.new_tokens,
+                                            np.array(run.feed.chosen)))
+    return record
+
+
+def _prompt_pass(plan: DecodePlan, request: GenerateRequest, options: CompileOptions,
+                 out: Path) -> tuple[Compiled | None, Any]:
+    """The prompt's pass compiled (a micro-batch's sequences and cache range) with the maker
+    of its inputs; ``(None, None)`` where it does not fit the chips, and the prompt then goes
+    a token a step through the decode program (a VLM's pass, which reads the image, must
+    fit)."""
+    workload, micro = plan.workload, plan.micro_batches
+    passing = {**plan.params, "tokens": request.prompt_tokens,
+               **({"context": plan.params["context"] // micro} if micro > 1 else {})}
+    try:
+        compiled = compile_strategy(workload, passing, out, options)
+    except CompileError as why:
+        if workload.vision is not None:
+            raise
+        log.event(LOG, "the prompt's pass does not fit: the prompt goes a token a step",
+                  logging.WARNING, reason=str(why))
+        return None, None
+    return (Compiled(compiled.package, compiled.graph, compiled.tensors),
+            lambda ids, rows: workload.prompt_inputs(passing, ids, rows))
+
+
+__all__ = ["DecodePlan", "GenerateRequest", "Resolve", "decode_plan", "generate"]
