@@ -167,3 +167,30 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
 def capacity_options(options: CompileOptions) -> CompileOptions:
     """Probes plan with one finalist: the question is whether it fits, not how fast."""
     return replace(options, finalists=1)
+
+
+RECORD_KEYS = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers",
+               "context": "maximumContext", "chips": "minimumChips"}
+"""The record's name for each search's answer."""
+
+
+def capacity_record(workload: Workload, params: dict[str, Any], options: CompileOptions,
+                    parameter: str, limit: int) -> dict[str, Any]:
+    """``ipu-stack capacity``'s record: the largest ``parameter`` up to ``limit`` that
+    compiles (``chips``: the fewest chips that hold the workload), why the next does not,
+    the fullest tile of the answer and every size tried."""
+    options = capacity_options(options)
+    if parameter == "chips":
+        if limit < 1:
+            raise UsageError("--max-chips must be at least 1")
+        result = probe_chips(workload, params, limit, options)
+    else:
+        result = probe_capacity(workload, params, parameter, limit, options)
+    return {RECORD_KEYS[parameter]: result.maximum, "workload": workload.name,
+            "reason": result.reason, "fullestTile": result.fullest.get(result.maximum),
+            "compiles": len(result.tried), "seconds": round(result.seconds, 1),
+            "tried": {str(k): v for k, v in sorted(result.tried.items())}}
+
+
+__all__ = ["RECORD_KEYS", "CapacityResult", "capacity_options", "capacity_record",
+           "fullest_tile", "probe_capacity", "probe_chips"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.capacity import capacity_options, probe_capacity, probe_chips
+from ipu_stack.capacity import RECORD_KEYS, capacity_record
 from ipu_stack.cli_parser import build_parser, workload_parameters
 from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_onnx_path, is_program_path
@@ -47,34 +47,28 @@ LOG = logging.getLogger("ipu_stack.cli")
 
 
 def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    if is_program_path(args.workload):
-        return _program_params(args)
-    if getattr(args, "inputs", None) is not None:
+    """The workload the command names (a builtin, or an imported model file) and its
+    parameters from the options; a parameter it does not take is refused in one line."""
+    program = is_program_path(args.workload)
+    inputs = getattr(args, "inputs", None)
+    if inputs is not None and not program:
         raise UsageError("--inputs is for torch programs (MODEL.pt2), not builtin workloads")
-    workload = get_workload(args.workload)
-    overrides = {k: getattr(args, k) for k in workload_parameters()}
-    known = {p.name for p in workload.parameters}
-    for key, value in overrides.items():
-        if value is not None and key not in known:
-            raise UsageError(f"workload {workload.name} has no parameter "
-                             f"--{key.replace('_', '-')}")
-    return workload, workload.resolve({k: v for k, v in overrides.items() if k in known})
+    if program:
+        from ipu_stack.frontend import imported_workload
 
-
-def _program_params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """An imported torch program (``MODEL.pt2``) and its parameters from the options."""
-    from ipu_stack.frontend import imported_workload
-
-    workload, base = imported_workload(args.workload)
+        workload, base = imported_workload(args.workload)
+    else:
+        workload, base = get_workload(args.workload), {}
     known = {p.name for p in workload.parameters}
     overrides = {k: getattr(args, k, None) for k in workload_parameters()}
     for key, value in overrides.items():
         if value is not None and key not in known:
             raise UsageError(f"a model file takes no --{key.replace('_', '-')} (its sizes are "
-                             "the export's)")
+                             "the export's)" if program else f"workload {workload.name} has "
+                             f"no parameter --{key.replace('_', '-')}")
     overrides = {k: v for k, v in overrides.items() if k in known}
-    if getattr(args, "inputs", None):
-        overrides["inputs"] = str(Path(args.inputs).resolve())
+    if inputs:
+        overrides["inputs"] = str(Path(inputs).resolve())
     return workload, workload.resolve({**base, **overrides})
 
 
@@ -250,31 +244,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                              "not --tokens")
         args.tokens, args.context = 1, 1
     workload, params = _params(args)
-    options = capacity_options(_options(args))
-    if args.max_chips is not None:
-        if args.max_chips < 1:
-            raise UsageError("--max-chips must be at least 1")
-        result, key = probe_chips(workload, params, args.max_chips, options), "minimumChips"
-    else:
-        parameter, limit = next((name, value) for name, value in (
-            ("batch", args.max_batch), ("blocks", args.max_blocks),
-            ("layers", args.max_layers), ("context", args.max_context))
-            if value is not None)
-        result = probe_capacity(workload, params, parameter, limit, options)
-        key = {"batch": "maximumBatch", "blocks": "maximumBlocks", "layers": "maximumLayers",
-               "context": "maximumContext"}[parameter]
-    record = {key: result.maximum, "workload": workload.name, "reason": result.reason,
-              "fullestTile": result.fullest.get(result.maximum),
-              "compiles": len(result.tried), "seconds": round(result.seconds, 1),
-              "tried": {str(k): v for k, v in sorted(result.tried.items())}}
+    parameter, limit = next((name, value) for name, value in (
+        ("batch", args.max_batch), ("blocks", args.max_blocks), ("layers", args.max_layers),
+        ("context", args.max_context), ("chips", args.max_chips)) if value is not None)
+    record = capacity_record(workload, params, _options(args), parameter, limit)
+    key = RECORD_KEYS[parameter]
     if args.json:
         print(json.dumps(record))
     else:
         fullest = f" fullestTile={log.format_value(record['fullestTile'])}" \
             if record["fullestTile"] else ""
-        print(f"{key}={result.maximum} reason={log.format_value(result.reason)}{fullest} "
-              f"compiles={len(result.tried)} seconds={record['seconds']}")
-    return 0 if result.maximum or args.max_chips is None else 1  # no card count fits: 1
+        print(f"{key}={record[key]} reason={log.format_value(record['reason'])}{fullest} "
+              f"compiles={record['compiles']} seconds={record['seconds']}")
+    return 0 if record[key] or parameter != "chips" else 1  # no card count fits: 1
 
 
 def package_file(argument: str) -> Path:
