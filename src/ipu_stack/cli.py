@@ -19,7 +19,7 @@ from ipu_stack.capacity import RECORD_KEYS, capacity_record
 from ipu_stack.cli_parser import build_parser, workload_parameters
 from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_onnx_path, is_program_path
-from ipu_stack.generation import GenerateRequest, decode_plan, generate
+from ipu_stack.generation import GenerateRequest, decode_plan, generate, generation_answer
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
@@ -110,7 +110,8 @@ def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench",
     if as_json:
         print(json.dumps(record))
     elif sys.stdout.isatty() and not as_line:
-        print("\n".join(answer_lines(record, command)))
+        print("\n".join(generation_answer(record) if command == "generate"
+                        else answer_lines(record, command)))
     else:
         print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
 

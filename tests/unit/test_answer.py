@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from ipu_stack.generation import generation_answer
 from ipu_stack.runtime.answer import answer_lines
 
 LAYERS = {"numericalTest": "PASS", "workload": "siglip-mlp-fp8-b1", "strategy": "layers",
@@ -88,7 +89,7 @@ def test_a_generation_reads_as_tokens_and_their_times() -> None:
               "tpotMicroseconds": 895.4, "tokensPerSecond": 1116.8, "decodeCycles": 1338363,
               "tokensDiffering": 1, "tokensTied": 1, "kvCacheBytes": 3686400,
               "peakTileBytes": 482884, "stageMismatch": 5e-06, "noiseRatio": 0.98}
-    lines = answer_lines(record, "generate")
+    lines = generation_answer(record)
     assert lines[0] == "PASS  smollm2-135m-fp8 (batch 1)"
     assert "first token after 1,580 us" in lines[1]
     assert "895 us a token = 1,117 tokens/s (1,338,363 cycles a decode step)" in lines[2]

@@ -27,9 +27,10 @@ from ipu_stack.generation.command import (
     generate,
 )
 from ipu_stack.generation.feed import PromptFeed, StepInputs, TokenFeed, prompt_tokens
-from ipu_stack.generation.record import generation_fields, pipeline_step
+from ipu_stack.generation.record import generation_answer, generation_fields, pipeline_step
 from ipu_stack.generation.run import Compiled, Generation, GenerationRun, run_generation
 
 __all__ = ["Compiled", "DecodePlan", "GenerateRequest", "Generation", "GenerationRun",
            "PromptFeed", "Resolve", "StepInputs", "TokenFeed", "decode_plan", "generate",
-           "generation_fields", "pipeline_step", "prompt_tokens", "run_generation"]
+           "generation_answer", "generation_fields", "pipeline_step", "prompt_tokens",
+           "run_generation"]

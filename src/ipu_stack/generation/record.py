@@ -11,6 +11,7 @@ import numpy as np
 from ipu_stack.device.pricing import host_cycles
 from ipu_stack.generation.run import GenerationRun
 from ipu_stack.ir.graph import state_writes
+from ipu_stack.runtime.answer import figure, verdict_words
 from ipu_stack.runtime.record import verdict_fields
 from ipu_stack.runtime.stream import StreamRun
 from ipu_stack.target import get_target
@@ -125,6 +126,28 @@ def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, A
     event(LOG, "generated", tokens=feed.new_tokens, batch=batch,
           tokensMatch=record["tokensMatch"], tpotMicroseconds=record["tpotMicroseconds"])
     return record
+def generation_answer(record: dict[str, Any]) -> list[str]:
+    """A generation said in a few lines: the time to the first token, a token's time and
+    the tokens a second, the tokens against the reference's, the cache, the numbers."""
+    lines = [f"{record.get('numericalTest', '?')}  {record.get('workload')} (batch "
+             f"{record.get('batch')}" + (f", chips {record['chips']}" if record.get("chips", 1)
+                                          > 1 else "") + ")"]
+    lines.append(f"  prompt of {record.get('promptTokens')} tokens ({record.get('prefill')}): "
+                 f"first token after {figure(record.get('ttftMicroseconds') or 0.0)} us")
+    if record.get("tpotMicroseconds"):
+        lines.append(f"  then {figure(record['tpotMicroseconds'])} us a token = "
+                     f"{figure(record.get('tokensPerSecond') or 0.0)} tokens/s "
+                     f"({figure(record.get('decodeCycles') or 0)} cycles a decode step)")
+    differ, ties = record.get("tokensDiffering", 0), record.get("tokensTied", 0)
+    lines.append(f"  tokens: {'all equal' if not differ else f'{differ} differ ({ties} ties)'}"
+                 " against the device-precision reference's choices")
+    cache = record.get("kvCacheBytes", 0)
+    size = f"{cache / 1e6:.1f} MB" if cache >= 100_000 else f"{cache / 1e3:.1f} KB"
+    lines.append(f"  KV cache {size}; the fullest tile holds "
+                 f"{figure(record.get('peakTileBytes') or 0)} bytes")
+    lines.append(f"  numbers: {verdict_words(record)}")
+    lines.append("  more: `ipu-stack generate ... --json` (the whole record)")
+    return lines
 
 
-__all__ = ["generation_fields", "pipeline_step"]
+__all__ = ["generation_answer", "generation_fields", "pipeline_step"]

@@ -18,7 +18,7 @@ _KINDS = {"gemm": "GEMM", "exchange": "exchange", "reduce": "reduce", "softmax":
           "bias_gelu": "bias + GELU"}
 
 
-def _number(value: float) -> str:
+def figure(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
@@ -37,7 +37,7 @@ def _limits(record: dict[str, Any]) -> str | None:
     return ", ".join(f"{name} {100 * value / cycles:.0f} %" for name, value in top)
 
 
-def _numbers(record: dict[str, Any]) -> str:
+def verdict_words(record: dict[str, Any]) -> str:
     """What the verdict found, in words."""
     if record.get("numericalTest") != "PASS":
         failed = record.get("failedParts")
@@ -54,35 +54,9 @@ def _numbers(record: dict[str, Any]) -> str:
     return stages + ideal
 
 
-def generation_lines(record: dict[str, Any]) -> list[str]:
-    """A generation said in a few lines: the time to the first token, a token's time and
-    the tokens a second, the tokens against the reference's, the cache, the numbers."""
-    lines = [f"{record.get('numericalTest', '?')}  {record.get('workload')} (batch "
-             f"{record.get('batch')}" + (f", chips {record['chips']}" if record.get("chips", 1)
-                                          > 1 else "") + ")"]
-    lines.append(f"  prompt of {record.get('promptTokens')} tokens ({record.get('prefill')}): "
-                 f"first token after {_number(record.get('ttftMicroseconds') or 0.0)} us")
-    if record.get("tpotMicroseconds"):
-        lines.append(f"  then {_number(record['tpotMicroseconds'])} us a token = "
-                     f"{_number(record.get('tokensPerSecond') or 0.0)} tokens/s "
-                     f"({_number(record.get('decodeCycles') or 0)} cycles a decode step)")
-    differ, ties = record.get("tokensDiffering", 0), record.get("tokensTied", 0)
-    lines.append(f"  tokens: {'all equal' if not differ else f'{differ} differ ({ties} ties)'}"
-                 " against the device-precision reference's choices")
-    cache = record.get("kvCacheBytes", 0)
-    size = f"{cache / 1e6:.1f} MB" if cache >= 100_000 else f"{cache / 1e3:.1f} KB"
-    lines.append(f"  KV cache {size}; the fullest tile holds "
-                 f"{_number(record.get('peakTileBytes') or 0)} bytes")
-    lines.append(f"  numbers: {_numbers(record)}")
-    lines.append("  more: `ipu-stack generate ... --json` (the whole record)")
-    return lines
-
-
 def answer_lines(record: dict[str, Any], command: str) -> list[str]:
     """At most a dozen lines: verdict, cycles and time, throughput, share of peak, what
     limits the run, the numbers, the package and the next command."""
-    if command == "generate":
-        return generation_lines(record)
     verdict = record.get("numericalTest", "?")
     stream = record.get("strategy") == "pipeline"
     size = ", ".join(f"{key} {record[key]}" for key in ("batch", "chips", "images")
@@ -94,14 +68,14 @@ def answer_lines(record: dict[str, Any], command: str) -> list[str]:
     microseconds = record.get("deviceMicroseconds") or (1e6 * batch / rate if rate else 0.0)
     what = "a pipeline step" if stream else "the run"
     estimate = record.get("estimatedCycles")
-    lines.append(f"  {_number(cycles)} cycles = {_number(microseconds)} us for {what} "
-                 f"(the compiler estimated {_number(estimate or 0)})")
+    lines.append(f"  {figure(cycles)} cycles = {figure(microseconds)} us for {what} "
+                 f"(the compiler estimated {figure(estimate or 0)})")
     with_host = record.get("qpsWithHost")
-    host = f" ({_number(with_host)} with host transfers)" if with_host else ""
-    lines.append(f"  {_number(rate)} images/s{host}")
+    host = f" ({figure(with_host)} with host transfers)" if with_host else ""
+    lines.append(f"  {figure(rate)} images/s{host}")
     if stream:
         lines.append(f"  {record.get('pipelineGroups')} groups; latency "
-                     f"{_number(record.get('latencyMicroseconds', 0.0))} us an image; "
+                     f"{figure(record.get('latencyMicroseconds', 0.0))} us an image; "
                      f"{record.get('imagesPassed')}/{record.get('images')} images pass")
     peak = [f"{record['efficiencyPercent']} % of the FP16 peak"] \
         if "efficiencyPercent" in record else []
@@ -112,8 +86,11 @@ def answer_lines(record: dict[str, Any], command: str) -> list[str]:
     limits = _limits(record)
     if limits:
         lines.append(f"  time goes to: {limits}")
-    lines.append(f"  numbers: {_numbers(record)}")
+    lines.append(f"  numbers: {verdict_words(record)}")
     lines.append(f"  package: {record.get('package')}")
     lines.append(f"  more: `ipu-stack {command} ... --json` (the whole record), "
                  "`--profile DIR` (report.html, then `ipu-stack profile DIR`)")
     return lines
+
+
+__all__ = ["answer_lines", "figure", "verdict_words"]

@@ -97,6 +97,24 @@ def loop_fields(manifest: dict[str, Any], layer_cycles: list[int]) -> dict[str, 
             "bytesPerLayer": int(loop["bytes_per_layer_max"])}
 
 
+def rate_fields(flops: int, seconds: float, peak_flops: float) -> dict[str, Any]:
+    """The GEMMs' flops a second against the peak of the chips used."""
+    tflops = flops / seconds / 1e12 if seconds else 0.0
+    return {"effectiveGemmTflops": round(tflops, 3), "peakTflops": round(peak_flops / 1e12, 3),
+            "efficiencyPercent": round(100 * tflops * 1e12 / peak_flops, 2)}
+
+
+def source_fields(manifest: dict[str, Any], cycles: int, package_path: Any,
+                  compile_seconds: float | None, simulate_seconds: float) -> dict[str, Any]:
+    """Where the figures come from: the package, the planner's estimate against what ran,
+    the seconds spent compiling and simulating."""
+    estimate = int(manifest["estimate"]["cycles"])
+    return {"package": str(package_path), "estimatedCycles": estimate,
+            "estimateError": round(abs(estimate - cycles) / max(cycles, 1), 4),
+            "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
+            "simulateSeconds": round(simulate_seconds, 2)}
+
+
 def benchmark_fields(
     result: RunResult, graph: Graph, workload_fields: dict[str, Any], package_path: Path,
     compile_seconds: float | None,
@@ -108,9 +126,6 @@ def benchmark_fields(
     active = run.tile_busy > run.sync_cycles
     cycles = run.cycles
     seconds = cycles / target.clock_hz
-    flops = gemm_flops(graph)
-    tflops = flops / seconds / 1e12 if seconds else 0.0
-    peak = target.peak_flops() / 1e12
     max_error = max((c.max_abs_error for c in result.comparisons.values()), default=0.0)
     roofline = program_roofline(graph, manifest, target)
     if roofline > cycles:
@@ -132,18 +147,14 @@ def benchmark_fields(
         "minimumTileCycles": int(run.tile_busy[active].min()) if active.any() else 0,
         "deviceMicroseconds": round(target.cycles_to_us(cycles), 3),
         "latencyMicroseconds": round(target.cycles_to_us(cycles), 3),
-        "effectiveGemmTflops": round(tflops, 3),
-        "peakTflops": round(peak, 3),
-        "efficiencyPercent": round(100 * tflops / peak, 2),
+        **rate_fields(gemm_flops(graph), seconds, target.peak_flops()),
         "rooflinePercent": round(100 * roofline / cycles, 2) if cycles else 0.0,
         "maximumAbsoluteError": round(max_error, 6),
         "diagnosticCheckpoints": len(result.verdict.stages)
         if manifest.get("options", {}).get("diagnostics") else 0,
         **verdict_fields(result.verdict),
-        "package": str(package_path),
-        "estimatedCycles": int(manifest["estimate"]["cycles"]),
-        "estimateError": round(abs(int(manifest["estimate"]["cycles"]) - cycles)
-                               / max(cycles, 1), 4),
+        **source_fields(manifest, cycles, package_path, compile_seconds,
+                        result.simulate_seconds),
         "hostCycles": run.host_cycles,
         "exchangeCycles": run.exchange_cycles,
         "computeCycles": run.compute_cycles,
@@ -158,8 +169,6 @@ def benchmark_fields(
         if seconds else 0.0,
         **qps_fields(int(workload_fields.get("batch", 1)), cycles, run.host_cycles,
                      target.clock_hz),
-        "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
-        "simulateSeconds": round(result.simulate_seconds, 2),
         "compiler": __version__,
     }
     return record
@@ -180,7 +189,6 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
     peak = target.peak_flops() * run.chips
     group_cycles = [max(r.cycles for (g, _), r in run.runs.items() if g == index)
                     for index in range(run.groups)]
-    estimate = int(manifest["estimate"]["cycles"])
     rate = round(batch * target.clock_hz / period, 1) if period else 0.0
     # the FP8 AMP roofline of the chips used: every MAC at 128 a tile a cycle
     roofline = batch * run.chips * target.tiles * float(target.amp_f8_macs_per_cycle) * \
@@ -218,16 +226,11 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
         "alignmentCycles": period - max(group_cycles) - run.handoff_cycles
         if run.chips == 1 else None,
         "totalCycles": sum(run.step_cycles),
-        "effectiveGemmTflops": round(flops / seconds / 1e12, 3) if seconds else 0.0,
-        "peakTflops": round(peak / 1e12, 3),
-        "efficiencyPercent": round(100 * flops / seconds / peak, 2) if seconds else 0.0,
+        **rate_fields(flops, seconds, peak),
         "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
         **verdict_fields(worst),
-        "package": str(package_path),
-        "estimatedCycles": estimate,
-        "estimateError": round(abs(estimate - period) / max(period, 1), 4),
-        "compileSeconds": None if compile_seconds is None else round(compile_seconds, 2),
-        "simulateSeconds": round(run.simulate_seconds, 2),
+        **source_fields(manifest, period, package_path, compile_seconds,
+                        run.simulate_seconds),
         "hostPeakBytes": run.host_peak_bytes or None,
         "verdictSeconds": round(run.verdict_seconds, 2),
         "compiler": __version__,

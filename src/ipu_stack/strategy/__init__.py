@@ -4,11 +4,10 @@ between it and the layers strategy."""
 
 from ipu_stack.strategy.compile import (
     GROUP_COUNTS,
-    PipelineResult,
     StrategyResult,
     compile_pipeline,
     compile_strategy,
 )
 
-__all__ = ["GROUP_COUNTS", "PipelineResult", "StrategyResult", "compile_pipeline",
+__all__ = ["GROUP_COUNTS", "StrategyResult", "compile_pipeline",
            "compile_strategy"]

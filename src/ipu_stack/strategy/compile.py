@@ -80,17 +80,20 @@ next candidate is tried (the last one tried gets every retry)."""
 
 
 @dataclass
-class PipelineResult:
-    """A compiled pipeline: the package, the tower's graph and tensors, the groups."""
+class StrategyResult:
+    """What a compile made: the package of the chosen strategy, the tower's graph and
+    tensors, the planner's estimate and why; a pipeline's also its groups, the tiles each
+    has and the distinct programs they run."""
 
+    strategy: str
     package: Path
     graph: Graph
     tensors: Any
-    groups: list[LayerGroup]
-    group_tiles: int
     estimate: dict[str, Any]
     reason: str
     timings: dict[str, float] = field(default_factory=dict)
+    groups: list[LayerGroup] = field(default_factory=list)
+    group_tiles: int = 0
     compiled: list[CompileResult] = field(default_factory=list)
 
     def program_of(self, group: LayerGroup) -> CompileResult:
@@ -98,6 +101,15 @@ class PipelineResult:
         ``compiled`` holds them in the order of their first groups."""
         first = _distinct(self.groups)
         return self.compiled[sorted(set(first.values())).index(first[group.index])]
+
+
+def _layers(done: CompileResult, reason: str, start: float | None = None) -> StrategyResult:
+    """The layers strategy's result (``start``: when the compile that chose it began)."""
+    timings = dict(done.timings)
+    if start is not None:
+        timings["compile"] = time.perf_counter() - start
+    return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
+                          reason, timings)
 
 
 def group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workload:
@@ -234,7 +246,7 @@ def group_counts(layers: int, chips: int, groups: int | None = None,
 
 def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
                      options: CompileOptions, groups: int | None = None,
-                     most_groups: int | None = None) -> PipelineResult:
+                     most_groups: int | None = None) -> StrategyResult:
     """Choose the grouping (or take ``groups``; at most ``most_groups`` a chip), compile
     every distinct group and write ``out_dir/model.ipuexe`` holding them and the
     hand-offs."""
@@ -271,7 +283,7 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                     options: CompileOptions, graph: Graph, tensors: Any,
                     candidate: Candidate,
-                    min_proportion: float | None = None) -> PipelineResult:
+                    min_proportion: float | None = None) -> StrategyResult:
     """Compile each distinct group of ``candidate``, build the system program joining them
     and write the package."""
     chips = max(1, options.chips)
@@ -288,7 +300,8 @@ def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,
                               system.handoffs, system.per_chip)
     package = _write_system_package(workload, params, out_dir, options, system, compiled,
                                     program_of, estimate)
-    return PipelineResult(package, graph, tensors, groups, tiles, estimate, candidate.reason,
+    return StrategyResult("pipeline", package, graph, tensors, estimate, candidate.reason,
+                          groups=groups, group_tiles=tiles,
                           compiled=[compiled[i] for i in sorted(compiled)])
 
 
@@ -467,23 +480,6 @@ def _step_estimate(compiled: list[CompileResult], handoffs: tuple[Handoff, ...],
             "link_cycles": links}
 
 
-@dataclass
-class StrategyResult:
-    """What ``compile --strategy`` made: the package of the chosen strategy and why."""
-
-    strategy: str
-    package: Path
-    graph: Graph
-    tensors: Any
-    estimate: dict[str, Any]
-    timings: dict[str, float]
-    reason: str
-
-
-def _images_per_second(cycles: int, batch: int, clock_hz: float) -> float:
-    return batch * clock_hz / max(cycles, 1)
-
-
 def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
                      options: CompileOptions, images: int | None = None) -> StrategyResult:
     """Compile with ``options.strategy``: ``layers`` (one program over the chip),
@@ -499,39 +495,30 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
                          "layers strategy runs on one chip")
     start = time.perf_counter()
     if strategy == "pipeline" or (strategy == "auto" and (groups or options.chips > 1)):
-        piped = compile_pipeline(workload, params, out_dir, options, groups, images)
-        return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
-                              piped.estimate, piped.timings, piped.reason)
+        return compile_pipeline(workload, params, out_dir, options, groups, images)
     if strategy == "layers":
-        done = compile_workload(workload, params, out_dir, options)
-        return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
-                              done.timings, "requested")
-    clock = get_target(options.target).clock_hz
-    batch = int(params.get("batch", 1))
+        return _layers(compile_workload(workload, params, out_dir, options), "requested")
     try:
-        piped = compile_pipeline(workload, params, out_dir / "pipeline", options,
-                                 most_groups=images)
+        piped: StrategyResult | None = compile_pipeline(
+            workload, params, out_dir / "pipeline", options, most_groups=images)
     except (PipelineError, CompileError) as why:
-        event(LOG, "strategy chosen", strategy="layers", reason=f"no pipeline: {why}")
-        done = compile_workload(workload, params, out_dir, options)
-        done.timings["compile"] = time.perf_counter() - start
-        return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
-                              done.timings, f"no pipeline: {why}")
+        piped, reason = None, f"no pipeline: {why}"
     done = compile_workload(workload, params, out_dir, options)
-    layers_rate = _images_per_second(int(done.estimate["cycles"]), batch, clock)
-    piped_rate = _images_per_second(int(piped.estimate["cycles"]), batch, clock)
-    elapsed = {"compile": time.perf_counter() - start}
-    if piped_rate > layers_rate:
-        reason = (f"pipeline {piped_rate:.1f} images/s estimated against layers "
-                  f"{layers_rate:.1f}")
-        event(LOG, "strategy chosen", strategy="pipeline", reason=reason)
-        return StrategyResult("pipeline", piped.package, piped.graph, piped.tensors,
-                              piped.estimate, elapsed, reason)
-    reason = f"layers {layers_rate:.1f} images/s estimated against pipeline {piped_rate:.1f}"
+    if piped is not None:
+        clock, batch = get_target(options.target).clock_hz, int(params.get("batch", 1))
+        layers_rate = batch * clock / max(int(done.estimate["cycles"]), 1)
+        piped_rate = batch * clock / max(int(piped.estimate["cycles"]), 1)
+        if piped_rate > layers_rate:
+            reason = (f"pipeline {piped_rate:.1f} images/s estimated against layers "
+                      f"{layers_rate:.1f}")
+            event(LOG, "strategy chosen", strategy="pipeline", reason=reason)
+            return dataclasses.replace(piped, reason=reason, timings={
+                "compile": time.perf_counter() - start})
+        reason = (f"layers {layers_rate:.1f} images/s estimated against pipeline "
+                  f"{piped_rate:.1f}")
     event(LOG, "strategy chosen", strategy="layers", reason=reason)
-    return StrategyResult("layers", done.package, done.graph, done.tensors, done.estimate,
-                          elapsed, reason)
+    return _layers(done, reason, start)
 
 
-__all__ = ["GROUP_COUNTS", "PipelineResult", "StrategyResult", "choose_groups",
+__all__ = ["GROUP_COUNTS", "StrategyResult", "choose_groups",
            "compile_pipeline", "compile_strategy", "group_tiles"]

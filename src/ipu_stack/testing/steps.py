@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ipu_stack.device.alignment import merge
-from ipu_stack.strategy.compile import PipelineResult
+from ipu_stack.strategy.compile import StrategyResult
 
 COMPUTE = {"gemm": "AMP (GEMM)", "reduce": "epilogues (reduce, bias, GELU, casts)",
            "softmax": "softmax", "biased_softmax": "softmax", "layer_norm": "layer norms",
@@ -33,7 +33,7 @@ def kind_of(name: str, kind: str) -> str:
     return COMPUTE.get(last, last)
 
 
-def step_by_kind(result: PipelineResult) -> Counter[str]:
+def step_by_kind(result: StrategyResult) -> Counter[str]:
     """The planner's steady step of a one-chip pipeline, each merged superstep put down to
     the kind of work that sets its length, and the hand-off; the values add up to the
     step."""
