@@ -31,7 +31,7 @@ from ipu_stack.runtime.groups import read_system
 from ipu_stack.runtime.session import load_package
 from ipu_stack.runtime.stream import (
     GroupRun,
-    StreamOptions,
+    RunSettings,
     merged_step,
     run_stream,
     step_schedule,
@@ -334,7 +334,7 @@ def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     workload, params, result = pipelined
     package = load_package(result.package)
     images = stream_images(workload, params, result.graph, result.tensors, 3)
-    run = run_stream(package, result.graph, result.tensors, images, StreamOptions(record=True))
+    run = run_stream(package, result.graph, result.tensors, images, RunSettings(record=True))
     profile = profile_of_stream(run, package, read_system(package), {"strategy": "pipeline"})
     assert [t[1:] for t in profile.tracks] == [[0, 490], [490, 980], [980, 1470]]
     # the profiled step is the period: its merged supersteps and the hand-off

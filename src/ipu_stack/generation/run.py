@@ -18,7 +18,7 @@ from ipu_stack.package import Package
 from ipu_stack.runtime.execute import RunSettings, run_package
 from ipu_stack.runtime.groups import read_system
 from ipu_stack.runtime.session import RunResult, hold_weights, load_package
-from ipu_stack.runtime.stream import StreamOptions, StreamRun, run_stream
+from ipu_stack.runtime.stream import StreamRun, run_stream
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.log import Progress, event
 
@@ -74,8 +74,6 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     states = {graph.value(s).name for s in state_writes(graph)}
     if not states:
         raise UsageError("generate needs a decode step's package (a KV cache: --context)")
-    options = StreamOptions(settings.engine, None, settings.record, settings.poison,
-                            settings.lock_path, settings.wait, model)
     state = {name: np.asarray(decode.tensors[name], np.float32) for name in states}
     prompt_feed, prompt_run, image_run, rows = None, None, None, None
     prefill = Progress("prefill", generation.prompt.shape[1] - 1) \
@@ -96,7 +94,7 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
                                  on_token=generation.on_token,
                                  prompt_inputs=lambda ids: made(ids, rows))
         prompt_run = run_stream(load_package(prompt_pass.path), prompt_pass.graph,
-                                prompt_pass.tensors, prompt_feed, options)
+                                prompt_pass.tensors, prompt_feed, settings, model)
         place_prompt_caches(state, prompt_feed.filled,
                             generation.prompt.shape[0] // generation.micro_batches)
     feed = TokenFeed(generation.prompt, generation.new_tokens, generation.step_inputs, graph,
@@ -114,7 +112,7 @@ def run_generation(decode: Compiled, generation: Generation, settings: RunSettin
     tensors = decode.tensors
     for name, values in state.items():  # the decode program starts from these caches
         tensors[name] = values  # type: ignore[index]
-    run = run_stream(package, graph, tensors, feed, options) if len(feed) else None
+    run = run_stream(package, graph, tensors, feed, settings, model) if len(feed) else None
     return GenerationRun(feed, package, graph, run, prompt_run, image_run)
 
 

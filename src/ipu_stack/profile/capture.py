@@ -116,7 +116,7 @@ def group_placement_pages(package_path: Path, package: Package, system: SystemPr
 def profile_of_stream(run: StreamRun, package: Package, system: SystemProgram,
                       record: dict[str, Any], chip: int = 0) -> Profile:
     """The profile of chip ``chip``'s first step with every group busy (recorded with
-    ``StreamOptions(record=True)``): the groups' supersteps merged as the chip runs them
+    ``RunSettings(record=True)``): the groups' supersteps merged as the chip runs them
     (``device.alignment``), each merged superstep's tiles the groups' tiles at their base,
     then the chip's hand-off phase; one track per group."""
     target = get_target(package.target)

@@ -13,7 +13,6 @@ package was compiled from (``ipu-stack run PACKAGE``), checked against the packa
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,13 @@ from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.runtime.groups import load_groups, read_system
 from ipu_stack.runtime.record import benchmark_fields, stream_fields
 from ipu_stack.runtime.session import RunResult, group_program_tiles, load_package
-from ipu_stack.runtime.stream import StreamOptions, StreamRun, images_to_fill, run_stream
+from ipu_stack.runtime.stream import (
+    Model,
+    RunSettings,
+    StreamRun,
+    images_to_fill,
+    run_stream,
+)
 from ipu_stack.runtime.stream import stream_images as make_images
 from ipu_stack.target import get_target
 from ipu_stack.util.cache import default_cache_dir
@@ -38,21 +43,6 @@ from ipu_stack.util.files import write_atomic
 from ipu_stack.verdict.tolerance import compare
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.calibration import cache_folder
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How to run: images to stream (``None``: the fewest that fill a step), the engine over
-    several chips, superstep records for a profile, poison checks, the lock of a shared named
-    device (``None``: a private one; ``wait``: take turns), Ray's copy of the package."""
-
-    images: int | None = None
-    engine: str | None = None
-    record: bool = False
-    poison: bool = False
-    lock_path: Path | None = None
-    wait: bool = True
-    send_package: bool = False
 
 
 @dataclass
@@ -99,18 +89,15 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
         record = benchmark_fields(result, graph, fields, path, compile_seconds)
         return Outcome(record, package, path, system, result)
     images = make_images(workload, params, graph, tensors, count)
-    options = StreamOptions(settings.engine, path.read_bytes() if settings.send_package
-                            else None, settings.record, settings.poison, settings.lock_path,
-                            settings.wait, model)
-    run = run_stream(package, graph, tensors, images, options)
+    run = run_stream(package, graph, tensors, images, settings, model,
+                     package_bytes=path.read_bytes() if settings.send_package else None)
     record = stream_fields(run, package, system, graph, fields, path, compile_seconds)
     return Outcome(record, package, path, system, run)
 
 
 def run_package(package: Package, graph: Graph, tensors: Any, lock_path: Path | None = None,
                 wait: bool = True, poison: bool = False, record: bool = False,
-                model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]]
-                | None = None) -> RunResult:
+                model: Model | None = None) -> RunResult:
     """A whole-chip program run through the one run loop (one chip, one group, one image in
     this process): loaded on a fresh simulated device (``lock_path``: the lock of a shared,
     named device; ``None`` runs on a private one that never waits), run, and checked; the
@@ -121,8 +108,9 @@ def run_package(package: Package, graph: Graph, tensors: Any, lock_path: Path | 
     (``frontend``), so its verdict says how close the device is to torch in units of the
     noise our device-precision reference has against torch."""
     inputs = {v.name: tensors[v.name] for v in graph.by_role("input")}
-    run = run_stream(package, graph, tensors, [inputs], StreamOptions(
-        "inprocess", None, record, poison, lock_path, wait, model, whole=True))
+    run = run_stream(package, graph, tensors, [inputs], RunSettings(
+        engine="inprocess", record=record, poison=poison, lock_path=lock_path, wait=wait),
+        model, whole=True)
     (init_report,), (run_report,) = run.initialized[0], run.reports[(0, 0)]
     reference = run.references[0]
     outputs, comparisons = {}, {}

@@ -108,7 +108,7 @@ class StreamRun:
     records: dict[int, list[StepRecord]] = field(default_factory=dict)
     # the largest peak resident memory of the images' host sides (forked processes)
     host_peak_bytes: int = 0
-    # a whole-chip run (``StreamOptions.whole``): every stage's agreement logged when
+    # a whole-chip run (``run_stream(whole=True)``): every stage's agreement logged when
     # ``per_stage``, fidelity measured against ``source``, each image's reference kept, and
     # the device's own reports of initialize and of each image's run, by (chip, image)
     whole: bool = False
@@ -239,22 +239,24 @@ def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
     return images
 
 
-@dataclass
-class StreamOptions:
-    """How to run a stream: the engine (``None``: in this process on one chip, forked
-    workers over several), Ray's copy of the package, superstep records for a profile, poison
-    checks, the lock of a shared named device (``None``: a private one), the model fidelity
-    is measured against (``None``: the float64 model; an imported program's: torch's), and
-    ``whole``: a whole-chip program's run, which keeps its device reports and references."""
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run: images to stream (``None``: the fewest that fill a step), the engine
+    (``None``: in this process on one chip, forked workers over several), superstep records
+    for a profile, poison checks, the lock of a shared named device (``None``: a private one;
+    ``wait``: take turns), Ray's copy of the package."""
 
+    images: int | None = None
     engine: str | None = None
-    package_bytes: bytes | None = None
     record: bool = False
     poison: bool = False
     lock_path: Path | None = None
     wait: bool = True
-    model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
-    whole: bool = False
+    send_package: bool = False
+
+
+Model = Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]]
+"""The outputs fidelity is measured against, by output name (an imported program's: torch's)."""
 
 
 def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: int,
@@ -277,13 +279,15 @@ def prepare_run(package: Package, system: SystemProgram, graph: Graph, images: i
 
 
 def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors: Any,
-                 options: StreamOptions, engine: str, on_probes: Callable[[int, list], None]
+                 settings: RunSettings, engine: str, on_probes: Callable[[int, list], None],
+                 whole: bool = False, package_bytes: bytes | None = None
                  ) -> InProcessEngine | LocalEngine | RayEngine:
     """The engine's workers built, their chips loaded and initialised (the weights are
-    held before, except for forked workers, which make their own first)."""
+    held before, except for forked workers, which make their own first); ``whole``: a
+    whole-chip run, whose device reports are kept."""
     if engine == "local":  # forked before the weights are made: each makes its own
-        local = LocalEngine(package, system.chips, tensors, graph, options.record,
-                            options.poison)
+        local = LocalEngine(package, system.chips, tensors, graph, settings.record,
+                            settings.poison)
         try:
             hold_weights(graph, tensors)  # the host sides' copy, while the workers load
             local.wait_ready()
@@ -292,13 +296,13 @@ def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors:
             raise
         return local
     if engine == "ray":
-        return RayEngine(package, system, tensors, options.package_bytes or b"",
-                         options.record, options.poison)
-    name = f"sim://private-{os.getpid()}" if options.lock_path is None else \
-        f"sim://{options.lock_path.stem}"
+        return RayEngine(package, system, tensors, package_bytes or b"",
+                         settings.record, settings.poison)
+    name = f"sim://private-{os.getpid()}" if settings.lock_path is None else \
+        f"sim://{settings.lock_path.stem}"
     event(LOG, "opening IPU device", path=name)
-    workers = InProcessEngine(package, system, tensors, on_probes, options.record,
-                              options.poison, options.whole)
+    workers = InProcessEngine(package, system, tensors, on_probes, settings.record,
+                              settings.poison, whole)
     event(LOG, "application loaded and initial synchronization completed",
           tile_count=system.chip_tiles * system.chips)
     return workers
@@ -306,30 +310,32 @@ def start_engine(package: Package, system: SystemProgram, graph: Graph, tensors:
 
 def run_stream(package: Package, graph: Graph, tensors: Mapping[str, np.ndarray],
                images: list[dict[str, np.ndarray]] | StepFeed,
-               options: StreamOptions | None = None
-               ) -> StreamRun:
-    """Stream ``images`` (each the tower's inputs by name) through the package's system."""
-    options = options or StreamOptions()
+               settings: RunSettings | None = None, model: Model | None = None,
+               whole: bool = False, package_bytes: bytes | None = None) -> StreamRun:
+    """Stream ``images`` (each the tower's inputs by name) through the package's system,
+    judged against ``model`` (``None``: the float64 model); ``whole``: a whole-chip
+    program's run, which keeps its device reports and references."""
+    settings = settings or RunSettings()
     system = read_system(package)
-    engine = options.engine or ("inprocess" if system.chips == 1 else "local")
+    engine = settings.engine or ("inprocess" if system.chips == 1 else "local")
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     run, modes = prepare_run(package, system, graph, len(images), engine)
-    run.whole, run.source = options.whole, "float64" if options.model is None else \
-        getattr(options.model, "source", "torch")
-    run.per_stage = options.whole and bool(package.manifest.get("options", {}).get("diagnostics"))
-    owner = nullcontext() if options.lock_path is None else \
-        HardwareLock(options.lock_path, wait=options.wait)
+    run.whole, run.source = whole, "float64" if model is None else \
+        getattr(model, "source", "torch")
+    run.per_stage = whole and bool(package.manifest.get("options", {}).get("diagnostics"))
+    owner = nullcontext() if settings.lock_path is None else \
+        HardwareLock(settings.lock_path, wait=settings.wait)
     # one BLAS thread in every process (workers and host sides are forked from here): with
     # a process a core already, more threads only spin against each other
     with owner, threadpool_limits(limits=1, user_api="blas"):
-        coordinator = Coordinator(run, graph, tensors, images, modes, options.model)
+        coordinator = Coordinator(run, graph, tensors, images, modes, model)
         if engine != "local":  # a forked worker makes its own chip's weights
             hold_weights(graph, tensors)
         started = time.perf_counter()
-        workers = start_engine(package, system, graph, tensors, options, engine,
-                               coordinator.probes)
-        if not options.whole:
+        workers = start_engine(package, system, graph, tensors, settings, engine,
+                               coordinator.probes, whole, package_bytes)
+        if not whole:
             event(LOG, "chips loaded", chips=system.chips, engine=engine,
                   groups=len(system.groups), tile_count=system.chip_tiles * system.chips)
         try:
@@ -484,5 +490,5 @@ class Coordinator:
             raise
 
 
-__all__ = ["GroupRun", "StepFeed", "StreamOptions", "StreamRun", "images_to_fill", "merged_step",
+__all__ = ["GroupRun", "Model", "RunSettings", "StepFeed", "StreamRun", "images_to_fill", "merged_step",
            "run_stream", "step_schedule", "stream_images", "time_steps"]
