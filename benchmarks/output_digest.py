@@ -30,6 +30,12 @@ import numpy as np
 
 TOWER = ["siglip-vision", "--layers", "4", "--image", "28", "--patch", "7", "--dim", "64",
          "--hidden", "96", "--heads", "4"]
+TEXT = ["--tokens", "16", "--vocab", "500", "--layers", "2", "--dim", "64", "--heads", "4",
+        "--hidden", "96"]
+SWIN = ["swin-l", "--batch", "2", "--image", "32", "--window", "4", "--dim", "16", "--depths",
+        "2,2", "--stage-heads", "2,4"]
+DECODER = ["--tokens", "16", "--vocab", "500", "--layers", "2", "--dim", "64", "--heads", "4",
+           "--kv-heads", "2", "--hidden", "96"]
 CASES: list[list[str]] = [
     ["siglip-mlp"],
     ["siglip-mlp", "--precision", "f16"],
@@ -43,6 +49,22 @@ CASES: list[list[str]] = [
     ["pe-vision", "--layers", "2", "--batch", "2"],
     [*TOWER, "--strategy", "pipeline", "--groups", "2", "--images", "3"],
     [*TOWER, "--chips", "2", "--groups", "2", "--images", "2"],
+    ["siglip2-giant", "--image", "32", "--patch", "16", "--layers", "2", "--dim", "64",
+     "--heads", "4", "--hidden", "96", "--chips", "2"],
+    ["pe-giant", "--image", "28", "--patch", "14", "--layers", "4", "--dim", "64", "--heads",
+     "4", "--hidden", "96", "--chips", "4"],
+    ["clip-text", *TEXT],
+    ["bert-base", *TEXT],
+    ["roberta-base", *TEXT],
+    [*SWIN],
+    [*SWIN, "--precision", "f16"],
+    ["smollm2-135m", *DECODER],
+    ["smollm2-135m", *DECODER, "--context", "32", "--tokens", "1"],
+    ["tinyllama-1.1b", *DECODER, "--context", "32", "--tokens", "1", "--batch", "4",
+     "--chips", "2"],
+    ["smolvlm-256m", "--part", "vision", "--image", "64", "--vision-layers", "1", "--layers",
+     "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128", "--vocab",
+     "256"],
 ]
 QUICK = [c for c in CASES if c[0] in ("siglip-mlp", "attention", "vit-layer")]
 STREAM_FIELDS = ("stepCycles", "imagesPerSecond")  # a stream's record only

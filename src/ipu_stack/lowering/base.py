@@ -276,36 +276,16 @@ class LoweringBase:
                                        MemoryClass.STANDARD, f"{name}: {layout.describe()}",
                                        layout)
 
-    def periodic_rows(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
-                      what: str) -> int:
-        """A buffer holding a table of ``P`` rows repeated into ``layout``'s rows (row ``r``
-        is table row ``r mod P``): the table is written once by the host, in whole rows
-        spread over the tiles, and each call's exchange copies it to the rows that add it. A
-        Swin layer's relative position bias is the same for every image; held at the
-        scores' size it would cost each layer the batch's multiple of its bytes."""
-        period, cols, precision = self._matrix(value_id)
-        if value_id not in self.where:
-            held = landing_layout(period, cols, precision, self.target)
-            self.where[value_id] = [Piece(0, 0, held, self._host_weight(
-                value_id, held, MemoryClass.STANDARD))]
-        buffer = self.program.add_buffer(
-            f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
-            f"{self._name(value_id)} repeated every {period} rows: {layout.describe()}",
-            layout)
-        for repeat in range(layout.rows // period):
-            for piece in self.where[value_id]:
-                add_layout_transfers(builder, self._name(value_id), piece.layout, piece.buffer,
-                                     layout, buffer,
-                                     (repeat * period + piece.row0, piece.col0))
-        return buffer
-
     def mapped_rows(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
                     where: tuple[int, int], what: str) -> int:
         """A buffer holding a table's rows in ``layout``'s rows by ``where``, its ``(block,
         repeat)`` (:func:`~ipu_stack.ir.graph.table_row_index`): the table is held once in
         whole rows spread over the tiles (written by the host, or landed as an input), and
-        each call's exchange moves each row to the rows that add it. A Swin layer's shift
-        mask, one ``[T, T]`` block a window, serves that window's every head so."""
+        each call's exchange moves each row to the rows that add it. A Swin layer's relative
+        position bias is the same for every image (``(1, 1)``: row ``r`` adds table row ``r
+        mod P``): held at the scores' size it would cost each layer the batch's multiple of
+        its bytes; its shift mask, one ``[T, T]`` block a window, serves that window's every
+        head (``(T, H)``)."""
         rows, cols, precision = self._matrix(value_id)
         if value_id not in self.where:
             held = landing_layout(rows, cols, precision, self.target)

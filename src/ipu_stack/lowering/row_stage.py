@@ -267,10 +267,8 @@ class RowLowering(LoweringBase):
         table = self.graph.value(value_id)
         if table.type.precision != layout.precision:
             raise CompileError(f"{table.name}: a softmax's tables share one precision")
-        if where != (1, 1) and table.type.rows != layout.rows:
+        if table.type.rows != layout.rows and (where != (1, 1) or table.role == "weight"):
             return self.mapped_rows(builder, value_id, layout, where, what)
-        if table.role == "weight" and table.type.rows < layout.rows:  # a period of the rows
-            return self.periodic_rows(builder, value_id, layout, what)
         if table.role == "weight":  # a table (position embeddings, a causal mask)
             return self._host_weight(value_id, layout, MemoryClass.STANDARD)
         return self._in_row_layout(builder, value_id, layout, what.replace("table", "addend"))
