@@ -225,6 +225,22 @@ def test_a_small_swin_passes_on_the_device(tmp_path, monkeypatch, lean: bool, ta
     assert record["layers"] == 4 and record["estimateError"] == 0.0
 
 
+@pytest.mark.parametrize("tables", ["split", "summed"])
+def test_windows_of_an_odd_number_of_tokens_move_their_tables_whole(tmp_path, tables: str
+                                                                     ) -> None:
+    """Windows of 3 x 3 tokens: a table row is 9 halves, 18 bytes in a 20-byte stored row;
+    the bias repeated every period and the shift mask a window (or summed into the bias)
+    move with the padding word, not cut to 16 bytes (the scores' rows would add the table's
+    last element from nothing)."""
+    code, out, err = cli(["--quiet", "bench", "swin-l", "--batch", "1", "--image", "24",
+                          "--window", "3", "--dim", "16", "--depths", "2,2", "--stage-heads",
+                          "2,4", "--precision", "f16", "--tables", tables, "--json", "--out",
+                          str(tmp_path)])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS", (record, err)
+    assert record["maximumAbsoluteError"] == 0.0
+
+
 def _whole_rows(rows: int, cols: int, tiles: int, row_block: int) -> BlockLayout:
     blocks = -(-rows // row_block)
     spread = (np.arange(blocks) * tiles // blocks).astype(np.int32)

@@ -292,16 +292,17 @@ class LoweringBase:
             self.where[value_id] = [Piece(0, 0, held, self._host_weight(
                 value_id, held, MemoryClass.STANDARD))]
         pieces = self.where[value_id]
-        if len(pieces) != 1 or pieces[0].layout.col_block != cols:
+        if len(pieces) != 1 or pieces[0].layout.col_block != cols or \
+                pieces[0].layout.pitch != layout.pitch:
             raise CompileError(f"{self._name(value_id)}: a repeated table is held in whole "
                                "rows")
         buffer = self.program.add_buffer(
             f"{what}.rows", layout.used_tiles(), layout.block_bytes, MemoryClass.STANDARD,
             f"{self._name(value_id)} in blocks of {where[0]} rows, each {where[1]} times: "
             f"{layout.describe()}", layout)
+        # whole stored rows: a row of an odd number of halves moves with its padding word
         add_row_moves(builder, table_row_index(layout.rows, rows, *where), 1,
-                      (pieces[0].layout, pieces[0].buffer), (layout, buffer),
-                      cols * precision.itemsize)
+                      (pieces[0].layout, pieces[0].buffer), (layout, buffer), layout.pitch)
         return buffer
 
     def land_inputs(self) -> None:
