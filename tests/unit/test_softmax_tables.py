@@ -15,7 +15,9 @@ from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.rowwise import row_params
+from ipu_stack.phases.stages import row_stage_bytes
 from ipu_stack.planning.costs import estimate_activation, kernel_cost
+from ipu_stack.planning.stages import find_stages
 from ipu_stack.util.errors import CompileError
 from ipu_stack.verdict.judge import judge
 
@@ -75,6 +77,18 @@ def test_a_table_that_does_not_repeat_into_the_scores_is_refused() -> None:
         b.op("biased_softmax", [scores, bias, mask], F16, "p", table_maps=[[1, 1], [4, 2]])
     with pytest.raises(CompileError, match="2 tables and 1 table maps"):
         b.op("biased_softmax", [scores, bias, bias], F16, "p", table_maps=[[1, 1]])
+
+
+def test_the_planner_counts_repeated_tables_as_the_scores_rows_they_fill() -> None:
+    """The lowering copies each table's rows beside the scores' (``mapped_rows``), so the
+    planner's whole-row footprint of the softmax holds the scores, both tables at the
+    scores' size and the probabilities: four rows of T halves for every row a tile holds
+    (with only the scores and the output it planned for half what the tile holds)."""
+    graph, _ = _graph(np.random.default_rng(5))
+    (stage,) = [s for s in find_stages(graph) if getattr(s, "kind", "") == "biased_softmax"]
+    tiles = 5
+    per_tile = -(-ROWS // tiles)
+    assert row_stage_bytes(graph, stage, tiles) == per_tile * 4 * TOKENS * 2
 
 
 def test_a_second_table_costs_one_more_add() -> None:

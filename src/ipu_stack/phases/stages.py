@@ -102,11 +102,14 @@ def build_graph_and_tilings(build: Build) -> Fields:
 
 def row_stage_bytes(graph: Graph, stage: Any, tiles: int) -> int:
     """A row stage's inputs and output on one tile: whole rows spread over the tiles (the
-    stage's per-row parameters, a scale or a shift, are small and left out)."""
+    stage's per-row parameters, a scale or a shift, are small and left out; a biased
+    softmax's tables whose rows repeat are copied beside the scores' rows, so they count
+    as many rows as the scores)."""
     out = graph.value(stage.out).type
     rows = -(-out.rows // tiles)
     row = sum(graph.value(v).type.cols * graph.value(v).type.precision.itemsize
-              for v in stage.inputs if graph.value(v).type.rows == out.rows)
+              for v in stage.inputs if graph.value(v).type.rows == out.rows
+              or stage.kind == "biased_softmax")
     return rows * (row + out.cols * out.precision.itemsize)
 
 
