@@ -9,7 +9,7 @@ import pytest
 from ipu_stack.ir.graph import GraphBuilder, Operation
 from ipu_stack.ir.precision import F16, F32, f143
 from ipu_stack.ir.types import TensorType
-from ipu_stack.planning.gemm import GemmShape, cost_plan, gemm_candidates
+from ipu_stack.planning.gemm import GemmShape, cost_plan, gemm_candidates, transient_bytes
 from ipu_stack.planning.stages import GemmStage, RowStage, find_stages
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import CompileError
@@ -179,6 +179,25 @@ def test_an_activation_b_is_gathered_once_per_stage_and_costed() -> None:
     assert chunked.costs["b_exchange"] == plan.costs["b_exchange"]
     assert chunked.costs["a_exchange"] > plan.costs["a_exchange"]  # A pays a phase a chunk
     assert "b_exchange" not in cost_plan(SHAPES[0], 9, 18, 9, IPU21).costs
+
+
+def test_products_that_outnumber_the_tiles_run_in_waves() -> None:
+    """Swin-L's 1,536 window-head score products at batch 4 on 1,472 tiles: two waves of
+    768, each product on a tile of its own, every phase and compute set paid once a wave,
+    and every wave's output held until the softmax reads it; below the tile count, one
+    wave as before."""
+    scores = GemmShape(0, 144, 32, 144, 1, True, groups=1536, b_resident=False)
+    plans = gemm_candidates(scores, IPU21, keep=8)
+    assert plans and all(p.waves == 2 and p.wave_groups == 768 for p in plans)
+    assert all(p.tiles_used * p.wave_groups <= IPU21.tiles for p in plans)
+    one = cost_plan(scores, plans[0].row_splits, plans[0].col_splits, plans[0].depth_splits,
+                    IPU21, plans[0].mode)
+    assert plans[0].costs == {key: 2 * value for key, value in one.costs.items()}
+    assert transient_bytes(plans[0]) - transient_bytes(one) == \
+        plans[0].sub_rows * -(-plans[0].col_block * 2 // 4) * 4
+    assert "in 2 waves" in plans[0].describe()
+    fewer = gemm_candidates(replace(scores, groups=1152), IPU21, keep=8)
+    assert all(p.waves == 1 for p in fewer)
 
 
 def test_a_key_split_scores_plan_pays_the_softmax_gather_and_its_copy() -> None:

@@ -9,7 +9,7 @@ from math import erf
 
 import numpy as np
 import pytest
-from tests.helpers import cli, one_error_line
+from tests.helpers import cli
 
 from ipu_stack.ir.graph import GraphBuilder
 from ipu_stack.ir.interpret import evaluate_float64
@@ -239,18 +239,6 @@ def test_windows_of_an_odd_number_of_tokens_move_their_tables_whole(tmp_path, ta
     record = json.loads(out)
     assert code == 0 and record["numericalTest"] == "PASS", (record, err)
     assert record["maximumAbsoluteError"] == 0.0
-
-
-def test_more_attention_products_than_tiles_is_refused_in_one_line(tmp_path) -> None:
-    """Each window-and-head product takes tiles of its own: a batch whose products outnumber
-    the tiles (Swin-L FP8 at batch 4: 1,536) is refused naming the stage and the count."""
-    code, _, err = cli(["compile", "swin-l", *SMALL_ARGS[2:], "--batch", "185", "-o",
-                        str(tmp_path)])
-    assert code == 2
-    assert one_error_line(code, err) == (
-        "error: stage 8 (layer0.attn.scores) has 1480 attention products (one a head of each "
-        "sequence or window), more than the 1472 tiles of ipu21, and each takes tiles of its "
-        "own: give a smaller --batch (bench --images N runs N such batches)")
 
 
 def _whole_rows(rows: int, cols: int, tiles: int, row_block: int) -> BlockLayout:

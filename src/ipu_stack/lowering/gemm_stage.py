@@ -1,7 +1,8 @@
 """Lowering a GEMM stage.
 
 A GEMM stage of G groups (``head_matmul``: one group per image and head) runs every group on
-its own tiles:
+its own tiles (where the groups outnumber the tiles, in waves one after another, each wave's
+groups side by side: ``planning.gemm``):
 1. one exchange phase gathers every group's ``A`` blocks (replicated over column groups) and,
    when ``B`` is an activation, its ``B`` blocks (the AMP weights, in interleaved memory);
 2. compute set ``gemm``: one AMP call per tile into a partial (FP16 in FP8 mode, F32 in F16
@@ -48,18 +49,23 @@ class Group:
     tile_base: int
 
 
-def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0) -> list[Group]:
+def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0,
+                 wave: int = 0, per_wave: int = 0) -> list[Group]:
     """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``),
-    for the row chunk that starts at row ``row0`` of each group's A and output."""
+    for the row chunk that starts at row ``row0`` of each group's A and output; with
+    ``per_wave``, only wave ``wave``'s groups, on the tiles from 0."""
     if stage.kind == "matmul":
         return [Group((row0, 0), (0, 0), (row0, 0), 0)]
     geo = head_geometry(stage.attrs, graph.value(stage.b).type)
     t, s, d = geo.tokens, geo.kv_tokens, geo.head_dim
+    first = wave * per_wave
     groups = []
     for b in range(geo.batch):
         for h in range(geo.heads):
             g = b * geo.heads + h
-            base = g * plan.tiles_used
+            if per_wave and not first <= g < first + per_wave:
+                continue
+            base = (g - first) * plan.tiles_used
             keys = (b * s, geo.kv_head(h) * d)
             if stage.attrs["mode"] == "qk":
                 groups.append(Group((b * t + row0, h * d), keys, (g * t + row0, 0), base))
@@ -95,19 +101,27 @@ class GemmLowering(LoweringBase):
         into partials, the reduce-scatter of depth partials, the reduce with its fused
         chain into the stage output."""
         pieces: list[Piece] = []
-        shared: dict[str, int] = {}  # the weight, activation-B and bias buffers, made once
-        for row0, chunk in plan.chunks():
-            grid = self._gemm_grid(stage, chunk, row0,
-                                   f".c{row0}" if plan.row_chunks > 1 else "")
-            a_buf, b_buf = self._gemm_operands(grid, shared)
-            p_buf = self._gemm_partials(grid, a_buf, b_buf)
-            if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,
-                                   stage.bias is not None):
-                pieces += self._partials_as_result(grid, p_buf)
-                continue
-            recv_buf = self._gemm_reduce_scatter(grid, p_buf)
-            pieces += self._gemm_epilogue(grid, p_buf, recv_buf, shared)
+        for wave in range(plan.waves):
+            shared: dict[str, int] = {}  # the weight, activation-B and bias buffers, made once
+            for row0, chunk in plan.chunks():
+                pieces += self._gemm_chunk(stage, plan, chunk, row0, wave, shared)
         self.where[stage.out] = pieces
+
+    def _gemm_chunk(self, stage: GemmStage, plan: GemmPlan, chunk: GemmPlan, row0: int,
+                    wave: int, shared: dict[str, int]) -> list[Piece]:
+        """One row chunk of one wave: operands, AMP, reduce and epilogue; its output's
+        pieces."""
+        suffix = (f".w{wave}" if plan.waves > 1 else "") + (
+            f".c{row0}" if plan.row_chunks > 1 else "")
+        grid = self._gemm_grid(stage, chunk, row0, suffix,
+                               (wave, plan.wave_groups) if plan.waves > 1 else (0, 0))
+        a_buf, b_buf = self._gemm_operands(grid, shared)
+        p_buf = self._gemm_partials(grid, a_buf, b_buf)
+        if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,
+                               stage.bias is not None):
+            return self._partials_as_result(grid, p_buf)
+        recv_buf = self._gemm_reduce_scatter(grid, p_buf)
+        return self._gemm_epilogue(grid, p_buf, recv_buf, shared)
 
     def _partials_as_result(self, gg: _GemmGrid, p_buf: int) -> list[Piece]:
         """The output's pieces where the partials already are the result
@@ -129,10 +143,10 @@ class GemmLowering(LoweringBase):
                 for grid in gg.grids]
 
     def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
-                   suffix: str = "") -> _GemmGrid:
+                   suffix: str = "", wave: tuple[int, int] = (0, 0)) -> _GemmGrid:
         """Which tile holds which (row, column, depth) block, per head group, and the
         operands' block layouts (``row0``: the first row of a row chunk, ``suffix`` its
-        buffers' name)."""
+        buffers' name, ``wave``: the wave and its groups, where the groups run in waves)."""
         g = self.graph
         a_prec = g.value(stage.a).type.precision
         b_prec = g.value(stage.b).type.precision
@@ -140,7 +154,7 @@ class GemmLowering(LoweringBase):
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
         transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
-        groups = stage_groups(g, stage, plan, row0)
+        groups = stage_groups(g, stage, plan, row0, *wave)
         if self.paired:
             # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
             # tiles and its broadcasts reach whole tile pairs (two-lane transfers)

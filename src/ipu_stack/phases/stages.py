@@ -93,12 +93,6 @@ def build_graph_and_tilings(build: Build) -> Fields:
                 searched[key] = gemm_search(shape, build.target, keep=build.options.finalists,
                                             mode=build.options.gemm_mode)
         found, front = searched[key]
-        if not found and shape.groups > build.target.tiles:
-            raise CompileError(
-                f"stage {stage.index} ({graph.value(stage.out).name}) has {shape.groups} "
-                f"attention products (one a head of each sequence or window), more than the "
-                f"{build.target.tiles} tiles of {build.target.name}, and each takes tiles of "
-                "its own: give a smaller --batch (bench --images N runs N such batches)")
         if not found:
             raise CompileError(f"no GEMM tiling of stage {stage.index} fits {build.target.name}")
         build.candidates.append([dataclasses.replace(p, shape=shape) for p in found])

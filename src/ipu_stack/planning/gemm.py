@@ -25,6 +25,12 @@ once, each block cut into R slices spread over its R row-group tiles, and gather
 onto those tiles with one exchange phase per run (every tile receives the slices it lacks:
 a weight block of a few tens of KB is far fewer words than the activation block an R1 plan
 gathers).  The arithmetic is the resident plan's, bit for bit.
+
+**Waves.**  A ``head_matmul`` stage's groups (a head of an image, or of a window) each take
+tiles of their own.  Where they outnumber the tiles (Swin-L at batch 4: 1,536 window-head
+products), they run in ``waves`` rounds one after another, each round's groups side by side
+on tiles of their own: each round pays its own phases and syncs, and every round's output
+stays until the next stage reads it.
 """
 
 from __future__ import annotations
@@ -84,6 +90,12 @@ class GemmPlan:
     costs: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     row_chunks: int = 1
     streamed: bool = False  # weights stored once, gathered onto the R row groups per run
+    waves: int = 1  # rounds of groups where they outnumber the tiles (module docstring)
+
+    @property
+    def wave_groups(self) -> int:
+        """The groups each wave runs side by side (the last may run fewer)."""
+        return -(-self.shape.groups // self.waves)
 
     @property
     def tiles_used(self) -> int:
@@ -109,10 +121,11 @@ class GemmPlan:
     def describe(self) -> str:
         chunks = f" in {self.row_chunks} row chunks" if self.row_chunks > 1 else ""
         streamed = " weights streamed" if self.streamed else ""
+        waves = f" in {self.waves} waves" if self.waves > 1 else ""
         return (
             f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
             f"blocks {self.row_block}x{self.depth_block}x{self.col_block} mode={self.mode}"
-            f"{chunks}{streamed}"
+            f"{chunks}{streamed}{waves}"
         )
 
     def chunks(self) -> list[tuple[int, GemmPlan]]:
@@ -271,7 +284,8 @@ def transient_bytes(plan: GemmPlan) -> int:
         plan.mode)
     # every chunk's output stays until the next stage reads it (and is copied into whole rows
     # when a softmax reads it and the blocks are not whole rows)
-    out = plan.row_chunks * plan.sub_rows * round_up(plan.col_block * s.out_itemsize, WORD)
+    out = plan.waves * plan.row_chunks * plan.sub_rows * round_up(
+        plan.col_block * s.out_itemsize, WORD)
     if partials_are_result(plan.depth_splits, plan.mode, [list(c) for c in s.chain],
                            s.has_bias):  # the partials are read in place: one copy a chunk
         out -= plan.row_block * plan.col_block * partial_itemsize(plan.mode)
@@ -324,7 +338,8 @@ def gemm_search(
     the tiles allow (more columns only shrink the per-tile work); ties break towards fewer
     tiles.
     """
-    tiles = target.tiles // shape.groups
+    waves = -(-shape.groups // target.tiles)  # rounds of groups (module docstring)
+    tiles = target.tiles // -(-shape.groups // waves)
     col_groups = -(-shape.cols // p("amp_out_columns"))
     plans: dict[tuple, GemmPlan] = {}
     budget = target.memory_end - target.memory_base - int(target.runtime_support_bytes)
@@ -343,6 +358,7 @@ def gemm_search(
                 plan = cost_plan(shape, r, -(-shape.cols // col_block), d, target, gemm_mode)
                 if plan is None:
                     continue
+                plan = in_waves(plan, waves)
                 if plan_tile_bytes(plan) > budget:
                     smallest = min(smallest, plan_tile_bytes(plan))
                     continue
@@ -358,8 +374,8 @@ def gemm_search(
             for chunks in ROW_CHUNKS:
                 plan = cost_plan(shape, 1, -(-shape.cols // col_block), d, target, gemm_mode,
                                  chunks)
-                if plan is not None and plan_tile_bytes(plan) <= budget:
-                    _keep_best(plans, plan)
+                if plan is not None and plan_tile_bytes(in_waves(plan, waves)) <= budget:
+                    _keep_best(plans, in_waves(plan, waves))
     if not plans:
         if smallest < 1 << 62:
             raise CompileError(
@@ -373,6 +389,15 @@ def gemm_search(
                           plan.depth_splits, plan.mode, plan.row_chunks, plan.streamed),
     )
     return ranked[:keep], pareto(ranked)
+
+
+def in_waves(plan: GemmPlan, waves: int) -> GemmPlan:
+    """``plan`` (one group's tiling) run in ``waves`` rounds: every phase and compute set
+    once a round."""
+    if waves == 1:
+        return plan
+    return replace(plan, waves=waves,
+                   costs={key: value * waves for key, value in plan.costs.items()})
 
 
 def _keep_best(plans: dict[tuple, GemmPlan], plan: GemmPlan) -> None:
