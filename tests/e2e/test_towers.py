@@ -222,6 +222,14 @@ def test_memory_profile_names_what_fills_the_tile(tmp_path, cache_dir):
     filled = profile["tile_by_category"]
     assert filled["tile"] == profile["busiest_tiles"][0]["tile"]
     assert filled["weights"] > 0 and filled["code"] > 0 and filled["exchange tables"] > 0
+    # and which exchange phases its tables are for, most first, summing to the category
+    # where the tile has no more phases than the profile names
+    tables = profile["exchange_tables_by_phase"]
+    sizes = [size for _, size in tables["phases"]]
+    assert tables["tile"] == filled["tile"] and sizes == sorted(sizes, reverse=True)
+    assert all(name.startswith("stage") for name, _ in tables["phases"])
+    assert 0 < sum(sizes) <= filled["exchange tables"]
+    assert len(sizes) == 12 or sum(sizes) == filled["exchange tables"]
 
 
 def test_streamed_verdict_judges_what_the_whole_verdict_judges(tmp_path, cache_dir):

@@ -135,13 +135,17 @@ def write_memory_profile(
     target: Target,
     scope: str = "final",
     filled: tuple[int, dict[str, int]] | None = None,
+    tables: tuple[int, list[list]] | None = None,
 ) -> dict[str, Any]:
     """Write :func:`memory_profile` atomically as sorted, indented JSON and return it;
     ``filled``: a tile and its bytes by category (``memory.categories``), recorded as
-    ``tile_by_category``."""
+    ``tile_by_category``; ``tables``: a tile and the exchange phases whose tables take the
+    most of it, ``[name, bytes]``, recorded as ``exchange_tables_by_phase``."""
     profile = memory_profile(program, placement, target, scope)
     if filled is not None:
         profile["tile_by_category"] = {"tile": filled[0], **filled[1]}
+    if tables is not None:
+        profile["exchange_tables_by_phase"] = {"tile": tables[0], "phases": tables[1]}
     write_text_atomic(path, json.dumps(profile, sort_keys=True, indent=1) + "\n")
     event(LOG, "wrote planner memory profile", path=str(path), scope=scope,
           peak_step=profile["peak_step"], effective_peak_bytes=profile["effective_peak_bytes"])

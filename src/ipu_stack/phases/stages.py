@@ -58,6 +58,8 @@ from ipu_stack.workloads.calibration import cache_folder
 from ipu_stack.workloads.footprint import check_fits
 
 LOG = logging.getLogger("ipu_stack.package.build")
+TABLE_PHASES = 12
+"""The exchange phases a memory profile names for its tile's exchange tables."""
 Fields = dict[str, Any]
 
 
@@ -274,9 +276,13 @@ def size_support_memory(build: Build) -> Fields:
     assert program is not None
     tables = np.zeros(target.tiles, dtype=np.int64)
     by_index = {i: step for _, i, step in program.steps() if isinstance(step, Exchange)}
+    build.table_phases = []
     for index, schedule in build.schedules.items():
-        tables += table_bytes(schedule, to_transfers(by_index[index], target),
-                              int(target.exchange_table_bytes_per_send), timing.p("send_words"))
+        phase_tables = table_bytes(schedule, to_transfers(by_index[index], target),
+                                   int(target.exchange_table_bytes_per_send),
+                                   timing.p("send_words"))
+        tables += phase_tables
+        build.table_phases.append((by_index[index].name, phase_tables))
     build.support = support_bytes(program, tables, target)
     event(LOG, "allocated package support memory",
           linked_end=target.memory_base + int(target.runtime_support_bytes),
@@ -305,7 +311,9 @@ def place_buffers(build: Build) -> Fields:
             write_memory_profile(build.reports / "memory-profile.json", program,
                                  failure.placement, target, scope="failed",
                                  filled=None if failure.tile is None else (failure.tile,
-                                                                          build.filled))
+                                                                          build.filled),
+                                 tables=None if failure.tile is None else (
+                                     failure.tile, tables_by_phase(build, failure.tile)))
             write_placement_html(build.reports / "placement.html", program, failure.placement,
                                  build.support, target,
                                  title=f"{_title(build)} (failed: {failure})",
@@ -320,12 +328,23 @@ def place_buffers(build: Build) -> Fields:
     return {}
 
 
+def tables_by_phase(build: Build, tile: int, most: int = TABLE_PHASES) -> list[list]:
+    """The exchange phases whose tables take the most of ``tile``'s memory, ``[name,
+    bytes]`` most first: where a tile short of memory could win it back (a phase of many
+    small transfers costs a table entry for each)."""
+    ranked = sorted(((int(found[tile]), name) for name, found in build.table_phases
+                     if found[tile]), key=lambda item: (-item[0], item[1]))
+    return [[name, size] for size, name in ranked[:most]]
+
+
 def write_memory_reports(build: Build) -> Fields:
     """The planner memory profile (JSON) and the exact tile placement (HTML)."""
     assert build.program is not None and build.placement is not None
+    fullest = int(np.argmax(build.placement.peak_bytes))
     build.profile = write_memory_profile(
         build.reports / "memory-profile.json", build.program, build.placement, build.target,
-        scope="final", filled=(int(np.argmax(build.placement.peak_bytes)), build.filled))
+        scope="final", filled=(fullest, build.filled),
+        tables=(fullest, tables_by_phase(build, fullest)))
     write_placement_html(build.reports / "placement.html", build.program, build.placement,
                          build.support, build.target, title=_title(build), parts=_parts(build))
     return {}

@@ -232,6 +232,8 @@ class Build:
     instances: list[KernelInstance] = field(default_factory=list)
     # size_tile_code
     support: dict[str, np.ndarray] = field(default_factory=dict)
+    # each exchange phase's table bytes per tile, by the phase's name
+    table_phases: list[tuple[str, np.ndarray]] = field(default_factory=list)
     # place_storage
     placement: Placement | None = None
     waste: dict[str, float] = field(default_factory=dict)
