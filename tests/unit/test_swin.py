@@ -17,7 +17,7 @@ from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.lowering.driver import lower
-from ipu_stack.lowering.transfers import row_moves
+from ipu_stack.lowering.transfers import TransferBuilder, add_row_moves, row_moves
 from ipu_stack.pipeline import stage_shape
 from ipu_stack.planning.gemm import gemm_candidates
 from ipu_stack.planning.repeat import find_layer_loop
@@ -273,6 +273,17 @@ def test_row_moves_replayed_byte_by_byte_put_every_row_where_it_goes(group: int)
     np.testing.assert_array_equal(got, x[index].reshape(rows // group, cols * group))
     if group == 4:  # in order: a run is as long as both sides keep rows together
         assert len(runs[0]) < rows
+
+
+def test_row_moves_of_part_words_are_refused() -> None:
+    """A row of 9 halves is 18 bytes: moved as they are, its runs would be cut to whole
+    words and lose the last element, so the row moves refuse it (their callers move the
+    stored row, its pitch)."""
+    source = _whole_rows(8, 9, 4, 2)
+    with pytest.raises(CompileError, match="row moves carry whole words; a row of 18 bytes"):
+        add_row_moves(TransferBuilder("t"), np.arange(8), 1, (source, 0), (source, 1), 18)
+    add_row_moves(TransferBuilder("t"), np.arange(8), 1, (source, 0), (source, 1),
+                  source.pitch)  # the stored row moves
 
 
 def test_a_repeating_bias_table_is_held_once() -> None:

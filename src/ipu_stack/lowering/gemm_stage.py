@@ -113,8 +113,7 @@ class GemmLowering(LoweringBase):
         pieces."""
         suffix = (f".w{wave}" if plan.waves > 1 else "") + (
             f".c{row0}" if plan.row_chunks > 1 else "")
-        grid = self._gemm_grid(stage, chunk, row0, suffix,
-                               (wave, plan.wave_groups) if plan.waves > 1 else (0, 0))
+        grid = self._gemm_grid(stage, chunk, row0, suffix, (wave, plan.wave_groups))
         a_buf, b_buf = self._gemm_operands(grid, shared)
         p_buf = self._gemm_partials(grid, a_buf, b_buf)
         if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,

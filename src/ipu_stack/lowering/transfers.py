@@ -241,7 +241,11 @@ def add_row_moves(builder: TransferBuilder, index: np.ndarray, group: int,
                   row_bytes: int) -> None:
     """Transfers that put rows ``index`` of ``source`` (a whole-row layout and its buffer)
     into ``out``'s rows in turn, ``group`` a result row (:func:`row_moves`); a run that
-    stays on its tile is an on-tile copy (a tile cannot send to itself)."""
+    stays on its tile is an on-tile copy (a tile cannot send to itself).  Runs move whole
+    words: a row of an odd number of halves moves as its stored row (its pitch)."""
+    if row_bytes % WORD:
+        raise CompileError(f"row moves carry whole words; a row of {row_bytes} bytes is not "
+                           "(move the stored row, its pitch)")
     (src_layout, src_buf), (out_layout, out_buf) = source, out
     src_tile, src_off, dst_tile, dst_off, nbytes = row_moves(index, group, src_layout,
                                                              out_layout, row_bytes)

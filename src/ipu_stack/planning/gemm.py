@@ -374,8 +374,11 @@ def gemm_search(
             for chunks in ROW_CHUNKS:
                 plan = cost_plan(shape, 1, -(-shape.cols // col_block), d, target, gemm_mode,
                                  chunks)
-                if plan is not None and plan_tile_bytes(in_waves(plan, waves)) <= budget:
-                    _keep_best(plans, in_waves(plan, waves))
+                if plan is None:
+                    continue
+                plan = in_waves(plan, waves)
+                if plan_tile_bytes(plan) <= budget:
+                    _keep_best(plans, plan)
     if not plans:
         if smallest < 1 << 62:
             raise CompileError(
