@@ -24,7 +24,8 @@ from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.profile import write_profile_files
 from ipu_stack.profile.capture import profile_of
 from ipu_stack.runtime.execute import run_package
-from ipu_stack.runtime.record import benchmark_fields
+from ipu_stack.runtime.groups import read_system
+from ipu_stack.runtime.record import run_record
 from ipu_stack.runtime.session import load_package
 
 
@@ -48,7 +49,8 @@ def main() -> None:
                 seconds[record].append(result.simulate_seconds)
                 if record:
                     started = time.perf_counter()
-                    fields = benchmark_fields(result, compiled.graph, {}, compiled.package, None)
+                    fields = run_record(result, package, read_system(package), compiled.graph, {},
+                                        compiled.package, None)
                     sizes = write_profile_files(Path(out) / "profile",
                                                 profile_of(result, compiled.package, fields))
                     writing.append(time.perf_counter() - started)

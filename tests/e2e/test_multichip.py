@@ -215,7 +215,7 @@ def test_the_giant_towers_small_versions_over_two_chips(tmp_path, cache_dir, wor
 
 def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
     from ipu_stack.runtime.groups import read_system
-    from ipu_stack.runtime.record import stream_fields
+    from ipu_stack.runtime.record import run_record
     from ipu_stack.runtime.session import load_package
     from ipu_stack.runtime.stream import GroupRun, StreamRun
     from ipu_stack.util.errors import DeviceError
@@ -230,7 +230,7 @@ def test_a_rate_above_the_chips_roofline_is_an_error(linked, cache_dir):
     run = StreamRun(4, 4, runs={(g, 0): GroupRun(g, 0, 10, [10], 0, ["compute"])
                                 for g in range(4)}, step_cycles=[10] * 7, chip_steps=[[10] * 7])
     with pytest.raises(DeviceError, match="exceeds the FP8 roofline of 1 chip"):
-        stream_fields(run, package, read_system(package), graph, {"batch": 1}, "pkg", None)
+        run_record(run, package, read_system(package), graph, {"batch": 1}, "pkg", None)
 
 
 def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path, cache_dir,

@@ -26,7 +26,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.runtime.groups import load_groups, read_system
-from ipu_stack.runtime.record import benchmark_fields, stream_fields
+from ipu_stack.runtime.record import run_record
 from ipu_stack.runtime.session import RunResult, group_program_tiles, load_package
 from ipu_stack.runtime.stream import (
     Model,
@@ -86,12 +86,12 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     if len(system.groups) == 1 and count == 1:
         result = run_package(package, graph, tensors, settings.lock_path, wait=settings.wait,
                              poison=settings.poison, record=settings.record, model=model)
-        record = benchmark_fields(result, graph, fields, path, compile_seconds)
+        record = run_record(result, package, system, graph, fields, path, compile_seconds)
         return Outcome(record, package, path, system, result)
     images = make_images(workload, params, graph, tensors, count)
     run = run_stream(package, graph, tensors, images, settings, model,
                      package_bytes=path.read_bytes() if settings.send_package else None)
-    record = stream_fields(run, package, system, graph, fields, path, compile_seconds)
+    record = run_record(run, package, system, graph, fields, path, compile_seconds)
     return Outcome(record, package, path, system, run)
 
 
@@ -120,7 +120,7 @@ def run_package(package: Package, graph: Graph, tensors: Any, lock_path: Path | 
         comparisons[value.name] = compare(out, reference[value.name],
                                           precision=value.type.precision)
     return RunResult(package, outputs, reference, comparisons, init_report, run_report,
-                     run.simulate_seconds, run.verdicts[0], run.source)
+                     run.simulate_seconds, run.verdicts[0], run.source, run)
 
 
 def save_tensors(folder: str | Path, graph: Graph, tensors: Any, outcome: Outcome) -> None:

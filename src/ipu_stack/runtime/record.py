@@ -9,7 +9,6 @@ the link phase and its share, the bytes a link carries, each worker's peak memor
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,46 +114,81 @@ def source_fields(manifest: dict[str, Any], cycles: int, package_path: Any,
             "simulateSeconds": round(simulate_seconds, 2)}
 
 
-def benchmark_fields(
-    result: RunResult, graph: Graph, workload_fields: dict[str, Any], package_path: Path,
-    compile_seconds: float | None,
-) -> dict[str, Any]:
-    """The benchmark record, in the order of reference log 004, plus our extra fields."""
-    target = get_target(result.package.target)
+def run_record(ran: RunResult | StreamRun, package: Package, system: SystemProgram,
+               graph: Graph, workload_fields: dict[str, Any], package_path: Any,
+               compile_seconds: float | None) -> dict[str, Any]:
+    """The benchmark record of any run, in the order of reference log 004: the core every
+    run has (``cycles`` is the time between two images leaving: a whole-chip run's call, a
+    stream's steady step); a whole-chip run of one image adds what its device reported
+    (:func:`device_fields`), a stream its images and groups, a run over chips the chips'."""
+    run = ran.stream if isinstance(ran, RunResult) else ran
+    manifest = package.manifest
+    target = get_target(package.target)
+    period = run.steady_cycles
+    batch = int(workload_fields.get("batch", 1))
+    seconds = period / target.clock_hz
+    flops = gemm_flops(graph)
+    rate = round(batch * target.clock_hz / period, 1) if period else 0.0
+    # the FP8 AMP roofline of the chips used: every MAC at 128 a tile a cycle
+    fp8_rate = batch * run.chips * target.tiles * float(target.amp_f8_macs_per_cycle) * \
+        target.clock_hz / max(flops / 2, 1)
+    if rate > fp8_rate:
+        raise DeviceError(f"{rate} images/s exceeds the FP8 roofline of {run.chips} chip(s), "
+                          f"{fp8_rate:.1f}: the step's pricing is wrong")
+    worst = max(run.verdicts, key=lambda v: (not v.passed,
+                                             v.fidelity.noise_ratio if v.fidelity else 0.0))
+    record: dict[str, Any] = {
+        "numericalTest": "PASS" if run.passed else "FAIL",
+        "workload": manifest["workload"]["identifier"],
+        "referenceSource": run.source,
+        "strategy": "pipeline" if run.groups > 1 else "layers", **workload_fields,
+        "executionTiles": target.tiles * run.chips,
+        "cycles": period,
+        "latencyMicroseconds": round(target.cycles_to_us(sum(run.step_cycles[: run.groups])),
+                                     3),
+        "imagesPerSecond": rate,
+        **qps_fields(batch, period, host_cycles(image_host_bytes(run), target.clock_hz),
+                     target.clock_hz),
+        "fp8RooflineImagesPerSecond": round(fp8_rate, 1),
+        **rate_fields(flops, seconds, target.peak_flops() * run.chips),
+        "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
+        **verdict_fields(worst),
+        **source_fields(manifest, period, package_path, compile_seconds, run.simulate_seconds),
+        "verdictSeconds": round(run.verdict_seconds, 2),
+        "compiler": __version__,
+    }
+    if "gemm_modes" in manifest:  # one program's modes: a whole-chip program
+        roofline = program_roofline(graph, manifest, target)
+        if roofline > period:
+            raise DeviceError(f"{period} cycles is under the AMP roofline of its GEMMs' "
+                              f"modes, {roofline:.0f}: the run's pricing is wrong")
+        record["rooflinePercent"] = round(100 * roofline / period, 2) if period else 0.0
+    if isinstance(ran, RunResult):
+        record.update(device_fields(ran, graph, target))
+    else:
+        record.update(stream_fields(run, system))
+    if run.chips > 1:
+        record.update(chip_fields(run, manifest))
+    return record
+
+
+def device_fields(result: RunResult, graph: Graph, target: Target) -> dict[str, Any]:
+    """What the device reported of a whole-chip program's one call: the tiles that worked,
+    the bytes in, the kinds of cycles and the busiest tile's work of each kind, the layer
+    loop's passes, the largest error against the float64 model."""
     manifest = result.package.manifest
     run = result.run
     active = run.tile_busy > run.sync_cycles
-    cycles = run.cycles
-    seconds = cycles / target.clock_hz
-    max_error = max((c.max_abs_error for c in result.comparisons.values()), default=0.0)
-    roofline = program_roofline(graph, manifest, target)
-    if roofline > cycles:
-        raise DeviceError(f"{cycles} cycles is under the AMP roofline of its GEMMs' modes, "
-                          f"{roofline:.0f}: the run's pricing is wrong")
-    input_bytes = sum(v.type.nbytes for v in graph.by_role("input"))
-    weight_bytes = sum(v.type.nbytes for v in graph.by_role("weight"))
-    record: dict[str, Any] = {
-        "numericalTest": "PASS" if result.passed else "FAIL",
-        "workload": manifest["workload"]["identifier"],
-        "referenceSource": result.reference_source,
-        "strategy": "layers",
-        **workload_fields,
+    return {
         "activeTiles": int(active.sum()),
-        "executionTiles": target.tiles,
-        "inputBytes": input_bytes,
-        "weightBytes": weight_bytes,
-        "cycles": cycles,
         "minimumTileCycles": int(run.tile_busy[active].min()) if active.any() else 0,
-        "deviceMicroseconds": round(target.cycles_to_us(cycles), 3),
-        "latencyMicroseconds": round(target.cycles_to_us(cycles), 3),
-        **rate_fields(gemm_flops(graph), seconds, target.peak_flops()),
-        "rooflinePercent": round(100 * roofline / cycles, 2) if cycles else 0.0,
-        "maximumAbsoluteError": round(max_error, 6),
+        "inputBytes": sum(v.type.nbytes for v in graph.by_role("input")),
+        "weightBytes": sum(v.type.nbytes for v in graph.by_role("weight")),
+        "deviceMicroseconds": round(target.cycles_to_us(run.cycles), 3),
+        "maximumAbsoluteError": round(max((c.max_abs_error for c in
+                                           result.comparisons.values()), default=0.0), 6),
         "diagnosticCheckpoints": len(result.verdict.stages)
         if manifest.get("options", {}).get("diagnostics") else 0,
-        **verdict_fields(result.verdict),
-        **source_fields(manifest, cycles, package_path, compile_seconds,
-                        result.simulate_seconds),
         "hostCycles": run.host_cycles,
         "exchangeCycles": run.exchange_cycles,
         "computeCycles": run.compute_cycles,
@@ -163,60 +197,23 @@ def benchmark_fields(
         **{f"{kind}Cycles": cycles for kind, cycles in sorted(run.breakdown.items())
            if kind not in ("exchange", "sync", "host", "compute")},
         "gemmModes": ",".join(sorted({m["mode"] for m in manifest.get("gemm_modes", {}).values()})),
-        "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
         **loop_fields(manifest, run.layer_cycles),
-        "imagesPerSecond": round(int(workload_fields.get("batch", 1)) / seconds, 1)
-        if seconds else 0.0,
-        **qps_fields(int(workload_fields.get("batch", 1)), cycles, run.host_cycles,
-                     target.clock_hz),
-        "compiler": __version__,
     }
-    return record
 
 
-def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph: Graph,
-                  workload_fields: dict[str, Any], package_path: Any,
-                  compile_seconds: float | None) -> dict[str, Any]:
-    """The benchmark record of a stream (the whole-chip record's names where they mean the
-    same; ``cycles`` is the steady step, the time between two images leaving), with the
-    chips' part over several chips."""
-    target = get_target(package.target)
-    manifest = package.manifest
+def stream_fields(run: StreamRun, system: SystemProgram) -> dict[str, Any]:
+    """A stream's part of its record: its images, its groups and their balance, the fill
+    and the hand-offs, and what sharing the chip's supersteps costs."""
     period = run.steady_cycles
-    batch = int(workload_fields.get("batch", 1))
-    seconds = period / target.clock_hz
-    flops = gemm_flops(graph)
-    peak = target.peak_flops() * run.chips
     group_cycles = [max(r.cycles for (g, _), r in run.runs.items() if g == index)
                     for index in range(run.groups)]
-    rate = round(batch * target.clock_hz / period, 1) if period else 0.0
-    # the FP8 AMP roofline of the chips used: every MAC at 128 a tile a cycle
-    roofline = batch * run.chips * target.tiles * float(target.amp_f8_macs_per_cycle) * \
-        target.clock_hz / max(flops / 2, 1)
-    if rate > roofline:
-        raise DeviceError(f"{rate} images/s exceeds the FP8 roofline of {run.chips} chip(s), "
-                          f"{roofline:.1f}: the step's pricing is wrong")
-    worst = max(run.verdicts, key=lambda v: (not v.passed,
-                                             v.fidelity.noise_ratio if v.fidelity else 0.0))
-    record = {
-        "numericalTest": "PASS" if run.passed else "FAIL",
-        "workload": manifest["workload"]["identifier"],
-        "strategy": "pipeline" if run.groups > 1 else "layers",
-        **workload_fields,
+    return {
         "images": run.images,
         "imagesPassed": sum(v.passed for v in run.verdicts),
         "pipelineGroups": run.groups,
         "groupTiles": system.group_tiles,
         "groupLayers": ",".join(str(g.layers) for g in system.groups),
-        "executionTiles": target.tiles * run.chips,
-        "cycles": period,
         "stepCycles": period,
-        "imagesPerSecond": rate,
-        **qps_fields(batch, period, host_cycles(image_host_bytes(run), target.clock_hz),
-                     target.clock_hz),
-        "fp8RooflineImagesPerSecond": round(roofline, 1),
-        "latencyMicroseconds": round(target.cycles_to_us(sum(run.step_cycles[: run.groups])),
-                                     3),
         "groupCyclesMax": max(group_cycles),
         "groupCyclesMin": min(group_cycles),
         "balance": round(min(group_cycles) / max(max(group_cycles), 1), 4),
@@ -226,21 +223,8 @@ def stream_fields(run: StreamRun, package: Package, system: SystemProgram, graph
         "alignmentCycles": period - max(group_cycles) - run.handoff_cycles
         if run.chips == 1 else None,
         "totalCycles": sum(run.step_cycles),
-        **rate_fields(flops, seconds, peak),
-        "peakTileBytes": int(manifest["memory"]["peak_bytes"]),
-        **verdict_fields(worst),
-        **source_fields(manifest, period, package_path, compile_seconds,
-                        run.simulate_seconds),
         "hostPeakBytes": run.host_peak_bytes or None,
-        "verdictSeconds": round(run.verdict_seconds, 2),
-        "compiler": __version__,
     }
-    if "gemm_modes" in manifest:  # one program's modes: a whole-chip program's stream
-        roofline = program_roofline(graph, manifest, target)
-        record["rooflinePercent"] = round(100 * roofline / period, 2) if period else 0.0
-    if run.chips > 1:
-        record.update(chip_fields(run, manifest))
-    return record
 
 
 def image_host_bytes(run: StreamRun) -> int:
@@ -266,5 +250,5 @@ def chip_fields(run: StreamRun, manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["benchmark_fields", "chip_fields", "gemm_flops", "loop_fields", "stream_fields",
-           "verdict_fields"]
+__all__ = ["chip_fields", "device_fields", "gemm_flops", "loop_fields", "run_record",
+           "stream_fields", "verdict_fields"]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class RunResult:
     simulate_seconds: float
     verdict: Verdict = field(default_factory=Verdict)
     reference_source: str = "float64"  # what fidelity measures against: the float64 model or torch
+    stream: Any = None  # the run loop's run of it (runtime.stream.StreamRun)
 
     @property
     def passed(self) -> bool:
