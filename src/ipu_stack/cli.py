@@ -26,6 +26,7 @@ from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
 from ipu_stack.runtime.answer import answer_lines
 from ipu_stack.runtime.execute import (
     RunSettings,
+    check_images,
     inspect_package,
     rebuild_workload,
     run_any,
@@ -135,6 +136,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
                                 value)
 
 
+def _out_folder(args: argparse.Namespace, name: str) -> Path:
+    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write."""
+    return Path(args.out) if args.out else check_output_folder("--out (default)",
+                                                               Path("artifacts") / name)
+
+
 def _settings(args: argparse.Namespace) -> RunSettings:
     """The run options of ``bench`` and ``run``, the same for every strategy and chip count."""
     images = getattr(args, "images", None)
@@ -176,14 +183,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     workload, params = _params(args)
-    out = Path(args.out) if args.out else check_output_folder(
-        "--out (default)", Path("artifacts") / workload.identifier(params))
+    out = _out_folder(args, workload.identifier(params))
     _settings(args)  # every run option checked before the compile
     options = _options(args)
-    if options.groups and args.images is not None and args.images < options.groups:
-        raise UsageError(f"--images {args.images} is fewer than the pipeline's "
-                         f"{options.groups} groups" + (" a chip" if options.chips > 1 else "")
-                         + ": a steady step needs one image in each group")
+    if options.groups:
+        check_images(options.groups, options.chips, args.images)
     # a steady step needs an image in each group: --images N plans at most N groups a chip
     result = compile_strategy(workload, params, out, options, args.images)
     return _run_and_report(args, result.package, result.graph, result.tensors, workload,
@@ -202,8 +206,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         argparse.Namespace(**{**vars(args), **changed})))
     args.groups = plan.groups
     settings, options = _settings(args), _options(args)
-    out = Path(args.out) if args.out else check_output_folder(
-        "--out (default)", Path("artifacts") / plan.workload.identifier(plan.params))
+    out = _out_folder(args, plan.workload.identifier(plan.params))
     streamed = _stream_tokens() if sys.stdout.isatty() else None
     record = generate(plan, request, options, settings, out, streamed)
     if streamed is not None:
@@ -228,8 +231,7 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
     from ipu_stack.recipe.measure import format_recipe, run_recipe
 
     workload, params = _params(args)
-    out = Path(args.out) if args.out else check_output_folder(
-        "--out (default)", Path("artifacts") / f"{workload.identifier(params)}-recipe")
+    out = _out_folder(args, f"{workload.identifier(params)}-recipe")
     record = run_recipe(workload, params, args.max_error, out, _options(args), _settings(args))
     print(json.dumps(record) if args.json else format_recipe(record))
     runs = (record["allF16"], record["allFp8"], record["recipe"])  # all-F16 may not fit
@@ -273,11 +275,17 @@ def package_file(argument: str) -> Path:
     return inside
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    path = package_file(args.package)
+def _rebuilt(path: Path) -> tuple[Any, dict[str, Any], Any, Any]:
+    """The workload, parameters, graph and tensors of the package at ``path`` (a whole
+    program or a system; one group's program alone is refused)."""
     package = load_package(path)
     refuse_group_program(package, path)
-    workload, params, graph, tensors = rebuild_workload(package)
+    return rebuild_workload(package)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    path = package_file(args.package)
+    workload, params, graph, tensors = _rebuilt(path)
     return _run_and_report(args, path, graph, tensors, workload, params, None)
 
 
@@ -293,9 +301,7 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
         path = path / "profile.json"
     if path.suffix == ".json":
         return load_profile(path)
-    package = load_package(path)
-    refuse_group_program(package, path)
-    workload, params, graph, tensors = rebuild_workload(package)
+    workload, params, graph, tensors = _rebuilt(path)
     outcome = run_any(path, graph, tensors, workload, params, None,
                       RunSettings(record=True, lock_path=lock))
     return profile_of_outcome(outcome)

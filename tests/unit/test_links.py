@@ -11,8 +11,7 @@ import pytest
 
 from ipu_stack.device.pricing import link_cycles
 from ipu_stack.planning.costs import estimate_link_phase
-from ipu_stack.planning.groups import PipelineError
-from ipu_stack.strategy.compile import group_counts
+from ipu_stack.planning.groups import PipelineError, group_counts
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import UsageError
 

@@ -261,6 +261,62 @@ def _slice(graph: Graph, index: int, first: float, count: float, op_ids: list[in
                       None if carried_in is None else graph.value(carried_in).name, output)
 
 
-__all__ = ["LayerGroup", "PipelineError", "chip_group_layers", "crossing_values", "group_layers",
-           "half_layer_bounds", "layer_range", "mid_layer_cuts", "split_at_stages",
-           "split_tower", "tower_loop"]
+
+GROUP_COUNTS = (2, 3, 4, 5, 6, 8, 9, 12)
+"""The group counts a chip's pipeline tries (below 2 is the layers strategy; over several
+chips one group a chip is tried too)."""
+
+
+def group_tiles(chip_tiles: int, groups: int) -> int:
+    """Tiles each of ``groups`` groups on a chip gets: an even share, so tile pairs stay
+    whole."""
+    return (chip_tiles // groups) & ~1
+
+
+def groupings(graph: Graph, stages: list[Stage], layers: int, chips: int,
+               counts: tuple[int, ...]) -> list[tuple[int, list[float] | None, bool]]:
+    """Each count of groups a chip to try, cut at layers' ends (``None``); and, with one
+    group a chip where the tower has a point inside a layer that one activation alone
+    crosses (``mid_layer_cuts``), also cut inside layers: into equal shares of half layers
+    over chips whose layers do not divide evenly (12.5 each for 50 layers on 4 chips: the
+    whole-layer cut leaves some chips a layer more, and they set the step), and with the
+    last chip half a layer lighter than the first (its head, a language model's LM head,
+    is work the others do not have; marked True), kept only where it ranks first."""
+    found: list[tuple[int, list[float] | None, bool]] = [(c, None, False) for c in counts]
+    if chips > 1 and 1 in counts and mid_layer_cuts(graph, stages):
+        ends = [round(2 * layers * k / chips) / 2 for k in range(chips + 1)]
+        shares = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        if layers % chips:
+            found.append((1, shares, False))
+        if shares[-1] > 0.5:  # the last chip, which holds the head, half a layer lighter
+            found.append((1, [shares[0] + 0.5, *shares[1:-1], shares[-1] - 0.5], True))
+    return found
+
+
+def group_counts(layers: int, chips: int, groups: int | None = None,
+                 most: int | None = None) -> tuple[int, ...]:
+    """The groups a chip the planner tries: ``groups`` when asked, else ``GROUP_COUNTS``
+    (and one a chip over several chips), as far as the tower has layers for them and, with
+    ``most`` (the images a run streams: a steady step needs one in each group of a chip),
+    no more than that many."""
+    if groups:
+        if groups * chips > layers:
+            raise PipelineError(f"cannot cut {layers} layers into {groups * chips} groups"
+                                + (f" ({groups} on each of {chips} chips)" if chips > 1
+                                   else ""))
+        return (groups,)
+    counts = ((1,) if chips > 1 else ()) + GROUP_COUNTS
+    found = tuple(c for c in counts if c * chips <= layers)
+    if not found:
+        raise PipelineError(f"the tower's {layers} layers cannot fill {chips} chips")
+    if most is not None:
+        found = tuple(c for c in found if c <= most)
+        if not found:
+            raise PipelineError(f"{most} image{'s' if most > 1 else ''} cannot fill a "
+                                f"pipeline of {min(counts)} or more groups"
+                                + (" a chip" if chips > 1 else ""))
+    return found
+
+__all__ = ["GROUP_COUNTS", "LayerGroup", "PipelineError", "chip_group_layers", "crossing_values",
+           "group_counts", "group_layers", "group_tiles", "groupings", "half_layer_bounds",
+           "layer_range", "mid_layer_cuts", "split_at_stages", "split_tower", "tower_loop"]

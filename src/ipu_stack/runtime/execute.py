@@ -61,16 +61,15 @@ class Outcome:
         return self.result.passed
 
 
-def check_images(system: SystemProgram, images: int | None) -> int:
-    """The images a run streams: ``images``, at least one a group of a chip (the period is an
-    executed step with every group busy).  A whole-chip program runs one by default; given
-    more, it runs them one after another on the same loaded chip, as a batch larger than
-    one program holds runs as micro-batches of the program's batch."""
-    groups = images_to_fill(system)
+def check_images(groups: int, chips: int, images: int | None) -> int:
+    """The images a run streams: ``images``, at least one a group of a chip (``groups`` a
+    chip: the period is an executed step with every group busy).  A whole-chip program runs
+    one by default; given more, it runs them one after another on the same loaded chip, as a
+    batch larger than one program holds runs as micro-batches of the program's batch."""
     count = images or groups
     if count < groups:
         raise UsageError(f"--images {count} is fewer than the pipeline's {groups} groups"
-                         + (" a chip" if system.chips > 1 else "")
+                         + (" a chip" if chips > 1 else "")
                          + ": a steady step needs one image in each group")
     return count
 
@@ -80,7 +79,7 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     """Load the package at ``path``, run it as its system says and build its record."""
     package = load_package(path)
     system = read_system(package)
-    count = check_images(system, settings.images)
+    count = check_images(images_to_fill(system), system.chips, settings.images)
     model = getattr(workload, "reference", None)
     fields = workload.benchmark_fields(params)
     if len(system.groups) == 1 and count == 1:

@@ -3,11 +3,9 @@ grouping, the group programs, the hand-offs and the pipeline package) and the ch
 between it and the layers strategy."""
 
 from ipu_stack.strategy.compile import (
-    GROUP_COUNTS,
     StrategyResult,
     compile_pipeline,
     compile_strategy,
 )
 
-__all__ = ["GROUP_COUNTS", "StrategyResult", "compile_pipeline",
-           "compile_strategy"]
+__all__ = ["StrategyResult", "compile_pipeline", "compile_strategy"]

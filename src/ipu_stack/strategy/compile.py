@@ -54,13 +54,15 @@ from ipu_stack.planning.groups import (
     LayerGroup,
     PipelineError,
     chip_group_layers,
+    group_counts,
+    group_tiles,
+    groupings,
     half_layer_bounds,
-    mid_layer_cuts,
     split_at_stages,
     split_tower,
     tower_loop,
 )
-from ipu_stack.planning.stages import Stage, find_stages
+from ipu_stack.planning.stages import find_stages
 from ipu_stack.target import Target, get_target, timing
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
@@ -71,9 +73,6 @@ from ipu_stack.workloads.footprint import check_fits
 
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
-GROUP_COUNTS = (2, 3, 4, 5, 6, 8, 9, 12)
-"""The group counts a chip's pipeline tries (below 2 is the layers strategy; over several
-chips one group a chip is tried too)."""
 CANDIDATE_MIN_PROPORTION = 0.8
 """How far a candidate grouping that does not place may retry with less memory before the
 next candidate is tried (the last one tried gets every retry)."""
@@ -121,12 +120,6 @@ def group_workload(workload: Workload, group: LayerGroup, tensors: Any) -> Workl
         benchmark_fields=workload.benchmark_fields)
 
 
-def group_tiles(chip_tiles: int, groups: int) -> int:
-    """Tiles each of ``groups`` groups on a chip gets: an even share, so tile pairs stay
-    whole."""
-    return (chip_tiles // groups) & ~1
-
-
 def _distinct(groups: list[LayerGroup]) -> dict[int, int]:
     """Group index -> the index of the first group with the same signature (its program)."""
     seen: dict[str, int] = {}
@@ -157,7 +150,7 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     stages = find_stages(graph)
     layers = tower_loop(graph, stages).count
     ranked, lighter = [], None
-    for count, shares, lighter_last in _groupings(graph, stages, layers, chips, counts):
+    for count, shares, lighter_last in groupings(graph, stages, layers, chips, counts):
         try:
             groups = split_tower(graph, chip_group_layers(layers, chips, count)) \
                 if shares is None else split_at_stages(
@@ -197,51 +190,6 @@ def choose_groups(workload: Workload, params: dict[str, Any], graph: Graph, tens
     # the lighter last chip only where it ranks first: elsewhere the cuts tried before it
     # keep their order (the last one tried gets every retry)
     return [c for c in ranked if c is not lighter or c is ranked[0]]
-
-
-def _groupings(graph: Graph, stages: list[Stage], layers: int, chips: int,
-               counts: tuple[int, ...]) -> list[tuple[int, list[float] | None, bool]]:
-    """Each count of groups a chip to try, cut at layers' ends (``None``); and, with one
-    group a chip where the tower has a point inside a layer that one activation alone
-    crosses (``mid_layer_cuts``), also cut inside layers: into equal shares of half layers
-    over chips whose layers do not divide evenly (12.5 each for 50 layers on 4 chips: the
-    whole-layer cut leaves some chips a layer more, and they set the step), and with the
-    last chip half a layer lighter than the first (its head, a language model's LM head,
-    is work the others do not have; marked True), kept only where it ranks first."""
-    found: list[tuple[int, list[float] | None, bool]] = [(c, None, False) for c in counts]
-    if chips > 1 and 1 in counts and mid_layer_cuts(graph, stages):
-        ends = [round(2 * layers * k / chips) / 2 for k in range(chips + 1)]
-        shares = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-        if layers % chips:
-            found.append((1, shares, False))
-        if shares[-1] > 0.5:  # the last chip, which holds the head, half a layer lighter
-            found.append((1, [shares[0] + 0.5, *shares[1:-1], shares[-1] - 0.5], True))
-    return found
-
-
-def group_counts(layers: int, chips: int, groups: int | None = None,
-                 most: int | None = None) -> tuple[int, ...]:
-    """The groups a chip the planner tries: ``groups`` when asked, else ``GROUP_COUNTS``
-    (and one a chip over several chips), as far as the tower has layers for them and, with
-    ``most`` (the images a run streams: a steady step needs one in each group of a chip),
-    no more than that many."""
-    if groups:
-        if groups * chips > layers:
-            raise PipelineError(f"cannot cut {layers} layers into {groups * chips} groups"
-                                + (f" ({groups} on each of {chips} chips)" if chips > 1
-                                   else ""))
-        return (groups,)
-    counts = ((1,) if chips > 1 else ()) + GROUP_COUNTS
-    found = tuple(c for c in counts if c * chips <= layers)
-    if not found:
-        raise PipelineError(f"the tower's {layers} layers cannot fill {chips} chips")
-    if most is not None:
-        found = tuple(c for c in found if c <= most)
-        if not found:
-            raise PipelineError(f"{most} image{'s' if most > 1 else ''} cannot fill a "
-                                f"pipeline of {min(counts)} or more groups"
-                                + (" a chip" if chips > 1 else ""))
-    return found
 
 
 def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
@@ -520,5 +468,4 @@ def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     return _layers(done, reason, start)
 
 
-__all__ = ["GROUP_COUNTS", "StrategyResult", "choose_groups",
-           "compile_pipeline", "compile_strategy", "group_tiles"]
+__all__ = ["StrategyResult", "choose_groups", "compile_pipeline", "compile_strategy"]
