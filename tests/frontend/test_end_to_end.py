@@ -18,7 +18,8 @@ from ipu_stack.frontend import walk as walk_module  # noqa: E402
 from ipu_stack.ir.interpret import evaluate  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.execute import run_package  # noqa: E402
-from ipu_stack.runtime.record import benchmark_fields  # noqa: E402
+from ipu_stack.runtime.groups import read_system  # noqa: E402
+from ipu_stack.runtime.record import run_record  # noqa: E402
 from ipu_stack.util.errors import CompileError  # noqa: E402
 from tests.frontend.models import TinyVit, export  # noqa: E402
 
@@ -38,8 +39,8 @@ def _run(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: Pa
 
     run = run_package(load_package(result.package), result.graph, result.tensors, lock_path,
                       model=workload.reference)
-    record = benchmark_fields(run, result.graph, workload.benchmark_fields(params),
-                              result.package, None)
+    record = run_record(run, run.package, read_system(run.package), result.graph,
+                        workload.benchmark_fields(params), result.package, None)
     return result, run, record
 
 

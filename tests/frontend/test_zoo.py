@@ -19,7 +19,8 @@ from ipu_stack.frontend import attention as attention_module  # noqa: E402
 from ipu_stack.frontend import import_program, make_workload  # noqa: E402
 from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.execute import run_package  # noqa: E402
-from ipu_stack.runtime.record import benchmark_fields  # noqa: E402
+from ipu_stack.runtime.groups import read_system  # noqa: E402
+from ipu_stack.runtime.record import run_record  # noqa: E402
 from ipu_stack.runtime.session import load_package  # noqa: E402
 from ipu_stack.util.errors import CompileError  # noqa: E402
 
@@ -173,8 +174,8 @@ def _bench(program, precision: str, tmp_path: Path, cache_dir: Path, lock_path: 
                               CompileOptions(cache_dir=str(cache_dir)))
     run = run_package(load_package(result.package), result.graph, result.tensors, lock_path,
                       model=workload.reference)
-    return benchmark_fields(run, result.graph, workload.benchmark_fields(params),
-                            result.package, None)
+    return run_record(run, run.package, read_system(run.package), result.graph,
+                      workload.benchmark_fields(params), result.package, None)
 
 
 @pytest.mark.parametrize("name, precision", [
