@@ -94,4 +94,11 @@ def test_full_size_siglip_mlp(tmp_path, lock_path, cache_dir, capsys):
     assert record["cycles"] <= 120000  # issue 10; seed 004 measured 204 006
     assert record["estimateError"] <= 0.05
     assert record["inputBytes"] == 839808
+    # the fields seed 004's record has come in its order, after the workload's own
+    seed_order = ["numericalTest", "workload", "benchmark", "batch", "tokens", "rows",
+                  "dimension", "hiddenDimension", "blocks", "biases", "activeTiles",
+                  "executionTiles", "inputBytes", "weightBytes", "cycles", "minimumTileCycles",
+                  "deviceMicroseconds", "effectiveGemmTflops", "peakTflops",
+                  "efficiencyPercent", "maximumAbsoluteError", "package"]
+    assert [key for key in record if key in seed_order] == seed_order
     _check_against_float64(tmp_path)

@@ -114,6 +114,12 @@ def source_fields(manifest: dict[str, Any], cycles: int, package_path: Any,
             "simulateSeconds": round(simulate_seconds, 2)}
 
 
+LOG_004_ORDER = ("activeTiles", "executionTiles", "inputBytes", "weightBytes", "cycles",
+                 "minimumTileCycles", "deviceMicroseconds", "effectiveGemmTflops", "peakTflops",
+                 "efficiencyPercent", "maximumAbsoluteError", "package")
+"""The fields reference log 004 reports, in its order, after the workload's own."""
+
+
 def run_record(ran: RunResult | StreamRun, package: Package, system: SystemProgram,
                graph: Graph, workload_fields: dict[str, Any], package_path: Any,
                compile_seconds: float | None) -> dict[str, Any]:
@@ -169,7 +175,9 @@ def run_record(ran: RunResult | StreamRun, package: Package, system: SystemProgr
         record.update(stream_fields(run, system))
     if run.chips > 1:
         record.update(chip_fields(run, manifest))
-    return record
+    order = ["numericalTest", "workload", "referenceSource", "strategy", *workload_fields,
+             *(key for key in LOG_004_ORDER if key in record)]
+    return {**{key: record[key] for key in order}, **record}
 
 
 def device_fields(result: RunResult, graph: Graph, target: Target) -> dict[str, Any]:
