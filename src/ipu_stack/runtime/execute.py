@@ -32,7 +32,6 @@ from ipu_stack.runtime.stream import (
     Model,
     RunSettings,
     StreamRun,
-    images_to_fill,
     run_stream,
 )
 from ipu_stack.runtime.stream import stream_images as make_images
@@ -79,7 +78,7 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     """Load the package at ``path``, run it as its system says and build its record."""
     package = load_package(path)
     system = read_system(package)
-    count = check_images(images_to_fill(system), system.chips, settings.images)
+    count = check_images(system.per_chip, system.chips, settings.images)
     model = getattr(workload, "reference", None)
     fields = workload.benchmark_fields(params)
     if len(system.groups) == 1 and count == 1:

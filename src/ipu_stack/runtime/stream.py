@@ -213,12 +213,6 @@ def time_steps(run: StreamRun) -> None:
         run.step_cycles.append(slowest + (link if linked else 0))
 
 
-def images_to_fill(system: SystemProgram) -> int:
-    """The fewest images whose run executes a full step of every chip: one a group of a
-    chip (the chips couple only through the link phase)."""
-    return system.per_chip
-
-
 def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
                   tensors: Mapping[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
     """``count`` images as the graph's inputs: the workload's own first, then the workload's
@@ -490,5 +484,5 @@ class Coordinator:
             raise
 
 
-__all__ = ["GroupRun", "Model", "RunSettings", "StepFeed", "StreamRun", "images_to_fill", "merged_step",
+__all__ = ["GroupRun", "Model", "RunSettings", "StepFeed", "StreamRun", "merged_step",
            "run_stream", "step_schedule", "stream_images", "time_steps"]
