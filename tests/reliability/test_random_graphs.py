@@ -24,12 +24,7 @@ from hypothesis import strategies as st
 from ipu_stack.pipeline import CompileOptions, compile_workload
 from ipu_stack.runtime.execute import run_package
 from ipu_stack.runtime.session import load_package
-from ipu_stack.testing.graphs import (
-    POST_OPS,
-    build_random,
-    independent_outcome,
-    random_workload,
-)
+from ipu_stack.testing.graphs import POST_OPS, build_random, random_workload
 from ipu_stack.util.errors import CompileError
 from ipu_stack.verdict.tolerance import compare
 
@@ -74,8 +69,8 @@ def compile_and_run(spec: dict[str, Any], folder: Path, cache: Path, lock: Path
     assert run.passed, {k: v for k, v in run.comparisons.items()}
     _, _, expected = build_random(spec)
     ((name, device),) = run.outputs.items()
-    outcome, independent = independent_outcome(device, expected)
-    assert outcome != "failed", (name, independent)
+    independent = compare(device.reshape(expected.shape), expected)
+    assert independent.passed, (name, independent)
     assert np.all(np.isfinite(device))
     return result.package.read_bytes(), device
 
@@ -114,23 +109,3 @@ def test_independent_evaluation_catches_a_wrong_answer(cache_dir: Path, lock_pat
     wrong = device.reshape(expected.shape).copy()
     wrong[:4, :4] *= 1.25
     assert not compare(wrong, expected).passed
-    assert independent_outcome(wrong, expected)[0] == "failed"
-
-
-def test_one_row_within_the_spread_is_a_flip_and_two_rows_are_not() -> None:
-    """An FP8 intermediate rounded the other way moves one row a little: a flip.  The same
-    move in two rows, or one element far beyond the band, fails."""
-    rng = np.random.default_rng(5)
-    expected = rng.standard_normal((8, 12))
-    band = 2.0**-6 * np.abs(expected).max() + 2.0**-9 * np.abs(expected)
-    one_row = expected.copy()
-    one_row[3, :2] += 2 * band[3, :2]
-    assert independent_outcome(one_row, expected)[0] == "flip"
-    two_rows = one_row.copy()
-    two_rows[5, 0] += 2 * band[5, 0]
-    assert independent_outcome(two_rows, expected)[0] == "failed"
-    wild = expected.copy()
-    wild[3, 0] += 20 * band[3, 0]
-    outcome, comparison = independent_outcome(wild, expected)
-    assert outcome == "failed" and comparison.wild == 1
-    assert independent_outcome(expected, expected)[0] == "passed"
