@@ -129,9 +129,9 @@ def fuzz_graphs(tally: Tally, rng: np.random.Generator, count: int, odd: bool, w
         try:
             result = compile_workload(random_workload(spec), spec, folder,
                                       CompileOptions(cache_dir=str(work / "cache"), finalists=2))
-            run = run_package(load_package(result.package), result.graph, result.tensors,
-                              work / "device.lock")
-            _, _, expected = build_random(spec)
+            package = load_package(result.package)
+            run = run_package(package, result.graph, result.tensors, work / "device.lock")
+            _, _, expected = build_random(spec, package.manifest.get("gemm_modes"))
             (device,) = run.outputs.values()
             independent = compare(device.reshape(expected.shape), expected)
             if run.passed and independent.passed:

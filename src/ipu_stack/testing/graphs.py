@@ -26,6 +26,7 @@ from ipu_stack.workloads.base import Workload
 
 POST_OPS = ("gelu", "softmax", "layer_norm", "add", "scale")
 LN_EPS = 1e-6
+FP8_PASS = 32  # products one FP8 AMP pass adds to its float16 partial (amp_f8_depth)
 
 
 def random_spec(rng: np.random.Generator, odd: bool = False) -> dict[str, Any]:
@@ -70,6 +71,7 @@ class _Builder:
         self.tensors: dict[str, np.ndarray] = {}
         self.expected: dict[int, np.ndarray] = {}  # value id -> float64 [rows, cols], rounded
         self.precisions: dict[int, Precision] = {}
+        self.ops = 0  # the next operation's id
 
     def _leaf(self, name: str, data: np.ndarray, precision: Precision, role: str,
               shape: tuple[int, ...] | None = None) -> int:
@@ -93,18 +95,52 @@ class _Builder:
         if precision is None:
             precision = _fp8(value)
         vid = self.b.op(kind, inputs, precision, name, **attrs)
+        self.ops += 1
         self.expected[vid] = round_to(value, precision.to_json())
         self.precisions[vid] = precision
         return vid
 
 
-def build_random(spec: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray], np.ndarray]:
+def fp16_partial_product(a: np.ndarray, b: np.ndarray, depth_block: int) -> np.ndarray:
+    """``a @ b`` with the FP8 mode's partial sums: each ``depth_block`` of the depth added
+    32 products at a time to a partial held in float16, the blocks' partials then added
+    (in float64 here; the device adds them in float32)."""
+    total = np.zeros((a.shape[0], b.shape[1]))
+    for block in range(0, a.shape[1], depth_block):
+        partial = np.zeros_like(total, dtype=np.float16)
+        for lo in range(block, min(block + depth_block, a.shape[1]), FP8_PASS):
+            hi = min(lo + FP8_PASS, block + depth_block, a.shape[1])
+            partial = (partial + a[:, lo:hi] @ b[lo:hi]).astype(np.float16)
+        total += partial
+    return total
+
+
+def one_pass_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """A layer norm of F16 rows in the one-pass form the device runs them in (the vendor's
+    ``NormCE``, docs/machine.md): the mean rounded to float16, ``E[x^2] - mean^2`` plus eps,
+    its inverse root rounded to float16, then ``(x - mean) r gamma + beta`` with every
+    operation rounded to float16 (the sums here in float64, the device's in float32)."""
+    def half(values: np.ndarray) -> np.ndarray:
+        return values.astype(np.float16).astype(np.float64)
+
+    mean = half(x.mean(axis=-1, keepdims=True))
+    variance = np.maximum((x * x).mean(axis=-1, keepdims=True) - mean * mean, 0) + LN_EPS
+    inverse = half(1 / np.sqrt(variance))
+    return half(half(half(half(x - mean) * inverse) * gamma) + beta)
+
+
+def build_random(spec: dict[str, Any], gemm_modes: dict[str, dict] | None = None
+                 ) -> tuple[Graph, dict[str, np.ndarray], np.ndarray]:
     """The graph, its host tensors and the independently computed float64 expected output.
 
     Every value is rounded to its stored precision at the point the graph stores it, exactly
     as the float64 forward passes of the tests do; FP8 activations get the scale that
-    fits their own data with 2x headroom.  The graph output is always F16 (an FP8 output would
-    turn one rounding flip into a 1/8 relative error, outside any sane tolerance).
+    fits their own data with 2x headroom.  A matmul that ``gemm_modes`` (a package's record,
+    by operation id) runs in the FP8 mode sums its products as that mode does
+    (:func:`fp16_partial_product`): its partials' float16 rounding is part of the program,
+    and near an FP8 rounding boundary it decides which way a stored value rounds.  The graph
+    output is always F16 (an FP8 output would turn one rounding flip into a 1/8 relative
+    error, outside any sane tolerance).
     """
     bld = _Builder(spec)
     rng = bld.rng
@@ -133,7 +169,10 @@ def build_random(spec: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray], np
             name, prec = f"{kind}{index}.{step}", precision(step)
             v = bld.expected[current]
             if kind == "matmul":
-                current = bld.op("matmul", [current, w_id], prec, name, value=v @ bld.expected[w_id])
+                mode = (gemm_modes or {}).get(str(bld.ops), {})
+                product = v @ bld.expected[w_id] if mode.get("mode") != "fp8" else \
+                    fp16_partial_product(v, bld.expected[w_id], int(mode["depth_block"]))
+                current = bld.op("matmul", [current, w_id], prec, name, value=product)
                 cols = out_cols
             elif kind == "bias_add":
                 bias = bld.weight(f"b{index}", rng.standard_normal(cols) * 0.1, "F16")
@@ -152,9 +191,13 @@ def build_random(spec: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray], np
             elif kind == "layer_norm":
                 g = bld.weight(f"gamma{index}.{step}", 1.0 + 0.1 * rng.standard_normal(cols), "F16")
                 beta = bld.weight(f"beta{index}.{step}", 0.1 * rng.standard_normal(cols), "F16")
-                mean = v.mean(axis=-1, keepdims=True)
-                var = ((v - mean) ** 2).mean(axis=-1, keepdims=True)
-                norm = (v - mean) / np.sqrt(var + LN_EPS) * bld.expected[g] + bld.expected[beta]
+                if bld.precisions[current].kind == "F16" and cols % 4 == 0 and cols < 8192:
+                    norm = one_pass_norm(v, bld.expected[g], bld.expected[beta])
+                else:
+                    mean = v.mean(axis=-1, keepdims=True)
+                    var = ((v - mean) ** 2).mean(axis=-1, keepdims=True)
+                    norm = (v - mean) / np.sqrt(var + LN_EPS) * bld.expected[g] + \
+                        bld.expected[beta]
                 current = bld.op("layer_norm", [current, g, beta], prec, name, value=norm,
                                  eps=LN_EPS)
             elif kind == "add":
