@@ -55,6 +55,8 @@ from ipu_stack.phases.state import (
     Planned,
 )
 from ipu_stack.planning.fit import usable_bytes
+from ipu_stack.planning.stages import GemmStage, find_stages
+from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -138,6 +140,12 @@ SLACK_GAIN = 0.002
 # try, up to the most (then for less memory in all, as any program)
 INTERLEAVED_RESERVE_STEP = 8 * 1024
 INTERLEAVED_RESERVE_MOST = 32 * 1024
+# plans that do not place are planned again, before for less memory, with GEMMs of more
+# rows than this in column blocks 32 wide at least (``CompileOptions.lean_table_rows``):
+# exchange tables are support memory the planner does not count, and a row's columns split
+# over narrow blocks move in many small transfers (Swin-L's stage 1, 9,216 rows a GEMM;
+# assumed: holding every GEMM to 32 columns places Swin-L F16 a little slower)
+LEAN_TABLE_ROWS = 1000
 
 
 def retry_proportion(failure: PlacementError, proportion: float, usable: int,
@@ -168,8 +176,10 @@ def compile_workload(
     program) or fragmentation exactly, so when placement fails the compile is planned again
     for less of tile memory (:func:`retry_proportion`), down to ``MIN_PROPORTION`` (or
     ``min_proportion``), which gets the last try.  When it places with room to spare, the
-    room is planned for once more (:func:`_into_slack`).  One schedule memo serves every
-    attempt: most phases of a retry are the ones the failed attempt already scheduled.
+    room is planned for once more (:func:`_into_slack`).  Plans that did not place are also
+    tried with fewer exchange transfers (:meth:`Tries.leaner`), and the faster placed
+    program is kept.  One schedule memo serves every attempt: most phases of a retry are
+    the ones the failed attempt already scheduled.
     ``body_hints``: the layer loop body's GEMM plans to take where its stages have them
     (:func:`~ipu_stack.phases.stages.pin_body_plans`).  ``options.slack``: whether the room
     is planned for.
@@ -182,23 +192,21 @@ def compile_workload(
         if options.exchange_cache and options.cache_dir:
             store = ScheduleStore(Path(options.cache_dir))
         memo = ScheduleMemo(store)
-    attempt = Attempts(options, options.memory_proportion,
-                       MIN_PROPORTION if min_proportion is None else min_proportion,
-                       usable_bytes(options.machine(), options.support_reserve))
     prepared: dict[str, Any] = {}
     start = time.perf_counter()
     dump = Path(options.dump_stages) if options.dump_stages else None
-    while True:
-        build = Build(workload, params, Path(out_dir),
-                      dataclasses.replace(attempt.options,
-                                          memory_proportion=attempt.proportion),
-                      options.machine(), memo, prepared, body_hints)
-        try:
-            planned = plan(build, dump)
-            placed = lower_and_place(build, dump)
-            break
-        except CompileError as failure:
-            attempt.after(failure, build)  # the next try's options, or raises
+    floor = MIN_PROPORTION if min_proportion is None else min_proportion
+    tried = Tries(workload, params, Path(out_dir), memo, prepared, body_hints, floor)
+    build, planned, placed, attempt = tried.place(options, dump)
+    # plans that did not place are tried again with fewer exchange transfers (a capacity
+    # probe's only where nothing placed: it asks only whether the model fits)
+    if attempt.placement_failed and not options.lean_table_rows and not body_hints and \
+            (options.slack or build is None):
+        build, planned, placed, attempt = tried.leaner(options, (build, planned, placed, attempt),
+                                                       dump)
+    if build is None or planned is None or placed is None:
+        assert attempt.failure is not None
+        raise attempt.failure
     options, tries, proportion = attempt.options, attempt.tries, attempt.proportion
     # the room left is planned for where the plans are the ones asked for (no retry, the
     # whole memory, the layer body not pinned to another program's plans) and leaner than
@@ -221,6 +229,8 @@ class Attempts:
     floor: float
     usable: int
     tries: int = 0  # placement failures answered with less memory
+    placement_failed: bool = False  # any try's plans did not place
+    failure: CompileError | None = None  # why the last try failed, when nothing was left
 
     def after(self, failure: CompileError, build: Build) -> None:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
@@ -231,6 +241,7 @@ class Attempts:
         left to try."""
         options = self.options
         placing = isinstance(failure, PlacementError)
+        self.placement_failed |= placing
         # a side-by-side decode step that did not place, now or on an earlier try (which
         # left it planning for less interleaved memory)
         side_by_side = options.fuse_supersteps and (options.interleaved_reserve > 0 or (
@@ -262,6 +273,81 @@ class Attempts:
         event(LOG, "planning again with less memory: the plans did not place",
               reason=str(failure), short_bytes=failure.shortfall,
               planned_bytes=failure.planned_bytes, memory_proportion=self.proportion)
+
+
+Tried = tuple[Build | None, "Planned | None", "Placed | None", Attempts]
+"""A chain of tries: the placed build, its plans and placement (``None`` where nothing
+placed), and the attempts that led there."""
+
+
+@dataclasses.dataclass
+class Tries:
+    """One compile's chains of tries, sharing the prepared graph and the schedule memo."""
+
+    workload: Workload
+    params: dict[str, Any]
+    out_dir: Path
+    memo: ScheduleMemo | None
+    prepared: dict[str, Any]
+    body_hints: tuple[str, ...]
+    floor: float
+
+    def place(self, options: CompileOptions, dump: Path | None) -> Tried:
+        """Plan, lower and place with ``options``, trying again as :class:`Attempts` says
+        when the plans do not place; where nothing is left to try, no build and the
+        attempts with their last failure."""
+        attempt = Attempts(options, options.memory_proportion, self.floor,
+                           usable_bytes(options.machine(), options.support_reserve))
+        while True:
+            build = Build(self.workload, self.params, self.out_dir,
+                          dataclasses.replace(attempt.options,
+                                              memory_proportion=attempt.proportion),
+                          options.machine(), self.memo, self.prepared, self.body_hints)
+            try:
+                planned = plan(build, dump)
+                return build, planned, lower_and_place(build, dump), attempt
+            except CompileError as failure:
+                try:
+                    attempt.after(failure, build)  # the next try's options, or raises
+                except CompileError as last:
+                    attempt.failure = last
+                    return None, None, None, attempt
+
+    def leaner(self, options: CompileOptions, first: Tried, dump: Path | None) -> Tried:
+        """The compile's tries again with the big GEMMs in wide column blocks
+        (``LEAN_TABLE_ROWS``), kept where they place and schedule faster than ``first``
+        (or where ``first`` did not place).
+
+        Why: exchange tables are support memory the fitter does not count, so plans that
+        did not place were planned for less memory, which costs cycles everywhere; fewer,
+        larger transfers may buy back more than the wide blocks cost.  Which way it goes
+        depends on the model (Swin-L at F16 gains 4 %, at FP8 it would lose 0.8 %), so both
+        are placed and the faster is taken."""
+        graph = self.prepared.get("graph")
+        if graph is None or not any(
+                shape.rows > LEAN_TABLE_ROWS and shape.cols > timing.p("amp_out_columns")
+                for shape in (stage_shape(graph, stage) for stage in find_stages(graph)
+                              if isinstance(stage, GemmStage))):
+            return first  # no GEMM whose column blocks the lean plans would widen
+        lean = self.place(dataclasses.replace(options, lean_table_rows=LEAN_TABLE_ROWS), None)
+        _, _, placed, _ = first
+        _, _, lean_placed, lean_attempt = lean
+        if lean_placed is None:
+            event(LOG, "kept the first plans: with fewer exchange transfers they do not place",
+                  reason=str(lean_attempt.failure))
+            return first
+        fields = {"estimated_cycles": lean_placed.estimate["cycles"],
+                  "first_estimated_cycles": None if placed is None
+                  else placed.estimate["cycles"], "lean_table_rows": LEAN_TABLE_ROWS}
+        if placed is not None and placed.estimate["cycles"] <= lean_placed.estimate["cycles"]:
+            event(LOG, "kept the first plans: with fewer exchange transfers they schedule no "
+                  "faster", **fields)
+            return first
+        event(LOG, "took the plans with fewer exchange transfers", **fields)
+        if dump is not None and lean[0] is not None:
+            for stage in PLANNING + LOWERING:
+                _dump(lean[0], stage, dump)
+        return lean
 
 
 def _into_slack(build: Build, planned: Planned, placed: Placed, dump: Path | None) -> Build:

@@ -274,8 +274,9 @@ def test_depth_split_plans_pass(tmp_path, lock_path, cache_dir, capsys, monkeypa
     if hasattr(pipeline, "gemm_search"):  # (cheapest plans, memory/cycles front)
         search = pipeline.gemm_search
 
-        def patched(shape, target, keep=4, mode="auto"):
-            found, front = search(shape, target, keep=100, mode=mode)
+        def patched(shape, target, keep=4, mode="auto", min_col_block=0):
+            found, front = search(shape, target, keep=100, mode=mode,
+                                  min_col_block=min_col_block)
             return split_first(found)[:keep], front
 
         monkeypatch.setattr(pipeline, "gemm_search", patched)
@@ -306,8 +307,8 @@ def test_softmax_in_place_on_whole_row_scores_passes(tmp_path, lock_path, cache_
 
     search = pipeline.gemm_search
 
-    def patched(shape, target, keep=4, mode="auto"):
-        found, front = search(shape, target, keep=keep, mode=mode)
+    def patched(shape, target, keep=4, mode="auto", min_col_block=0):
+        found, front = search(shape, target, keep=keep, mode=mode, min_col_block=min_col_block)
         if not shape.rows_read_in_place:
             return found, front
         whole = cost_plan(shape, shape.rows, 1, 1, target, mode=found[0].mode)

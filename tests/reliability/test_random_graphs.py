@@ -5,8 +5,8 @@ layer norm, residual add and FP8 casts, F16 or FP8 F143 storage (scales from
 ``fit_scale_exponent``).  The device result must pass the runtime's own check *and* agree with
 an independent float64 evaluation (``ipu_stack.testing.graphs``: plain numpy with the stored
 precisions applied, FP8-mode GEMMs' float16 partial sums as the package records them, F16
-layer norms in the device's one-pass form).  Odd sizes must either pass the same way or be refused with a clean
-``CompileError``; no other exception is acceptable.
+layer norms in the device's one-pass form).  Odd sizes must either pass the same way or be
+refused with a clean ``CompileError``; no other exception is acceptable.
 
 Few examples and ``derandomize=True`` keep the default suite fast and repeatable; the longer,
 truly random run is ``python benchmarks/fuzz.py``.

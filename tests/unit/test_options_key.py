@@ -25,7 +25,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(CompileOptions)}
 RECORD = ("target", "finalists", "diagnostics", "memory_proportion", "paired_exchange",
           "gemm_mode", "share_layers")
 RECORD_WHEN_SET = ("tiles", "support_reserve", "interleaved_reserve", "strategy", "groups",
-                   "chips", "fuse_supersteps")
+                   "chips", "fuse_supersteps", "lean_table_rows")
 UNRECORDED = ("slack",)
 NOT_IN_THE_PACKAGE = ("cache_dir", "reuse_schedules", "exchange_cache", "dump_stages",
                       "verify_stages")
@@ -80,8 +80,8 @@ def test_the_record_is_derived_from_the_marks() -> None:
                                "gemm_mode": "auto", "share_layers": True}
     every = CompileOptions(tiles=162, support_reserve=1234, interleaved_reserve=8192,
                            strategy="pipeline", groups=9, chips=2, slack=False,
-                           dump_stages="/d", verify_stages=True)
+                           dump_stages="/d", verify_stages=True, lean_table_rows=1000)
     assert every.to_json() == {**plain.to_json(), "tiles": 162, "support_reserve": 1234,
                                "interleaved_reserve": 8192, "strategy": "pipeline",
-                               "groups": 9, "chips": 2}
+                               "groups": 9, "chips": 2, "lean_table_rows": 1000}
     json.dumps(every.to_json(), allow_nan=False)  # what the package writer requires

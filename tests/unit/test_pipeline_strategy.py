@@ -296,8 +296,8 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
     plain = compile_workload(workload, params, tmp_path / "plain", options)
     search = stages.gemm_search
 
-    def chunked(shape, target, keep=4, mode="auto"):
-        found, front = search(shape, target, keep, mode)
+    def chunked(shape, target, keep=4, mode="auto", min_col_block=0):
+        found, front = search(shape, target, keep, mode, min_col_block)
         redone = [cost_plan(shape, 1, p.col_splits, p.depth_splits, mode=p.mode,
                             chunks=3) for p in found]
         return [r or p for r, p in zip(redone, found, strict=True)], front
@@ -363,8 +363,8 @@ def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tili
     search = stages.gemm_search
 
     def fixed(streamed: bool):
-        def pick(shape, target, keep=4, mode="auto"):
-            found, front = search(shape, target, keep, mode)
+        def pick(shape, target, keep=4, mode="auto", min_col_block=0):
+            found, front = search(shape, target, keep, mode, min_col_block)
             if not shape.b_resident:
                 return found, front
             plans = [cost_plan(shape, r, c, d, mode=mode_, streamed=streamed)

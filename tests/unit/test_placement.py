@@ -235,3 +235,58 @@ def test_retry_gives_up_what_placement_missed_and_more_each_try() -> None:
     near.shortfall = NEAR_MISS + 1
     assert retry_proportion(near, 0.9, usable, tries=2) == pytest.approx(
         0.9 - 2 * MIN_RETRY_STEP)
+
+
+def test_a_compile_whose_plans_did_not_place_keeps_the_faster_of_two_chains(monkeypatch) -> None:
+    """``Tries.leaner``: the tries again with wide column blocks are kept only where they
+    place and schedule faster than the first chain (or where it placed nothing); a graph
+    without a GEMM the wide blocks would change is not tried again."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from ipu_stack.phases.state import CompileOptions
+    from ipu_stack.pipeline import LEAN_TABLE_ROWS, Tries
+    from ipu_stack.workloads import get_workload
+
+    workload = get_workload("siglip-mlp")
+    params = workload.resolve({"tokens": 2048, "dim": 64, "hidden": 96})
+    tall, _ = workload.build(params)  # 2,048 rows a GEMM
+    short, _ = workload.build(workload.resolve({"tokens": 64, "dim": 64, "hidden": 96}))
+
+    def chain(cycles):
+        placed = None if cycles is None else SimpleNamespace(estimate={"cycles": cycles})
+        return (None if cycles is None else "build", None, placed,
+                SimpleNamespace(failure=PlacementError("no room")))
+
+    asked = []
+    for first, lean, kept in [(100, 90, 90), (100, 110, 100), (None, 120, 120),
+                              (100, None, 100)]:
+        tries = Tries(workload, params, Path("."), None, {"graph": tall}, (), 0.45)
+        monkeypatch.setattr(tries, "place", lambda options, dump, lean=lean:
+                            asked.append(options.lean_table_rows) or chain(lean))
+        assert tries.leaner(CompileOptions(), chain(first), None)[2].estimate["cycles"] == kept
+    assert asked == [LEAN_TABLE_ROWS] * 4
+    tries = Tries(workload, params, Path("."), None, {"graph": short}, (), 0.45)
+    monkeypatch.setattr(tries, "place", lambda options, dump: pytest.fail("tried again"))
+    first = chain(100)
+    assert tries.leaner(CompileOptions(), first, None) is first
+
+
+def test_attempts_remember_a_placement_failure_and_plan_for_less_memory() -> None:
+    """A placement failure plans for less memory and is remembered (the compile then tries
+    the wide column blocks too); a failure that is not placement's is raised."""
+    from types import SimpleNamespace
+
+    from ipu_stack.phases.state import CompileOptions
+    from ipu_stack.pipeline import Attempts
+    from ipu_stack.util.errors import CompileError
+
+    build = SimpleNamespace(plans=[])  # no plans of a decode step run side by side
+    attempt = Attempts(CompileOptions(), 1.0, 0.45, 500_000)
+    failure = PlacementError("test")
+    failure.planned_bytes, failure.shortfall = 490_000, 1_664
+    attempt.after(failure, build)
+    assert attempt.placement_failed and attempt.proportion < 1.0 and attempt.tries == 1
+    assert attempt.options.lean_table_rows == 0
+    with pytest.raises(CompileError):
+        attempt.after(CompileError("no tiling"), build)

@@ -250,3 +250,21 @@ def test_paired_gathers_change_what_the_planner_prefers() -> None:
     assert paired.col_splits % 2 == 0
     words = paired.row_block * paired.depth_block // 4
     assert paired.costs["a_exchange"] == -(-words // 2) + 237
+
+
+@pytest.mark.parametrize("cols", [576, 100, 16])
+def test_a_lean_search_keeps_column_blocks_wide(cols: int) -> None:
+    """``min_col_block``: no plan (fastest or on the memory front) splits the columns into
+    blocks narrower than asked where the GEMM has the columns; without it the fastest
+    plans of a tall GEMM split them into the narrowest, 16."""
+    from ipu_stack.planning.gemm import gemm_search
+
+    shape = GemmShape(0, 9216, 192, cols, 1, True)
+    fastest, front = gemm_search(shape, IPU21, keep=4)
+    lean, lean_front = gemm_search(shape, IPU21, keep=4, min_col_block=32)
+    assert lean and lean_front
+    for plan in lean + lean_front:
+        assert plan.col_block >= min(32, cols) and plan.col_splits * plan.col_block >= cols
+    if cols == 576:
+        assert min(p.col_block for p in fastest + front) == 16
+        assert lean[0].estimated_cycles >= fastest[0].estimated_cycles

@@ -68,6 +68,10 @@ class CompileOptions:
     # interleaved bytes left out of the plan: placement found that a tile's weights and
     # partials need more of it than the planner's per-plan fullest tiles add up to
     interleaved_reserve: int = _marked(0, WHEN_SET)
+    # GEMMs of more rows than this take column blocks two AMP column groups wide at least
+    # (fewer, larger transfers: smaller exchange tables); 0: any width.  Set by a compile
+    # whose plans did not place (pipeline.Attempts), before it plans for less memory
+    lean_table_rows: int = _marked(0, WHEN_SET)
     # tile pairs share an exchange bus: a broadcast to whole pairs moves two words a cycle
     # (the vendor's and the reference's production width selection, hardware-replayed;
     # docs/machine.md).  On by default; off (``--no-paired-exchange``) for one-lane phases

@@ -328,7 +328,8 @@ def gemm_candidates(shape: GemmShape, target: Target, keep: int = 4) -> list[Gem
 
 
 def gemm_search(
-    shape: GemmShape, target: Target, keep: int = 4, mode: str = "auto"
+    shape: GemmShape, target: Target, keep: int = 4, mode: str = "auto",
+    min_col_block: int = 0,
 ) -> tuple[list[GemmPlan], list[GemmPlan]]:
     """Enumerate tilings that use most of the machine: the ``keep`` fastest, and the Pareto
     front of cycles against resident bytes (what the memory fitter trades along).
@@ -336,11 +337,15 @@ def gemm_search(
     A stage of ``groups`` independent GEMMs (attention heads) gives each group an equal
     share of the tiles.  For each row and depth split, the column split is the largest that
     the tiles allow (more columns only shrink the per-tile work); ties break towards fewer
-    tiles.
+    tiles.  ``min_col_block``: no column block narrower (where the GEMM has the columns):
+    wider blocks send a row's columns in fewer, larger transfers, so the exchange tables
+    that support memory holds for them are smaller.
     """
     waves = -(-shape.groups // target.tiles)  # rounds of groups (module docstring)
     tiles = target.tiles // -(-shape.groups // waves)
     col_groups = -(-shape.cols // p("amp_out_columns"))
+    if min_col_block:  # at most as many column blocks as keep each that wide
+        col_groups = min(col_groups, max(1, shape.cols // min_col_block))
     plans: dict[tuple, GemmPlan] = {}
     budget = target.memory_end - target.memory_base - int(target.runtime_support_bytes)
     smallest = 1 << 62
