@@ -140,11 +140,12 @@ SLACK_GAIN = 0.002
 # try, up to the most (then for less memory in all, as any program)
 INTERLEAVED_RESERVE_STEP = 8 * 1024
 INTERLEAVED_RESERVE_MOST = 32 * 1024
-# plans that do not place are planned again, before for less memory, with GEMMs of more
-# rows than this in column blocks 32 wide at least (``CompileOptions.lean_table_rows``):
-# exchange tables are support memory the planner does not count, and a row's columns split
-# over narrow blocks move in many small transfers (Swin-L's stage 1, 9,216 rows a GEMM;
-# assumed: holding every GEMM to 32 columns places Swin-L F16 a little slower)
+# a compile whose plans did not place also runs its tries with GEMMs of more rows than
+# this in column blocks 32 wide at least (``CompileOptions.lean_table_rows``,
+# :meth:`Tries.leaner`): exchange tables are support memory the planner does not count, and
+# a row's columns split over narrow blocks move in many small transfers (Swin-L's stage 1,
+# 9,216 rows a GEMM).  Assumed: every GEMM held to 32 columns places Swin-L F16 at 5,087,364
+# cycles, those over 1,000 rows at 4,955,319
 LEAN_TABLE_ROWS = 1000
 
 
@@ -275,7 +276,7 @@ class Attempts:
               planned_bytes=failure.planned_bytes, memory_proportion=self.proportion)
 
 
-Tried = tuple[Build | None, "Planned | None", "Placed | None", Attempts]
+Tried = tuple[Build | None, Planned | None, Placed | None, Attempts]
 """A chain of tries: the placed build, its plans and placement (``None`` where nothing
 placed), and the attempts that led there."""
 
