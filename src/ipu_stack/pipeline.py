@@ -144,8 +144,8 @@ INTERLEAVED_RESERVE_MOST = 32 * 1024
 # this in column blocks 32 wide at least (``CompileOptions.lean_table_rows``,
 # :meth:`Tries.leaner`): exchange tables are support memory the planner does not count, and
 # a row's columns split over narrow blocks move in many small transfers (Swin-L's stage 1,
-# 9,216 rows a GEMM).  Assumed: every GEMM held to 32 columns places Swin-L F16 at 5,087,364
-# cycles, those over 1,000 rows at 4,955,319
+# 9,216 rows a GEMM).  Assumed; Swin-L F16 places at 5,087,364 cycles with every GEMM held
+# to 32 columns, 5,058,155 over 500 rows, 4,955,319 over 1,000, 4,945,595 over 3,000
 LEAN_TABLE_ROWS = 1000
 
 
