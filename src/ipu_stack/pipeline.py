@@ -55,8 +55,8 @@ from ipu_stack.phases.state import (
     Planned,
 )
 from ipu_stack.planning.fit import usable_bytes
+from ipu_stack.planning.gemm import lean_col_block
 from ipu_stack.planning.stages import GemmStage, find_stages
-from ipu_stack.target import timing
 from ipu_stack.util.errors import CompileError, PlacementError
 from ipu_stack.util.heap import keep_freed_memory
 from ipu_stack.util.log import event, phase
@@ -326,9 +326,8 @@ class Tries:
         are placed and the faster is taken."""
         graph = self.prepared.get("graph")
         if graph is None or not any(
-                shape.rows > LEAN_TABLE_ROWS and shape.cols > timing.p("amp_out_columns")
-                for shape in (stage_shape(graph, stage) for stage in find_stages(graph)
-                              if isinstance(stage, GemmStage))):
+                lean_col_block(stage_shape(graph, stage), LEAN_TABLE_ROWS)
+                for stage in find_stages(graph) if isinstance(stage, GemmStage)):
             return first  # no GEMM whose column blocks the lean plans would widen
         lean = self.place(dataclasses.replace(options, lean_table_rows=LEAN_TABLE_ROWS), None)
         _, _, placed, _ = first

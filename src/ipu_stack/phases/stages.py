@@ -48,7 +48,13 @@ from ipu_stack.planning.fit import (
     planned_bytes,
     planned_cycles,
 )
-from ipu_stack.planning.gemm import GemmPlan, gemm_search, resident_bytes, transient_bytes
+from ipu_stack.planning.gemm import (
+    GemmPlan,
+    gemm_search,
+    lean_col_block,
+    resident_bytes,
+    transient_bytes,
+)
 from ipu_stack.planning.repeat import find_layer_loop, loop_fields
 from ipu_stack.planning.stages import GemmStage, find_stages, sibling_runs, stage_parts
 from ipu_stack.target import timing
@@ -90,13 +96,12 @@ def build_graph_and_tilings(build: Build) -> Fields:
         shape = stage_shape(graph, stage, int(build.target.tiles_per_shared_exchange_bus)
                             if build.options.paired_exchange else 1)
         key = repr(dataclasses.replace(shape, op=0))  # repeated layers search once
-        lean = build.options.lean_table_rows
-        narrowest = 2 * int(timing.p("amp_out_columns")) if lean and shape.rows > lean else 0
         if key not in searched:
             with phase(LOG, "gemm_candidates", stage=stage.index):
-                searched[key] = gemm_search(shape, build.target, keep=build.options.finalists,
-                                            mode=build.options.gemm_mode,
-                                            min_col_block=narrowest)
+                searched[key] = gemm_search(
+                    shape, build.target, keep=build.options.finalists,
+                    mode=build.options.gemm_mode,
+                    min_col_block=lean_col_block(shape, build.options.lean_table_rows))
         found, front = searched[key]
         if not found:
             raise CompileError(f"no GEMM tiling of stage {stage.index} fits {build.target.name}")

@@ -399,6 +399,14 @@ def gemm_search(
     return ranked[:keep], pareto(ranked)
 
 
+def lean_col_block(shape: GemmShape, lean_rows: int) -> int:
+    """The narrowest column block ``CompileOptions.lean_table_rows`` (``lean_rows``; 0: off)
+    lets :func:`gemm_search` give ``shape``: two AMP column groups where the GEMM has more
+    rows than that and its columns span more than one group, else 0 (any width)."""
+    group = int(p("amp_out_columns"))
+    return 2 * group if lean_rows and shape.rows > lean_rows and shape.cols > group else 0
+
+
 def in_waves(plan: GemmPlan, waves: int) -> GemmPlan:
     """``plan`` (one group's tiling) run in ``waves`` rounds: every phase and compute set
     once a round."""
