@@ -36,6 +36,7 @@ import numpy as np
 from ipu_stack.exchange import ScheduleMemo, ScheduleStore
 from ipu_stack.lowering.driver import decode_step
 from ipu_stack.lowering.verify import verify_program
+from ipu_stack.memory.placement import Placement
 from ipu_stack.memory.verify import verify_placement
 from ipu_stack.phases import stages as phases
 from ipu_stack.phases.costing import (
@@ -54,7 +55,7 @@ from ipu_stack.phases.state import (
     Placed,
     Planned,
 )
-from ipu_stack.planning.fit import usable_bytes
+from ipu_stack.planning.fit import DoesNotFit, usable_bytes
 from ipu_stack.planning.gemm import lean_col_block
 from ipu_stack.planning.stages import GemmStage, find_stages
 from ipu_stack.util.errors import CompileError, PlacementError
@@ -232,14 +233,17 @@ class Attempts:
     tries: int = 0  # placement failures answered with less memory
     placement_failed: bool = False  # any try's plans did not place
     failure: CompileError | None = None  # why the last try failed, when nothing was left
+    failed_bytes: int = 1 << 62  # what the last plans that did not place planned a tile
+    leanest: bool = False  # this try plans for the leanest plans' bytes
 
     def after(self, failure: CompileError, build: Build) -> None:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
         memory plans for a little less of it (``INTERLEAVED_RESERVE_STEP`` at a time, up to
         ``INTERLEAVED_RESERVE_MOST``), else it is lowered one stage after another from the
         memory asked for; any program then plans for less memory in all
-        (:func:`retry_proportion`) down to the floor.  Raises ``failure`` when nothing is
-        left to try."""
+        (:func:`retry_proportion`) down to the floor, and where that leaves no plan, for
+        the leanest plans, once.  Raises ``failure`` when nothing is left to try (where the
+        leanest plans did not place, an error that says by how much)."""
         options = self.options
         placing = isinstance(failure, PlacementError)
         self.placement_failed |= placing
@@ -262,18 +266,49 @@ class Attempts:
             self.options = dataclasses.replace(options, fuse_supersteps=False,
                                                interleaved_reserve=0)
             self.proportion, self.tries = options.memory_proportion, 0
+            self.failed_bytes, self.leanest = 1 << 62, False
             event(LOG, "lowering one stage after another: the side-by-side decode step "
                   "did not place", reason=str(failure))
             return
+        if placing and self.leanest:
+            raise leanest_did_not_place(failure, build)
+        if isinstance(failure, DoesNotFit) and self.placement_failed:
+            # less memory left no plan: the leanest plans are what is left to try, where
+            # they are leaner than the plans that did not place
+            leanest = math.ceil(failure.leanest_bytes / self.usable * 1000) / 1000
+            if self.proportion < leanest and failure.leanest_bytes < self.failed_bytes:
+                self.proportion, self.leanest = leanest, True
+                event(LOG, "planning for the leanest plans: less memory leaves no plan",
+                      leanest_bytes=failure.leanest_bytes, memory_proportion=leanest)
+                return
         if not placing or self.proportion <= self.floor:
             raise failure
         self.tries += 1
+        self.failed_bytes = failure.planned_bytes or int(self.proportion * self.usable)
         # the last try is at the floor
         self.proportion = max(retry_proportion(failure, self.proportion, self.usable,
                                                self.tries), self.floor)
         event(LOG, "planning again with less memory: the plans did not place",
               reason=str(failure), short_bytes=failure.shortfall,
               planned_bytes=failure.planned_bytes, memory_proportion=self.proportion)
+
+
+def leanest_did_not_place(failure: PlacementError, build: Build) -> CompileError:
+    """Why a program does not fit when even its leanest plans do not place: how many tiles
+    the support memory the planner does not count (exchange tables, code) pushes over, and
+    by how much, beside what the first tile that failed holds."""
+    planned = f"about {failure.planned_bytes} bytes a tile: " if failure.planned_bytes else ""
+    over = ""
+    placement = failure.placement
+    if isinstance(placement, Placement):
+        capacity = build.target.memory_end - build.target.memory_base
+        excess = placement.peak_bytes - capacity
+        if (excess > 0).any():
+            over = (f"{int((excess > 0).sum())} tiles need up to {int(excess.max())} bytes "
+                    "more than a tile holds at their peak; ")
+    return CompileError(f"does not fit: the leanest plans ({planned}weights and the largest "
+                        f"stage's operands and partials) do not place: {over}{failure} (use "
+                        "fewer layers or a smaller batch)")
 
 
 Tried = tuple[Build | None, Planned | None, Placed | None, Attempts]

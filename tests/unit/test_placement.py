@@ -290,3 +290,48 @@ def test_attempts_remember_a_placement_failure_and_plan_for_less_memory() -> Non
     assert attempt.options.lean_table_rows == 0
     with pytest.raises(CompileError):
         attempt.after(CompileError("no tiling"), build)
+
+
+def test_attempts_try_the_leanest_plans_when_less_memory_leaves_none() -> None:
+    """After a placement failure, a retry whose budget is below the leanest plans plans for
+    the leanest plans' bytes, once; where those do not place, the error says how many tiles
+    are over and by how much (the support memory the planner does not count)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ipu_stack.memory.placement import Placement
+    from ipu_stack.phases.state import CompileOptions
+    from ipu_stack.pipeline import Attempts
+    from ipu_stack.planning.fit import DoesNotFit
+    from ipu_stack.target import get_target
+    from ipu_stack.util.errors import CompileError
+
+    target = get_target("ipu21")
+    capacity = target.memory_end - target.memory_base
+    build = SimpleNamespace(plans=[], target=target)
+    usable = 500_000
+    attempt = Attempts(CompileOptions(), 1.0, 0.45, usable)
+    failure = PlacementError("first plans")
+    failure.planned_bytes, failure.shortfall = 490_000, 250_000
+    attempt.after(failure, build)
+    assert attempt.proportion < 0.5 and not attempt.leanest
+    attempt.after(DoesNotFit("no plan", 400_000), build)
+    assert attempt.leanest and attempt.proportion == pytest.approx(0.8)
+    assert attempt.proportion * usable >= 400_000
+    peaks = np.array([capacity + 5_000, capacity + 120, capacity - 64, 1_000])
+    last = PlacementError("placement failed: tile 0 has insufficient SRAM for 832 bytes")
+    last.planned_bytes = 400_000
+    last.placement = Placement(np.zeros((0, 4), np.int64), np.zeros(4, np.int64), peaks,
+                               np.zeros(4, np.int64))
+    with pytest.raises(CompileError, match=r"^does not fit: the leanest plans \(about 400000 "
+                       r"bytes a tile.*do not place: 2 tiles need up to 5000 bytes more"):
+        attempt.after(last, build)
+    # leaner than the plans that did not place or nothing: the planning failure is the answer
+    again = Attempts(CompileOptions(), 1.0, 0.45, usable)
+    again.after(failure, build)
+    with pytest.raises(DoesNotFit):
+        again.after(DoesNotFit("no plan", 495_000), build)
+    never = Attempts(CompileOptions(), 1.0, 0.45, usable)
+    with pytest.raises(DoesNotFit):
+        never.after(DoesNotFit("no plan", 400_000), build)

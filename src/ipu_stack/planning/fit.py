@@ -34,6 +34,16 @@ SUPPORT_RESERVE = 64 * 1024  # assumed: code, exchange tables and carried activa
 spare plans once more with the reserve its placement measured (``pipeline.compile_workload``)."""
 
 
+class DoesNotFit(CompileError):
+    """The leanest plans need more than the budget: ``leanest_bytes`` a tile (weights and
+    the largest transients), what a compile that planned for less memory after a placement
+    failure tries next (``pipeline.Attempts``)."""
+
+    def __init__(self, message: str, leanest_bytes: int) -> None:
+        super().__init__(message)
+        self.leanest_bytes = leanest_bytes
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """What the planner may plan for on one tile: in all, and in interleaved memory, where
@@ -196,12 +206,11 @@ def fit_plans(
                 "choice that also keeps the AMP's weights and partials within the "
                 f"{budget.interleaved} bytes of interleaved memory it may use (raise "
                 "--memory-proportion or use fewer layers or a smaller batch)")
-        raise CompileError(
+        raise DoesNotFit(
             f"does not fit: the leanest plans need about {weights + transient} bytes per tile "
             f"(weights {weights}, the largest stage's operands and partials {transient}), "
             f"the planner may use {budget.bytes} (raise --memory-proportion or use fewer "
-            "layers or a smaller batch)"
-        )
+            "layers or a smaller batch)", weights + transient)
     moves = sum(1 for a, b in zip(plans, best, strict=True) if a is not b)
     return best, moves
 
