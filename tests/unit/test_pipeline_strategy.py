@@ -349,7 +349,8 @@ def test_profile_of_a_pipeline_step_has_a_track_per_group(pipelined, tmp_path):
     assert "group 2: layers 2-2" in (tmp_path / "report.html").read_text()
 
 
-def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tilings):
+def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tilings,
+                            **option_fields):
     """siglip-layer at ``params`` compiled and run twice, every weight GEMM forced to the
     first of ``tilings`` (``(r, c, d, mode)``) that fits, with its weights resident and then
     streamed: the two packages and the two runs' outputs (each run passed)."""
@@ -359,7 +360,7 @@ def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tili
 
     workload = get_workload("siglip-layer")
     resolved = workload.resolve(params)
-    options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
+    options = CompileOptions(cache_dir=str(cache_dir), finalists=1, **option_fields)
     search = stages.gemm_search
 
     def fixed(streamed: bool):
@@ -419,6 +420,35 @@ def test_streamed_weights_are_all_gathered_as_unicasts_at_the_bound(tmp_path, ca
     for step in (g for g, plan in zip(gathers, plans, strict=True) if "streamed" in plan):
         assert np.all(np.diff(step.dst_offsets) == 1), step.name  # one destination each
         assert step.schedule().horizon == step.lower_bound > 0, step.name
+    for name, value in outputs[0].items():
+        assert np.array_equal(value, outputs[1][name]), name
+
+
+def test_a_program_short_of_memory_gathers_streamed_weights_as_multicasts(
+        tmp_path, cache_dir, monkeypatch):
+    """Lowered for fewer exchange transfers (``lean_table_rows``, the compile's second
+    chain), a streamed B spread over 17 row groups is gathered as multicasts to its 16
+    peers: each holder sends its slice once, so its exchange table holds one send where
+    unicasts hold 16, and the outputs are bit-identical to resident weights."""
+    from ipu_stack.contract.parse import from_manifest
+    from ipu_stack.contract.program import Exchange
+    from ipu_stack.lowering.gemm_stage import MULTICAST_GATHER_PEERS
+
+    packages, outputs = _resident_then_streamed(
+        tmp_path, cache_dir, monkeypatch, {"tokens": 68, "dim": 96, "hidden": 192, "heads": 4},
+        ((17, 2, 1, "fp8"),), lean_table_rows=1000)
+    package = packages[1]
+    program = from_manifest(package.manifest, package.arrays)
+    plans = package.manifest["plans"]
+    gathers = [s for s in program.run if isinstance(s, Exchange) and s.name.endswith(".right")]
+    streamed = [g for g, plan in zip(gathers, plans, strict=True) if "streamed" in plan]
+    assert len(streamed) >= 4
+    for step in streamed:
+        fanout = np.diff(step.dst_offsets)
+        assert fanout.max() == MULTICAST_GATHER_PEERS == 16, step.name
+        # one transfer a slice: every holder sends each of its slices once
+        held = set(zip(step.src_tile.tolist(), step.src_addr.tolist(), strict=True))
+        assert len(held) == len(fanout)
     for name, value in outputs[0].items():
         assert np.array_equal(value, outputs[1][name]), name
 

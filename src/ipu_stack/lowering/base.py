@@ -118,6 +118,8 @@ class LoweringBase:
         # rows past ``LEAN_FRAGMENT_LIMIT`` transfers a tile: each costs an exchange phase,
         # and saves the replicas and exchange-table entries of stages that do not repeat
         self.lean = False
+        # all-gathers among many tiles stay multicasts (``lowering.driver.lower``)
+        self.multicast_gathers = False
         # a program of few rows (a decode step) puts each GEMM's grid after the one before
         # (``next_grid_tile``) and its independent supersteps are fused (``lowering.fuse``):
         # the stages that do not depend on each other then run side by side

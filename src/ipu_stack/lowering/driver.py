@@ -55,15 +55,19 @@ def lower(
     paired: bool = False,
     loop: LayerLoop | None = None,
     fuse: bool = True,
+    multicast_gathers: bool = False,
 ) -> Program:
     """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
     grids out for the paired-tiles exchange option), with a probe read of every stage result
     that is not a graph output.  With ``loop``, ``plans`` are the compact stages
     (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``).
     With ``fuse``, a decode step (:func:`decode_step`) runs its independent stages side by
-    side: each GEMM grid after the one before, and the steps fused (``lowering.fuse``)."""
+    side: each GEMM grid after the one before, and the steps fused (``lowering.fuse``).
+    With ``multicast_gathers``, an all-gather among many tiles stays multicasts
+    (``lowering.gemm_stage.MULTICAST_GATHER_PEERS``): fewer exchange-table entries."""
     lowering = Lowering(graph, target, paired)
     lowering.lean = replicated_parameter_bytes(graph, plans, loop) > REPLICA_BUDGET
+    lowering.multicast_gathers = multicast_gathers
     lowering.spread = fuse and decode_step(graph, plans)
     lowering.land_inputs()
     looping = LoopLowering(lowering, loop) if loop is not None else None

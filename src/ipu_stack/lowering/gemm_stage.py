@@ -38,6 +38,12 @@ from ipu_stack.planning.stages import GemmStage
 from ipu_stack.target import MemoryClass
 from ipu_stack.util.errors import CompileError
 
+# an all-gather among at least this many peers stays multicasts where the program is
+# lowered with ``multicast_gathers``: each tile sends its slice once instead of once a peer
+# (an exchange-table entry each), and the phase takes one slice's words more than as
+# unicasts (1/16 of it at most). Assumed; sensitivity in docs/architecture.md ("Memory")
+MULTICAST_GATHER_PEERS = 16
+
 
 @dataclass(frozen=True)
 class Group:
@@ -231,8 +237,11 @@ class GemmLowering(LoweringBase):
             self.gather_whole(builder, stage.b, [(b, b_buf, gr.b_origin) for b, gr in
                                                  zip(b_layouts, groups, strict=True)], name)
             # an all-gather (streamed weights over the row groups, or an activation's blocks
-            # already on the tiles that share them): at its bound as unicasts
-            if gg.plan.streamed or builder.all_gather():
+            # already on the tiles that share them): at its bound as unicasts, unless a
+            # program short of memory keeps multicasts among many peers (one send where
+            # unicasts take one a peer, each an exchange-table entry; a slice's time more)
+            if (gg.plan.streamed or builder.all_gather()) and not (
+                    self.multicast_gathers and builder.most_peers() >= MULTICAST_GATHER_PEERS):
                 builder.split_multicasts()
         self.emit_exchange(builder)
         return a_buf, b_buf

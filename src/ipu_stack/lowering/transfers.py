@@ -126,6 +126,12 @@ class TransferBuilder:
         self.dst_count = [np.ones(int(fanout.sum()), dtype=np.int64)]
         self.dst = [np.concatenate(self.dst)]
 
+    def most_peers(self) -> int:
+        """The most destinations of any transfer (0 when there are none)."""
+        if not self.dst_count:
+            return 0
+        return int(np.concatenate(self.dst_count).max())
+
     def all_gather(self) -> bool:
         """Whether the phase is an all-gather: multicasts among tiles that each send to
         every tile that sends to them (each holds a slice the others need). While one of

@@ -69,7 +69,8 @@ class CompileOptions:
     # partials need more of it than the planner's per-plan fullest tiles add up to
     interleaved_reserve: int = _marked(0, WHEN_SET)
     # GEMMs of more rows than this take column blocks two AMP column groups wide at least
-    # (fewer, larger transfers: smaller exchange tables); 0: any width.  Set by the second
+    # (fewer, larger transfers: smaller exchange tables), and all-gathers among many tiles
+    # stay multicasts (one send a slice); 0: any width, unicast gathers.  Set by the second
     # chain of tries of a compile whose plans did not place (pipeline.Tries.leaner)
     lean_table_rows: int = _marked(0, WHEN_SET)
     # tile pairs share an exchange bus: a broadcast to whole pairs moves two words a cycle
