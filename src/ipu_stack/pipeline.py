@@ -235,6 +235,9 @@ class Attempts:
     failure: CompileError | None = None  # why the last try failed, when nothing was left
     failed_bytes: int = 1 << 62  # what the last plans that did not place planned a tile
     leanest: bool = False  # this try plans for the leanest plans' bytes
+    # whether the leanest plans are tried at all: not where another chain already placed
+    # (the leanest plans are the slowest; they could only lose to it)
+    leanest_wanted: bool = True
 
     def after(self, failure: CompileError, build: Build) -> None:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
@@ -272,7 +275,7 @@ class Attempts:
             return
         if placing and self.leanest:
             raise leanest_did_not_place(failure, build)
-        if isinstance(failure, DoesNotFit) and self.placement_failed:
+        if isinstance(failure, DoesNotFit) and self.placement_failed and self.leanest_wanted:
             # less memory left no plan: the leanest plans are what is left to try, where
             # they are leaner than the plans that did not place
             leanest = math.ceil(failure.leanest_bytes / self.usable * 1000) / 1000
@@ -328,12 +331,14 @@ class Tries:
     body_hints: tuple[str, ...]
     floor: float
 
-    def place(self, options: CompileOptions, dump: Path | None) -> Tried:
+    def place(self, options: CompileOptions, dump: Path | None, leanest: bool = True) -> Tried:
         """Plan, lower and place with ``options``, trying again as :class:`Attempts` says
         when the plans do not place; where nothing is left to try, no build and the
-        attempts with their last failure."""
+        attempts with their last failure (``leanest``: whether the leanest plans are
+        tried where less memory leaves no plan)."""
         attempt = Attempts(options, options.memory_proportion, self.floor,
-                           usable_bytes(options.machine(), options.support_reserve))
+                           usable_bytes(options.machine(), options.support_reserve),
+                           leanest_wanted=leanest)
         while True:
             build = Build(self.workload, self.params, self.out_dir,
                           dataclasses.replace(attempt.options,
@@ -364,7 +369,8 @@ class Tries:
                 lean_col_block(stage_shape(graph, stage), LEAN_TABLE_ROWS)
                 for stage in find_stages(graph) if isinstance(stage, GemmStage)):
             return first  # no GEMM whose column blocks the lean plans would widen
-        lean = self.place(dataclasses.replace(options, lean_table_rows=LEAN_TABLE_ROWS), None)
+        lean = self.place(dataclasses.replace(options, lean_table_rows=LEAN_TABLE_ROWS), None,
+                          leanest=first[2] is None)
         _, _, placed, _ = first
         _, _, lean_placed, lean_attempt = lean
         if lean_placed is None:

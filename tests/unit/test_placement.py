@@ -262,12 +262,14 @@ def test_a_compile_whose_plans_did_not_place_keeps_the_faster_of_two_chains(monk
     for first, lean, kept in [(100, 90, 90), (100, 110, 100), (None, 120, 120),
                               (100, None, 100)]:
         tries = Tries(workload, params, Path("."), None, {"graph": tall}, (), 0.45)
-        monkeypatch.setattr(tries, "place", lambda options, dump, lean=lean:
-                            asked.append(options.lean_table_rows) or chain(lean))
+        monkeypatch.setattr(tries, "place", lambda options, dump, leanest, lean=lean:
+                            asked.append((options.lean_table_rows, leanest)) or chain(lean))
         assert tries.leaner(CompileOptions(), chain(first), None)[2].estimate["cycles"] == kept
-    assert asked == [LEAN_TABLE_ROWS] * 4
+    # the leanest plans (the slowest) are tried only where the first chain placed nothing
+    assert asked == [(LEAN_TABLE_ROWS, False), (LEAN_TABLE_ROWS, False), (LEAN_TABLE_ROWS, True),
+                     (LEAN_TABLE_ROWS, False)]
     tries = Tries(workload, params, Path("."), None, {"graph": short}, (), 0.45)
-    monkeypatch.setattr(tries, "place", lambda options, dump: pytest.fail("tried again"))
+    monkeypatch.setattr(tries, "place", lambda options, dump, leanest: pytest.fail("again"))
     first = chain(100)
     assert tries.leaner(CompileOptions(), first, None) is first
 
@@ -335,3 +337,7 @@ def test_attempts_try_the_leanest_plans_when_less_memory_leaves_none() -> None:
     never = Attempts(CompileOptions(), 1.0, 0.45, usable)
     with pytest.raises(DoesNotFit):
         never.after(DoesNotFit("no plan", 400_000), build)
+    placed_elsewhere = Attempts(CompileOptions(), 1.0, 0.45, usable, leanest_wanted=False)
+    placed_elsewhere.after(failure, build)
+    with pytest.raises(DoesNotFit):
+        placed_elsewhere.after(DoesNotFit("no plan", 400_000), build)
