@@ -282,7 +282,15 @@ def test_step_cycles_do_not_depend_on_the_data(pipelined):
     assert not np.array_equal(a.outputs[0]["post_ln.out"], b.outputs[0]["post_ln.out"])
 
 
-def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatch):
+@pytest.mark.parametrize("name, fields", [
+    ("siglip-layer", {"tokens": 37, "dim": 64, "hidden": 96, "heads": 4}),
+    # the patch merging's GEMM makes the layer loop's input: in row chunks it is held in
+    # pieces, which land in whole rows before the loop
+    ("swin-l", {"batch": 2, "image": 32, "window": 4, "dim": 16, "depths": "2,4",
+                "stage_heads": "2,4", "precision": "f16"}),
+])
+def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatch, name,
+                                                  fields):
     """The same column and depth splits run as row chunks (one row split) give
     bit-identical outputs: a row is computed the same way whichever chunk or row block
     holds it (the depth blocks, where the partials round, are the same)."""
@@ -290,8 +298,8 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
     from ipu_stack.pipeline import compile_workload
     from ipu_stack.runtime.execute import run_package
 
-    workload = get_workload("siglip-layer")
-    params = workload.resolve({"tokens": 37, "dim": 64, "hidden": 96, "heads": 4})
+    workload = get_workload(name)
+    params = workload.resolve(fields)
     options = CompileOptions(cache_dir=str(cache_dir), finalists=1)
     plain = compile_workload(workload, params, tmp_path / "plain", options)
     search = stages.gemm_search
@@ -304,8 +312,10 @@ def test_row_chunked_plans_compute_the_same_bits(tmp_path, cache_dir, monkeypatc
 
     monkeypatch.setattr(stages, "gemm_search", chunked)
     split = compile_workload(workload, params, tmp_path / "chunked", options)
-    described = load_package(split.package).manifest["plans"]
-    assert any("in 3 row chunks" in plan for plan in described)
+    package = load_package(split.package)
+    assert any("in 3 row chunks" in plan for plan in package.manifest["plans"])
+    steps = [s.get("name") for s in package.manifest["programs"]["run"]]
+    assert ("layers.land" in steps) == (name == "swin-l")
     outputs = []
     for result in (plain, split):
         run = run_package(load_package(result.package), result.graph, result.tensors)

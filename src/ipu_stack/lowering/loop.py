@@ -21,7 +21,6 @@ from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import HostRead, HostWrite, Loop, Slot
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.repeat import LayerLoop
-from ipu_stack.util.errors import CompileError
 
 
 class LoopLowering:
@@ -36,15 +35,14 @@ class LoopLowering:
 
     def begin(self, checkpoints: int) -> None:
         program = self.lowering.program
-        if self.lowering.spread:
+        pieces = self.lowering.where[self.loop.carried_in]
+        # a value held in pieces (a GEMM's row chunks) cannot be carried from pass to pass:
+        # it lands in whole rows first, as a decode step's carried value does
+        if self.lowering.spread or len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:
             self.land_carried()
         self.at = len(program.run)
         program.run.append(self.step)
         self.first_checkpoint = checkpoints
-        pieces = self.lowering.where[self.loop.carried_in]
-        if len(pieces) != 1 or pieces[0].row0 or pieces[0].col0:
-            raise CompileError("the layer loop's input is held in pieces and cannot be carried "
-                               "from pass to pass; compile with --unroll-layers")
         self.lowering.body = BodyState(frozenset(self.loop.slot_weights), self.loop.carried_in,
                                        self.loop.carried_out)
         self.lowering.gathered.clear()  # a body pass sees nothing gathered before the loop
@@ -53,7 +51,8 @@ class LoopLowering:
         """Before the loop, the carried value into whole rows (``landing_layout``), where
         a decode step's residual adds make it: the last add of each pass then writes it in
         place, and no pass ends with a carry exchange (a decode step's row a sequence makes
-        that a phase a layer)."""
+        that a phase a layer); and where it is held in pieces, which a pass could not
+        carry."""
         lowering = self.lowering
         value = self.loop.carried_in
         pieces = lowering.where[value]
