@@ -70,15 +70,15 @@ ROWS = (
     Row("swin4", "Swin-L/384 (window 12, depths 2-2-18-2)", "FP8", "4 (2 x 2)", 480, 32.91,
         ("swin-l", "--batch", "2", "--images", "2"),
         MICRO.format(micro=2, passes=2, leanest="at 4, stage 1's 1,536 window-and-head "
-                     "products run in two waves, but the leanest plans need 263,616 bytes a "
-                     "tile where 260,985 are left beside 318 KB of support, 241 KB of it "
-                     "exchange tables")),
+                     "products run in two waves, but the leanest plans do not place: 546 "
+                     "tiles need up to 37,840 bytes more than a tile holds, 191 KB of "
+                     "exchange tables on the first that fails")),
     Row("swin2f16", "Swin-L/384 (window 12, depths 2-2-18-2)", "FP16", "2 (2 x 1)", 315, 25.03,
         ("swin-l", "--precision", "f16", "--batch", "1", "--images", "2"),
-        MICRO.format(micro=1, passes=2, leanest="at batch 2 the fullest tile of the leanest "
-                     "plans is 132,032 bytes short: F16 weights 276,480, exchange tables "
-                     "166,048, activations 117,504; at batch 1 a tile's AMP gets 10 rows "
-                     "a call, docs/benchmarks.md")),
+        MICRO.format(micro=1, passes=2, leanest="at batch 2 the leanest plans do not "
+                     "place: 1,089 tiles need up to 54,768 bytes more than a tile holds, "
+                     "137 KB of exchange tables on the first that fails; at batch 1 a "
+                     "tile's AMP gets 10 rows a call, docs/benchmarks.md")),
 )
 def run_row(row: Row, folder: Path) -> dict:
     """``ipu-stack bench`` of the row with ``--json``; its record (kept in ``folder``)."""
