@@ -436,10 +436,9 @@ def test_streamed_weights_are_all_gathered_as_unicasts_at_the_bound(tmp_path, ca
 
 def test_a_program_short_of_memory_gathers_streamed_weights_as_multicasts(
         tmp_path, cache_dir, monkeypatch):
-    """Lowered for fewer exchange transfers (``lean_table_rows``, the compile's second
-    chain), a streamed B spread over 17 row groups is gathered as multicasts to its 16
-    peers: each holder sends its slice once, so its exchange table holds one send where
-    unicasts hold 16, and the outputs are bit-identical to resident weights."""
+    """Lowered for fewer exchange transfers (``lean_table_rows``, the second chain), a
+    streamed B over 17 row groups is gathered as multicasts to its 16 peers: each holder
+    sends its slice once (one table entry, not 16); outputs bit-identical to resident."""
     from ipu_stack.contract.parse import from_manifest
     from ipu_stack.contract.program import Exchange
     from ipu_stack.lowering.gemm_stage import MULTICAST_GATHER_PEERS
