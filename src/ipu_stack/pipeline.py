@@ -145,8 +145,9 @@ INTERLEAVED_RESERVE_MOST = 32 * 1024
 # this in column blocks 32 wide at least (``CompileOptions.lean_table_rows``,
 # :meth:`Tries.leaner`): exchange tables are support memory the planner does not count, and
 # a row's columns split over narrow blocks move in many small transfers (Swin-L's stage 1,
-# 9,216 rows a GEMM).  Assumed; Swin-L F16 places at 5,087,364 cycles with every GEMM held
-# to 32 columns, 5,058,155 over 500 rows, 4,955,319 over 1,000, 4,945,595 over 3,000
+# 9,216 rows a GEMM).  Assumed; Swin-L F16 places (gathers as unicasts) at 5,087,364 cycles
+# with every GEMM held to 32 columns, 5,058,155 over 500 rows, 4,955,319 over 1,000,
+# 4,945,595 over 3,000
 LEAN_TABLE_ROWS = 1000
 
 
@@ -355,15 +356,16 @@ class Tries:
                     return None, None, None, attempt
 
     def leaner(self, options: CompileOptions, first: Tried, dump: Path | None) -> Tried:
-        """The compile's tries again with the big GEMMs in wide column blocks
-        (``LEAN_TABLE_ROWS``), kept where they place and schedule faster than ``first``
-        (or where ``first`` did not place).
+        """The compile's tries again for fewer exchange transfers: the big GEMMs in wide
+        column blocks (``LEAN_TABLE_ROWS``) and all-gathers among many peers kept as
+        multicasts (``lowering.gemm_stage.MULTICAST_GATHER_PEERS``), kept where they place
+        and schedule faster than ``first`` (or where ``first`` did not place).
 
         Why: exchange tables are support memory the fitter does not count, so plans that
         did not place were planned for less memory, which costs cycles everywhere; fewer,
-        larger transfers may buy back more than the wide blocks cost.  Which way it goes
-        depends on the model (Swin-L at F16 gains 4 %, at FP8 it would lose 0.8 %), so both
-        are placed and the faster is taken."""
+        larger transfers may buy back more than they cost.  Which way it goes depends on
+        the model (Swin-L F16 batch 1: 4,931,705 cycles against 5,160,951; FP8 batch 2 keeps
+        the first chain), so both are placed and the faster is taken."""
         graph = self.prepared.get("graph")
         if graph is None or not any(
                 lean_col_block(stage_shape(graph, stage), LEAN_TABLE_ROWS)
