@@ -30,7 +30,7 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
 from ipu_stack.ir.names import MODULE_LAYER, fp8_allowed
 from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
-from ipu_stack.ir.types import TensorType
+from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.ir.values import weight_storer
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.workloads.transformer import role  # FP8 activation exponents are per role
@@ -60,6 +60,10 @@ ORDER_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguou
                "aten.unflatten", "aten.transpose", "aten.permute", "aten.roll", "aten.pad",
                "aten.constant_pad_nd", "aten.slice", "aten.cat", "aten.layer_norm",
                "aten.gelu", "aten.linear", "aten.add", "<built-in function getitem>"}
+# rules that keep a value's rows merged side by side (``Act.group``) without moving them
+GROUP_AWARE = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous",
+               "aten.clone", "aten.alias", "aten.detach", "aten.dropout", "aten.flatten",
+               "aten.unflatten", "aten.transpose", "aten.permute"}
 # one stack index of a module path, not consuming the dot after it (nested stacks)
 STACKED = re.compile(r"(?:^|\.)(?:layers|layer|blocks|resblocks|h)\.(\d+)(?=\.|$)")
 PROBE_SHIFT = 7  # a second set of positions that tells per-call inputs apart
@@ -410,17 +414,21 @@ class Converter:
     def in_order(self, act: Act, node: Any) -> Act:
         """``act`` with its rows in logical order: one ``gather_rows`` (made once for a
         value and an order, however many readers)."""
-        if act.order is None:
+        if act.order is None and act.group == 1:
             return act
         act = self.plain(act, node)
-        key = (act.value, act.order)
+        source = self.b.graph.value(act.value)
+        index = act.order if act.order is not None else RowIndex(np.arange(source.type.rows))
+        key = (act.value, index, act.group)
         if key not in self.row_orders:
-            source = self.b.graph.value(act.value)
+            side_by_side = {"group": act.group} if act.group > 1 else {}
             self.row_orders[key] = self.b.op("gather_rows", [act.value], source.type.precision,
-                                             f"{self.name(node)}.rows", index=act.order)
+                                             f"{self.name(node)}.rows", index=index,
+                                             **side_by_side)
+            side = f", {act.group} side by side a row" if act.group > 1 else ""
             self.rewrites.append(f"{node.name}: rows moved into order by one gather "
-                                 f"({len(act.order)} rows)")
-        return act.with_(value=self.row_orders[key], order=None)
+                                 f"({len(index)} rows{side})")
+        return act.with_(value=self.row_orders[key], order=None, group=1)
 
     def settle(self, node: Any, value: Any) -> Any:
         """Arguments with symbolic values made concrete (``frontend/walk.py`` implements it:

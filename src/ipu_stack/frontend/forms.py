@@ -68,6 +68,9 @@ class Act:
     # rows form with its rows out of order: logical row ``l`` (leading axes flattened) sits
     # in IR row ``order.rows[l]``; ``None`` is the IR's own order (``frontend/order.py``)
     order: RowIndex | None = field(default=None, compare=False)
+    # rows form: each logical row is this many IR rows side by side, consecutive in
+    # ``order`` (a view that merges rows into wider ones, SmolVLM's pixel shuffle)
+    group: int = 1
 
     @property
     def lazy(self) -> bool:

@@ -70,13 +70,18 @@ def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
     act = activation(conv, node, x)
     total = prod(act.shape)
     resolved = forms.resolve_shape(shape, total)
-    if act.order is not None:  # rows out of order: regrouped leading axes stay so
+    merged = order.merged_rows(act.shape, resolved)
+    if order.ordered(act):  # rows out of order: regrouped leading axes stay so
         if order.keeps_rows(act, resolved[-1] == act.shape[-1]):
             return order.viewed(act, resolved)
+        if merged and order.keeps_rows(act, True):
+            return order.grouped(act, resolved, merged)
         act = conv.in_order(act, node)
     if resolved == (*act.shape[:-1], act.shape[-1] // 2, 2) and rope.start(act) is not None:
         return rope.view(rope.start(act), resolved)  # type: ignore[arg-type]
     out = forms.reshape(act, resolved)
+    if out is None and merged and order.keeps_rows(act, True):
+        return order.grouped(act, resolved, merged)  # rows side by side (a pixel shuffle)
     if out is None:
         raise unsupported(node, f"view of a {act.form}-form value {list(act.shape)} as "
                           f"{list(shape)} moves data")
@@ -235,9 +240,9 @@ def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
     act = activation(conv, node, conv.settle(node, x))
     perm = tuple(int(p) % len(act.shape) for p in perm)
     kept = perm[-1] == len(act.shape) - 1
-    if act.order is not None and not order.keeps_rows(act, kept):
+    if order.ordered(act) and not order.keeps_rows(act, kept):
         act = conv.in_order(act, node)
-    out = forms.permute(act, perm) if act.order is None else None
+    out = forms.permute(act, perm) if not order.ordered(act) else None
     if out is None and order.keeps_rows(act, kept):
         return order.permuted(act, perm)  # whole rows in another order (Swin's windows)
     if out is None and _pooled_tokens(node, act, perm):

@@ -27,12 +27,18 @@ from ipu_stack.frontend.rules import activation, rule
 from ipu_stack.ir.types import RowIndex
 
 
+def ordered(act: Act) -> bool:
+    """Whether ``act``'s logical rows are not its IR value's rows as they lie: out of order,
+    or each made of several IR rows side by side."""
+    return act.order is not None or act.group > 1
+
+
 def rows_of(act: Act) -> np.ndarray:
     """The IR row of each logical row of a rows-form value, as an array over its leading
-    axes."""
+    axes (and, where each is ``group`` IR rows side by side, one more axis of those)."""
     lead = act.shape[:-1]
-    held = act.order.rows if act.order is not None else np.arange(prod(lead))
-    return held.reshape(lead)
+    held = act.order.rows if act.order is not None else np.arange(prod(lead) * act.group)
+    return held.reshape((*lead, act.group) if act.group > 1 else lead)
 
 
 def reordered(act: Act, rows: np.ndarray, shape: tuple[int, ...]) -> Act:
@@ -41,7 +47,8 @@ def reordered(act: Act, rows: np.ndarray, shape: tuple[int, ...]) -> Act:
     flat = np.ascontiguousarray(rows.reshape(-1))
     # the IR's own order only where every row of the value is still there: an ordered
     # value may be a strided slice, fewer rows than its IR value holds
-    same = act.order is None and np.array_equal(flat, np.arange(prod(act.shape[:-1])))
+    same = act.order is None and np.array_equal(flat, np.arange(prod(act.shape[:-1]) *
+                                                                 act.group))
     return act.with_(shape=shape, order=None if same else RowIndex(flat), linear=None)
 
 
@@ -55,8 +62,26 @@ def keeps_rows(act: Act, last_axis_kept: bool) -> bool:
 
 def permuted(act: Act, perm: tuple[int, ...]) -> Act:
     """A permute of the leading axes (the last stays last) as an order."""
-    rows = rows_of(act).transpose(perm[:-1])
+    grouped_axis = (len(perm) - 1,) if act.group > 1 else ()
+    rows = rows_of(act).transpose((*perm[:-1], *grouped_axis))
     return reordered(act, rows, tuple(act.shape[p] for p in perm))
+
+
+def merged_rows(shape: tuple[int, ...], resolved: tuple[int, ...]) -> int:
+    """How many consecutive rows a view of ``shape`` as ``resolved`` puts side by side in
+    one row (its last axis that many times wider, its leading axes that many times fewer);
+    0 where it does not."""
+    if not shape or not resolved or resolved[-1] % shape[-1]:
+        return 0
+    count = resolved[-1] // shape[-1]
+    return count if count > 1 and prod(resolved[:-1]) * count == prod(shape[:-1]) else 0
+
+
+def grouped(act: Act, shape: tuple[int, ...], count: int) -> Act:
+    """``act`` viewed as ``shape``, each row ``count`` of its consecutive rows side by side
+    (SmolVLM's pixel shuffle): the rows stay where they lie until a rule reads them
+    (``Converter.in_order``: one ``gather_rows`` of ``group`` rows a row)."""
+    return act.with_(shape=shape, group=act.group * count, linear=None)
 
 
 def viewed(act: Act, shape: tuple[int, ...]) -> Act:

@@ -16,6 +16,7 @@ import numpy as np
 from ipu_stack.frontend import fused, rope
 from ipu_stack.frontend.attention import attention_operands_in_fp8
 from ipu_stack.frontend.convert import (
+    GROUP_AWARE,
     ORDER_AWARE,
     PAIR_AWARE,
     SIDE_EFFECTS,
@@ -95,8 +96,10 @@ class Importer(Converter):
                     raise unsupported(node)
                 if kind not in PAIR_AWARE:
                     args, kwargs = self.settle(node, args), self.settle(node, kwargs)
-                if kind not in ORDER_AWARE:
-                    args, kwargs = self.ordered(node, args), self.ordered(node, kwargs)
+                if kind not in GROUP_AWARE:
+                    only_grouped = kind in ORDER_AWARE
+                    args = self.ordered(node, args, only_grouped)
+                    kwargs = self.ordered(node, kwargs, only_grouped)
                 try:
                     self.env[node] = handler(self, node, *args, **kwargs)
                 except TypeError as exc:  # a signature this rule was not written for
@@ -146,15 +149,18 @@ class Importer(Converter):
             return {k: self.settle(node, v) for k, v in value.items()}
         return value
 
-    def ordered(self, node: Any, value: Any) -> Any:
+    def ordered(self, node: Any, value: Any, only_grouped: bool = False) -> Any:
         """Arguments with every activation's rows in logical order (``Converter.in_order``):
-        what a rule that does not track row orders (``ORDER_AWARE``) reads."""
-        if isinstance(value, Act) and value.order is not None:
+        what a rule that does not track row orders (``ORDER_AWARE``) reads; with
+        ``only_grouped``, only those whose rows are merged side by side (``Act.group``),
+        which only ``GROUP_AWARE`` rules keep so."""
+        if isinstance(value, Act) and (value.group > 1 or (
+                value.order is not None and not only_grouped)):
             return self.in_order(value, node)
         if isinstance(value, (list, tuple)):
-            return type(value)(self.ordered(node, v) for v in value)
+            return type(value)(self.ordered(node, v, only_grouped) for v in value)
         if isinstance(value, dict):
-            return {k: self.ordered(node, v) for k, v in value.items()}
+            return {k: self.ordered(node, v, only_grouped) for k, v in value.items()}
         return value
 
     def live_nodes(self) -> set[Any]:

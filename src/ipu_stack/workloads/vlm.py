@@ -11,9 +11,10 @@ Two programs: ``--part vision``, the tower and the connector (patches in, the im
 rows a sequence out), and the decoder (``workloads/decoder.py``): its prompt's pass reads
 the connector's rows at the image's positions (an input added to the token lookup, whose
 image-token row holds zeros: the model replaces those positions' embeddings), and its decode
-step is SmolLM2-135M's.  The connector's 16 column blocks of the pixel shuffle are 16
-gathers of the tower's rows (popops ``MultiSlice``, ids the host sends) and 16 products
-summed: the same sum as one product of the shuffled ``[64, 12,288]`` rows.
+step is SmolLM2-135M's.  The connector's pixel shuffle moves whole rows (each output row
+is 16 of the tower's rows side by side), so it is one ``gather_rows`` (an exchange, no
+arithmetic) into ``[64, 12,288]`` rows and one product: the program the importer makes of
+transformers' ``SmolVLMConnector`` (``frontend/order.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.precision import F16, Precision
-from ipu_stack.ir.types import TensorType
+from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import RowIndex
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register
 from ipu_stack.workloads.decoder import (
@@ -40,7 +41,6 @@ from ipu_stack.workloads.text import sequence_fields, sequence_identifier
 from ipu_stack.workloads.transformer import LayerBuilder, attention_suffix, calibrated_build
 from ipu_stack.workloads.vision import tower_into, tower_tokens
 
-I32 = Precision("I32")
 # SmolVLM's <image> token, 49,190 of 49,280: 90 rows before the table's end
 IMAGE_TOKEN_FROM_END = 90
 VISION = {"dim": 768, "heads": 12, "hidden": 3072, "eps": 1e-6, "gelu": "tanh"}
@@ -94,26 +94,20 @@ def _vision_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _build_vision(builder: LayerBuilder, seed: int) -> None:
-    """The tower, then the connector: each column block gathered and multiplied, summed."""
+    """The tower, then the connector: the pixel shuffle as one row gather (each output row
+    its 16 patches' rows side by side), then one product."""
     p, b = builder.p, builder.b
     rows = tower_into("siglip-vision", builder, seed)
     side, scale, batch = p["image"] // p["patch"], p["shuffle"], p["batch"]
     sources = shuffle_sources(side, scale)
-    width, tokens = p["dim"] * scale * scale, sources.shape[0]
-    out = None
-    for block in range(scale * scale):
-        ids = (np.arange(batch)[:, None] * side * side + sources[None, :, block])
-        builder.tensors[f"shuffle{block}"] = ids.reshape(batch, tokens, 1).astype(np.float32)
-        picked = b.op("embedding", [b.input(f"shuffle{block}", TensorType(
-            (batch, tokens, 1), I32)), rows], F16, f"connector.block{block}")
-        weight = builder.weight(f"connector.w{block}", (p["dim"], p["model_dim"]),
-                                1.0 / np.sqrt(width))
-        a = b.op("cast", [picked], builder.act(f"connector.block{block}.fp8"),
-                 f"connector.block{block}.fp8") if builder.fp8_at("connector") else picked
-        product = b.op("matmul", [a, weight], F16, f"connector.part{block}")
-        out = product if out is None else b.op("add", [out, product], F16,
-                                               f"connector.sum{block}")
-    b.output(out)
+    picks = (np.arange(batch)[:, None, None] * side * side + sources[None]).reshape(-1)
+    shuffled = b.op("gather_rows", [rows], F16, "connector.rows", index=RowIndex(picks),
+                    group=scale * scale)
+    if builder.fp8_at("connector"):
+        shuffled = b.op("cast", [shuffled], builder.act("connector.fp8"), "connector.fp8")
+    width = p["dim"] * scale * scale
+    weight = builder.weight("connector.w", (width, p["model_dim"]), 1.0 / np.sqrt(width))
+    b.output(b.op("matmul", [shuffled, weight], F16, "connector.proj"))
 
 
 def build_vlm(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
