@@ -146,6 +146,9 @@ def _add_model_commands(sub: Any) -> None:
     p.add_argument("--prompt-by-steps", action="store_true", help="feed the prompt a token a "
                    "step through the decode program (default: the prompt's pass, a program "
                    "of its own, fills the cache)")
+    p.add_argument("--image-program", metavar="IMAGE.pt2", help="with MODEL.pt2 (a step exported with "
+                   "inputs_embeds): a VLM's image program, run first; its rows open the "
+                   "prompt (benchmarks/export_smolvlm.py)")
     p.add_argument("--micro-batches", type=int, metavar="M", help="the batch as M micro-batches in "
                    "flight, one a step of the chips' pipeline, each in its own range of the "
                    "caches (default: one a chip with --chips, where the batch divides)")

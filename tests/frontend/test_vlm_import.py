@@ -1,18 +1,27 @@
 """transformers' SmolVLM imported: its vision tower and connector (the pixel shuffle's
 views and permutes kept as one row gather) PASS against torch in the builtin
-``smolvlm-256m --part vision``'s cycles."""
+``smolvlm-256m --part vision``'s cycles, and with its decoder step (exported to take
+embeddings) it generates from an image: ``generate DECODER.pt2 --image-program
+IMAGE.pt2``."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ipu_stack.cli import main  # noqa: E402
-from ipu_stack.testing.models import smolvlm, smolvlm_image_part  # noqa: E402
+from ipu_stack.testing.models import (  # noqa: E402
+    smolvlm,
+    smolvlm_decoder_step,
+    smolvlm_image_part,
+)
+from tests.helpers import cli, one_error_line  # noqa: E402
 
 
 @pytest.mark.parametrize("precision", ["f16", "fp8"])
@@ -76,3 +85,72 @@ def test_merged_rows_read_by_row_operations_import_exactly() -> None:
     groups = sorted(op.attrs.get("group", 1) for op in imported.graph.operations
                     if op.kind == "gather_rows")
     assert groups == [4, 4]
+
+
+@pytest.fixture(scope="module")
+def smolvlm_files(tmp_path_factory):
+    """A small SmolVLM's image program and its decoder step taking embeddings (a cache of
+    32 positions), exported as ``benchmarks/export_smolvlm.py`` exports the full one."""
+    from ipu_stack.testing.models import export_smolvlm_parts
+
+    torch.manual_seed(0)
+    model = smolvlm({"num_hidden_layers": 1, "image_size": 64},
+                    {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256},
+                    scale_factor=2)
+    folder = tmp_path_factory.mktemp("smolvlm")
+    for name, program in zip(("image", "decoder"), export_smolvlm_parts(model, 32),
+                             strict=True):
+        torch.export.save(program, str(folder / f"{name}.pt2"))
+    return folder
+
+
+def test_an_imported_smolvlm_generates_from_an_image(smolvlm_files, tmp_path, capsys) -> None:
+    """The image program runs first; its rows, as the device wrote them, open the prompt's
+    pass; every call PASSes, the tokens are the host reference's and PyTorch's own (its
+    prompt opening with PyTorch's image rows)."""
+    code = main(["--quiet", "generate", str(smolvlm_files / "decoder.pt2"), "--image-program",
+                 str(smolvlm_files / "image.pt2"), "--prompt-tokens", "4", "--new-tokens", "3",
+                 "--json", "--out", str(tmp_path)])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["imageTokens"] == 4 and record["promptTokens"] == 8
+    assert record["tokensMatch"] and record["torchTokenMatch"] and record["imageCycles"] > 0
+    assert record["prefill"] == "one pass" and len(record["generated"]) == 3
+
+
+def test_a_step_taking_embeddings_puts_the_image_rows_first(smolvlm_files) -> None:
+    """The host's embeddings for a prompt: the image's rows, then the text's table rows."""
+    from ipu_stack.frontend import imported_workload
+    from ipu_stack.frontend.step import user_arrays
+
+    workload, _ = imported_workload(smolvlm_files / "decoder.pt2")
+    step = workload.step
+    assert step is not None and step.table is not None and step.table.shape == (256, 64)
+    ids = np.array([[0, 0, 5, 9]])
+    rows = np.random.default_rng(0).standard_normal((1, 2, 64)).astype(np.float32)
+    arrays = user_arrays(replace(step, tokens=4), ids, 0, rows)
+    embeds = arrays[1 - step.position_index]
+    np.testing.assert_array_equal(embeds[:, :2], rows)
+    np.testing.assert_array_equal(embeds[0, 2:], step.table[[5, 9]])
+    np.testing.assert_array_equal(arrays[step.position_index], np.arange(4))
+
+
+def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path) -> None:
+    code, _, err = cli(["generate", "smollm2-135m", "--image-program",
+                        str(smolvlm_files / "image.pt2")])
+    assert "--image-program goes with a decoder step's model file" in one_error_line(code, err)
+    torch.manual_seed(0)
+    tokens = torch.export.Dim("tokens", min=1, max=31)
+    ids_step = smolvlm_decoder_step(smolvlm(text={"num_hidden_layers": 1, "hidden_size": 64,
+                                                  "intermediate_size": 128,
+                                                  "num_attention_heads": 4,
+                                                  "num_key_value_heads": 2, "vocab_size": 256}),
+                                    32).export(
+        input_ids=torch.zeros((1, 4), dtype=torch.long), cache_position=torch.arange(4),
+        strict=False, dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}})
+    torch.export.save(ids_step, str(tmp_path / "ids.pt2"))
+    code, _, err = cli(["generate", str(tmp_path / "ids.pt2"), "--image-program",
+                        str(smolvlm_files / "image.pt2")])
+    assert "must take inputs_embeds with a dynamic sequence length" in \
+        one_error_line(code, err)

@@ -15,7 +15,7 @@ step re-exported at the prompt's length (:func:`prompt_feed`).  PyTorch's own gr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,13 +28,17 @@ from ipu_stack.util.errors import UsageError
 @dataclass(frozen=True)
 class CacheStep:
     """The shape of a step program: sequences, tokens a step, cache positions, vocabulary
-    (the width of its logits), and which user input is the positions."""
+    (the width of its logits), and which user input is the positions.  A step exported to
+    take ``inputs_embeds`` (a VLM's decoder, whose prompt holds an image's rows) has its
+    token table here: the host looks the tokens up (host preprocessing, as a serving stack
+    does for such a step) and puts the image's rows where the image is."""
 
     batch: int
     tokens: int
     context: int
     vocab: int
     position_index: int
+    table: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> CacheStep | None:
@@ -45,7 +49,8 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
         return None
     index = next(i for i, (name, _) in enumerate(shapes) if name == positions[0])
     ids = shapes[1 - index][1]
-    if len(ids) != 2:
+    table = token_table(program, ids[-1]) if len(ids) == 3 else None
+    if len(ids) != 2 and table is None:
         return None
     name = cache_buffers(program)[0]
     cache = next(n for n in program.graph.nodes if n.name == name).meta.get("val")
@@ -53,16 +58,34 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
     logits = outputs[0].meta.get("val") if outputs and hasattr(outputs[0], "meta") else None
     if getattr(cache, "ndim", 0) != 4 or getattr(logits, "ndim", 0) < 2:
         return None  # not a step's cache and logits: generate refuses it in one line
-    return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
-                     index)
+    vocab = int(logits.shape[-1])
+    if table is not None and table.shape[0] != vocab:
+        return None
+    return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), vocab, index, table)
 
 
-def user_arrays(step: CacheStep, tokens: Any, position: int) -> list[np.ndarray]:
-    """The program's user inputs for ``tokens`` (one id a sequence) at cache ``position``."""
+def token_table(program: Any, width: int) -> np.ndarray | None:
+    """The token table of a step that takes embeddings: the program's parameter named as
+    transformers names it (``embed_tokens.weight``), ``[vocab, width]``, in float32."""
+    found = [tensor for name, tensor in program.state_dict.items()
+             if name.endswith("embed_tokens.weight") and tensor.ndim == 2
+             and int(tensor.shape[1]) == width]
+    return found[0].detach().float().numpy() if len(found) == 1 else None
+
+
+def user_arrays(step: CacheStep, tokens: Any, position: int, rows: np.ndarray | None = None
+                ) -> list[np.ndarray]:
+    """The program's user inputs for ``tokens`` (one id a sequence) at cache ``position``;
+    a step taking embeddings gets the tokens' table rows, the first ones replaced by
+    ``rows`` (``[batch, n, width]``: an image's, where a VLM's prompt holds it)."""
     if not 0 <= position <= step.context - step.tokens:
         raise UsageError(f"position {position} is outside the KV cache's {step.context} "
                          "positions")
     ids = np.asarray(tokens, dtype=np.float32).reshape(step.batch, step.tokens)
+    if step.table is not None:
+        ids = step.table[ids.astype(np.int64)]
+        if rows is not None and rows.shape[1]:
+            ids[:, :rows.shape[1]] = rows
     where = (position + np.arange(step.tokens)).astype(np.float32)
     return [where, ids] if step.position_index == 0 else [ids, where]
 
@@ -87,22 +110,39 @@ def prompt_feed(step: CacheStep, inputs: Callable[[int], list[InputSpec]]
     import of that length says (``inputs(N)``)."""
     def feed(params: dict[str, Any], ids: np.ndarray, image: Any = None
              ) -> dict[str, np.ndarray]:
-        arrays = user_arrays(replace(step, tokens=ids.shape[1]), ids, 0)
+        rows = None if image is None else image_rows(step, image)
+        arrays = user_arrays(replace(step, tokens=ids.shape[1]), ids, 0, rows)
         return {spec.name: np.asarray(spec.make(arrays), np.float32)
                 for spec in inputs(ids.shape[1])}
     return feed
 
 
+def image_rows(step: CacheStep, image: np.ndarray) -> np.ndarray:
+    """A VLM's image rows (``[batch x n, width]``, as its image program leaves them) as
+    ``[batch, n, width]``; refused where the step looks its tokens up itself."""
+    if step.table is None:
+        raise UsageError("the decoder step takes token ids: a prompt with an image needs a "
+                         "step exported with inputs_embeds (benchmarks/export_smolvlm.py)")
+    width = step.table.shape[1]
+    if image.size % (step.batch * width):
+        raise UsageError(f"the image program's rows are not {width} wide for a batch of "
+                         f"{step.batch}")
+    return np.asarray(image, np.float32).reshape(step.batch, -1, width)
+
+
 def torch_greedy(run: Callable[[list[np.ndarray]], np.ndarray], step: CacheStep,
-                 prompt: np.ndarray, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+                 prompt: np.ndarray, new_tokens: int, image: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """PyTorch's own greedy generation: ``run`` calls the program's module (whose caches are
-    its own) on a step's user inputs; the prompt goes a token a step, then ``new_tokens``
-    choices.  Returns the tokens (``[new_tokens, batch]``) and the top-two logit gap at
-    each."""
+    its own) on a step's user inputs; the prompt goes a token a step (an image's rows,
+    ``[batch, n, width]``, at its first ``n`` positions), then ``new_tokens`` choices.
+    Returns the tokens (``[new_tokens, batch]``) and the top-two logit gap at each."""
     chosen, margins = [], []
     current = prompt[:, 0]
+    count = 0 if image is None else image.shape[1]
     for position in range(prompt.shape[1] + new_tokens - 1):
-        logits = np.asarray(run(user_arrays(step, current, position)), np.float64)
+        rows = image[:, position:position + 1] if position < count else None
+        logits = np.asarray(run(user_arrays(step, current, position, rows)), np.float64)
         last = logits.reshape(step.batch, -1)
         if position + 1 < prompt.shape[1]:
             current = prompt[:, position + 1]

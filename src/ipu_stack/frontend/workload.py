@@ -173,11 +173,12 @@ def has_dynamic_shape(program: Any) -> bool:
 
 def step_program(program: Any, tokens: int) -> Any:
     """A decoder step with a static cache and a dynamic sequence length, re-exported at
-    ``tokens`` tokens a sequence (ids ``[B, tokens]`` at positions ``0 .. tokens - 1``)."""
+    ``tokens`` tokens a sequence (ids ``[B, tokens]``, or embeddings ``[B, tokens, D]``, at
+    positions ``0 .. tokens - 1``)."""
     shapes = _example_shapes(program)
     tensors = [name for name, value in user_input_values(program) if hasattr(value, "shape")]
     arrays = [np.arange(tokens, dtype=np.float32) if name in position_inputs(program) else
-              np.zeros((shape[0], tokens), np.float32)
+              np.zeros((shape[0], tokens, *shape[2:]), np.float32)
               for name, shape in zip(tensors, shapes, strict=True)]
     return _reexport(program, arrays, f"the step cannot take {tokens} tokens a sequence")
 
@@ -400,11 +401,12 @@ class ImportedWorkload(Workload):
     source_gemms: tuple[tuple[str, int | None], ...] = ()
     step: CacheStep | None = None  # a decoder step with a static KV cache (generate)
 
-    def torch_tokens(self, prompt: np.ndarray, new_tokens: int, device: np.ndarray
-                     ) -> dict[str, Any]:
+    def torch_tokens(self, prompt: np.ndarray, new_tokens: int, device: np.ndarray,
+                     image: np.ndarray | None = None) -> dict[str, Any]:
         """The device's generated tokens (``[new_tokens, batch]``) against PyTorch's own
-        greedy tokens for ``prompt`` (``frontend/step.py``), run with a fresh copy of the
-        program's caches: ``torchTokenMatch`` and where they first part."""
+        greedy tokens for ``prompt`` (``frontend/step.py``; ``image``: PyTorch's image rows
+        ahead of it), run with a fresh copy of the program's caches: ``torchTokenMatch``
+        and where they first part."""
         torch = require_torch()
         module = fresh_module(self.program)
 
@@ -413,7 +415,8 @@ class ImportedWorkload(Workload):
             with torch.no_grad():
                 return module(*args, **kwargs).float().numpy()
         assert self.step is not None
-        return torch_token_fields(device, *torch_greedy(run, self.step, prompt, new_tokens))
+        return torch_token_fields(device, *torch_greedy(run, self.step, prompt, new_tokens,
+                                                        image))
 
     @property
     def reference(self) -> ReferenceOutputs:

@@ -53,6 +53,7 @@ class GenerateRequest:
     micro_batches: int | None = None
     groups: int | None = None
     prompt_by_steps: bool = False
+    image: str | None = None  # a model file's VLM: the image program's file
 
     def check(self) -> None:
         """The options generate refuses whatever it runs."""
@@ -87,6 +88,10 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     prompt and the new tokens need (a VLM's image tokens ahead of them)."""
     if is_program_path(request.model):
         return _program_plan(request, resolve)
+    if request.image is not None:
+        raise UsageError("--image-program goes with a decoder step's model file (MODEL.pt2), "
+                         f"not the builtin {request.model} (smolvlm-256m compiles its own "
+                         "image program)")
     workload = get_workload(request.model)
     if workload.step_inputs is None:
         raise UsageError(f"{workload.name} is not a language model with a KV cache "
@@ -159,6 +164,10 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     # a dynamic sequence length gives the prompt's pass from the same file
     by_steps = request.prompt_by_steps or request.prompt_tokens < 2 \
         or workload.prompt_inputs is None
+    if request.image is not None and (by_steps or step.table is None):
+        raise UsageError(f"{request.model} must take inputs_embeds with a dynamic sequence "
+                         "length for --image-program (the image's rows open the prompt's pass), and "
+                         "--prompt-tokens must be at least 2")
     return DecodePlan(workload, {**params, "batch": step.batch}, 1, request.groups, by_steps)
 
 
@@ -176,9 +185,20 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     if workload.vision is not None:  # a VLM: the image's tokens ahead of the text's
         count, token = workload.image_prompt(params)
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
-    prompt_pass, prompt_inputs, image = None, None, None
+    image, torch_image = None, None
+    if request.image is not None:  # a model file's VLM: its image program's file
+        image, torch_image = _image_program(request, params, options, out / "vision")
+        prompt = np.concatenate([np.zeros((params["batch"], torch_image.shape[1])), prompt],
+                                axis=1)
+        if prompt.shape[1] + request.new_tokens - 1 > step.context:
+            raise UsageError(f"the image's {torch_image.shape[1]} rows, the prompt and the "
+                             f"new tokens fill {prompt.shape[1] + request.new_tokens - 1} "
+                             f"positions; the exported cache holds {step.context}")
+    prompt_pass, prompt_inputs = None, None
     if not plan.by_steps:  # the prompt's pass, compiled beside the decode step
-        prompt_pass, prompt_inputs = _prompt_pass(plan, request, options, out / "prompt")
+        image_rows = 0 if torch_image is None else torch_image.shape[1]
+        prompt_pass, prompt_inputs = _prompt_pass(plan, request.prompt_tokens + image_rows,
+                                                  options, out / "prompt", image_rows > 0)
     if workload.vision is not None:  # a VLM's tower and connector
         looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
         image = Compiled(looked.package, looked.graph, looked.tensors)
@@ -192,25 +212,44 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
               "compileSeconds": round(result.timings["compile"], 2)}
     record = generation_fields(run, fields)
+    if torch_image is not None:
+        record["imageTokens"] = torch_image.shape[1]
     if step is not None:  # PyTorch's own greedy tokens from the same prompt
         record.update(workload.torch_tokens(prompt, request.new_tokens,
-                                            np.array(run.feed.chosen)))
+                                            np.array(run.feed.chosen), torch_image))
     return record
 
 
-def _prompt_pass(plan: DecodePlan, request: GenerateRequest, options: CompileOptions,
-                 out: Path) -> tuple[Compiled | None, Any]:
-    """The prompt's pass compiled (a micro-batch's sequences and cache range) with the maker
-    of its inputs; ``(None, None)`` where it does not fit the chips, and the prompt then goes
-    a token a step through the decode program (a VLM's pass, which reads the image, must
-    fit)."""
+def _image_program(request: GenerateRequest, params: dict[str, Any], options: CompileOptions,
+                   out: Path) -> tuple[Compiled, np.ndarray]:
+    """A model file's image program (``--image-program``) compiled at the decoder's precision and
+    seed, and PyTorch's image rows for its inputs (``[batch, n, width]``): the prompt that
+    ``torchTokenMatch`` runs opens with them, as the device's opens with its own."""
+    from ipu_stack.frontend import imported_workload
+
+    workload, base = imported_workload(request.image)  # type: ignore[arg-type]
+    image_params = workload.resolve({**base, "precision": params["precision"],
+                                     "seed": params["seed"]})
+    compiled = compile_strategy(workload, image_params, out, options)
+    rows = next(iter(workload.reference(compiled.graph, compiled.tensors).values()))
+    rows = np.asarray(rows, np.float32).reshape(params["batch"], -1, rows.shape[-1])
+    return Compiled(compiled.package, compiled.graph, compiled.tensors), rows
+
+
+def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Path,
+                 reads_image: bool = False) -> tuple[Compiled | None, Any]:
+    """The prompt's pass of ``tokens`` a sequence (``reads_image``: an imported VLM's, the
+    image's rows and the text's) compiled (a micro-batch's sequences and cache range) with
+    the maker of its inputs; ``(None, None)`` where it does not fit the chips, and the
+    prompt then goes a token a step through the decode program (a VLM's pass, which reads
+    the image, must fit)."""
     workload, micro = plan.workload, plan.micro_batches
-    passing = {**plan.params, "tokens": request.prompt_tokens,
+    passing = {**plan.params, "tokens": tokens,
                **({"context": plan.params["context"] // micro} if micro > 1 else {})}
     try:
         compiled = compile_strategy(workload, passing, out, options)
     except CompileError as why:
-        if workload.vision is not None:
+        if workload.vision is not None or reads_image:
             raise
         log.event(LOG, "the prompt's pass does not fit: the prompt goes a token a step",
                   logging.WARNING, reason=str(why))

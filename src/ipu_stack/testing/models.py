@@ -67,3 +67,36 @@ def smolvlm_image_part(model: Any) -> Any:
             return self.connector(self.vision_model(pixel_values).last_hidden_state)
 
     return ImagePart().eval()
+
+
+def smolvlm_decoder_step(model: Any, context: int) -> Any:
+    """The model's decoder (its text model and LM head, as ``LlamaForCausalLM``) wrapped by
+    transformers' ``TorchExportableModuleForDecoderOnlyLM`` with a static cache of
+    ``context`` positions: export it with ``inputs_embeds`` so that a prompt can open with
+    an image's rows."""
+    import transformers
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    decoder = transformers.LlamaForCausalLM(model.config.text_config)
+    decoder.model, decoder.lm_head = model.model.text_model, model.lm_head
+    decoder.eval().generation_config = transformers.GenerationConfig(
+        use_cache=True, cache_implementation="static", max_length=context,
+        cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
+    return TorchExportableModuleForDecoderOnlyLM(decoder, batch_size=1, max_cache_len=context)
+
+
+def export_smolvlm_parts(model: Any, context: int) -> tuple[Any, Any]:
+    """The model's image program (pixels to its image rows) and its decoder step (embeddings
+    ``[1, T, width]`` of any length below ``context`` at their cache positions to logits),
+    exported with ``torch.export``."""
+    import torch
+
+    side = model.config.vision_config.image_size
+    image = torch.export.export(smolvlm_image_part(model), (torch.randn(1, 3, side, side),),
+                                strict=False)
+    width = model.config.text_config.hidden_size
+    tokens = torch.export.Dim("tokens", min=1, max=context - 1)
+    decoder = smolvlm_decoder_step(model, context).export(
+        inputs_embeds=torch.zeros((1, 4, width)), cache_position=torch.arange(4), strict=False,
+        dynamic_shapes={"inputs_embeds": {1: tokens}, "cache_position": {0: tokens}})
+    return image, decoder
