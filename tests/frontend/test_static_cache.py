@@ -150,6 +150,12 @@ def test_a_dynamic_sequence_length_gives_the_prompts_pass(tmp_path, capsys) -> N
     assert whole["prefill"] == "one pass" and steps["prefill"] == "a token a step"
     assert whole["generated"] == steps["generated"] and whole["torchTokenMatch"]
     assert whole["decodeCycles"] == steps["decodeCycles"]
+    # the prompt's pass starts at the cache's start: a static fill, no runtime slots
+    workload, params = imported_workload(path)
+    graph, _ = workload.build(workload.resolve({**params, "tokens": 6}))
+    kinds = [op.kind for op in graph.operations]
+    assert kinds.count("cache_fill") == 4 and "cache_write" not in kinds
+    assert not any(v.name.startswith("slots") for v in graph.by_role("input"))
 
 
 class _PositionScaled(torch.nn.Module):

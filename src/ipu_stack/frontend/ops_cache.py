@@ -71,7 +71,11 @@ def _looked_up(node: Any) -> bool:
 def _index_copy(conv: Converter, node: Any, cache: Any, dim: int, index: Any, source: Any
                 ) -> Act:
     """``cache.index_copy_(2, positions, rows)``: the step's key or value rows written into
-    a layer's cache at slots the host computes from the positions."""
+    a layer's cache at slots the host computes from the positions; a step of several tokens
+    imported at positions ``0 .. N - 1`` (a prompt's pass, which generate calls at the
+    cache's start only: ``frontend/step.py``) fills them with a static copy, as the
+    builtin's prompt's pass does (``cache_fill``), where runtime slots would cost a
+    ``MultiUpdate`` scan of every row's offset."""
     buffer, index_node = node.args[0], node.args[2]
     if not is_tensor(cache) or buffer.op != "placeholder":
         raise unsupported(node, "an in-place copy into something other than a program buffer "
@@ -106,9 +110,16 @@ def _index_copy(conv: Converter, node: Any, cache: Any, dim: int, index: Any, so
     if where.size != tokens or where.min() < 0 or where.max() >= positions:
         raise unsupported(node, f"{tokens} rows written at positions {where.tolist()[:4]}, "
                           f"outside the cache's {positions}")
-    written = conv.b.op("cache_write", [state, act.value, conv.per_call_input(
-        "slots", slots, I32)], F16, f"{name}.written", positions=positions, kv_heads=heads)
+    if tokens > 1 and np.array_equal(where, np.arange(tokens)):  # a prompt's pass
+        written = conv.b.op("cache_fill", [state, act.value], F16, f"{name}.written",
+                            positions=positions, kv_heads=heads)
+        how = f"filled at positions 0 .. {tokens - 1} (a static copy)"
+    else:
+        written = conv.b.op("cache_write", [state, act.value, conv.per_call_input(
+            "slots", slots, I32)], F16, f"{name}.written", positions=positions,
+            kv_heads=heads)
+        how = "written in place at the host's slots"
     conv.rewrites.append(f"{node.name}: the buffer {buffer.name} is a KV cache the device "
-                         f"keeps ({name}.cache), written in place at the host's slots")
+                         f"keeps ({name}.cache), {how}")
     return Act(written, tuple(int(s) for s in cache.shape), "heads_major",
                (batch, positions, heads, width), cached=heads)

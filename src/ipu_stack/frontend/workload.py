@@ -448,6 +448,7 @@ def program_parameters() -> tuple[Parameter, ...]:
         Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
         Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
                   "dynamic batch dimension in the export)", minimum=0),
+        Parameter("tokens", int, 0, "a decoder step's tokens (0: as exported)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         ATTENTION_OPTION("f16"), KEEP_F16,
         Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0,
@@ -480,6 +481,8 @@ class ShapedPrograms:
         """The program at ``params``' batch and tokens."""
         key = (params["batch"], params.get("tokens", 0))
         if key not in self.specialized:
+            if key[1] > 1 and not self.prompts:
+                raise UsageError(f"--tokens {key[1]}: only a step with a dynamic length takes it")
             if self.sized:
                 self.specialized[key] = self.sized(params)
             elif self.cached:
