@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/bench_generate.py [--only NAME ...] [--records DIR | --keep DIR]``.
 Each case runs ``/usr/bin/time -v ipu-stack --quiet generate ... --json`` (about 20 minutes on 2
-cores for all of them; the model file's case exports its step first, with the ``[torch]``
+cores for all of them; a model file's case exports its files first, with the ``[torch]``
 extra) and keeps its record and the time's report in a temporary folder, or in ``DIR``
 with ``--keep DIR``; with ``--records DIR`` holding them from an earlier run, the rows are
 printed from them without running anything.  The table is the one in docs/benchmarks.md,
@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 STEP_FILE = "smollm2_step.pt2"
+VLM_FOLDER = "smolvlm"
 CASES: dict[str, tuple[str, ...]] = {
     "smollm2-fp8": ("smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "32"),
     "smollm2-f16": ("smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "32",
@@ -36,18 +37,26 @@ CASES: dict[str, tuple[str, ...]] = {
     # LlamaForCausalLM at SmolLM2-135M's widths exported with a static cache of 160
     # positions (benchmarks/export_llama_step.py, into the records folder): a token a step
     "smollm2-pt2": (STEP_FILE, "--prompt-tokens", "128", "--new-tokens", "32"),
+    # transformers' SmolVLM at SmolVLM-256M's widths as its two programs
+    # (benchmarks/export_smolvlm.py, into the records folder)
+    "smolvlm-pt2": (f"{VLM_FOLDER}/decoder.pt2", "--image-program",
+                    f"{VLM_FOLDER}/image.pt2", "--prompt-tokens", "64", "--new-tokens", "32"),
 }
+# each model file's exporter, run once into the records folder (needs the [torch] extra)
+EXPORTS = {STEP_FILE: "export_llama_step.py", VLM_FOLDER: "export_smolvlm.py"}
 
 
 def run_case(name: str, folder: Path) -> None:
     """One generation under ``/usr/bin/time -v``: its record and the time's report."""
     case = list(CASES[name])
-    if case[0] == STEP_FILE:  # the model file, exported once (needs the [torch] extra)
-        step = folder / STEP_FILE
-        if not step.exists():
-            subprocess.run([sys.executable, str(Path(__file__).with_name(
-                "export_llama_step.py")), str(step)], check=True, capture_output=True)
-        case[0] = str(step)
+    for index, argument in enumerate(case):
+        exported = argument.split("/")[0]
+        if exported in EXPORTS:  # a model file, exported once
+            if not (folder / exported).exists():
+                subprocess.run([sys.executable, str(Path(__file__).with_name(
+                    EXPORTS[exported])), str(folder / exported)], check=True,
+                    capture_output=True)
+            case[index] = str(folder / argument)
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "ipu_stack.cli", "--quiet",
                "generate", *case, "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)

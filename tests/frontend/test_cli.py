@@ -185,8 +185,12 @@ def test_an_imported_tower_over_two_chips(tmp_path: Path, cache_dir: Path, capsy
 
 
 def test_builtin_options_are_refused_for_a_program(tiny: Path, tmp_path: Path, capsys) -> None:
+    code = main(["--quiet", "compile", str(tiny), "--heads", "4", "-o", str(tmp_path / "o")])
+    assert code == 2 and "takes no --heads" in capsys.readouterr().err
+    # --tokens is a decoder step's, exported with a dynamic sequence length
     code = main(["--quiet", "compile", str(tiny), "--tokens", "64", "-o", str(tmp_path / "o")])
-    assert code == 2 and "takes no --tokens" in capsys.readouterr().err
+    assert code == 2 and "only a step with a dynamic length takes it" in \
+        capsys.readouterr().err
 
 
 def test_capacity_of_a_dynamic_batch_program(tmp_path: Path, cache_dir: Path, capsys) -> None:

@@ -154,3 +154,7 @@ def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path
                         str(smolvlm_files / "image.pt2")])
     assert "must take inputs_embeds with a dynamic sequence length" in \
         one_error_line(code, err)
+    decoder = str(smolvlm_files / "decoder.pt2")  # logits are no image's rows
+    code, _, err = cli(["generate", decoder, "--image-program", decoder, "--prompt-tokens",
+                        "4", "--new-tokens", "2", "--out", str(tmp_path / "o")])
+    assert "rows are 256 wide; the decoder's embeddings are 64" in one_error_line(code, err)

@@ -188,6 +188,9 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     image, torch_image = None, None
     if request.image is not None:  # a model file's VLM: its image program's file
         image, torch_image = _image_program(request, params, options, out / "vision")
+        if torch_image.shape[-1] != step.table.shape[1]:
+            raise UsageError(f"{request.image}'s rows are {torch_image.shape[-1]} wide; the "
+                             f"decoder's embeddings are {step.table.shape[1]}")
         prompt = np.concatenate([np.zeros((params["batch"], torch_image.shape[1])), prompt],
                                 axis=1)
         if prompt.shape[1] + request.new_tokens - 1 > step.context:
