@@ -156,6 +156,11 @@ def test_a_dynamic_sequence_length_gives_the_prompts_pass(tmp_path, capsys) -> N
     kinds = [op.kind for op in graph.operations]
     assert kinds.count("cache_fill") == 4 and "cache_write" not in kinds
     assert not any(v.name.startswith("slots") for v in graph.by_role("input"))
+    # and its LM head reads the last position alone: one row of logits a sequence
+    logits = graph.by_role("output")[0]
+    head = next(op for op in graph.operations if logits.id in op.outputs)
+    assert logits.type.shape == (1, SHAPE["vocab_size"])
+    assert graph.value(head.inputs[0]).type.rows == 1
 
 
 class _PositionScaled(torch.nn.Module):

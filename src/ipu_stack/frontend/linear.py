@@ -17,6 +17,8 @@ def emit_linear(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: str
                 bias: np.ndarray | None, bias_key: str | None, suffix: str = "") -> Act:
     """``x @ weight (+ bias)`` as IR operations: weight ``[in, out]``, FP8 A operand, F16."""
     act = row_activation(conv, node, x)  # rows in any order: the result keeps it
+    if act.order is not None and len(act.order) < conv.b.graph.value(act.value).type.rows:
+        act = conv.in_order(act, node)  # a few of the rows (a prompt's last): only those
     name = conv.name(node, suffix)
     a = conv.a_operand(act, node)
     w = conv.weight(key, weight, True)

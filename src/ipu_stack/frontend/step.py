@@ -73,6 +73,32 @@ def token_table(program: Any, width: int) -> np.ndarray | None:
     return found[0].detach().float().numpy() if len(found) == 1 else None
 
 
+def last_position_logits(module: Any, tokens: int) -> Any:
+    """``module`` (a decoder step's, ``tokens`` a sequence) with its LM head reading each
+    sequence's last position only: a prompt's pass, whose other logits nothing reads (the
+    builtin's pass computes the last row's alone), so the device multiplies and sends one
+    row a sequence.  The LM head is the linear layer the output comes from (through casts
+    and views); a module without one is returned as it is."""
+    import torch
+    from torch.utils import _pytree
+
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    node = _pytree.tree_leaves(output.args[0])[0]
+    while getattr(node, "op", "") == "call_function" and node.target in (
+            torch.ops.aten._to_copy.default, torch.ops.aten.view.default,
+            torch.ops.aten.clone.default):
+        node = node.args[0]
+    if getattr(node, "target", None) != torch.ops.aten.linear.default or tokens < 2:
+        return module
+    hidden = node.args[0]
+    with module.graph.inserting_before(node):  # a step of ``tokens``: a subset of the rows
+        last = module.graph.call_function(torch.ops.aten.slice.Tensor,
+                                          (hidden, 1, tokens - 1, tokens, tokens))
+    node.replace_input_with(hidden, last)
+    module.recompile()
+    return module
+
+
 def user_arrays(step: CacheStep, tokens: Any, position: int, rows: np.ndarray | None = None
                 ) -> list[np.ndarray]:
     """The program's user inputs for ``tokens`` (one id a sequence) at cache ``position``;

@@ -39,6 +39,7 @@ from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.frontend.step import (
     CacheStep,
     cache_step,
+    last_position_logits,
     prompt_feed,
     step_feed,
     torch_greedy,
@@ -173,23 +174,25 @@ def has_dynamic_shape(program: Any) -> bool:
 
 def step_program(program: Any, tokens: int) -> Any:
     """A decoder step with a static cache and a dynamic sequence length, re-exported at
-    ``tokens`` tokens a sequence (ids ``[B, tokens]``, or embeddings ``[B, tokens, D]``, at
-    positions ``0 .. tokens - 1``)."""
+    ``tokens`` tokens a sequence at positions ``0 .. tokens - 1``: a prompt's pass, its last
+    position's logits alone (:func:`~ipu_stack.frontend.step.last_position_logits`)."""
     shapes = _example_shapes(program)
     tensors = [name for name, value in user_input_values(program) if hasattr(value, "shape")]
     arrays = [np.arange(tokens, dtype=np.float32) if name in position_inputs(program) else
               np.zeros((shape[0], tokens, *shape[2:]), np.float32)
               for name, shape in zip(tensors, shapes, strict=True)]
-    return _reexport(program, arrays, f"the step cannot take {tokens} tokens a sequence")
+    return _reexport(program, arrays, f"the step cannot take {tokens} tokens a sequence",
+                     lambda module: last_position_logits(module, tokens))
 
 
-def _reexport(program: Any, arrays: list[np.ndarray], refusal: str) -> Any:
-    """``program`` exported again from its own module at the shapes of ``arrays``; a shape
-    its export does not allow is refused in one line (``refusal``, then torch's reason)."""
+def _reexport(program: Any, arrays: list[np.ndarray], refusal: str,
+              change: Callable[[Any], Any] = lambda module: module) -> Any:
+    """``program`` exported again from its own module (``change``d) at the shapes of
+    ``arrays``; a shape its export refuses is refused in one line (``refusal``)."""
     torch = require_torch()
     args, kwargs = call_arguments(program, arrays)
     try:
-        return torch.export.export(quiet_module(program), args, kwargs=kwargs)
+        return torch.export.export(change(quiet_module(program)), args, kwargs=kwargs)
     except Exception as exc:  # torch reports a failed guard in many exception types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"{refusal}: {first[:120]}") from None
@@ -274,8 +277,8 @@ def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def quiet_module(program: Any) -> Any:
-    """``program.module()`` without torch's warning for each lifted cache tensor (a
-    re-exported static cache is one: hundreds of lines for a 30-layer decoder)."""
+    """``program.module()`` without torch's warning for each lifted cache tensor (hundreds
+    of lines for a re-exported 30-layer decoder)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.export")
         return program.module()
@@ -290,8 +293,7 @@ def fresh_module(program: Any) -> Any:
                       if spec.arg.name == name)
         owner, _, leaf = target.rpartition(".")
         holder = module.get_submodule(owner) if owner else module
-        if leaf in dict(holder.named_buffers(recurse=False)):  # a re-export lifts it to a
-            # tensor constant, an attribute
+        if leaf in dict(holder.named_buffers(recurse=False)):  # (a re-export: an attribute)
             holder.register_buffer(leaf, holder.get_buffer(leaf).clone(), persistent=False)
         else:
             setattr(holder, leaf, getattr(holder, leaf).clone())
@@ -446,8 +448,7 @@ def program_parameters() -> tuple[Parameter, ...]:
     return (
         Parameter("model", str, "", "the .pt2 file"),
         Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
-        Parameter("batch", int, 0, "images per run (0: as exported; another size needs a "
-                  "dynamic batch dimension in the export)", minimum=0),
+        Parameter("batch", int, 0, "images a run (0: as exported; else dynamic)", minimum=0),
         Parameter("tokens", int, 0, "a decoder step's tokens (0: as exported)", minimum=0),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         ATTENTION_OPTION("f16"), KEEP_F16,
