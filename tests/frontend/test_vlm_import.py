@@ -158,3 +158,21 @@ def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path
     code, _, err = cli(["generate", decoder, "--image-program", decoder, "--prompt-tokens",
                         "4", "--new-tokens", "2", "--out", str(tmp_path / "o")])
     assert "rows are 256 wide; the decoder's embeddings are 64" in one_error_line(code, err)
+    two = torch.export.export(_TwoOutputs(), (torch.randn(1, 4, 64),))
+    torch.export.save(two, str(tmp_path / "two.pt2"))
+    code, _, err = cli(["generate", decoder, "--image-program", str(tmp_path / "two.pt2"),
+                        "--prompt-tokens", "4", "--new-tokens", "2", "--out",
+                        str(tmp_path / "t")])
+    assert "returns 2 tensors; an image program returns its image's rows alone" in \
+        one_error_line(code, err)
+
+
+class _TwoOutputs(torch.nn.Module):
+    """Rows and something else: not an image program."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.proj(x), x * 2.0

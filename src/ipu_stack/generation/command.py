@@ -234,7 +234,11 @@ def _image_program(request: GenerateRequest, params: dict[str, Any], options: Co
     image_params = workload.resolve({**base, "precision": params["precision"],
                                      "seed": params["seed"]})
     compiled = compile_strategy(workload, image_params, out, options)
-    rows = next(iter(workload.reference(compiled.graph, compiled.tensors).values()))
+    outputs = [v.name for v in compiled.graph.values if v.role == "output"]
+    if len(outputs) != 1:
+        raise UsageError(f"{request.image} returns {len(outputs)} tensors; an image program "
+                         "returns its image's rows alone")
+    rows = workload.reference(compiled.graph, compiled.tensors)[outputs[0]]
     rows = np.asarray(rows, np.float32).reshape(params["batch"], -1, rows.shape[-1])
     return Compiled(compiled.package, compiled.graph, compiled.tensors), rows
 
