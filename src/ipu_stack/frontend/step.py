@@ -91,6 +91,8 @@ def last_position_logits(module: Any, tokens: int) -> Any:
     if getattr(node, "target", None) != torch.ops.aten.linear.default or tokens < 2:
         return module
     hidden = node.args[0]
+    if len(getattr(getattr(hidden, "meta", {}).get("val"), "shape", ())) != 3:
+        return module  # not [B, T, D] (its T is the export's symbol): left as it is
     with module.graph.inserting_before(node):  # a step of ``tokens``: a subset of the rows
         last = module.graph.call_function(torch.ops.aten.slice.Tensor,
                                           (hidden, 1, tokens - 1, tokens, tokens))
