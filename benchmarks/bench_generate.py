@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 STEP_FILE = "smollm2_step.pt2"
+DYNAMIC_FILE = "smollm2_dynamic.pt2"
 VLM_FOLDER = "smolvlm"
 CASES: dict[str, tuple[str, ...]] = {
     "smollm2-fp8": ("smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "32"),
@@ -37,13 +38,18 @@ CASES: dict[str, tuple[str, ...]] = {
     # LlamaForCausalLM at SmolLM2-135M's widths exported with a static cache of 160
     # positions (benchmarks/export_llama_step.py, into the records folder): a token a step
     "smollm2-pt2": (STEP_FILE, "--prompt-tokens", "128", "--new-tokens", "32"),
+    # the same exported with a dynamic sequence length: the prompt's pass from the file
+    "smollm2-pt2-dynamic": (DYNAMIC_FILE, "--prompt-tokens", "128", "--new-tokens", "32"),
     # transformers' SmolVLM at SmolVLM-256M's widths as its two programs
     # (benchmarks/export_smolvlm.py, into the records folder)
     "smolvlm-pt2": (f"{VLM_FOLDER}/decoder.pt2", "--image-program",
                     f"{VLM_FOLDER}/image.pt2", "--prompt-tokens", "64", "--new-tokens", "32"),
 }
-# each model file's exporter, run once into the records folder (needs the [torch] extra)
-EXPORTS = {STEP_FILE: "export_llama_step.py", VLM_FOLDER: "export_smolvlm.py"}
+# each model file's exporter and its options, run once into the records folder (needs the
+# [torch] extra)
+EXPORTS = {STEP_FILE: ("export_llama_step.py",),
+           DYNAMIC_FILE: ("export_llama_step.py", "--dynamic"),
+           VLM_FOLDER: ("export_smolvlm.py",)}
 
 
 def run_case(name: str, folder: Path) -> None:
@@ -53,9 +59,10 @@ def run_case(name: str, folder: Path) -> None:
         exported = argument.split("/")[0]
         if exported in EXPORTS:  # a model file, exported once
             if not (folder / exported).exists():
-                subprocess.run([sys.executable, str(Path(__file__).with_name(
-                    EXPORTS[exported])), str(folder / exported)], check=True,
-                    capture_output=True)
+                script, *options = EXPORTS[exported]
+                subprocess.run([sys.executable, str(Path(__file__).with_name(script)),
+                                str(folder / exported), *options], check=True,
+                               capture_output=True)
             case[index] = str(folder / argument)
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "ipu_stack.cli", "--quiet",
                "generate", *case, "--json"]
