@@ -161,6 +161,9 @@ def test_a_dynamic_sequence_length_gives_the_prompts_pass(tmp_path, capsys) -> N
     head = next(op for op in graph.operations if logits.id in op.outputs)
     assert logits.type.shape == (1, SHAPE["vocab_size"])
     assert graph.value(head.inputs[0]).type.rows == 1
+    # the prompt's package runs on its own (its file re-imported at its length)
+    assert main(["--quiet", "run", str(tmp_path / "o" / "prompt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["numericalTest"] == "PASS"
 
 
 class _PositionScaled(torch.nn.Module):
