@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+executorch = pytest.importorskip("transformers.integrations.executorch")
 
 from ipu_stack.cli import main  # noqa: E402
 from ipu_stack.testing.models import (  # noqa: E402
@@ -158,6 +159,21 @@ def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path
     code, _, err = cli(["generate", decoder, "--image-program", decoder, "--prompt-tokens",
                         "4", "--new-tokens", "2", "--out", str(tmp_path / "o")])
     assert "rows are 256 wide; the decoder's embeddings are 64" in one_error_line(code, err)
+    # transformers' TorchExportableModuleForVLM exports the text model without its LM head
+    tiny = smolvlm(text={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "vocab_size": 256})
+    tiny.model.text_model.generation_config = tiny.generation_config
+    tiny.model.text_model.generation_config.update(
+        use_cache=True, cache_implementation="static", max_length=32,
+        cache_config={"batch_size": 1, "max_cache_len": 32, "device": "cpu"})
+    hidden = executorch.TorchExportableModuleForDecoderOnlyLM(
+        tiny.model.text_model, batch_size=1, max_cache_len=32).export(
+        input_ids=torch.zeros((1, 1), dtype=torch.long), cache_position=torch.tensor([0]))
+    torch.export.save(hidden, str(tmp_path / "hidden.pt2"))
+    code, _, err = cli(["generate", str(tmp_path / "hidden.pt2"), "--out", str(tmp_path / "h")])
+    assert "returns 64 values a position, not logits over its 256-token table" in \
+        one_error_line(code, err)
     two = torch.export.export(_TwoOutputs(), (torch.randn(1, 4, 64),))
     torch.export.save(two, str(tmp_path / "two.pt2"))
     code, _, err = cli(["generate", decoder, "--image-program", str(tmp_path / "two.pt2"),

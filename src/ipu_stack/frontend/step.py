@@ -39,6 +39,7 @@ class CacheStep:
     vocab: int
     position_index: int
     table: np.ndarray | None = field(default=None, compare=False, repr=False)
+    lookup_rows: int = 0  # the rows of the table its ids index (0: none found)
 
 
 def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> CacheStep | None:
@@ -58,18 +59,21 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
     logits = outputs[0].meta.get("val") if outputs and hasattr(outputs[0], "meta") else None
     if getattr(cache, "ndim", 0) != 4 or getattr(logits, "ndim", 0) < 2:
         return None  # not a step's cache and logits: generate refuses it in one line
-    vocab = int(logits.shape[-1])
-    if table is not None and table.shape[0] != vocab:
-        return None
-    return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), vocab, index, table)
+    tables = token_tables(program)
+    return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
+                     index, table, int(tables[0].shape[0]) if len(tables) == 1 else 0)
+
+
+def token_tables(program: Any) -> list[Any]:
+    """The program's token tables: its parameters named as transformers names them
+    (``embed_tokens.weight``), ``[vocab, width]``."""
+    return [tensor for name, tensor in program.state_dict.items()
+            if name.endswith("embed_tokens.weight") and tensor.ndim == 2]
 
 
 def token_table(program: Any, width: int) -> np.ndarray | None:
-    """The token table of a step that takes embeddings: the program's parameter named as
-    transformers names it (``embed_tokens.weight``), ``[vocab, width]``, in float32."""
-    found = [tensor for name, tensor in program.state_dict.items()
-             if name.endswith("embed_tokens.weight") and tensor.ndim == 2
-             and int(tensor.shape[1]) == width]
+    """The token table of a step that takes embeddings, ``[vocab, width]``, in float32."""
+    found = [t for t in token_tables(program) if int(t.shape[1]) == width]
     return found[0].detach().float().numpy() if len(found) == 1 else None
 
 

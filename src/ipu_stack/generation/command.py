@@ -152,6 +152,10 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if step.tokens != 1:
         raise UsageError(f"{request.model} takes {step.tokens} tokens a step; generate runs "
                          "a one-token step")
+    if step.lookup_rows and step.lookup_rows != step.vocab:
+        raise UsageError(f"{request.model} returns {step.vocab} values a position, not logits "
+                         f"over its {step.lookup_rows}-token table (export the model with its "
+                         "LM head, as LlamaForCausalLM)")
     if request.positions > step.context:
         raise UsageError(f"the prompt and the new tokens fill {request.positions} positions; "
                          f"the exported cache holds {step.context}")
