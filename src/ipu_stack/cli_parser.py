@@ -148,7 +148,7 @@ def _add_model_commands(sub: Any) -> None:
                    "of its own, fills the cache)")
     p.add_argument("--image-program", metavar="IMAGE.pt2", help="with MODEL.pt2 (a step exported with "
                    "inputs_embeds): a VLM's image program, run first; its rows open the "
-                   "prompt (benchmarks/export_smolvlm.py)")
+                   "prompt (benchmarks/export_smolvlm.py); --inputs are its pixels")
     p.add_argument("--micro-batches", type=int, metavar="M", help="the batch as M micro-batches in "
                    "flight, one a step of the chips' pipeline, each in its own range of the "
                    "caches (default: one a chip with --chips, where the batch divides)")

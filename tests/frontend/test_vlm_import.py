@@ -120,6 +120,24 @@ def test_an_imported_smolvlm_generates_from_an_image(smolvlm_files, tmp_path, ca
     assert record["prefill"] == "one pass" and len(record["generated"]) == 3
 
 
+def test_an_imported_vlm_reads_the_users_pixels(smolvlm_files, tmp_path) -> None:
+    """``--inputs`` with ``--image-program`` are the image program's pixels: checked against
+    its export's shape, then the run PASSes on them."""
+    pixels = np.random.default_rng(5).uniform(-1, 1, (1, 3, 64, 64)).astype(np.float32)
+    np.savez(tmp_path / "pixels.npz", pixel_values=pixels)
+    np.savez(tmp_path / "small.npz", pixel_values=pixels[:, :, :32, :32])
+    command = ["generate", str(smolvlm_files / "decoder.pt2"), "--image-program",
+               str(smolvlm_files / "image.pt2"), "--prompt-tokens", "4", "--new-tokens", "2",
+               "--out", str(tmp_path / "o"), "--json", "--inputs"]
+    code, _, err = cli([*command, str(tmp_path / "small.npz")])
+    assert "pixel_values is [1, 3, 32, 32], the program was exported for [1, 3, 64, 64]" in \
+        one_error_line(code, err)
+    code, out, err = cli([*command, str(tmp_path / "pixels.npz")])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS", (record, err)
+    assert record["tokensMatch"] and record["imageTokens"] == 4
+
+
 def test_a_step_taking_embeddings_puts_the_image_rows_first(smolvlm_files) -> None:
     """The host's embeddings for a prompt: the image's rows, then the text's table rows."""
     from ipu_stack.frontend import imported_workload

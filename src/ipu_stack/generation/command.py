@@ -73,14 +73,15 @@ class GenerateRequest:
 @dataclass(frozen=True)
 class DecodePlan:
     """The decode step's workload and parameters, the micro-batches in flight, the groups
-    a chip to compile for (``None``: the planner's choice) and whether the prompt goes a
-    token a step."""
+    a chip to compile for (``None``: the planner's choice), whether the prompt goes a
+    token a step, and an imported VLM's image program's inputs (``--inputs``: its pixels)."""
 
     workload: Any
     params: dict[str, Any]
     micro_batches: int
     groups: int | None
     by_steps: bool
+    image_inputs: str = ""
 
 
 def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
@@ -172,7 +173,10 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
         raise UsageError(f"{request.model} must take inputs_embeds with a dynamic sequence "
                          "length for --image-program (the image's rows open the prompt's pass), and "
                          "--prompt-tokens must be at least 2")
-    return DecodePlan(workload, {**params, "batch": step.batch}, 1, request.groups, by_steps)
+    pixels = params.get("inputs", "") if request.image is not None else ""
+    return DecodePlan(workload, {**params, "batch": step.batch, **({"inputs": ""} if pixels
+                                                                   else {})},
+                      1, request.groups, by_steps, pixels)
 
 
 def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions,
@@ -191,7 +195,8 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
     image, torch_image = None, None
     if request.image is not None:  # a model file's VLM: its image program's file
-        image, torch_image = _image_program(request, params, options, out / "vision")
+        image, torch_image = _image_program(request, params, options, out / "vision",
+                                            plan.image_inputs)
         if torch_image.shape[-1] != step.table.shape[1]:
             raise UsageError(f"{request.image}'s rows are {torch_image.shape[-1]} wide; the "
                              f"decoder's embeddings are {step.table.shape[1]}")
@@ -228,15 +233,16 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
 
 
 def _image_program(request: GenerateRequest, params: dict[str, Any], options: CompileOptions,
-                   out: Path) -> tuple[Compiled, np.ndarray]:
+                   out: Path, pixels: str = "") -> tuple[Compiled, np.ndarray]:
     """A model file's image program (``--image-program``) compiled at the decoder's precision and
-    seed, and PyTorch's image rows for its inputs (``[batch, n, width]``): the prompt that
+    seed on ``pixels`` (an ``.npz`` of its inputs; default: random from the seed), and
+    PyTorch's image rows for those inputs (``[batch, n, width]``): the prompt that
     ``torchTokenMatch`` runs opens with them, as the device's opens with its own."""
     from ipu_stack.frontend import imported_workload
 
     workload, base = imported_workload(request.image)  # type: ignore[arg-type]
     image_params = workload.resolve({**base, "precision": params["precision"],
-                                     "seed": params["seed"]})
+                                     "seed": params["seed"], "inputs": pixels})
     compiled = compile_strategy(workload, image_params, out, options)
     outputs = [v.name for v in compiled.graph.values if v.role == "output"]
     if len(outputs) != 1:
