@@ -88,6 +88,28 @@ def test_merged_rows_read_by_row_operations_import_exactly() -> None:
     assert groups == [4, 4]
 
 
+class _Unmerged(torch.nn.Module):
+    """Rows merged four a row, reordered, then split back two a row."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        side = x.view(b, n // 4, 4 * d).view(b, 2, n // 8, 4 * d).permute(0, 2, 1, 3)
+        return torch.nn.functional.layer_norm(side.reshape(b, n // 2, 2 * d), (2 * d,))
+
+
+def test_a_merge_split_back_moves_rows_once() -> None:
+    """A view that splits merged rows back keeps them where they lie: one gather of the
+    rows still side by side (two a row), none where every merge is undone."""
+    from ipu_stack.frontend import import_program
+
+    program = torch.export.export(_Unmerged(), (torch.randn(2, 32, 16),))
+    imported = import_program(program, precision="f16")
+    assert imported.conversion_error < 1e-5
+    groups = [op.attrs.get("group", 1) for op in imported.graph.operations
+              if op.kind == "gather_rows"]
+    assert groups == [2]
+
+
 @pytest.fixture(scope="module")
 def smolvlm_files(tmp_path_factory):
     """A small SmolVLM's image program and its decoder step taking embeddings (a cache of

@@ -76,6 +76,9 @@ def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
             return order.viewed(act, resolved)
         if merged and order.keeps_rows(act, True):
             return order.grouped(act, resolved, merged)
+        split = order.split_rows(act, resolved)
+        if split and order.keeps_rows(act, True):
+            return order.ungrouped(act, resolved, split)  # a merge undone
         act = conv.in_order(act, node)
     if resolved == (*act.shape[:-1], act.shape[-1] // 2, 2) and rope.start(act) is not None:
         return rope.view(rope.start(act), resolved)  # type: ignore[arg-type]

@@ -77,11 +77,29 @@ def merged_rows(shape: tuple[int, ...], resolved: tuple[int, ...]) -> int:
     return count if count > 1 and prod(resolved[:-1]) * count == prod(shape[:-1]) else 0
 
 
+def split_rows(act: Act, resolved: tuple[int, ...]) -> int:
+    """How many rows a view of ``act`` as ``resolved`` splits each of its rows into, where
+    each is that many of its IR rows side by side (``Act.group``: undoing a merge moves
+    nothing); 0 where it does not."""
+    shape = act.shape
+    if not resolved or shape[-1] % resolved[-1]:
+        return 0
+    count = shape[-1] // resolved[-1]
+    return count if count > 1 and act.group % count == 0 and \
+        prod(resolved[:-1]) == prod(shape[:-1]) * count else 0
+
+
 def grouped(act: Act, shape: tuple[int, ...], count: int) -> Act:
     """``act`` viewed as ``shape``, each row ``count`` of its consecutive rows side by side
     (SmolVLM's pixel shuffle): the rows stay where they lie until a rule reads them
     (``Converter.in_order``: one ``gather_rows`` of ``group`` rows a row)."""
     return act.with_(shape=shape, group=act.group * count, linear=None)
+
+
+def ungrouped(act: Act, shape: tuple[int, ...], count: int) -> Act:
+    """``act`` viewed as ``shape``, each row split back into ``count`` rows (the inverse of
+    :func:`grouped`): the rows stay where they lie."""
+    return act.with_(shape=shape, group=act.group // count, linear=None)
 
 
 def viewed(act: Act, shape: tuple[int, ...]) -> Act:
