@@ -60,9 +60,12 @@ def test_swin_for_classification_passes_against_torch(tmp_path, capsys) -> None:
     assert record["numericalTest"] == "PASS" and record["referenceSource"] == "torch"
 
 
-@pytest.mark.parametrize("precision", ["f16", "fp8"])
-def test_the_builtin_runs_the_imported_program(tmp_path, capsys, precision: str) -> None:
-    model, pixels = _swin()
+@pytest.mark.parametrize("precision, labels", [("f16", 0), ("fp8", 0), ("f16", 5),
+                                               ("fp8", 5)])
+def test_the_builtin_runs_the_imported_program(tmp_path, capsys, precision: str, labels: int
+                                               ) -> None:
+    """SwinModel, and with ``--labels`` SwinForImageClassification (ByteMLPerf's model)."""
+    model, pixels = _swin(classify=bool(labels))
     path = tmp_path / "swin.pt2"
     torch.export.save(torch.export.export(model, (pixels,)), str(path))
     extra = ["--attention", "fp8"] if precision == "fp8" else []
@@ -70,8 +73,8 @@ def test_the_builtin_runs_the_imported_program(tmp_path, capsys, precision: str)
                  "--out", str(tmp_path / "imported")]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["numericalTest"] == "PASS" and record["conversionError"] < 1e-5
-    assert main(["--quiet", "bench", *BUILTIN, "--precision", precision, "--json", "--out",
-                 str(tmp_path / "builtin")]) == 0
+    assert main(["--quiet", "bench", *BUILTIN, "--labels", str(labels), "--precision",
+                 precision, "--json", "--out", str(tmp_path / "builtin")]) == 0
     twin = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert twin["numericalTest"] == "PASS"
     assert (twin["cycles"], twin["weightBytes"]) == (record["cycles"], record["weightBytes"])

@@ -186,6 +186,9 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("tables", str, "auto", "a shifted block's bias and mask: summed, or split "
                   "(the mask a block a window); auto: split at f16", choices=("auto", "summed",
                                                                              "split")),
+        Parameter("labels", int, 0, "the classifier's labels: logits out, as "
+                  "SwinForImageClassification (ByteMLPerf's model: 1000); 0: the last hidden "
+                  "state and the pooled output, as SwinModel", minimum=0),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         ATTENTION_OPTION("fp8"), KEEP_F16,
     )
@@ -316,8 +319,20 @@ def _build_swin(builder: LayerBuilder, seed: int) -> None:
             x = _block(builder, x, stage, number, picks, shift)
             number += 1
     x = builder.norm(x, "final_ln", F16, stages[-1].dim)
-    builder.b.output(x)
-    builder.b.output(_pooled(builder, x, stages[-1].side ** 2))
+    pooled = _pooled(builder, x, stages[-1].side ** 2)
+    labels = builder.p["labels"]
+    if not labels:  # SwinModel: the last hidden state and the pooled output
+        builder.b.output(x)
+        builder.b.output(pooled)
+        return
+    # SwinForImageClassification: the classifier on the pooled rows, its logits alone
+    if builder.fp8_at("classifier"):
+        pooled = builder.b.op("cast", [pooled], builder.act("classifier.fp8"), "classifier.fp8")
+    width = stages[-1].dim
+    weight = builder.weight("classifier.w", (width, labels), 1.0 / np.sqrt(width))
+    logits = builder.b.op("matmul", [pooled, weight], F16, "classifier.mm")
+    builder.b.output(builder.b.op("bias_add", [logits, builder.weight(
+        "classifier.b", (labels,), 0.02)], F16, "classifier"))
 
 
 def build_swin(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -351,6 +366,7 @@ def swin_footprint(params: dict[str, Any]) -> Footprint:
     weights = sum(d * s.depth for d, s in zip(per_layer, stages, strict=True))
     weights += sum(8 * s.dim * s.dim * size for s in stages[:-1])  # the merges' reductions
     weights += 3 * params["patch"] ** 2 * params["dim"] * size
+    weights += stages[-1].dim * params["labels"] * size  # the classifier's
     split = split_tables(params["precision"], params["tables"])
     for s in stages:  # F16 bias rows a layer, a shifted block's mask summed in or beside
         windows = (s.side // s.window) ** 2
@@ -369,7 +385,8 @@ def _identifier(p: dict[str, Any]) -> str:
     return (f"swin-l-{p['precision']}-b{p['batch']}-i{p['image']}-p{p['patch']}"
             f"-w{p['window']}-d{p['dim']}-n{p['depths'].replace(',', '.')}"
             f"-h{p['stage_heads'].replace(',', '.')}-r{p['mlp_ratio']}{attention_suffix(p, 'fp8')}"
-            + ("" if p["tables"] == "auto" else f"-{p['tables']}"))
+            + ("" if p["tables"] == "auto" else f"-{p['tables']}")
+            + (f"-c{p['labels']}" if p["labels"] else ""))
 
 
 def _fields(p: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +396,7 @@ def _fields(p: dict[str, Any]) -> dict[str, Any]:
             "rows": p["batch"] * stages[0].side ** 2, "dimension": p["dim"],
             "depths": p["depths"], "heads": p["stage_heads"],
             "layers": sum(s.depth for s in stages), "biases": True,
-            "attention": attention_precision(p)}
+            "attention": attention_precision(p), "labels": p["labels"]}
 
 
 register(Workload(
