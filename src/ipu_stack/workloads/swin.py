@@ -4,7 +4,8 @@
   ``SwinModel``): 4 x 4 patches (a 96 x 96 grid), embedding width 192, depths 2-2-18-2,
   heads 6-12-24-48, windows of 12 x 12 tokens, MLP 4 x the width, exact GELU, layer norm
   eps 1e-5, patch merging between stages, the final layer norm (the last hidden state) and
-  the pooled mean.
+  the pooled mean; with ``--labels N``, ``SwinForImageClassification``'s classifier on the
+  pooled rows, its logits the one output (ByteMLPerf's model: 1,000 labels).
 
 **Token order.** Everything in a block but attention works row by row (the norms, the
 projections, the MLP and the residual adds). The residual stream stays in raster order; a
