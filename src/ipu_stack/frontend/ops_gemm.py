@@ -15,6 +15,7 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.linear import emit_linear
 from ipu_stack.frontend.rules import activation, is_tensor, row_activation, rule, to_numpy
 from ipu_stack.ir.precision import F16
+from ipu_stack.ir.types import RowIndex
 from ipu_stack.workloads.vision import image_patches
 
 
@@ -26,6 +27,8 @@ def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: 
     act = row_activation(conv, node, x)
     if act.order is not None and _splits_columns(node, act):
         act = conv.in_order(act, node)  # attention's q, k, v read the rows in order
+    if act.form == "replicated" and node.users and all(u.op == "output" for u in node.users):
+        act = _one_row_an_item(conv, node, act)  # a classifier: its logits leave as they are
     if weight.ndim != 2 or weight.shape[0] != act.shape[-1]:
         raise unsupported(node, f"weight {list(weight.shape)} for input {list(act.shape)}")
     bias_np = None if bias is None else to_numpy(bias).reshape(-1)
@@ -36,6 +39,19 @@ def _linear_weight(conv: Converter, node: Any, x: Any, weight: np.ndarray, key: 
         return fused.Fused(act, weight, bias_np, key, bias_key,
                            (*act.shape[:-1], weight.shape[1]), node)
     return emit_linear(conv, node, act, weight, key, bias_np, bias_key)
+
+
+def _one_row_an_item(conv: Converter, node: Any, act: Act) -> Act:
+    """A replicated value (every token row of an item equal: a pooled mean or one token)
+    as one row an item, by one ``gather_rows``: a program's last linear layer (a
+    classifier's) then multiplies and sends one row an item, not one a token."""
+    batch, tokens = act.dims
+    precision = conv.b.graph.value(act.value).type.precision
+    value = conv.b.op("gather_rows", [act.value], precision, f"{conv.name(node)}.rows",
+                      index=RowIndex(np.arange(batch) * tokens))
+    conv.rewrites.append(f"{node.name}: the replicated input's first row of each of "
+                         f"{batch} items, by one gather")
+    return Act(value, act.shape)
 
 
 def _splits_columns(node: Any, act: Act) -> bool:

@@ -326,7 +326,10 @@ def _build_swin(builder: LayerBuilder, seed: int) -> None:
         builder.b.output(x)
         builder.b.output(pooled)
         return
-    # SwinForImageClassification: the classifier on the pooled rows, its logits alone
+    # SwinForImageClassification: the classifier on one pooled row an image (every row of
+    # an image holds the mean), its logits alone
+    batch, tokens = builder.p["batch"], stages[-1].side ** 2
+    pooled = _gather(builder, pooled, np.arange(batch) * tokens, "classifier.rows")
     if builder.fp8_at("classifier"):
         pooled = builder.b.op("cast", [pooled], builder.act("classifier.fp8"), "classifier.fp8")
     width = stages[-1].dim
