@@ -23,15 +23,12 @@ def export_step(out: Path, layers: int, context: int, dynamic: bool = False) -> 
     """Write the step program to ``out`` (``torch.export.save``)."""
     import torch
     import transformers
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from ipu_stack.testing.models import static_cache_step
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(num_hidden_layers=layers, **SMOLLM2)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.generation_config = transformers.GenerationConfig(
-        use_cache=True, cache_implementation="static", max_length=context,
-        cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
-    step = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=context)
+    step = static_cache_step(transformers.LlamaForCausalLM(config), context)
     if dynamic:  # any prompt length: the prompt's pass from the same file
         tokens = torch.export.Dim("tokens", min=1, max=context - 1)
         program = step.export(input_ids=torch.zeros((1, 4), dtype=torch.long),

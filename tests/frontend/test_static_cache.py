@@ -12,10 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-executorch = pytest.importorskip("transformers.integrations.executorch")
+pytest.importorskip("transformers.integrations.executorch")
 
 from ipu_stack.cli import main  # noqa: E402
 from ipu_stack.frontend import import_program, imported_workload  # noqa: E402
+from ipu_stack.testing.models import static_cache_step  # noqa: E402
 from tests.helpers import one_error_line  # noqa: E402
 
 CONTEXT = 32
@@ -31,12 +32,8 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
     torch.manual_seed(0)
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
-    model = classes[1](classes[0](**SHAPE, **config)).eval()
-    model.generation_config = transformers.GenerationConfig(
-        use_cache=True, cache_implementation="static", max_length=context,
-        cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
-    module = executorch.TorchExportableModuleForDecoderOnlyLM(model, batch_size=1,
-                                                              max_cache_len=context)
+    model = classes[1](classes[0](**SHAPE, **config))
+    module = static_cache_step(model, context)
     if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
         tokens = torch.export.Dim("tokens", min=1, max=context - 1)
         return module.export(input_ids=torch.zeros((1, 4), dtype=torch.long),

@@ -14,13 +14,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-executorch = pytest.importorskip("transformers.integrations.executorch")
+pytest.importorskip("transformers.integrations.executorch")
 
 from ipu_stack.cli import main  # noqa: E402
 from ipu_stack.testing.models import (  # noqa: E402
     smolvlm,
     smolvlm_decoder_step,
     smolvlm_image_part,
+    static_cache_step,
 )
 from tests.helpers import cli, one_error_line  # noqa: E402
 
@@ -203,12 +204,7 @@ def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path
     tiny = smolvlm(text={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
                          "num_attention_heads": 4, "num_key_value_heads": 2,
                          "vocab_size": 256})
-    tiny.model.text_model.generation_config = tiny.generation_config
-    tiny.model.text_model.generation_config.update(
-        use_cache=True, cache_implementation="static", max_length=32,
-        cache_config={"batch_size": 1, "max_cache_len": 32, "device": "cpu"})
-    hidden = executorch.TorchExportableModuleForDecoderOnlyLM(
-        tiny.model.text_model, batch_size=1, max_cache_len=32).export(
+    hidden = static_cache_step(tiny.model.text_model, 32).export(
         input_ids=torch.zeros((1, 1), dtype=torch.long), cache_position=torch.tensor([0]))
     torch.export.save(hidden, str(tmp_path / "hidden.pt2"))
     code, _, err = cli(["generate", str(tmp_path / "hidden.pt2"), "--out", str(tmp_path / "h")])

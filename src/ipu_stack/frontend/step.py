@@ -50,7 +50,8 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
         return None
     index = next(i for i, (name, _) in enumerate(shapes) if name == positions[0])
     ids = shapes[1 - index][1]
-    table = token_table(program, ids[-1]) if len(ids) == 3 else None
+    tables = token_tables(program)
+    table = token_table(tables, ids[-1]) if len(ids) == 3 else None
     if len(ids) != 2 and table is None:
         return None
     name = cache_buffers(program)[0]
@@ -59,7 +60,6 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
     logits = outputs[0].meta.get("val") if outputs and hasattr(outputs[0], "meta") else None
     if getattr(cache, "ndim", 0) != 4 or getattr(logits, "ndim", 0) < 2:
         return None  # not a step's cache and logits: generate refuses it in one line
-    tables = token_tables(program)
     return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
                      index, table, int(tables[0].shape[0]) if len(tables) == 1 else 0)
 
@@ -71,9 +71,10 @@ def token_tables(program: Any) -> list[Any]:
             if name.endswith("embed_tokens.weight") and tensor.ndim == 2]
 
 
-def token_table(program: Any, width: int) -> np.ndarray | None:
-    """The token table of a step that takes embeddings, ``[vocab, width]``, in float32."""
-    found = [t for t in token_tables(program) if int(t.shape[1]) == width]
+def token_table(tables: list[Any], width: int) -> np.ndarray | None:
+    """The token table (of ``tables``) of a step that takes embeddings ``width`` wide,
+    ``[vocab, width]``, in float32."""
+    found = [t for t in tables if int(t.shape[1]) == width]
     return found[0].detach().float().numpy() if len(found) == 1 else None
 
 

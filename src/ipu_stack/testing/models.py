@@ -69,20 +69,28 @@ def smolvlm_image_part(model: Any) -> Any:
     return ImagePart().eval()
 
 
-def smolvlm_decoder_step(model: Any, context: int) -> Any:
-    """The model's decoder (its text model and LM head, as ``LlamaForCausalLM``) wrapped by
-    transformers' ``TorchExportableModuleForDecoderOnlyLM`` with a static cache of
-    ``context`` positions: export it with ``inputs_embeds`` so that a prompt can open with
-    an image's rows."""
+def static_cache_step(model: Any, context: int) -> Any:
+    """``model`` (a decoder, in eval mode) wrapped by transformers'
+    ``TorchExportableModuleForDecoderOnlyLM`` with a static cache of ``context`` positions
+    for one sequence, as transformers exports a language model for on-device runtimes."""
     import transformers
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    decoder = transformers.LlamaForCausalLM(model.config.text_config)
-    decoder.model, decoder.lm_head = model.model.text_model, model.lm_head
-    decoder.eval().generation_config = transformers.GenerationConfig(
+    model.eval().generation_config = transformers.GenerationConfig(
         use_cache=True, cache_implementation="static", max_length=context,
         cache_config={"batch_size": 1, "max_cache_len": context, "device": "cpu"})
-    return TorchExportableModuleForDecoderOnlyLM(decoder, batch_size=1, max_cache_len=context)
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=context)
+
+
+def smolvlm_decoder_step(model: Any, context: int) -> Any:
+    """The model's decoder (its text model and LM head, as ``LlamaForCausalLM``) with a
+    static cache of ``context`` positions (:func:`static_cache_step`): export it with
+    ``inputs_embeds`` so that a prompt can open with an image's rows."""
+    import transformers
+
+    decoder = transformers.LlamaForCausalLM(model.config.text_config)
+    decoder.model, decoder.lm_head = model.model.text_model, model.lm_head
+    return static_cache_step(decoder, context)
 
 
 def export_smolvlm_parts(model: Any, context: int) -> tuple[Any, Any]:
