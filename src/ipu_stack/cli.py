@@ -201,7 +201,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          "figures); --profile and --save-tensors are for bench and run")
     request = GenerateRequest(args.workload, args.prompt_tokens, args.new_tokens, args.chips,
                               args.context, args.batch, args.tokens, args.micro_batches,
-                              args.groups, args.prompt_by_steps, args.image_program)
+                              args.groups, args.prompt_by_steps, args.image_program,
+                              getattr(args, "choose", None))
     plan = decode_plan(request, lambda changed: _params(
         argparse.Namespace(**{**vars(args), **changed})))
     args.groups = plan.groups

@@ -285,4 +285,29 @@ def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
     assert code == 0 and record["numericalTest"] == "PASS" and record["tokensMatch"], err
     assert (record["chips"], record["microBatches"], record["batch"]) == (2, 2, 2)
     assert record["periodCycles"] < record["decodeCycles"] < 2 * record["periodCycles"]
-    assert record["workload"].endswith("-b1-t1-c64-v50-d16-h4-kv2-f24-n2")
+    assert record["workload"].endswith("-b1-t1-c64-v50-d16-h4-kv2-f24-n2-argmax")
+
+
+def test_the_device_chooses_the_hosts_tokens_and_sends_ids_not_logits(tmp_path) -> None:
+    """``--choose device`` (generate's default) and ``--choose host`` generate the same
+    tokens, each the host reference's; on the device the logits stay on the chip (an
+    argmax sends 4 bytes a sequence), so a step's host bytes fall by the logits'."""
+    sizes = ["--vocab", "30000", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads",
+             "4", "--kv-heads", "2", "--precision", "f16", "--batch", "2"]
+    records = {}
+    for choose in ("host", "device"):
+        code, out, err = cli(["generate", "smollm2-135m", *sizes, "--prompt-tokens", "4",
+                              "--new-tokens", "4", "--choose", choose,
+                              "--out", str(tmp_path / choose), "--json"])
+        records[choose] = json.loads(out)
+        assert code == 0 and records[choose]["numericalTest"] == "PASS", err
+        assert records[choose]["tokensMatch"] and records[choose]["tokensChosenOn"] == choose
+    host, device = records["host"], records["device"]
+    assert device["generated"] == host["generated"]
+    assert device["workload"] == host["workload"] + "-argmax"
+    # a step's time: the device's cycles and its host transfers; the logits were 2 x 30,000
+    # halves a step, the tokens 2 x 4 bytes
+    saved = host_cycles(2 * 30000 * 2, CLOCK) - host_cycles(2 * 4, CLOCK)
+    argmax = device["decodeCycles"] - host["decodeCycles"]
+    assert 0 < argmax < saved
+    assert device["tpotMicroseconds"] < host["tpotMicroseconds"]

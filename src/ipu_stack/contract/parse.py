@@ -138,7 +138,7 @@ def check_params(params: Any, where: str) -> dict[str, Any]:
                 if len(step) == 3 and (not isinstance(step[2], (int, float))
                                        or isinstance(step[2], bool)):
                     raise _fail(here, f"bad chain factor {step[2]!r}")
-        elif key in ("b_transposed", "fill"):
+        elif key in ("b_transposed", "fill", "final"):
             if not isinstance(value, bool):
                 raise _fail(here, f"expected true or false, found {value!r}")
         elif key in ("eps", "scale"):
@@ -153,8 +153,9 @@ def check_params(params: Any, where: str) -> dict[str, Any]:
         else:
             # every extent and pitch of an emitted kernel is at least 1 (the compiler never
             # emits an empty call); only a row kernel without aux operands has pitch 0 there,
-            # and a lookup's first table row may be 0
-            _count(value, here, 0 if key in ("aux_pitch", "first_row") else 1, PARAM_LIMIT)
+            # a lookup's first table row and an argmax block's first column may be 0
+            _count(value, here, 0 if key in ("aux_pitch", "first_row", "col0") else 1,
+                   PARAM_LIMIT)
     for pitch, rows_key, width in (("a_pitch", "depth", "a"), ("out_pitch", "cols", None),
                                    ("x_pitch", "cols", "x")):
         if pitch in params and width and width in params and rows_key in params:

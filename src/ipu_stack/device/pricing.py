@@ -202,6 +202,12 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
     if kind == "rms_norm":  # assumed: priced as the measured layer norm of the same rows
         layer_norm = p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
         return int(layer_norm * float(PRICES["rms_norm_fraction"].value))
+    if kind == "argmax_gather":  # a supervisor vertex a row, one after another
+        worker = p("argmax_gather_worker") + p("argmax_element") * (c["busiest"] - 1)
+        return c["rows"] * (6 * worker + p("argmax_gather_supervisor"))
+    if kind == "argmax_sparse":  # a worker vertex a row, the rows dealt to six workers
+        vertex = p("argmax_sparse_vertex") + p("argmax_element") * (c["pairs"] - 1)
+        return 6 * cdiv(c["rows"], 6) * vertex
     if kind in ACTIVATION_VERTICES:
         busiest = max(c["per_worker"], default=0)
         return sum(_vertex(v, busiest) for v in ACTIVATION_VERTICES[kind]) if busiest else 0

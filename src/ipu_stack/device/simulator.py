@@ -479,7 +479,7 @@ _WORK_CLASSES = {"amp": "gemm", "cast_from_f8": "cast", "cast_f8": "cast", "cast
                  "normce": "layerNorm", "normce_rms": "rmsNorm",
                  "rms_norm": "rmsNorm",
                  **dict.fromkeys(timing.ACTIVATION_VERTICES, "activation"), "add": "add",
-                 "rope": "rope"}
+                 "rope": "rope", "argmax_gather": "argmax", "argmax_sparse": "argmax"}
 
 
 def _trace_call(trace: ComputeTrace, kernel: KernelInstance, tiles: np.ndarray, works: list,

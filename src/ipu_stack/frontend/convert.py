@@ -29,13 +29,11 @@ import numpy as np
 from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.ir.graph import Graph, GraphBuilder, Value
 from ipu_stack.ir.names import MODULE_LAYER, fp8_allowed
-from ipu_stack.ir.precision import F16, F32, Precision, fit_scale_exponent
+from ipu_stack.ir.precision import F16, F32, I32, Precision, fit_scale_exponent
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.ir.values import weight_storer
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.workloads.transformer import role  # FP8 activation exponents are per role
-
-I32 = Precision("I32")  # token ids
 
 # ops that pass a value through unchanged (as the device sees it) or only relabel its shape
 TRANSPARENT = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.contiguous", "aten.clone",

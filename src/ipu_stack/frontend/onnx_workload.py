@@ -27,12 +27,8 @@ from ipu_stack.frontend.onnx_file import (
 )
 from ipu_stack.frontend.onnx_ops import TRANSLATIONS
 from ipu_stack.frontend.onnx_program import export_onnx, node_scope, operator_kind
-from ipu_stack.frontend.workload import (
-    ImportedWorkload,
-    Reference,
-    make_workload,
-    program_parameters,
-)
+from ipu_stack.frontend.options import program_parameters
+from ipu_stack.frontend.workload import ImportedWorkload, Reference, make_workload
 from ipu_stack.ir.names import name_layer
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter

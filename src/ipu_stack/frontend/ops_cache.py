@@ -27,9 +27,8 @@ from ipu_stack.frontend.convert import (
 from ipu_stack.frontend.forms import Act
 from ipu_stack.frontend.rules import activation, is_tensor, rule
 from ipu_stack.ir.graph import POSITION_GRAIN
-from ipu_stack.ir.precision import F16, Precision
+from ipu_stack.ir.precision import F16, I32
 
-I32 = Precision("I32")
 CACHE_WRITES = ("aten.index_copy_", "aten.index_copy")
 
 

@@ -36,6 +36,7 @@ from ipu_stack.frontend.convert import (
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
+from ipu_stack.frontend.options import program_parameters
 from ipu_stack.frontend.step import (
     CacheStep,
     cache_step,
@@ -46,18 +47,13 @@ from ipu_stack.frontend.step import (
     torch_token_fields,
 )
 from ipu_stack.frontend.walk import Importer
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, choose_on_device
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.ir.names import layer_set
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, rng_for
-from ipu_stack.workloads.transformer import (
-    ATTENTION_OPTION,
-    KEEP_F16,
-    attention_precision,
-    attention_suffix,
-)
+from ipu_stack.workloads.transformer import attention_precision, attention_suffix
 
 LOG = logging.getLogger("ipu_stack.frontend")
 NAME = IMPORTED
@@ -443,21 +439,6 @@ class ReferenceOutputs:
         return dict(found.torch_outputs)
 
 
-def program_parameters() -> tuple[Parameter, ...]:
-    """The options of an imported program: its file, the batch, precisions, inputs."""
-    return (
-        Parameter("model", str, "", "the .pt2 file"),
-        Parameter("sha256", str, "", "sha256 of the .pt2 file (checked when re-imported)"),
-        Parameter("batch", int, 0, "images a run (0: as exported; else dynamic)", minimum=0),
-        Parameter("tokens", int, 0, "a decoder step's tokens (0: as exported)", minimum=0),
-        Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        ATTENTION_OPTION("f16"), KEEP_F16,
-        Parameter("seed", int, 0, "seed of random inputs (calibration: seed + 1)", minimum=0,
-                  maximum=None),
-        Parameter("inputs", str, "", "an .npz of the program's inputs (default: random)"),
-    )
-
-
 class ShapedPrograms:
     """An imported workload's program at each run's shape (batch, tokens a sequence).
 
@@ -546,6 +527,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                     if not shaped.cached or tokens_of(i) == tokens_of(imported)]:
             del holder[key]  # one import a shape: the graphs the pipeline holds now
         holder[id(imported.graph)] = imported
+        if params.get("choose") == "device":  # the torch outputs stay the logits' reference
+            choose_on_device(imported.graph)
         # the exact float32 weights served the conversion check; the compile and the run
         # read the device's tensors and torch's outputs (half a gigabyte for CLIP's text)
         imported.converted.exact.clear()
@@ -556,7 +539,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         batch = f"-b{params['batch']}" if params["batch"] else ""
         batch += f"-t{params['tokens']}" if params.get("tokens") else ""
         return (f"{label}-{params['precision']}{batch}-{digest}"
-                f"{attention_suffix(params, 'f16')}")
+                f"{attention_suffix(params, 'f16')}"
+                f"{'-argmax' if params.get('choose') == 'device' else ''}")
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)

@@ -54,6 +54,7 @@ class GenerateRequest:
     groups: int | None = None
     prompt_by_steps: bool = False
     image: str | None = None  # a model file's VLM: the image program's file
+    choose: str | None = None  # a builtin's token choice (``--choose``; default: device)
 
     def check(self) -> None:
         """The options generate refuses whatever it runs."""
@@ -114,7 +115,9 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if micro > 1:  # one program for a micro-batch, each its own cache range
         context = -(-context // POSITION_GRAIN) * POSITION_GRAIN * micro
         batch = (batch or 1) // micro
-    workload, params = resolve({"tokens": 1, "context": context, "batch": batch})
+    # the next token chosen on the device unless --choose host says otherwise
+    workload, params = resolve({"tokens": 1, "context": context, "batch": batch,
+                                "choose": request.choose or "device"})
     return DecodePlan(workload, params, micro, groups,
                       request.prompt_by_steps or request.prompt_tokens < 2)
 
@@ -145,7 +148,7 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if request.context is not None:
         raise UsageError("a model file's KV cache has the length it was exported with; "
                          "give no --context")
-    workload, params = resolve({})
+    workload, params = resolve({"choose": request.choose or "device"})
     step = getattr(workload, "step", None)
     if step is None:
         raise UsageError(f"{request.model} is not a decoder step with a static KV cache "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph, state_writes
+from ipu_stack.ir.graph import Graph, fidelity_values, state_writes
 from ipu_stack.runtime.stream import StepFeed
 from ipu_stack.util.log import Progress
 
@@ -47,10 +47,17 @@ class TokenFeed(StepFeed):
     prefill: Progress | None = None
     # the step's micro-batches judged so far: (chosen, expected, tied, margins) each
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    # the logits' name: the output, or what an argmax on the device chose the output from
+    logits: str = field(init=False, default="")
+    on_device: bool = field(init=False, default=False)  # the device sends its choices
+    device_logits: np.ndarray | None = field(init=False, default=None)  # probed, if so
 
     def __post_init__(self) -> None:
         self.states = {self.graph.value(w).name: self.graph.value(s).name
                        for s, w in state_writes(self.graph).items()}
+        output = next(v for v in self.graph.values if v.role == "output")
+        self.logits = fidelity_values(self.graph)[output.name]
+        self.on_device = self.logits != output.name
 
     def __len__(self) -> int:
         steps = self.new_tokens - 1 + (0 if self.prefilled else self.prompt.shape[1])
@@ -74,6 +81,8 @@ class TokenFeed(StepFeed):
         for name, values in items:
             if name in self.states:  # a layer's cache as the device wrote it
                 self.state[self.states[name]] = np.asarray(values, dtype=np.float32)
+            elif name == self.logits:  # what an argmax on the device chose from
+                self.device_logits = np.asarray(values, dtype=np.float32)
 
     def judged(self, number: int, outputs: dict[str, np.ndarray],
                reference: Mapping[str, np.ndarray]) -> None:
@@ -85,14 +94,19 @@ class TokenFeed(StepFeed):
         if self.prefill is not None:  # the first token: its line replaces the progress
             self.prefill.close()
             self.prefill = None
-        logits = next(v for v in self.graph.values if v.role == "output")
         size = self.prompt.shape[0] // self.micro_batches
+        vocab = next(v for v in self.graph.values if v.name == self.logits).type.cols
         # each sequence's last row (a prompt's pass may give every position's)
-        device = np.asarray(outputs[logits.name], np.float32).reshape(
-            size, -1, logits.type.cols)[:, -1]
-        host = np.asarray(reference[logits.name], np.float32).reshape(
-            size, -1, logits.type.cols)[:, -1]
-        chosen, expected = device.argmax(axis=1), host.argmax(axis=1)
+        if self.on_device:  # the device's choices, and the logits it chose from (probed)
+            assert self.device_logits is not None, "the device's logits were not probed"
+            device = self.device_logits.reshape(size, -1, vocab)[:, -1]
+            output = next(v for v in self.graph.values if v.role == "output")
+            chosen = np.asarray(outputs[output.name]).reshape(size, -1)[:, -1].astype(np.int64)
+        else:
+            device = np.asarray(outputs[self.logits], np.float32).reshape(size, -1, vocab)[:, -1]
+            chosen = device.argmax(axis=1)
+        host = np.asarray(reference[self.logits], np.float32).reshape(size, -1, vocab)[:, -1]
+        expected = host.argmax(axis=1)
         rows = np.arange(size)
         # a tie at device precision: the device's choice is within the logits' own
         # device-to-reference difference of the reference's best

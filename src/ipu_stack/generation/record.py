@@ -106,6 +106,8 @@ def generation_fields(gen: GenerationRun, fields: dict[str, Any]) -> dict[str, A
         "promptTokens": feed.prompt.shape[1],
         "newTokens": feed.new_tokens,
         "prefill": "one pass" if gen.prompt_run is not None else "a token a step",
+        # where each next token is chosen: an argmax on the device, or the host's of the logits
+        "tokensChosenOn": "device" if feed.on_device else "host",
         "tokensMatch": len(differ) == ties,
         "tokensDiffering": int(len(differ)),
         "tokensTied": ties,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.precision import I32, Precision
 from ipu_stack.ir.types import RowIndex, TensorType
 from ipu_stack.util.errors import CompileError
 
@@ -268,6 +268,14 @@ def _cache_fill_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[i
     return state.shape
 
 
+def _argmax_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ...]:
+    """Each row's first largest value's column: ``[..., 1]`` (its output is ``I32``)."""
+    (x,) = inputs
+    if x.precision.is_integer:
+        raise CompileError(f"argmax takes values, not {x.precision.kind} ids")
+    return (*x.shape[:-1], 1)
+
+
 ShapeRule = Callable[[list[TensorType], dict[str, Any]], tuple]
 # each kind: how many inputs it takes (one count, or the counts it accepts) and its shape rule
 OPERATION_RULES: dict[str, tuple[int | tuple[int, ...], ShapeRule]] = {
@@ -290,6 +298,7 @@ OPERATION_RULES: dict[str, tuple[int | tuple[int, ...], ShapeRule]] = {
     "gather_rows": (1, _gather_rows_rule),
     "cache_write": (3, _cache_write_rule),
     "cache_fill": (2, _cache_fill_rule),
+    "argmax": (1, _argmax_rule),
 }
 
 
@@ -352,6 +361,42 @@ def gemm_macs(graph: Graph) -> int:
     """Multiply-accumulates of every GEMM: the matmuls and the attention products, which the
     roofline and the TFLOPS figures count."""
     return sum(operation_macs(graph, op) for op in graph.operations)
+
+
+CHOSEN = "next_token"  # the columns an argmax appended by :func:`choose_on_device` chose
+
+
+def choose_on_device(graph: Graph) -> None:
+    """Follow the graph's one output (logits, a row a position) by an argmax, in place: the
+    output becomes each row's largest value's column (``CHOSEN``, I32), the device sends
+    4 bytes a row instead of the row, and the logits stay the float64 model's to judge
+    (:func:`fidelity_values`) under their own name."""
+    outputs = graph.by_role("output")
+    if len(outputs) != 1:
+        raise CompileError(f"the token is chosen on the device from one output (logits), not "
+                           f"from {len(outputs)} outputs")
+    if any(v.name == CHOSEN for v in graph.values):
+        raise CompileError(f"the graph already has a value named {CHOSEN}")
+    logits = outputs[0]
+    graph.values[logits.id] = Value(logits.id, logits.name, logits.type, "intermediate")
+    shape = _argmax_rule([logits.type], {})
+    chosen = Value(len(graph.values), CHOSEN, TensorType(shape, I32), "output")
+    graph.values.append(chosen)
+    graph.operations.append(Operation(len(graph.operations), "argmax", (logits.id,),
+                                      (chosen.id,)))
+    verify_graph(graph)
+
+
+def fidelity_values(graph: Graph) -> dict[str, str]:
+    """Each output's name, and the value whose numbers the float64 model judges for it: its
+    own, or for an argmax's columns the values it chose from (a column is right or not;
+    how near the values it chose between were is what rounding can change)."""
+    judged = {}
+    for value in graph.by_role("output"):
+        producer = graph.producer(value.id)
+        chosen_from = producer is not None and producer.kind == "argmax"
+        judged[value.name] = graph.value(producer.inputs[0]).name if chosen_from else value.name
+    return judged
 
 
 def state_writes(graph: Graph) -> dict[int, int]:

@@ -357,6 +357,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         return write_rows(ins[0], ins[1], ins[2]).astype(dtype, copy=False)
     if op.kind == "cache_fill":
         return fill_rows(ins[0], ins[1], int(op.attrs["positions"])).astype(dtype, copy=False)
+    if op.kind == "argmax":  # the first largest value's column, as the device keeps it
+        return np.argmax(ins[0], axis=-1)[..., None].astype(dtype)
     raise ValueError(f"reference has no rule for {op.kind}")
 
 

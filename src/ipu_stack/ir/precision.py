@@ -111,6 +111,7 @@ class Precision:
 
 F32 = Precision("F32")
 F16 = Precision("F16")
+I32 = Precision("I32")  # token ids, positions, an argmax's columns
 
 
 def f143(scale_exponent: int = 0) -> Precision:

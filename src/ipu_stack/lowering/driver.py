@@ -89,6 +89,8 @@ def lower(
             lowering.cache_write_stage(stage)
         elif stage.kind == "cache_fill":
             lowering.cache_fill_stage(stage)
+        elif stage.kind == "argmax":
+            lowering.argmax_stage(stage)
         else:
             lowering.row_stage(stage)
         if graph.value(stage.out).role != "output":

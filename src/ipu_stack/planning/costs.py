@@ -285,8 +285,21 @@ def _multiupdate(params: dict[str, Any]) -> int:
                            cdiv(params["region_bytes"], params["itemsize"]), params["itemsize"])
 
 
+def _argmax(params: dict[str, Any]) -> int:
+    """popnn's argmax vertices at their estimators (``kernels.argmax``): a gather's rows one
+    after another, each over its busiest worker's columns; a sparse call's rows dealt to
+    the six workers, each over its pairs."""
+    rows = params["rows"]
+    if params["op"] == "gather":
+        busiest = min(params["worker_size"], params["cols"])
+        worker = p("argmax_gather_worker") + p("argmax_element") * (busiest - 1)
+        return rows * (6 * worker + p("argmax_gather_supervisor"))
+    vertex = p("argmax_sparse_vertex") + p("argmax_element") * (params["count"] - 1)
+    return 6 * cdiv(rows, 6) * vertex
+
+
 KERNEL_COSTS = {"gemm": _gemm, "reduce": _epilogue, "row": _row, "copy": _copy,
-                "multislice": _multislice, "multiupdate": _multiupdate}
+                "multislice": _multislice, "multiupdate": _multiupdate, "argmax": _argmax}
 
 
 def kernel_cost(instance: KernelInstance) -> int:

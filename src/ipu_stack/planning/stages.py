@@ -20,7 +20,7 @@ from ipu_stack.util.errors import CompileError
 
 ELEMENTWISE = ("bias_add", "gelu", "activation", "cast", "scale")
 ROW_OPS = ("layer_norm", "rms_norm", "softmax", "biased_softmax", "add", "mul", "swiglu", "rope",
-           "embedding", "gather_rows", "cache_write", "cache_fill",
+           "embedding", "gather_rows", "cache_write", "cache_fill", "argmax",
            *ELEMENTWISE)
 
 

@@ -45,7 +45,7 @@ from ipu_stack.device import HardwareLock
 from ipu_stack.device.alignment import chip_step_cycles
 from ipu_stack.device.record import StepRecord
 from ipu_stack.device.simulator import CallReport
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, fidelity_values
 from ipu_stack.package import Package
 from ipu_stack.runtime.engines import (
     ENGINES,
@@ -377,7 +377,7 @@ class Coordinator:
                  ) -> None:
         self.run, self.graph, self.images, self.modes, self.model = \
             run, graph, images, modes, model
-        self.outputs_only = {v.name for v in graph.by_role("output")}
+        self.outputs_only = set(fidelity_values(graph).values())
         self.tensors = tensors
         self.weights: dict[str, Any] | None = None  # taken once the weights are held
         self.hosts: dict[int, Any] = {}

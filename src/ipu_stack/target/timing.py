@@ -331,3 +331,21 @@ PRICES.update({
     "fill_bytes_per_cycle": Fact(8, f"{_SLICE}/PerformanceEstimation.cpp:370-440: a 64-bit "
                                     "data path, 8 bytes a cycle (size / width, rounded down)"),
 })
+
+# popnn's argmax (``popnn::argMax``: Loss.cpp's maxMinArgMaxMin), the vendor's estimators:
+# ReduceMaxClassGather (a supervisor vertex, a row's block over six workers) costs
+# 6 (30 + 3 (w - 1)) + 9 for the busiest worker's w elements; ReduceMaxClassSparse (a worker
+# vertex, up to 32 pairs a row) 27 + 3 (n - 1).
+_ARGMAX = "poplibs 7eac0f26 lib/popnn/popnnCycleEstimators.cpp"
+PRICES.update({
+    "argmax_gather_worker": Fact(30, f"{_ARGMAX}:463-500: ReduceMaxClassGather, F16 or F32: "
+                                     "pointers, worker id and region 12, setup 5, tail 3, "
+                                     "index 6, stores 4"),
+    "argmax_gather_supervisor": Fact(9, f"{_ARGMAX}:466-467: vertex overhead 5, supervisor "
+                                        "call and sync 4"),
+    "argmax_element": Fact(3, f"{_ARGMAX}:490 and 604: 3 cycles an element after the first "
+                              "(the compare loop, both vertices)"),
+    "argmax_sparse_vertex": Fact(27, f"{_ARGMAX}:589-611: ReduceMaxClassSparse, F32: vertex "
+                                     "overhead 5, pointers and count 5, setup 4, tail 3, "
+                                     "index 6, stores 4"),
+})

@@ -152,7 +152,9 @@ def _child(conn: Connection, host_side: HostWork, graph: Graph, tensors: dict[st
             graph, tensors, gemm_modes, None, outputs_only, arrivals)
         verdict = judging.finish(ideal)
         verdict.ideal_seconds = ideal_seconds
+        # the outputs, and the values the float64 model judged for them (an argmax's)
         names = [v.name for v in graph.by_role("output")]
+        names += sorted(set(outputs_only) - set(names))
         # this process's peak resident memory (pages it shares with the process it was
         # forked from count too, as they do for any process)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ipu_stack.ir.graph import Graph, Value, table_maps, table_row_index
+from ipu_stack.ir.graph import Graph, Value, fidelity_values, table_maps, table_row_index
 from ipu_stack.ir.interpret import HostValues, evaluate_float64, evaluate_operations
 from ipu_stack.ir.precision import Precision
 from ipu_stack.ir.rounding import differing, differing_codes, differing_rows
@@ -45,7 +45,7 @@ LOG = logging.getLogger("ipu_stack.runtime")
 # Agreement: at most this share of a stage's elements may differ at all (float32 summation
 # order), and none by more than a few ulps (one for FP8, whose ulp is 1/8 of the value).
 MISMATCH_LIMIT = 2.0**-7
-ULP_LIMIT = {"F32": 64, "F16": 4, "F8F143": 1, "F8F152": 1}
+ULP_LIMIT = {"F32": 64, "F16": 4, "F8F143": 1, "F8F152": 1, "I32": 0}
 # Fidelity: RMS and worst error against the ideal answer, in units of the reference's own.
 NOISE_LIMIT = 1.5
 TAIL_LIMIT = 2.0
@@ -126,6 +126,8 @@ class StageAgreement:
         """Within the ulp limit, on at most 2^-7 of the elements, and always one element: a
         stage of fewer than 128 elements would otherwise allow no summation-order flip at all
         (one of a tiny tower's [20, 5] attention scores, 1 ulp off, was 1 % of it)."""
+        if self.precision == "I32":  # columns chosen (an argmax): each one right
+            return self.mismatch == 0
         differing = round(self.mismatch * self.elements)
         return self.max_ulps <= ULP_LIMIT[self.precision] and (
             self.mismatch <= MISMATCH_LIMIT or differing <= 1)
@@ -162,7 +164,8 @@ class Verdict:
     def worst(self) -> StageAgreement | None:
         """The stage furthest outside its limits (or closest to them when all pass)."""
         def badness(s: StageAgreement) -> float:
-            return max(s.max_ulps / ULP_LIMIT[s.precision], s.mismatch / MISMATCH_LIMIT)
+            return max(s.max_ulps / max(ULP_LIMIT[s.precision], 1),
+                       s.mismatch / MISMATCH_LIMIT)
         return max(self.stages, key=badness, default=None)
 
     @property
@@ -240,7 +243,9 @@ class StageJudge:
             produced = {o for op in operations for o in graph.operations[op].outputs}
             self.pending.append((stage, operations, inputs, produced,
                                  inputs - produced - host_ids))
-        self.outputs = {v.name for v in graph.by_role("output")}
+        # outputs, and what the float64 model judges for each (an argmax's values)
+        self.outputs = {v.name for v in graph.by_role("output")} | set(
+            fidelity_values(graph).values())
         self.last_reader: dict[str, int] = {}  # device values: the last stage reading them
         last_stage: dict[str, int] = {}  # any value: the last stage reading or making it
         for position, (stage, _, inputs, produced, from_device) in enumerate(self.pending):
@@ -289,7 +294,8 @@ class StageJudge:
                           self.reference_by_id, self.gemm_modes)
         count, differ, device, expected = self._compare(out, expected)
         ulps = scaled_ulps(device[differ], expected[differ], out.type.precision,
-                           _rms(expected)) if count else np.zeros(0)
+                           _rms(expected)) if count and not out.type.precision.is_integer \
+            else np.zeros(0)
         self.verdict.stages.append(StageAgreement(
             out.name, layer_of(out.name), out.type.precision.kind,
             int(np.ceil(ulps.max(initial=0) - 1e-9)),
@@ -510,10 +516,10 @@ def _rows_differing(graph: Graph, value_id: int, known: _Inputs, reference: _ByI
 def _fidelity(graph: Graph, ideal: dict[str, np.ndarray], device_values: dict[str, np.ndarray],
               reference: dict[str, np.ndarray]) -> Fidelity:
     errors, noises, targets = [], [], []
-    for value in graph.by_role("output"):
-        target = ideal[value.name].reshape(-1).astype(np.float64)
-        errors.append(np.asarray(device_values[value.name], np.float64).reshape(-1) - target)
-        noises.append(np.asarray(reference[value.name], np.float64).reshape(-1) - target)
+    for name in fidelity_values(graph).values():
+        target = ideal[name].reshape(-1).astype(np.float64)
+        errors.append(np.asarray(device_values[name], np.float64).reshape(-1) - target)
+        noises.append(np.asarray(reference[name], np.float64).reshape(-1) - target)
         targets.append(target)
     error, noise = np.concatenate(errors), np.concatenate(noises)
     # the noise is never taken below F16 rounding of the outputs (a graph with no rounding

@@ -94,6 +94,11 @@ class Workload:
         return params
 
 
+CHOOSE = Parameter("choose", str, "host", "where a language model's next token is chosen: "
+                   "the host reads the logits, or an argmax on the device sends each "
+                   "sequence's token (4 bytes; generate's default)", choices=("host", "device"))
+
+
 REGISTRY: dict[str, Workload] = {}
 
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.graph import POSITION_GRAIN, Graph
-from ipu_stack.ir.precision import F16, F32, Precision
+from ipu_stack.ir.graph import POSITION_GRAIN, Graph, choose_on_device
+from ipu_stack.ir.precision import F16, F32, I32, Precision
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
-from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.base import CHOOSE, Parameter, Workload, register, rng_for
 from ipu_stack.workloads.footprint import Footprint
 from ipu_stack.workloads.text import causal_mask, sequence_fields, sequence_identifier
 from ipu_stack.workloads.transformer import (
@@ -44,8 +44,6 @@ from ipu_stack.workloads.transformer import (
     LayerBuilder,
     calibrated_build,
 )
-
-I32 = Precision("I32")
 
 
 def decoder_parameters() -> tuple[Parameter, ...]:
@@ -66,6 +64,7 @@ def decoder_parameters() -> tuple[Parameter, ...]:
         Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None),
         Parameter("theta", float, 100000.0, "RoPE base", minimum=None),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
+        CHOOSE,
         ATTENTION_OPTION("f16"), KEEP_F16,
     )
 
@@ -248,8 +247,15 @@ def _build(builder: LayerBuilder, seed: int) -> None:
         last = b.input("last", TensorType((batch, 1, 1), I32))
         h = b.op("embedding", [last, h], F16, "last_token")
     h = layers.rms_norm(h, "final_norm")
-    b.output(b.op("matmul", [h, builder.weight("lm_head.w", (dim, p["vocab"]),
-                                               1.0 / np.sqrt(dim))], F16, "logits"))
+    lm_head(builder, h)
+
+
+def lm_head(builder: LayerBuilder, h: int) -> None:
+    """The logits, the program's output (``--choose device`` follows them by an argmax:
+    :func:`~ipu_stack.ir.graph.choose_on_device`)."""
+    p = builder.p
+    builder.b.output(builder.b.op("matmul", [h, builder.weight(
+        "lm_head.w", (p["dim"], p["vocab"]), 1.0 / np.sqrt(p["dim"]))], F16, "logits"))
 
 
 def token_table(layers: DecoderLayers) -> int:
@@ -325,7 +331,7 @@ def _build_step(builder: LayerBuilder, seed: int) -> None:
     position 0 by default), every layer over its KV cache, the final norm and the logits."""
     p, b = builder.p, builder.b
     layers = DecoderLayers(builder)
-    batch, dim, heads = p["batch"], p["dim"], p["heads"]
+    batch, heads = p["batch"], p["heads"]
     first = rng_for(seed, "ids").integers(0, p["vocab"], batch)
     inputs = step_inputs(p, first, 0)
     builder.tensors.update(inputs)
@@ -339,8 +345,7 @@ def _build_step(builder: LayerBuilder, seed: int) -> None:
     for index in range(p["layers"]):
         h = layers.layer(h, index, step)
     h = layers.rms_norm(h, "final_norm")
-    b.output(b.op("matmul", [h, builder.weight("lm_head.w", (dim, p["vocab"]),
-                                               1.0 / np.sqrt(dim))], F16, "logits"))
+    lm_head(builder, h)
 
 
 def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -357,11 +362,15 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
     if params["context"]:  # a prompt's pass filling the cache, or a decode step
         prompt = {**params, "context": 0, "tokens": min(params["context"], 128)}
         make = _build_step if params["tokens"] == 1 else _build
-        return calibrated_build(params, kind, make, calibration=(prompt, _build))
-    if params["tokens"] < 2:
+        built = calibrated_build(params, kind, make, calibration=(prompt, _build))
+    elif params["tokens"] < 2:
         raise UsageError("the prompt's pass needs --tokens of at least 2 (one token a step "
                          "is the decode step: --context)")
-    return calibrated_build(params, kind, _build)
+    else:
+        built = calibrated_build(params, kind, _build)
+    if params.get("choose") == "device":  # the greedy token chosen where the logits lie
+        choose_on_device(built[0])
+    return built
 
 
 def decoder_footprint(params: dict[str, Any]) -> Footprint:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.precision import F16, Precision
+from ipu_stack.ir.precision import F16, I32
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
@@ -48,7 +48,6 @@ from ipu_stack.workloads.transformer import (
     calibrated_build,
 )
 
-I32 = Precision("I32")
 BOS, EOS = 49406, 49407  # CLIP's start and end of text
 
 
@@ -149,7 +148,7 @@ def sequence_identifier(kind: str) -> Callable[[dict[str, Any]], str]:
         cache = f"-c{p['context']}" if p.get("context") else ""
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}{cache}-v{p['vocab']}"
                 f"-d{p['dim']}-h{p['heads']}{kv}-f{p['hidden']}-n{p['layers']}"
-                f"{attention_suffix(p, 'f16')}")
+                f"{attention_suffix(p, 'f16')}{'-argmax' if p.get('choose') == 'device' else ''}")
     return make
 
 

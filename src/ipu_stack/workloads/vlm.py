@@ -125,7 +125,7 @@ def build_vlm(params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
 
 def vision_params(params: dict[str, Any]) -> dict[str, Any]:
     """The parameters of the model's image program (``--part vision``)."""
-    return {**params, "part": "vision", "tokens": 1, "context": 0}
+    return {**params, "part": "vision", "tokens": 1, "context": 0, "choose": "host"}
 
 
 def _footprint(params: dict[str, Any]) -> Footprint:
