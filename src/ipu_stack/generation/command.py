@@ -110,7 +110,7 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if context < needed:
         raise UsageError(f"--context {context} holds fewer than the {needed} positions "
                          "the prompt and the new tokens fill")
-    micro, groups = _micro_batches(request, workload.vision is not None)
+    micro, groups = micro_batches(request, workload.vision is not None)
     batch = request.batch
     if micro > 1:  # one program for a micro-batch, each its own cache range
         context = -(-context // POSITION_GRAIN) * POSITION_GRAIN * micro
@@ -122,14 +122,16 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
                       request.prompt_by_steps or request.prompt_tokens < 2)
 
 
-def _micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | None]:
+def micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | None]:
     """The batch's micro-batches in flight: ``--micro-batches``, or one a chip where the
-    layers are pipelined over several and the batch divides among them (the layers then cut
-    into one group a chip, unless ``--groups`` says otherwise); and the groups a chip."""
+    layers are pipelined over several and the batch divides among them; and the groups: one
+    a chip over several chips unless ``--groups`` says otherwise (the planner's choice on
+    one).  A batch stepping together is in one group at a time, so more groups than
+    micro-batches would leave each chip's other groups' tiles idle while it passes."""
     batch, micro, chips = request.batch or 1, request.micro_batches, request.chips
     if micro is None:
         micro = chips if chips > 1 and batch % chips == 0 and not vision else 1
-        return micro, request.groups or (1 if micro > 1 else None)
+        return micro, request.groups or (1 if micro > 1 or chips > 1 else None)
     if micro < 1:
         raise UsageError("--micro-batches must be at least 1")
     if batch % micro:
@@ -278,4 +280,4 @@ def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Pa
             lambda ids, rows: workload.prompt_inputs(passing, ids, rows))
 
 
-__all__ = ["DecodePlan", "GenerateRequest", "Resolve", "decode_plan", "generate"]
+__all__ = ["DecodePlan", "GenerateRequest", "Resolve", "decode_plan", "generate", "micro_batches"]
