@@ -28,6 +28,8 @@ CASES: dict[str, tuple[str, ...]] = {
                     "--precision", "f16"),
     "smollm2-b32": ("smollm2-135m", "--prompt-tokens", "32", "--new-tokens", "8",
                     "--batch", "32"),
+    "smollm2-b32-2chips": ("smollm2-135m", "--chips", "2", "--prompt-tokens", "32",
+                           "--new-tokens", "8", "--batch", "32"),
     "tinyllama-fp8": ("tinyllama-1.1b", "--chips", "2", "--prompt-tokens", "128",
                       "--new-tokens", "32"),
     "tinyllama-b32": ("tinyllama-1.1b", "--chips", "3", "--prompt-tokens", "16",

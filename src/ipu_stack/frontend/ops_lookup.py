@@ -109,8 +109,14 @@ def _gather(conv: Converter, node: Any, x: Any, dim: int, index: Any,
 @rule("aten.argmax")
 def _argmax(conv: Converter, node: Any, x: Any, dim: Any = None, keepdim: bool = False
             ) -> HostIds:
-    """The first position of the largest value along the last axis, on the host."""
-    if not isinstance(x, HostIds) or dim not in (-1, len(x.shape) - 1) or keepdim:
+    """The first position of the largest value along the last axis, on the host. An argmax
+    of the device's values (a step returning its token) is refused: its reference would be
+    the tokens, not the values the verdict judges; generate's ``--choose device`` adds one
+    after a step that returns its logits."""
+    if not isinstance(x, HostIds):
+        raise unsupported(node, "an argmax of the device's values (export the logits: "
+                          "generate --choose device chooses the token on the device)")
+    if dim not in (-1, len(x.shape) - 1) or keepdim:
         raise unsupported(node, "an argmax other than over the last axis of host ids")
     return x.then("argmax", None, x.shape[:-1])
 
