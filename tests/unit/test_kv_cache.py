@@ -330,3 +330,32 @@ def test_a_batch_stepping_together_runs_one_group_a_chip(chips, batch, micro,
     request = GenerateRequest("tinyllama-1.1b", 16, 8, chips=chips, batch=batch,
                               micro_batches=micro)
     assert micro_batches(request, vision=False) == expected
+
+
+def test_where_the_argmax_does_not_fit_the_host_chooses(tmp_path, monkeypatch) -> None:
+    """A prompt's pass whose argmax does not fit beside it (``--choose`` not given) is
+    compiled with the logits to the host, said in one warning line; the decode steps still
+    choose on the device, each feed reading its own program's output."""
+    import ipu_stack.generation.command as command
+
+    compile_any = command.compile_strategy
+
+    def refusing(workload, params, out, options, *rest):
+        if params["tokens"] > 1 and params["choose"] == "device":
+            raise CompileError("does not fit: the argmax, for this test")
+        return compile_any(workload, params, out, options, *rest)
+
+    monkeypatch.setattr(command, "compile_strategy", refusing)
+    sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
+             "--kv-heads", "2", "--precision", "f16"]
+    code, out, err = cli(["generate", "smollm2-135m", *sizes, "--prompt-tokens", "3",
+                          "--new-tokens", "3", "--out", str(tmp_path), "--json"])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS" and record["tokensMatch"], err
+    assert record["prefill"] == "one pass" and record["tokensChosenOn"] == "device"
+    assert "WARNING ipu_stack.generation: the argmax on the device does not fit: the host " \
+           "chooses the tokens reason=\"does not fit: the argmax, for this test\"" in err
+    code, _, err = cli(["generate", "smollm2-135m", *sizes, "--prompt-tokens", "3",
+                        "--new-tokens", "3", "--choose", "device", "--out",
+                        str(tmp_path / "asked"), "--json"])
+    assert code == 0 and "goes a token a step" in err  # asked for: no host fallback

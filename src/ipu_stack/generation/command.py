@@ -191,7 +191,7 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     ``out/prompt``; a VLM's image program in ``out/vision``), generate and return the
     record (with PyTorch's own greedy tokens for a model file)."""
     workload, params, micro = plan.workload, plan.params, plan.micro_batches
-    result = compile_strategy(workload, params, out, options)
+    result = compile_choosing(workload, params, out, options, request.choose)
     step = getattr(workload, "step", None)  # an imported step: its vocabulary
     prompt = prompt_tokens(params["seed"], params["batch"] * micro, request.prompt_tokens,
                            params["vocab"] if step is None else step.vocab)
@@ -215,7 +215,8 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     if not plan.by_steps:  # the prompt's pass, compiled beside the decode step
         image_rows = 0 if torch_image is None else torch_image.shape[1]
         prompt_pass, prompt_inputs = _prompt_pass(plan, request.prompt_tokens + image_rows,
-                                                  options, out / "prompt", image_rows > 0)
+                                                  options, out / "prompt", image_rows > 0,
+                                                  request.choose)
     if workload.vision is not None:  # a VLM's tower and connector
         looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
         image = Compiled(looked.package, looked.graph, looked.tensors)
@@ -258,8 +259,24 @@ def _image_program(request: GenerateRequest, params: dict[str, Any], options: Co
     return Compiled(compiled.package, compiled.graph, compiled.tensors), rows
 
 
+def compile_choosing(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
+                     given: str | None) -> Any:
+    """Compile a program of the generation; where the device's argmax does not fit beside
+    it (``--choose`` not given), the host chooses that program's tokens, said in one
+    warning line (each program's feed reads its own graph's output)."""
+    try:
+        return compile_strategy(workload, params, out, options)
+    except CompileError as why:
+        if given is not None or params.get("choose") != "device":
+            raise
+        log.event(LOG, "the argmax on the device does not fit: the host chooses the tokens",
+                  logging.WARNING, reason=str(why))
+        return compile_strategy(workload, {**params, "choose": "host"}, out, options)
+
+
 def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Path,
-                 reads_image: bool = False) -> tuple[Compiled | None, Any]:
+                 reads_image: bool = False, given: str | None = None
+                 ) -> tuple[Compiled | None, Any]:
     """The prompt's pass of ``tokens`` a sequence (``reads_image``: an imported VLM's, the
     image's rows and the text's) compiled (a micro-batch's sequences and cache range) with
     the maker of its inputs; ``(None, None)`` where it does not fit the chips, and the
@@ -269,7 +286,7 @@ def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Pa
     passing = {**plan.params, "tokens": tokens,
                **({"context": plan.params["context"] // micro} if micro > 1 else {})}
     try:
-        compiled = compile_strategy(workload, passing, out, options)
+        compiled = compile_choosing(workload, passing, out, options, given)
     except CompileError as why:
         if workload.vision is not None or reads_image:
             raise
