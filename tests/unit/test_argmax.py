@@ -149,3 +149,16 @@ def test_argmax_of_ids_is_refused() -> None:
     ids = b.input("ids", TensorType((2, 4), I32))
     with pytest.raises(CompileError, match="argmax takes values, not I32 ids"):
         b.op("argmax", [ids], I32, "chosen")
+
+
+def test_a_hostile_worker_size_is_held_to_the_block() -> None:
+    """A package's ``worker_size`` far above its block's columns (hostile input) sizes
+    nothing larger than the block: one worker takes the whole block."""
+    x = np.array([[1.0, 7.0, 3.0, 7.0]], np.float16)
+    mem = np.zeros((1, 256), dtype=np.uint8)
+    mem[0, :8] = x.view(np.uint8).ravel()
+    params = {**gather_params(1, 4, F16, 8, 40, 8), "worker_size": 1 << 20}
+    work = KernelInstance("argmax", params).impl.run(params, mem, np.array([0]), [0, 64])
+    values, columns = _pairs(mem, 0, 64, 1, 1, 8)
+    assert values[0, 0] == 7.0 and columns[0, 0] == 41
+    assert work[0].counts == {"rows": 1, "busiest": 4}

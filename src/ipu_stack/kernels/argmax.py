@@ -42,6 +42,12 @@ def gather_pairs(cols: int, worker_size: int) -> int:
     return -(-cols // worker_size)
 
 
+def _worker_size(p: dict[str, Any]) -> int:
+    """A gather's columns a worker, never more than the block's (a package's value is
+    hostile input: the temporaries stay within twice the block)."""
+    return max(1, min(int(p["worker_size"]), int(p["cols"])))
+
+
 def _name(p: dict[str, Any]) -> str:
     if p["op"] == "gather":
         return f"argmax_gather_r{p['rows']}_c{p['cols']}_w{p['worker_size']}"
@@ -68,7 +74,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list)
     source, out = addresses
     rows = p["rows"]
     if p["op"] == "gather":
-        cols, size = p["cols"], p["worker_size"]
+        cols, size = p["cols"], _worker_size(p)
         x = read_values(mem, tiles, source, rows, cols, p["x_pitch"],
                         Precision.from_json(p["x"]))
         count = gather_pairs(cols, size)
@@ -79,7 +85,7 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list)
         values = np.take_along_axis(chunks, local[..., None], axis=-1)[..., 0]
         columns = p["col0"] + np.arange(count)[None, None, :] * size + local
         _write_pairs(mem, tiles, out, p["out_pitch"], values, columns)
-        return [Work("argmax_gather", {"rows": rows, "busiest": min(size, cols)})]
+        return [Work("argmax_gather", {"rows": rows, "busiest": size})]
     values, columns = _pairs_of(mem, tiles, source, rows, p["count"], p["in_pitch"])
     best = values.argmax(axis=-1)[..., None]
     chosen = np.take_along_axis(columns, best, axis=-1)
@@ -97,7 +103,7 @@ def _shapes(p: dict[str, Any]) -> tuple[tuple[int, int, int], tuple[int, int, in
     rows = p["rows"]
     if p["op"] == "gather":
         read = (rows, p["cols"] * Precision.from_json(p["x"]).itemsize, p["x_pitch"])
-        written = gather_pairs(p["cols"], p["worker_size"]) * PAIR_BYTES
+        written = gather_pairs(p["cols"], _worker_size(p)) * PAIR_BYTES
     else:
         read = (rows, p["count"] * PAIR_BYTES, p["in_pitch"])
         written = 4 if p["final"] else PAIR_BYTES
