@@ -100,6 +100,7 @@ class TokenFeed(StepFeed):
         if self.on_device:  # the device's choices, and the logits it chose from (probed)
             assert self.device_logits is not None, "the device's logits were not probed"
             device = self.device_logits.reshape(size, -1, vocab)[:, -1]
+            self.device_logits = None  # each call's own, never the call before's
             output = next(v for v in self.graph.values if v.role == "output")
             chosen = np.asarray(outputs[output.name]).reshape(size, -1)[:, -1].astype(np.int64)
         else:
