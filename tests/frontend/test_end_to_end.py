@@ -244,3 +244,33 @@ def test_layer_scale_is_folded_into_the_weights() -> None:
     assert [op.kind for op in imported.graph.operations] == ["matmul", "bias_add", "add"]
     expected = (module.fc.weight * module.gamma[:, None]).detach().numpy().T
     np.testing.assert_allclose(imported.converted.exact["fc.weight"], expected, rtol=1e-6)
+
+
+def test_a_classifier_chooses_its_label_on_the_device(tmp_path: Path, cache_dir: Path,
+                                                      lock_path: Path) -> None:
+    """``--choose device`` on an imported classifier: the output is each image's label
+    (an argmax where the last product leaves its logits), the logits still judged against
+    PyTorch's, and the host reads 4 bytes an image instead of its logits."""
+    torch.manual_seed(5)
+
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden, self.head = torch.nn.Linear(32, 64), torch.nn.Linear(64, 700)
+
+        def forward(self, x):
+            return self.head(torch.nn.functional.gelu(self.hidden(x)))
+
+    program = export(Classifier().eval(), torch.randn(3, 32))
+    records = {}
+    for choose in ("host", "device"):
+        result, run, records[choose] = _run(program, "f16", tmp_path / choose, cache_dir,
+                                            lock_path, choose=choose)
+        assert records[choose]["numericalTest"] == "PASS", records[choose]
+    (images,) = result.graph.by_role("input")  # the run's own (seeded) images
+    logits = program.module()(torch.as_tensor(result.tensors[images.name])).detach().numpy()
+    labels = run.outputs["next_token"].reshape(-1).astype(int)
+    top = np.sort(logits, axis=1)
+    chosen = logits[np.arange(3), labels]
+    assert (chosen >= top[:, -2] - 1e-2).all()  # torch's best, or within F16 of it
+    assert records["device"]["hostBytes"] == records["host"]["hostBytes"] - 3 * 700 * 2 + 3 * 4
