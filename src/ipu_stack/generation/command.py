@@ -54,7 +54,7 @@ class GenerateRequest:
     groups: int | None = None
     prompt_by_steps: bool = False
     image: str | None = None  # a model file's VLM: the image program's file
-    choose: str | None = None  # a builtin's token choice (``--choose``; default: device)
+    choose: str | None = None  # where tokens are chosen (``--choose``; default: device)
 
     def check(self) -> None:
         """The options generate refuses whatever it runs."""
