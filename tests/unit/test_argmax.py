@@ -123,10 +123,15 @@ def test_the_stage_chooses_numpys_columns(rows, dim, vocab, tie, tmp_path: Path,
     run = run_package(load_package(result.package), result.graph, result.tensors, lock_path)
     x = result.tensors["x"].astype(np.float16).astype(np.float64)
     w = result.tensors["w"].astype(np.float16).astype(np.float64)
-    logits = (x @ w).astype(np.float16)  # the device's F16 logits, up to summation order
-    chosen = run.outputs["next_token"].reshape(-1)
+    logits = x @ w  # float64, from the F16 operands
+    chosen = run.outputs["next_token"].reshape(-1).astype(int)
     assert run.passed
-    assert (logits[np.arange(rows), chosen.astype(int)] == logits.max(axis=1)).all()
+    # the largest of numpy's logits, or within the F16 rounding of the device's of it
+    assert (logits[np.arange(rows), chosen] >= logits.max(axis=1) - 2e-3 * np.abs(
+        logits).max()).all()
+    # and exactly the first largest of the host reference's F16 logits
+    held = evaluate(result.graph, dict(result.tensors))["logits"].reshape(rows, vocab)
+    assert (chosen == held.argmax(axis=1)).all()
     if tie:
         assert (chosen == 3).all()  # the first of the equal largest
     assert result.estimate["cycles"] == run.run.cycles
