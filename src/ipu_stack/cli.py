@@ -202,7 +202,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerateRequest(args.workload, args.prompt_tokens, args.new_tokens, args.chips,
                               args.context, args.batch, args.tokens, args.micro_batches,
                               args.groups, args.prompt_by_steps, args.image_program,
-                              getattr(args, "choose", None))
+                              args.choose)
     plan = decode_plan(request, lambda changed: _params(
         argparse.Namespace(**{**vars(args), **changed})))
     args.groups = plan.groups

@@ -52,7 +52,7 @@ from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.ir.names import layer_set
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
-from ipu_stack.workloads.base import Parameter, Workload, rng_for
+from ipu_stack.workloads.base import Parameter, Workload, choose_suffix, rng_for
 from ipu_stack.workloads.transformer import attention_precision, attention_suffix
 
 LOG = logging.getLogger("ipu_stack.frontend")
@@ -539,8 +539,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         batch = f"-b{params['batch']}" if params["batch"] else ""
         batch += f"-t{params['tokens']}" if params.get("tokens") else ""
         return (f"{label}-{params['precision']}{batch}-{digest}"
-                f"{attention_suffix(params, 'f16')}"
-                f"{'-argmax' if params.get('choose') == 'device' else ''}")
+                f"{attention_suffix(params, 'f16')}{choose_suffix(params)}")
 
     def fields(params: dict[str, Any]) -> dict[str, Any]:
         last = next(iter(holder.values()), None)

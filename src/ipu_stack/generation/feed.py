@@ -47,17 +47,20 @@ class TokenFeed(StepFeed):
     prefill: Progress | None = None
     # the step's micro-batches judged so far: (chosen, expected, tied, margins) each
     pending: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    output: str = field(init=False, default="")  # the program's output
     # the logits' name: the output, or what an argmax on the device chose the output from
     logits: str = field(init=False, default="")
+    vocab: int = field(init=False, default=0)  # the logits' columns
     on_device: bool = field(init=False, default=False)  # the device sends its choices
     device_logits: np.ndarray | None = field(init=False, default=None)  # probed, if so
 
     def __post_init__(self) -> None:
         self.states = {self.graph.value(w).name: self.graph.value(s).name
                        for s, w in state_writes(self.graph).items()}
-        output = next(v for v in self.graph.values if v.role == "output")
-        self.logits = fidelity_values(self.graph)[output.name]
-        self.on_device = self.logits != output.name
+        self.output = next(v.name for v in self.graph.values if v.role == "output")
+        self.logits = fidelity_values(self.graph)[self.output]
+        self.vocab = next(v for v in self.graph.values if v.name == self.logits).type.cols
+        self.on_device = self.logits != self.output
 
     def __len__(self) -> int:
         steps = self.new_tokens - 1 + (0 if self.prefilled else self.prompt.shape[1])
@@ -94,15 +97,13 @@ class TokenFeed(StepFeed):
         if self.prefill is not None:  # the first token: its line replaces the progress
             self.prefill.close()
             self.prefill = None
-        size = self.prompt.shape[0] // self.micro_batches
-        vocab = next(v for v in self.graph.values if v.name == self.logits).type.cols
+        size, vocab = self.prompt.shape[0] // self.micro_batches, self.vocab
         # each sequence's last row (a prompt's pass may give every position's)
         if self.on_device:  # the device's choices, and the logits it chose from (probed)
             assert self.device_logits is not None, "the device's logits were not probed"
             device = self.device_logits.reshape(size, -1, vocab)[:, -1]
             self.device_logits = None  # each call's own, never the call before's
-            output = next(v for v in self.graph.values if v.role == "output")
-            chosen = np.asarray(outputs[output.name]).reshape(size, -1)[:, -1].astype(np.int64)
+            chosen = np.asarray(outputs[self.output]).reshape(size, -1)[:, -1].astype(np.int64)
         else:
             device = np.asarray(outputs[self.logits], np.float32).reshape(size, -1, vocab)[:, -1]
             chosen = device.argmax(axis=1)

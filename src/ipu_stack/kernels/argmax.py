@@ -42,6 +42,12 @@ def gather_pairs(cols: int, worker_size: int) -> int:
     return -(-cols // worker_size)
 
 
+def block_pairs(cols: int) -> int:
+    """Pairs a gather call over ``cols`` columns writes a row, the columns dealt to six
+    workers as :func:`gather_params` deals them."""
+    return gather_pairs(cols, -(-cols // 6))
+
+
 def _worker_size(p: dict[str, Any]) -> int:
     """A gather's columns a worker, never more than the block's (a package's value is
     hostile input: the temporaries stay within twice the block)."""
@@ -144,5 +150,5 @@ def sparse_params(rows: int, pairs: int, in_pitch: int, out_pitch: int,
             "out_pitch": int(out_pitch), "final": bool(final)}
 
 
-__all__ = ["ARGMAX", "PAIR_BYTES", "SPARSE_PAIRS", "gather_pairs", "gather_params",
-           "sparse_params"]
+__all__ = ["ARGMAX", "PAIR_BYTES", "SPARSE_PAIRS", "block_pairs", "gather_pairs",
+           "gather_params", "sparse_params"]

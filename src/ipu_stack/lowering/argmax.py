@@ -25,7 +25,7 @@ from ipu_stack.ir.precision import I32
 from ipu_stack.kernels.argmax import (
     PAIR_BYTES,
     SPARSE_PAIRS,
-    gather_pairs,
+    block_pairs,
     gather_params,
     sparse_params,
 )
@@ -43,11 +43,11 @@ PAIR_WORDS = PAIR_BYTES // WORD
 IN_PLACE_WIDTH = 1024
 
 
-def _calls(compute: ComputeSet, calls: dict[str, list[int]], in_buf: int,
+def _calls(compute: ComputeSet, calls: dict[tuple, list[int]], in_buf: int,
            out_buf: int) -> None:
     """One call a set of tiles with the same parameters (keyed by their JSON), each tile's
     block at offset 0."""
-    for (key,), tiles in group_calls({(key,): tiles for key, tiles in calls.items()}):
+    for (key,), tiles in group_calls(calls):
         zero = np.zeros(len(tiles), dtype=np.int64)
         compute.calls.append(Call(KernelInstance("argmax", json.loads(key)), tiles,
                                   [(in_buf, zero), (out_buf, zero)]))
@@ -100,23 +100,22 @@ class ArgmaxLowering(LoweringBase):
         for number, piece in enumerate(pieces):
             lay = piece.layout
             widths = lay.valid_cols()
-            per_block = gather_pairs(int(widths[0]), -(-int(widths[0]) // 6))
-            counts = [gather_pairs(int(w), -(-int(w) // 6)) for w in widths]
-            slots = per_block * (len(widths) - 1) + counts[-1]
+            per_block = block_pairs(int(widths[0]))  # every block's but the last's
+            slots = per_block * (len(widths) - 1) + block_pairs(int(widths[-1]))
             pairs = BlockLayout(lay.rows, PAIR_WORDS * slots, I32, lay.row_block,
                                 PAIR_WORDS * per_block, lay.tiles)
             label = f"{name}.pairs" + (f".{number}" if len(pieces) > 1 else "")
             buffer = self.program.add_buffer(label, pairs.used_tiles(), pairs.block_bytes,
                                              MemoryClass.STANDARD,
                                              f"{label}: {pairs.describe()}", pairs)
-            calls: dict[str, list[int]] = {}
+            calls: dict[tuple, list[int]] = {}
             for i, count in enumerate(lay.valid_rows()):
                 for j, width in enumerate(widths):
                     tile = int(lay.tiles[i, j, 0])
                     if count and width and tile >= 0:
                         params = gather_params(int(count), int(width), lay.precision, lay.pitch,
                                                j * lay.col_block, pairs.pitch)
-                        calls.setdefault(json.dumps(params, sort_keys=True), []).append(tile)
+                        calls.setdefault((json.dumps(params, sort_keys=True),), []).append(tile)
             _calls(compute, calls, piece.buffer, buffer)
             result.append(Piece(piece.row0, 0, pairs, buffer))
         self.program.run.append(compute)
@@ -161,13 +160,13 @@ class ArgmaxLowering(LoweringBase):
         out_buf = self.result_buffer(stage.out, made) if final else self.program.add_buffer(
             f"{name}.out", made.used_tiles(), made.block_bytes, MemoryClass.STANDARD,
             f"{name}.out: {made.describe()}", made)
-        calls: dict[str, list[int]] = {}
+        calls: dict[tuple, list[int]] = {}
         for i, count in enumerate(taken.valid_rows()):
             for j, width in enumerate(taken.valid_cols()):
                 if count and width:
                     params = sparse_params(int(count), int(width) // PAIR_WORDS, taken.pitch,
                                            made.pitch, final)
-                    calls.setdefault(json.dumps(params, sort_keys=True), []).append(int(grid[i, j, 0]))
+                    calls.setdefault((json.dumps(params, sort_keys=True),), []).append(int(grid[i, j, 0]))
         compute = ComputeSet(f"{name}.argmax")
         _calls(compute, calls, in_buf, out_buf)
         self.program.run.append(compute)

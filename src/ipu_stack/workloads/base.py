@@ -99,6 +99,12 @@ CHOOSE = Parameter("choose", str, "host", "where a language model's next token i
                    "sequence's token (4 bytes; generate's default)", choices=("host", "device"))
 
 
+def choose_suffix(params: dict[str, Any]) -> str:
+    """The identifier's mark of a program whose output is chosen on the device (its graph
+    differs: two builds that differ must not share an artifact folder)."""
+    return "-argmax" if params.get("choose") == "device" else ""
+
+
 REGISTRY: dict[str, Workload] = {}
 
 

@@ -36,7 +36,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import F16, I32
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
-from ipu_stack.workloads.base import Parameter, Workload, register, rng_for
+from ipu_stack.workloads.base import Parameter, Workload, choose_suffix, register, rng_for
 from ipu_stack.workloads.footprint import layer_footprint
 from ipu_stack.workloads.transformer import (
     ATTENTION_OPTION,
@@ -148,7 +148,7 @@ def sequence_identifier(kind: str) -> Callable[[dict[str, Any]], str]:
         cache = f"-c{p['context']}" if p.get("context") else ""
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}{cache}-v{p['vocab']}"
                 f"-d{p['dim']}-h{p['heads']}{kv}-f{p['hidden']}-n{p['layers']}"
-                f"{attention_suffix(p, 'f16')}{'-argmax' if p.get('choose') == 'device' else ''}")
+                f"{attention_suffix(p, 'f16')}{choose_suffix(p)}")
     return make
 
 
