@@ -295,3 +295,23 @@ def test_the_same_file_gives_a_byte_identical_package(clip_files: dict[str, Path
                      "-o", str(tmp_path / name), "--cache-dir", str(cache_dir)]) == 0
         packages.append((tmp_path / name / "model.ipuexe").read_bytes())
     assert packages[0] == packages[1]
+
+
+def test_a_symbolic_sequence_length_is_sized_by_tokens(tmp_path: Path, cache_dir: Path,
+                                                       lock_path: Path, capsys) -> None:
+    torch.manual_seed(5)
+    module = drawn_vectors(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                               torch.nn.Linear(64, 32)).eval())
+    example = torch.randn(2, 8, 32)
+    model = write_onnx(module, example, tmp_path / "mlp.onnx", False, "x",
+                       dynamic_axes={"x": {0: "batch", 1: "seq"}})
+    record = bench(model, tmp_path, cache_dir, lock_path, capsys, "--tokens", "12",
+                   "--batch", "3")
+    assert record["numericalTest"] == "PASS" and record["inputShapes"] == "3x12x32", record
+    # a file whose shapes are all fixed has nothing for --tokens to size
+    fixed = write_onnx(module, example, tmp_path / "fixed.onnx", False, "x")
+    code = main(["--quiet", "compile", str(fixed), "--tokens", "12", "-o",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == ("error: --tokens 12: the model's inputs have no symbolic "
+                                 "dimension to size (x [2, 8, 32])")

@@ -51,6 +51,10 @@ def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
     """Zeros of each input's concrete shape and dtype: what the program is traced at (the
     inputs file's shape where it gives one)."""
     shapes = shapes or {}
+    if tokens and not any(isinstance(d, str) for s in specs for d in s.dims[1:]):
+        raise UsageError(f"--tokens {tokens}: the model's inputs have no symbolic dimension "
+                         "to size (" + ", ".join(f"{s.name} {list(s.dims)}" for s in specs)
+                         + ")")
     return {s.name: np.zeros(shapes.get(s.name) or concrete_shape(s, batch, tokens), s.dtype)
             for s in specs}
 

@@ -463,10 +463,13 @@ class ShapedPrograms:
         """The program at ``params``' batch and tokens."""
         key = (params["batch"], params.get("tokens", 0))
         if key not in self.specialized:
-            if key[1] > 1 and not self.prompts:
-                raise UsageError(f"--tokens {key[1]}: only a step with a dynamic length takes it")
-            if self.sized:
+            if self.sized:  # an ONNX file sizes its symbolic dimensions itself
                 self.specialized[key] = self.sized(params)
+            elif key[1] > 1 and not self.prompts:
+                raise UsageError(f"--tokens {key[1]}: " + (
+                    "this decoder step was exported at a fixed length (export it with a "
+                    "dynamic one for a prompt's pass)" if self.cached else
+                    "a .pt2 program runs at the sequence length it was exported at"))
             elif self.cached:
                 self.specialized[key] = step_program(self.program, key[1]) \
                     if self.prompts and key[1] > 1 else self.base
