@@ -72,6 +72,10 @@ def test_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ),
         ('{"tiles": 4, "transfers": [{"src": 0, "dst": 1, "words": 1}]}', "dst must be a list"),
         ('{"tiles": 4, "transfers": [{"src": 0, "dst": [0], "words": 1}]}', "source among its destinations"),
+        # bounded before any array a tile long is made
+        ('{"tiles": 4000000000, "transfers": [{"src": 0, "dst": [1], "words": 1}]}',
+         "tiles must be between 1 and 1048576, got 4000000000"),
+        ('{"tiles": 0, "transfers": []}', "tiles must be between 1 and 1048576, got 0"),
     ],
 )
 def test_malformed_instance(tmp_path: Path, text: str, message: str) -> None:

@@ -19,6 +19,10 @@ import numpy as np
 
 from ipu_stack.util.errors import IpuStackError
 
+# the most tiles an instance may name: arrays a tile long are sized from it before any
+# transfer is read (an IPU has 1,472; this leaves room for any machine of linked chips)
+MAX_TILES = 1 << 20
+
 
 class ExchangeError(IpuStackError):
     """A bad exchange instance (or file): the message names the first bad transfer/field."""
@@ -105,8 +109,8 @@ class Transfers:
         (a tile cannot receive its own send in the same phase; that copy is not exchange).
         """
         n = self.count
-        if self.tiles < 1:
-            raise ExchangeError(f"tiles must be >= 1, got {self.tiles}")
+        if not 1 <= self.tiles <= MAX_TILES:
+            raise ExchangeError(f"tiles must be between 1 and {MAX_TILES}, got {self.tiles}")
         if self.words.shape != (n,) or self.dst_offsets.shape != (n + 1,):
             raise ExchangeError(
                 f"array shapes disagree: src={self.src.shape} words={self.words.shape} "
