@@ -114,7 +114,7 @@ def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench",
         print("\n".join(generation_answer(record) if command == "generate"
                         else answer_lines(record, command)))
     else:
-        print(" ".join(f"{k}={log.format_value(v)}" for k, v in record.items()))
+        print(log.format_fields(record))
 
 
 _FOLDER_OPTIONS = (("out", "-o"), ("profile", "--profile"), ("save_tensors", "--save-tensors"),
@@ -137,7 +137,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _out_folder(args: argparse.Namespace, name: str) -> Path:
-    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write."""
+    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write (NAME
+    ends ``-<target>`` for a target other than the default ipu21, so that its package does
+    not replace the ipu21 one)."""
+    target = getattr(args, "target", "ipu21")
+    if target != "ipu21":
+        name = f"{name}-{target}"
     return Path(args.out) if args.out else check_output_folder("--out (default)",
                                                                Path("artifacts") / name)
 
@@ -256,10 +261,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record))
     else:
-        fullest = f" fullestTile={log.format_value(record['fullestTile'])}" \
-            if record["fullestTile"] else ""
-        print(f"{key}={record[key]} reason={log.format_value(record['reason'])}{fullest} "
-              f"compiles={record['compiles']} seconds={record['seconds']}")
+        print(log.format_fields({key: record[key], "reason": record["reason"],
+                                 "fullestTile": record["fullestTile"] or None,
+                                 "compiles": record["compiles"], "seconds": record["seconds"]}))
     return 0 if record[key] or parameter != "chips" else 1  # no card count fits: 1
 
 

@@ -170,5 +170,7 @@ def format_compare(a: Profile, b: Profile) -> str:
         change = "only in B" if r["a"] is None else "only in A" if r["b"] is None else (
             f"{r['delta']:+d} ({r['percent']:+.1f} %) {'slower' if r['delta'] > 0 else 'faster'}")
         part = f" ({r['label']})" if r["label"] != r["name"] else ""
-        lines.append(f"  {r['name']}{part}: {r['a']} -> {r['b']}  {change}")
+        cycles = (f"{r['a']} cycles" if r["b"] is None else f"{r['b']} cycles"
+                  if r["a"] is None else f"{r['a']} -> {r['b']}")
+        lines.append(f"  {r['name']}{part}: {cycles}  {change}")
     return "\n".join(lines)

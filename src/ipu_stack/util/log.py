@@ -29,8 +29,10 @@ def format_value(value: Any) -> str:
 
 
 def format_fields(fields: dict[str, Any]) -> str:
-    """Render ``key=value`` pairs in insertion order."""
-    return " ".join(f"{key}={format_value(value)}" for key, value in fields.items())
+    """Render ``key=value`` pairs in insertion order; a field without a value (``None``:
+    a JSON record's null) is left out."""
+    return " ".join(f"{key}={format_value(value)}" for key, value in fields.items()
+                    if value is not None)
 
 
 def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields: Any) -> None:
