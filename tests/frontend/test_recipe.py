@@ -86,6 +86,8 @@ def test_layer_sets() -> None:
     for bad in ("x", "3-1", "-2", "1,,a"):
         with pytest.raises(UsageError, match="give layer numbers"):
             layer_set(bad)
+    with pytest.raises(UsageError, match="layer numbers go up to 9999"):
+        layer_set("0-99999999")  # refused before a range of 10^8 numbers is made
     assert name_layer("layer3.fc1.out") == 3
     assert name_layer("model.encoder.layers.12.mlp.fc1.weight") == 12
     assert name_layer("blocks.2.fc1.MatMul_1") == 2 and name_layer("embed.weight") is None
@@ -110,3 +112,18 @@ def test_an_onnx_recipe_names_the_files_nodes(tmp_path: Path, cache_dir: Path,
               if n.op_type in ("MatMul", "Gemm") and name_layer(node_scope(n)) == 1]
     assert layer1 and record["poprtOptions"].endswith(
         f"--fp8_skip_op_names {','.join(layer1)}")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--keep-f16", "0-5"], "error: --keep-f16 0-5: the model has no layer 2 (its layers are "
+                            "0-1)"),
+    (["--keep-f16", "1", "--precision", "f16"],
+     "error: --keep-f16 1: every layer is F16 at --precision f16; it keeps layers of an FP8 "
+     "model F16"),
+])
+def test_keep_f16_that_would_change_nothing_is_one_line(tmp_path: Path, capsys,
+                                                        extra: list[str], message: str) -> None:
+    code = main(["--quiet", "compile", "siglip-layer", "--blocks", "2", "--tokens", "16",
+                 "--dim", "64", "--heads", "2", "--hidden", "128", "-o", str(tmp_path / "o"),
+                 *extra])
+    assert code == 2 and capsys.readouterr().err.strip() == message

@@ -10,11 +10,13 @@ program, the logs and the package use; these labels sit beside them for people.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ipu_stack.util.errors import UsageError
 
 LAYER = re.compile(r"^layer(\d+)\.")
+MOST_LAYER_NUMBER = 9999  # --keep-f16's numbers: bounded before a range of them is made
 STAGE = re.compile(r"^stage(\d+)(?:\.(.*))?$")
 # trailing words that name how a value was computed, not which part it belongs to
 OPERATION_WORDS = frozenset({"out", "mm", "linear", "addmm", "matmul", "bmm", "default"})
@@ -111,8 +113,27 @@ def layer_set(text: str, option: str = "--keep-f16") -> frozenset[int]:
         low, _, high = item.partition("-")
         if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
             raise UsageError(f"{option} {text!r}: give layer numbers, e.g. 3,7 or 0-2")
+        if int(high or low) > MOST_LAYER_NUMBER:  # bounded before a range is made
+            raise UsageError(f"{option} {text!r}: layer numbers go up to {MOST_LAYER_NUMBER}")
         layers.update(range(int(low), int(high or low) + 1))
     return frozenset(layers)
+
+
+def refuse_absent_layers(params: dict, names: Iterable[str]) -> None:
+    """One line where ``--keep-f16`` names a layer the model (its values' ``names``) lacks,
+    or is given to a model that is not FP8: either would change nothing, silently."""
+    text, option = params.get("keep_f16", ""), "--keep-f16"
+    kept = layer_set(text, option)
+    if not kept:
+        return
+    if params.get("precision") != "fp8":
+        raise UsageError(f"{option} {text}: every layer is F16 at --precision "
+                         f"{params.get('precision')}; it keeps layers of an FP8 model F16")
+    present = {layer for layer in map(name_layer, names) if layer is not None}
+    absent = sorted(kept - present)
+    if absent:
+        has = f"its layers are 0-{max(present)}" if present else "it has no numbered layers"
+        raise UsageError(f"{option} {text}: the model has no layer {absent[0]} ({has})")
 
 
 def fp8_allowed(name: str, kept: frozenset[int]) -> bool:

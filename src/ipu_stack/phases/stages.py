@@ -21,7 +21,7 @@ from ipu_stack.codegen.emit import emit_program
 from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
 from ipu_stack.ir.graph import Graph
-from ipu_stack.ir.names import Part
+from ipu_stack.ir.names import Part, refuse_absent_layers
 from ipu_stack.lowering.driver import decode_step, lower
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
@@ -77,6 +77,7 @@ def build_graph_and_tilings(build: Build) -> Fields:
         with cache_folder(cache):
             build.prepared["graph"], build.prepared["tensors"] = build.workload.build(
                 build.params)
+        refuse_absent_layers(build.params, (v.name for v in build.prepared["graph"].values))
     graph, tensors = build.prepared["graph"], build.prepared["tensors"]
     build.graph, build.tensors = graph, tensors
     build.all_stages = find_stages(graph)

@@ -47,6 +47,7 @@ from ipu_stack.device.alignment import merge
 from ipu_stack.exchange import schedule_exchange
 from ipu_stack.exchange.instructions import instruction_horizon
 from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.names import refuse_absent_layers
 from ipu_stack.package import write_package
 from ipu_stack.pipeline import CompileOptions, CompileResult, compile_workload, plan_workload
 from ipu_stack.planning.costs import estimate_exchange_phase, estimate_link_phase
@@ -204,6 +205,7 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
     cache = Path(options.cache_dir) if options.cache_dir else None
     with cache_folder(cache):
         graph, tensors = workload.build(params)
+    refuse_absent_layers(params, (v.name for v in graph.values))
     counts = group_counts(tower_loop(graph).count, max(1, options.chips), groups,
                           None if groups else most_groups)
     refused: list[str] = []
