@@ -39,6 +39,7 @@ from ipu_stack.target.links import get_system
 from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
+from ipu_stack.verdict.judge import DIAGNOSTICS_LOG
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.footprint import footprint_line
 from ipu_stack.workloads.timings import timing_line
@@ -429,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     shown = logging.DEBUG if args.debug else (
         logging.INFO if args.verbose and not args.quiet else logging.WARNING)
-    log.configure(min(shown, logging.INFO), shown)
+    log.configure(min(shown, logging.INFO), shown,
+                  (DIAGNOSTICS_LOG,) if getattr(args, "diagnostics", False) else ())
     # out-of-range values overflow to infinity (and then NaN) as the device's F16 does; the
     # verdict judges them, numpy's warnings would only be stray lines on stderr
     np.seterr(over="ignore", invalid="ignore")

@@ -18,7 +18,7 @@ import pytest
 from ipu_stack.cli import main
 from ipu_stack.verdict.tolerance import compare
 from tests.e2e.transformer_forward import transformer_forward
-from tests.helpers import Bench, bench, small
+from tests.helpers import Bench, bench, cli, small
 
 HEADS = 4  # of the small sizes (``tests.helpers.small``)
 EPS = {"siglip-layer": 1e-6, "pe-block": 1e-5, "siglip-attention": 1e-6, "attention": 1e-6,
@@ -159,6 +159,18 @@ def _checkpoint_lines(stderr: str) -> tuple[list[tuple[int, str, str, int, str]]
     """``(index, tensor, layer, ulps, passed)`` per stage line, and the summary lines."""
     checkpoints = [(int(a), b, c, int(d), e) for a, b, c, d, e in CHECKPOINT.findall(stderr)]
     return checkpoints, SUMMARY.findall(stderr)
+
+
+def test_diagnostics_are_shown_without_verbose(tmp_path) -> None:
+    """``--diagnostics`` asks for its lines: they appear at the default log level, and
+    nothing else of the INFO log does."""
+    code, _, err = cli(["bench", "siglip-mlp", "--tokens", "16", "--dim", "64", "--hidden",
+                        "64", "--finalists", "1", "--out", str(tmp_path / "pkg"), "--lock",
+                        str(tmp_path / "lock"), "--record", "--diagnostics"])
+    checkpoints, summary = _checkpoint_lines(err)
+    assert code == 0 and checkpoints and summary == [(str(len(checkpoints)), "PASS")], err
+    assert all(line.startswith(" INFO ipu_stack.diagnostics: diagnostic checkpoint")
+               for line in err.splitlines()), err
 
 
 @pytest.mark.parametrize("workload", ["siglip-layer", "pe-block"])

@@ -67,17 +67,20 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def configure(level: int = logging.INFO, shown: int | None = None) -> None:
+def configure(level: int = logging.INFO, shown: int | None = None,
+              asked: tuple[str, ...] = ()) -> None:
     """Send ``ipu_stack.*`` logs to stderr in the reference format (idempotent): records of
     ``level`` and above are made (tests and profiles read them), those of ``shown`` and above
-    (default: ``level``) are printed."""
+    (default: ``level``) are printed, and all of those the loggers named in ``asked`` make
+    (an option that asks for lines, ``--diagnostics``, shows them without ``-v``)."""
     root = logging.getLogger("ipu_stack")
     root.setLevel(level)
     for handler in list(root.handlers):
         if isinstance(handler, _StderrHandler):
             root.removeHandler(handler)
     handler = _StderrHandler()
-    handler.setLevel(level if shown is None else shown)
+    least = level if shown is None else shown
+    handler.addFilter(lambda record: record.levelno >= least or record.name in asked)
     handler.setFormatter(ReferenceFormatter())
     root.addHandler(handler)
 

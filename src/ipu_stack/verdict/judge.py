@@ -41,6 +41,7 @@ from ipu_stack.planning.stages import GemmStage, Stage, find_stages, stage_opera
 from ipu_stack.util.log import event
 
 LOG = logging.getLogger("ipu_stack.runtime")
+DIAGNOSTICS_LOG = "ipu_stack.diagnostics"  # shown whenever --diagnostics asks for it
 
 # Agreement: at most this share of a stage's elements may differ at all (float32 summation
 # order), and none by more than a few ulps (one for FP8, whose ulp is 1/8 of the value).
@@ -535,14 +536,15 @@ def _fidelity(graph: Graph, ideal: dict[str, np.ndarray], device_values: dict[st
 def log_verdict(verdict: Verdict, per_stage: bool, source: str = "float64") -> None:
     """The verdict in the reference's log format; ``per_stage`` (``--diagnostics``) logs
     every stage, and names the first stage and layer whose agreement breaks."""
+    diagnostics = logging.getLogger(DIAGNOSTICS_LOG)
     if per_stage:
         for index, stage in enumerate(verdict.stages):
-            event(LOG, "diagnostic checkpoint", checkpoint=index, tensor=stage.stage,
+            event(diagnostics, "diagnostic checkpoint", checkpoint=index, tensor=stage.stage,
                   layer=stage.layer or "-", ulps=stage.max_ulps,
                   mismatch=round(stage.mismatch, 6), samples=stage.elements,
                   passed=stage.passed)
     if per_stage:
-        event(LOG, "diagnostic checkpoints checked", diagnosticCheckpoints=len(verdict.stages),
+        event(diagnostics, "diagnostic checkpoints checked", diagnosticCheckpoints=len(verdict.stages),
               numericalTest="PASS" if verdict.agreement_passed else "FAIL")
     first = verdict.first_failure
     if first is not None:
