@@ -26,8 +26,13 @@ def test_a_layers_run_reads_in_a_few_lines() -> None:
     assert lines[3] == "  88.92 % of the FP16 peak, 44.46 % of the AMP roofline of its precisions"
     # the kinds of work, largest first, as shares of the cycles; totals are not kinds
     assert lines[4] == "  time goes to: GEMM 62 %, exchange 21 %, reduce 8 %, GELU 5 %"
-    assert "every stage equals the device-precision reference" in lines[5]
+    assert lines[5] == ("  numbers: every stage equals the device-precision reference; error "
+                        "against the float64 model 1x what the precisions explain")
     assert lines[6] == "  package: artifacts/x/model.ipuexe"
+    # an imported model's fidelity is to its framework's outputs, and says so
+    lines = answer_lines({**LAYERS, "referenceSource": "torch", "noiseRatio": 0.98}, "bench")
+    assert lines[5].endswith("error against torch's own outputs 0.98x what the precisions "
+                             "explain")
 
 
 def test_a_failing_stream_says_what_failed_and_its_images() -> None:

@@ -49,8 +49,10 @@ def verdict_words(record: dict[str, Any]) -> str:
               f"every stage within the tolerance ({mismatch:g} of one stage's elements a "
               "ulp off)")
     noise = record.get("noiseRatio")
-    ideal = "" if noise is None else (f"; error against the float64 model {noise:g}x what "
-                                      "the precisions explain")
+    source = record.get("referenceSource") or "float64"
+    against = "the float64 model" if source == "float64" else f"{source}'s own outputs"
+    ideal = "" if noise is None else (f"; error against {against} {noise:g}x what the "
+                                      "precisions explain")
     return stages + ideal
 
 
