@@ -78,7 +78,7 @@ def probe_capacity(
     """Search ``parameter`` (``batch``, ``blocks``, ``layers`` or a decoder's ``context``) in
     ``[1, limit]``."""
     if parameter not in params:
-        raise UsageError(f"workload {workload.name} has no parameter --{parameter}")
+        raise UsageError(f"--max-{parameter}: workload {workload.name} has no --{parameter}")
     if limit < 1:
         raise UsageError(f"--max-{parameter} must be at least 1")
     start = time.perf_counter()

@@ -210,9 +210,10 @@ def test_capacity_of_a_dynamic_batch_program(tmp_path: Path, cache_dir: Path, ca
 def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:
     assert main(["--quiet", "capacity", str(tiny), "--max-batch", "4"]) == 2
     err = capsys.readouterr().err
-    assert "--batch 2: the program was exported for batch 1 without a dynamic batch" in err
+    assert "error: batch 2: the program was exported for batch 1 without a dynamic batch" in err
     assert main(["--quiet", "capacity", str(tiny), "--max-blocks", "4"]) == 2
-    assert "no parameter --blocks" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == ("error: --max-blocks: workload torch-export has "
+                                               "no --blocks")
 
 
 def test_sweep_of_a_program_is_refused_in_one_line(tiny: Path, tmp_path: Path, capsys) -> None:

@@ -163,6 +163,9 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "siglip-layer"], "siglip-layer is not a language model with a KV cache"),
     (["generate", "smollm2-135m", "--context", "3", "--prompt-tokens", "4"],
      "--context 3 holds fewer than the 11 positions"),
+    (["generate", "smollm2-135m", "--prompt-tokens", "2000000", "--new-tokens", "4"],
+     "--prompt-tokens 2000000 and --new-tokens 4 fill 2000003 positions; a cache holds at "
+     "most 1048576"),
     (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
     (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),

@@ -157,7 +157,7 @@ def specialize(program: Any, batch: int) -> Any:
         return program
     size = batch or exported
     return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
-                     f"--batch {size}: the program was exported for batch {exported} without "
+                     f"batch {size}: the program was exported for batch {exported} without "
                      "a dynamic batch dimension (export with dynamic_shapes={input: {0: "
                      "Dim('batch')}})")
 

@@ -107,6 +107,11 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
                              "--prompt-tokens of at least 2, without --prompt-by-steps")
         needed += workload.image_prompt(resolve({"tokens": 1})[1])[0]
     context = request.context or needed
+    most = next((p.maximum for p in workload.parameters if p.name == "context"), None)
+    if request.context is None and most is not None and needed > most:
+        raise UsageError(f"--prompt-tokens {request.prompt_tokens} and --new-tokens "
+                         f"{request.new_tokens} fill {needed} positions; a cache holds at "
+                         f"most {most}")
     if context < needed:
         raise UsageError(f"--context {context} holds fewer than the {needed} positions "
                          "the prompt and the new tokens fill")
