@@ -105,6 +105,23 @@ def _strategy(args: argparse.Namespace) -> str:
     return args.strategy or ("pipeline" if args.chips > 1 else "layers")
 
 
+def _refuse_conflicts(args: argparse.Namespace) -> None:
+    """One line for options that contradict each other, where one would otherwise be
+    dropped without a word."""
+    if getattr(args, "verbose", False) and getattr(args, "quiet", False):
+        raise UsageError("give -v or --quiet, not both")
+    if getattr(args, "json", False) and getattr(args, "record", False):
+        raise UsageError("give --json or --record, not both")
+    groups = getattr(args, "groups", None)
+    if groups is not None and args.command != "generate":
+        if groups < 1:
+            raise UsageError(f"--groups must be at least 1, got {groups} (leave it out for "
+                             "the planner to choose)")
+        if _strategy(args) != "pipeline":
+            raise UsageError(f"--groups {groups} is the pipeline strategy's: give --strategy "
+                             "pipeline (or --chips above 1)")
+
+
 def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench",
                   as_line: bool = False) -> None:
     """The record as JSON (``--json``), a few lines for a person at a terminal, or one
@@ -437,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     np.seterr(over="ignore", invalid="ignore")
     log.note_first_compile()
     try:
+        _refuse_conflicts(args)
         _check_outputs(args)
         return COMMANDS[args.command](args)
     except IpuStackError as exc:

@@ -169,6 +169,13 @@ def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, loc
                  str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert code == 2 and "was exported for [1, 3, 16, 16]" in err
+    # an array the program does not take (a misspelt name): one line, not a random input
+    np.savez(tmp_path / "extra.npz", pixels=pixels, pixel=pixels)
+    code = main(["--quiet", "compile", str(tiny), "--inputs", str(tmp_path / "extra.npz"), "-o",
+                 str(tmp_path / "c")])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        f"error: --inputs {tmp_path / 'extra.npz'}: pixel is not an input of the program (its "
+        "inputs: pixels)")
 
 
 def test_an_imported_tower_over_two_chips(tmp_path: Path, cache_dir: Path, capsys) -> None:

@@ -52,6 +52,13 @@ BAD = [
     (["bench", "siglip-mlp", "--save-tensors", "{text}"], "exists and is not a folder"),
     (["exchange", "schedul", "x"], "unknown command 'schedul'; did you mean 'schedule'?"),
     (["bench", "siglip-vision", "--layers", "100000"], "siglip-vision does not fit"),
+    # options that contradict each other: neither is dropped without a word
+    (["bench", "siglip-mlp", "--groups", "2"], "--groups 2 is the pipeline strategy's: give "
+                                               "--strategy pipeline (or --chips above 1)"),
+    (["bench", "siglip-mlp", "--strategy", "pipeline", "--groups", "0"],
+     "--groups must be at least 1, got 0"),
+    (["bench", "siglip-mlp", "--json", "--record"], "give --json or --record, not both"),
+    (["-v", "bench", "siglip-mlp", "--quiet"], "give -v or --quiet, not both"),
 ]
 
 

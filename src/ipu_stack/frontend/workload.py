@@ -241,10 +241,12 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
         data = np.load(Path(path), allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
-    arrays = []
+    arrays, used = [], set()
     integer = integer_inputs(program)
-    for index, (name, shape) in enumerate(input_shapes(program)):
+    shapes = input_shapes(program)
+    for index, (name, shape) in enumerate(shapes):
         key = name if name in data.files else f"arr_{index}"
+        used.add(key)
         if key not in data.files:
             raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data.files)})")
         array = np.asarray(data[key], dtype=np.float32)
@@ -257,6 +259,10 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
                 raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "
                                  f"not whole ({array.min():g} to {array.max():g})")
         arrays.append(array)
+    unread = sorted(set(data.files) - used)
+    if unread:  # a misspelt name would otherwise leave its input random, without a word
+        raise UsageError(f"--inputs {path}: {unread[0]} is not an input of the program (its "
+                         f"inputs: {', '.join(name for name, _ in shapes)})")
     return arrays
 
 
