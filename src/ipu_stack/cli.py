@@ -320,6 +320,9 @@ def _lock(args: argparse.Namespace) -> Path | None:
 def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
     """A saved profile (``profile.json`` or its folder), or a package run here to get one
     (a stream's: the step of the chip that sets its period)."""
+    if not path.exists():
+        raise UsageError(f"{path} not found (profile takes a profile's folder, its "
+                         "profile.json, or a package to run)")
     if path.is_dir():
         path = path / "profile.json"
     if path.suffix == ".json":

@@ -15,10 +15,12 @@ from ipu_stack.workloads import REGISTRY
 
 def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`) or a "
-                        "torch.export program MODEL.pt2 (docs/frontend.md)")
+                        "torch.export program MODEL.pt2 (docs/frontend.md) or an ONNX file MODEL.onnx "
+                        "(docs/onnx.md)")
     _add_parameters(parser)
     parser.add_argument("--inputs", default=None, metavar="FILE.npz",
-                        help="MODEL.pt2 only: the program's inputs (default: random from --seed)")
+                        help="MODEL.pt2 or MODEL.onnx only: the program's inputs (default: random "
+                        "from --seed)")
     parser.add_argument("--target", default="ipu21",
                         help="the IPU to compile for: ipu21 (the C600's, default) or ipu2 "
                         "(GC200); a package runs on a simulated device of its own target")

@@ -35,8 +35,12 @@ BAD = [
     (["bench", "siglip-mlp", "--engine", "rey"], "unknown --engine 'rey'; did you mean 'ray'?"),
     (["bench", "siglip-mlp", "--chips", "x"], "--chips 'x' is not a whole number"),
     (["bench", "siglip-mlp", "--chips", "99"], "--chips 99: a C600 cluster holds 1 to 8 cards"),
-    (["compile", "siglip-mlp"], "compile: missing -o/--out"),
+    (["compile", "siglip-mlp"], "compile: missing -o/--out (`ipu-stack compile --help` shows "
+                                "usage)"),
+    ([], "error: missing command (`ipu-stack --help` shows usage)"),
     (["run", "{missing}"], "not found"),
+    (["profile", "{missing}"], "not found (profile takes a profile's folder, its profile.json, "
+                               "or a package to run)"),
     (["run", "{folder}"], "is a folder with no model.ipuexe in it"),
     (["inspect", "{text}"], "is corrupt: not a ZIP archive"),
     (["capacity", "siglip-mlp"], "one of the arguments --max-batch --max-blocks --max-layers "

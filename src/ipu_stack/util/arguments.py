@@ -80,5 +80,6 @@ class OneLineParser(argparse.ArgumentParser):
             return (f"{where}unrecognised {'option' if first.startswith('-') else 'argument'} "
                     f"{first!r}{hint}")
         if found := _REQUIRED.fullmatch(message):
-            return f"{where}missing {found.group(1)} (`ipu-stack {command} --help` shows usage)"
+            usage = " ".join(["ipu-stack", *command.split(), "--help"])
+            return f"{where}missing {found.group(1)} (`{usage}` shows usage)"
         return f"{where}{message}"

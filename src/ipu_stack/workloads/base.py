@@ -118,7 +118,7 @@ def get_workload(name: str) -> Workload:
         close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UsageError(f"unknown workload {name!r}{hint} (known: {', '.join(sorted(REGISTRY))};"
-                         " or a torch program, MODEL.pt2)")
+                         " or a torch program, MODEL.pt2, or an ONNX file, MODEL.onnx)")
     return REGISTRY[name]
 
 
