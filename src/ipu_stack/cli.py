@@ -155,12 +155,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _out_folder(args: argparse.Namespace, name: str) -> Path:
-    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write (NAME
-    ends ``-<target>`` for a target other than the default ipu21, so that its package does
-    not replace the ipu21 one)."""
-    target = getattr(args, "target", "ipu21")
-    if target != "ipu21":
-        name = f"{name}-{target}"
+    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write."""
     return Path(args.out) if args.out else check_output_folder("--out (default)",
                                                                Path("artifacts") / name)
 

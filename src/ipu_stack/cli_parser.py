@@ -21,9 +21,9 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs", default=None, metavar="FILE.npz",
                         help="MODEL.pt2 or MODEL.onnx only: the program's inputs (default: random "
                         "from --seed)")
-    parser.add_argument("--target", default="ipu21",
-                        help="the IPU to compile for: ipu21 (the C600's, default) or ipu2 "
-                        "(GC200); a package runs on a simulated device of its own target")
+    parser.add_argument("--target", default="ipu21", choices=("ipu21",),
+                        help="the IPU to compile for: ipu21, the C600's (the device the "
+                        "simulator is; a package names its target and runs only there)")
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--memory-proportion", type=float, default=1.0,
                         help="share of tile memory the planner may plan for (0-1]")

@@ -81,26 +81,16 @@ def test_default_bench_folder_is_checked_too(tmp_path: Path,
     assert line.endswith("cannot create it, artifacts is not a folder")
 
 
-def test_another_target_keeps_its_own_package_and_runs_on_its_own_device(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_line_has_no_fields_without_a_value(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    folders = []
-    for target in ("ipu21", "ipu2"):
-        code, out, err = cli(["--quiet", "bench", "siglip-mlp", *SMALL, "--target", target,
-                              "--record"])
-        assert code == 0 and err == "", err
-        fields = dict(item.split("=", 1) for item in out.split())
-        assert fields["numericalTest"] == "PASS" and "None" not in out
-        folders.append(Path(fields["package"]).parent)
-    assert folders[1].name == folders[0].name + "-ipu2"  # the ipu21 package is kept
-    # the ipu2 package runs, and is described, on a device of its own target (1.33 GHz)
-    code, out, err = cli(["--quiet", "run", str(folders[1]), "--record"])
+    code, out, err = cli(["--quiet", "bench", "siglip-mlp", *SMALL, "--record"])
+    fields = dict(item.split("=", 1) for item in out.split())
+    assert code == 0 and fields["numericalTest"] == "PASS" and "None" not in out, err
+    code, out, err = cli(["--quiet", "run", str(Path(fields["package"]).parent), "--record"])
     fields = dict(item.split("=", 1) for item in out.split())
     assert code == 0 and fields["numericalTest"] == "PASS", err
     assert "compileSeconds" not in fields  # a run compiles nothing: no field, not None
-    assert abs(int(fields["cycles"]) / float(fields["deviceMicroseconds"]) - 1330) < 1
-    code, out, _ = cli(["inspect", str(folders[1] / "model.ipuexe")])
-    assert code == 0 and "target: ipu2" in out
 
 
 @pytest.mark.parametrize("place", ["folder", "device", "under a file", "uncreatable"])

@@ -22,7 +22,7 @@ from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.values import DeferredTensors, compact_weights, weight_storer
 from ipu_stack.package import Package, read_package
 from ipu_stack.target import get_target
-from ipu_stack.util.errors import PackageError, UsageError
+from ipu_stack.util.errors import UsageError
 from ipu_stack.util.heap import keep_freed_memory, release_freed_memory
 from ipu_stack.util.log import event
 from ipu_stack.verdict.judge import Verdict
@@ -54,16 +54,10 @@ class RunResult:
         return self.verdict.passed
 
 
-def load_package(path: Path) -> Package:
-    """The package at ``path``; the simulated device it runs on is of the target it was
-    compiled for (ipu21, or ipu2 where ``--target ipu2`` built it)."""
+def load_package(path: Path, target_name: str = "ipu21") -> Package:
     event(LOG, "reading application package")
-    package = read_package(path)
-    try:
-        tiles = get_target(package.target).tiles
-    except UsageError as exc:
-        raise PackageError(f"package {path}: {exc}") from None
-    event(LOG, "application package read", target=package.target, tiles=tiles,
+    package = read_package(path, expected_target=target_name)
+    event(LOG, "application package read", tiles=get_target(target_name).tiles,
           compiler=package.compiler_version)
     return package
 
