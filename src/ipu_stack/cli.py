@@ -343,6 +343,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("sweep takes a builtin workload; run `bench MODEL.pt2` per point for "
                          "a torch program (its workers rebuild workloads by name)")
     workload, params = _params(args)
+    if args.finalists < 1:
+        raise UsageError("--finalists must be at least 1")
+    if not 0 < args.memory_proportion <= 1:
+        raise UsageError("--memory-proportion must be in (0, 1]")
     options = CompileOptions(finalists=args.finalists, memory_proportion=args.memory_proportion,
                              cache_dir=args.cache_dir or CompileOptions().cache_dir)
     points = expand(workload.name, parse_grid(args.grid), params, options)

@@ -70,6 +70,8 @@ def test_resume_after_a_kill_runs_no_point_twice(tmp_path, cache_dir, local_swee
         time.sleep(0.05)
     process.kill()
     process.wait()
+    # a kill in the middle of a write leaves a line without its end: the resume drops it
+    results.write_bytes(results.read_bytes() + b'{"key": "abc", "bat')
     first = read_results(results)
     assert 3 <= len(first) < 8
     assert main(["--quiet", "sweep", "siglip-layer", *SMALL, *GRID, "-o", str(out),
@@ -100,7 +102,16 @@ def test_a_point_that_does_not_fit_is_recorded_and_fails_the_sweep(tmp_path, cac
 @pytest.mark.parametrize(("grid", "message"), [
     ("colour=red", "not a parameter of siglip-layer or a compile option"),
     ("batch", "expected NAME=V1,V2"),
-    ("batch=1,two", "'two' is not a int"),
+    ("batch=1,two", "'two' is not a whole number"),
+    # every value is checked as the command line checks it, before any point runs
+    ("gemm-mode=x", "--grid gemm-mode: 'x' is not one of auto, fp8, f16"),
+    ("strategy=foo", "--grid strategy: 'foo' is not one of layers, pipeline, auto"),
+    ("chips=9", "--grid chips: 9: a C600 cluster holds 1 to 8 cards"),
+    ("groups=0", "--grid groups: 0 is below 1"),
+    ("finalists=0", "--grid finalists: 0 is below 1"),
+    ("batch=1,1", "--grid batch: 1 is given twice"),
+    ("batch=1,,2", "expected NAME=V1,V2"),
+    ("tokens=16,016", "are the same point"),
 ])
 def test_bad_grids_are_one_line(tmp_path, capsys, grid, message) -> None:
     code = main(["sweep", "siglip-layer", "--grid", grid, "-o", str(tmp_path)])

@@ -16,8 +16,15 @@ from typing import Any
 
 from ipu_stack import __version__
 from ipu_stack.phases.state import CompileOptions
+from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads import get_workload
+
+# each compile option's values as the command line checks them (``cli``): a grid value
+# the command line would refuse is refused before any point runs
+CHOICES: dict[str, tuple[str, ...]] = {"gemm-mode": ("auto", "fp8", "f16"),
+                                       "strategy": ("layers", "pipeline", "auto")}
+LEAST: dict[str, int] = {"finalists": 1, "groups": 1, "chips": 1}
 
 OPTIONS: dict[str, tuple[str, type]] = {
     "memory-proportion": ("memory_proportion", float),
@@ -69,7 +76,9 @@ def _value(text: str, kind: type, name: str) -> Any:
             return text.lower() in ("true", "1", "on")
         return kind(text)
     except ValueError:
-        raise UsageError(f"--grid {name}: {text!r} is not a {kind.__name__}") from None
+        what = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+        raise UsageError(f"--grid {name}: {text!r} is not "
+                         f"{what.get(kind.__name__, kind.__name__)}") from None
 
 
 def parse_grid(specs: list[str]) -> dict[str, list[str]]:
@@ -78,13 +87,35 @@ def parse_grid(specs: list[str]) -> dict[str, list[str]]:
     for spec in specs:
         name, sep, values = spec.partition("=")
         name = name.strip().lstrip("-")
-        items = [v.strip() for v in values.split(",") if v.strip()]
-        if not sep or not name or not items:
+        items = [v.strip() for v in values.split(",")]
+        if not sep or not name or not all(items):
             raise UsageError(f"--grid {spec!r}: expected NAME=V1,V2,...")
         if name in grid:
             raise UsageError(f"--grid {name} is given twice")
+        twice = next((v for i, v in enumerate(items) if v in items[:i]), None)
+        if twice is not None:
+            raise UsageError(f"--grid {name}: {twice} is given twice")
         grid[name] = items
     return grid
+
+
+def option_value(name: str, text: str) -> Any:
+    """A compile option's grid value, checked as the command line checks it."""
+    field_name, kind = OPTIONS[name]
+    value = _value(text, kind, name)
+    if name in CHOICES and value not in CHOICES[name]:
+        raise UsageError(f"--grid {name}: {value!r} is not one of {', '.join(CHOICES[name])}")
+    if name in LEAST and value < LEAST[name]:
+        raise UsageError(f"--grid {name}: {value} is below {LEAST[name]}")
+    if name == "chips":  # a cluster's card count, or one line why not
+        try:
+            get_system("ipu21", value)
+        except UsageError as exc:
+            raise UsageError(str(exc).replace(f"--chips {value}", f"--grid chips: {value}"))\
+                from None
+    if name == "memory-proportion" and not 0 < value <= 1:
+        raise UsageError(f"--grid memory-proportion: {value} is not in (0, 1]")
+    return value
 
 
 def expand(workload_name: str, grid: dict[str, list[str]], base_params: dict[str, Any],
@@ -98,8 +129,8 @@ def expand(workload_name: str, grid: dict[str, list[str]], base_params: dict[str
         if key in kinds:
             axes.append([(key, _value(v, kinds[key], name)) for v in values])
         elif name in OPTIONS:
-            field_name, kind = OPTIONS[name]
-            axes.append([(f"option:{field_name}", _value(v, kind, name)) for v in values])
+            axes.append([(f"option:{OPTIONS[name][0]}", option_value(name, v))
+                         for v in values])
         else:
             known = ", ".join(sorted(list(kinds) + list(OPTIONS)))
             raise UsageError(f"--grid {name}: not a parameter of {workload.name} or a compile "
@@ -119,7 +150,9 @@ def expand(workload_name: str, grid: dict[str, list[str]], base_params: dict[str
         if int(options["chips"]) > 1 and options["strategy"] == "layers" and \
                 "strategy" not in chosen:
             options["strategy"] = "pipeline"  # over several chips a tower is pipelined
-        if not 0 < float(options["memory_proportion"]) <= 1:
-            raise UsageError("--grid memory-proportion values must be in (0, 1]")
-        points.append(Point(workload.name, workload.resolve(params), options, chosen))
+        point = Point(workload.name, workload.resolve(params), options, chosen)
+        same = next((p for p in points if p.key == point.key), None)
+        if same is not None:  # e.g. tokens=16,016: one compile, which would run twice
+            raise UsageError(f"--grid: {same.grid} and {chosen} are the same point")
+        points.append(point)
     return points

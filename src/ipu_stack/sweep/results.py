@@ -45,8 +45,21 @@ def read_results(path: Path) -> list[Record]:
     return records
 
 
+def drop_cut_line(path: Path) -> None:
+    """Remove a last line a killed sweep left without its end: it was never a record, and a
+    record appended after it would join it (and be lost with it)."""
+    try:
+        with open(path, "rb+") as handle:
+            content = handle.read()
+            if content and not content.endswith(b"\n"):
+                handle.truncate(content.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        return
+
+
 def append_result(path: Path, record: Record) -> None:
     """One record as one line, flushed to disk before the next point is counted done."""
+    drop_cut_line(path)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
         handle.flush()
