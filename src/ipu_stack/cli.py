@@ -249,6 +249,14 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
     """The fewest layers to keep F16 in an FP8 model, measured beside all-F16 and all-FP8."""
     from ipu_stack.recipe.measure import format_recipe, run_recipe
 
+    given = [option for option, value in (
+        ("--profile", args.profile), ("--save-tensors", args.save_tensors),
+        ("--keep-f16", getattr(args, "keep_f16", None)),
+        ("--precision", getattr(args, "precision", None) not in (None, "fp8")),
+        ("--chips", args.chips if args.chips != 1 else None)) if value]
+    if given:  # the recipe measures its own three runs, on one chip, at its own precisions
+        raise UsageError(f"fp8-recipe takes no {given[0]}: it chooses the kept layers and "
+                         "measures all-F16, all-FP8 and the recipe on one chip itself")
     workload, params = _params(args)
     out = _out_folder(args, f"{workload.identifier(params)}-recipe")
     record = run_recipe(workload, params, args.max_error, out, _options(args), _settings(args))

@@ -127,3 +127,16 @@ def test_keep_f16_that_would_change_nothing_is_one_line(tmp_path: Path, capsys,
                  "--dim", "64", "--heads", "2", "--hidden", "128", "-o", str(tmp_path / "o"),
                  *extra])
     assert code == 2 and capsys.readouterr().err.strip() == message
+
+
+@pytest.mark.parametrize("extra", [["--chips", "2"], ["--precision", "f16"],
+                                   ["--keep-f16", "1"], ["--save-tensors", "t"]])
+def test_a_recipe_refuses_what_it_chooses_itself(tmp_path: Path, capsys,
+                                                 extra: list[str]) -> None:
+    code = main(["--quiet", "fp8-recipe", "siglip-layer", "--blocks", "2", "--tokens", "16",
+                 "--dim", "64", "--heads", "2", "--hidden", "128", "--out",
+                 str(tmp_path / "r"), *extra])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        f"error: fp8-recipe takes no {extra[0]}: it chooses the kept layers and measures "
+        "all-F16, all-FP8 and the recipe on one chip itself")
+    assert not (tmp_path / "r").exists()
