@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ipu_stack.cli import main
-from ipu_stack.profile import load_profile
+from ipu_stack.profile import compare, load_profile
 from ipu_stack.util.errors import UsageError
 from tests.chromium import headless, rendered_dom
 from tests.helpers import Bench, bench
@@ -167,7 +167,11 @@ def test_profile_command_summarises_and_compares(profiled, tmp_path, cache_dir, 
     delta = traded["cycles"] - plain["cycles"]
     assert f"B - A = {delta:+d}" in text
     changed = [line for line in text.splitlines() if line.startswith("  stage")]
-    assert changed and all("->" in line for line in changed)
+    assert changed and all("->" in line or " only in " in line for line in changed)
+    # steps matched by name, kind and pass: their changes are the whole difference
+    rows = compare(load_profile(roomy / "profile" / "profile.json"),
+                   load_profile(tight / "profile" / "profile.json"))
+    assert sum(row["delta"] for row in rows) == delta and len(rows) == len(changed)
 
 
 def test_damaged_profiles_are_refused_with_one_line(profiled, tmp_path) -> None:

@@ -169,5 +169,8 @@ def load_profile(path: Path) -> Profile:
         return Profile(**fields, steps=steps)
     except UsageError:
         raise
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:  # a JSON file, but not a profile: name the field it lacks
+        raise UsageError(f"{path}: not a readable ipu-stack profile (no field {exc})") \
+            from None
+    except (OSError, ValueError, TypeError) as exc:
         raise UsageError(f"{path}: not a readable ipu-stack profile ({exc})") from None

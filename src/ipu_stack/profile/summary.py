@@ -143,19 +143,34 @@ def format_summary(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+def _by_step(profile: Profile) -> dict[tuple[str, str, int], Any]:
+    """A run's supersteps keyed by name, kind and which of that name and kind it is: a
+    GEMM's reduce is an exchange phase and a compute set of one name, and a layer loop
+    runs its steps once a pass."""
+    seen: dict[tuple[str, str], int] = {}
+    out = {}
+    for step in profile.supersteps:
+        count = seen[(step.name, step.kind)] = seen.get((step.name, step.kind), 0) + 1
+        out[(step.name, step.kind, count)] = step
+    return out
+
+
 def compare(a: Profile, b: Profile) -> list[dict[str, Any]]:
-    """Supersteps by name in both runs, with the change from ``a`` to ``b``; steps only one
-    run has show ``None`` for the other.  Unchanged steps are left out."""
-    first = {s.name: s.length for s in a.supersteps}
-    second = {s.name: s.length for s in b.supersteps}
-    labels = {s.name: s.label for s in a.supersteps + b.supersteps}
+    """Supersteps of both runs (by name, kind and pass), with the change from ``a`` to
+    ``b``; steps only one run has show ``None`` for the other.  Unchanged steps are left
+    out, so the rows' changes (syncs included) add up to the runs' difference."""
+    first, second = _by_step(a), _by_step(b)
     rows = []
-    for name in list(first) + [n for n in second if n not in first]:
-        x, y = first.get(name), second.get(name)
+    for key in list(first) + [k for k in second if k not in first]:
+        x = first[key].length if key in first else None
+        y = second[key].length if key in second else None
         if x == y:
             continue
         delta = (y or 0) - (x or 0)
-        rows.append({"name": name, "label": labels[name], "a": x, "b": y, "delta": delta,
+        name, kind, count = key
+        label = (first.get(key) or second[key]).label
+        rows.append({"name": f"{name} [{kind}{f' {count}' if count > 1 else ''}]",
+                     "label": label, "a": x, "b": y, "delta": delta,
                      "percent": None if not x or y is None else 100 * delta / x})
     return sorted(rows, key=lambda r: -abs(r["delta"]))
 
@@ -165,7 +180,7 @@ def format_compare(a: Profile, b: Profile) -> str:
     rows = compare(a, b)
     lines = [f"A {a.workload}: {a.cycles} cycles; B {b.workload}: {b.cycles} cycles; "
              f"B - A = {b.cycles - a.cycles:+d} ({100 * (b.cycles - a.cycles) / max(a.cycles, 1):+.2f} %)",
-             f"{len(rows)} supersteps differ:"]
+             f"{len(rows)} supersteps differ" + (":" if rows else "")]
     for r in rows:
         change = "only in B" if r["a"] is None else "only in A" if r["b"] is None else (
             f"{r['delta']:+d} ({r['percent']:+.1f} %) {'slower' if r['delta'] > 0 else 'faster'}")
