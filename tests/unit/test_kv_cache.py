@@ -167,6 +167,9 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
      "--prompt-tokens 2000000 and --new-tokens 4 fill 2000003 positions; a cache holds at "
      "most 1048576"),
     (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
+    # the one line is the reason, not a warning blaming the argmax before it
+    (["generate", "smollm2-135m", "--layers", "2", "--prompt-tokens", "8", "--new-tokens",
+      "4", "--chips", "3"], "cannot cut 2 layers into 3 groups"),
     (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
     (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),
     (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],

@@ -268,15 +268,18 @@ def compile_choosing(workload: Any, params: dict[str, Any], out: Path, options: 
                      given: str | None) -> Any:
     """Compile a program of the generation; where the device's argmax does not fit beside
     it (``--choose`` not given), the host chooses that program's tokens, said in one
-    warning line (each program's feed reads its own graph's output)."""
+    warning line (each program's feed reads its own graph's output).  Where the program
+    does not compile without the argmax either, that error is the one raised, and no
+    warning blames the argmax."""
     try:
         return compile_strategy(workload, params, out, options)
     except CompileError as why:
         if given is not None or params.get("choose") != "device":
             raise
+        compiled = compile_strategy(workload, {**params, "choose": "host"}, out, options)
         log.event(LOG, "the argmax on the device does not fit: the host chooses the tokens",
                   logging.WARNING, reason=str(why))
-        return compile_strategy(workload, {**params, "choose": "host"}, out, options)
+        return compiled
 
 
 def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Path,
