@@ -268,7 +268,14 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    if args.max_chips is not None and args.chips != 1:
+        raise UsageError("give --max-chips or --chips, not both (--max-chips searches the "
+                         "chip count)")
     if args.max_context is not None:  # the decode step's cache: one token a sequence
+        if is_program_path(args.workload) or "context" not in {
+                p.name for p in get_workload(args.workload).parameters}:
+            raise UsageError(f"--max-context searches a builtin decoder's KV cache; "
+                             f"{args.workload} has none to search")
         if args.tokens not in (None, 1):
             raise UsageError("--max-context searches a decode step: one token a sequence, "
                              "not --tokens")

@@ -46,6 +46,12 @@ BAD = [
     (["capacity", "siglip-mlp"], "one of the arguments --max-batch --max-blocks --max-layers "
                                  "--max-context --max-chips is required"),
     (["capacity", "siglip-mlp", "--max-batch", "0"], "--max-batch must be at least 1"),
+    (["capacity", "siglip-mlp", "--max-chips", "9"], "--max-chips 9: a C600 cluster holds 1 "
+                                                     "to 8 cards"),
+    (["capacity", "siglip-mlp", "--max-chips", "2", "--chips", "2"],
+     "give --max-chips or --chips, not both"),
+    (["capacity", "siglip-mlp", "--tokens", "16", "--max-context", "64"],
+     "--max-context searches a builtin decoder's KV cache; siglip-mlp has none to search"),
     (["bench", "siglip-mlp", "--images", "0"], "--images must be at least 1"),
     (["bench", "siglip-mlp", "--memory-proportion", "2"], "--memory-proportion must be in (0, 1]"),
     (["bench", "siglip-mlp", "--finalists", "0"], "--finalists must be at least 1"),
