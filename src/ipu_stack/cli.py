@@ -354,6 +354,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("sweep needs a WORKLOAD and -o DIR (or --summary DIR)")
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if args.address and args.engine != "ray":
+        raise UsageError("--address names a Ray cluster: give it with --engine ray")
     if is_program_path(args.workload):
         raise UsageError("sweep takes a builtin workload; run `bench MODEL.pt2` per point for "
                          "a torch program (its workers rebuild workloads by name)")

@@ -68,6 +68,8 @@ BAD = [
     (["bench", "siglip-mlp", "--strategy", "pipeline", "--groups", "0"],
      "--groups must be at least 1, got 0"),
     (["bench", "siglip-mlp", "--json", "--record"], "give --json or --record, not both"),
+    (["sweep", "siglip-mlp", "--grid", "batch=1,2", "-o", "{missing}", "--address", "x:1"],
+     "--address names a Ray cluster: give it with --engine ray"),
     (["-v", "bench", "siglip-mlp", "--quiet"], "give -v or --quiet, not both"),
 ]
 
