@@ -93,7 +93,8 @@ def format_recipe(record: dict[str, Any]) -> str:
              + ("" if record["found"] else " -- NOT FOUND: even these exceed --max-error"),
              f"  host error against float64: all-FP8 {record['allFp8HostError']:.4g}, recipe "
              f"{record['hostError']:.4g} (bound {record['maxError']:g}); "
-             f"{record['evaluations']} evaluations in {record['searchSeconds']} s"]
+             f"{record['evaluations']} evaluation{'s' if record['evaluations'] != 1 else ''} "
+             f"in {record['searchSeconds']} s"]
     for label, name in (("allF16", "all-F16"), ("allFp8", "all-FP8"), ("recipe", "recipe")):
         run = record[label]
         if "reason" in run:
