@@ -41,7 +41,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse-supersteps", action=argparse.BooleanOptionalAction,
                         default=True,
                         help="a decode step runs its independent stages side by side, their "
-                        "compute sets and exchange phases fused (default on; "
+                        "compute sets and exchange phases fused, and any other program fuses "
+                        "a step with the 8 supersteps before it (default on; "
                         "--no-fuse-supersteps runs one stage after another)")
     parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
                         help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "

@@ -244,7 +244,8 @@ class Attempts:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
         memory plans for a little less of it (``INTERLEAVED_RESERVE_STEP`` at a time, up to
         ``INTERLEAVED_RESERVE_MOST``), else it is lowered one stage after another from the
-        memory asked for; any program then plans for less memory in all
+        memory asked for; any other program whose steps were fused with their neighbours is
+        lowered unfused from the memory asked for; any program then plans for less memory in all
         (:func:`retry_proportion`) down to the floor, and where that leaves no plan, for
         the leanest plans, once.  Raises ``failure`` when nothing is left to try (where the
         leanest plans did not place, an error that says by how much)."""
@@ -272,6 +273,13 @@ class Attempts:
             self.proportion, self.tries = options.memory_proportion, 0
             self.failed_bytes, self.leanest = 1 << 62, False
             event(LOG, "lowering one stage after another: the side-by-side decode step "
+                  "did not place", reason=str(failure))
+            return
+        if placing and options.fuse_window and not side_by_side:
+            # steps fused with their neighbours keep buffers alive together: unfused first,
+            # before any plan for less memory (``lowering.fuse.NEIGHBOUR_WINDOW``)
+            self.options = dataclasses.replace(options, fuse_window=0)
+            event(LOG, "lowering without fusing neighbouring supersteps: the fused program "
                   "did not place", reason=str(failure))
             return
         if placing and self.leanest:

@@ -181,7 +181,8 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
 
     original = stages_module.place_storage
     placement_fails_on_call(monkeypatch, 1, "test: pretend the first placement does not fit")
-    retried = _compile(tmp_path, cache_dir, ATTENTION, "retried")
+    # unfused: a fused program's first retry is the same memory unfused (lowering.fuse)
+    retried = _compile(tmp_path, cache_dir, ATTENTION, "retried", fuse_window=0)
     first, second = _fields(info_logs, "select_finalist")
     assert int(first["scheduled_phases"]) > 0
     # the retry plans the same finalists with a little less memory (they fit): nothing is
@@ -196,7 +197,7 @@ def test_placement_retry_reuses_the_failed_attempts_schedules(tmp_path, cache_di
     assert proportion == MIN_PROPORTION and retry["short_bytes"] == "0"
     monkeypatch.setattr(stages_module, "place_storage", original)
     direct = _compile(tmp_path, cache_dir, ATTENTION, "direct", memory_proportion=proportion,
-                      reuse_schedules=False)
+                      reuse_schedules=False, fuse_window=0)
     assert retried == direct
 
 

@@ -94,14 +94,14 @@ def positions(run) -> dict[tuple, int]:
     return where
 
 
-@pytest.mark.parametrize("unroll", [False, True])
-def test_fusion_keeps_every_dependency_of_the_lowered_order(unroll: bool) -> None:
+@pytest.mark.parametrize(("unroll", "window"), [(False, 0), (True, 0), (False, 3)])
+def test_fusion_keeps_every_dependency_of_the_lowered_order(unroll: bool, window: int) -> None:
     program = lowered(False, unroll)
     original = list(program.run)
     steps = [s for s in original if not isinstance(s, Loop)]
     loops = [(original.index(s), s.length) for s in original if isinstance(s, Loop)]
     assert len(positions(original)) == len(steps)
-    fuse_supersteps(program)
+    fuse_supersteps(program, window)
     program.compute_lifetimes()
     verify_program(program, IPU21, "fused")
     where = positions(program.run)
@@ -147,11 +147,42 @@ def test_steps_join_the_earliest_superstep_after_what_they_need() -> None:
     assert [getattr(s, "name", "read") for s in out] == ["a+c", "b", "read", "d"]
 
 
-def test_the_device_computes_the_same_bytes_in_fewer_cycles(tmp_path) -> None:
+def test_a_window_keeps_a_step_among_the_last_supersteps() -> None:
+    """A chain a -> b -> c and a step e that needs none of it: unbounded, e joins a; with a
+    window of W supersteps, the earliest of the last W."""
+    def steps():
+        return [_copy("a", 0, 1), _copy("b", 1, 2), _copy("c", 2, 3), _copy("e", 10, 11, 7)]
+
+    assert [s.name for s in fuse_steps(steps())] == ["a+e", "b", "c"]
+    assert [s.name for s in fuse_steps(steps(), 2)] == ["a", "b+e", "c"]
+    assert [s.name for s in fuse_steps(steps(), 1)] == ["a", "b", "c+e"]
+
+
+TOWER = {"blocks": 2, "tokens": 16, "dim": 64, "hidden": 128, "heads": 2}
+TOWER_ARGS = ["siglip-layer", "--blocks", "2", "--tokens", "16", "--dim", "64", "--hidden",
+              "128", "--heads", "2", "--finalists", "1"]
+
+
+def test_a_tower_that_does_not_place_fused_is_lowered_unfused(tmp_path, monkeypatch,
+                                                              caplog) -> None:
+    """Steps fused with their neighbours keep buffers alive together: where that does not
+    place, the same compile lowers the program unfused before it plans for less memory."""
+    tried, options = _compile_refusing(
+        tmp_path, monkeypatch, caplog, lambda o: PlacementError(
+            "placement failed: fused, for this test") if o.fuse_window else None,
+        "siglip-layer", TOWER)
+    assert [o.fuse_window for o in tried] == [8, 0]
+    assert [o.memory_proportion for o in tried] == [1.0, 1.0]
+    assert "the fused program did not place" in caplog.text
+    assert options["fuse_window"] == 0
+
+
+@pytest.mark.parametrize("args", [ARGS, TOWER_ARGS], ids=["decode step", "tower"])
+def test_the_device_computes_the_same_bytes_in_fewer_cycles(tmp_path, args) -> None:
     records, outputs = [], []
     for flag in ("--fuse-supersteps", "--no-fuse-supersteps"):
         folder = tmp_path / flag
-        code, out, err = cli(["bench", *ARGS, flag, "--json", "--out", str(folder / "pkg"),
+        code, out, err = cli(["bench", *args, flag, "--json", "--out", str(folder / "pkg"),
                               "--save-tensors", str(folder / "tensors")])
         assert code == 0, err
         records.append(json.loads(out.strip().splitlines()[-1]))
@@ -217,9 +248,11 @@ def test_side_by_side_plans_that_do_not_fit_leave_the_others(monkeypatch, caplog
     assert "the side-by-side plans do not fit" in caplog.text
 
 
-def _compile_refusing(tmp_path, monkeypatch, caplog, refuse) -> tuple[list, dict]:
-    """The small decode step compiled with its placement refused where ``refuse(options)``
-    gives an error: each try's options, and the package's options record."""
+def _compile_refusing(tmp_path, monkeypatch, caplog, refuse, name: str = "smollm2-135m",
+                      params: dict | None = None) -> tuple[list, dict]:
+    """The small decode step (or workload ``name`` at ``params``) compiled with its
+    placement refused where ``refuse(options)`` gives an error: each try's options, and the
+    package's options record."""
     place = pipeline.lower_and_place
     tried: list[CompileOptions] = []
 
@@ -232,10 +265,10 @@ def _compile_refusing(tmp_path, monkeypatch, caplog, refuse) -> tuple[list, dict
         return placed
 
     monkeypatch.setattr(pipeline, "lower_and_place", placing)
-    workload = get_workload("smollm2-135m")
+    workload = get_workload(name)
     with caplog.at_level("INFO", logger="ipu_stack.package.build"):
-        result = pipeline.compile_workload(workload, workload.resolve(STEP), tmp_path,
-                                           CompileOptions(finalists=1))
+        result = pipeline.compile_workload(workload, workload.resolve(params or STEP),
+                                           tmp_path, CompileOptions(finalists=1))
     return tried, load_package(result.package).manifest["options"]
 
 

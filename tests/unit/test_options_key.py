@@ -25,7 +25,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(CompileOptions)}
 RECORD = ("target", "finalists", "diagnostics", "memory_proportion", "paired_exchange",
           "gemm_mode", "share_layers")
 RECORD_WHEN_SET = ("tiles", "support_reserve", "interleaved_reserve", "strategy", "groups",
-                   "chips", "fuse_supersteps", "lean_table_rows")
+                   "chips", "fuse_supersteps", "fuse_window", "lean_table_rows")
 UNRECORDED = ("slack",)
 NOT_IN_THE_PACKAGE = ("cache_dir", "reuse_schedules", "exchange_cache", "dump_stages",
                       "verify_stages")

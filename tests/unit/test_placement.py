@@ -287,6 +287,8 @@ def test_attempts_remember_a_placement_failure_and_plan_for_less_memory() -> Non
     attempt = Attempts(CompileOptions(), 1.0, 0.45, 500_000)
     failure = PlacementError("test")
     failure.planned_bytes, failure.shortfall = 490_000, 1_664
+    attempt.after(failure, build)  # first the same memory, unfused (lowering.fuse)
+    assert attempt.options.fuse_window == 0 and attempt.proportion == 1.0
     attempt.after(failure, build)
     assert attempt.placement_failed and attempt.proportion < 1.0 and attempt.tries == 1
     assert attempt.options.lean_table_rows == 0
@@ -313,7 +315,7 @@ def test_attempts_try_the_leanest_plans_when_less_memory_leaves_none() -> None:
     capacity = target.memory_end - target.memory_base
     build = SimpleNamespace(plans=[], target=target)
     usable = 500_000
-    attempt = Attempts(CompileOptions(), 1.0, 0.45, usable)
+    attempt = Attempts(CompileOptions(fuse_window=0), 1.0, 0.45, usable)
     failure = PlacementError("first plans")
     failure.planned_bytes, failure.shortfall = 490_000, 250_000
     attempt.after(failure, build)

@@ -56,13 +56,15 @@ def lower(
     loop: LayerLoop | None = None,
     fuse: bool = True,
     multicast_gathers: bool = False,
+    window: int = 0,
 ) -> Program:
     """The whole program for ``graph`` under the chosen stage plans (``paired``: lay GEMM
     grids out for the paired-tiles exchange option), with a probe read of every stage result
     that is not a graph output.  With ``loop``, ``plans`` are the compact stages
     (:meth:`LayerLoop.compact`) and the loop's body is lowered once (``lowering.loop``).
     With ``fuse``, a decode step (:func:`decode_step`) runs its independent stages side by
-    side: each GEMM grid after the one before, and the steps fused (``lowering.fuse``).
+    side: each GEMM grid after the one before, and the steps fused (``lowering.fuse``);
+    any other program's steps are fused within ``window`` supersteps (0: not at all).
     With ``multicast_gathers``, an all-gather among many tiles stays multicasts
     (``lowering.gemm_stage.MULTICAST_GATHER_PEERS``): fewer exchange-table entries."""
     lowering = Lowering(graph, target, paired)
@@ -102,6 +104,8 @@ def lower(
     program = lowering.program
     if lowering.spread:
         fuse_supersteps(program)
+    elif fuse and window:
+        fuse_supersteps(program, window)
     program.compute_lifetimes()
     end = len(program.initialize) + len(program.run) - 1
     for step in program.initialize:

@@ -251,7 +251,8 @@ def lower_and_schedule_finalists(build: Build) -> Fields:
         program = lower(build.graph, list(zip(build.stages, plans, strict=True)), build.target,
                         paired=options.paired_exchange, loop=build.loop,
                         fuse=options.fuse_supersteps,
-                        multicast_gathers=options.lean_table_rows > 0)
+                        multicast_gathers=options.lean_table_rows > 0,
+                        window=options.fuse_window)
         schedules = schedule_program(program, build.target, memo, options.paired_exchange)
         phases += len(schedules)
         estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))

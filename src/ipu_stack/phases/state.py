@@ -21,6 +21,7 @@ from ipu_stack.contract import DeviceProgram
 from ipu_stack.exchange import Schedule, ScheduleMemo
 from ipu_stack.ir.graph import Graph
 from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.lowering.fuse import NEIGHBOUR_WINDOW
 from ipu_stack.lowering.program import Program
 from ipu_stack.memory.placement import Placement
 from ipu_stack.planning.fit import SUPPORT_RESERVE, MemoryBudget, planned_cycles
@@ -80,6 +81,9 @@ class CompileOptions:
     # a decode step runs its independent stages side by side (``lowering.fuse``); off
     # (``--no-fuse-supersteps``) for one stage after another, as every other program runs
     fuse_supersteps: bool = _marked(True, WHEN_SET)
+    # any other program fuses a step with the last few supersteps (``lowering.fuse``); 0
+    # where that program did not place (``pipeline.Tries``)
+    fuse_window: int = _marked(NEIGHBOUR_WINDOW, WHEN_SET)
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
     tiles: int = _marked(0, WHEN_SET)  # plan for this many of the chip's tiles; 0: all
