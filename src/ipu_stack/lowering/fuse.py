@@ -38,7 +38,7 @@ from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program, Step
 # 8 4,855,004; 12, 20 and no bound do not place (a tile's partials of several stages
 # together).  At 8 SigLIP so400m takes 6,340,609 (6,391,856) and the CLIP text encoder at
 # batch 4 1,327,253 (1,350,180).  A program that does not place so is lowered unfused
-# (``pipeline.Tries``).
+# (``pipeline.Attempts``).
 NEIGHBOUR_WINDOW = 8
 
 

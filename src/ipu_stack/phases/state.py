@@ -79,10 +79,10 @@ class CompileOptions:
     # docs/machine.md).  On by default; off (``--no-paired-exchange``) for one-lane phases
     paired_exchange: bool = True
     # a decode step runs its independent stages side by side (``lowering.fuse``); off
-    # (``--no-fuse-supersteps``) for one stage after another, as every other program runs
+    # (``--no-fuse-supersteps``) for one stage after another, and every program unfused
     fuse_supersteps: bool = _marked(True, WHEN_SET)
     # any other program fuses a step with the last few supersteps (``lowering.fuse``); 0
-    # where that program did not place (``pipeline.Tries``)
+    # where that program did not place (``pipeline.Attempts``)
     fuse_window: int = _marked(NEIGHBOUR_WINDOW, WHEN_SET)
     gemm_mode: str = "auto"  # auto (the planner picks per stage), fp8 or f16
     share_layers: bool = True  # identical consecutive layers run as one loop body
