@@ -275,7 +275,9 @@ class Attempts:
             event(LOG, "lowering one stage after another: the side-by-side decode step "
                   "did not place", reason=str(failure))
             return
-        if placing and options.fuse_window and not side_by_side:
+        # the program that did not place was fused (the finalists' choice may have been
+        # the unfused lowering: then there is nothing to take back)
+        if placing and getattr(build, "options", options).fuse_window and not side_by_side:
             # steps fused with their neighbours keep buffers alive together: unfused first,
             # before any plan for less memory (``lowering.fuse.NEIGHBOUR_WINDOW``)
             self.options = dataclasses.replace(options, fuse_window=0)

@@ -241,33 +241,43 @@ def choose_fitting_plans(build: Build) -> Fields:
 
 
 def lower_and_schedule_finalists(build: Build) -> Fields:
-    """Lower every finalist, schedule its exchanges physically, keep the cheapest."""
+    """Lower every finalist, schedule its exchanges physically, keep the cheapest.  A
+    program fused with its neighbours (``options.fuse_window``) is also lowered unfused: a
+    fused phase may schedule above its parts' bounds, so fusion is kept only where the
+    estimate of what it schedules is lower (the package's options then say which)."""
     assert build.graph is not None
     options, memo = build.options, build.memo
     best = None
     before = memo.counts() if memo is not None else {}
     phases = 0
     for index, plans in enumerate(build.finalists):
-        program = lower(build.graph, list(zip(build.stages, plans, strict=True)), build.target,
-                        paired=options.paired_exchange, loop=build.loop,
-                        fuse=options.fuse_supersteps,
-                        multicast_gathers=options.lean_table_rows > 0,
-                        window=options.fuse_window)
-        schedules = schedule_program(program, build.target, memo, options.paired_exchange)
-        phases += len(schedules)
-        estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))
-        event(
-            LOG, "scheduled operator-plan finalist", finalist=index,
-            analytical_cycles=estimate["analytical_cycles"],
-            analytical_exchange_cycles=estimate["analytical_exchange_cycles"],
-            scheduled_exchange_cycles=estimate["scheduled_exchange_cycles"],
-            refined_cycles=estimate["cycles"],
-        )
-        if best is None or estimate["cycles"] < best[3]["cycles"]:
-            best = (index, plans, program, estimate, schedules)
+        staged = list(zip(build.stages, plans, strict=True))
+        windows = [options.fuse_window]
+        if options.fuse_window and options.fuse_supersteps and not decode_step(build.graph,
+                                                                                  staged):
+            windows.append(0)
+        for window in windows:
+            program = lower(build.graph, staged, build.target, paired=options.paired_exchange,
+                            loop=build.loop, fuse=options.fuse_supersteps,
+                            multicast_gathers=options.lean_table_rows > 0, window=window)
+            schedules = schedule_program(program, build.target, memo, options.paired_exchange)
+            phases += len(schedules)
+            estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))
+            event(
+                LOG, "scheduled operator-plan finalist", finalist=index, fuse_window=window,
+                analytical_cycles=estimate["analytical_cycles"],
+                analytical_exchange_cycles=estimate["analytical_exchange_cycles"],
+                scheduled_exchange_cycles=estimate["scheduled_exchange_cycles"],
+                refined_cycles=estimate["cycles"],
+            )
+            if best is None or estimate["cycles"] < best[3]["cycles"]:
+                best = (index, plans, program, estimate, schedules, window)
     assert best is not None
-    selected, build.plans, build.program, build.estimate, build.schedules = best
-    event(LOG, "selected physically scheduled operator-plan finalist", selected=selected)
+    selected, build.plans, build.program, build.estimate, build.schedules, window = best
+    if window != options.fuse_window:  # the package says how it was lowered
+        build.options = dataclasses.replace(options, fuse_window=window)
+    event(LOG, "selected physically scheduled operator-plan finalist", selected=selected,
+          fuse_window=window)
     return reuse_fields(phases, before, memo)
 
 
