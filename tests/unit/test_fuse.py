@@ -348,3 +348,30 @@ def test_a_decode_step_short_of_interleaved_memory_plans_for_less_of_it(
     assert options["interleaved_reserve"] == 2 * step and "fuse_supersteps" not in options
     whole, less = (MemoryBudget.for_target(IPU21, 1.0, interleaved_reserve=r) for r in (0, step))
     assert (whole.interleaved - less.interleaved, whole.bytes) == (step, less.bytes)
+
+
+def test_the_unfused_lowering_is_kept_where_its_schedule_is_cheaper(tmp_path, monkeypatch,
+                                                                    caplog) -> None:
+    """Every finalist of a tower is lowered fused and unfused; the cheaper estimate wins
+    and the package's options say which (here the fused one is made to cost more)."""
+    lowered_with: list[int] = []
+    real_lower, real_estimate = compile_stages.lower, compile_stages.refined_estimate
+
+    def lowering(*args, window: int = 0, **kwargs):
+        program = real_lower(*args, window=window, **kwargs)
+        lowered_with.append(window)
+        program.fused_for_this_test = window
+        return program
+
+    def estimating(plans, program, *rest):
+        estimate = dict(real_estimate(plans, program, *rest))
+        estimate["cycles"] += 10**6 if program.fused_for_this_test else 0
+        return estimate
+
+    monkeypatch.setattr(compile_stages, "lower", lowering)
+    monkeypatch.setattr(compile_stages, "refined_estimate", estimating)
+    _, options = _compile_refusing(tmp_path, monkeypatch, caplog, lambda o: None,
+                                   "siglip-layer", TOWER)
+    assert lowered_with[:2] == [8, 0] and options["fuse_window"] == 0
+    assert "selected physically scheduled operator-plan finalist selected=0 fuse_window=0" \
+        in caplog.text
