@@ -244,11 +244,12 @@ class Attempts:
         """The next try after ``failure``: a side-by-side decode step short of interleaved
         memory plans for a little less of it (``INTERLEAVED_RESERVE_STEP`` at a time, up to
         ``INTERLEAVED_RESERVE_MOST``), else it is lowered one stage after another from the
-        memory asked for; any other program whose steps were fused with their neighbours is
-        lowered unfused from the memory asked for; any program then plans for less memory in all
+        memory asked for; any program then plans for less memory in all
         (:func:`retry_proportion`) down to the floor, and where that leaves no plan, for
-        the leanest plans, once.  Raises ``failure`` when nothing is left to try (where the
-        leanest plans did not place, an error that says by how much)."""
+        the leanest plans, once; where those or the floor do not place a program fused with
+        its neighbours, the compile starts over unfused.  Raises ``failure`` when nothing is
+        left to try (where the leanest plans did not place, an error that says by how
+        much)."""
         options = self.options
         placing = isinstance(failure, PlacementError)
         self.placement_failed |= placing
@@ -275,13 +276,15 @@ class Attempts:
             event(LOG, "lowering one stage after another: the side-by-side decode step "
                   "did not place", reason=str(failure))
             return
-        # the program that did not place was fused (the finalists' choice may have been
-        # the unfused lowering: then there is nothing to take back)
-        if placing and getattr(build, "options", options).fuse_window and not side_by_side:
-            # steps fused with their neighbours keep buffers alive together: unfused first,
-            # before any plan for less memory (``lowering.fuse.NEIGHBOUR_WINDOW``)
+        # where the fused chain is spent (the leanest plans, or the floor, did not place a
+        # fused program), the compile starts over unfused: steps fused with their
+        # neighbours keep buffers alive together (``lowering.fuse.NEIGHBOUR_WINDOW``)
+        if placing and getattr(build, "options", options).fuse_window and not side_by_side \
+                and (self.leanest or self.proportion <= self.floor):
             self.options = dataclasses.replace(options, fuse_window=0)
-            event(LOG, "lowering without fusing neighbouring supersteps: the fused program "
+            self.proportion, self.tries = options.memory_proportion, 0
+            self.failed_bytes, self.leanest = 1 << 62, False
+            event(LOG, "lowering without fusing neighbouring supersteps: the fused programs "
                   "did not place", reason=str(failure))
             return
         if placing and self.leanest:

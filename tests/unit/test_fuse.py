@@ -165,15 +165,17 @@ TOWER_ARGS = ["siglip-layer", "--blocks", "2", "--tokens", "16", "--dim", "64", 
 
 def test_a_tower_that_does_not_place_fused_is_lowered_unfused(tmp_path, monkeypatch,
                                                               caplog) -> None:
-    """Steps fused with their neighbours keep buffers alive together: where that does not
-    place, the same compile lowers the program unfused before it plans for less memory."""
+    """Steps fused with their neighbours keep buffers alive together: where no fused
+    program places, down to the floor, the compile starts over unfused from the memory
+    asked for."""
     tried, options = _compile_refusing(
         tmp_path, monkeypatch, caplog, lambda o: PlacementError(
             "placement failed: fused, for this test") if o.fuse_window else None,
         "siglip-layer", TOWER)
-    assert [o.fuse_window for o in tried] == [8, 0]
-    assert [o.memory_proportion for o in tried] == [1.0, 1.0]
-    assert "the fused program did not place" in caplog.text
+    assert len(tried) > 2 and all(o.fuse_window == 8 for o in tried[:-1])
+    assert tried[1].memory_proportion < 1.0  # the fused chain plans for less memory first
+    assert tried[-1].fuse_window == 0 and tried[-1].memory_proportion == 1.0
+    assert "the fused programs did not place" in caplog.text
     assert options["fuse_window"] == 0
 
 

@@ -287,8 +287,6 @@ def test_attempts_remember_a_placement_failure_and_plan_for_less_memory() -> Non
     attempt = Attempts(CompileOptions(), 1.0, 0.45, 500_000)
     failure = PlacementError("test")
     failure.planned_bytes, failure.shortfall = 490_000, 1_664
-    attempt.after(failure, build)  # first the same memory, unfused (lowering.fuse)
-    assert attempt.options.fuse_window == 0 and attempt.proportion == 1.0
     attempt.after(failure, build)
     assert attempt.placement_failed and attempt.proportion < 1.0 and attempt.tries == 1
     assert attempt.options.lean_table_rows == 0
