@@ -363,16 +363,14 @@ def _resident_then_streamed(tmp_path, cache_dir, monkeypatch, params: dict, tili
                             **option_fields):
     """siglip-layer at ``params`` compiled and run twice, every weight GEMM forced to the
     first of ``tilings`` (``(r, c, d, mode)``) that fits, with its weights resident and then
-    streamed: the two packages and the two runs' outputs (each run passed).  Unfused
-    (``fuse_window=0``): each stage's phases keep their own names and schedules."""
+    streamed, unfused (each stage's own phases): the packages and outputs (each passed)."""
     import ipu_stack.phases.stages as stages
     from ipu_stack.pipeline import compile_workload
     from ipu_stack.runtime.execute import run_package
 
     workload = get_workload("siglip-layer")
     resolved = workload.resolve(params)
-    options = CompileOptions(cache_dir=str(cache_dir), finalists=1,
-                             **{"fuse_window": 0, **option_fields})
+    options = CompileOptions(cache_dir=str(cache_dir), finalists=1, **{"fuse_window": 0, **option_fields})
     search = stages.gemm_search
 
     def fixed(streamed: bool):
