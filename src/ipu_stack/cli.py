@@ -80,11 +80,16 @@ def parse_workload(name: str, argv: list[str]) -> tuple[Any, dict[str, Any]]:
     return _params(build_parser().parse_args(["compile", name, "-o", "-", *argv]))
 
 
-def _options(args: argparse.Namespace) -> CompileOptions:
+def _check_search(args: argparse.Namespace) -> None:
+    """The planner's search options, as compile and sweep take them."""
     if args.finalists < 1:
         raise UsageError("--finalists must be at least 1")
     if not 0 < args.memory_proportion <= 1:
         raise UsageError("--memory-proportion must be in (0, 1]")
+
+
+def _options(args: argparse.Namespace) -> CompileOptions:
+    _check_search(args)
     defaults = CompileOptions()
     return CompileOptions(
         target=args.target, finalists=args.finalists, diagnostics=args.diagnostics,
@@ -360,10 +365,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("sweep takes a builtin workload; run `bench MODEL.pt2` per point for "
                          "a torch program (its workers rebuild workloads by name)")
     workload, params = _params(args)
-    if args.finalists < 1:
-        raise UsageError("--finalists must be at least 1")
-    if not 0 < args.memory_proportion <= 1:
-        raise UsageError("--memory-proportion must be in (0, 1]")
+    _check_search(args)
     options = CompileOptions(finalists=args.finalists, memory_proportion=args.memory_proportion,
                              cache_dir=args.cache_dir or CompileOptions().cache_dir)
     points = expand(workload.name, parse_grid(args.grid), params, options)
