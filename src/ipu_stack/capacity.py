@@ -139,11 +139,7 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
     """The fewest chips (1 to ``limit``) the workload fits: one chip when the layers
     strategy compiles there, more when a pipeline over that many chips compiles.  Counts
     whose tile memory cannot even hold the weights once are refused without a compile."""
-    try:  # --max-chips in range, or one line why not
-        get_system(options.target, limit)
-    except UsageError as exc:
-        raise UsageError(str(exc).replace(f"--chips {limit}", f"--max-chips {limit}")) \
-            from None
+    get_system(options.target, limit, "--max-chips")  # in range, or one line why not
     start = time.perf_counter()
     chip = options.machine()
     memory = chip.tiles * (chip.memory_end - chip.memory_base)

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from ipu_stack import __version__
+from ipu_stack.phases.state import GEMM_MODES, STRATEGIES
 from ipu_stack.runtime.engines import ENGINES
 from ipu_stack.util.arguments import OneLineParser
 from ipu_stack.workloads import REGISTRY
@@ -44,7 +45,7 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "compute sets and exchange phases fused, and any other program fuses "
                         "a step with the 8 supersteps before it (default on; "
                         "--no-fuse-supersteps runs one stage after another)")
-    parser.add_argument("--gemm-mode", choices=("auto", "fp8", "f16"), default="auto",
+    parser.add_argument("--gemm-mode", choices=GEMM_MODES, default="auto",
                         help="GEMM mode: native FP8 with FP16 partials, F16 with F32 partials "
                         "(FP8 data cast first), or auto (the planner picks per stage)")
     parser.add_argument("--exchange-cache", action="store_true",
@@ -52,7 +53,7 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-stages", metavar="DIR", default=None,
                         help="write each compile stage's artifact into DIR (graph text, plans, "
                         "program, kernels, placement summary, device program)")
-    parser.add_argument("--strategy", choices=("layers", "pipeline", "auto"), default=None,
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="layers (the default on one chip): every layer over the whole "
                         "chip, one after another (the batch-1 latency answer); pipeline (the "
                         "default over several chips): consecutive layers on tile groups, "

@@ -52,6 +52,10 @@ def _marked(default: Any, how: str) -> Any:
     return field(default=default, metadata={ROLE: how})
 
 
+GEMM_MODES = ("auto", "fp8", "f16")  # CompileOptions.gemm_mode: the planner picks, or one
+STRATEGIES = ("layers", "pipeline", "auto")  # CompileOptions.strategy
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     """Frozen compile options.  Each field's role (``ROLE`` in its metadata) says whether it

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipu_stack import __version__
-from ipu_stack.phases.state import CompileOptions
+from ipu_stack.phases.state import GEMM_MODES, STRATEGIES, CompileOptions
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads import get_workload
 
 # each compile option's values as the command line checks them (``cli``): a grid value
 # the command line would refuse is refused before any point runs
-CHOICES: dict[str, tuple[str, ...]] = {"gemm-mode": ("auto", "fp8", "f16"),
-                                       "strategy": ("layers", "pipeline", "auto")}
+CHOICES: dict[str, tuple[str, ...]] = {"gemm-mode": GEMM_MODES, "strategy": STRATEGIES}
 LEAST: dict[str, int] = {"finalists": 1, "groups": 1, "chips": 1}
 
 OPTIONS: dict[str, tuple[str, type]] = {
@@ -108,11 +107,7 @@ def option_value(name: str, text: str) -> Any:
     if name in LEAST and value < LEAST[name]:
         raise UsageError(f"--grid {name}: {value} is below {LEAST[name]}")
     if name == "chips":  # a cluster's card count, or one line why not
-        try:
-            get_system("ipu21", value)
-        except UsageError as exc:
-            raise UsageError(str(exc).replace(f"--chips {value}", f"--grid chips: {value}"))\
-                from None
+        get_system("ipu21", value, "--grid chips:")
     if name == "memory-proportion" and not 0 < value <= 1:
         raise UsageError(f"--grid memory-proportion: {value} is not in (0, 1]")
     return value

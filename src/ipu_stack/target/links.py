@@ -44,11 +44,12 @@ class System:
                 **{k: f.value for k, f in LINK_FACTS.items()}}
 
 
-def get_system(target: str, chips: int) -> System:
-    """``chips`` cards of ``target``, or a one-line reason that cannot be built."""
+def get_system(target: str, chips: int, option: str = "--chips") -> System:
+    """``chips`` cards of ``target``, or a one-line reason that cannot be built, naming the
+    ``option`` that gave the count."""
     cards = int(LINK_FACTS["max_cards"].value)
     if not 1 <= chips <= cards:
-        raise UsageError(f"--chips {chips}: a C600 cluster holds 1 to {cards} cards")
+        raise UsageError(f"{option} {chips}: a C600 cluster holds 1 to {cards} cards")
     return System(get_target(target), chips)
 
 
