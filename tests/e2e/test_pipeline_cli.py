@@ -181,3 +181,24 @@ def test_sweep_takes_the_strategy_as_an_axis(tmp_path, cache_dir):
     assert records["layers"]["latencyMicroseconds"] == records["layers"]["deviceMicroseconds"]
     page = (out / "sweep.html").read_text()
     assert "pipeline" in page and "layers" in page
+
+
+def test_a_compile_over_an_older_pipeline_removes_its_group_programs(piped, tmp_path,
+                                                                      cache_dir):
+    """The layers program compiled into the pipeline's folder leaves no group program
+    beside it that the new package does not hold; other files stay."""
+    import shutil
+
+    out = tmp_path / "pkg"
+    shutil.copytree(piped.folder / "pkg", out)
+    (out / "group7").mkdir()
+    (out / "group7" / "notes.txt").write_text("not a program")
+    (out / "group1.notes").mkdir()
+    (out / "group1.notes" / "model.ipuexe").write_bytes(b"kept: not a program's folder name")
+    assert (out / "group0" / "model.ipuexe").is_file()
+    code, _, err = cli(["compile", "siglip-vision", *TOWER, "--strategy", "layers",
+                        "-o", str(out), "--cache-dir", str(cache_dir), "-v"])
+    assert code == 0, err[-3000:]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name.startswith("group")) \
+        == ["group1.notes", "group7"]
+    assert "stale group programs removed" in err and 'programs="group0,group1"' in err

@@ -37,6 +37,7 @@ from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.frontend.options import program_parameters
+from ipu_stack.frontend.sizing import program_footprint
 from ipu_stack.frontend.step import (
     CacheStep,
     cache_step,
@@ -564,6 +565,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         name=NAME, description=f"{kind} {label}", parameters=parameters or program_parameters(),
         build=build, identifier=identifier, benchmark_fields=fields,
         program=None if shaped.releasable else program,
+        footprint=lambda params: program_footprint(shaped.at(params), params["precision"]),
         imports=holder, reference_source=reference.source, source_gemms=source_gemms,
         step=step, step_inputs=None if step is None else step_feed(
             step, lambda: imported_at(step.tokens).converted.inputs),

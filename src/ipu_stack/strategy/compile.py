@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +76,8 @@ from ipu_stack.workloads.footprint import check_fits
 
 LOG = logging.getLogger("ipu_stack.strategy")
 STRATEGIES = ("layers", "pipeline", "auto")
+GROUP_FOLDER = re.compile(r"group[0-9]+(\.aligned)?")
+"""The name of a folder a group's program is compiled into (``_compile_programs``)."""
 CANDIDATE_MIN_PROPORTION = 0.8
 """How far a candidate grouping that does not place may retry with less memory before the
 next candidate is tried (the last one tried gets every retry)."""
@@ -432,6 +436,33 @@ def _step_estimate(compiled: list[CompileResult], handoffs: tuple[Handoff, ...],
 
 def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
                      options: CompileOptions, images: int | None = None) -> StrategyResult:
+    """Compile (``_compile_strategy``) and remove the group programs in ``out_dir`` that the
+    package does not hold: a folder compiled before with another grouping (or strategy)
+    would otherwise sit beside the new package as if it were one of its parts."""
+    result = _compile_strategy(workload, params, out_dir, options, images)
+    remove_stale_programs(Path(out_dir), {Path(c.package).parent.name for c in result.compiled})
+    return result
+
+
+def remove_stale_programs(out_dir: Path, kept: set[str]) -> list[str]:
+    """Remove ``out_dir``'s group program folders (``group<N>``, ``group<N>.aligned``,
+    holding a ``model.ipuexe``) not named in ``kept``; return their names.  Only folders of
+    that shape are touched: nothing else a user keeps in an output folder is removed."""
+    removed = []
+    for folder in sorted(out_dir.glob("group*")):
+        if folder.name in kept or not GROUP_FOLDER.fullmatch(folder.name) \
+                or folder.is_symlink() or not (folder / "model.ipuexe").is_file():
+            continue
+        shutil.rmtree(folder)
+        removed.append(folder.name)
+    if removed:
+        event(LOG, "stale group programs removed", folder=str(out_dir),
+              programs=",".join(removed))
+    return removed
+
+
+def _compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
+                      options: CompileOptions, images: int | None = None) -> StrategyResult:
     """Compile with ``options.strategy``: ``layers`` (one program over the chip),
     ``pipeline`` (layer groups; ``options.groups`` of them, or the planner's choice, of at
     most ``images`` groups a chip when a run will stream that many) or ``auto`` (both; the

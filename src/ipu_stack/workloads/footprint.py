@@ -13,6 +13,7 @@ that passes may still not fit, which the planner then says with the fullest tile
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ipu_stack.target import Target, get_target
@@ -95,8 +96,9 @@ def chip_bytes(target: Target) -> int:
 def check_fits(workload: Any, params: dict[str, Any], target: str, chips: int) -> None:
     """Before a workload is built: refuse it when its least memory cannot fit ``chips``
     chips (a workload without a footprint, an imported program, is built to be sized)."""
-    if workload.footprint is not None:
-        check_footprint(workload.name, workload.footprint(params), target, chips)
+    if workload.footprint is not None:  # an imported model is named by its file
+        name = Path(params["model"]).name if params.get("model") else workload.name
+        check_footprint(name, workload.footprint(params), target, chips)
 
 
 def check_footprint(name: str, footprint: Footprint, target: str, chips: int) -> None:

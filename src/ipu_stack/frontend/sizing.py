@@ -1,0 +1,63 @@
+"""The least memory an imported program needs, read from its exported graph before any of it
+is imported or run.
+
+An imported model's size is known only once its file is sized (``--batch``, ``--tokens``):
+a builtin's footprint comes from its parameters, an import's from the shapes torch.export
+recorded on every node.  Without this bound a batch of a million is imported, checked in
+float64 against torch or onnxruntime and planned (minutes and tens of gigabytes of host
+arrays) before the planner finds that no tiling fits; with it the compile refuses in one
+line at once.
+
+The bound is a floor, never an estimate: each used weight at one byte an element in FP8
+(two in F16), and the largest product's activation operands (the same size) and its result
+(F16: every product the importer builds writes F16, ``frontend/linear.py``) alive together.
+Views, broadcasts and element-wise results are not counted (the lowering may never hold them
+whole), so a program refused here cannot fit however it is planned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ipu_stack.frontend.convert import op_name
+from ipu_stack.workloads.footprint import Footprint
+
+PRODUCTS = frozenset({"aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.bmm",
+                      "aten.baddbmm", "aten.conv2d", "aten.convolution"})
+"""The operations the importer lowers to GEMMs: their operands and result are materialised."""
+RESULT_BYTES = 2
+"""A product's result element: F16 at every precision."""
+
+
+def _elements(node: Any) -> int | None:
+    """Elements of the tensor ``node`` produces, or None where the export recorded no static
+    tensor shape (a tuple result, a symbolic size)."""
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    shape = getattr(value, "shape", None)
+    if shape is None or not all(isinstance(s, int) for s in shape):
+        return None
+    return math.prod(shape)
+
+
+def program_footprint(program: Any, precision: str) -> Footprint:
+    """A floor on the bytes ``program`` (an ``ExportedProgram`` at static shapes) needs on
+    the device at ``precision``: its used weights, state buffers and constants, and the
+    largest product's activation operands with its result."""
+    size = 1 if precision == "fp8" else 2
+    held = {spec.arg.name for spec in program.graph_signature.input_specs
+            if spec.kind.name != "USER_INPUT"}
+    weight_bytes, largest, what = 0, 0, "no product's operands"
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in held and node.users:
+            weight_bytes += (_elements(node) or 0) * size
+        elif node.op == "call_function" and op_name(node.target) in PRODUCTS:
+            operands = {a.name: _elements(a) for a in node.args
+                        if hasattr(a, "op") and a.name not in held}
+            together = sum(n or 0 for n in operands.values()) * size \
+                + (_elements(node) or 0) * RESULT_BYTES
+            if together > largest:
+                largest = together
+                shape = "x".join(str(s) for s in getattr(node.meta.get("val"), "shape", ()))
+                what = f"{op_name(node.target)} {node.name}'s operands and {shape} result"
+    return Footprint(weight_bytes, largest, what, 1, "", weight_bytes)
