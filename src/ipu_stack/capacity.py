@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ipu_stack.ir.graph import POSITION_GRAIN
 from ipu_stack.memory.categories import describe
 from ipu_stack.package import read_package
 from ipu_stack.pipeline import CompileOptions, compile_workload
@@ -76,7 +77,9 @@ def probe_capacity(
     options: CompileOptions,
 ) -> CapacityResult:
     """Search ``parameter`` (``batch``, ``blocks``, ``layers`` or a decoder's ``context``) in
-    ``[1, limit]``."""
+    ``[1, limit]``.  A context is searched in whole blocks of ``ir.graph.POSITION_GRAIN``
+    positions: the cache is sized in them, so two contexts in one block compile the same
+    program, and a probe between them would repeat a compile."""
     if parameter not in params:
         raise UsageError(f"--max-{parameter}: workload {workload.name} has no --{parameter}")
     if limit < 1:
@@ -88,7 +91,11 @@ def probe_capacity(
     over_chips = {"compile": compile_pipeline} if options.chips > 1 else {}
     fullest: dict[int, str] = {}
 
-    def attempt(size: int) -> bool:
+    grain = POSITION_GRAIN if parameter == "context" else 1
+    units = -(-limit // grain)
+
+    def attempt(unit: int) -> bool:
+        size = min(unit * grain, limit)
         reason = _fits(workload, workload.resolve({**params, parameter: size}),
                        replace(options, strategy="pipeline") if over_chips else options,
                        fullest=fullest, size=size, **over_chips)
@@ -98,19 +105,19 @@ def probe_capacity(
         return not reason
 
     good, bad = 0, None
-    size = 1
-    while size <= limit:
-        if attempt(size):
-            good = size
-            size *= 2
+    unit = 1
+    while unit <= units:
+        if attempt(unit):
+            good = unit
+            unit *= 2
         else:
-            bad = size
+            bad = unit
             break
-    if bad is None and good < limit:
-        if attempt(limit):
-            good = limit
+    if bad is None and good < units:
+        if attempt(units):
+            good = units
         else:
-            bad = limit
+            bad = units
     if bad is not None:
         while bad - good > 1:
             middle = (good + bad) // 2
@@ -118,11 +125,12 @@ def probe_capacity(
                 good = middle
             else:
                 bad = middle
-        reason = f"{parameter}={bad}: {tried[bad]}"
+        failed = min(bad * grain, limit)
+        reason = f"{parameter}={failed}: {tried[failed]}"
     else:
         reason = f"reached --max-{parameter} {limit}"
-    return CapacityResult(parameter, good, reason, tried, time.perf_counter() - start,
-                          fullest)
+    return CapacityResult(parameter, min(good * grain, limit), reason, tried,
+                          time.perf_counter() - start, fullest)
 
 
 def _weight_bytes(workload: Workload, params: dict[str, Any], options: CompileOptions) -> int:

@@ -31,6 +31,29 @@ def test_search_finds_the_boundary_in_few_compiles(monkeypatch, fits_up_to):
         assert result.reason == "reached --max-batch 64"
 
 
+@pytest.mark.parametrize("fits_up_to, answer, failed", [
+    (70, 64, 96), (20, 0, 32), (100, 100, None), (99, 96, 100)])
+def test_a_context_is_searched_in_whole_blocks_of_positions(monkeypatch, fits_up_to, answer,
+                                                            failed):
+    """A cache holds whole blocks of 32 positions: only their ends (and the limit) are
+    compiled, and the answer is one of them."""
+    tried: list[int] = []
+
+    def fake_fits(workload, params, options, **_):
+        tried.append(params["context"])
+        return "" if params["context"] <= fits_up_to else "too long"
+
+    monkeypatch.setattr(capacity, "_fits", fake_fits)
+    workload = get_workload("smollm2-135m")
+    result = capacity.probe_capacity(workload, workload.defaults(), "context", 100,
+                                     CompileOptions())
+    assert result.maximum == answer
+    assert all(size % 32 == 0 or size == 100 for size in tried)
+    assert len(tried) == len(set(tried))
+    assert result.reason == (f"context={failed}: too long" if failed
+                             else "reached --max-context 100")
+
+
 def test_capacity_of_the_siglip_mlp(capsys, cache_dir):
     # an eighth of tile memory keeps the boundary at a small batch (row-chunked plans fit
     # batch 20 into the whole of it, a compile of minutes)

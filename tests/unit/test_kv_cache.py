@@ -188,6 +188,8 @@ def test_capacity_searches_the_longest_cache_and_names_the_fullest_tile() -> Non
     record = json.loads(out)
     assert code == 0 and record["maximumContext"] == 64, err
     assert "kv cache" in record["fullestTile"] and "weights" in record["fullestTile"]
+    # the cache is sized in blocks of 32 positions: one compile a block size, none between
+    assert record["tried"] == {"32": "fits", "64": "fits"} and record["compiles"] == 2
 
 
 def test_generation_over_two_chips_matches_one_chip(tmp_path, small_generation) -> None:
