@@ -19,7 +19,12 @@ from pathlib import Path
 from ipu_stack.kernels.elementwise import gelu_loop_cycles, merged_bias_gelu_cycles
 from ipu_stack.kernels.norm import normce_cycles
 from ipu_stack.pipeline import CompileOptions, compile_workload
-from ipu_stack.planning.costs import estimate_cast1d, estimate_elementwise, estimate_layer_norm
+from ipu_stack.planning.costs import (
+    estimate_cast1d,
+    estimate_elementwise,
+    estimate_layer_norm,
+    estimate_reduce,
+)
 from ipu_stack.target import IPU21, timing
 from ipu_stack.target.machine import Fact
 from ipu_stack.util.files import write_bytes_atomic
@@ -81,6 +86,15 @@ def vendor_kernel_rows() -> list[str]:
          "NormCE, split, two workers a row"),
         ("layer norm, 6 rows of 1 152", estimate_layer_norm(6, 1152), normce_cycles(6, 1152),
          "NormCE, a row a worker (its C++ wrapper assumed)"),
+        ("reduce of 15 F16 partials, 576 outputs", estimate_reduce(576, 15, False),
+         estimate_reduce(576, 15, False, dense=True), "poplin's ReduceAdd, single input "
+         "(`reduce_add_*`)"),
+        ("reduce of 6 F32 partials, 320 outputs", estimate_reduce(320, 6, True),
+         estimate_reduce(320, 6, True, dense=True), "ReduceAdd, single input; the F32 "
+         "measured price assumed (`reduce_f32_vector`)"),
+        ("one F32 partial to F16, 1 392 outputs", estimate_reduce(1392, 1, True),
+         estimate_reduce(1392, 1, True, dense=True), "popops Cast1D, as poplin's reduction "
+         "casts a lone partial"),
     ]
     lines = [
         "",
@@ -95,7 +109,12 @@ def vendor_kernel_rows() -> list[str]:
         "cheaper, the bias pass and other layer norms. The values follow the vendor's kernels",
         "(docs/architecture.md): the GELU rounds every instruction to F16; NormCE takes the",
         "variance in one pass (E[x^2] - mean^2 in FP32, the mean rounded to F16) and normalises",
-        "in F16, which the host reference computes the same way.",
+        "in F16, which the host reference computes the same way. A GEMM's depth partials are",
+        "summed as poplin's convolution reduction sums them (`lib/poplin/ConvReduce.cpp`):",
+        "where the tile's partials and result are dense regions, by the single-input ReduceAdd",
+        "(the tile's own partial, then the received ones in order, in F32, rounded once: the",
+        "values the device computed before) or, for one F32 partial, a Cast1D; elsewhere at the",
+        "reference's measured reduce.",
         "",
         "| kernel | reference, measured | the vendor's, as priced | ratio | runs as |",
         "|---|---|---|---|---|",

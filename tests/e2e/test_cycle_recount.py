@@ -32,8 +32,20 @@ def gemm(p: dict, weights_address: int) -> int:
 
 def reduce(p: dict) -> int:
     n = p["rows"] * p["cols"]
-    vector = 48 if p["partials"]["kind"] == "F16" else 24
-    cycles = 282 + 6 * ceil(n / vector) * (11 + 2 * (p["parts"] - 1))
+    f32 = p["partials"]["kind"] == "F32"
+    size, out = (4 if f32 else 2), (1 if p["out"]["kind"].startswith("F8") else 2)
+    dense = (p["parts"] == 1 or p["rows"] == p["slot_rows"]) and \
+        p["partial_pitch"] == size * p["cols"] and p["out_pitch"] == out * p["cols"]
+    if dense and p["parts"] == 1 and f32:  # popops Cast1D, FLOAT -> HALF
+        per_worker = ceil(n / 6)
+        cycles = 12 + 6 * (37 + 2 * (per_worker // 4) + 2 + 2 * bin(per_worker % 4).count("1"))
+    elif dense and p["parts"] > 1 and n % (4 if f32 else 8) == 0 \
+            and n * (p["parts"] - 1) * size <= 32768:  # poplin ReduceAdd, single input
+        loops = ceil(n // (4 if f32 else 8) / 6)
+        cycles = 33 + 6 * (20 + loops * (2 * (p["parts"] - 1) + (7 if f32 else 9)))
+    else:  # the reference's measured reduce
+        vector = 24 if f32 else 48
+        cycles = 282 + 6 * ceil(n / vector) * (11 + 2 * (p["parts"] - 1))
     for kind, precision, *_ in p["chain"][1:]:  # the first step is the store itself
         if kind == "gelu_tanh":  # popnn's F16 loop: 8 bundles per 4 halves
             cycles += gelu_loop(n)

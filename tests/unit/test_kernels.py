@@ -355,17 +355,26 @@ def test_reduce_scale_step_multiplies_then_rounds() -> None:
 
 
 def test_reduce_cost_counts_parts_and_chain() -> None:
-    def cost(parts: int, chain: list, partials=F32) -> int:
-        p = epilogue_params(parts, 6, 16, 64, 6, chain, None, F16, 32, partials)
+    def cost(parts: int, chain: list, partials=F32, rows: int = 6) -> int:
+        p = epilogue_params(parts, rows, 16, 64, 6, chain, None, F16, 32, partials)
         return kernel_cost(KernelInstance("reduce", p))
 
-    # 96 outputs: ceil(96 / 48) = 2 six-worker steps of 8 F16 values:
-    # 282 + 6 x 2 x (11 + 2 (P - 1)) (the reference's measured reduce)
+    # F16 partials 64 bytes apart hold 32 bytes a row: not one dense region, so the
+    # reference's measured reduce, 96 outputs in ceil(96 / 48) = 2 six-worker steps of 8:
+    # 282 + 6 x 2 x (11 + 2 (P - 1))
     f16 = [["round", F16.to_json()]]
     assert cost(1, f16, F16) == 282 + 12 * 11
     assert cost(4, f16, F16) == 282 + 12 * (11 + 6)
-    # F32 partials: 4 per worker step (assumed), so 4 steps
-    assert cost(4, f16, F32) == 282 + 24 * (11 + 6)
+    # F32 partials fill their rows: poplin's single-input ReduceAdd over 24 vectors of 4,
+    # 4 a worker: 33 + 6 (20 + 4 (2 x 3 received + 7))
+    assert cost(4, f16, F32) == 33 + 6 * (20 + 4 * (2 * 3 + 7))
+    # one F32 partial is cast (Cast1D, FLOAT -> HALF): 16 a worker, 4 vectors of 4 at 2
+    # cycles, 2 remainder tests: 12 + 6 (37 + 8 + 2)
+    assert cost(1, f16, F32) == 12 + 6 * (37 + 8 + 2)
+    # a ragged block (5 of the slots' 6 rows) or received partials over 32 KiB (99 of 384
+    # bytes): the measured reduce, F32 partials 4 per worker step (assumed)
+    assert cost(4, f16, F32, rows=5) == 282 + 6 * 4 * (11 + 6)
+    assert cost(100, f16, F32) == 282 + 24 * (11 + 2 * 99)
     # the vendor's tanh GELU over 96 halves: 24 vectors, 4 a worker: 9 + 6 (20 + 4 + fill 2 +
     # 8, 3 loops of 8, flush 1 + 8); an FP8 result: Cast1D, 16 a worker = 2 vectors of 8 at
     # 2 cycles, 3 remainder tests: 12 + 6 (37 + 4 + 3)

@@ -88,6 +88,25 @@ def _vertex(vertex: str, per_worker: int) -> int:
     return p("launch") + 6 * (p("unary_worker") + p(f"{vertex}_loop") * steps) + p("unary_tail")
 
 
+def _reduce_add(c: dict) -> int | None:
+    """The reduce as poplin's convolution reduction would run it (``reduce_add_*``): one
+    F32 partial cast to F16 by Cast1D; several summed by the single-input ReduceAdd, where
+    the tile's region is contiguous, a whole number of accumulator vectors, and its received
+    partials small enough; None where poplin would run neither (the measured reduce)."""
+    elements, parts, f32 = sum(c["per_worker"]), c["parts"], c["f32_partials"]
+    if not c.get("contiguous"):
+        return None
+    if parts == 1:
+        return _cast1d("cast_f16", c["per_worker"]) if f32 else None
+    vector, item = (4, 4) if f32 else (8, 2)
+    if elements % vector or elements * (parts - 1) * item > p("reduce_add_received_limit"):
+        return None
+    outer = p("reduce_add_outer_f32") if f32 else p("reduce_add_outer_f16")
+    loops = cdiv(elements // vector, 6)
+    return p("reduce_add_supervisor") + 6 * (
+        p("reduce_add_worker") + loops * (p("reduce_add_loop") * (parts - 1) + outer))
+
+
 def _cast1d(kind: str, per_worker: list[int]) -> int:
     """The vendor's Cast1D as it ran: the busiest worker's vectors at the conversion's
     rate, a test for each remainder bit and two cycles for each bit set, six worker slots
@@ -161,6 +180,9 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         load = p("amp_pass_interleaved") if weights_interleaved else p("amp_pass_standard")
         return p("amp_call") + c["passes"] * (p("amp_row") * c["rows"] + load)
     if kind == "reduce":
+        vendor = _reduce_add(c)
+        if vendor is not None:
+            return vendor
         vector = p("reduce_f32_vector") if c["f32_partials"] else p("reduce_vector")
         step = p("reduce_step") + p("reduce_partial") * (c["parts"] - 1)
         return p("reduce_call") + 6 * _steps(c["per_worker"], vector) * step

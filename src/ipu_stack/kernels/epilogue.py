@@ -7,8 +7,10 @@ rounding to each operation's output precision exactly where the graph says, and 
 result.  Partials are FP16 (FP8-mode GEMMs) or F32 (F16 mode): ``partials``.
 
 Operands: ``[own_partial, received, bias, out]`` (``bias`` address is 0 when there is none).
-Work: one reduce pass (measured price: 282 + 6 ceil(n/48) (11 + 2 (P - 1))) and the chain's
-passes (``elementwise.chain_passes``), priced in ``target.timing``.
+Work: one reduce pass and the chain's passes (``elementwise.chain_passes``), priced in
+``target.timing``: the reduce as poplin's convolution reduction runs it where the tile's
+region is dense (``contiguous``: a single-input ReduceAdd, or a Cast1D for one F32 partial),
+else at the reference's measured price, 282 + 6 ceil(n/48) (11 + 2 (P - 1)).
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ def _bias_copies(p: dict[str, Any]) -> int:
     return bias_gelu_merge(p["rows"], p["cols"], room, itemsize)
 
 
+def contiguous(p: dict[str, Any]) -> bool:
+    """Whether the tile's partials and result are each one dense region at the received
+    partials' stride: whole slots, no padding in a row.  Then poplin's ReduceAdd (or, for one
+    partial, a Cast1D) takes them as one vector each; else the reduce is the measured one."""
+    out = Precision.from_json(p["out"])
+    return ((p["parts"] == 1 or p["rows"] == p["slot_rows"])
+            and p["partial_pitch"] == p["cols"] * _partial(p).itemsize
+            and p["out_pitch"] == p["cols"] * out.itemsize)
+
+
 def _name(p: dict[str, Any]) -> str:
     ops = "_".join(step[0] for step in p["chain"]) or "store"
     out = Precision.from_json(p["out"])
@@ -86,7 +98,8 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     for chunk, at in tile_chunks(tiles, addresses, 4 * rows * cols, CHUNK_BYTES):
         _run_chunk(p, mem, chunk, at)
     reduce = Work("reduce", {"per_worker": split_over_workers(rows * cols), "parts": parts,
-                             "f32_partials": _partial(p).kind == "F32"})
+                             "f32_partials": _partial(p).kind == "F32",
+                             "contiguous": contiguous(p)})
     return [reduce, *chain_work(p["chain"], rows, cols, *bias_room(p))]
 
 

@@ -19,7 +19,7 @@ from ipu_stack.kernels.elementwise import (
     gelu_cycles,
     merged_bias_gelu_cycles,
 )
-from ipu_stack.kernels.epilogue import bias_room
+from ipu_stack.kernels.epilogue import bias_room, contiguous
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
 from ipu_stack.kernels.norm import normce_applies, normce_cycles
 from ipu_stack.target.timing import ACTIVATION_VERTICES, CAST_VECTORS, PRICES, cdiv, p
@@ -44,10 +44,22 @@ def estimate_gemm(rows: int, depth: int, cols: int, fp8: bool, weights_interleav
     return cycles
 
 
-def estimate_reduce(outputs: int, parts: int, f32_partials: bool) -> int:
-    """Summing ``parts`` partials into ``outputs`` values (also the copy out when parts=1)."""
+def estimate_reduce(outputs: int, parts: int, f32_partials: bool, dense: bool = False) -> int:
+    """Summing ``parts`` partials into ``outputs`` values (also the copy out when parts=1).
+    A ``dense`` region (``kernels.epilogue.contiguous``) runs as poplin's convolution
+    reduction runs it: one F32 partial a Cast1D, several a single-input ReduceAdd when the
+    region is whole vectors and the received partials fit its limit; else the measured
+    reduce."""
     if outputs == 0:
         return 0
+    vector, item = (4, 4) if f32_partials else (8, 2)
+    if dense and parts == 1 and f32_partials:
+        return estimate_cast1d("cast_f16", outputs)
+    if dense and parts > 1 and outputs % vector == 0 \
+            and outputs * (parts - 1) * item <= p("reduce_add_received_limit"):
+        outer = p("reduce_add_outer_f32") if f32_partials else p("reduce_add_outer_f16")
+        return p("reduce_add_supervisor") + 6 * (p("reduce_add_worker") + cdiv(
+            outputs // vector, 6) * (p("reduce_add_loop") * (parts - 1) + outer))
     vector = p("reduce_f32_vector") if f32_partials else p("reduce_vector")
     step = p("reduce_step") + p("reduce_partial") * (parts - 1)
     return p("reduce_call") + 6 * cdiv(outputs, 6 * vector) * step
@@ -210,7 +222,7 @@ def _epilogue(params: dict[str, Any]) -> int:
     if elements == 0:
         return 0
     f32 = Precision.from_json(params.get("partials", {"kind": "F32"})).kind == "F32"
-    return (estimate_reduce(elements, params["parts"], f32)
+    return (estimate_reduce(elements, params["parts"], f32, contiguous(params))
             + estimate_chain(params["chain"], params["rows"], params["cols"],
                              *bias_room(params)))
 

@@ -223,7 +223,9 @@ def cost_plan(
     if not partials_are_result(d, mode, chain, shape.has_bias):  # else no reduce kernel
         # the received slots, summed, hold a merged bias + GELU's bias copies (F16 bias)
         room = (d - 1) * sub * bn * item // 2 if shape.has_bias else 0
-        costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode)
+        # a full block is dense: the lowering lays partials and result bn columns apart
+        costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode,
+                                             dense=True)
                              + estimate_chain(chain, sub, bn, room) + sync)
     costs.update(_rows_gather(shape, r * c * d, c))
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)

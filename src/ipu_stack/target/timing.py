@@ -205,6 +205,28 @@ PRICES.update({
                                 "64-bit store bounds it)"),
 })
 
+# poplin's ReduceAdd as poplin's convolution reduction runs it: the tile's own partial on one
+# edge, the received partials gathered contiguous on another ("single input"), where the
+# region is a whole number of accumulator vectors and the received bytes, in whole memory
+# elements, take under a sixteenth of the tile; one partial is cast (popops::cast, Cast1D).
+_REDUCE_ADD = ("poplibs lib/poplin/PerformanceEstimation.hpp:1560-1597 (getReduceCycleEstimate, "
+               "singleInput, partials not constrained to interleaved memory)")
+_CONV_REDUCE = "poplibs lib/poplin/ConvReduce.cpp:64-120, ConvReducePlan.hpp:16-31"
+PRICES.update({
+    "reduce_add_supervisor": Fact(33, f"{_REDUCE_ADD}: supervisorCycles 33"),
+    "reduce_add_worker": Fact(20, f"{_REDUCE_ADD}: 20 a worker, then its vectors"),
+    "reduce_add_loop": Fact(2, f"{_REDUCE_ADD}: 2 cycles a received partial a vector (8 halves "
+                               "or 4 floats; 64-bit loads carry half of one a cycle)"),
+    "reduce_add_outer_f32": Fact(7, f"{_REDUCE_ADD}: outer loop 7 a vector, float partials, "
+                                    "half out"),
+    "reduce_add_outer_f16": Fact(9, f"{_REDUCE_ADD}: outer loop 9 a vector, half partials, "
+                                    "half out"),
+    "reduce_add_received_limit": Fact(
+        32768, f"{_CONV_REDUCE}: single input where the received partials' bytes, rounded up "
+        "to whole memory elements (16 KiB banks, ../shared/MACHINE.md), stay under a "
+        "sixteenth of the 638,976-byte tile: two elements"),
+})
+
 # The fused layer norm Graphcore ships for the C600 (PopTransformer custom_ops, NormCE):
 # bundle counts of its assembly; a bundle is one worker issue slot, 6 tile cycles.
 _NORMCE = "PopTransformer 1314598f custom_ops"
