@@ -69,6 +69,9 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                              "the export's)" if program else f"workload {workload.name} has "
                              f"no parameter --{key.replace('_', '-')}")
     overrides = {k: v for k, v in overrides.items() if k in known}
+    for key in ("batch", "tokens"):  # a model file's 0 means "as exported": never given
+        if program and overrides.get(key) is not None and overrides[key] < 1:
+            raise UsageError(f"--{key} must be at least 1, got {overrides[key]}")
     if inputs:
         overrides["inputs"] = str(Path(inputs).resolve())
     return workload, workload.resolve({**base, **overrides})
@@ -425,7 +428,8 @@ def cmd_workloads(args: argparse.Namespace) -> int:
                 print(f"  {line}")
         for p in w.parameters:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
-            print(f"  --{p.name:<10} default {p.default!s:<6} {p.help}{choices}")
+            option = p.name.replace("_", "-")  # the spelling the parser takes
+            print(f"  --{option:<10} default {p.default!s:<6} {p.help}{choices}")
     return 0
 
 

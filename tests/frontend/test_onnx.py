@@ -255,6 +255,28 @@ def test_external_data_inside_the_folder_is_read(tmp_path: Path) -> None:
     assert not loaded.graph.initializer[0].raw_data  # held once: as the array
 
 
+def test_a_package_is_refused_once_its_external_weights_change(tmp_path: Path) -> None:
+    """The recorded digest covers the external-data files as well as the ``.onnx``."""
+    from ipu_stack.frontend.onnx_file import onnx_sha256
+    from ipu_stack.frontend.workload import recorded_file
+
+    model = linear_relu()
+    weight = np.arange(64, dtype=np.float32).reshape(8, 8)
+    (tmp_path / "weights.bin").write_bytes(weight.tobytes())
+    external(model, "weights.bin", 0, weight.nbytes)
+    path = tmp_path / "ok.onnx"
+    path.write_bytes(model.SerializeToString())
+    recorded = {"model": str(path), "sha256": onnx_sha256(path)}
+    assert recorded_file(recorded) == path
+    (tmp_path / "weights.bin").write_bytes((2 * weight).tobytes())
+    with pytest.raises(UsageError, match=f"{path} changed since the package was compiled"):
+        recorded_file(recorded)
+    gone = {**recorded, "sha256": onnx_sha256(path), "inputs": str(tmp_path / "in.npz")}
+    with pytest.raises(UsageError, match="compiled with the inputs .*in.npz, which are no "
+                                         "longer there"):
+        recorded_file(gone)
+
+
 def test_mutated_files_compile_or_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
     """Random byte mutations (flips, overwrites, truncations, insertions) of a supported
     model: each compiles, or is one error line with exit 2, never a traceback."""

@@ -53,3 +53,21 @@ def test_an_absurd_batch_is_refused_before_the_import(tmp_path: Path, capsys):
         "operands and 1000000x8x64 result (1.28 GB) take at least 1.28 GB and one chip of "
         "ipu21 holds 0.94 GB")
     assert not (tmp_path / "out").exists()
+
+
+def test_sizes_a_model_file_cannot_take_are_refused_in_one_line(tmp_path: Path, capsys):
+    model = tmp_path / "feat.onnx"
+    torch.onnx.export(TwoLinear().eval(), (torch.randn(2, 8, 32),), str(model), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch", 2: "features"}})
+    out = str(tmp_path / "out")
+    for argv, message in (
+            (["--batch", "0", "--tokens", "32"], "error: --batch must be at least 1, got 0"),
+            (["--tokens", "0"], "error: --tokens must be at least 1, got 0"),
+            # the product's weight takes 32 features: torch's trace at 40 fails
+            (["--tokens", "40"], "error: feat.onnx does not run at x [1, 8, 40]: "),
+            (["--batch", "1048576", "--tokens", "1048576"],
+             "error: graph input x would be [1048576, 8, 1048576]: more elements than a "
+             "chip's memory holds (940,572,672 bytes)")):
+        code = main(["--quiet", "compile", str(model), *argv, "-o", out])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith(message) and "\n" not in err, (argv, err)

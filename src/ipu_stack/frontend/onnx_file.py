@@ -15,12 +15,14 @@ only when asked; onnxruntime on the CPU is an ONNX program's reference
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ipu_stack.frontend.loader import file_sha256
 from ipu_stack.util.errors import UsageError
 
 MIN_OPSET = 17
@@ -113,6 +115,27 @@ def load_onnx(path: str | Path) -> OnnxModel:
                            "double_data"):
             tensor.ClearField(field_name)
     return OnnxModel(model, weights)
+
+
+def onnx_sha256(path: str | Path) -> str:
+    """The SHA-256 of the model and of every external-data file it names, in name order:
+    a package compiled from it is refused once either changes (a weights file replaced
+    beside an unchanged ``.onnx`` would otherwise run with the new weights unnoticed)."""
+    onnx = require_onnx()
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+        raise UsageError(f"{path}: no such file, or over protobuf's 2 GiB limit")
+    data = path.read_bytes()
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception:  # load_onnx has said why when the model was compiled
+        raise UsageError(f"{path}: not an ONNX model") from None
+    files = sorted({external_region(path, t)[0] for t in all_tensors(model.graph)
+                    if t.data_location == 1})
+    digest = hashlib.sha256(hashlib.sha256(data).digest())
+    for external in files:
+        digest.update(external.name.encode() + b"\0" + bytes.fromhex(file_sha256(external)))
+    return digest.hexdigest()
 
 
 def tensor_array(path: Path, tensor: Any, region: tuple[Path, int, int] | None) -> np.ndarray:

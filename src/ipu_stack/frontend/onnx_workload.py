@@ -9,19 +9,21 @@ other from ``--tokens``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ipu_stack.frontend.input_file import read_input_arrays
 from ipu_stack.frontend.listing import list_operations
-from ipu_stack.frontend.loader import file_sha256
 from ipu_stack.frontend.onnx_file import (
     GraphInput,
     concrete_shape,
     graph_inputs,
     load_onnx,
+    onnx_sha256,
     onnxruntime_outputs,
     onnxruntime_session,
 )
@@ -30,7 +32,8 @@ from ipu_stack.frontend.onnx_program import export_onnx, node_scope, operator_ki
 from ipu_stack.frontend.options import program_parameters
 from ipu_stack.frontend.workload import ImportedWorkload, Reference, make_workload
 from ipu_stack.ir.names import name_layer
-from ipu_stack.util.errors import UsageError
+from ipu_stack.target import get_target
+from ipu_stack.util.errors import IpuStackError, UsageError
 from ipu_stack.workloads.base import Parameter
 
 
@@ -46,6 +49,10 @@ def onnx_parameters() -> tuple[Parameter, ...]:
                                                "dimensions (sequence length)", minimum=0))
 
 
+MOST_INPUT_ELEMENTS = get_target("ipu21").tiles * get_target("ipu21").tile_bytes
+"""An input's most elements: at a byte each (FP8) a chip's memory; a larger one cannot run."""
+
+
 def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
                   shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
     """Zeros of each input's concrete shape and dtype: what the program is traced at (the
@@ -55,21 +62,22 @@ def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
         raise UsageError(f"--tokens {tokens}: the model's inputs have no symbolic dimension "
                          "to size (" + ", ".join(f"{s.name} {list(s.dims)}" for s in specs)
                          + ")")
-    return {s.name: np.zeros(shapes.get(s.name) or concrete_shape(s, batch, tokens), s.dtype)
-            for s in specs}
+    sized = {s.name: shapes.get(s.name) or concrete_shape(s, batch, tokens) for s in specs}
+    for name, shape in sized.items():  # before a byte is allocated: a chip holds each input
+        if math.prod(shape) > MOST_INPUT_ELEMENTS:
+            raise UsageError(f"graph input {name} would be {list(shape)}: more elements than a "
+                             f"chip's memory holds ({MOST_INPUT_ELEMENTS:,} bytes)")
+    return {s.name: np.zeros(sized[s.name], s.dtype) for s in specs}
 
 
 def shapes_from_file(specs: list[GraphInput], path: str) -> dict[str, tuple[int, ...]]:
     """The shapes an ``--inputs`` file gives the model's inputs (by name, else ``arr_i``),
     checked against the file's fixed dimensions; its symbolic ones take the array's."""
-    try:
-        data = np.load(Path(path), allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
+    data = read_input_arrays(path)
     shapes = {}
     for index, spec in enumerate(specs):
-        key = spec.name if spec.name in data.files else f"arr_{index}"
-        if key not in data.files:
+        key = spec.name if spec.name in data else f"arr_{index}"
+        if key not in data:
             continue  # inputs_from_file names what is missing
         shape = tuple(int(d) for d in data[key].shape)
         if len(shape) != len(spec.dims) or any(isinstance(d, int) and d != got
@@ -89,8 +97,15 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
 
     def sized(params: dict[str, Any]) -> Any:
         shapes = shapes_from_file(specs, params["inputs"]) if params.get("inputs") else {}
-        return export_onnx(model, path, example_feeds(specs, params["batch"],
-                                                      params.get("tokens", 0), shapes))
+        feeds = example_feeds(specs, params["batch"], params.get("tokens", 0), shapes)
+        try:
+            return export_onnx(model, path, feeds)
+        except IpuStackError:
+            raise
+        except Exception as exc:  # torch's trace of the graph at these sizes failed
+            at = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UsageError(f"{path.name} does not run at {at}: {first}") from exc
 
     def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         feeds = {s.name: np.asarray(a).astype(s.dtype) for s, a in zip(specs, inputs,
@@ -99,7 +114,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
             sessions.append(onnxruntime_session(path))
         return onnxruntime_outputs(sessions[0], feeds)
 
-    digest = file_sha256(path)
+    digest = onnx_sha256(path)
     gemms = tuple((node.name, name_layer(node_scope(node))) for node in model.graph.node
                   if node.op_type in ("MatMul", "Gemm"))
     workload = make_workload(None, path.stem, str(path), digest, sized=sized,

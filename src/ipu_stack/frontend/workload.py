@@ -33,8 +33,10 @@ from ipu_stack.frontend.convert import (
     role,
     user_input_nodes,
 )
+from ipu_stack.frontend.input_file import read_input_arrays
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
+from ipu_stack.frontend.onnx_file import onnx_sha256
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.frontend.options import program_parameters
 from ipu_stack.frontend.sizing import program_footprint
@@ -157,10 +159,13 @@ def specialize(program: Any, batch: int) -> Any:
     if not has_dynamic_shape(program) and batch in (0, exported):
         return program
     size = batch or exported
+    refusal = (f"batch {size}: the program's dynamic batch dimension does not take it"
+               if has_dynamic_shape(program) else
+               f"batch {size}: the program was exported for batch {exported} without a "
+               "dynamic batch dimension (export with dynamic_shapes={input: {0: "
+               "Dim('batch')}})")
     return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
-                     f"batch {size}: the program was exported for batch {exported} without "
-                     "a dynamic batch dimension (export with dynamic_shapes={input: {0: "
-                     "Dim('batch')}})")
+                     refusal)
 
 
 def has_dynamic_shape(program: Any) -> bool:
@@ -238,18 +243,15 @@ def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
 
 def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
     """Inputs from an ``.npz``: by input name, else ``arr_0, arr_1, ...`` in order."""
-    try:
-        data = np.load(Path(path), allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--inputs {path}: not a readable .npz ({exc})") from None
+    data = read_input_arrays(path)
     arrays, used = [], set()
     integer = integer_inputs(program)
     shapes = input_shapes(program)
     for index, (name, shape) in enumerate(shapes):
-        key = name if name in data.files else f"arr_{index}"
+        key = name if name in data else f"arr_{index}"
         used.add(key)
-        if key not in data.files:
-            raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data.files)})")
+        if key not in data:
+            raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data)})")
         array = np.asarray(data[key], dtype=np.float32)
         if array.shape != shape:
             raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
@@ -260,7 +262,7 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
                 raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "
                                  f"not whole ({array.min():g} to {array.max():g})")
         arrays.append(array)
-    unread = sorted(set(data.files) - used)
+    unread = sorted(set(data) - used)
     if unread:  # a misspelt name would otherwise leave its input random, without a word
         raise UsageError(f"--inputs {path}: {unread[0]} is not an input of the program (its "
                          f"inputs: {', '.join(name for name, _ in shapes)})")
@@ -587,7 +589,11 @@ def recorded_file(params: dict[str, Any]) -> Path:
     path = Path(str(params.get("model", "")))
     if not path.is_file():
         raise UsageError(f"the package was compiled from {path}, which is no longer there")
-    digest = file_sha256(path)
+    inputs = params.get("inputs")
+    if inputs and not Path(inputs).is_file():
+        raise UsageError(f"the package was compiled with the inputs {inputs}, which are no "
+                         "longer there")
+    digest = onnx_sha256(path) if path.suffix == ".onnx" else file_sha256(path)
     if params.get("sha256") and digest != params["sha256"]:
         raise UsageError(f"{path} changed since the package was compiled (sha256 {digest[:12]}, "
                          f"recorded {str(params['sha256'])[:12]})")

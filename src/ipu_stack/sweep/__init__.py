@@ -65,7 +65,8 @@ def run_sweep(points: list[Point], out_dir: Path, engine: str = "local", workers
     records = read_results(results)
     write_csv(out_dir / "results.csv", records)
     write_page(out_dir / "sweep.html", records, title)
-    failed_total = sum(r["status"] != "ok" for r in records)
+    asked = {p.key for p in points}  # a folder may hold other sweeps' points: not counted
+    failed_total = sum(r["status"] != "ok" for r in records if r["key"] in asked)
     seconds = time.perf_counter() - started
     event(LOG, "sweep finished", points=len(records), ran=len(todo), failed=failed_total,
           seconds=round(seconds, 1))
