@@ -26,7 +26,7 @@ from ipu_stack.strategy.compile import compile_pipeline
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
-from ipu_stack.workloads.base import Workload
+from ipu_stack.workloads.base import LARGEST_SIZE, Workload
 from ipu_stack.workloads.calibration import cache_folder
 
 LOG = logging.getLogger("ipu_stack.capacity")
@@ -84,6 +84,9 @@ def probe_capacity(
         raise UsageError(f"--max-{parameter}: workload {workload.name} has no --{parameter}")
     if limit < 1:
         raise UsageError(f"--max-{parameter} must be at least 1")
+    if limit > LARGEST_SIZE:
+        raise UsageError(f"--max-{parameter} must be at most {LARGEST_SIZE} (no size on a "
+                         f"tile of 624 KiB can be larger), got {limit}")
     start = time.perf_counter()
     tried: dict[int, str] = {}
 

@@ -120,6 +120,11 @@ def _refuse_conflicts(args: argparse.Namespace) -> None:
         raise UsageError("give -v or --quiet, not both")
     if getattr(args, "json", False) and getattr(args, "record", False):
         raise UsageError("give --json or --record, not both")
+    if getattr(args, "no_wait", False) and not getattr(args, "device", None):
+        raise UsageError("--no-wait is for --device NAME: a private device never waits")
+    if getattr(args, "attention", None) == "fp8" and getattr(args, "precision", None) == "f16":
+        raise UsageError("--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: "
+                         "it takes --precision fp8")
     groups = getattr(args, "groups", None)
     if groups is not None and args.command != "generate":
         if groups < 1:
@@ -287,6 +292,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if args.tokens not in (None, 1):
             raise UsageError("--max-context searches a decode step: one token a sequence, "
                              "not --tokens")
+        if args.context is not None:
+            raise UsageError("--max-context searches the cache's positions: give no "
+                             "--context")
         args.tokens, args.context = 1, 1
     workload, params = _params(args)
     parameter, limit = next((name, value) for name, value in (
@@ -300,7 +308,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(log.format_fields({key: record[key], "reason": record["reason"],
                                  "fullestTile": record["fullestTile"] or None,
                                  "compiles": record["compiles"], "seconds": record["seconds"]}))
-    return 0 if record[key] or parameter != "chips" else 1  # no card count fits: 1
+    return 0 if record[key] else 2  # not even the least size compiles: a compile error
 
 
 def package_file(argument: str) -> Path:

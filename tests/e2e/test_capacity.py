@@ -71,3 +71,12 @@ def test_capacity_of_the_siglip_mlp(capsys, cache_dir):
 def test_capacity_rejects_a_bad_limit(capsys):
     assert main(["capacity", "siglip-mlp", "--max-batch", "0"]) == 2
     assert "--max-batch must be at least 1" in capsys.readouterr().err
+
+
+def test_nothing_that_fits_is_a_compile_error(monkeypatch, capsys):
+    """Not even the least size compiles: the record says why, and the exit status is 2."""
+    monkeypatch.setattr(capacity, "_fits", lambda *_, **__: "stage 0 does not fit")
+    code = main(["--quiet", "capacity", "siglip-mlp", "--max-batch", "4", "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 2 and record["maximumBatch"] == 0
+    assert record["reason"] == "batch=1: stage 0 does not fit"

@@ -71,6 +71,20 @@ BAD = [
     (["sweep", "siglip-mlp", "--grid", "batch=1,2", "-o", "{missing}", "--address", "x:1"],
      "--address names a Ray cluster: give it with --engine ray"),
     (["-v", "bench", "siglip-mlp", "--quiet"], "give -v or --quiet, not both"),
+    (["bench", "siglip-vision", "--precision", "f16", "--attention", "fp8"],
+     "--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: it takes "
+     "--precision fp8"),
+    (["bench", "siglip-mlp", "--no-wait"], "--no-wait is for --device NAME"),
+    # values a decoder cannot take, and option names as the parser spells them
+    (["generate", "smollm2-135m", "--theta", "0"], "--theta must be a finite number above 0, "
+                                                   "got 0.0"),
+    (["generate", "smollm2-135m", "--eps", "nan"], "--eps must be a finite number, 0 or more, "
+                                                   "got nan"),
+    (["generate", "smollm2-135m", "--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
+    (["capacity", "smollm2-135m", "--max-context", "2000000"],
+     "--max-context must be at most 1048576"),
+    (["capacity", "smollm2-135m", "--context", "500", "--max-context", "64"],
+     "--max-context searches the cache's positions: give no --context"),
 ]
 
 

@@ -41,6 +41,11 @@ class CacheStep:
     table: np.ndarray | None = field(default=None, compare=False, repr=False)
     lookup_rows: int = 0  # the rows of the table its ids index (0: none found)
 
+    def check_batch(self, batch: int) -> None:
+        """Refuse a ``--batch`` other than the export's: a static cache holds its batch."""
+        if batch not in (0, self.batch):
+            raise UsageError(f"--batch {batch}: the step was exported for batch {self.batch}")
+
 
 def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> CacheStep | None:
     """The program's step shape when it is a decoder step with a static KV cache (one ids

@@ -480,6 +480,7 @@ class ShapedPrograms:
                     "dynamic one for a prompt's pass)" if self.cached else
                     "a .pt2 program runs at the sequence length it was exported at"))
             elif self.cached:
+                self.step.check_batch(key[0])
                 self.specialized[key] = step_program(self.program, key[1]) \
                     if self.prompts and key[1] > 1 else self.base
             else:

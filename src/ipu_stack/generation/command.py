@@ -170,9 +170,7 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if request.positions > step.context:
         raise UsageError(f"the prompt and the new tokens fill {request.positions} positions; "
                          f"the exported cache holds {step.context}")
-    if params["batch"] not in (0, step.batch):
-        raise UsageError(f"--batch {params['batch']}: the step was exported for batch "
-                         f"{step.batch}")
+    step.check_batch(params["batch"])
     if request.micro_batches not in (None, 1):
         raise UsageError("a model file's step is exported for one batch and one cache: give "
                          "no --micro-batches")

@@ -10,6 +10,7 @@ the test data never tunes its own scales.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ class Parameter:
     choices: tuple[Any, ...] | None = None
     minimum: int | None = 1
     maximum: int | None = LARGEST_SIZE
+    positive: bool = False  # a float that must be above 0 (every float is finite, >= 0)
 
 
 @dataclass(frozen=True)
@@ -74,22 +76,29 @@ class Workload:
             if value is None:
                 continue
             if key not in known:
-                raise UsageError(f"workload {self.name} has no parameter --{key}")
+                raise UsageError(f"workload {self.name} has no parameter "
+                                 f"--{key.replace('_', '-')}")
             params[key] = value
         for p in self.parameters:
             value = params[p.name]
+            option = "--" + p.name.replace("_", "-")
             if p.kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = params[p.name] = float(value)
             if not isinstance(value, p.kind) or (p.kind is int and isinstance(value, bool)):
-                raise UsageError(f"--{p.name} must be {p.kind.__name__}, got {value!r}")
+                raise UsageError(f"{option} must be {p.kind.__name__}, got {value!r}")
             if p.choices is not None and value not in p.choices:
                 raise UsageError(
-                    f"--{p.name} {value!r} is not one of {', '.join(map(str, p.choices))}"
+                    f"{option} {value!r} is not one of {', '.join(map(str, p.choices))}"
                 )
+            if p.kind is float and not (math.isfinite(value) and value >= 0
+                                        and (value > 0 or not p.positive)):
+                raise UsageError(f"{option} must be a finite number above 0, got {value}"
+                                 if p.positive else f"{option} must be a finite number, 0 "
+                                 f"or more, got {value}")
             if p.kind is int and p.minimum is not None and value < p.minimum:
-                raise UsageError(f"--{p.name} must be at least {p.minimum}, got {value}")
+                raise UsageError(f"{option} must be at least {p.minimum}, got {value}")
             if p.kind is int and p.maximum is not None and value > p.maximum:
-                raise UsageError(f"--{p.name} must be at most {p.maximum} (no size on a "
+                raise UsageError(f"{option} must be at most {p.maximum} (no size on a "
                                  f"tile of 624 KiB can be larger), got {value}")
         return params
 

@@ -62,7 +62,7 @@ def decoder_parameters() -> tuple[Parameter, ...]:
         Parameter("hidden", int, 1536, "SwiGLU hidden dimension"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None),
-        Parameter("theta", float, 100000.0, "RoPE base", minimum=None),
+        Parameter("theta", float, 100000.0, "RoPE base", minimum=None, positive=True),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         CHOOSE,
         ATTENTION_OPTION("f16"), KEEP_F16,
@@ -360,7 +360,9 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
         raise UsageError(f"--tokens {params['tokens']} do not fit a KV cache of --context "
                          f"{params['context']} positions")
     if params["context"]:  # a prompt's pass filling the cache, or a decode step
-        prompt = {**params, "context": 0, "tokens": min(params["context"], 128)}
+        # calibrated on a prompt's pass of up to 128 tokens, past a VLM's image rows
+        prompt = {**params, "context": 0, "tokens": min(
+            params["context"], max(128, params.get("image_tokens", 0) + 1))}
         make = _build_step if params["tokens"] == 1 else _build
         built = calibrated_build(params, kind, make, calibration=(prompt, _build))
     elif params["tokens"] < 2:
