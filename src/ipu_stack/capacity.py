@@ -81,7 +81,8 @@ def probe_capacity(
     positions: the cache is sized in them, so two contexts in one block compile the same
     program, and a probe between them would repeat a compile."""
     if parameter not in params:
-        raise UsageError(f"--max-{parameter}: workload {workload.name} has no --{parameter}")
+        name = Path(params["model"]).name if params.get("model") else workload.name
+        raise UsageError(f"--max-{parameter}: {name} has no --{parameter}")
     if limit < 1:
         raise UsageError(f"--max-{parameter} must be at least 1")
     if limit > LARGEST_SIZE:

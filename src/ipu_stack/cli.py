@@ -227,9 +227,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Greedy generation: the prompt's pass, then decode steps (``generation``)."""
-    if args.profile or args.save_tensors:
-        raise UsageError("generate writes no profile or tensors (its record has every step's "
-                         "figures); --profile and --save-tensors are for bench and run")
     request = GenerateRequest(args.workload, args.prompt_tokens, args.new_tokens, args.chips,
                               args.context, args.batch, args.tokens, args.micro_batches,
                               args.groups, args.prompt_by_steps, args.image_program,
@@ -263,7 +260,6 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
     from ipu_stack.recipe.measure import format_recipe, run_recipe
 
     given = [option for option, value in (
-        ("--profile", args.profile), ("--save-tensors", args.save_tensors),
         ("--keep-f16", getattr(args, "keep_f16", None)),
         ("--precision", getattr(args, "precision", None) not in (None, "fp8")),
         ("--chips", args.chips if args.chips != 1 else None)) if value]
@@ -315,6 +311,9 @@ def package_file(argument: str) -> Path:
     """The package a command names: the file, or ``model.ipuexe`` in the folder ``compile
     -o`` wrote."""
     path = Path(argument)
+    if is_program_path(argument):
+        raise UsageError(f"{path} is a model file, not a package: `ipu-stack bench {path}` "
+                         "compiles and runs it (`ipu-stack compile` writes a package)")
     if not path.is_dir():
         return path
     inside = path / "model.ipuexe"

@@ -83,19 +83,26 @@ def _add_parameters(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
 
 
-def _add_run_options(parser: argparse.ArgumentParser) -> None:
+def _add_run_options(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
+    """The run's options; ``outputs``: whether its run writes a profile and tensors (generate
+    and fp8-recipe run many programs and write neither, so they do not offer them)."""
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
     parser.add_argument("--record", action="store_true",
                         help="print the record as one key=value line, also at a terminal")
-    parser.add_argument("--save-tensors", metavar="DIR", help="write inputs, weights, outputs .npz")
+    if outputs:
+        parser.add_argument("--save-tensors", metavar="DIR",
+                            help="write inputs, weights, outputs .npz")
+    else:
+        parser.set_defaults(save_tensors=None, profile=None)
     parser.add_argument("--device", metavar="NAME",
                         help="run on the shared simulated device NAME, waiting while another "
                         "run owns it (default: a private device; nothing waits)")
     parser.add_argument("--no-wait", action="store_true",
                         help="with --device: fail at once if another process owns it")
-    parser.add_argument("--profile", metavar="DIR",
-                        help="record the run: DIR/profile.json, trace.json (Perfetto), "
-                        "report.html")
+    if outputs:
+        parser.add_argument("--profile", metavar="DIR",
+                            help="record the run: DIR/profile.json, trace.json (Perfetto), "
+                            "report.html")
     parser.add_argument("--poison", action="store_true",
                         help="fault on any read of memory that was never written")
     parser.add_argument("--engine", choices=ENGINES, default=None,
@@ -159,7 +166,7 @@ def _add_model_commands(sub: Any) -> None:
                    "flight, one a step of the chips' pipeline, each in its own range of the "
                    "caches (default: one a chip with --chips, where the batch divides)")
     p.add_argument("--out", help="package folder (default artifacts/<workload>/)")
-    _add_run_options(p)
+    _add_run_options(p, outputs=False)
 
     p = sub.add_parser("fp8-recipe", help="the fewest layers to keep F16 for an FP8 model "
                        "to stay within --max-error of the float64 model; measured beside "
@@ -169,7 +176,7 @@ def _add_model_commands(sub: Any) -> None:
                    help="bound on the outputs' relative RMS error against the float64 model")
     p.add_argument("--out", help="the three packages' folder (default artifacts/<workload>-"
                    "recipe/)")
-    _add_run_options(p)
+    _add_run_options(p, outputs=False)
 
     p = sub.add_parser("capacity", help="largest batch, layer count or KV cache that compiles")
     _add_workload_options(p)

@@ -219,8 +219,7 @@ def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "error: batch 2: the program was exported for batch 1 without a dynamic batch" in err
     assert main(["--quiet", "capacity", str(tiny), "--max-blocks", "4"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: --max-blocks: workload torch-export has "
-                                               "no --blocks")
+    assert capsys.readouterr().err.strip() == f"error: --max-blocks: {tiny.name} has no --blocks"
 
 
 def test_sweep_of_a_program_is_refused_in_one_line(tiny: Path, tmp_path: Path, capsys) -> None:

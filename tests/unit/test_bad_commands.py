@@ -15,8 +15,10 @@ from ipu_stack.cli import main
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "folder").mkdir()
+    (tmp_path / "m.onnx").mkdir()
     (tmp_path / "text.txt").write_text("not a package\n")
     return {"folder": str(tmp_path / "folder"), "text": str(tmp_path / "text.txt"),
+            "onnx_folder": str(tmp_path / "m.onnx"),
             "missing": str(tmp_path / "missing" / "model.ipuexe")}
 
 
@@ -71,6 +73,9 @@ BAD = [
     (["sweep", "siglip-mlp", "--grid", "batch=1,2", "-o", "{missing}", "--address", "x:1"],
      "--address names a Ray cluster: give it with --engine ray"),
     (["-v", "bench", "siglip-mlp", "--quiet"], "give -v or --quiet, not both"),
+    (["run", "model.pt2"], "model.pt2 is a model file, not a package: `ipu-stack bench "
+                           "model.pt2` compiles and runs it"),
+    (["compile", "{onnx_folder}", "-o", "{missing}"], "m.onnx: a folder, not a model file"),
     (["bench", "siglip-vision", "--precision", "f16", "--attention", "fp8"],
      "--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: it takes "
      "--precision fp8"),

@@ -171,7 +171,7 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--layers", "2", "--prompt-tokens", "8", "--new-tokens",
       "4", "--chips", "3"], "cannot cut 2 layers into 3 groups"),
     (["generate", "smollm2-135m", "--new-tokens", "0"], "--new-tokens must be at least 1"),
-    (["generate", "smollm2-135m", "--profile", "p"], "generate writes no profile or tensors"),
+    (["generate", "smollm2-135m", "--profile", "p"], "generate: unrecognised option '--profile'"),
     (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],
      "--micro-batches 3 does not divide the batch of 2"),
     (["generate", "smollm2-135m", "--micro-batches", "0"], "--micro-batches must be at least 1"),

@@ -67,7 +67,9 @@ def load_program(path: str | Path) -> Any:
     """
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: " + ("a folder, not a model file" if path.is_dir() else
+                                        "not a regular file" if path.exists() else
+                                        "no such file"))
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a torch.export .pt2 archive (truncated or another format)")
     try:

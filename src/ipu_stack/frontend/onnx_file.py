@@ -75,7 +75,9 @@ def load_onnx(path: str | Path) -> OnnxModel:
     onnx = require_onnx()
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: " + ("a folder, not a model file" if path.is_dir() else
+                                        "not a regular file" if path.exists() else
+                                        "no such file"))
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise UsageError(f"{path}: {size:,} bytes, over protobuf's 2 GiB limit for one model "

@@ -2,7 +2,8 @@
 
 Every stage logs through :func:`event` so that the lines look like the reference logs
 (``INFO ipu_stack.exchange: optimized physical exchange schedule phase=3 ...``).  Values are
-rendered the way the reference renders them: strings quoted, numbers bare, lists as ``[...]``.
+rendered the way the reference renders them: strings quoted, numbers bare, lists as ``[...]``
+(without spaces, so that a line splits into its fields on them).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def format_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):  # no spaces: a line splits on them into its fields
+        return "[" + ",".join(format_value(item) for item in value) + "]"
     return str(value)
 
 
