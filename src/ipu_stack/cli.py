@@ -419,7 +419,12 @@ def cmd_ops(args: argparse.Namespace) -> int:
     if is_onnx_path(args.model):
         from ipu_stack.frontend.onnx_workload import list_onnx_operations
 
-        rows = list_onnx_operations(args.model)
+        if args.tokens < 0:
+            raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
+        rows = list_onnx_operations(args.model, args.tokens)
+    elif args.tokens:
+        raise UsageError("--tokens sizes an ONNX model's symbolic sequence length; a .pt2 "
+                         "program is listed at its export's shapes")
     else:
         rows = list_operations(load_program(args.model))
     print(format_operations(rows, as_json=args.json))

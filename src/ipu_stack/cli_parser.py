@@ -232,6 +232,8 @@ def _add_profile_commands(sub: Any) -> None:
                        "supported or not")
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--tokens", type=int, default=0, metavar="N",
+                   help="an ONNX model's symbolic sequence length, to trace it at")
 
     p = sub.add_parser("exchange", help="schedule or verify exchange instances")
     esub = p.add_subparsers(dest="exchange_command", required=True)

@@ -330,6 +330,13 @@ def test_a_symbolic_sequence_length_is_sized_by_tokens(tmp_path: Path, cache_dir
     record = bench(model, tmp_path, cache_dir, lock_path, capsys, "--tokens", "12",
                    "--batch", "3")
     assert record["numericalTest"] == "PASS" and record["inputShapes"] == "3x12x32", record
+    # ops lists it at the length asked for, every node supported or folded
+    assert main(["--quiet", "ops", str(model)]) == 2
+    assert "give its size with --tokens N" in capsys.readouterr().err
+    assert main(["--quiet", "ops", str(model), "--tokens", "12", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "mapped" in {row["status"] for row in rows}, rows
+    assert not [row for row in rows if "unsupported" in row["status"]], rows
     # a file whose shapes are all fixed has nothing for --tokens to size
     fixed = write_onnx(module, example, tmp_path / "fixed.onnx", False, "x")
     code = main(["--quiet", "compile", str(fixed), "--tokens", "12", "-o",

@@ -123,7 +123,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     return workload, {"model": str(path), "sha256": digest}
 
 
-def list_onnx_operations(path: str | Path) -> list[dict[str, Any]]:
+def list_onnx_operations(path: str | Path, tokens: int = 0) -> list[dict[str, Any]]:
     """One row per ONNX node, as ``ipu-stack ops`` prints them for a ``.pt2``: the node's
     operator, name, scope and status, judged by the torch importer's own listing of the
     ATen calls traced from it (a node is supported when all of them are)."""
@@ -133,7 +133,7 @@ def list_onnx_operations(path: str | Path) -> list[dict[str, Any]]:
     missing = {operator_kind(p) for p in protos} - set(TRANSLATIONS)
     per_node: dict[str, list[dict[str, Any]]] = {}
     if not missing:
-        program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, 0))
+        program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, tokens))
         onnx_names = {n.name: n.meta.get("onnx_node") for n in program.graph.nodes}
         for row in list_operations(program):
             per_node.setdefault(onnx_names.get(row["node"]) or "", []).append(row)
