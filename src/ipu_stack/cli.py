@@ -7,6 +7,7 @@ compile errors, 1 for a numerical FAIL.  ``--debug`` shows tracebacks and debug 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -65,8 +66,9 @@ def _params(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     overrides = {k: getattr(args, k, None) for k in workload_parameters()}
     for key, value in overrides.items():
         if value is not None and key not in known:
-            raise UsageError(f"a model file takes no --{key.replace('_', '-')} (its sizes are "
-                             "the export's)" if program else f"workload {workload.name} has "
+            raise UsageError(f"a model file takes no --{key.replace('_', '-')} (its sizes and "
+                             "operations are the export's)" if program else f"workload "
+                             f"{workload.name} has "
                              f"no parameter --{key.replace('_', '-')}")
     overrides = {k: v for k, v in overrides.items() if k in known}
     for key in ("batch", "tokens"):  # a model file's 0 means "as exported": never given
@@ -178,6 +180,8 @@ def _settings(args: argparse.Namespace) -> RunSettings:
     images = getattr(args, "images", None)
     if images is not None and images < 1:
         raise UsageError("--images must be at least 1")
+    if args.engine == "ray" and importlib.util.find_spec("ray") is None:  # before any compile
+        raise UsageError("--engine ray needs Ray: pip install 'ipu-stack[ray]'")
     return RunSettings(images=images, engine=args.engine, record=bool(args.profile),
                        poison=args.poison, lock_path=_lock(args), wait=not args.no_wait,
                        send_package=args.engine == "ray")

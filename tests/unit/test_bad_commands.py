@@ -4,6 +4,7 @@ traceback.  None of them compiles or simulates anything."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,10 @@ def test_help_still_prints_usage(capsys) -> None:
         main(["bench", "--help"])
     assert stop.value.code == 0
     assert "usage: ipu-stack bench" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed")
+def test_the_ray_engine_without_ray_is_refused_before_the_compile(capsys) -> None:
+    assert main(["bench", "siglip-mlp", "--engine", "ray"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --engine ray needs Ray: pip install "
+                                               "'ipu-stack[ray]'")

@@ -10,6 +10,7 @@ flight, one a step of the chips' pipeline, each in its own range of the caches.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -178,10 +179,13 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     # a dynamic sequence length gives the prompt's pass from the same file
     by_steps = request.prompt_by_steps or request.prompt_tokens < 2 \
         or workload.prompt_inputs is None
-    if request.image is not None and (by_steps or step.table is None):
+    if request.image is not None and (step.table is None or workload.prompt_inputs is None):
         raise UsageError(f"{request.model} must take inputs_embeds with a dynamic sequence "
-                         "length for --image-program (the image's rows open the prompt's pass), and "
-                         "--prompt-tokens must be at least 2")
+                         "length for --image-program (the image's rows open the prompt's "
+                         "pass)")
+    if request.image is not None and by_steps:
+        raise UsageError("--image-program runs the prompt's pass (the image's rows open it): "
+                         "give --prompt-tokens of at least 2, without --prompt-by-steps")
     pixels = params.get("inputs", "") if request.image is not None else ""
     return DecodePlan(workload, {**params, "batch": step.batch, **({"inputs": ""} if pixels
                                                                    else {})},
@@ -205,8 +209,8 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
     image, torch_image = None, None
     if request.image is not None:  # a model file's VLM: its image program's file
-        image, torch_image = _image_program(request, params, options, out / "vision",
-                                            plan.image_inputs)
+        image, torch_image = _image_program(request, params, _dump_in(options, "vision"),
+                                            out / "vision", plan.image_inputs)
         if torch_image.shape[-1] != step.table.shape[1]:
             raise UsageError(f"{request.image}'s rows are {torch_image.shape[-1]} wide; the "
                              f"decoder's embeddings are {step.table.shape[1]}")
@@ -220,10 +224,11 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     if not plan.by_steps:  # the prompt's pass, compiled beside the decode step
         image_rows = 0 if torch_image is None else torch_image.shape[1]
         prompt_pass, prompt_inputs = _prompt_pass(plan, request.prompt_tokens + image_rows,
-                                                  options, out / "prompt", image_rows > 0,
-                                                  request.choose)
+                                                  _dump_in(options, "prompt"), out / "prompt",
+                                                  image_rows > 0, request.choose)
     if workload.vision is not None:  # a VLM's tower and connector
-        looked = compile_strategy(workload, workload.vision(params), out / "vision", options)
+        looked = compile_strategy(workload, workload.vision(params), out / "vision",
+                                  _dump_in(options, "vision"))
         image = Compiled(looked.package, looked.graph, looked.tensors)
     generation = Generation(prompt, request.new_tokens,
                             lambda tokens, position, first: workload.step_inputs(
@@ -242,6 +247,14 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
         record.update(workload.torch_tokens(prompt, request.new_tokens,
                                             np.array(run.feed.chosen), torch_image))
     return record
+
+
+def _dump_in(options: CompileOptions, program: str) -> CompileOptions:
+    """``options`` for another of generate's programs: its ``--dump-stages`` in a subfolder
+    of its own, so the decode step's dumps (the folder itself) are not overwritten."""
+    if not options.dump_stages:
+        return options
+    return dataclasses.replace(options, dump_stages=str(Path(options.dump_stages) / program))
 
 
 def _image_program(request: GenerateRequest, params: dict[str, Any], options: CompileOptions,
