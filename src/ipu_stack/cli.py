@@ -240,7 +240,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     args.groups = plan.groups
     settings, options = _settings(args), _options(args)
     out = _out_folder(args, plan.workload.identifier(plan.params))
-    streamed = _stream_tokens() if sys.stdout.isatty() else None
+    # tokens stream to a person at a terminal; --json and --record print the record alone
+    streamed = _stream_tokens() if sys.stdout.isatty() and not (args.json or args.record) \
+        else None
     record = generate(plan, request, options, settings, out, streamed)
     if streamed is not None:
         print()  # the streamed tokens' line

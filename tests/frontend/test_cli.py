@@ -147,6 +147,18 @@ def test_compile_then_run_and_a_changed_file(tiny: Path, tmp_path: Path, cache_d
     assert "changed since the package was compiled" in err
 
 
+def test_an_imported_stream_reports_its_host_sides_peak(tiny: Path, tmp_path: Path,
+                                                       cache_dir: Path, lock_path: Path,
+                                                       capsys) -> None:
+    """Two micro-batches, each judged on a thread of this process: its peak is reported."""
+    code = main(["--quiet", "bench", str(tiny), "--precision", "f16", "--images", "2",
+                 "--out", str(tmp_path / "b"), "--json", "--lock", str(lock_path),
+                 "--cache-dir", str(cache_dir)])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["imagesPassed"] == 2, record
+    assert isinstance(record["hostPeakBytes"], int) and record["hostPeakBytes"] > 2**20
+
+
 def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, lock_path: Path,
                                 capsys) -> None:
     pixels = np.random.default_rng(11).standard_normal((1, 3, 16, 16)).astype(np.float32)

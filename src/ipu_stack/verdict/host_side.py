@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
@@ -43,6 +44,7 @@ class HostThread:
                  model: Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]] | None,
                  outputs_only: set[str]) -> None:
         self.arrivals: queue.SimpleQueue = queue.SimpleQueue()
+        self.peak_bytes = 0  # the host side's peak resident memory, once it has finished
         self.abandoned = threading.Event()  # the device failed: the host side stops at once
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.future = self.pool.submit(host_side, graph, tensors, gemm_modes, model,
@@ -58,6 +60,8 @@ class HostThread:
             self.pool.shutdown()
         verdict = judging.finish(ideal_values)
         verdict.ideal_seconds = ideal_seconds
+        # on a thread of this process: its peak is this process's (Linux counts KiB)
+        self.peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return reference, verdict
 
     def abandon(self) -> None:
