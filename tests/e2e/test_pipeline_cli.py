@@ -202,3 +202,13 @@ def test_a_compile_over_an_older_pipeline_removes_its_group_programs(piped, tmp_
     assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name.startswith("group")) \
         == ["group1.notes", "group7"]
     assert "stale group programs removed" in err and 'programs="group0,group1"' in err
+
+
+def test_groups_sharing_a_chip_are_lowered_unfused(piped):
+    """Superstep fusion would join a stem group's steps otherwise than the others', so the
+    groups would no longer share supersteps: each group's program is lowered unfused."""
+    from ipu_stack.runtime.session import load_package
+
+    for folder in sorted((piped.folder / "pkg").glob("group*")):
+        options = load_package(folder / "model.ipuexe").manifest["options"]
+        assert options["fuse_window"] == 0, folder.name
