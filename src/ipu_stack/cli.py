@@ -122,8 +122,6 @@ def _refuse_conflicts(args: argparse.Namespace) -> None:
         raise UsageError("give -v or --quiet, not both")
     if getattr(args, "json", False) and getattr(args, "record", False):
         raise UsageError("give --json or --record, not both")
-    if getattr(args, "no_wait", False) and not getattr(args, "device", None):
-        raise UsageError("--no-wait is for --device NAME: a private device never waits")
     if getattr(args, "attention", None) == "fp8" and getattr(args, "precision", None) == "f16":
         raise UsageError("--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: "
                          "it takes --precision fp8")

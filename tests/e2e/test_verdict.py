@@ -67,10 +67,14 @@ def _head_dropped(monkeypatch, layer: int) -> str:
         stage = _pv_stage(self.package.manifest, 0 if looped else layer)
         if step.name == f"stage{stage}.gemm" and (not looped or on_pass == layer):
             tiles_used = _tiles(plans[_gemm_index(self.package.manifest, stage)])
+            # the heads' grids lie side by side from the stage's first tile: head 1's is the
+            # second run of tiles_used tiles
+            ordered = sorted({int(t) for call in step.calls for t in call.tiles})
+            second = np.array(ordered[tiles_used:2 * tiles_used])
             for call in step.calls:
                 kernel = self.program.kernels[call.kernel]
                 tiles, addresses = call.tiles, call.addresses
-                head = (tiles >= tiles_used) & (tiles < 2 * tiles_used)
+                head = np.isin(tiles, second)
                 rows, pitch = kernel.params["rows"], kernel.params["out_pitch"]
                 for tile, address in zip(tiles[head], addresses[head, 2], strict=True):
                     start = int(address) - self.base
@@ -91,8 +95,11 @@ def _pv_stage(manifest: dict, layer: int) -> int:
 
 
 def _gemm_index(manifest: dict, stage: int) -> int:
+    """The stage's index among the GEMM stages (whose plans the manifest lists in order); a
+    fused compute set names several (``stage1.gemm+stage2.gemm+stage3.gemm``)."""
     names = [s["name"] for s in manifest["programs"]["run"] if s["kind"] == "compute"]
-    gemms = sorted({int(n.split(".")[0][5:]) for n in names if n.endswith(".gemm")})
+    gemms = sorted({int(part.split(".")[0][5:]) for n in names for part in n.split("+")
+                    if part.endswith(".gemm")})
     return gemms.index(stage)
 
 

@@ -130,7 +130,7 @@ def test_keep_f16_that_would_change_nothing_is_one_line(tmp_path: Path, capsys,
 
 
 @pytest.mark.parametrize("extra", [["--chips", "2"], ["--precision", "f16"],
-                                   ["--keep-f16", "1"], ["--save-tensors", "t"]])
+                                   ["--keep-f16", "1"]])
 def test_a_recipe_refuses_what_it_chooses_itself(tmp_path: Path, capsys,
                                                  extra: list[str]) -> None:
     code = main(["--quiet", "fp8-recipe", "siglip-layer", "--blocks", "2", "--tokens", "16",
@@ -140,3 +140,10 @@ def test_a_recipe_refuses_what_it_chooses_itself(tmp_path: Path, capsys,
         f"error: fp8-recipe takes no {extra[0]}: it chooses the kept layers and measures "
         "all-F16, all-FP8 and the recipe on one chip itself")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_recipe_offers_no_tensors_or_profile(capsys) -> None:
+    for option in ("--save-tensors", "--profile"):
+        assert main(["--quiet", "fp8-recipe", "siglip-layer", option, "t"]) == 2
+        assert capsys.readouterr().err.strip() == (f"error: fp8-recipe: unrecognised option "
+                                                   f"'{option}'")

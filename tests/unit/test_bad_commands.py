@@ -80,7 +80,6 @@ BAD = [
     (["bench", "siglip-vision", "--precision", "f16", "--attention", "fp8"],
      "--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: it takes "
      "--precision fp8"),
-    (["bench", "siglip-mlp", "--no-wait"], "--no-wait is for --device NAME"),
     # values a decoder cannot take, and option names as the parser spells them
     (["generate", "smollm2-135m", "--theta", "0"], "--theta must be a finite number above 0, "
                                                    "got 0.0"),

@@ -159,11 +159,10 @@ def specialize(program: Any, batch: int) -> Any:
     if not has_dynamic_shape(program) and batch in (0, exported):
         return program
     size = batch or exported
-    refusal = (f"batch {size}: the program's dynamic batch dimension does not take it"
-               if has_dynamic_shape(program) else
-               f"batch {size}: the program was exported for batch {exported} without a "
-               "dynamic batch dimension (export with dynamic_shapes={input: {0: "
-               "Dim('batch')}})")
+    refusal = (f"batch {size}: the program's dynamic batch dimension does not take it" if
+               has_dynamic_shape(program) else f"batch {size}: the program was exported for "
+               f"batch {exported} without a dynamic batch dimension (export with "
+               "dynamic_shapes={input: {0: Dim('batch')}})")
     return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
                      refusal)
 
