@@ -327,6 +327,7 @@ def test_the_device_chooses_the_hosts_tokens_and_sends_ids_not_logits(tmp_path) 
     (2, 32, None, (2, 1)),  # a micro-batch a chip
     (1, 8, None, (1, None)),  # one chip: the planner's choice
     (2, 4, 4, (4, None)),  # micro-batches given: the planner's choice of groups
+    (2, 4, 2, (2, 1)),  # no more than the chips: one group a chip, as without the option
 ])
 def test_a_batch_stepping_together_runs_one_group_a_chip(chips, batch, micro,
                                                          expected) -> None:

@@ -136,9 +136,11 @@ def micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | No
     one).  A batch stepping together is in one group at a time, so more groups than
     micro-batches would leave each chip's other groups' tiles idle while it passes."""
     batch, micro, chips = request.batch or 1, request.micro_batches, request.chips
+    groups = request.groups or None  # one a chip where micro-batches fill several
     if micro is None:
         micro = chips if chips > 1 and batch % chips == 0 and not vision else 1
-        return micro, request.groups or (1 if micro > 1 or chips > 1 else None)
+        # no more micro-batches than chips: one group a chip (more groups could not fill)
+    return micro, groups or (1 if 1 < chips and micro <= chips else None)
     if micro < 1:
         raise UsageError("--micro-batches must be at least 1")
     if batch % micro:
@@ -146,7 +148,8 @@ def micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | No
     if micro > 1 and vision:
         raise UsageError("a VLM's image program runs for the whole batch: give no "
                          "--micro-batches")
-    return micro, request.groups
+    # no more micro-batches than chips: one group a chip (more groups could not fill)
+    return micro, groups or (1 if 1 < chips and micro <= chips else None)
 
 
 def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
