@@ -154,8 +154,8 @@ def _add_model_commands(sub: Any) -> None:
                        "static cache): the prompt's pass, then NEW tokens, every call checked")
     _add_workload_options(p)
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens a sequence "
-                   "(random ids, seeded)")
-    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate")
+                   "(random ids, seeded; default 16)")
+    p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     p.add_argument("--prompt-by-steps", action="store_true", help="feed the prompt a token a "
                    "step through the decode program (default: the prompt's pass, a program "
                    "of its own, fills the cache)")

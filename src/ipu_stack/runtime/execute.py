@@ -13,6 +13,7 @@ package was compiled from (``ipu-stack run PACKAGE``), checked against the packa
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,11 @@ def inspect_package(package: Package) -> dict[str, Any]:
     tiles = group_program_tiles(package)
     target = get_target(package.target)
     SimulatedIpu(target if tiles is None else target.with_tiles(tiles)).load(package)
-    summary = {**head, "kernels": [k["name"] for k in m["kernels"]],
+    # each kernel name once, with how many instances share it (a decode step's argmax has
+    # hundreds: one a tile block of the logits)
+    named = Counter(k["name"] for k in m["kernels"])
+    summary = {**head, "kernels": [name if count == 1 else f"{name} x{count}"
+                                   for name, count in named.items()],
                "initialize_steps": len(m["programs"]["initialize"]),
                "run_steps": len(m["programs"]["run"]),
                "exchange_phases": sum(1 for s in m["programs"]["run"] if s["kind"] == "exchange"),
