@@ -242,7 +242,9 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     run = run_generation(Compiled(result.package, result.graph, result.tensors), generation,
                          settings, prompt_pass)
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
-              "compileSeconds": round(compile_seconds, 2)}
+              "compileSeconds": round(compile_seconds, 2),
+              # the decode step's strategy (--strategy auto chooses by the estimate)
+              "strategy": result.strategy, "pipelineGroups": max(1, len(result.groups))}
     record = generation_fields(run, fields)
     if torch_image is not None:
         record["imageTokens"] = torch_image.shape[1]
