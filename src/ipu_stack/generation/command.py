@@ -139,8 +139,7 @@ def micro_batches(request: GenerateRequest, vision: bool) -> tuple[int, int | No
     groups = request.groups or None  # one a chip where micro-batches fill several
     if micro is None:
         micro = chips if chips > 1 and batch % chips == 0 and not vision else 1
-        # no more micro-batches than chips: one group a chip (more groups could not fill)
-    return micro, groups or (1 if 1 < chips and micro <= chips else None)
+        return micro, groups or (1 if micro > 1 or chips > 1 else None)
     if micro < 1:
         raise UsageError("--micro-batches must be at least 1")
     if batch % micro:
