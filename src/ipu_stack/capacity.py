@@ -28,6 +28,7 @@ from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import LARGEST_SIZE, Workload
 from ipu_stack.workloads.calibration import cache_folder
+from ipu_stack.workloads.footprint import workload_label
 
 LOG = logging.getLogger("ipu_stack.capacity")
 
@@ -81,8 +82,8 @@ def probe_capacity(
     positions: the cache is sized in them, so two contexts in one block compile the same
     program, and a probe between them would repeat a compile."""
     if parameter not in params:
-        name = Path(params["model"]).name if params.get("model") else workload.name
-        raise UsageError(f"--max-{parameter}: {name} has no --{parameter}")
+        raise UsageError(f"--max-{parameter}: {workload_label(workload, params)} has no "
+                         f"--{parameter}")
     if limit < 1:
         raise UsageError(f"--max-{parameter} must be at least 1")
     if limit > LARGEST_SIZE:

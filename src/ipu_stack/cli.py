@@ -444,8 +444,7 @@ def cmd_workloads(args: argparse.Namespace) -> int:
                 print(f"  {line}")
         for p in w.parameters:
             choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
-            option = p.name.replace("_", "-")  # the spelling the parser takes
-            print(f"  --{option:<10} default {p.default!s:<6} {p.help}{choices}")
+            print(f"  {p.flag:<12} default {p.default!s:<6} {p.help}{choices}")
     return 0
 
 

@@ -267,6 +267,7 @@ def test_a_package_is_refused_once_its_external_weights_change(tmp_path: Path) -
     path = tmp_path / "ok.onnx"
     path.write_bytes(model.SerializeToString())
     recorded = {"model": str(path), "sha256": onnx_sha256(path)}
+    assert onnx_sha256(path, load_onnx(path).proto) == recorded["sha256"]  # as compiled
     assert recorded_file(recorded) == path
     (tmp_path / "weights.bin").write_bytes((2 * weight).tobytes())
     with pytest.raises(UsageError, match=f"{path} changed since the package was compiled"):

@@ -38,6 +38,15 @@ def require_torch() -> Any:
     return torch
 
 
+def refuse_unless_file(path: Path) -> None:
+    """One line for a model path that is not a regular file: a folder (``m.onnx/``),
+    something else that exists, or nothing."""
+    if not path.is_file():
+        raise UsageError(f"{path}: " + ("a folder, not a model file" if path.is_dir() else
+                                        "not a regular file" if path.exists() else
+                                        "no such file"))
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -66,10 +75,7 @@ def load_program(path: str | Path) -> Any:
     archive (truncated, foreign), or an archive torch cannot read (another torch's schema).
     """
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: " + ("a folder, not a model file" if path.is_dir() else
-                                        "not a regular file" if path.exists() else
-                                        "no such file"))
+    refuse_unless_file(path)
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a torch.export .pt2 archive (truncated or another format)")
     try:

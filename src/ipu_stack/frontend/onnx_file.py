@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.loader import file_sha256
+from ipu_stack.frontend.loader import file_sha256, refuse_unless_file
 from ipu_stack.util.errors import UsageError
 
 MIN_OPSET = 17
@@ -74,10 +74,7 @@ def load_onnx(path: str | Path) -> OnnxModel:
     """The checked model of ``path`` and its weights, external ones read from their files."""
     onnx = require_onnx()
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: " + ("a folder, not a model file" if path.is_dir() else
-                                        "not a regular file" if path.exists() else
-                                        "no such file"))
+    refuse_unless_file(path)
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise UsageError(f"{path}: {size:,} bytes, over protobuf's 2 GiB limit for one model "
@@ -119,22 +116,24 @@ def load_onnx(path: str | Path) -> OnnxModel:
     return OnnxModel(model, weights)
 
 
-def onnx_sha256(path: str | Path) -> str:
+def onnx_sha256(path: str | Path, proto: Any = None) -> str:
     """The SHA-256 of the model and of every external-data file it names, in name order:
     a package compiled from it is refused once either changes (a weights file replaced
-    beside an unchanged ``.onnx`` would otherwise run with the new weights unnoticed)."""
-    onnx = require_onnx()
+    beside an unchanged ``.onnx`` would otherwise run with the new weights unnoticed).
+    ``proto``: the model ``load_onnx`` already parsed (its external-data entries kept), so
+    a compile parses the file once; a run's check parses it here."""
     path = Path(path)
-    if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
-        raise UsageError(f"{path}: no such file, or over protobuf's 2 GiB limit")
-    data = path.read_bytes()
-    try:
-        model = onnx.load_model_from_string(data)
-    except Exception:  # load_onnx has said why when the model was compiled
-        raise UsageError(f"{path}: not an ONNX model") from None
-    files = sorted({external_region(path, t)[0] for t in all_tensors(model.graph)
+    if proto is None:
+        refuse_unless_file(path)
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise UsageError(f"{path}: over protobuf's 2 GiB limit for one model")
+        try:
+            proto = require_onnx().load_model_from_string(path.read_bytes())
+        except Exception:  # load_onnx has said why when the model was compiled
+            raise UsageError(f"{path}: not an ONNX model") from None
+    files = sorted({external_region(path, t)[0] for t in all_tensors(proto.graph)
                     if t.data_location == 1})
-    digest = hashlib.sha256(hashlib.sha256(data).digest())
+    digest = hashlib.sha256(bytes.fromhex(file_sha256(path)))
     for external in files:
         digest.update(external.name.encode() + b"\0" + bytes.fromhex(file_sha256(external)))
     return digest.hexdigest()

@@ -114,7 +114,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
             sessions.append(onnxruntime_session(path))
         return onnxruntime_outputs(sessions[0], feeds)
 
-    digest = onnx_sha256(path)
+    digest = onnx_sha256(path, model.proto)
     gemms = tuple((node.name, name_layer(node_scope(node))) for node in model.graph.node
                   if node.op_type in ("MatMul", "Gemm"))
     workload = make_workload(None, path.stem, str(path), digest, sized=sized,

@@ -39,6 +39,11 @@ class Parameter:
     maximum: int | None = LARGEST_SIZE
     positive: bool = False  # a float that must be above 0 (every float is finite, >= 0)
 
+    @property
+    def flag(self) -> str:
+        """The option as the command line spells it (``keep_f16``: ``--keep-f16``)."""
+        return "--" + self.name.replace("_", "-")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -81,7 +86,7 @@ class Workload:
             params[key] = value
         for p in self.parameters:
             value = params[p.name]
-            option = "--" + p.name.replace("_", "-")
+            option = p.flag
             if p.kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = params[p.name] = float(value)
             if not isinstance(value, p.kind) or (p.kind is int and isinstance(value, bool)):

@@ -96,9 +96,15 @@ def chip_bytes(target: Target) -> int:
 def check_fits(workload: Any, params: dict[str, Any], target: str, chips: int) -> None:
     """Before a workload is built: refuse it when its least memory cannot fit ``chips``
     chips (a workload without a footprint, an imported program, is built to be sized)."""
-    if workload.footprint is not None:  # an imported model is named by its file
-        name = Path(params["model"]).name if params.get("model") else workload.name
-        check_footprint(name, workload.footprint(params), target, chips)
+    if workload.footprint is not None:
+        check_footprint(workload_label(workload, params), workload.footprint(params), target,
+                        chips)
+
+
+def workload_label(workload: Any, params: dict[str, Any]) -> str:
+    """The name a message gives a workload: an imported model's file name (its workload's
+    name is the importer's, the same for every file), else the builtin's name."""
+    return Path(params["model"]).name if params.get("model") else workload.name
 
 
 def check_footprint(name: str, footprint: Footprint, target: str, chips: int) -> None:
