@@ -188,10 +188,10 @@ def test_ids_outside_the_table_and_computed_ids_are_refused_in_one_line(tmp_path
 
 
 def test_clip_text_imports_with_its_pooler_and_runs_as_the_builtin(tmp_path, capsys) -> None:
-    """``CLIPTextModel``: the token lookup on the device, the causal mask folded, and the
-    pooler's end-of-text positions computed by the host from the ids, their rows gathered
-    by a device lookup. PASS against torch, in the same cycles as the builtin ``clip-text``
-    of the same shape."""
+    """``CLIPTextModel``: the token lookup on the device, the causal mask folded (one table
+    the layers share), and the pooler's end-of-text positions computed by the host from the
+    ids, their rows gathered by a device lookup. PASS against torch, in the same cycles as
+    the builtin ``clip-text`` of the same shape."""
 
     torch.manual_seed(5)
     config = transformers.CLIPTextConfig(vocab_size=500, hidden_size=64, intermediate_size=128,
@@ -207,6 +207,9 @@ def test_clip_text_imports_with_its_pooler_and_runs_as_the_builtin(tmp_path, cap
     rows = imported.graph.by_role("input")[1]
     assert rows.type.precision.kind == "I32" and rows.type.shape == (3, 1)
     assert any("host preprocessing" in r for r in imported.converted.rewrites)
+    # the layers' causal masks are one table, as the builtin's (the same memory and cycles)
+    masks = [op.inputs[1] for op in imported.graph.operations if op.kind == "biased_softmax"]
+    assert len(masks) == 2 and len(set(masks)) == 1
     _runs_as_the_builtin(program, "clip-text", tmp_path, capsys)
 
 

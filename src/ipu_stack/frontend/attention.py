@@ -67,8 +67,10 @@ def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | N
         tokens = bias.shape[-1]
         return conv.b.op("biased_softmax", [scores.value, table, rows_mask], F16, name,
                          scale=float(factor), table_maps=[[1, 1], [tokens, bias.shape[1]]])
-    table = conv.weight(f"{name}.bias", rows[:period], False)
-    conv.rewrites.append(f"{name}: additive attention bias/mask as the table {name}.bias"
+    table = conv.weight(f"{name}.bias", rows[:period], False) if per_head else \
+        conv.shared_weight(f"{name}.bias", rows)
+    conv.rewrites.append(f"{name}: additive attention bias/mask as the table "
+                         f"{conv.b.graph.values[table].name}"
                          + (f", repeated every {period} rows" if period < len(rows) else ""))
     return conv.b.op("biased_softmax", [scores.value, table], F16, name, scale=float(factor))
 

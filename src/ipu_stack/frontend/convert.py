@@ -19,6 +19,7 @@ exponents come from ``scales``, by role (fitted by the caller on a calibration i
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class Converter:
         self.env: dict[Any, Any] = {}
         self.const_names: dict[int, str] = {}
         self.weights: dict[str, tuple[int, np.ndarray, str]] = {}  # name -> (id, raw, kind)
+        self.shared: dict[tuple, list[int]] = {}  # (shape, digest) -> constants' value ids
         self.inputs: list[InputSpec] = []
         self.input_values: dict[str, np.ndarray] = {}
         self.outputs: list[OutputSpec] = []
@@ -283,6 +285,23 @@ class Converter:
         # not copied (a constant is a view of the program's tensor): folds replace a weight
         self.weights[key] = (value_id, np.asarray(raw, dtype=np.float32), kind)
         return value_id
+
+    def shared_weight(self, key: str, raw: np.ndarray) -> int:
+        """An F16 vector weight that the program computes rather than holds (an attention
+        mask's table), held once however many layers build the same one: a builtin's layers
+        share one mask, and so do an import's, in the same memory and the same cycles."""
+        held = np.ascontiguousarray(raw, dtype=np.float32)
+        digest = (held.shape, hashlib.sha256(held.tobytes()).hexdigest())
+        for value_id in self.shared.get(digest, []):
+            if np.array_equal(self.raw_of(value_id), held):
+                return value_id
+        value_id = self.weight(key, held, False)
+        self.shared.setdefault(digest, []).append(value_id)
+        return value_id
+
+    def raw_of(self, value_id: int) -> np.ndarray:
+        """The values a weight holds, by its IR value."""
+        return next(raw for held_id, raw, _ in self.weights.values() if held_id == value_id)
 
     def const_key(self, tensor: Any, fallback: str) -> str:
         return self.const_names.get(id(tensor), fallback)

@@ -108,6 +108,16 @@ class DecoderLayers:
         p = self.p
         self.head_dim = p["dim"] // p["heads"]
         self.repeats = p["heads"] // p["kv_heads"]
+        self.mask: int | None = None  # the causal mask, one table every layer reads
+
+    def causal_mask(self) -> int:
+        """The prompt's causal mask (``[B H T, T]``, F16): the layers share one table, as
+        an imported model's layers share the one its program builds."""
+        if self.mask is None:
+            p = self.p
+            self.mask = self.constant("causal_mask", causal_mask(p["batch"], p["heads"],
+                                                                 p["tokens"]), F16)
+        return self.mask
 
     def constant(self, name: str, values: np.ndarray, precision: Precision) -> int:
         """A weight whose values the model defines (tables, the selection matrix)."""
@@ -151,9 +161,7 @@ class DecoderLayers:
                      pairs="halves")
         scores = b.op("head_matmul", [q, k], F16, f"{prefix}.scores", mode="qk",
                       heads=p["heads"], tokens=p["tokens"])
-        mask = self.constant(f"{prefix}.mask", causal_mask(p["batch"], p["heads"],
-                                                           p["tokens"]), F16)
-        probs = b.op("biased_softmax", [scores, mask], F16, f"{prefix}.probs",
+        probs = b.op("biased_softmax", [scores, self.causal_mask()], F16, f"{prefix}.probs",
                      scale=1.0 / float(np.sqrt(d)))
         context = b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                        heads=p["heads"], tokens=p["tokens"])
@@ -376,8 +384,8 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
 
 
 def decoder_footprint(params: dict[str, Any]) -> Footprint:
-    """Every 2-D weight of the graph (the layers' products, their selection matrices and
-    causal masks, the token table, the LM head, the RoPE tables) and the largest pair of
+    """Every 2-D weight of the graph (the layers' products and selection matrices, the
+    causal mask, the token table, the LM head, the RoPE tables) and the largest pair of
     activations: the logits with the final norm's output, or a layer's scores, or the
     SwiGLU products' input and output."""
     p = params
@@ -387,10 +395,12 @@ def decoder_footprint(params: dict[str, Any]) -> Footprint:
     kv = p["kv_heads"] * head_dim
     keys = cache_positions(p) or p["tokens"]
     scores = p["batch"] * p["heads"] * p["tokens"] * keys * 2
-    # the prompt's pass: the selection matrices and a causal mask; a step: its KV cache
-    held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * dim * 2 + scores
+    # the prompt's pass: the selection matrices, and one causal mask the layers share; a
+    # step: its KV cache
+    held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * dim * 2
     per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight + held
-    tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4
+    tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4 + (
+        0 if p["context"] else scores)
     logits = rows * (vocab * 2 + dim * weight)
     mlp = rows * (dim + hidden) * weight
     largest = max((logits, "the logits and the final norm's output"),
