@@ -45,8 +45,10 @@ def additive_mask(conv: Converter, node: Any, mask: Any, dims: tuple[int, ...]
 def softmax_op(conv: Converter, scores: Act, factor: float, bias: np.ndarray | None,
                name: str) -> int:
     """``softmax(factor * scores + bias)``: a plain ``softmax``, or a ``biased_softmax``
-    with the bias as an F16 table laid out as the scores are (``[B*H*T, T]``)."""
-    if bias is None:
+    with the bias as an F16 table laid out as the scores are (``[B*H*T, T]``).  A bias of
+    zeros (a padding mask of sequences without padding, as an ONNX export folds it) adds
+    nothing: a plain softmax."""
+    if bias is None or not bias.any():
         return conv.b.op("softmax", [scores.value], F16, name, scale=float(factor))
     rows = bias.reshape(-1, bias.shape[-1])
     # a bias that differs between heads (a relative position bias) is held as the rows

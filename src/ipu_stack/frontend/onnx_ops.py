@@ -63,7 +63,8 @@ class NodeCall:
 
 def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[NodeCall], Any]:
     def run(call: NodeCall) -> Any:
-        return fn(call.operand(0), call.operand(1))
+        out = fn(call.operand(0), call.operand(1))  # two scalars give a Python number
+        return out if hasattr(out, "dim") else call.torch.as_tensor(out)
     return run
 
 
@@ -162,8 +163,12 @@ def _transpose(call: NodeCall) -> Any:
 
 
 def _flatten(call: NodeCall) -> Any:
+    """``Flatten`` to two axes; from axis 1 as ``torch.flatten(x, 1)``, the call it is
+    exported from (a pooled head's)."""
     x = call.inputs[0]
     axis = int(call.attrs.get("axis", 1)) % max(x.dim(), 1)
+    if axis == 1:
+        return call.torch.flatten(x, 1)
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
     return x.reshape(outer, -1)
 
@@ -206,14 +211,23 @@ def _slice(call: NodeCall) -> Any:
     steps = call.ints(4, "steps") if len(call.inputs) > 4 and call.inputs[4] is not None \
         else [1] * len(starts)
     index: list[Any] = [slice(None)] * x.dim()
+    reversed_axes: list[tuple[int, list[int]]] = []
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
-        if step <= 0:
-            raise CompileError("Slice with a negative step")
+        if step == 0:
+            raise CompileError("Slice with a step of 0")
         size = x.shape[axis]
-        lo = max(0, min(size, start + size if start < 0 else start))
-        hi = max(0, min(size, end + size if end < 0 else end))
-        index[axis % x.dim()] = slice(lo, hi, step)
-    return x[tuple(index)]
+        start, end = start + size if start < 0 else start, end + size if end < 0 else end
+        if step > 0:
+            index[axis % x.dim()] = slice(max(0, min(size, start)), max(0, min(size, end)),
+                                          step)
+        else:  # ONNX clamps a backward slice's start to [0, size - 1], its end to [-1, ...]
+            picked = list(range(max(0, min(size - 1, start)), max(-1, min(size - 1, end)),
+                                step))
+            reversed_axes.append((axis % x.dim(), picked))
+    out = x[tuple(index)]
+    for axis, picked in reversed_axes:  # torch slices forward only: picked positions
+        out = out.index_select(axis, call.torch.as_tensor(picked, dtype=call.torch.long))
+    return out
 
 
 def _expand(call: NodeCall) -> Any:
@@ -243,6 +257,87 @@ def _gather_nd(call: NodeCall) -> Any:
     if int(call.attrs.get("batch_dims", 0)):
         raise CompileError("GatherND with batch_dims")
     return data[tuple(indices[..., k] for k in range(indices.shape[-1]))]
+
+
+def _gather_elements(call: NodeCall) -> Any:
+    """``GatherElements``: torch's ``gather`` (a position table's rows picked by position,
+    as BERT's token types are taken from their buffer), negative indices wrapped."""
+    data, index = call.inputs[0], call.inputs[1].long()
+    axis = int(call.attrs.get("axis", 0)) % data.dim()
+    if call.consts[1] is not None:
+        const = np.asarray(call.consts[1]).astype(np.int64)
+        index = call.torch.as_tensor(np.where(const < 0, const + data.shape[axis], const))
+    return call.torch.gather(data, axis, index)
+
+
+def _cumsum(call: NodeCall) -> Any:
+    """``CumSum`` over a constant axis, with its ``exclusive`` and ``reverse`` forms
+    (RoBERTa's position ids count the tokens that are not padding)."""
+    x, axis = call.inputs[0], call.ints(1, "axis")[0]
+    t = call.torch
+    if call.attrs.get("reverse", 0):
+        x = t.flip(x, (axis,))
+    out = t.cumsum(x, axis)
+    if call.attrs.get("exclusive", 0):
+        out = out - x
+    if call.attrs.get("reverse", 0):
+        out = t.flip(out, (axis,))
+    return out.to(call.inputs[0].dtype)
+
+
+def _mod(call: NodeCall) -> Any:
+    """``Mod``: the sign of the divisor (``remainder``) unless ``fmod`` asks for the
+    dividend's (``fmod``), as ONNX defines the two."""
+    a, b = call.operand(0), call.operand(1)
+    t = call.torch
+    a = a if hasattr(a, "dim") else t.as_tensor(a)
+    return t.fmod(a, b) if call.attrs.get("fmod", 0) else t.remainder(a, b)
+
+
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+
+
+def _pad(call: NodeCall) -> Any:
+    """``Pad`` (constant, reflect, edge) as torch's ``pad``: ONNX lists every axis's start
+    pads, then every end pad; torch takes (start, end) pairs from the last axis back."""
+    x, pads = call.inputs[0], call.ints(1, "pads")
+    mode = call.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in PAD_MODES:
+        raise CompileError(f"Pad with mode {mode!r} (constant, reflect and edge are read)")
+    axes = call.ints(3, "axes") if len(call.inputs) > 3 and call.inputs[3] is not None \
+        else list(range(x.dim()))
+    axes = [a % x.dim() for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise CompileError(f"Pad with {len(pads)} pads for {len(axes)} axes")
+    value = 0.0
+    if len(call.inputs) > 2 and call.inputs[2] is not None:
+        value = float(np.asarray(call.const(2, "constant_value")).reshape(-1)[0])
+    starts = dict(zip(axes, pads[:len(axes)], strict=True))
+    ends = dict(zip(axes, pads[len(axes):], strict=True))
+    pairs = [p for axis in reversed(range(x.dim())) for p in (starts.get(axis, 0),
+                                                              ends.get(axis, 0))]
+    if not any(pairs):
+        return x
+    if mode == "constant":
+        return call.torch.nn.functional.pad(x, pairs, mode="constant", value=value)
+    while not any(pairs[-2:]):  # torch reflects and repeats the innermost axes only
+        pairs = pairs[:-2]
+    try:
+        return call.torch.nn.functional.pad(x, pairs, mode=PAD_MODES[mode])
+    except (NotImplementedError, RuntimeError) as exc:
+        raise CompileError(f"Pad in mode {mode} of {len(pairs) // 2} axes of a "
+                           f"{x.dim()}-axis value: {str(exc).splitlines()[0]}") from None
+
+
+def _global_average_pool(call: NodeCall) -> Any:
+    """``GlobalAveragePool``: the mean over every axis after the channels, kept; over one
+    axis as torch's ``adaptive_avg_pool1d(x, 1)``, the call it was exported from (Swin's
+    pooler)."""
+    x, functional = call.inputs[0], call.torch.nn.functional
+    if x.dim() == 3:
+        return functional.adaptive_avg_pool1d(x, 1)
+    return x.mean(dim=tuple(range(2, x.dim())), keepdim=True)
 
 
 def _scatter_nd(call: NodeCall) -> Any:
@@ -360,6 +455,7 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "Div": _div, "Pow": _pow,
     "Equal": _binary(operator.eq), "Less": _binary(operator.lt),
     "Greater": _binary(operator.gt), "And": _binary(operator.and_),
+    "GreaterOrEqual": _binary(operator.ge), "LessOrEqual": _binary(operator.le),
     "Or": _binary(operator.or_), "Not": lambda call: ~call.inputs[0],
     "Max": lambda call: call.torch.maximum(call.inputs[0], call.inputs[1]),
     "Min": lambda call: call.torch.minimum(call.inputs[0], call.inputs[1]),
@@ -377,6 +473,7 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "ArgMax": _argmax, "Where": _where, "Conv": _conv, "Constant": _constant,
     "Shape": _shape, "ConstantOfShape": _constant_of_shape, "Range": _range,
     "Trilu": _trilu, "Tile": _tile, "Resize": _resize,
-    "ScatterND": _scatter_nd,
+    "ScatterND": _scatter_nd, "GatherElements": _gather_elements, "CumSum": _cumsum,
+    "Mod": _mod, "Pad": _pad, "GlobalAveragePool": _global_average_pool,
 }
 """Every ONNX operator (default domain) the importer reads."""

@@ -20,7 +20,9 @@ of ``onnx_ops`` and traces it at the input shapes asked for:
   ``_safe_softmax``; ``GatherND(x, Concat(arange, ArgMax(ids)))`` is ``x[arange(B),
   argmax(ids)]`` (CLIP's pooled row); ``Add(MatMul(x, W), b)`` is ``linear``; the erf and
   tanh spellings of GELU are ``gelu``; ``Reciprocal(Sqrt(x))`` is ``rsqrt``; a
-  reshape-transpose-reshape of the keys is ``transpose(-2, -1)``.  All exact.
+  reshape-transpose-reshape of the keys is ``transpose(-2, -1)``; ``Not(Equal(a, b))`` is
+  ``a != b`` (RoBERTa's padding test); ``Concat(x[s:], x[:s])`` is ``roll(x, -s)`` (Swin's
+  shifted windows).  All exact.
 """
 
 from __future__ import annotations
@@ -153,6 +155,11 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
                 node.inputs = [node.inputs[0], source.inputs[0], picked]
         elif node.op_type == "Gather" and int(node.attrs.get("axis", 0)) == 0:
             _flat_rows(node, producer)
+        elif node.op_type == "Concat" and len(node.inputs) == 2:
+            _roll(node, producer, small)
+        elif node.op_type == "Not" and getattr(producer.get(node.inputs[0]), "op_type",
+                                               "") == "Equal":
+            node.op_type, node.inputs = "NotEqual", list(producer[node.inputs[0]].inputs)
     return nodes
 
 
@@ -329,6 +336,39 @@ def _flat_rows(node: Node, producer: dict[str, Node]) -> None:
             return
 
 
+def _slice_bounds(node: Node | None, small: dict[str, np.ndarray]
+                  ) -> tuple[str, int, int, int] | None:
+    """(input, start, end, axis) of a one-axis, unit-step ``Slice`` with constant bounds."""
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 4:
+        return None
+    found = [small.get(name) for name in node.inputs[1:]]
+    if any(f is None or f.size != 1 for f in found) or (len(found) > 3 and int(found[3]) != 1):
+        return None
+    start, end, axis = (int(f.reshape(-1)[0]) for f in found[:3])
+    return node.inputs[0], start, end, axis
+
+
+def _roll(node: Node, producer: dict[str, Node], small: dict[str, np.ndarray]) -> None:
+    """``Concat(x[s:], x[:s])`` along one axis (``s`` of either sign): the TorchScript
+    exporter's spelling of ``torch.roll(x, -s, axis)`` (Swin's shifted windows and their
+    return), checked against the size when traced."""
+    first = _slice_bounds(producer.get(node.inputs[0]), small)
+    second = _slice_bounds(producer.get(node.inputs[1]), small)
+    if first is None or second is None or first[0] != second[0] or first[3] != second[3] or \
+            int(node.attrs.get("axis", 0)) != first[3] or second[1] != 0 or \
+            first[1] != second[2] or first[1] == 0 or first[2] < 2 ** 31:
+        return
+    node.op_type, node.inputs = "Roll", [first[0]]
+    node.attrs = {"shift": first[1], "axis": first[3]}
+
+
+def _roll_call(call: NodeCall) -> Any:
+    x, shift, axis = call.inputs[0], call.attrs["shift"], call.attrs["axis"]
+    if abs(shift) >= x.shape[axis]:  # a slice is empty: the concatenation is x itself
+        return x
+    return call.torch.roll(x, -shift, axis)
+
+
 def _argmax_source(producer: dict[str, Node], name: str) -> str | None:
     """The ids an ``ArgMax`` over the last axis reads, through Unsqueeze and Cast."""
     node = producer.get(name)
@@ -366,7 +406,8 @@ def _linear_call(call: NodeCall) -> Any:
 
 IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
           "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
-          "Unflatten": _unflatten_call}
+          "Unflatten": _unflatten_call,
+          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": _roll_call}
 
 
 def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, np.ndarray]

@@ -1,0 +1,205 @@
+"""ONNX operators the encoders' stock exports use, each translation against onnxruntime on
+the same single-node graph, and the exported encoders themselves (transformers' BERT and
+RoBERTa for question answering through torch.onnx, Swin through the TorchScript exporter)
+against onnxruntime, in the cycles of the ``.pt2`` of the same module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+transformers = pytest.importorskip("transformers")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from ipu_stack.frontend.onnx_program import fold, read_nodes  # noqa: E402
+from tests.frontend.test_onnx import bench  # noqa: E402
+
+LAST = 2 ** 63 - 1  # an exporter's "to the end"
+
+
+def model_of(nodes: list, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A graph of ``nodes`` over constant ``arrays`` (initializers), its output ``y`` (its
+    type set when onnxruntime runs it)."""
+    y = helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)
+    graph = helper.make_graph(nodes, "g", [], [y], [numpy_helper.from_array(np.asarray(v), k)
+                                                     for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def translated(model: onnx.ModelProto) -> tuple[np.ndarray, list[str]]:
+    """``y`` as the importer's translations compute it (every node folded), and the node
+    kinds it read the graph as (an idiom rewritten)."""
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = read_nodes(model, weights)
+    return fold(nodes, weights, {}, {}).constants["y"], [n.op_type for n in nodes]
+
+
+def onnxruntime(model: onnx.ModelProto, like: np.ndarray) -> np.ndarray:
+    """``y`` as onnxruntime computes it, the output declared of ``like``'s type (a wrong
+    type of ours fails the session)."""
+    model.graph.output[0].type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(
+        like.dtype)
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(["y"], {})[0]
+
+
+def node(op: str, inputs: list[str], **attrs) -> onnx.NodeProto:
+    return helper.make_node(op, inputs, ["y"], **attrs)
+
+
+def slice_node(x: str, start: int, end: int, axis: int, out: str) -> list[onnx.NodeProto]:
+    names = [f"{out}.{k}" for k in ("starts", "ends", "axes")]
+    return [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(
+        np.array([v], dtype=np.int64), n)) for n, v in zip(names, (start, end, axis),
+                                                           strict=True)] + [
+        helper.make_node("Slice", [x, *names], [out])]
+
+
+X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 11.5
+IDS = np.array([[5, 1, 1, 7, 1], [1, 3, 3, 3, 9]], dtype=np.int64)
+CASES = {
+    "gather_elements_negative": (
+        [node("GatherElements", ["x", "i"], axis=2)],
+        {"x": X, "i": np.array([[[0, -1, 2, 1]] * 3, [[3, 0, -2, -4]] * 3], dtype=np.int64)}),
+    "cumsum": ([node("CumSum", ["ids", "axis"])], {"ids": IDS, "axis": np.array(1)}),
+    "cumsum_exclusive_reverse": ([node("CumSum", ["x", "axis"], exclusive=1, reverse=1)],
+                                 {"x": X, "axis": np.array(-1)}),
+    "mod_sign_of_divisor": ([node("Mod", ["a", "b"])],
+                            {"a": np.array([-7, 7, -7, 7, 0]), "b": np.array([3, -3, -3, 3, 5])}),
+    "mod_fmod": ([node("Mod", ["a", "b"], fmod=1)],
+                 {"a": np.array([-7.5, 7.5, -7.5, 7.5], dtype=np.float32),
+                  "b": np.array([2.0, -2.0, -2.0, 2.0], dtype=np.float32)}),
+    "pad_constant_axes": ([node("Pad", ["x", "pads", "value", "axes"])],
+                          {"x": X, "pads": np.array([1, 0, 2, -1]),
+                           "value": np.array(1.5, dtype=np.float32), "axes": np.array([1, -1])}),
+    "pad_reflect": ([node("Pad", ["x", "pads"], mode="reflect")],
+                    {"x": X, "pads": np.array([0, 1, 2, 0, 1, 1])}),
+    "pad_edge": ([node("Pad", ["x", "pads"], mode="edge")],
+                 {"x": X, "pads": np.array([0, 2, 0, 0, 0, 3])}),
+    "slice_backward": (slice_node("x", -1, -LAST, 2, "y"), {"x": X}),
+    "slice_backward_step": (
+        [helper.make_node("Slice", ["x", "s", "e", "a", "k"], ["y"])],
+        {"x": np.arange(10, dtype=np.float32), "s": np.array([8]), "e": np.array([1]),
+         "a": np.array([0]), "k": np.array([-3])}),
+    "greater_or_equal": ([node("GreaterOrEqual", ["x", "t"])],
+                         {"x": X, "t": np.array(0.5, dtype=np.float32)}),
+    "less_or_equal": ([node("LessOrEqual", ["x", "t"])],
+                      {"x": X, "t": np.array(0.5, dtype=np.float32)}),
+    "global_average_pool_1d": ([node("GlobalAveragePool", ["x"])], {"x": X}),
+    "global_average_pool_2d": ([node("GlobalAveragePool", ["x"])], {"x": X.reshape(1, 2, 3, 4)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_translation_computes_what_onnxruntime_does(case: str) -> None:
+    nodes, arrays = CASES[case]
+    model = model_of(nodes, arrays)
+    ours, _ = translated(model)
+    expected = onnxruntime(model, ours)
+    assert ours.shape == expected.shape and ours.dtype.kind == expected.dtype.kind
+    np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.parametrize("shift", [1, -1, 3])
+def test_a_concatenation_of_two_slices_is_read_as_a_roll(shift: int) -> None:
+    """``Concat(x[s:], x[:s])``: how the TorchScript exporter writes ``torch.roll``."""
+    nodes = [*slice_node("x", shift, LAST, 1, "head"), *slice_node("x", 0, shift, 1, "tail"),
+             node("Concat", ["head", "tail"], axis=1)]
+    model = model_of(nodes, {"x": X})
+    ours, kinds = translated(model)
+    assert kinds[-1] == "Roll"
+    np.testing.assert_array_equal(ours, onnxruntime(model, ours))
+    np.testing.assert_array_equal(ours, np.roll(X, -shift, 1))
+
+
+def test_not_equal_is_read_as_one_comparison() -> None:
+    nodes = [helper.make_node("Equal", ["ids", "pad"], ["same"]), node("Not", ["same"])]
+    model = model_of(nodes, {"ids": IDS, "pad": np.array(1)})
+    ours, kinds = translated(model)
+    assert kinds == ["Equal", "NotEqual"]
+    np.testing.assert_array_equal(ours, onnxruntime(model, ours))
+
+
+def test_an_unread_pad_mode_is_named() -> None:
+    from ipu_stack.util.errors import CompileError
+
+    model = model_of([node("Pad", ["x", "pads"], mode="wrap")],
+                     {"x": X, "pads": np.array([0, 1, 0, 0, 1, 0])})
+    with pytest.raises(CompileError, match="Pad with mode 'wrap'"):
+        translated(model)
+
+
+def question_answering(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """transformers' BERT or RoBERTa for SQuAD, 2 layers at width 64, returning the start
+    and end logits; RoBERTa's position ids are counted from its ids (``CumSum``)."""
+    torch.manual_seed(3)
+    common = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128,
+              "max_position_embeddings": 40}
+    if kind == "bert":
+        model = transformers.BertForQuestionAnswering(transformers.BertConfig(**common))
+    else:
+        model = transformers.RobertaForQuestionAnswering(
+            transformers.RobertaConfig(**common, type_vocab_size=1))
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.model(input_ids=input_ids)
+            return out.start_logits, out.end_logits
+
+    return drawn(Logits().eval()), torch.randint(2, 300, (2, 12))
+
+
+def swin() -> tuple[torch.nn.Module, torch.Tensor]:
+    """transformers' Swin classifier, two stages of two blocks (the second shifted)."""
+    torch.manual_seed(3)
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2],
+                                     num_heads=[2, 4], window_size=4, num_labels=10)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.SwinForImageClassification(config)
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=pixel_values).logits
+
+    return drawn(Logits().eval()), torch.randn(1, 3, 32, 32)
+
+
+def drawn(module: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    return module
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "swin"])
+def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
+        kind: str, tmp_path: Path, cache_dir: Path, lock_path: Path, capsys) -> None:
+    module, example = swin() if kind == "swin" else question_answering(kind)
+    name = "pixel_values" if kind == "swin" else "input_ids"
+    pt2 = tmp_path / f"{kind}.pt2"
+    torch.export.save(torch.export.export(module, (example,)), str(pt2))
+    path = tmp_path / f"{kind}.onnx"
+    # Swin's window partition does not decompose in torch.onnx's exporter: TorchScript's
+    torch.onnx.export(module, (example,), str(path), dynamo=kind != "swin", opset_version=18,
+                      input_names=[name], verbose=False)
+    onnx_record = bench(path, tmp_path, cache_dir, lock_path, capsys)
+    pt2_record = bench(pt2, tmp_path, cache_dir, lock_path, capsys)
+    assert onnx_record["numericalTest"] == "PASS", onnx_record
+    assert onnx_record["referenceSource"] == "onnxruntime"
+    assert onnx_record["conversionError"] < 1e-5
+    assert onnx_record["cycles"] == pt2_record["cycles"]
