@@ -4,7 +4,10 @@ the vendor's C600 figures").
 
 Usage: ``python benchmarks/export_swin.py --batch B --out MODEL.pt2 [--classify]``
 (``--classify``: ``SwinForImageClassification`` with ImageNet's 1,000 labels; else
-``SwinModel``, returning the last hidden state and the pooled output).  Random init
+``SwinModel``, returning the last hidden state and the pooled output); an ``--out
+MODEL.onnx`` is written by torch.onnx's TorchScript exporter instead (opset 18: the default
+exporter cannot decompose Swin's window partition), for ``ipu-stack bench MODEL.onnx``
+(docs/onnx.md).  Random init
 (``torch.manual_seed(0)``) at the real widths, the relative position bias tables drawn as
 N(0, 0.02) (transformers starts them at zero, which would leave the bias untested).  About
 800 MB on disk; needs the ``torch`` extra (transformers).
@@ -34,7 +37,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = swin_large(args.classify)
     pixels = torch.randn(args.batch, 3, 384, 384)
-    torch.export.save(torch.export.export(model, (pixels,)), args.out)
+    if args.out.endswith(".onnx"):
+        torch.onnx.export(model.eval(), (pixels,), args.out, dynamo=False, opset_version=18,
+                          input_names=["pixel_values"], verbose=False)
+    else:
+        torch.export.save(torch.export.export(model, (pixels,)), args.out)
     print(f"wrote {args.out}")
 
 
