@@ -368,3 +368,31 @@ def test_where_the_argmax_does_not_fit_the_host_chooses(tmp_path, monkeypatch) -
                         "--new-tokens", "3", "--choose", "device", "--out",
                         str(tmp_path / "asked"), "--json"])
     assert code == 0 and "goes a token a step" in err  # asked for: no host fallback
+
+
+
+def test_auto_weighs_a_pipeline_by_the_passes_in_flight(tmp_path) -> None:
+    """A decode step waits for its own last token: through a pipeline of two groups on one
+    chip, one micro-batch takes both groups' programs and the hand-off in turn, where
+    streamed images would keep both busy. SmolLM2's widths over 2 layers: the pipeline's
+    steady step beats the layers' program, one pass through it does not, and ``--strategy
+    auto`` compiles the pipeline for a stream and the layers for a token a step."""
+    from ipu_stack.strategy.compile import pipeline_rate
+
+    workload = get_workload("smollm2-135m")
+    params = workload.resolve({"layers": 2, "tokens": 1, "context": 32})
+    streamed = compile_strategy(workload, params, tmp_path / "streamed",
+                                CompileOptions(strategy="auto"))
+    stepped = compile_strategy(workload, params, tmp_path / "stepped",
+                               CompileOptions(strategy="auto"), in_flight=1)
+    assert (streamed.strategy, stepped.strategy) == ("pipeline", "layers")
+    assert stepped.reason.startswith("layers ") and "against pipeline" in stepped.reason
+    estimate, work = streamed.estimate, params["batch"] * CLOCK
+    one_pass = sum(estimate["group_cycles"]) + sum(estimate["handoff_cycles"]) + sum(
+        estimate["link_cycles"])
+    assert len(estimate["group_cycles"]) == 2
+    assert pipeline_rate(estimate, work, None) == work / estimate["cycles"]
+    assert pipeline_rate(estimate, work, 1) == work / one_pass
+    assert pipeline_rate(estimate, work, 2) == 2 * work / max(one_pass, 2 * estimate["cycles"])
+    assert pipeline_rate(estimate, work, 1) < work / stepped.estimate["cycles"] \
+        < pipeline_rate(estimate, work, None)

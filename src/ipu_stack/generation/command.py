@@ -202,7 +202,7 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     record (with PyTorch's own greedy tokens for a model file)."""
     workload, params, micro = plan.workload, plan.params, plan.micro_batches
     started = time.perf_counter()  # every program's compile: the step, the pass, the image
-    result = compile_choosing(workload, params, out, options, request.choose)
+    result = compile_choosing(workload, params, out, options, request.choose, micro)
     step = getattr(workload, "step", None)  # an imported step: its vocabulary
     prompt = prompt_tokens(params["seed"], params["batch"] * micro, request.prompt_tokens,
                            params["vocab"] if step is None else step.vocab)
@@ -230,7 +230,7 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
                                                   image_rows > 0, request.choose)
     if workload.vision is not None:  # a VLM's tower and connector
         looked = compile_strategy(workload, workload.vision(params), out / "vision",
-                                  _dump_in(options, "vision"))
+                                  _dump_in(options, "vision"), in_flight=1)
         image = Compiled(looked.package, looked.graph, looked.tensors)
     generation = Generation(prompt, request.new_tokens,
                             lambda tokens, position, first: workload.step_inputs(
@@ -272,7 +272,7 @@ def _image_program(request: GenerateRequest, params: dict[str, Any], options: Co
     workload, base = imported_workload(request.image)  # type: ignore[arg-type]
     image_params = workload.resolve({**base, "precision": params["precision"],
                                      "seed": params["seed"], "inputs": pixels})
-    compiled = compile_strategy(workload, image_params, out, options)
+    compiled = compile_strategy(workload, image_params, out, options, in_flight=1)
     outputs = [v.name for v in compiled.graph.values if v.role == "output"]
     if len(outputs) != 1:
         raise UsageError(f"{request.image} returns {len(outputs)} tensors; an image program "
@@ -283,18 +283,20 @@ def _image_program(request: GenerateRequest, params: dict[str, Any], options: Co
 
 
 def compile_choosing(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
-                     given: str | None) -> Any:
-    """Compile a program of the generation; where the device's argmax does not fit beside
-    it (``--choose`` not given), the host chooses that program's tokens, said in one
-    warning line (each program's feed reads its own graph's output).  Where the program
-    does not compile without the argmax either, that error is the one raised, and no
-    warning blames the argmax."""
+                     given: str | None, in_flight: int = 1) -> Any:
+    """Compile a program of the generation (``in_flight`` of its passes at once, each
+    waiting for its own last token: what ``--strategy auto`` weighs a pipeline by); where
+    the device's argmax does not fit beside it (``--choose`` not given), the host chooses
+    that program's tokens, said in one warning line (each program's feed reads its own
+    graph's output).  Where the program does not compile without the argmax either, that
+    error is the one raised, and no warning blames the argmax."""
     try:
-        return compile_strategy(workload, params, out, options)
+        return compile_strategy(workload, params, out, options, in_flight=in_flight)
     except CompileError as why:
         if given is not None or params.get("choose") != "device":
             raise
-        compiled = compile_strategy(workload, {**params, "choose": "host"}, out, options)
+        compiled = compile_strategy(workload, {**params, "choose": "host"}, out, options,
+                                    in_flight=in_flight)
         log.event(LOG, "the argmax on the device does not fit: the host chooses the tokens",
                   logging.WARNING, reason=str(why))
         return compiled

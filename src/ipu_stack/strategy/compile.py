@@ -419,6 +419,21 @@ def _align_programs(workload: Workload, params: dict[str, Any], out_dir: Path,
                   slowest=pace, estimated_cycles=again.estimate["cycles"])
 
 
+def pipeline_rate(estimate: dict[str, Any], work: float, in_flight: int | None) -> float:
+    """A pipeline's estimated passes a second times a pass's ``work`` (images times the
+    clock).  Independent images (``in_flight`` None) keep every group busy: one pass a steady
+    step.  ``in_flight`` passes that each wait for their own previous one (generate's
+    micro-batches, a token a step) go through the groups one after another: each pass takes
+    every group's program and hand-off in turn, and ``in_flight`` of them share that time,
+    however many groups there are (at one, a group's tiles wait while the others run)."""
+    step = max(int(estimate["cycles"]), 1)
+    if in_flight is None:
+        return work / step
+    one_pass = sum(estimate["group_cycles"]) + sum(estimate["handoff_cycles"]) \
+        + sum(estimate["link_cycles"])
+    return work * in_flight / max(one_pass, in_flight * step, 1)
+
+
 def _step_estimate(compiled: list[CompileResult], handoffs: tuple[Handoff, ...],
                    per_chip: int) -> dict[str, Any]:
     """The planner's steady step (every group busy; ``compiled``: each group's program).
@@ -447,11 +462,12 @@ def _step_estimate(compiled: list[CompileResult], handoffs: tuple[Handoff, ...],
 
 
 def compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
-                     options: CompileOptions, images: int | None = None) -> StrategyResult:
+                     options: CompileOptions, images: int | None = None,
+                     in_flight: int | None = None) -> StrategyResult:
     """Compile (``_compile_strategy``) and remove the group programs in ``out_dir`` that the
     package does not hold: a folder compiled before with another grouping (or strategy)
     would otherwise sit beside the new package as if it were one of its parts."""
-    result = _compile_strategy(workload, params, out_dir, options, images)
+    result = _compile_strategy(workload, params, out_dir, options, images, in_flight)
     remove_stale_programs(Path(out_dir), {Path(c.package).parent.name for c in result.compiled})
     return result
 
@@ -474,12 +490,14 @@ def remove_stale_programs(out_dir: Path, kept: set[str]) -> list[str]:
 
 
 def _compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
-                      options: CompileOptions, images: int | None = None) -> StrategyResult:
+                      options: CompileOptions, images: int | None = None,
+                      in_flight: int | None = None) -> StrategyResult:
     """Compile with ``options.strategy``: ``layers`` (one program over the chip),
     ``pipeline`` (layer groups; ``options.groups`` of them, or the planner's choice, of at
     most ``images`` groups a chip when a run will stream that many) or ``auto`` (both; the
-    higher estimated images/s wins, and when the model cannot be pipelined within memory,
-    layers, with the reason logged)."""
+    higher estimated images/s wins (:func:`pipeline_rate`: ``in_flight`` passes at once),
+    and when the model cannot be pipelined within memory, layers, with the reason
+    logged)."""
     strategy, groups = options.strategy, options.groups or None
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -500,7 +518,7 @@ def _compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     if piped is not None:
         clock, batch = get_target(options.target).clock_hz, int(params.get("batch", 1))
         layers_rate = batch * clock / max(int(done.estimate["cycles"]), 1)
-        piped_rate = batch * clock / max(int(piped.estimate["cycles"]), 1)
+        piped_rate = pipeline_rate(piped.estimate, batch * clock, in_flight)
         if piped_rate > layers_rate:
             reason = (f"pipeline {piped_rate:.1f} images/s estimated against layers "
                       f"{layers_rate:.1f}")
@@ -513,4 +531,5 @@ def _compile_strategy(workload: Workload, params: dict[str, Any], out_dir: Path,
     return _layers(done, reason, start)
 
 
-__all__ = ["StrategyResult", "choose_groups", "compile_pipeline", "compile_strategy"]
+__all__ = ["StrategyResult", "choose_groups", "compile_pipeline", "compile_strategy",
+           "pipeline_rate"]
