@@ -62,8 +62,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         help="C600 cards joined by IPU-Links in a line (1-8): the tower's "
                         "layers are pipelined over all of them")
     parser.add_argument("--groups", type=int, default=None,
-                        help="pipeline strategy: this many tile groups (default: the planner "
-                        "chooses)")
+                        help="pipeline strategy: this many tile groups on each chip (with "
+                        "--chips N, N times as many in all; default: the planner chooses)")
     parser.add_argument("--verify-stages", action="store_true",
                         help="run the verifiers of the lowered program and the placement "
                         "between the compile's stages")

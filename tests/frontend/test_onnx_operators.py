@@ -203,3 +203,44 @@ def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
     assert onnx_record["referenceSource"] == "onnxruntime"
     assert onnx_record["conversionError"] < 1e-5
     assert onnx_record["cycles"] == pt2_record["cycles"]
+
+
+def _absurd(kind: str) -> onnx.ModelProto:
+    """x [1, 4, 8] plus a value of billions of elements that a few bytes ask for: folded
+    from constants (``ConstantOfShape``, ``Expand``, a broadcast ``Add``, ``Tile``, ``Pad``)
+    or computed from the input (``Expand`` of x)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])
+    big = 40_000
+    arrays = {"shape": np.array([big, big, 1]), "column": np.ones((big, 1), np.float32),
+              "row": np.ones((1, big), np.float32), "reps": np.array([big, big]),
+              "pads": np.array([big, big, big, big]), "one": np.ones((1, 1), np.float32),
+              "wide": np.array([big, big, 4, 8])}
+    made = {"constant_of_shape": [helper.make_node("ConstantOfShape", ["shape"], ["v"])],
+            "expand": [helper.make_node("Expand", ["one", "shape"], ["v"])],
+            "broadcast": [helper.make_node("Add", ["column", "row"], ["v"])],
+            "tile": [helper.make_node("Tile", ["one", "reps"], ["v"])],
+            "pad": [helper.make_node("Pad", ["one", "pads"], ["v"])],
+            "expand_input": [helper.make_node("Expand", ["x", "wide"], ["v"])]}[kind]
+    nodes = [*made, helper.make_node("ReduceSum", ["v"], ["s"], keepdims=0),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y], [numpy_helper.from_array(v, k)
+                                                     for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("kind", ["constant_of_shape", "expand", "broadcast", "tile", "pad",
+                                  "expand_input"])
+def test_a_value_of_billions_is_refused_before_it_is_made(kind: str, tmp_path: Path,
+                                                          capsys) -> None:
+    """Each is 1.6 billion elements or more (6.4 GB as float32): refused in one line from
+    its shape alone, the bound named."""
+    from ipu_stack.cli import main
+
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(_absurd(kind), str(path))
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "elements, over the bound of 268,435,456" in lines[0], lines[0]

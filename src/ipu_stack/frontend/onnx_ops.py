@@ -443,6 +443,13 @@ def _resize(call: NodeCall) -> Any:
                                                 align_corners=corners)
 
 
+def roll_idiom(call: NodeCall) -> Any:
+    """``roll(x, -shift, axis)``: the idiom ``Concat(x[shift:], x[:shift])`` read back
+    (``onnx_program``); the concatenation is ``x`` itself where a slice is empty."""
+    x, shift, axis = call.inputs[0], call.attrs["shift"], call.attrs["axis"]
+    return x if abs(shift) >= x.shape[axis] else call.torch.roll(x, -shift, axis)
+
+
 def _pow(call: NodeCall) -> Any:
     return call.torch.pow(call.inputs[0], call.operand(1))
 

@@ -37,10 +37,11 @@ import numpy as np
 
 from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
-from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall, constant_of
+from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall, constant_of, roll_idiom
 from ipu_stack.util.errors import CompileError
 
 MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
+FOLDED_ELEMENTS = 2 ** 28  # a value's bound: 1 GiB as float32, past what a chip holds
 
 
 @dataclass
@@ -362,13 +363,6 @@ def _roll(node: Node, producer: dict[str, Node], small: dict[str, np.ndarray]) -
     node.attrs = {"shift": first[1], "axis": first[3]}
 
 
-def _roll_call(call: NodeCall) -> Any:
-    x, shift, axis = call.inputs[0], call.attrs["shift"], call.attrs["axis"]
-    if abs(shift) >= x.shape[axis]:  # a slice is empty: the concatenation is x itself
-        return x
-    return call.torch.roll(x, -shift, axis)
-
-
 def _argmax_source(producer: dict[str, Node], name: str) -> str | None:
     """The ids an ``ArgMax`` over the last axis reads, through Unsqueeze and Cast."""
     node = producer.get(name)
@@ -407,7 +401,7 @@ def _linear_call(call: NodeCall) -> Any:
 IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
           "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
           "Unflatten": _unflatten_call,
-          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": _roll_call}
+          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": roll_idiom}
 
 
 def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, np.ndarray]
@@ -437,10 +431,14 @@ def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tu
         for position, node in enumerate(nodes):  # a Constant node has no inputs: folded
             constant = node.op_type == "Shape" or all(
                 i in folded.constants for i in node.inputs if i)
+            if constant and node.op_type != "Shape":
+                _within_bound(node, _meta_outputs(torch, node, folded.constants))
             live = {i: values[i] if i in values else
                     _constant_tensor(torch, folded.constants[i], meta=not constant)
                     for i in node.inputs if i}
             outputs = run_node(torch, node, live, folded.constants)
+            if not constant:  # shapes only: the reference would hold it whole
+                _within_bound(node, outputs)
             for name, out in zip(node.outputs, outputs, strict=False):
                 if constant:
                     folded.constants[name] = out.numpy().copy()
@@ -451,6 +449,27 @@ def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tu
             for name in [n for n in node.inputs if last_use.get(n) == position]:
                 values.pop(name, None)
     return folded
+
+
+def _meta_outputs(torch: Any, node: Node, constants: dict[str, np.ndarray]) -> tuple:
+    """A folded node's outputs on torch's ``meta`` device, shapes only (none where the
+    translation reads values on the way: its own bounds hold)."""
+    meta = {i: _constant_tensor(torch, constants[i], meta=True) for i in node.inputs if i}
+    try:
+        with torch.device("meta"):  # what the translation makes (torch.full) too
+            return run_node(torch, node, meta, constants)
+    except (NotImplementedError, RuntimeError, TypeError, ValueError):
+        return ()
+
+
+def _within_bound(node: Node, outputs: tuple) -> None:
+    """Refuse a value of more than ``FOLDED_ELEMENTS``, before it is computed: a file of a
+    few hundred bytes can ask for a ``ConstantOfShape`` or a broadcast of billions."""
+    for out in outputs:
+        count = math.prod(getattr(out, "shape", ()))
+        if count > FOLDED_ELEMENTS:
+            raise CompileError(f"ONNX node {node.name} ({node.op_type}) makes a value of "
+                               f"{count:,} elements, over the bound of {FOLDED_ELEMENTS:,}")
 
 
 def _constant_tensor(torch: Any, array: np.ndarray, meta: bool) -> Any:
