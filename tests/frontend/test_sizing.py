@@ -71,3 +71,26 @@ def test_sizes_a_model_file_cannot_take_are_refused_in_one_line(tmp_path: Path, 
         code = main(["--quiet", "compile", str(model), *argv, "-o", out])
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith(message) and "\n" not in err, (argv, err)
+
+
+class Ones(torch.nn.Module):
+    """A product plus the sum of a ``torch.ones`` of 1.6 billion elements: a file of a few
+    kilobytes whose fold would take 6.4 GB of the host's memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.ones(40_000, 40_000).sum()
+
+
+def test_a_constant_of_billions_is_refused_before_it_is_folded(tmp_path: Path, capsys):
+    path = tmp_path / "ones.pt2"
+    torch.export.save(torch.export.export(Ones().eval(), (torch.randn(1, 4, 8),)), str(path))
+    assert path.stat().st_size < 100_000
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err == ("error: ones.pt2: aten.ones ones's result holds 1,600,000,000 elements, "
+                   "over the bound of 268,435,456")

@@ -21,13 +21,26 @@ import math
 from typing import Any
 
 from ipu_stack.frontend.convert import op_name
-from ipu_stack.workloads.footprint import Footprint
+from ipu_stack.workloads.footprint import VALUE_ELEMENTS, Footprint
 
 PRODUCTS = frozenset({"aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.bmm",
                       "aten.baddbmm", "aten.conv2d", "aten.convolution"})
 """The operations the importer lowers to GEMMs: their operands and result are materialised."""
 RESULT_BYTES = 2
 """A product's result element: F16 at every precision."""
+FOLDED_ELEMENTS = VALUE_ELEMENTS
+"""The most elements a value the import folds on the host may hold, checked from its shape
+before it is made (a ``full`` or a broadcast of billions from a file of a few bytes)."""
+
+
+def recorded_elements(node: Any) -> int:
+    """The most elements of any tensor ``node`` produces, from the shapes the export
+    recorded (0 where it recorded none, or symbolic sizes)."""
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    tensors = value if isinstance(value, (tuple, list)) else (value,)
+    counts = [math.prod(t.shape) for t in tensors if all(
+        isinstance(s, int) for s in getattr(t, "shape", (None,)))]
+    return max(counts, default=0)
 
 
 def _elements(node: Any) -> int | None:
@@ -43,12 +56,16 @@ def _elements(node: Any) -> int | None:
 def program_footprint(program: Any, precision: str) -> Footprint:
     """A floor on the bytes ``program`` (an ``ExportedProgram`` at static shapes) needs on
     the device at ``precision``: its used weights, state buffers and constants, and the
-    largest product's activation operands with its result."""
+    largest product's activation operands with its result; and its largest value."""
     size = 1 if precision == "fp8" else 2
     held = {spec.arg.name for spec in program.graph_signature.input_specs
             if spec.kind.name != "USER_INPUT"}
     weight_bytes, largest, what = 0, 0, "no product's operands"
+    value, value_what = 0, ""
     for node in program.graph.nodes:
+        if node.op == "call_function" and recorded_elements(node) > value:
+            value = recorded_elements(node)
+            value_what = f"{op_name(node.target)} {node.name}'s result"
         if node.op == "placeholder" and node.name in held and node.users:
             weight_bytes += (_elements(node) or 0) * size
         elif node.op == "call_function" and op_name(node.target) in PRODUCTS:
@@ -60,4 +77,4 @@ def program_footprint(program: Any, precision: str) -> Footprint:
                 largest = together
                 shape = "x".join(str(s) for s in getattr(node.meta.get("val"), "shape", ()))
                 what = f"{op_name(node.target)} {node.name}'s operands and {shape} result"
-    return Footprint(weight_bytes, largest, what, 1, "", weight_bytes)
+    return Footprint(weight_bytes, largest, what, 1, "", weight_bytes, value, value_what)

@@ -32,6 +32,16 @@ class Footprint:
     layers: int  # the repeated layers (or blocks) the weights grow with
     layer_parameter: str  # the option that sets them
     layer_weight_bytes: int  # the weights of one of them
+    # an imported program's largest value of any kind, in elements, and which it is: its
+    # host reference holds it whole (``VALUE_ELEMENTS``)
+    value_elements: int = 0
+    value_what: str = ""
+
+
+VALUE_ELEMENTS = 2 ** 28
+"""The most elements one value of a model may hold (1 GiB as float32, past what a chip
+holds): a file of a few hundred bytes can ask for a broadcast of billions, which the host's
+references (torch, onnxruntime, float64) would hold whole."""
 
 
 def _items(params: dict[str, Any]) -> tuple[int, int]:
@@ -114,6 +124,10 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
     held = chips * chip
     need = footprint.weight_bytes + footprint.activation_bytes
     if need <= held:
+        if footprint.value_elements > VALUE_ELEMENTS:
+            raise CompileError(f"{name}: {footprint.value_what} holds "
+                               f"{footprint.value_elements:,} elements, over the bound of "
+                               f"{VALUE_ELEMENTS:,}")
         return
     where = (f"{chips} chips of {target} hold {_gb(held)}" if chips > 1
              else f"one chip of {target} holds {_gb(held)}")
