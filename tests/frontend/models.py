@@ -189,3 +189,26 @@ class TinyVit(nn.Module):
 
 def export(module: nn.Module, *inputs: torch.Tensor):
     return torch.export.export(module.eval(), tuple(inputs))
+
+
+class QaLogits(nn.Module):
+    """A transformers question-answering model called with ``input_ids`` alone, returning
+    its start and end logits as plain tensors (what ``torch.export`` and ONNX take)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids)
+        return out.start_logits, out.end_logits
+
+
+def drawn_vectors(module: nn.Module, scale: float = 0.05) -> nn.Module:
+    """Biases and norm parameters drawn at random, as a trained model's are: left at their
+    init (zeros, ones) an exporter stores each distinct value once for every layer."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(scale * torch.randn_like(parameter))
+    return module

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from ipu_stack.frontend import import_program  # noqa: E402
+from tests.frontend.models import QaLogits  # noqa: E402
 from tests.helpers import one_error_line  # noqa: E402
 
 
@@ -351,21 +352,12 @@ def test_roberta_position_ids_are_host_arithmetic_and_pass_against_torch(tmp_pat
     config = transformers.RobertaConfig(
         vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=40, pad_token_id=1)
-    model = transformers.RobertaForQuestionAnswering(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = self.model(input_ids=input_ids)
-            return out.start_logits, out.end_logits
+    model = QaLogits(transformers.RobertaForQuestionAnswering(config).eval())
 
     ids = torch.randint(3, 300, (2, 16))
     ids[0, 12:] = 1  # padding
     path = tmp_path / "roberta.pt2"
-    torch.export.save(torch.export.export(Logits(), (ids,)), str(path))
+    torch.export.save(torch.export.export(model, (ids,)), str(path))
     np.savez(tmp_path / "ids.npz", input_ids=ids.numpy().astype(np.float32))
     code = main(["--quiet", "bench", str(path), "--precision", "f16", "--json", "--inputs",
                  str(tmp_path / "ids.npz"), "--out", str(tmp_path / "pkg")])

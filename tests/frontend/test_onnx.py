@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from ipu_stack.cli import main  # noqa: E402
 from ipu_stack.frontend.onnx_file import load_onnx  # noqa: E402
 from ipu_stack.util.errors import UsageError  # noqa: E402
-from tests.frontend.models import TinyVit  # noqa: E402
+from tests.frontend.models import TinyVit, drawn_vectors  # noqa: E402
 
 
 class Outputs(torch.nn.Module):
@@ -42,16 +42,6 @@ def tiny_clip() -> torch.nn.Module:
         num_attention_heads=4, max_position_embeddings=16, hidden_act="quick_gelu",
         layer_norm_eps=1e-5, bos_token_id=998, eos_token_id=999)
     return drawn_vectors(Outputs(transformers.CLIPTextModel(config)).eval())
-
-
-def drawn_vectors(module: torch.nn.Module) -> torch.nn.Module:
-    """Biases and norm parameters drawn at random, as a trained model's are: left at their
-    init (zeros, ones) an exporter stores each distinct value once for every layer."""
-    with torch.no_grad():
-        for parameter in module.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.05 * torch.randn_like(parameter))
-    return module
 
 
 def write_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool,

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from ipu_stack.frontend.onnx_program import fold, read_nodes  # noqa: E402
+from tests.frontend.models import QaLogits, drawn_vectors  # noqa: E402
 from tests.frontend.test_onnx import bench  # noqa: E402
 
 LAST = 2 ** 63 - 1  # an exporter's "to the end"
@@ -149,16 +150,7 @@ def question_answering(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
         model = transformers.RobertaForQuestionAnswering(
             transformers.RobertaConfig(**common, type_vocab_size=1))
 
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out = self.model(input_ids=input_ids)
-            return out.start_logits, out.end_logits
-
-    return drawn(Logits().eval()), torch.randint(2, 300, (2, 12))
+    return drawn_vectors(QaLogits(model).eval()), torch.randint(2, 300, (2, 12))
 
 
 def swin() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -175,15 +167,7 @@ def swin() -> tuple[torch.nn.Module, torch.Tensor]:
         def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
             return self.model(pixel_values=pixel_values).logits
 
-    return drawn(Logits().eval()), torch.randn(1, 3, 32, 32)
-
-
-def drawn(module: torch.nn.Module) -> torch.nn.Module:
-    with torch.no_grad():
-        for parameter in module.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.05 * torch.randn_like(parameter))
-    return module
+    return drawn_vectors(Logits().eval()), torch.randn(1, 3, 32, 32)
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "swin"])
