@@ -265,10 +265,10 @@ def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypat
 
     compile_any = command.compile_strategy
 
-    def refusing(workload, params, out, options, *rest):
+    def refusing(workload, params, out, options, *rest, **named):
         if params["tokens"] > 1:
             raise CompileError("does not fit: the prompt's pass, for this test")
-        return compile_any(workload, params, out, options, *rest)
+        return compile_any(workload, params, out, options, *rest, **named)
 
     monkeypatch.setattr(command, "compile_strategy", refusing)
     sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
@@ -349,10 +349,10 @@ def test_where_the_argmax_does_not_fit_the_host_chooses(tmp_path, monkeypatch) -
 
     compile_any = command.compile_strategy
 
-    def refusing(workload, params, out, options, *rest):
+    def refusing(workload, params, out, options, *rest, **named):
         if params["tokens"] > 1 and params["choose"] == "device":
             raise CompileError("does not fit: the argmax, for this test")
-        return compile_any(workload, params, out, options, *rest)
+        return compile_any(workload, params, out, options, *rest, **named)
 
     monkeypatch.setattr(command, "compile_strategy", refusing)
     sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
