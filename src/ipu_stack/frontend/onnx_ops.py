@@ -294,12 +294,13 @@ def _mod(call: NodeCall) -> Any:
     return t.fmod(a, b) if call.attrs.get("fmod", 0) else t.remainder(a, b)
 
 
-PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+PAD_MODES = ("constant", "reflect", "edge")
 
 
 def _pad(call: NodeCall) -> Any:
-    """``Pad`` (constant, reflect, edge) as torch's ``pad``: ONNX lists every axis's start
-    pads, then every end pad; torch takes (start, end) pairs from the last axis back."""
+    """``Pad`` (constant, reflect, edge): ONNX lists every axis's start pads, then every end
+    pad (a negative one crops).  Non-negative constant pads are torch's ``pad`` (the call
+    torch exports); otherwise axis by axis (:func:`_pad_axis`)."""
     x, pads = call.inputs[0], call.ints(1, "pads")
     mode = call.attrs.get("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
@@ -308,26 +309,47 @@ def _pad(call: NodeCall) -> Any:
     axes = call.ints(3, "axes") if len(call.inputs) > 3 and call.inputs[3] is not None \
         else list(range(x.dim()))
     axes = [a % x.dim() for a in axes]
-    if len(pads) != 2 * len(axes):
-        raise CompileError(f"Pad with {len(pads)} pads for {len(axes)} axes")
+    if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes):
+        raise CompileError(f"Pad with {len(pads)} pads for the axes {axes}")
     value = 0.0
     if len(call.inputs) > 2 and call.inputs[2] is not None:
         value = float(np.asarray(call.const(2, "constant_value")).reshape(-1)[0])
     starts = dict(zip(axes, pads[:len(axes)], strict=True))
     ends = dict(zip(axes, pads[len(axes):], strict=True))
-    pairs = [p for axis in reversed(range(x.dim())) for p in (starts.get(axis, 0),
-                                                              ends.get(axis, 0))]
-    if not any(pairs):
+    if not any(pads):
         return x
-    if mode == "constant":
+    if mode == "constant" and min(pads) >= 0:
+        pairs = [p for axis in reversed(range(x.dim())) for p in (starts.get(axis, 0),
+                                                                  ends.get(axis, 0))]
         return call.torch.nn.functional.pad(x, pairs, mode="constant", value=value)
-    while not any(pairs[-2:]):  # torch reflects and repeats the innermost axes only
-        pairs = pairs[:-2]
-    try:
-        return call.torch.nn.functional.pad(x, pairs, mode=PAD_MODES[mode])
-    except (NotImplementedError, RuntimeError) as exc:
-        raise CompileError(f"Pad in mode {mode} of {len(pairs) // 2} axes of a "
-                           f"{x.dim()}-axis value: {str(exc).splitlines()[0]}") from None
+    for axis in axes:
+        x = _pad_axis(call, x, axis, starts[axis], ends[axis], mode, value)
+    return x
+
+
+def _pad_axis(call: NodeCall, x: Any, axis: int, begin: int, end: int, mode: str,
+              value: float) -> Any:
+    """One axis of a ``Pad``, as onnxruntime runs it: the positive pads filled first (with
+    ``value``, the edge's element, or the reflection: numpy's ``pad`` of the positions,
+    gathered), then the negative ones cropped from what that made."""
+    size = x.shape[axis]
+    grown, low = max(begin, 0), max(-begin, 0)
+    length = size + begin + end
+    if length < 0:
+        raise CompileError(f"Pad crops {-begin - end} elements of axis {axis}, which holds "
+                           f"{size}")
+    after = max(end, 0)
+    if mode == "constant" and (grown or after):
+        pairs = [0, 0] * (x.dim() - 1 - axis) + [grown, after]
+        x = call.torch.nn.functional.pad(x, pairs, mode="constant", value=value)
+    elif grown or after:
+        if size == 0 or (mode == "reflect" and max(grown, after) >= size):
+            raise CompileError(f"Pad in mode {mode} of {max(grown, after)} beside the {size} "
+                               f"elements of axis {axis}")
+        index = np.pad(np.arange(size), (grown, after),
+                       mode="edge" if mode == "edge" else "reflect")
+        x = x.index_select(axis, call.torch.as_tensor(index))
+    return x.narrow(axis, low, length) if (low, length) != (0, x.shape[axis]) else x
 
 
 def _global_average_pool(call: NodeCall) -> Any:
