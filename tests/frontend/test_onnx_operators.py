@@ -227,7 +227,7 @@ def _absurd(kind: str) -> onnx.ModelProto:
 def test_a_value_of_billions_is_refused_before_it_is_made(kind: str, tmp_path: Path,
                                                           capsys) -> None:
     """Each is 1.6 billion elements or more (6.4 GB as float32): refused in one line from
-    its shape alone, the bound named."""
+    its shape alone, the bound named (1 GiB a value)."""
     from ipu_stack.cli import main
 
     path = tmp_path / f"{kind}.onnx"
@@ -236,4 +236,4 @@ def test_a_value_of_billions_is_refused_before_it_is_made(kind: str, tmp_path: P
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert "elements, over the bound of 268,435,456" in lines[0], lines[0]
+    assert "over the bound of 1.0 GiB for one value" in lines[0], lines[0]

@@ -92,5 +92,5 @@ def test_a_constant_of_billions_is_refused_before_it_is_folded(tmp_path: Path, c
     code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
-    assert err == ("error: ones.pt2: aten.ones ones's result holds 1,600,000,000 elements, "
-                   "over the bound of 268,435,456")
+    assert err == ("error: ones.pt2: aten.ones ones's result takes 6.0 GiB, over the bound "
+                   "of 1.0 GiB for one value")

@@ -38,7 +38,7 @@ import numpy as np
 from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
 from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall, constant_of, roll_idiom
-from ipu_stack.frontend.sizing import FOLDED_ELEMENTS
+from ipu_stack.frontend.sizing import check_made
 from ipu_stack.util.errors import CompileError
 
 MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
@@ -418,34 +418,44 @@ def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, n
 
 
 def fold(nodes: list[Node], weights: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
-         dtypes: dict[str, Any]) -> Folded:
-    """Run the graph once: constants folded on the CPU, every value that depends on an
-    input computed on torch's ``meta`` device (shapes only, no memory: a batch of any size
-    costs nothing here) and listed to trace."""
+         dtypes: dict[str, Any], keep: set[str] | None = None) -> Folded:
+    """Run the graph once: constants folded on the CPU (bounded before they are made, let go
+    once only folds read them; ``keep`` too), every value an input reaches computed on the
+    ``meta`` device (shapes only: any batch costs nothing here) and listed to trace."""
     torch = require_torch()
     folded = Folded(dict(weights))
     values: dict[str, Any] = {n: torch.empty(s, dtype=_torch_dtype(torch, dtypes[n]),
                                              device="meta") for n, s in shapes.items()}
     last_use = {name: i for i, n in enumerate(nodes) for name in n.inputs}
+    made: dict[str, int] = {}  # constants the fold made, still held: their bytes
+    keep, total = set(keep or ()), 0  # the outputs and what traced nodes read; bytes made
     with torch.no_grad():
         for position, node in enumerate(nodes):  # a Constant node has no inputs: folded
             constant = node.op_type == "Shape" or all(
                 i in folded.constants for i in node.inputs if i)
             if constant and node.op_type != "Shape":
-                _within_bound(node, _meta_outputs(torch, node, folded.constants))
+                size = sum(math.prod(o.shape) * o.element_size()
+                           for o in _meta_outputs(torch, node, folded.constants))
+                total += size  # all of it: onnxruntime's reference folds them all at once
+                check_made(f"ONNX node {node.name} ({node.op_type})", size, total)
             live = {i: values[i] if i in values else
                     _constant_tensor(torch, folded.constants[i], meta=not constant)
                     for i in node.inputs if i}
             outputs = run_node(torch, node, live, folded.constants)
             for name, out in zip(node.outputs, outputs, strict=False):
                 if constant:
-                    folded.constants[name] = out.numpy().copy()
+                    held = out.numpy()  # torch's own array where contiguous: no copy
+                    folded.constants[name] = held if held.flags.c_contiguous else held.copy()
+                    made[name] = folded.constants[name].nbytes
                 else:
                     values[name] = out
             if not constant:
                 folded.traced.append(node)
+                keep.update(node.inputs)  # the traced module's buffers
             for name in [n for n in node.inputs if last_use.get(n) == position]:
                 values.pop(name, None)
+                if name in made and name not in keep:  # read by folds alone: done with
+                    del made[name], folded.constants[name]
     return folded
 
 
@@ -460,23 +470,13 @@ def _meta_outputs(torch: Any, node: Node, constants: dict[str, np.ndarray]) -> t
         return ()
 
 
-def _within_bound(node: Node, outputs: tuple) -> None:
-    """Refuse a value of more than ``FOLDED_ELEMENTS``, before it is computed: a file of a
-    few hundred bytes can ask for a ``ConstantOfShape`` or a broadcast of billions."""
-    for out in outputs:
-        count = math.prod(getattr(out, "shape", ()))
-        if count > FOLDED_ELEMENTS:
-            raise CompileError(f"ONNX node {node.name} ({node.op_type}) makes a value of "
-                               f"{count:,} elements, over the bound of {FOLDED_ELEMENTS:,}")
-
-
 def _constant_tensor(torch: Any, array: np.ndarray, meta: bool) -> Any:
     """A constant as a tensor: its values, or (beside a value that depends on an input)
     only its shape and dtype."""
     if meta:
         return torch.empty(array.shape, dtype=torch.from_numpy(np.zeros(0, array.dtype)).dtype,
                            device="meta")
-    return torch.from_numpy(np.array(array))
+    return torch.from_numpy(array if array.flags.writeable else np.array(array))
 
 
 def _torch_dtype(torch: Any, dtype: Any) -> Any:
@@ -526,7 +526,7 @@ def export_onnx(model: OnnxModel, path: Path | str, feeds: dict[str, np.ndarray]
     nodes = read_nodes(model.proto, weights)
     outputs = [o.name for o in model.graph.output]
     folded = fold(nodes, weights, {k: v.shape for k, v in feeds.items()},
-                  {k: v.dtype for k, v in feeds.items()})
+                  {k: v.dtype for k, v in feeds.items()}, set(outputs))
     traced = live_nodes(folded.traced, outputs)
     for name in outputs:
         if name in folded.constants:

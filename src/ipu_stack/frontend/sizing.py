@@ -21,26 +21,34 @@ import math
 from typing import Any
 
 from ipu_stack.frontend.convert import op_name
-from ipu_stack.workloads.footprint import VALUE_ELEMENTS, Footprint
+from ipu_stack.util.errors import CompileError
+from ipu_stack.workloads.footprint import MADE_BYTES, VALUE_BYTES, Footprint, gib
 
 PRODUCTS = frozenset({"aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.bmm",
                       "aten.baddbmm", "aten.conv2d", "aten.convolution"})
 """The operations the importer lowers to GEMMs: their operands and result are materialised."""
 RESULT_BYTES = 2
 """A product's result element: F16 at every precision."""
-FOLDED_ELEMENTS = VALUE_ELEMENTS
-"""The most elements a value the import folds on the host may hold, checked from its shape
-before it is made (a ``full`` or a broadcast of billions from a file of a few bytes)."""
-
-
-def recorded_elements(node: Any) -> int:
-    """The most elements of any tensor ``node`` produces, from the shapes the export
-    recorded (0 where it recorded none, or symbolic sizes)."""
+def recorded_bytes(node: Any) -> int:
+    """The bytes of the tensors ``node`` produces at their own types, from the shapes and
+    types the export recorded (0 where it recorded none, or symbolic sizes)."""
     value = node.meta.get("val") if hasattr(node, "meta") else None
     tensors = value if isinstance(value, (tuple, list)) else (value,)
-    counts = [math.prod(t.shape) for t in tensors if all(
-        isinstance(s, int) for s in getattr(t, "shape", (None,)))]
-    return max(counts, default=0)
+    return sum(math.prod(t.shape) * t.element_size() for t in tensors if all(
+        isinstance(s, int) for s in getattr(t, "shape", (None,))) and hasattr(
+        t, "element_size"))
+
+
+def check_made(what: str, made: int, total: int) -> None:
+    """Refuse, in one line naming ``what``, a value of ``made`` bytes over ``VALUE_BYTES``
+    or one that takes what an import has made on the host (``total``, with it) over
+    ``MADE_BYTES``, before it is made."""
+    if made > VALUE_BYTES:
+        raise CompileError(f"{what} makes a value of {gib(made)}, over the bound of "
+                           f"{gib(VALUE_BYTES)} for one value")
+    if total > MADE_BYTES:
+        raise CompileError(f"{what} takes the values made from the program's constants to "
+                           f"{gib(total)}, over the bound of {gib(MADE_BYTES)}")
 
 
 def _elements(node: Any) -> int | None:
@@ -63,8 +71,8 @@ def program_footprint(program: Any, precision: str) -> Footprint:
     weight_bytes, largest, what = 0, 0, "no product's operands"
     value, value_what = 0, ""
     for node in program.graph.nodes:
-        if node.op == "call_function" and recorded_elements(node) > value:
-            value = recorded_elements(node)
+        if node.op == "call_function" and recorded_bytes(node) > value:
+            value = recorded_bytes(node)
             value_what = f"{op_name(node.target)} {node.name}'s result"
         if node.op == "placeholder" and node.name in held and node.users:
             weight_bytes += (_elements(node) or 0) * size

@@ -31,7 +31,7 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.linear import emit_linear
 from ipu_stack.frontend.ops import HANDLERS
 from ipu_stack.frontend.ops_cache import CACHE_WRITES, position_inputs
-from ipu_stack.frontend.sizing import FOLDED_ELEMENTS, recorded_elements
+from ipu_stack.frontend.sizing import check_made, recorded_bytes
 from ipu_stack.util.errors import CompileError
 
 # device operations that may read the host's arithmetic on positions (``_check_host_use``)
@@ -52,7 +52,7 @@ class Importer(Converter):
         torch = self.torch
         signature = self.program.graph_signature
         specs = {spec.arg.name: spec for spec in signature.input_specs}
-        user_index = 0
+        user_index, made = 0, 0  # made: bytes folded from constants
         live = self.live_nodes()
         positions = set(position_inputs(self.program))
         for node in self.program.graph.nodes:
@@ -85,12 +85,10 @@ class Importer(Converter):
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
-                    if recorded_elements(node) > FOLDED_ELEMENTS:
-                        module, source = where(node)
-                        raise CompileError(
-                            f"{op_name(node.target)} in module {module} at {source} makes a "
-                            f"value of {recorded_elements(node):,} elements, over the bound "
-                            f"of {FOLDED_ELEMENTS:,}")
+                    made += recorded_bytes(node)  # folded on the host: bounded first
+                    module, source = where(node)
+                    check_made(f"{op_name(node.target)} in module {module} at {source}",
+                               recorded_bytes(node), made)
                     with torch.no_grad():
                         self.env[node] = node.target(*args, **kwargs)
                     if any(a in self.host_nodes for a in node.all_input_nodes):

@@ -32,16 +32,24 @@ class Footprint:
     layers: int  # the repeated layers (or blocks) the weights grow with
     layer_parameter: str  # the option that sets them
     layer_weight_bytes: int  # the weights of one of them
-    # an imported program's largest value of any kind, in elements, and which it is: its
-    # host reference holds it whole (``VALUE_ELEMENTS``)
-    value_elements: int = 0
+    # an imported program's largest value of any kind, in bytes at its own type, and which
+    # it is: its host references hold it whole (``VALUE_BYTES``)
+    value_bytes: int = 0
     value_what: str = ""
 
 
-VALUE_ELEMENTS = 2 ** 28
-"""The most elements one value of a model may hold (1 GiB as float32, past what a chip
+VALUE_BYTES = 2 ** 30
+"""The most bytes one value of a model may hold at its own type (1 GiB, more than a chip
 holds): a file of a few hundred bytes can ask for a broadcast of billions, which the host's
 references (torch, onnxruntime, float64) would hold whole."""
+MADE_BYTES = 2 ** 31
+"""The most bytes an import may make on the host from a program's constants at once (masks,
+tables, shape arithmetic: 2 GiB, many times what real models fold)."""
+
+
+def gib(count: int) -> str:
+    """``count`` bytes in GiB, as the bounds' messages give them."""
+    return f"{count / 2 ** 30:.1f} GiB"
 
 
 def _items(params: dict[str, Any]) -> tuple[int, int]:
@@ -124,10 +132,10 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
     held = chips * chip
     need = footprint.weight_bytes + footprint.activation_bytes
     if need <= held:
-        if footprint.value_elements > VALUE_ELEMENTS:
-            raise CompileError(f"{name}: {footprint.value_what} holds "
-                               f"{footprint.value_elements:,} elements, over the bound of "
-                               f"{VALUE_ELEMENTS:,}")
+        if footprint.value_bytes > VALUE_BYTES:
+            raise CompileError(f"{name}: {footprint.value_what} takes "
+                               f"{gib(footprint.value_bytes)}, over the bound of "
+                               f"{gib(VALUE_BYTES)} for one value")
         return
     where = (f"{chips} chips of {target} hold {_gb(held)}" if chips > 1
              else f"one chip of {target} holds {_gb(held)}")
