@@ -237,3 +237,61 @@ def test_a_value_of_billions_is_refused_before_it_is_made(kind: str, tmp_path: P
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "over the bound of 1.0 GiB for one value" in lines[0], lines[0]
+
+
+def test_gelu_new_with_its_half_product_first_is_read_as_gelu() -> None:
+    """transformers' ``gelu_new`` (ALBERT, GPT-2): ``(x * 0.5) * (1 + tanh(...))``, the
+    half product made before the others, as torch.onnx writes it."""
+    scalars = {"half": 0.5, "three": 3.0, "cube_factor": 0.044715,
+               "root": (2 / np.pi) ** 0.5, "one": 1.0}
+    arrays = {"x": X, **{k: np.array(v, dtype=np.float32) for k, v in scalars.items()}}
+    nodes = [helper.make_node("Mul", ["x", "half"], ["h"]),
+             helper.make_node("Pow", ["x", "three"], ["c"]),
+             helper.make_node("Mul", ["c", "cube_factor"], ["d"]),
+             helper.make_node("Add", ["x", "d"], ["e"]),
+             helper.make_node("Mul", ["e", "root"], ["f"]),
+             helper.make_node("Tanh", ["f"], ["g"]),
+             helper.make_node("Add", ["g", "one"], ["k"]), node("Mul", ["h", "k"])]
+    model = model_of(nodes, arrays)
+    ours, kinds = translated(model)
+    assert kinds[-1] == "Gelu"
+    np.testing.assert_allclose(ours, onnxruntime(model, ours), rtol=1e-5, atol=1e-5)
+
+
+def _counted_positions(exclusive: int, reverse: int, fmod: int) -> onnx.ModelProto:
+    """Token ids [1, 12] looked up, plus positions counted from them on the host: the ids
+    that are not padding (``Not(Equal)``), their running count (``CumSum``, either way,
+    inclusive or not), wrapped (``Mod``), looked up in a position table; then a product."""
+    rng = np.random.default_rng(5)
+    ids = helper.make_tensor_value_info("x", TensorProto.INT64, [1, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 8])
+    arrays = {"E": rng.standard_normal((64, 16)).astype(np.float32) * 0.1,
+              "P": rng.standard_normal((64, 16)).astype(np.float32) * 0.1,
+              "W": rng.standard_normal((16, 8)).astype(np.float32) * 0.1,
+              "pad": np.array(1), "ax": np.array(1), "wrap": np.array(7)}
+    nodes = [helper.make_node("Gather", ["E", "x"], ["tokens"]),
+             helper.make_node("Equal", ["x", "pad"], ["same"]),
+             helper.make_node("Not", ["same"], ["real"]),
+             helper.make_node("Cast", ["real"], ["counted"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["counted", "ax"], ["count"], exclusive=exclusive,
+                              reverse=reverse),
+             helper.make_node("Mod", ["count", "wrap"], ["position"], fmod=fmod),
+             helper.make_node("Gather", ["P", "position"], ["positions"]),
+             helper.make_node("Add", ["tokens", "positions"], ["summed"]),
+             helper.make_node("MatMul", ["summed", "W"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [ids], [y], [numpy_helper.from_array(v, k)
+                                                       for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(("exclusive", "reverse", "fmod"), [(1, 0, 0), (0, 1, 0), (1, 1, 1)])
+def test_positions_counted_from_the_ids_run_on_the_host(
+        exclusive: int, reverse: int, fmod: int, tmp_path: Path, cache_dir: Path,
+        lock_path: Path, capsys) -> None:
+    """An exclusive count is ``cumsum - ids``, a reverse one ``flip(cumsum(flip))``, the
+    wrap a remainder: each host arithmetic on the ids, PASS against onnxruntime."""
+    path = tmp_path / "counted.onnx"
+    onnx.save(_counted_positions(exclusive, reverse, fmod), str(path))
+    record = bench(path, tmp_path, cache_dir, lock_path, capsys)
+    assert record["numericalTest"] == "PASS" and record["referenceSource"] == "onnxruntime"
+    assert record["conversionError"] < 1e-5 and record["multisliceCycles"] > 0

@@ -145,6 +145,10 @@ HOST_STEPS: dict[str, Any] = {
     "add": lambda v, a, ids: v + a,
     "mul": lambda v, a, ids: v * a,
     "plus": lambda v, a, ids: v + a.evaluate(ids),
+    "minus": lambda v, a, ids: v - a.evaluate(ids),
+    "remainder": lambda v, a, ids: np.remainder(v, a),
+    "fmod": lambda v, a, ids: np.fmod(v, a),
+    "flip": lambda v, a, ids: np.flip(v, axis=a),
     "times": lambda v, a, ids: v * a.evaluate(ids),
     "take": lambda v, a, ids: _take(v, a),
 }

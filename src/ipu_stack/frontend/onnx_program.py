@@ -186,10 +186,10 @@ def _constant_factor(node: Node | None, small: dict[str, np.ndarray], value: flo
     return None
 
 
-def _gelu_tail(value: str, x: str, readers: dict[str, list[Node]],
-               small: dict[str, np.ndarray]) -> Node | None:
+def _gelu_tail(value: str, x: str, readers: dict[str, list[Node]], small: dict[str, np.ndarray],
+               producer: dict[str, Node]) -> Node | None:
     """From ``erf(...)`` or ``tanh(...)``: ``(1 + value) * x * 0.5`` in any order of its
-    products; the node that ends it."""
+    products, ``x * 0.5`` made first too (transformers' ``gelu_new``); the node ending it."""
     chain = readers.get(value, [])
     if len(chain) != 1 or chain[0].op_type != "Add" or not _is_constant(
             small, _other(chain[0], value), 1.0):
@@ -204,6 +204,8 @@ def _gelu_tail(value: str, x: str, readers: dict[str, list[Node]],
             seen.add("x")
         elif _is_constant(small, other, 0.5):
             seen.add("half")
+        elif _constant_factor(producer.get(other), small, 0.5) == x:
+            seen |= {"x", "half"}
         else:
             return None
         last, value = users[0], users[0].outputs[0]
@@ -228,7 +230,7 @@ def _erf_gelu(erf: Node, producer: dict[str, Node], readers: dict[str, list[Node
     else:
         x = _constant_factor(scaled, small, 0.5 ** 0.5)
     if x is not None:
-        _as_gelu(_gelu_tail(erf.outputs[0], x, readers, small), x, "none")
+        _as_gelu(_gelu_tail(erf.outputs[0], x, readers, small, producer), x, "none")
 
 
 def _tanh_gelu(tanh: Node, producer: dict[str, Node], readers: dict[str, list[Node]],
@@ -242,7 +244,7 @@ def _tanh_gelu(tanh: Node, producer: dict[str, Node], readers: dict[str, list[No
         power = producer.get(_constant_factor(producer.get(cubic), small, 0.044715) or "")
         if power is not None and power.op_type == "Pow" and power.inputs[0] == x and \
                 _is_constant(small, power.inputs[1], 3.0):
-            _as_gelu(_gelu_tail(tanh.outputs[0], x, readers, small), x, "tanh")
+            _as_gelu(_gelu_tail(tanh.outputs[0], x, readers, small, producer), x, "tanh")
             return
 
 

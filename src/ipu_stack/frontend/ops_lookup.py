@@ -63,15 +63,18 @@ def host_ids(x: Any) -> HostIds | None:
 
 
 def host_arithmetic(node: Any, kind: str, x: Any, y: Any) -> HostIds:
-    """``ids + n``, ``ids * n`` or the sum or product of two results of arithmetic on the
-    same input's ids (``add``/``mul``), on the host."""
+    """``ids + n``, ``ids - n``, ``n - ids``, ``ids * n``, or the sum, difference or product
+    of two results of arithmetic on the same input's ids (``add``/``sub``/``mul``: an
+    exclusive running count is ``cumsum(ids) - ids``), on the host."""
     first, second = host_ids(x), host_ids(y)
-    if first is None:
-        first, second, x, y = second, first, y, x
     if first is not None and second is not None and second.index == first.index:
-        return first.then("plus" if kind == "add" else "times", second)
+        return first.then({"add": "plus", "sub": "minus", "mul": "times"}[kind], second)
+    if first is None and second is not None and isinstance(x, (int, float)):
+        if kind == "sub":  # n - ids
+            return second.then("mul", -1.0).then("add", float(x))
+        first, y = second, x
     if first is not None and isinstance(y, (int, float)):
-        return first.then(kind, float(y))
+        return first.then("add", -float(y)) if kind == "sub" else first.then(kind, float(y))
     raise unsupported(node, "arithmetic of a program input's ids with something other than "
                             "a number or the same ids")
 
@@ -92,6 +95,26 @@ def _cumsum(conv: Converter, node: Any, x: Any, dim: int, dtype: Any = None) -> 
     if x is None:
         raise unsupported(node, "a running sum of anything but a program input's ids")
     return x.then("cumsum", int(dim) % len(x.shape))
+
+
+@rule("aten.remainder", "aten.fmod")
+def _remainder(conv: Converter, node: Any, x: Any, divisor: Any) -> HostIds:
+    """``ids % n`` (the divisor's sign, as Python's) or ``fmod(ids, n)`` (the dividend's),
+    on the host."""
+    x = host_ids(x)
+    if x is None or not isinstance(divisor, (int, float)) or divisor == 0:
+        raise unsupported(node, "a remainder other than of a program input's ids by a number")
+    return x.then("fmod" if "fmod" in str(node.target) else "remainder", float(divisor))
+
+
+@rule("aten.flip")
+def _flip(conv: Converter, node: Any, x: Any, dims: Any) -> HostIds:
+    """Ids reversed along axes (a reverse running count is ``flip(cumsum(flip(ids)))``),
+    on the host."""
+    x = host_ids(x)
+    if x is None:
+        raise unsupported(node, "a flip of anything but a program input's ids")
+    return x.then("flip", tuple(int(d) % len(x.shape) for d in dims))
 
 
 @rule("aten.gather")

@@ -28,8 +28,10 @@ from ipu_stack.ir.precision import F16
 # ---------------------------------------------------------------- arithmetic
 @rule("aten.add", "aten.sub", "aten.rsub")
 def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
-    if _on_ids(node) and "sub" not in str(node.target) and alpha == 1.0:
-        return host_arithmetic(node, "add", x, y)  # RoBERTa's position ids
+    if _on_ids(node) and alpha == 1.0:  # RoBERTa's position ids; rsub(x, y) is y - x
+        target = str(node.target)
+        x, y = (y, x) if "rsub" in target else (x, y)
+        return host_arithmetic(node, "sub" if "sub" in target else "add", x, y)
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
