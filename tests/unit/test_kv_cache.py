@@ -293,6 +293,8 @@ def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
     record = json.loads(out)
     assert code == 0 and record["numericalTest"] == "PASS" and record["tokensMatch"], err
     assert (record["chips"], record["microBatches"], record["batch"]) == (2, 2, 2)
+    # both programs pipelined over the chips, the record saying so for each
+    assert (record["strategy"], record["promptStrategy"]) == ("pipeline", "pipeline")
     assert record["periodCycles"] < record["decodeCycles"] < 2 * record["periodCycles"]
     assert record["workload"].endswith("-b1-t1-c64-v50-d16-h4-kv2-f24-n2-argmax")
 

@@ -242,8 +242,10 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
                          settings, prompt_pass)
     fields = {"workload": workload.identifier(params), **workload.benchmark_fields(params),
               "compileSeconds": round(compile_seconds, 2),
-              # the decode step's strategy (--strategy auto chooses by the estimate)
-              "strategy": result.strategy, "pipelineGroups": max(1, len(result.groups))}
+              # the decode step's strategy (--strategy auto chooses by the estimate), and the
+              # prompt's pass's (none where the prompt goes a token a step)
+              "strategy": result.strategy, "pipelineGroups": max(1, len(result.groups)),
+              "promptStrategy": None if prompt_pass is None else prompt_pass.strategy}
     record = generation_fields(run, fields)
     if torch_image is not None:
         record["imageTokens"] = torch_image.shape[1]
@@ -321,7 +323,7 @@ def _prompt_pass(plan: DecodePlan, tokens: int, options: CompileOptions, out: Pa
         log.event(LOG, "the prompt's pass does not fit: the prompt goes a token a step",
                   logging.WARNING, reason=str(why))
         return None, None
-    return (Compiled(compiled.package, compiled.graph, compiled.tensors),
+    return (Compiled(compiled.package, compiled.graph, compiled.tensors, compiled.strategy),
             lambda ids, rows: workload.prompt_inputs(passing, ids, rows))
 
 

@@ -27,11 +27,13 @@ LOG = logging.getLogger("ipu_stack.generation")
 
 @dataclass(frozen=True)
 class Compiled:
-    """A compiled program to run: its package, graph and tensors."""
+    """A compiled program to run: its package, graph and tensors, and the strategy it was
+    compiled with (``--strategy auto`` chooses each program's)."""
 
     path: Path
     graph: Graph
     tensors: Mapping[str, Any]
+    strategy: str = "layers"
 
 
 @dataclass(frozen=True)
