@@ -147,14 +147,17 @@ def test_an_unread_pad_mode_is_named() -> None:
 
 
 def question_answering(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
-    """transformers' BERT or RoBERTa for SQuAD, 2 layers at width 64, returning the start
-    and end logits; RoBERTa's position ids are counted from its ids (``CumSum``)."""
+    """transformers' BERT, RoBERTa or ALBERT for SQuAD, 2 layers at width 64, returning the
+    start and end logits; RoBERTa's position ids are counted from its ids (``CumSum``)."""
     torch.manual_seed(3)
     common = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "intermediate_size": 128,
               "max_position_embeddings": 40}
     if kind == "bert":
         model = transformers.BertForQuestionAnswering(transformers.BertConfig(**common))
+    elif kind == "albert":  # gelu_new, written out: read back as one gelu(tanh)
+        model = transformers.AlbertForQuestionAnswering(
+            transformers.AlbertConfig(**common, embedding_size=32))
     else:
         model = transformers.RobertaForQuestionAnswering(
             transformers.RobertaConfig(**common, type_vocab_size=1))
@@ -179,7 +182,7 @@ def swin() -> tuple[torch.nn.Module, torch.Tensor]:
     return drawn_vectors(Logits().eval()), torch.randn(1, 3, 32, 32)
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta", "swin"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "albert", "swin"])
 def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
         kind: str, tmp_path: Path, cache_dir: Path, lock_path: Path, capsys) -> None:
     module, example = swin() if kind == "swin" else question_answering(kind)
@@ -196,6 +199,9 @@ def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
     assert onnx_record["referenceSource"] == "onnxruntime"
     assert onnx_record["conversionError"] < 1e-5
     assert onnx_record["cycles"] == pt2_record["cycles"]
+    assert pt2_record["numericalTest"] == "PASS"
+    if kind == "albert":  # the chain of products as GELU kernels (a power of 3 is refused)
+        assert onnx_record["geluCycles"] > 0 and pt2_record["geluCycles"] > 0
 
 
 def _absurd(kind: str) -> onnx.ModelProto:

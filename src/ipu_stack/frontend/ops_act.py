@@ -26,7 +26,9 @@ def _sigmoid(conv: Converter, node: Any, x: Any) -> Act | Pending:
 
 
 @rule("aten.tanh")
-def _tanh(conv: Converter, node: Any, x: Any) -> Act:
+def _tanh(conv: Converter, node: Any, x: Any) -> Act | Pending:
+    if patterns.gelu_pending(x) is not None:
+        return patterns.gelu_step(conv, node, x)
     return patterns.emit_activation(conv, node, activation(conv, node, x), "tanh")
 
 
@@ -41,6 +43,8 @@ def _silu(conv: Converter, node: Any, x: Any, inplace: bool = False) -> Act | Pe
 @rule("aten.pow")
 def _pow(conv: Converter, node: Any, x: Any, exponent: Any) -> Act | Pending:
     act = activation(conv, node, x)
+    if exponent == 3 and patterns.gelu_tanh_chain(node) is not None:
+        return Pending("gelu", act, node.args[0], last=patterns.gelu_tanh_chain(node))
     if exponent != 2:
         raise unsupported(node, f"a power other than 2 ({exponent})")
     if patterns.rms_chain(node) is not None:

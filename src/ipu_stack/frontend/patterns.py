@@ -39,6 +39,7 @@ class Pending:
     source: Any
     eps: float = 0.0
     function: str = ""
+    last: Any = None  # the node that ends the pattern (``gelu``: its final product)
 
 
 def only_user(node: Any) -> Any | None:
@@ -85,6 +86,61 @@ def rms_chain(square: Any) -> tuple[float, Any] | None:
     if not hasattr(other, "target") or _through(other) is not source:
         return None
     return eps, mul
+
+
+GELU_TANH = (("aten.mul", 0.044715), ("aten.add", None), ("aten.mul", (2 / np.pi) ** 0.5),
+             ("aten.tanh", None), ("aten.add", 1.0))
+"""The steps from ``x^3`` of ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, each with
+its constant operand (``None``: the add of ``x``, or the tanh)."""
+
+
+def gelu_tanh_chain(cube: Any) -> Any | None:
+    """The final product when ``cube`` (``x^3``) starts GELU's tanh form written out
+    (transformers' ``gelu_new``: ALBERT, GPT-2), ``(x * 0.5) * (1 + tanh(...))``, else None."""
+    x, node = _through(cube.args[0]), cube
+    for target, constant in GELU_TANH:
+        user = only_user(node)
+        if user is None or op_name(user.target) != target:
+            return None
+        others = [a for a in user.args if a is not node]
+        if constant is None and target == "aten.add":
+            if len(others) != 1 or not hasattr(others[0], "target") or \
+                    _through(others[0]) is not x:
+                return None
+        elif constant is not None and (len(others) != 1 or _scalar(others[0]) is None or
+                                       abs(_scalar(others[0]) - constant) > 1e-6):
+            return None
+        node = user
+    final = only_user(node)
+    if final is None or op_name(final.target) != "aten.mul" or len(final.args) != 2:
+        return None
+    half = final.args[0] if final.args[1] is node else final.args[1]
+    if not hasattr(half, "target") or op_name(half.target) != "aten.mul":
+        return None
+    nodes = [a for a in half.args if hasattr(a, "target")]
+    if len(half.args) != 2 or len(nodes) != 1 or _through(nodes[0]) is not x or \
+            0.5 not in [_scalar(a) for a in half.args]:
+        return None
+    return final
+
+
+def gelu_step(conv: Converter, node: Any, pending: Pending) -> Any:
+    """A node of a matched GELU tanh chain: the same :class:`Pending` until its final
+    product, which emits one ``gelu`` (tanh) of ``x``."""
+    if node is not pending.last:
+        return pending
+    act = row_activation(conv, node, pending.act)
+    name = conv.name(node)
+    value = conv.b.op("gelu", [act.value], out_precision(conv, node, name), name,
+                      approximate="tanh")
+    conv.rewrites.append(f"{node.name}: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as one "
+                         "gelu(tanh)")
+    return act.with_(value=value, linear=None, norm_scale=None)
+
+
+def gelu_pending(*args: Any) -> Pending | None:
+    """The GELU chain's :class:`Pending` among a rule's arguments, if any."""
+    return next((a for a in args if isinstance(a, Pending) and a.stage == "gelu"), None)
 
 
 def gate_of(node: Any, function: str) -> Any | None:
