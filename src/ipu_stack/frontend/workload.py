@@ -369,9 +369,8 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
     if not error <= CONVERSION_LIMIT:
         raise CompileError(f"conversion check failed: the imported graph in float64 differs from "
                            f"{reference.source} by {error:.3g} relative RMS (limit "
-                           f"{CONVERSION_LIMIT:g}): an operation imported wrongly (please "
-                           "report it with the model), or the reference's float32 losing "
-                           "what float64 keeps (a sum of very many or very large values)")
+                           f"{CONVERSION_LIMIT:g}): an operation imported wrongly (please report "
+                           "it with the model), or float32 losing what float64 keeps")
     event(LOG, "imported program", graph=name, precision=precision, reference=reference.source,
           operations=len(converted.graph.operations), rewrites=len(converted.rewrites),
           conversionError=float(f"{error:.3g}"))
