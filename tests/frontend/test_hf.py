@@ -110,6 +110,28 @@ def test_a_causal_lm_with_grouped_query_attention_passes_against_torch(tmp_path,
             record["weightBytes"]
 
 
+def test_gpt2_with_its_conv1d_projections_and_gelu_new_passes_against_torch(tmp_path, capsys
+                                                                           ) -> None:
+    """``GPT2LMHeadModel`` for prefill: its Conv1D projections are ``addmm`` of the rows
+    viewed back to ``[B, T, 3E]`` and split into q, k and v (one GEMM a part), its MLP's
+    ``gelu_new`` is written out (one GELU), its LM head tied: PASS against torch."""
+    from ipu_stack.cli import main
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2,
+                                     n_head=4)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    program = torch.export.export(model, (torch.randint(0, 300, (1, 12)),),
+                                  kwargs={"use_cache": False})
+    path = tmp_path / "gpt2.pt2"
+    torch.export.save(program, str(path))
+    code = main(["--quiet", "bench", str(path), "--precision", "f16", "--json", "--out",
+                 str(tmp_path / "out")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["conversionError"] < 1e-5 and record["geluCycles"] > 0
+
+
 class _Encoder(torch.nn.Module):
     """A transformers encoder returning plain tensors (its output class is not one
     ``torch.export.load`` can read back)."""

@@ -64,11 +64,24 @@ def is_fused_user(user: Any, rank: int) -> bool:
         return len(sizes) == 2 and 1 < int(sizes[0]) <= 4
     if kind in ("aten.view", "aten.reshape"):
         shape = user.args[1] if len(user.args) > 1 else ()
-        return len(shape) == rank + 2
+        if len(shape) == rank + 2:
+            return True
+        # the leading axes viewed back (GPT-2's Conv1D: ``addmm`` of the rows, then
+        # ``view(B, T, 3E)``), every user of that splitting it
+        return leading_view(user) and bool(user.users) and all(
+            is_fused_user(u, len(user.meta["val"].shape)) for u in user.users)
     if kind in ("aten.chunk", "aten.split", "aten.split_with_sizes"):
         dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
         return int(dim) % rank == rank - 1
     return False
+
+
+def leading_view(node: Any) -> bool:
+    """Whether FX ``node`` views its input with other leading axes and the same last one."""
+    before = getattr(node.args[0], "meta", {}).get("val") if node.args else None
+    after = node.meta.get("val")
+    return before is not None and after is not None and len(before.shape) > 0 and \
+        len(after.shape) > 0 and before.shape[-1] == after.shape[-1]
 
 
 def view(value: Fused | Split, shape: tuple[int, ...]) -> Split | None:
