@@ -29,9 +29,16 @@ PRODUCTS = frozenset({"aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "at
 """The operations the importer lowers to GEMMs: their operands and result are materialised."""
 RESULT_BYTES = 2
 """A product's result element: F16 at every precision."""
-def recorded_bytes(node: Any) -> int:
+
+
+def recorded_bytes(node: Any, views: bool = True) -> int:
     """The bytes of the tensors ``node`` produces at their own types, from the shapes and
-    types the export recorded (0 where it recorded none, or symbolic sizes)."""
+    types the export recorded (0 where it recorded none, or symbolic sizes; and for a view
+    of its input, which makes nothing, unless ``views``)."""
+    schema = getattr(node.target, "_schema", None) if hasattr(node, "target") else None
+    if not views and schema is not None and any(r.alias_info is not None
+                                                for r in schema.returns):
+        return 0
     value = node.meta.get("val") if hasattr(node, "meta") else None
     tensors = value if isinstance(value, (tuple, list)) else (value,)
     return sum(math.prod(t.shape) * t.element_size() for t in tensors if all(

@@ -85,10 +85,10 @@ class Importer(Converter):
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
-                    made += recorded_bytes(node)  # folded on the host: bounded first
+                    made += recorded_bytes(node, views=False)  # folded here: bounded first
                     module, source = where(node)
                     check_made(f"{op_name(node.target)} in module {module} at {source}",
-                               recorded_bytes(node), made)
+                               recorded_bytes(node, views=False), made)
                     with torch.no_grad():
                         self.env[node] = node.target(*args, **kwargs)
                     if any(a in self.host_nodes for a in node.all_input_nodes):

@@ -43,7 +43,7 @@ VALUE_BYTES = 2 ** 30
 holds): a file of a few hundred bytes can ask for a broadcast of billions, which the host's
 references (torch, onnxruntime, float64) would hold whole."""
 MADE_BYTES = 2 ** 31
-"""The most bytes an import may make on the host from a program's constants at once (masks,
+"""The most bytes an import may make on the host from a program's constants in all (masks,
 tables, shape arithmetic: 2 GiB, many times what real models fold)."""
 
 
