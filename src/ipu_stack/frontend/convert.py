@@ -178,7 +178,7 @@ class Converter:
         self.env: dict[Any, Any] = {}
         self.const_names: dict[int, str] = {}
         self.weights: dict[str, tuple[int, np.ndarray, str]] = {}  # name -> (id, raw, kind)
-        self.shared: dict[tuple, list[int]] = {}  # (shape, digest) -> constants' value ids
+        self.shared: dict[tuple, int] = {}  # (shape, sha256) of a computed table -> its id
         self.inputs: list[InputSpec] = []
         self.input_values: dict[str, np.ndarray] = {}
         self.outputs: list[OutputSpec] = []
@@ -292,16 +292,9 @@ class Converter:
         share one mask, and so do an import's, in the same memory and the same cycles."""
         held = np.ascontiguousarray(raw, dtype=np.float32)
         digest = (held.shape, hashlib.sha256(held.tobytes()).hexdigest())
-        for value_id in self.shared.get(digest, []):
-            if np.array_equal(self.raw_of(value_id), held):
-                return value_id
-        value_id = self.weight(key, held, False)
-        self.shared.setdefault(digest, []).append(value_id)
-        return value_id
-
-    def raw_of(self, value_id: int) -> np.ndarray:
-        """The values a weight holds, by its IR value."""
-        return next(raw for held_id, raw, _ in self.weights.values() if held_id == value_id)
+        if digest not in self.shared:
+            self.shared[digest] = self.weight(key, held, False)
+        return self.shared[digest]
 
     def const_key(self, tensor: Any, fallback: str) -> str:
         return self.const_names.get(id(tensor), fallback)

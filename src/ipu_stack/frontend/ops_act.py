@@ -43,8 +43,8 @@ def _silu(conv: Converter, node: Any, x: Any, inplace: bool = False) -> Act | Pe
 @rule("aten.pow")
 def _pow(conv: Converter, node: Any, x: Any, exponent: Any) -> Act | Pending:
     act = activation(conv, node, x)
-    if exponent == 3 and patterns.gelu_tanh_chain(node) is not None:
-        return Pending("gelu", act, node.args[0], last=patterns.gelu_tanh_chain(node))
+    if exponent == 3 and (last := patterns.gelu_tanh_chain(node)) is not None:
+        return Pending("gelu", act, node.args[0], last=last)
     if exponent != 2:
         raise unsupported(node, f"a power other than 2 ({exponent})")
     if patterns.rms_chain(node) is not None:

@@ -28,8 +28,8 @@ from ipu_stack.ir.precision import F16
 # ---------------------------------------------------------------- arithmetic
 @rule("aten.add", "aten.sub", "aten.rsub")
 def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
-    if patterns.gelu_pending(x, y) is not None:  # GELU's tanh form written out
-        return patterns.gelu_step(conv, node, patterns.gelu_pending(x, y))
+    if (gelu := patterns.gelu_pending(x, y)) is not None:  # GELU's tanh form written out
+        return patterns.gelu_step(conv, node, gelu)
     if _on_ids(node) and alpha == 1.0:  # RoBERTa's position ids; rsub(x, y) is y - x
         target = str(node.target)
         x, y = (y, x) if "rsub" in target else (x, y)
@@ -99,8 +99,8 @@ def _on_ids(node: Any) -> bool:
 
 @rule("aten.mul")
 def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
-    if patterns.gelu_pending(x, y) is not None:  # GELU's tanh form written out
-        return patterns.gelu_step(conv, node, patterns.gelu_pending(x, y))
+    if (gelu := patterns.gelu_pending(x, y)) is not None:  # GELU's tanh form written out
+        return patterns.gelu_step(conv, node, gelu)
     if _on_ids(node):
         return host_arithmetic(node, "mul", x, y)
     symbolic = (Act, UserInput, rope.Pairs, rope.PairPart, patterns.Pending)

@@ -57,10 +57,9 @@ def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
     if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
         # ids viewed before their lookup (CLIP's ``input_ids.view(-1, T)``): still ids
         return UserInput(x.index, x.name, forms.resolve_shape(shape, prod(x.shape)))
-    if isinstance(x, fused.Fused) and forms.resolve_shape(shape, prod(x.shape))[-1] == \
-            x.shape[-1]:  # its rows under other leading axes (GPT-2's Conv1D)
-        resolved = forms.resolve_shape(shape, prod(x.shape))
-        rows = _view(conv, node, x.x, (*resolved[:-1], x.x.shape[-1]))
+    if isinstance(x, fused.Fused) and (resolved := forms.resolve_shape(
+            shape, prod(x.shape)))[-1] == x.shape[-1]:  # its rows under other leading axes
+        rows = _view(conv, node, x.x, (*resolved[:-1], x.x.shape[-1]))  # (GPT-2's Conv1D)
         return dataclasses.replace(x, x=rows, shape=resolved)
     if isinstance(x, (fused.Fused, fused.Split)):
         split = fused.view(x, forms.resolve_shape(shape, prod(x.shape)))

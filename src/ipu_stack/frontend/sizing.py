@@ -78,8 +78,8 @@ def program_footprint(program: Any, precision: str) -> Footprint:
     weight_bytes, largest, what = 0, 0, "no product's operands"
     value, value_what = 0, ""
     for node in program.graph.nodes:
-        if node.op == "call_function" and recorded_bytes(node) > value:
-            value = recorded_bytes(node)
+        if node.op == "call_function" and (produced := recorded_bytes(node)) > value:
+            value = produced
             value_what = f"{op_name(node.target)} {node.name}'s result"
         if node.op == "placeholder" and node.name in held and node.users:
             weight_bytes += (_elements(node) or 0) * size

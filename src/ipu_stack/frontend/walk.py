@@ -85,10 +85,11 @@ class Importer(Converter):
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
-                    made += recorded_bytes(node, views=False)  # folded here: bounded first
+                    size = recorded_bytes(node, views=False)  # folded here: bounded first
+                    made += size
                     module, source = where(node)
-                    check_made(f"{op_name(node.target)} in module {module} at {source}",
-                               recorded_bytes(node, views=False), made)
+                    check_made(f"{op_name(node.target)} in module {module} at {source}", size,
+                               made)
                     with torch.no_grad():
                         self.env[node] = node.target(*args, **kwargs)
                     if any(a in self.host_nodes for a in node.all_input_nodes):
