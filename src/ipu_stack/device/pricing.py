@@ -146,6 +146,30 @@ def _normce_call(kind: str, rows: int, width: int) -> int:
     return 6 * (stats + p(f"normce_merge_{rows}") + chunk + tail) + p("normce_split_supervisor")
 
 
+def _rms_split_part(kind: str, c: dict) -> int:
+    """A tile's share of an RMS norm split by columns as it ran: calls of up to three rows
+    on NormCE's split loops over the tile's ``cols``, a sync apart; the sums' call gathers
+    the partial sums of its blocks and merges them, the scaling call merges every block's
+    sums and normalises its columns."""
+    width, cols = c["width"], c["cols"]
+    eight_lanes = width % 8 == 0 and width >= 576
+    grain = 8 if eight_lanes else 4
+    further = (c["blocks_here"] if kind == "rms_sums" else c["blocks"]) - 1
+    cycles = 0
+    for first in range(0, c["rows"], 3):
+        rows = min(3, c["rows"] - first)
+        chunk = cdiv(cdiv(cols, grain), 6 // rows) * grain
+        bundles = p(f"normce_merge_{rows}") + further * p("normce_block")
+        if kind == "rms_sums":
+            bundles += (chunk // 4 + p("normce_split_stats")) if eight_lanes else (
+                chunk // 2 + p("normce_split_stats_unaligned"))
+        else:
+            bundles += chunk + (p("normce_split_normalise") if rows == 1 else
+                                p("normce_split_normalise_rows"))
+        cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if first else 0)
+    return cycles
+
+
 def _slice_vertex(call: str, share: int, hits: int, elements: int, itemsize: int) -> int:
     """A MultiSlice or MultiUpdate vertex over six workers, its busiest worker's ``share`` of
     the offsets ``hits`` of them in range: each in-range offset copies ``elements`` (vectors
@@ -215,8 +239,13 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
         cycles = sum(_normce_call(k, n, c["width"]) for k, n in calls) + \
             p("sync") * max(len(calls) - 1, 0)
-        return cycles if kind == "normce" else int(
-            cycles * float(PRICES["rms_norm_normce_fraction"].value))
+        if kind == "normce":
+            return cycles
+        rows = sum(c["row_calls"]) + sum(c["split_calls"])  # each block's lanes added in
+        cycles += 6 * rows * (c.get("blocks", 1) - 1) * p("normce_block")
+        return int(cycles * float(PRICES["rms_norm_normce_fraction"].value))
+    if kind in ("rms_sums", "rms_scale"):
+        return int(_rms_split_part(kind, c) * float(PRICES["rms_norm_normce_fraction"].value))
     if kind == "layer_norm":  # rows one after another, each over all six workers
         return p("layer_norm_call") + sum(_layer_norm_row(w) for w in c["row_widths"])
     if kind == "softmax":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ipu_stack.ir.one_pass import rms_blocks
 from ipu_stack.ir.precision import Precision
 from ipu_stack.target.timing import cdiv, p
 
@@ -85,19 +86,39 @@ def normce_layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     return (scaled + beta.astype(np.float16)).astype(np.float32)
 
 
-def normce_rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    """An RMS norm written on ``NormCE``'s loops, as F16 values in float32: the sum of
-    squares in FP32 lanes (``f16v8sqacc``), times the FP32 reciprocal of the width, plus
-    eps; ``1 / sqrt`` in FP32 rounded to F16; then ``(x * r) * gamma`` in F16, rounding
-    after each product.  No mean and no shift: NormCE's loops less two of their steps."""
-    width = x.shape[-1]
+def rms_partials(x: np.ndarray, width: int) -> np.ndarray:
+    """The blocks' sums of squares of ``x`` (F16 values in float32, the last axis a run of
+    whole blocks of a ``width``-wide row): FP32 lanes a block, combined as the kernel
+    combines them; ``[..., blocks here]``."""
+    block = width // rms_blocks(width)
     lanes = 8 if interleaved(width) else 4
     x32 = x.astype(np.float32)
-    squares = _combine(_lane_sums(x32 * x32, lanes))
+    blocks = x32.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    return _combine(_lane_sums(blocks * blocks, lanes))
+
+
+def rms_scale(x: np.ndarray, gamma: np.ndarray, partials: np.ndarray, width: int,
+              eps: float) -> np.ndarray:
+    """The RMS norm of ``x`` (some or all of a row's columns) from every block's sum of
+    squares (``partials``, ``[..., blocks]``): the blocks added in order in FP32, times the
+    FP32 reciprocal of the width, plus eps; ``1 / sqrt`` in FP32 rounded to F16; then ``(x *
+    r) * gamma`` in F16, rounding after each product."""
+    squares = partials[..., 0].astype(np.float32)
+    for block in range(1, partials.shape[-1]):
+        squares = squares + partials[..., block]
     power = squares * (np.float32(1.0) / np.float32(width)) + np.float32(eps)
     inverse = (np.float32(1.0) / np.sqrt(power)).astype(np.float16)
     normal = x.astype(np.float16) * inverse[..., None]
     return (normal * gamma.astype(np.float16)).astype(np.float32)
+
+
+def normce_rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """An RMS norm written on ``NormCE``'s loops, as F16 values in float32: the sum of
+    squares in FP32 lanes (``f16v8sqacc``) over each of the row's blocks (:func:`rms_blocks`),
+    the blocks added in order (:func:`rms_scale`).  No mean and no shift: NormCE's loops less
+    two of their steps."""
+    width = x.shape[-1]
+    return rms_scale(x, gamma, rms_partials(x, width), width, eps)
 
 
 def normce_calls(rows: int) -> list[tuple[str, int]]:
@@ -144,3 +165,35 @@ def normce_cycles(rows: int, width: int) -> int:
     calls = normce_calls(rows)
     return sum(normce_call_cycles(kind, n, width) for kind, n in calls) + \
         p("sync") * max(len(calls) - 1, 0)
+
+
+def rms_block_cycles(rows: int, width: int) -> int:
+    """What summing an RMS norm's squares in :func:`rms_blocks` costs beyond the one-pass
+    loops on a tile's ``rows`` rows: a block's lanes combined and added to the row's sum,
+    ``normce_block`` bundles a further block a row, charged as if one worker did them."""
+    return 6 * rows * (rms_blocks(width) - 1) * p("normce_block")
+
+
+def rms_part_cycles(part: str, rows: int, cols: int, width: int, blocks_here: int) -> int:
+    """One tile's share of an RMS norm split by columns (``cols`` of a ``width``-wide row,
+    ``blocks_here`` of its blocks), as ``NormCE``'s split kernel runs a row over its
+    workers, in calls of at most three rows a sync apart: ``part`` ``"sums"`` gathers the
+    blocks' sums of squares (the split kernel's partial sums and merge); ``"scale"`` adds
+    every block's sum, takes the inverse root and scales the columns (the merge and the
+    normalise)."""
+    aligned = interleaved(width)
+    grain = 8 if aligned else 4
+    cycles = 0
+    for start in range(0, rows, 3):
+        count = min(3, rows - start)
+        chunk = cdiv(cdiv(cols, grain), 6 // count) * grain
+        merge = p(f"normce_merge_{count}")
+        if part == "sums":
+            stats = chunk // 4 + p("normce_split_stats") if aligned else \
+                chunk // 2 + p("normce_split_stats_unaligned")
+            bundles = stats + merge + (blocks_here - 1) * p("normce_block")
+        else:
+            tail = p("normce_split_normalise" if count == 1 else "normce_split_normalise_rows")
+            bundles = merge + (rms_blocks(width) - 1) * p("normce_block") + chunk + tail
+        cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if start else 0)
+    return cycles

@@ -8,7 +8,11 @@ the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projecti
 ``silu(x) * b``, ``biased_softmax``: the additive bias or mask table (same block shape as
 ``x``); ``rope``: cos and sin tables
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
-chain takes its bias in ``aux0``).  Everything is computed in F32 and rounded to the output
+chain takes its bias in ``aux0``).  An RMS norm split by columns over tiles (a decode
+step's few wide rows) is two calls: ``rms_sums`` writes the sums of squares of the tile's
+blocks (``ir.one_pass.rms_blocks``) into ``out``, FP32 a block's rows at a time;
+``rms_scale`` reads every block's sums (``aux1``, gathered there by an exchange) with its
+columns' scale (``aux0``).  Everything is computed in F32 and rounded to the output
 precision once (the chain rounds after each of its steps).
 Work and prices: the reference's measured layer norm and softmax kernels, the vendor's
 ``NormCE`` for layer norms (and, assumed, for RMS norms on its loops), assumed prices for
@@ -23,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.precision import Precision
+from ipu_stack.ir.one_pass import rms_blocks
+from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
@@ -38,6 +43,8 @@ from ipu_stack.kernels.norm import (
     normce_calls,
     normce_layer_norm,
     normce_rms_norm,
+    rms_partials,
+    rms_scale,
 )
 from ipu_stack.target.timing import Work, split_over_workers
 
@@ -75,9 +82,14 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
         kind = "normce" if op == "layer_norm" else "normce_rms"
         work = [Work(kind, {"row_calls": [n for k, n in calls if k == "rows"],
                             "split_calls": [n for k, n in calls if k == "split"],
-                            "width": cols})]
+                            "width": cols, "blocks": rms_blocks(cols)})]
     elif op in ("layer_norm", "rms_norm"):
         work = [Work(op, {"row_widths": [cols] * rows})]
+    elif op in ("rms_sums", "rms_scale"):
+        width = int(p["width"])
+        blocks = rms_blocks(width)
+        work = [Work(op, {"rows": rows, "cols": cols, "width": width, "blocks": blocks,
+                          "blocks_here": cols * blocks // width})]
     elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
         if op == "biased_softmax":  # each table an add (two: summed, then added)
@@ -143,6 +155,15 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     elif op == "rms_norm" and _normce(p):
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
         result = normce_rms_norm(x, gamma, p["eps"])
+    elif op == "rms_sums":  # the blocks' sums a row, written block-major in FP32
+        sums = rms_partials(x, int(p["width"])).transpose(0, 2, 1)
+        write_rows(mem, tiles, out_addr, p["out_pitch"],
+                   np.ascontiguousarray(sums, dtype=np.float32).view(np.uint8))
+        return
+    elif op == "rms_scale":
+        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
+        sums = read_values(mem, tiles, aux1, rms_blocks(int(p["width"])), rows, 4 * rows, F32)
+        result = rms_scale(x, gamma, sums.transpose(0, 2, 1), int(p["width"]), p["eps"])
     elif op == "rms_norm":
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
         inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True)
@@ -184,13 +205,16 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     x = Precision.from_json(p["x"])
     out = Precision.from_json(p["out"])
     rows, cols = p["rows"], p["cols"]
-    result = [
-        (0, (rows - 1) * p["x_pitch"] + cols * x.itemsize, False),
-        (3, (rows - 1) * p["out_pitch"] + cols * out.itemsize, True),
-    ]
+    result = [(0, (rows - 1) * p["x_pitch"] + cols * x.itemsize, False)]
+    if p["op"] == "rms_sums":  # a block's sums of every row, a block after another
+        blocks = cols * rms_blocks(int(p["width"])) // int(p["width"])
+        return [*result, (3, (blocks - 1) * p["out_pitch"] + 4 * rows, True)]
+    result.append((3, (rows - 1) * p["out_pitch"] + cols * out.itemsize, True))
+    if p["op"] == "rms_scale":
+        result.append((2, 4 * rows * rms_blocks(int(p["width"])), False))
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "rms_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "rms_scale", "chain"):
             extent = cols * item
         elif p["op"] == "rope":
             extent = (rows - 1) * p["aux_pitch"] + p["head_dim"] // 2 * item
@@ -207,9 +231,15 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     out = Precision.from_json(p["out"]).itemsize
     rows, cols = p["rows"], p["cols"]
     result = [Region(0, 0, rows, cols * x, p["x_pitch"], False)]
+    if p["op"] == "rms_sums":
+        blocks = cols * rms_blocks(int(p["width"])) // int(p["width"])
+        return [*result, Region(3, 0, blocks, 4 * rows, p["out_pitch"], True)]
+    if p["op"] == "rms_scale":
+        blocks = rms_blocks(int(p["width"]))
+        result.append(Region(2, 0, blocks, 4 * rows, 4 * rows, False))
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
-        if p["op"] in ("layer_norm", "rms_norm", "chain"):
+        if p["op"] in ("layer_norm", "rms_norm", "rms_scale", "chain"):
             shape = (1, cols * item)
         elif p["op"] == "rope":
             shape = (rows, p["head_dim"] // 2 * item)

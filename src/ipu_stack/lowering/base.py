@@ -16,6 +16,7 @@ import numpy as np
 
 from ipu_stack.ir.graph import Graph, state_writes, table_row_index
 from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.one_pass import rms_blocks
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
@@ -67,6 +68,10 @@ class BodyState:
 # starts at tile 0, and a row already on a tile of the grid it feeds costs that tile an
 # on-tile copy in a compute superstep of its own (a decode step's few rows, every stage)
 FEW_ROWS = 32
+# a decode step's rows up to this many are split by columns where they are wide (RMS norms,
+# residual adds, casts: ``LoweringBase.row_layout``); NormCE's split kernel runs up to three
+# rows a call over its six workers, more rows are cheaper a row a tile
+SPLIT_ROWS = 3
 # a decode step's last tiles: its few rows land there and its RoPE heads run there, and its
 # KV cache is held below them, so a head's keys reach the cache's holders by exchange and
 # never by an on-tile copy in a superstep of its own
@@ -82,6 +87,14 @@ def landing_layout(rows: int, cols: int, precision: Precision, target: Target) -
     if rows <= FEW_ROWS:
         spread = target.tiles - 1 - spread
     return BlockLayout(rows, cols, precision, row_block, cols, spread.reshape(blocks, 1, 1))
+
+
+def column_layout(rows: int, cols: int, precision: Precision, blocks: int,
+                  target: Target) -> BlockLayout:
+    """Few rows split by columns into ``blocks`` equal blocks, one a tile from the last
+    tile down (where a decode step's rows land whole)."""
+    tiles = (target.tiles - 1 - np.arange(blocks, dtype=np.int32)).reshape(1, blocks, 1)
+    return BlockLayout(rows, cols, precision, rows, cols // blocks, tiles)
 
 
 def same_layout(held: BlockLayout, wanted: BlockLayout) -> bool:
@@ -168,6 +181,17 @@ class LoweringBase:
         start = min(max(start, count - 1), self.target.tiles - 1)  # no tile below 0
         self.row_cursor = start - count
         return start
+
+    def row_layout(self, rows: int, cols: int, precision: Precision) -> BlockLayout:
+        """Where an elementwise row stage or an RMS norm runs: a decode step's few wide
+        rows (``spread``, at most ``SPLIT_ROWS``, an RMS norm's blocks ``rms_blocks``) split
+        by columns over a tile a block, so no tile runs or receives a whole row; otherwise
+        whole rows (``landing_layout``).  The residual stream's adds, norms and casts all
+        land so, and pass their values on without an exchange."""
+        blocks = rms_blocks(cols) if self.spread and rows <= SPLIT_ROWS else 1
+        if blocks == 1:
+            return landing_layout(rows, cols, precision, self.target)
+        return column_layout(rows, cols, precision, blocks, self.target)
 
     # ------------------------------------------------------------------ helpers
     def gather(

@@ -16,7 +16,7 @@ buffer the block read it from.  ``end`` then
 
 from __future__ import annotations
 
-from ipu_stack.lowering.base import BodyState, Piece, landing_layout, same_layout
+from ipu_stack.lowering.base import BodyState, Piece, same_layout
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import HostRead, HostWrite, Loop, Slot
 from ipu_stack.lowering.transfers import TransferBuilder
@@ -48,16 +48,16 @@ class LoopLowering:
         self.lowering.gathered.clear()  # a body pass sees nothing gathered before the loop
 
     def land_carried(self) -> None:
-        """Before the loop, the carried value into whole rows (``landing_layout``), where
-        a decode step's residual adds make it: the last add of each pass then writes it in
-        place, and no pass ends with a carry exchange (a decode step's row a sequence makes
-        that a phase a layer); and where it is held in pieces, which a pass could not
-        carry."""
+        """Before the loop, the carried value into whole rows (``row_layout``: a decode
+        step's few wide rows split by columns), where a decode step's residual adds make
+        it: the last add of each pass then writes it in place, and no pass ends with a
+        carry exchange (a decode step's row a sequence makes that a phase a layer); and
+        where it is held in pieces, which a pass could not carry."""
         lowering = self.lowering
         value = self.loop.carried_in
         pieces = lowering.where[value]
         kind = lowering.graph.value(value).type
-        layout = landing_layout(kind.rows, kind.cols, kind.precision, lowering.target)
+        layout = lowering.row_layout(kind.rows, kind.cols, kind.precision)
         if len(pieces) == 1 and not pieces[0].row0 and not pieces[0].col0 and same_layout(
                 pieces[0].layout, layout):
             return

@@ -14,7 +14,9 @@ import numpy as np
 
 from ipu_stack.ir.graph import table_maps
 from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import KernelInstance
+from ipu_stack.kernels.norm import normce_applies
 from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.lowering.base import FEW_ROWS, LoweringBase, Piece, group_calls, landing_layout
 from ipu_stack.lowering.program import Call, ComputeSet
@@ -35,6 +37,14 @@ def _add_row_calls(compute: ComputeSet, tiles: np.ndarray, valid: np.ndarray,
         zero = np.zeros(len(group), dtype=np.int64)
         compute.calls.append(Call(KernelInstance("row", params(rows)), group,
                                   [(buffer, zero) for buffer in buffers]))
+
+
+def _parameter_layout(base: BlockLayout, precision: Precision) -> BlockLayout:
+    """A norm's scale or a bias row (``[1, cols]``) beside rows in ``base``: whole on every
+    row tile, or a tile's columns on each tile of rows split by columns."""
+    if base.col_block < base.cols:
+        return BlockLayout(1, base.cols, precision, 1, base.col_block, base.tiles.copy())
+    return BlockLayout(1, base.cols, precision, 1, base.cols, base.tiles.reshape(1, 1, -1).copy())
 
 
 class RowLowering(LoweringBase):
@@ -200,23 +210,24 @@ class RowLowering(LoweringBase):
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)
         x_prec = g.value(stage.inputs[0]).type.precision
-        base = landing_layout(rows, cols, x_prec, self.target)
+        base = self.row_layout(rows, cols, x_prec) if self._by_columns(stage) else \
+            landing_layout(rows, cols, x_prec, self.target)
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.rows")
         x_buf = self._in_row_layout(builder, stage.inputs[0], base, name)
         aux = [-1, -1]
         aux_prec, aux_pitch, extra = None, 0, {}
         op = stage.kind
-        spread = base.tiles.reshape(1, 1, -1)
         if op in ("layer_norm", "rms_norm"):
             aux_prec = g.value(stage.inputs[1]).type.precision
-            shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+            shared = _parameter_layout(base, aux_prec)
             params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
             aux = [*params, -1][:2]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
         elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
-            layout = BlockLayout(rows, cols, aux_prec, base.row_block, cols, base.tiles)
+            layout = BlockLayout(rows, cols, aux_prec, base.row_block, base.col_block,
+                                 base.tiles)
             maps = table_maps(g.operations[stage.op].attrs, len(stage.inputs) - 1)
             for number, (value_id, where) in enumerate(zip(stage.inputs[1:], maps,
                                                            strict=True)):
@@ -240,24 +251,68 @@ class RowLowering(LoweringBase):
             extra = {"chain": [list(chain_step(g, op_node))]}
             if op_node.kind == "bias_add":
                 aux_prec = g.value(stage.inputs[1]).type.precision
-                shared = BlockLayout(1, cols, aux_prec, 1, cols, spread.copy())
+                shared = _parameter_layout(base, aux_prec)
                 aux[0] = self._row_param(builder, stage.inputs[1], shared, stage.index)
                 aux_pitch = shared.pitch
             op = "chain"
         if op == "biased_softmax":
             extra = {**extra, "scale": float(stage.attrs.get("scale", 1.0))}
         self.emit_exchange(builder)
-        out_layout = BlockLayout(rows, cols, out_prec, base.row_block, cols, base.tiles)
+        out_layout = BlockLayout(rows, cols, out_prec, base.row_block, base.col_block,
+                                 base.tiles)
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs, stage.kind)
         if out_buf < 0:
             out_buf = self.result_buffer(stage.out, out_layout)
+        if op == "rms_norm" and base.col_block < cols:
+            aux[1], op, extra = self._rms_sums(name, base, x_buf), "rms_scale", {
+                **extra, "width": cols}
         compute = ComputeSet(f"{name}.{stage.kind}")
-        _add_row_calls(compute, base.tiles.ravel(), base.valid_rows(),
-                       lambda rows: row_params(op, rows, cols, x_prec, base.pitch, out_prec,
-                                               out_layout.pitch, aux_prec, aux_pitch, **extra),
+        _add_row_calls(compute, base.tiles.ravel(), np.repeat(base.valid_rows(), base.grid[1]),
+                       lambda rows: row_params(op, rows, base.col_block, x_prec, base.pitch,
+                                               out_prec, out_layout.pitch, aux_prec, aux_pitch,
+                                               **extra),
                        [x_buf, aux[0], aux[1], out_buf])
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
+
+    def _by_columns(self, stage: RowStage) -> bool:
+        """Whether the stage may run split by columns (``LoweringBase.row_layout``): an
+        elementwise stage, or an RMS norm on NormCE's loops, whose sums of squares the
+        tiles then add up (``_rms_sums``)."""
+        if stage.kind in ("layer_norm", "softmax", "biased_softmax", "rope"):
+            return False
+        if stage.kind != "rms_norm":
+            return True
+        x, scale = (self.graph.value(i).type.precision for i in stage.inputs[:2])
+        return normce_applies(x, scale, self.graph.value(stage.out).type.cols,
+                              float(stage.attrs["eps"]))
+
+    def _rms_sums(self, name: str, base: BlockLayout, x_buf: int) -> int:
+        """The first half of an RMS norm split by columns: each tile's sums of squares of
+        its block (``rms_sums``), then every tile's sums to every other tile; returns the
+        buffer of all blocks' sums (FP32, block-major), which ``rms_scale`` reads."""
+        blocks, rows = base.grid[1], base.rows
+        tiles = base.tiles.ravel()
+        nbytes = 4 * rows
+        sums = self.program.add_buffer(f"{name}.sums", np.sort(tiles), blocks * nbytes,
+                                       MemoryClass.STANDARD,
+                                       f"{name}: sums of squares of {blocks} blocks x {rows} "
+                                       "rows, FP32")
+        order = np.argsort(tiles, kind="stable")  # block of each call tile, in tile order
+        compute = ComputeSet(f"{name}.rms_sums")
+        params = row_params("rms_sums", rows, base.col_block, base.precision, base.pitch, F32,
+                            nbytes, width=base.cols)
+        compute.calls.append(Call(KernelInstance("row", params), tiles[order].astype(np.int32),
+                                  [(x_buf, np.zeros(blocks, np.int64)), (-1, np.zeros(
+                                      blocks, np.int64)), (-1, np.zeros(blocks, np.int64)),
+                                   (sums, order.astype(np.int64) * nbytes)]))
+        self.program.run.append(compute)
+        builder = TransferBuilder(f"{name}.sums")
+        for block, tile in enumerate(tiles):
+            builder.add(np.array([tile]), sums, np.array([block * nbytes]), rows,
+                        np.delete(tiles, block), sums, np.array([block * nbytes]))
+        self.emit_exchange(builder)
+        return sums
 
     def _addend(self, builder: TransferBuilder, value_id: int, layout: BlockLayout,
                 where: tuple[int, int], what: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipu_stack.ir.one_pass import rms_blocks
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.elementwise import (
@@ -21,7 +22,7 @@ from ipu_stack.kernels.elementwise import (
 )
 from ipu_stack.kernels.epilogue import bias_room, contiguous
 from ipu_stack.kernels.gemm import b_shape, scratch_bytes
-from ipu_stack.kernels.norm import normce_applies, normce_cycles
+from ipu_stack.kernels.norm import normce_applies, normce_cycles, rms_block_cycles, rms_part_cycles
 from ipu_stack.target.timing import ACTIVATION_VERTICES, CAST_VECTORS, PRICES, cdiv, p
 
 
@@ -236,7 +237,13 @@ def _row(params: dict[str, Any]) -> int:
                                              None if aux is None else Precision.from_json(aux),
                                              cols, float(params["eps"])):
         cycles = normce_cycles(rows, cols) if op == "layer_norm" else int(
-            normce_cycles(rows, cols) * float(PRICES["rms_norm_normce_fraction"].value))
+            (normce_cycles(rows, cols) + rms_block_cycles(rows, cols))
+            * float(PRICES["rms_norm_normce_fraction"].value))
+    elif op in ("rms_sums", "rms_scale"):
+        width = int(params["width"])
+        cycles = int(rms_part_cycles("sums" if op == "rms_sums" else "scale", rows, cols, width,
+                                     cols * rms_blocks(width) // width)
+                     * float(PRICES["rms_norm_normce_fraction"].value))
     elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
     elif op == "rms_norm":

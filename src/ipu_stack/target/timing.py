@@ -254,6 +254,10 @@ PRICES.update({  # the split kernel's merge of the workers' partial sums, by row
     f"normce_merge_{rows}": Fact(bundles, f"{_NORMCE}/NormCE_half_split.S:509-690: {bundles} "
                                           f"bundles with {rows} row(s) a call")
     for rows, bundles in ((1, 35), (2, 32), (3, 30))})
+PRICES["normce_block"] = Fact(
+    4, "assumed: an RMS norm's block (kernels/norm.py rms_blocks) costs 4 bundles more a "
+    "row: its eight FP32 lanes combined in pairs (f32v2add) and added to the row's sum; "
+    "sensitivity: 16 blocks of a 2,048-wide row, 360 cycles a row on one tile")
 PRICES["normce_split_normalise_rows"] = Fact(
     44, f"{_NORMCE}/NormCE_half_split.S:692-738: C + 44 with two or three rows a call")
 
