@@ -26,7 +26,7 @@ from scipy import special
 from ipu_stack.ir.graph import Graph, Operation, head_geometry, table_maps, table_row_index
 from ipu_stack.ir.one_pass import one_pass_layer_norm, one_pass_rms_norm, runs_normce
 from ipu_stack.ir.precision import F32, Precision, fit_scale_exponent
-from ipu_stack.ir.rounding import add_in_owner_order, fp16_blocked_matmul
+from ipu_stack.ir.rounding import add_in_owner_order, f32_matmul, fp16_blocked_matmul
 from ipu_stack.ir.types import TensorType
 from ipu_stack.ir.values import CompactValues, StoredTensor, as_precision, stored_round_trip
 
@@ -112,35 +112,22 @@ def depth_owners(rows: int, split: dict) -> np.ndarray | None:
 
 def split_depth_matmul(a: np.ndarray, b: np.ndarray, split: dict | None) -> np.ndarray:
     """``a @ b`` with float32 partials, summed as a depth-split F16-mode GEMM sums them:
-    each depth block's float32 products made tile by tile (:func:`_tile_products`), added
-    in the reduce's order (:func:`depth_owners`); without a split, one product at full
-    depth."""
+    each depth block's float32 products (``f32_matmul``: the same bits whatever tile's
+    block holds a row), added in the reduce's order (:func:`depth_owners`); without a
+    split, one product at full depth."""
     owners = None if split is None or a.shape[0] == 0 else depth_owners(a.shape[0], split)
     if owners is None:
-        return np.matmul(a, b)
+        return f32_matmul(a, b)
     assert split is not None
     depth, block = a.shape[1], int(split["depth_block"])
-    parts = [_tile_products(a, b, split, k, min(k + block, depth))
-             for k in range(0, depth, block)]
+    parts = [f32_matmul(a[:, k:k + block], b[k:k + block]) for k in range(0, depth, block)]
     return add_in_owner_order(parts, owners)
 
 
-def _tile_products(a: np.ndarray, b: np.ndarray, split: dict, k0: int, k1: int
-                   ) -> np.ndarray:
-    """``a[:, k0:k1] @ b[k0:k1]`` one product per tile, each of the tile's valid shape (row
-    block by column block), as the device's GEMM kernel makes them: BLAS may round an
-    element of a wide product differently from the same element of a tile's (its edge
-    rows take another kernel), one element in a million on so400m's attention."""
-    cols = b.shape[1]
-    out = np.empty((a.shape[0], cols), dtype=np.result_type(a, b))
-    width = int(split.get("col_block") or cols)
-    for first, count, row_block in split["row_chunks"]:
-        for r0 in range(first, first + count, int(row_block)):
-            r1 = min(r0 + int(row_block), first + count)
-            for c0 in range(0, cols, width):
-                c1 = min(c0 + width, cols)
-                np.matmul(a[r0:r1, k0:k1], b[k0:k1, c0:c1], out=out[r0:r1, c0:c1])
-    return out
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A float32 product as the device's F16-mode GEMM sums it (``f32_matmul``); a float64
+    one as it is."""
+    return f32_matmul(a, b) if a.dtype == np.float32 else np.matmul(a, b)
 
 
 def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
@@ -170,14 +157,13 @@ def _head_matmul(op: Operation, a: np.ndarray, b: np.ndarray,
     if op.attrs["mode"] == "qk":
         ah = np.ascontiguousarray(a.reshape(batch, tokens, heads, head_dim).transpose(0, 2, 1, 3))
         if split is None:
-            return np.matmul(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens,
-                                                                    span)
+            return _product(ah, bh.transpose(0, 1, 3, 2)).reshape(batch * heads * tokens, span)
         return np.stack([product(ah[i, h], bh[i, h].T)
                          for i in range(batch) for h in range(heads)]).reshape(
                              batch * heads * tokens, span)
     p = a.reshape(batch, heads, tokens, span)
     if split is None:
-        o = np.matmul(p, bh)  # [B, H, T, d]
+        o = _product(p, bh)  # [B, H, T, d]
     else:
         o = np.stack([np.stack([product(p[i, h], bh[i, h])
                                 for h in range(heads)]) for i in range(batch)])

@@ -265,6 +265,14 @@ def decode_fp8(stored: np.ndarray, kind: str, scale_exponent: int) -> np.ndarray
 PASS_BATCH_BYTES = 256 << 10  # one sub-batch's products and partials: held in L2
 
 
+def f32_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` of float32 operands as float32, summed in float64 and rounded once: BLAS's
+    float32 sums run in an order that depends on the product's shape and the CPU's kernel,
+    so a row's bits would change with the row block a tile holds it in; the float64 sum of
+    F16 and FP8 products rounds to the same float32 whatever its order."""
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+
+
 def fp16_pass_codes(a: np.ndarray, b: np.ndarray, pass_depth: int,
                     a_of: np.ndarray | None = None) -> np.ndarray:
     """``a @ b`` as the FP8 AMP computes it: ``a`` ``[batch, rows, depth]``, ``b``

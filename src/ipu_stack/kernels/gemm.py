@@ -11,8 +11,9 @@ Two modes, as the hardware has them:
 * ``fp8``: native FP8 operands, **FP16 partials** (``f8v8hihov4amp``).  Each pass adds a
   32-deep dot product to the stored FP16 partial, so the partial is rounded to FP16 after
   every pass, exactly as here.
-* ``f16``: F16 operands with F32 partials.  FP8 operands are first cast to F16 into a
-  scratch operand (a real cast, priced), then the F16 AMP runs at 64 MACs per cycle.
+* ``f16``: F16 operands with F32 partials (summed exactly and rounded to F32 once,
+  ``ir.rounding.f32_matmul``).  FP8 operands are first cast to F16 into a scratch operand
+  (a real cast, priced), then the F16 AMP runs at 64 MACs per cycle.
 
 A call reports the work it did (passes looped, rows, cast elements); ``device.pricing``
 prices it.  The planner prices the same shapes with its own closed form.
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.ir.precision import F16, Precision
-from ipu_stack.ir.rounding import fp16_pass_codes
+from ipu_stack.ir.rounding import f32_matmul, fp16_pass_codes
 from ipu_stack.kernels.base import (
     KernelFamily,
     Region,
@@ -103,7 +104,7 @@ def _run(params: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
             partial = fp16_pass_codes(a, b, pass_depth, a_of)
             depth_passes = -(-depth // pass_depth)
         else:
-            partial = np.matmul(a if a_of is None else a[a_of], b).astype(np.float32)
+            partial = f32_matmul(a if a_of is None else a[a_of], b)
             depth_passes = -(-depth // p("amp_f16_depth"))
         write_rows(mem, chunk, out_addr, params["out_pitch"], partial.view(np.uint8))
     col_groups = -(-cols // p("amp_out_columns"))
