@@ -36,23 +36,40 @@ def _name(p: dict[str, Any]) -> str:
     return f"multislice_n{p['offsets']}_v{p['rows']}{first}_b{p['region_bytes']}{zero}"
 
 
+def _offsets_held(mem: np.ndarray, tiles: np.ndarray, at: np.ndarray, count: int,
+                  first: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Every tile's ``count`` offsets (u32 at ``at``) less ``first``, read at once: the
+    calls' tile indices and offset numbers of those in ``[0, rows)`` (the vertex's unsigned
+    compare after the subtract), their values, and the most any tile holds."""
+    window = mem[tiles[:, None], at[:, None] + np.arange(4 * count, dtype=np.int64)]
+    values = np.ascontiguousarray(window).view("<u4").astype(np.int64) - first
+    held = (values >= 0) & (values < rows)
+    tile_index, number = np.nonzero(held)
+    most = int(held.sum(axis=1).max()) if len(tiles) else 0
+    return tile_index, number, values[tile_index, number], most
+
+
+def _copy_rows(mem: np.ndarray, tiles: np.ndarray, source: np.ndarray,
+               target: np.ndarray) -> None:
+    """Each row ``i`` of byte addresses ``source[i]`` copied to ``target[i]`` on tile
+    ``tiles[i]`` (all the calls' tiles in one gather and one scatter: a tile's rows never
+    overlap another tile's)."""
+    on = np.broadcast_to(tiles[:, None], source.shape)
+    mem[on, target] = mem[on, source]
+
+
 def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[int]) -> list[Work]:
+    tiles = np.asarray(tiles, dtype=np.int64)
     ids_at, table_at, out_at = (per_tile(a, tiles) for a in addresses)
     n, rows, region = p["offsets"], p["rows"], p["region_bytes"]
-    first = p.get("first_row", 0)
     span = np.arange(region, dtype=np.int64)
-    every = np.arange(n, dtype=np.int64)[:, None] * p["out_pitch"] + span
-    in_range = 0
-    for t in range(len(tiles)):
-        tile = mem[tiles[t]]
-        ids = tile[ids_at[t]: ids_at[t] + 4 * n].view("<u4").astype(np.int64) - first
-        held = (ids >= 0) & (ids < rows)  # the vertex's unsigned compare after the subtract
-        if p.get("fill"):
-            tile[(out_at[t] + every).ravel()] = 0
-        source = table_at[t] + ids[held, None] * p["table_pitch"] + span
-        target = out_at[t] + np.flatnonzero(held)[:, None] * p["out_pitch"] + span
-        tile[target.ravel()] = tile[source.ravel()]
-        in_range = max(in_range, int(held.sum()))
+    if p.get("fill"):
+        every = np.arange(n, dtype=np.int64)[:, None] * p["out_pitch"] + span
+        mem[tiles[:, None], (out_at[:, None] + every.ravel())] = 0
+    which, number, ids, in_range = _offsets_held(mem, tiles, ids_at, n, p.get("first_row", 0),
+                                                 rows)
+    _copy_rows(mem, tiles[which], table_at[which, None] + ids[:, None] * p["table_pitch"] + span,
+               out_at[which, None] + number[:, None] * p["out_pitch"] + span)
     elements = -(-region // p["itemsize"])  # what was copied, whatever the item size says
     work = [Work("multislice", {"offsets": n, "in_range": in_range, "elements": elements,
                                 "itemsize": p["itemsize"]})]
@@ -118,19 +135,14 @@ def _update_name(p: dict[str, Any]) -> str:
 
 def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
                 addresses: list[int]) -> list[Work]:
+    tiles = np.asarray(tiles, dtype=np.int64)
     slots_at, rows_at, table_at = (per_tile(a, tiles) for a in addresses)
-    n, held_rows, region = p["offsets"], p["rows"], p["region_bytes"]
+    n, region = p["offsets"], p["region_bytes"]
     span = np.arange(region, dtype=np.int64)
-    in_range = 0
-    for t in range(len(tiles)):
-        tile = mem[tiles[t]]
-        slots = tile[slots_at[t]: slots_at[t] + 4 * n].view("<u4").astype(np.int64) \
-            - p.get("first_row", 0)
-        held = (slots >= 0) & (slots < held_rows)  # the vertex's unsigned compare
-        source = rows_at[t] + np.flatnonzero(held)[:, None] * p["src_pitch"] + span
-        target = table_at[t] + slots[held, None] * p["table_pitch"] + span
-        tile[target.ravel()] = tile[source.ravel()]
-        in_range = max(in_range, int(held.sum()))
+    which, number, slots, in_range = _offsets_held(mem, tiles, slots_at, n,
+                                                   p.get("first_row", 0), p["rows"])
+    _copy_rows(mem, tiles[which], rows_at[which, None] + number[:, None] * p["src_pitch"] + span,
+               table_at[which, None] + slots[:, None] * p["table_pitch"] + span)
     elements = -(-region // p["itemsize"])
     return [Work("multiupdate", {"offsets": n, "in_range": in_range, "elements": elements,
                                  "itemsize": p["itemsize"]})]

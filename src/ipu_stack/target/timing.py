@@ -255,7 +255,7 @@ PRICES.update({  # the split kernel's merge of the workers' partial sums, by row
                                           f"bundles with {rows} row(s) a call")
     for rows, bundles in ((1, 35), (2, 32), (3, 30))})
 PRICES["normce_block"] = Fact(
-    4, "assumed: an RMS norm's block (kernels/norm.py rms_blocks) costs 4 bundles more a "
+    4, "assumed: an RMS norm's block (ir/one_pass.py rms_blocks) costs 4 bundles more a "
     "row: its eight FP32 lanes combined in pairs (f32v2add) and added to the row's sum; "
     "sensitivity: 16 blocks of a 2,048-wide row, 360 cycles a row on one tile")
 PRICES["normce_split_normalise_rows"] = Fact(
