@@ -9,8 +9,9 @@ import pytest
 
 from ipu_stack.device import SimulatedIpu
 from ipu_stack.ir.layout import BlockLayout
-from ipu_stack.ir.precision import F16, Precision, f143, f152
+from ipu_stack.ir.precision import F16, F32, Precision, f143, f152
 from ipu_stack.kernels.gemm import gemm_params
+from ipu_stack.kernels.rowwise import row_params
 from ipu_stack.package import Package
 from ipu_stack.target import IPU21
 from ipu_stack.util.errors import DeviceFault, PackageError
@@ -261,6 +262,12 @@ def test_malformed_packages(ipu: SimulatedIpu) -> None:
     odd = copy.deepcopy(manifest)
     odd["programs"]["run"][2]["kind"] = "teleport"
     _expect_rejected(ipu, odd, arrays, r"run step 2: unknown step kind .teleport.")
+    # a split RMS norm's sums over 100 columns of a 2,048-wide row: not whole 128-column blocks
+    ragged = copy.deepcopy(manifest)
+    ragged["kernels"][0] = {"family": "row", "params": row_params(
+        "rms_sums", 1, 100, F16, 200, F32, 4, width=2048)}
+    _expect_rejected(ipu, ragged, arrays, r"kernel 0: parameters describe no call \(rms_sums "
+                     r"of 100 columns is not whole blocks of a 2048-wide row's 16\)")
 
 
 def test_call_errors() -> None:

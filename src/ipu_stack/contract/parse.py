@@ -187,7 +187,12 @@ def _kernels(value: Any) -> tuple[KernelInstance, ...]:
         if kernel.get("family") not in FAMILIES:
             raise _fail(f"kernel {index}", f"unknown kernel family {kernel.get('family')!r}")
         params = check_params(kernel.get("params"), f"kernel {index}")
-        kernels.append(KernelInstance(kernel["family"], params))
+        instance = KernelInstance(kernel["family"], params)
+        try:  # what the verifier will ask of it: parameters that describe no call fail here
+            instance.impl.accesses(params)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise _fail(f"kernel {index}", f"parameters describe no call ({exc})") from None
+        kernels.append(instance)
     return tuple(kernels)
 
 

@@ -86,10 +86,9 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
     elif op in ("layer_norm", "rms_norm"):
         work = [Work(op, {"row_widths": [cols] * rows})]
     elif op in ("rms_sums", "rms_scale"):
-        width = int(p["width"])
-        blocks = rms_blocks(width)
-        work = [Work(op, {"rows": rows, "cols": cols, "width": width, "blocks": blocks,
-                          "blocks_here": cols * blocks // width})]
+        blocks, here = _rms_blocks(p)
+        work = [Work(op, {"rows": rows, "cols": cols, "width": int(p["width"]), "blocks": blocks,
+                          "blocks_here": here})]
     elif op in ("softmax", "biased_softmax"):
         work = [Work("softmax", {"rows": rows, "keys": cols, "panels": -(-cols // 16)})]
         if op == "biased_softmax":  # each table an add (two: summed, then added)
@@ -201,17 +200,28 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
     write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
 
 
+def _rms_blocks(p: dict[str, Any]) -> tuple[int, int]:
+    """A split RMS norm's blocks in the row and on this tile; its columns must be whole
+    blocks of its row's (a package's parameters are checked here before anything runs)."""
+    width, cols = int(p["width"]), int(p["cols"])
+    blocks = rms_blocks(width)
+    if cols > width or (cols * blocks) % width:
+        raise ValueError(f"{p['op']} of {cols} columns is not whole blocks of a {width}-wide "
+                         f"row's {blocks}")
+    return blocks, cols * blocks // width
+
+
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     x = Precision.from_json(p["x"])
     out = Precision.from_json(p["out"])
     rows, cols = p["rows"], p["cols"]
     result = [(0, (rows - 1) * p["x_pitch"] + cols * x.itemsize, False)]
     if p["op"] == "rms_sums":  # a block's sums of every row, a block after another
-        blocks = cols * rms_blocks(int(p["width"])) // int(p["width"])
-        return [*result, (3, (blocks - 1) * p["out_pitch"] + 4 * rows, True)]
+        here = _rms_blocks(p)[1]
+        return [*result, (3, (here - 1) * p["out_pitch"] + 4 * rows, True)]
     result.append((3, (rows - 1) * p["out_pitch"] + cols * out.itemsize, True))
     if p["op"] == "rms_scale":
-        result.append((2, 4 * rows * rms_blocks(int(p["width"])), False))
+        result.append((2, 4 * rows * _rms_blocks(p)[0], False))
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
         if p["op"] in ("layer_norm", "rms_norm", "rms_scale", "chain"):
@@ -232,10 +242,10 @@ def _regions(p: dict[str, Any]) -> list[Region]:
     rows, cols = p["rows"], p["cols"]
     result = [Region(0, 0, rows, cols * x, p["x_pitch"], False)]
     if p["op"] == "rms_sums":
-        blocks = cols * rms_blocks(int(p["width"])) // int(p["width"])
-        return [*result, Region(3, 0, blocks, 4 * rows, p["out_pitch"], True)]
+        here = _rms_blocks(p)[1]
+        return [*result, Region(3, 0, here, 4 * rows, p["out_pitch"], True)]
     if p["op"] == "rms_scale":
-        blocks = rms_blocks(int(p["width"]))
+        blocks = _rms_blocks(p)[0]
         result.append(Region(2, 0, blocks, 4 * rows, 4 * rows, False))
     if p.get("aux") is not None:
         item = Precision.from_json(p["aux"]).itemsize
