@@ -54,6 +54,7 @@ def test_a_context_is_searched_in_whole_blocks_of_positions(monkeypatch, fits_up
                              else "reached --max-context 100")
 
 
+@pytest.mark.slow  # a minute of compiles on 2 cores; a decoder's capacity runs by default
 def test_capacity_of_the_siglip_mlp(capsys, cache_dir):
     # an eighth of tile memory keeps the boundary at a small batch (row-chunked plans fit
     # batch 20 into the whole of it, a compile of minutes)
