@@ -18,7 +18,9 @@ that keeps ``1 / sqrt(eps)`` within F16 (BEiT's 1e-12 does not); other layer nor
 reference's measured kernel.
 
 An RMS norm of the same precisions and widths runs on NormCE's loops with two of their
-steps left out (the sum and the mean's subtraction, :func:`normce_rms_norm`): the vendor
+steps left out (the sum and the mean's subtraction, :func:`normce_rms_norm`), its squares
+summed in blocks where the row is 512 or more wide (``ir.one_pass.rms_blocks``), so that a
+decode step can split the row by columns over tiles (:func:`rms_part_cycles`): the vendor
 ships no RMS norm kernel (PopTransformer composes it from popart operations,
 ``poptransformer/layers/rms_layer_norm.py``), so its price is assumed to be NormCE's
 bundles, an upper bound for a kernel that does less (docs/machine.md).
