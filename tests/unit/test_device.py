@@ -268,6 +268,12 @@ def test_malformed_packages(ipu: SimulatedIpu) -> None:
         "rms_sums", 1, 100, F16, 200, F32, 4, width=2048)}
     _expect_rejected(ipu, ragged, arrays, r"kernel 0: parameters describe no call \(rms_sums "
                      r"of 100 columns is not whole blocks of a 2048-wide row's 16\)")
+    # a norm without its scale's precision
+    scaleless = copy.deepcopy(manifest)
+    scaleless["kernels"][0] = {"family": "row", "params": row_params(
+        "rms_norm", 1, 64, F16, 128, F16, 128, None, 0, eps=1e-5)}
+    _expect_rejected(ipu, scaleless, arrays, r"kernel 0: parameters describe no call "
+                     r"\(rms_norm has no aux operand's precision\)")
 
 
 def test_call_errors() -> None:

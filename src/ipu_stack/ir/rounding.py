@@ -268,8 +268,9 @@ PASS_BATCH_BYTES = 256 << 10  # one sub-batch's products and partials: held in L
 def f32_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` of float32 operands as float32, summed in float64 and rounded once: BLAS's
     float32 sums run in an order that depends on the product's shape and the CPU's kernel,
-    so a row's bits would change with the row block a tile holds it in; the float64 sum of
-    F16 and FP8 products rounds to the same float32 whatever its order."""
+    so a row's bits would change with the row block a tile holds it in; a float64 sum of
+    F16 or FP8 products rounds to the same float32 whatever its order, unless its products
+    span more than float64's 53 bits and cancel (2.5e7 against 1e-11: one FP32 ulp)."""
     return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
 
 

@@ -211,7 +211,14 @@ def _rms_blocks(p: dict[str, Any]) -> tuple[int, int]:
     return blocks, cols * blocks // width
 
 
+# the operations that read an ``aux`` operand (a chain reads one only with a bias step)
+WITH_AUX = ("layer_norm", "rms_norm", "rms_scale", "add", "mul", "swiglu", "biased_softmax",
+            "rope")
+
+
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    if p["op"] in WITH_AUX and p.get("aux") is None:
+        raise ValueError(f"{p['op']} has no aux operand's precision")
     x = Precision.from_json(p["x"])
     out = Precision.from_json(p["out"])
     rows, cols = p["rows"], p["cols"]

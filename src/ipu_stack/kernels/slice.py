@@ -63,11 +63,11 @@ def _run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray, addresses: list[
     ids_at, table_at, out_at = (per_tile(a, tiles) for a in addresses)
     n, rows, region = p["offsets"], p["rows"], p["region_bytes"]
     span = np.arange(region, dtype=np.int64)
-    if p.get("fill"):
-        every = np.arange(n, dtype=np.int64)[:, None] * p["out_pitch"] + span
-        mem[tiles[:, None], (out_at[:, None] + every.ravel())] = 0
     which, number, ids, in_range = _offsets_held(mem, tiles, ids_at, n, p.get("first_row", 0),
                                                  rows)
+    if p.get("fill"):  # after the ids are read, as the vertex reads them
+        every = np.arange(n, dtype=np.int64)[:, None] * p["out_pitch"] + span
+        mem[tiles[:, None], (out_at[:, None] + every.ravel())] = 0
     _copy_rows(mem, tiles[which], table_at[which, None] + ids[:, None] * p["table_pitch"] + span,
                out_at[which, None] + number[:, None] * p["out_pitch"] + span)
     elements = -(-region // p["itemsize"])  # what was copied, whatever the item size says
