@@ -476,7 +476,8 @@ def _placed_groups(tiles: np.ndarray, interleaved: np.ndarray
 
 _WORK_CLASSES = {"amp": "gemm", "cast_from_f8": "cast", "cast_f8": "cast", "cast_f16": "cast",
                  "bias_gelu": "gelu", "gelu_tanh": "gelu", "layer_norm": "layerNorm",
-                 "normce": "layerNorm", "normce_rms": "rmsNorm",
+                 "normce": "layerNorm", "normce_rms": "rmsNorm", "rms_sums": "rmsNorm",
+                 "rms_scale": "rmsNorm",
                  "rms_norm": "rmsNorm",
                  **dict.fromkeys(timing.ACTIVATION_VERTICES, "activation"), "add": "add",
                  "rope": "rope", "argmax_gather": "argmax", "argmax_sparse": "argmax"}
