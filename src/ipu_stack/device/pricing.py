@@ -138,12 +138,26 @@ def _normce_call(kind: str, rows: int, width: int) -> int:
         fixed = p("normce_row_fixed") if eight_lanes else p("normce_row_fixed_unaligned")
         row = (width * 5 // 4 if eight_lanes else width * 3 // 2) + fixed
         return 6 * (rows // 6 * (row + p("normce_row_wrapper")) + p("normce_call_wrapper"))
+    chunk = _worker_chunk(width, rows, eight_lanes)
+    bundles = _partial_sums(chunk, eight_lanes) + p(f"normce_merge_{rows}") + \
+        _normalised(chunk, rows)
+    return 6 * bundles + p("normce_split_supervisor")
+
+
+def _worker_chunk(cols: int, rows: int, eight_lanes: bool) -> int:
+    """The halves of a row's ``cols`` each worker of NormCE's split kernel took."""
     grain = 8 if eight_lanes else 4
-    chunk = cdiv(cdiv(width, grain), 6 // rows) * grain
-    stats = (chunk // 4 + p("normce_split_stats")) if eight_lanes else (
+    return cdiv(cdiv(cols, grain), 6 // rows) * grain
+
+
+def _partial_sums(chunk: int, eight_lanes: bool) -> int:
+    return (chunk // 4 + p("normce_split_stats")) if eight_lanes else (
         chunk // 2 + p("normce_split_stats_unaligned"))
-    tail = p("normce_split_normalise") if rows == 1 else p("normce_split_normalise_rows")
-    return 6 * (stats + p(f"normce_merge_{rows}") + chunk + tail) + p("normce_split_supervisor")
+
+
+def _normalised(chunk: int, rows: int) -> int:
+    return chunk + (p("normce_split_normalise") if rows == 1 else
+                    p("normce_split_normalise_rows"))
 
 
 def _rms_split_part(kind: str, c: dict) -> int:
@@ -151,21 +165,14 @@ def _rms_split_part(kind: str, c: dict) -> int:
     on NormCE's split loops over the tile's ``cols``, a sync apart; the sums' call gathers
     the partial sums of its blocks and merges them, the scaling call merges every block's
     sums and normalises its columns."""
-    width, cols = c["width"], c["cols"]
-    eight_lanes = width % 8 == 0 and width >= 576
-    grain = 8 if eight_lanes else 4
+    eight_lanes = c["width"] % 8 == 0 and c["width"] >= 576
     further = (c["blocks_here"] if kind == "rms_sums" else c["blocks"]) - 1
     cycles = 0
     for first in range(0, c["rows"], 3):
         rows = min(3, c["rows"] - first)
-        chunk = cdiv(cdiv(cols, grain), 6 // rows) * grain
-        bundles = p(f"normce_merge_{rows}") + further * p("normce_block")
-        if kind == "rms_sums":
-            bundles += (chunk // 4 + p("normce_split_stats")) if eight_lanes else (
-                chunk // 2 + p("normce_split_stats_unaligned"))
-        else:
-            bundles += chunk + (p("normce_split_normalise") if rows == 1 else
-                                p("normce_split_normalise_rows"))
+        chunk = _worker_chunk(c["cols"], rows, eight_lanes)
+        bundles = p(f"normce_merge_{rows}") + further * p("normce_block") + (
+            _partial_sums(chunk, eight_lanes) if kind == "rms_sums" else _normalised(chunk, rows))
         cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if first else 0)
     return cycles
 
@@ -242,7 +249,7 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         if kind == "normce":
             return cycles
         rows = sum(c["row_calls"]) + sum(c["split_calls"])  # each block's lanes added in
-        cycles += 6 * rows * (c.get("blocks", 1) - 1) * p("normce_block")
+        cycles += 6 * rows * (c["blocks"] - 1) * p("normce_block")
         return int(cycles * float(PRICES["rms_norm_normce_fraction"].value))
     if kind in ("rms_sums", "rms_scale"):
         return int(_rms_split_part(kind, c) * float(PRICES["rms_norm_normce_fraction"].value))

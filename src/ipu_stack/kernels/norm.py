@@ -140,10 +140,22 @@ def normce_calls(rows: int) -> list[tuple[str, int]]:
     return calls
 
 
-def split_chunk(width: int, rows: int) -> int:
-    """Halves each worker takes of a row in the split kernel (6, 3 or 2 workers a row)."""
-    grain = 8 if interleaved(width) else 4
-    return cdiv(cdiv(width, grain), 6 // rows) * grain
+def split_chunk(cols: int, rows: int, aligned: bool) -> int:
+    """Halves each worker takes of a row's ``cols`` in the split kernel (6, 3 or 2 workers a
+    row), in whole accumulator vectors (eight lanes where ``aligned``, else four)."""
+    grain = 8 if aligned else 4
+    return cdiv(cdiv(cols, grain), 6 // rows) * grain
+
+
+def _split_stats(chunk: int, aligned: bool) -> int:
+    """A worker's partial sums over its chunk in the split kernel, in bundles."""
+    return chunk // 4 + p("normce_split_stats") if aligned else \
+        chunk // 2 + p("normce_split_stats_unaligned")
+
+
+def _split_normalise(chunk: int, rows: int) -> int:
+    """A worker's normalise of its chunk in the split kernel, in bundles."""
+    return chunk + p("normce_split_normalise" if rows == 1 else "normce_split_normalise_rows")
 
 
 def normce_call_cycles(kind: str, rows: int, width: int) -> int:
@@ -154,11 +166,10 @@ def normce_call_cycles(kind: str, rows: int, width: int) -> int:
         per_row = (5 if aligned else 6) * width // 4 + p(
             "normce_row_fixed" if aligned else "normce_row_fixed_unaligned")
         return 6 * ((rows // 6) * (per_row + p("normce_row_wrapper")) + p("normce_call_wrapper"))
-    chunk = split_chunk(width, rows)
-    stats = chunk // 4 + p("normce_split_stats") if aligned else \
-        chunk // 2 + p("normce_split_stats_unaligned")
-    normalise = chunk + p("normce_split_normalise" if rows == 1 else "normce_split_normalise_rows")
-    return 6 * (stats + p(f"normce_merge_{rows}") + normalise) + p("normce_split_supervisor")
+    chunk = split_chunk(width, rows, aligned)
+    bundles = _split_stats(chunk, aligned) + p(f"normce_merge_{rows}") + \
+        _split_normalise(chunk, rows)
+    return 6 * bundles + p("normce_split_supervisor")
 
 
 def normce_cycles(rows: int, width: int) -> int:
@@ -176,26 +187,20 @@ def rms_block_cycles(rows: int, width: int) -> int:
     return 6 * rows * (rms_blocks(width) - 1) * p("normce_block")
 
 
-def rms_part_cycles(part: str, rows: int, cols: int, width: int, blocks_here: int) -> int:
+def rms_part_cycles(part: str, rows: int, cols: int, width: int) -> int:
     """One tile's share of an RMS norm split by columns (``cols`` of a ``width``-wide row,
-    ``blocks_here`` of its blocks), as ``NormCE``'s split kernel runs a row over its
-    workers, in calls of at most three rows a sync apart: ``part`` ``"sums"`` gathers the
-    blocks' sums of squares (the split kernel's partial sums and merge); ``"scale"`` adds
-    every block's sum, takes the inverse root and scales the columns (the merge and the
-    normalise)."""
+    whole blocks of it), as ``NormCE``'s split kernel runs a row over its workers, in calls
+    of at most three rows a sync apart: ``part`` ``"sums"`` gathers the blocks' sums of
+    squares (the split kernel's partial sums and merge); ``"scale"`` adds every block's
+    sum, takes the inverse root and scales the columns (the merge and the normalise)."""
     aligned = interleaved(width)
-    grain = 8 if aligned else 4
+    blocks = rms_blocks(width)
+    further = (cols * blocks // width if part == "sums" else blocks) - 1
     cycles = 0
     for start in range(0, rows, 3):
         count = min(3, rows - start)
-        chunk = cdiv(cdiv(cols, grain), 6 // count) * grain
-        merge = p(f"normce_merge_{count}")
-        if part == "sums":
-            stats = chunk // 4 + p("normce_split_stats") if aligned else \
-                chunk // 2 + p("normce_split_stats_unaligned")
-            bundles = stats + merge + (blocks_here - 1) * p("normce_block")
-        else:
-            tail = p("normce_split_normalise" if count == 1 else "normce_split_normalise_rows")
-            bundles = merge + (rms_blocks(width) - 1) * p("normce_block") + chunk + tail
+        chunk = split_chunk(cols, count, aligned)
+        bundles = p(f"normce_merge_{count}") + further * p("normce_block") + (
+            _split_stats(chunk, aligned) if part == "sums" else _split_normalise(chunk, count))
         cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if start else 0)
     return cycles

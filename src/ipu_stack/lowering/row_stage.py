@@ -302,9 +302,9 @@ class RowLowering(LoweringBase):
         compute = ComputeSet(f"{name}.rms_sums")
         params = row_params("rms_sums", rows, base.col_block, base.precision, base.pitch, F32,
                             nbytes, width=base.cols)
+        zero = np.zeros(blocks, np.int64)
         compute.calls.append(Call(KernelInstance("row", params), tiles[order].astype(np.int32),
-                                  [(x_buf, np.zeros(blocks, np.int64)), (-1, np.zeros(
-                                      blocks, np.int64)), (-1, np.zeros(blocks, np.int64)),
+                                  [(x_buf, zero), (-1, zero), (-1, zero),
                                    (sums, order.astype(np.int64) * nbytes)]))
         self.program.run.append(compute)
         builder = TransferBuilder(f"{name}.sums")

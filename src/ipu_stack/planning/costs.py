@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipu_stack.ir.one_pass import rms_blocks
 from ipu_stack.ir.precision import Precision
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.elementwise import (
@@ -240,9 +239,8 @@ def _row(params: dict[str, Any]) -> int:
             (normce_cycles(rows, cols) + rms_block_cycles(rows, cols))
             * float(PRICES["rms_norm_normce_fraction"].value))
     elif op in ("rms_sums", "rms_scale"):
-        width = int(params["width"])
-        cycles = int(rms_part_cycles("sums" if op == "rms_sums" else "scale", rows, cols, width,
-                                     cols * rms_blocks(width) // width)
+        cycles = int(rms_part_cycles("sums" if op == "rms_sums" else "scale", rows, cols,
+                                     int(params["width"]))
                      * float(PRICES["rms_norm_normce_fraction"].value))
     elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
