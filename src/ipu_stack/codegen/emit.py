@@ -55,7 +55,8 @@ def _stream(step: lowered.HostWrite | lowered.HostRead, placement: Placement,
     addresses = np.where(flat >= 0, placement.addresses[step.buffer, np.maximum(flat, 0)], -1)
     addresses = addresses.reshape(tiles.shape).astype(np.int64)
     lay = step.layout
-    layout = StreamLayout(lay.rows, lay.cols, lay.precision, lay.row_block, lay.col_block)
+    layout = StreamLayout(lay.rows, lay.cols, lay.precision, lay.row_block, lay.col_block,
+                          lay.transposed)
     if isinstance(step, lowered.HostWrite):
         return HostWrite(step.tensor, layout, tiles, addresses)
     passes = None if step.passes is None else tuple(tuple(p) for p in step.passes)

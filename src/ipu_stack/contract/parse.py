@@ -81,6 +81,12 @@ def _count(value: Any, where: str, minimum: int = 0, maximum: int = LAYOUT_LIMIT
     return value
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(where, f"expected true or false, found {type(value).__name__}")
+    return value
+
+
 def _name(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _fail(where, f"expected a name, found {value!r}")
@@ -281,7 +287,10 @@ class _StepReader:
             _count(lay.get("cols"), f"{where} layout cols", 1),
             _precision(lay.get("precision"), f"{where} layout precision"),
             _count(lay.get("row_block"), f"{where} layout row_block", 1),
-            _count(lay.get("col_block"), f"{where} layout col_block", 1))
+            _count(lay.get("col_block"), f"{where} layout col_block", 1),
+            _flag(lay.get("transposed", False), f"{where} layout transposed"))
+        if layout.transposed and step["kind"] != "host_write":
+            raise _fail(where, "only a host write stores its blocks transposed")
         spec = self.tensors[tensor]
         t_rows, t_cols = spec.matrix
         origin = (0, 0)

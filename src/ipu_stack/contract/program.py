@@ -75,22 +75,26 @@ class TensorSpec(ByValue):
 @dataclass(frozen=True, eq=False)
 class StreamLayout(ByValue):
     """How a host stream cuts its tensor into blocks: ``rows x cols`` in blocks of
-    ``row_block x col_block``, stored at ``precision``."""
+    ``row_block x col_block``, stored at ``precision`` (``transposed``: each block stored as
+    its transpose, ``ir.layout``)."""
 
     rows: int
     cols: int
     precision: Precision
     row_block: int
     col_block: int
+    transposed: bool = False
 
     def on(self, tiles: np.ndarray) -> BlockLayout:
         return BlockLayout(self.rows, self.cols, self.precision, self.row_block,
-                           self.col_block, tiles)
+                           self.col_block, tiles, self.transposed)
 
     @property
     def block_bytes(self) -> int:
         """One block's bytes on a tile (rows padded to whole words, as ``BlockLayout``)."""
-        return self.row_block * round_up(self.col_block * self.precision.itemsize, WORD)
+        lines, width = ((self.col_block, self.row_block) if self.transposed
+                        else (self.row_block, self.col_block))
+        return lines * round_up(width * self.precision.itemsize, WORD)
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,7 +252,7 @@ class DeviceProgram(ByValue):
 def _layout_json(layout: StreamLayout, tiles: np.ndarray) -> dict[str, Any]:
     return {"rows": layout.rows, "cols": layout.cols, "precision": layout.precision.to_json(),
             "row_block": layout.row_block, "col_block": layout.col_block,
-            "grid": [*tiles.shape]}
+            "grid": [*tiles.shape], **({"transposed": True} if layout.transposed else {})}
 
 
 class _Arrays:

@@ -283,10 +283,21 @@ def fill_rows(state: np.ndarray, rows: np.ndarray, positions: int) -> np.ndarray
     return out
 
 
+def swapped_split(split: dict, cols: int) -> dict:
+    """A swapped plan's record as the plain record of ``out^T = W^T x^T``: its depth tiles
+    finish column slices (``planning.gemm``), so the transposed product's rows are cut
+    as a plain plan's rows are, ``col_block`` a block."""
+    return {**split, "swapped": False, "row_chunks": [[0, cols, int(split["col_block"])]]}
+
+
 def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
            mode: dict | None = None, normce: bool = False) -> np.ndarray:
     if op.kind == "matmul":
         a = ins[0].reshape(-1, ins[0].shape[-1]).astype(dtype, copy=False)
+        if mode is not None and mode.get("swapped") and dtype is np.float32:
+            b = ins[1].reshape(-1, ins[1].shape[-1])
+            product = _apply(op, [b.T, a.T], dtype, swapped_split(mode, b.shape[1]))
+            return np.ascontiguousarray(product.T)
         if mode is not None and mode.get("mode") == "fp8" and dtype is np.float32:
             return fp16_partial_matmul(a, ins[1], int(mode["depth_block"]), mode)
         if mode is not None and dtype is np.float32:

@@ -9,6 +9,11 @@ reference's ``TensorTiling`` with two ``AxisTiling`` entries (``partitions``, ``
 row_block, c // col_block, k]`` at byte ``(r % row_block) * pitch + (c % col_block) *
 itemsize`` from the block's address.  Elements beyond the tensor edge are padding that no
 kernel reads (kernels take the valid extent of their block).
+
+A ``transposed`` layout stores each block's transpose: ``col_block`` rows of ``row_block``
+elements, the pitch a whole word of ``row_block``.  A swapped GEMM plan keeps its weight
+blocks so (``planning.gemm``): the AMP streams rows that run along the depth.  Only the host
+writes or reads such a layout; no exchange moves it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class BlockLayout:
     row_block: int
     col_block: int
     tiles: np.ndarray  # int32 [row_blocks, col_blocks, replicas]
+    transposed: bool = False  # each block stored as its transpose (module docstring)
 
     def __post_init__(self) -> None:
         rb, cb = self.grid
@@ -45,7 +51,8 @@ class BlockLayout:
                 f"layout grid {rb}x{cb} of {self.row_block}x{self.col_block} blocks "
                 f"does not cover {self.rows}x{self.cols}"
             )
-        if self.col_block < self.cols and (self.col_block * self.precision.itemsize) % WORD:
+        if not self.transposed and self.col_block < self.cols and (
+                self.col_block * self.precision.itemsize) % WORD:
             raise CompileError(
                 f"column block {self.col_block} of {self.precision.kind} is not word aligned"
             )
@@ -59,13 +66,20 @@ class BlockLayout:
         return int(self.tiles.shape[2])
 
     @property
+    def stored_block(self) -> tuple[int, int]:
+        """``(rows, elements a row)`` of a block as stored: the block, or its transpose."""
+        if self.transposed:
+            return self.col_block, self.row_block
+        return self.row_block, self.col_block
+
+    @property
     def pitch(self) -> int:
         """Bytes per stored block row (word aligned)."""
-        return round_up(self.col_block * self.precision.itemsize, WORD)
+        return round_up(self.stored_block[1] * self.precision.itemsize, WORD)
 
     @property
     def block_bytes(self) -> int:
-        return self.row_block * self.pitch
+        return self.stored_block[0] * self.pitch
 
     def block_extent(self, i: int, j: int) -> tuple[int, int, int, int]:
         """Valid ``(row0, row1, col0, col1)`` of block ``(i, j)`` (may be empty at the edge)."""
@@ -92,19 +106,22 @@ class BlockLayout:
         item = self.precision.itemsize
         padded = np.zeros((rb * self.row_block, cb * self.col_block), dtype=self.precision.dtype)
         padded[: self.rows, : self.cols] = stored.reshape(self.rows, self.cols)
-        blocks = padded.reshape(rb, self.row_block, cb, self.col_block).transpose(0, 2, 1, 3)
-        raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(rb, cb, self.row_block, -1)
-        out = np.zeros((rb, cb, self.row_block, self.pitch), dtype=np.uint8)
-        out[..., : self.col_block * item] = raw
+        blocks = padded.reshape(rb, self.row_block, cb, self.col_block).transpose(
+            (0, 2, 3, 1) if self.transposed else (0, 2, 1, 3))
+        lines, width = self.stored_block
+        raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(rb, cb, lines, -1)
+        out = np.zeros((rb, cb, lines, self.pitch), dtype=np.uint8)
+        out[..., : width * item] = raw
         return out.reshape(rb, cb, self.block_bytes)
 
     def from_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`to_blocks`: bytes per block -> stored-dtype ``[rows, cols]``."""
         rb, cb = self.grid
         item = self.precision.itemsize
-        raw = blocks.reshape(rb, cb, self.row_block, self.pitch)[..., : self.col_block * item]
-        data = np.ascontiguousarray(raw).view(self.precision.dtype)
-        full = data.reshape(rb, cb, self.row_block, self.col_block).transpose(0, 2, 1, 3)
+        lines, width = self.stored_block
+        raw = blocks.reshape(rb, cb, lines, self.pitch)[..., : width * item]
+        data = np.ascontiguousarray(raw).view(self.precision.dtype).reshape(rb, cb, lines, width)
+        full = data.transpose((0, 3, 1, 2) if self.transposed else (0, 2, 1, 3))
         return full.reshape(rb * self.row_block, cb * self.col_block)[: self.rows, : self.cols]
 
     def describe(self) -> str:
@@ -131,7 +148,8 @@ class BlockLayout:
         tiles, replicas = len(self.used_tiles()), self.replicas
         return (f"[{self.rows}, {self.cols}] {precision}, {blocks} of {self.row_block} × "
                 f"{self.col_block} over {tiles:,} tile{'s' * (tiles != 1)}, "
-                f"{replicas:,} replica{'s' * (replicas != 1)}")
+                f"{replicas:,} replica{'s' * (replicas != 1)}"
+                + (", each block stored transposed" if self.transposed else ""))
 
     def to_json(self) -> dict:
         return {
@@ -141,4 +159,5 @@ class BlockLayout:
             "row_block": self.row_block,
             "col_block": self.col_block,
             "grid": [*self.tiles.shape],
+            **({"transposed": True} if self.transposed else {}),
         }

@@ -10,6 +10,11 @@ groups side by side: ``planning.gemm``):
 3. with depth splits, exchange ``reduce``: each tile sends the rows the other depth tiles
    finish; 4. compute set ``reduce``: sum, then the fused chain, into the stage output.
 Weights are written by the host in ``initialize`` straight into the blocks that use them.
+
+A swapped plan (``planning.gemm``) runs the same four parts with the operands' roles
+exchanged: the row's blocks are the AMP's weights (interleaved memory), the weight blocks,
+stored transposed in standard memory, stream through the workers, the partial of a tile is
+a ``[1, bn]`` row and the reduce-scatter gives each depth tile a ``D``-th of its columns.
 """
 
 from __future__ import annotations
@@ -138,10 +143,15 @@ class GemmLowering(LoweringBase):
 
     def _out_layouts(self, gg: _GemmGrid) -> list[BlockLayout]:
         """The stage output's layout in each head group: tile ``(r, c, d)`` holds rows
-        ``[d * sub, (d + 1) * sub)`` of row block ``r`` in column block ``c``."""
+        ``[d * sub, (d + 1) * sub)`` of row block ``r`` in column block ``c`` (swapped:
+        row ``r``'s columns ``[d * sub, (d + 1) * sub)`` of column block ``c``)."""
         plan = gg.plan
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         out_prec = self.graph.value(gg.stage.out).type.precision
+        if plan.swapped:
+            rows, cols = plan.slice_shape
+            return [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, rows, cols,
+                                grid.reshape(r_n, c_n * d_n, 1).copy()) for grid in gg.grids]
         return [BlockLayout(plan.shape.rows, plan.shape.cols, out_prec, plan.sub_rows,
                             plan.col_block,
                             grid.transpose(0, 2, 1).reshape(r_n * d_n, c_n, 1).copy())
@@ -181,9 +191,9 @@ class GemmLowering(LoweringBase):
         if transposed:
             b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
                          for grid in grids]
-        else:
-            b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy())
-                         for grid in grids]
+        else:  # a swapped plan's AMP streams the weight block's columns: stored transposed
+            b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy(),
+                                     plan.swapped) for grid in grids]
         partial_prec = F16 if plan.mode == "fp8" else F32
         cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
         return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
@@ -198,16 +208,20 @@ class GemmLowering(LoweringBase):
         # 1. operands: A blocks (r, d) replicated over c; B blocks (d, c) replicated over r.
         # B is the AMP's weights (CWEI), loaded 128 bits at a time from interleaved memory
         # once per pass; A streams through the workers from standard memory.
+        # A swapped plan's row is the AMP's weights: interleaved memory.
+        swapped = gg.plan.swapped
         key = (stage.a, tuple(gr.a_origin for gr in groups),
                tuple((a.rows, a.cols, a.precision, a.row_block, a.col_block,
-                      a.tiles.tobytes()) for a in a_layouts))
+                      a.tiles.tobytes()) for a in a_layouts), swapped)
         builder = TransferBuilder(f"{name}.operands")
         if key in self.gathered:
             a_buf = self.gathered[key]
         else:
             a_buf = self.gathered[key] = self.program.add_buffer(
-                f"{name}.a", all_tiles, a_layouts[0].block_bytes, MemoryClass.STANDARD,
-                f"{self._name(stage.a)} as AMP input: {a_layouts[0].describe()}", a_layouts[0],
+                f"{name}.a", all_tiles, a_layouts[0].block_bytes,
+                MemoryClass.INTERLEAVED if swapped else MemoryClass.STANDARD,
+                f"{self._name(stage.a)} as AMP {'weights' if swapped else 'input'}: "
+                f"{a_layouts[0].describe()}", a_layouts[0],
             )
             self.gather_whole(builder, stage.a, [(a, a_buf, gr.a_origin) for a, gr in
                                                  zip(a_layouts, groups, strict=True)], name,
@@ -215,8 +229,9 @@ class GemmLowering(LoweringBase):
         if "b" in shared:
             b_buf = shared["b"]
         elif g.value(stage.b).role == "weight" and not gg.plan.streamed:
-            b_buf = shared["b"] = self._host_weight(stage.b, b_layouts[0],
-                                                    MemoryClass.INTERLEAVED)
+            b_buf = shared["b"] = self._host_weight(
+                stage.b, b_layouts[0],
+                MemoryClass.STANDARD if swapped else MemoryClass.INTERLEAVED)
         else:
             if gg.plan.streamed:  # held once, spread over the row groups (planning.gemm)
                 stored = self._streamed_layout(gg)
@@ -286,8 +301,13 @@ class GemmLowering(LoweringBase):
         for (rows, depth, cols), tiles in group_calls(calls):
             if rows == 0:
                 continue
-            params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layouts[0].pitch,
-                                 b_layouts[0].pitch, partial_pitch, plan.mode, transposed)
+            if plan.swapped:  # out^T = W^T x^T: a partial of ``cols`` rows, one item each
+                params = gemm_params(b_prec, a_prec, cols, depth, rows, b_layouts[0].pitch,
+                                     a_layouts[0].pitch, partial_prec.itemsize, plan.mode,
+                                     b_transposed=True)
+            else:
+                params = gemm_params(a_prec, b_prec, rows, depth, cols, a_layouts[0].pitch,
+                                     b_layouts[0].pitch, partial_pitch, plan.mode, transposed)
             instances.append((KernelInstance("gemm", params), tiles))
         scratch = max((scratch_bytes(i.params) for i, _ in instances), default=0)
         s_buf = -1
@@ -296,6 +316,8 @@ class GemmLowering(LoweringBase):
                 f"{name}.f16", all_tiles, scratch, MemoryClass.INTERLEAVED,
                 f"F16 copies of the FP8 operands of {self._name(stage.out)}",
             )
+        if plan.swapped:  # the weights stream as the AMP's rows, the row is its weights
+            a_buf, b_buf = b_buf, a_buf
         for instance, tiles in instances:
             zero = np.zeros(len(tiles), dtype=np.int64)
             compute.calls.append(Call(instance, tiles, [(a_buf, zero), (b_buf, zero),
@@ -312,6 +334,8 @@ class GemmLowering(LoweringBase):
         br, bn, sub = plan.row_block, plan.col_block, plan.sub_rows
         # 3. Reduce-scatter of the partials over the depth tiles.
         recv_buf = -1
+        if d_n > 1 and plan.swapped:
+            return self._swapped_reduce_scatter(gg, p_buf)
         if d_n > 1:
             slot = sub * partial_pitch
             recv_buf = self.program.add_buffer(
@@ -343,6 +367,33 @@ class GemmLowering(LoweringBase):
             self.emit_exchange(builder)
         return recv_buf
 
+    def _swapped_reduce_scatter(self, gg: _GemmGrid, p_buf: int) -> int:
+        """A swapped plan's reduce-scatter: depth tile ``d`` of column block ``c`` receives
+        every other depth tile's partial of its columns ``[d * sub, (d + 1) * sub)``; the
+        buffer the slices land in."""
+        plan, grid = gg.plan, gg.grids[0]  # one group: a matmul
+        r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
+        sub = plan.slice_shape[1]
+        item = gg.partial_prec.itemsize
+        slot = sub * item
+        recv_buf = self.program.add_buffer(
+            f"{gg.name}.received", gg.all_tiles, (d_n - 1) * slot, MemoryClass.STANDARD,
+            f"{d_n - 1} received {gg.partial_prec} partial slices [1, {sub}]")
+        d_src, d_dst = np.meshgrid(np.arange(d_n), np.arange(d_n), indexing="ij")
+        mask = d_src != d_dst
+        d_src, d_dst = d_src[mask], d_dst[mask]
+        slot_index = d_src - (d_src > d_dst)
+        builder = TransferBuilder(f"{gg.name}.reduce")
+        for r in range(r_n):
+            for c in range(c_n):  # only a slice's valid columns move
+                cols = np.clip(plan.shape.cols - (c * plan.col_block + d_dst * sub), 0, sub)
+                keep = cols > 0
+                builder.add(grid[r, c, d_src[keep]], p_buf, d_dst[keep] * slot,
+                            -(-cols[keep] * item // 4), grid[r, c, d_dst[keep]][:, None],
+                            recv_buf, slot_index[keep] * slot)
+        self.emit_exchange(builder)
+        return recv_buf
+
     def _gemm_epilogue(self, gg: _GemmGrid, p_buf: int, recv_buf: int,
                        shared: dict[str, int]) -> list[Piece]:
         """The reduce kernels with the fused chain, into the stage's output buffer; the
@@ -367,16 +418,25 @@ class GemmLowering(LoweringBase):
             bias_layout = BlockLayout(
                 1, n, bias_prec, 1, bn,
                 grids[0].transpose(1, 0, 2).reshape(1, c_n, r_n * d_n).copy(),
-            )
+            ) if not plan.swapped else BlockLayout(  # by the depth tiles' column slices
+                1, n, bias_prec, 1, plan.slice_shape[1],
+                grids[0].transpose(1, 2, 0).reshape(1, c_n * d_n, r_n).copy())
             if "bias" not in shared:
                 shared["bias"] = self._host_weight(stage.bias, bias_layout, MemoryClass.STANDARD)
             bias_buf = shared["bias"]
         sub_valid = out_layouts[0].valid_rows()
+        slice_cols = out_layouts[0].valid_cols()  # swapped: each depth tile's columns
         calls = {}
         for grid in grids:
             for (r, c, d), tile in np.ndenumerate(grid):
-                key = (int(sub_valid[r * d_n + d]), int(cols_valid[c]), d)
+                key = ((int(sub_valid[r]), int(slice_cols[c * d_n + d]), d) if plan.swapped
+                       else (int(sub_valid[r * d_n + d]), int(cols_valid[c]), d))
                 calls.setdefault(key, []).append(int(tile))
+        # a swapped tile's partial is one row of ``bn``: its slice ``d`` and each received
+        # slot are ``sub`` items of one row
+        if plan.swapped:
+            partial_pitch = plan.slice_shape[1] * partial_prec.itemsize
+        slice_bytes = sub * partial_pitch
         compute = ComputeSet(f"{name}.reduce")
         chain = [list(step) for step in stage.chain]
         for (rows, cols, d), tiles in group_calls(calls):
@@ -386,7 +446,7 @@ class GemmLowering(LoweringBase):
                                      out_prec, out_layouts[0].pitch, partial_prec)
             ones = np.ones(len(tiles), dtype=np.int64)
             compute.calls.append(Call(KernelInstance("reduce", params), tiles, [
-                (p_buf, ones * d * sub * partial_pitch), (recv_buf, ones * 0),
+                (p_buf, ones * d * slice_bytes), (recv_buf, ones * 0),
                 (bias_buf, ones * 0), (out_buf, ones * 0),
             ]))
         self.program.run.append(compute)

@@ -86,6 +86,10 @@ def validate_records(manifest: Any) -> None:
                     _count(mode[name], f"{where}.{name}", least=1)
             if "row_chunks" in mode:
                 _row_chunks(mode["row_chunks"], f"{where}.row_chunks")
+            if not isinstance(mode.get("swapped", False), bool):
+                raise _fail(f"{where}.swapped", "expected true or false")
+            if mode.get("swapped") and "col_block" not in mode:
+                raise _fail(f"{where}.col_block", "a swapped plan names its column block")
     if "layer_loop" in manifest:
         loop = _object(manifest["layer_loop"], "layer_loop")
         layers = _count(loop.get("layers"), "layer_loop.layers")

@@ -215,6 +215,8 @@ def gemm_modes(stages: list, plans: list[GemmPlan | None],
                     "depth_splits": plan.depth_splits, "col_block": plan.col_block,
                     "row_chunks": [[first, chunk.shape.rows, chunk.row_block]
                                    for first, chunk in plan.chunks()]}
+            if plan.swapped:  # its depth tiles finish column slices (``ir.interpret``)
+                mode["swapped"] = True
             op = stage.operations[0]
             for ops in (loop.operations if loop is not None else ({},)):
                 modes[str(ops.get(op, op))] = mode

@@ -43,6 +43,7 @@ from ipu_stack.phases.costing import (
 from ipu_stack.phases.state import Build
 from ipu_stack.planning.fit import (
     MemoryBudget,
+    SideBySide,
     fit_plans,
     need,
     planned_bytes,
@@ -191,6 +192,17 @@ def side_by_side_choice(build: Build, plans: list) -> list[list]:
     return [chosen] if changed else []
 
 
+def side_by_side_sharing(build: Build, plans: list) -> SideBySide:
+    """The sibling runs a decode step lowers side by side (``lowering.driver``), whose
+    weights then need not share a tile; none elsewhere."""
+    assert build.graph is not None
+    if not build.options.fuse_supersteps or not decode_step(
+            build.graph, list(zip(build.stages, plans, strict=True))):
+        return SideBySide()
+    return SideBySide(tuple(tuple(run) for run in sibling_runs(build.stages)),
+                      build.target.tiles)
+
+
 def choose_fitting_plans(build: Build) -> Fields:
     """Choose finalist plan sets that fit the memory budget (trading cycles for bytes)."""
     assert build.graph is not None
@@ -212,7 +224,8 @@ def choose_fitting_plans(build: Build) -> Fields:
         build.options.fuse_supersteps and choices and not build.body_hints) else []
     for number, plans in enumerate(choices + extra):
         try:
-            fitted, moves = fit_plans(plans, build.fronts, budget, times)
+            fitted, moves = fit_plans(plans, build.fronts, budget, times,
+                                      side_by_side_sharing(build, plans))
         except CompileError as why:
             if number < len(choices):
                 raise

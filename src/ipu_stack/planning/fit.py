@@ -65,24 +65,55 @@ class MemoryBudget:
                             int(interleaved * proportion) - interleaved_reserve)
 
 
+@dataclass(frozen=True)
+class SideBySide:
+    """Runs of sibling GEMM stages (by stage index) that a decode step lowers side by side
+    (``lowering.driver``): where a run's grids together take no more than the chip's
+    ``tiles``, they are laid one after another, so a tile holds one sibling's weights, not
+    every sibling's.  The default, no runs: every stage's weights may share every tile."""
+
+    runs: tuple[tuple[int, ...], ...] = ()
+    tiles: int = 0
+
+    def weights(self, plans: list[GemmPlan | None], repeats: list[int],
+                interleaved: bool = False) -> int:
+        """The most resident bytes a tile holds with ``plans`` (``interleaved``: only
+        those the AMP loads from interleaved memory)."""
+        def held(index: int) -> int:
+            plan = plans[index]
+            if plan is None or interleaved and (plan.streamed or plan.swapped):
+                return 0
+            return repeats[index] * resident_bytes(plan)
+
+        in_runs = {index for run in self.runs for index in run}
+        total = sum(held(index) for index in range(len(plans)) if index not in in_runs)
+        for run in self.runs:
+            spans = sum(p.tiles_used + p.tiles_used % 2 for p in (plans[i] for i in run) if p)
+            parts = [held(index) for index in run]
+            total += max(parts) if spans <= self.tiles else sum(parts)
+        return total
+
+
 def usable_bytes(target: Target, reserve: int = SUPPORT_RESERVE) -> int:
     """A tile's bytes the planner plans for at memory proportion 1, leaving ``reserve``
     bytes for support memory."""
     return target.memory_end - target.memory_base - reserve
 
 
-def planned_bytes(plans: list[GemmPlan | None], repeats: list[int], row_bytes: int) -> int:
+def planned_bytes(plans: list[GemmPlan | None], repeats: list[int], row_bytes: int,
+                  sharing: SideBySide = SideBySide()) -> int:
     """What the planner estimates a tile holds with ``plans``: the weights beside the
     larger of the largest GEMM stage's transients and the largest row stage's bytes."""
-    resident = sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True) if p)
-    return max(need(plans, repeats), resident + row_bytes)
+    transient = max((transient_bytes(p) for p in plans if p), default=0)
+    return sharing.weights(plans, repeats) + max(transient, row_bytes)
 
 
-def _interleaved_resident(plans: list[GemmPlan | None], repeats: list[int]) -> int:
+def _interleaved_resident(plans: list[GemmPlan | None], repeats: list[int],
+                          sharing: SideBySide) -> int:
     """The resident weights that must sit in interleaved memory, where the AMP reads them:
-    a streamed plan's are only read by the exchange and sit in standard memory."""
-    return sum(n * resident_bytes(p) for p, n in zip(plans, repeats, strict=True)
-               if p is not None and not p.streamed)
+    a streamed plan's are only read by the exchange and a swapped plan's stream through
+    the workers: both sit in standard memory."""
+    return sharing.weights(plans, repeats, interleaved=True)
 
 
 def _interleaved_limit(budget: MemoryBudget, plans: list[GemmPlan | None]) -> int:
@@ -111,7 +142,7 @@ def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
 
 def _fit_under_cap(
     plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, budget: MemoryBudget,
-    repeats: list[int], transient: dict[int, int],
+    repeats: list[int], transient: dict[int, int], sharing: SideBySide,
 ) -> list[GemmPlan | None] | None:
     """Fastest choice with every transient <= cap, the resident sum within what the cap
     leaves of ``budget`` and within interleaved memory, greedily.  ``transient``: each
@@ -134,9 +165,8 @@ def _fit_under_cap(
         options.append(lean)
         current.append(lean[0])
     position = [0] * len(current)
-    total = sum(n * resident_bytes(p) for p, n in zip(current, repeats, strict=True)
-                if p is not None)
-    held = _interleaved_resident(current, repeats)
+    total = sharing.weights(current, repeats)
+    held = _interleaved_resident(current, repeats, sharing)
     heap: list[tuple[float, int, int]] = []
 
     def push(index: int) -> None:
@@ -159,12 +189,11 @@ def _fit_under_cap(
         _, index, k = heapq.heappop(heap)
         if position[index] != k:
             continue
-        total -= repeats[index] * (resident_bytes(options[index][k])
-                                   - resident_bytes(options[index][k + 1]))
         position[index] = k + 1
         current[index] = options[index][k + 1]
+        total = sharing.weights(current, repeats)
         interleaved = _interleaved_limit(budget, current)
-        held = _interleaved_resident(current, repeats)
+        held = _interleaved_resident(current, repeats, sharing)
         push(index)
     return current
 
@@ -174,13 +203,15 @@ def fit_plans(
     fronts: list[list[GemmPlan]],
     budget: MemoryBudget,
     repeats: list[int] | None = None,
+    sharing: SideBySide = SideBySide(),
 ) -> tuple[list[GemmPlan | None], int]:
     """The cheapest choice that fits; also how many stages changed plan.  ``repeats``:
-    how many times each stage runs (a layer loop's body stages: once per layer)."""
+    how many times each stage runs (a layer loop's body stages: once per layer);
+    ``sharing``: the sibling stages whose weights need not share a tile."""
     repeats = repeats or [1] * len(plans)
 
-    if planned_bytes(plans, repeats, budget.row_bytes) <= budget.bytes and \
-            _interleaved_resident(plans, repeats) <= _interleaved_limit(budget, plans):
+    if planned_bytes(plans, repeats, budget.row_bytes, sharing) <= budget.bytes and \
+            _interleaved_resident(plans, repeats, sharing) <= _interleaved_limit(budget, plans):
         return list(plans), 0
     transient = {id(p): transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
                  for p in ([plan] if plan else []) + front}
@@ -190,7 +221,7 @@ def fit_plans(
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget, repeats, transient)
+        choice = _fit_under_cap(plans, fronts, cap, budget, repeats, transient, sharing)
         if choice is None:
             continue
         cycles = planned_cycles(choice, repeats)

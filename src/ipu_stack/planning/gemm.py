@@ -31,6 +31,17 @@ tiles of their own.  Where they outnumber the tiles (Swin-L at batch 4: 1,536 wi
 products), they run in ``waves`` rounds one after another, each round's groups side by side
 on tiles of their own: each round pays its own phases and syncs, and every round's output
 stays until the next stage reads it.
+
+**Swapped operands.**  At one row a pass loads a 16-column x depth weight block for 16
+products (164 cycles).  A swapped plan (poplin's ``swapOperands``, which its planner tries
+first for a matmul: ``lib/poplin/ConvPlan.cpp``) makes the row the AMP's weights, loaded
+once a depth pass, and streams the weight block's columns through the workers as rows, 4
+cycles each: ``out^T = W^T x^T``.  Each tile keeps its block transposed (``[bn, bk]``, in
+standard memory: only the row sits in interleaved memory), its partial is a ``[1, bn]``
+row, and the depth partials are reduce-scattered by columns: tile ``(r, c, d)`` finishes
+columns ``[d * bn/D, (d+1) * bn/D)`` of its block.  Each output is the same depth blocks'
+partials, added owner first as a plain plan adds them (the owner now a column's depth
+tile: ``ir.interpret.swapped_split``).
 """
 
 from __future__ import annotations
@@ -91,6 +102,15 @@ class GemmPlan:
     row_chunks: int = 1
     streamed: bool = False  # weights stored once, gathered onto the R row groups per run
     waves: int = 1  # rounds of groups where they outnumber the tiles (module docstring)
+    swapped: bool = False  # the weights stream through the AMP, the row is its weights
+
+    @property
+    def slice_shape(self) -> tuple[int, int]:
+        """``(rows, cols)`` of the output slice each depth tile finishes: a ``D``-th of
+        the block's rows, or of its columns when the operands are swapped."""
+        if self.swapped:
+            return self.row_block, self.col_block // self.depth_splits
+        return self.row_block // self.depth_splits, self.col_block
 
     @property
     def wave_groups(self) -> int:
@@ -103,7 +123,7 @@ class GemmPlan:
 
     @property
     def sub_rows(self) -> int:
-        return self.row_block // self.depth_splits
+        return self.slice_shape[0]
 
     @property
     def estimated_cycles(self) -> int:
@@ -122,10 +142,11 @@ class GemmPlan:
         chunks = f" in {self.row_chunks} row chunks" if self.row_chunks > 1 else ""
         streamed = " weights streamed" if self.streamed else ""
         waves = f" in {self.waves} waves" if self.waves > 1 else ""
+        swapped = " operands swapped" if self.swapped else ""
         return (
             f"R{self.row_splits}xC{self.col_splits}xD{self.depth_splits} "
             f"blocks {self.row_block}x{self.depth_block}x{self.col_block} mode={self.mode}"
-            f"{chunks}{streamed}{waves}"
+            f"{chunks}{streamed}{waves}{swapped}"
         )
 
     def chunks(self) -> list[tuple[int, GemmPlan]]:
@@ -161,12 +182,14 @@ def cast_elements(shape: GemmShape, mode: str, br: int, bk: int, bn: int) -> int
 
 def cost_plan(
     shape: GemmShape, r: int, c: int, d: int, target: Target | None = None, mode: str = "fp8",
-    chunks: int = 1, streamed: bool = False,
+    chunks: int = 1, streamed: bool = False, swapped: bool = False,
 ) -> GemmPlan | None:
     """Build and cost the plan with R=r, C=c, D=d splits in ``mode`` over ``chunks`` row
     chunks (each costed at its own size), or None if invalid; ``streamed``: the weights
     held once, spread over all the plan's tiles, and gathered onto the R row groups by an
-    exchange each run (module docstring)."""
+    exchange each run; ``swapped``: the row as the AMP's weights (module docstring)."""
+    if swapped:
+        return None if chunks > 1 or streamed else _cost_swapped(shape, r, c, d, mode)
     if streamed:
         if r < 2 or chunks > 1 or not shape.b_resident or shape.groups != 1:
             return None
@@ -231,6 +254,52 @@ def cost_plan(
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
 
 
+SWAP_ROWS = 3
+"""The most rows a swapped plan takes (one a row group: its row is the AMP's weights)."""
+SWAP_ALIGN = 4
+"""A swapped plan's column slices are whole words of FP8 output (4 columns)."""
+
+
+def _cost_swapped(shape: GemmShape, r: int, c: int, d: int, mode: str) -> GemmPlan | None:
+    """The swapped plan with R=r (one row a row group), C=c, D=d, or None if invalid
+    (module docstring): every one of the ``c x d`` column slices holds columns."""
+    if r != shape.rows or r > SWAP_ROWS or not shape.b_resident or shape.groups != 1:
+        return None
+    fp8_mode = mode == "fp8"
+    bk = round_up(-(-shape.depth // d), p("amp_f8_depth") if fp8_mode else p("amp_f16_depth"))
+    sub = round_up(-(-shape.cols // (c * d)), SWAP_ALIGN)
+    if (d - 1) * bk >= shape.depth or -(-shape.cols // sub) != c * d:
+        return None
+    bn, sync, item = sub * d, p("sync"), partial_itemsize(mode)
+    a_words = round_up(bk * shape.a_itemsize, WORD) // WORD
+    costs = {
+        "a_exchange": estimate_exchange_phase(a_exchange_words(shape, a_words, c)),
+        "gemm": estimate_gemm(bn, bk, 1, fp8_mode,
+                              cast_elements=cast_elements(shape, mode, 1, bk, bn)) + sync,
+    }
+    if d > 1:
+        costs["reduce_exchange"] = estimate_exchange_phase((d - 1) * sub * item // WORD)
+    chain = [list(step_) for step_ in shape.chain]
+    if not partials_are_result(d, mode, chain, shape.has_bias):
+        room = (d - 1) * sub * item // 2 if shape.has_bias else 0
+        costs["epilogue"] = (estimate_reduce(sub, d, f32_partials=not fp8_mode, dense=True)
+                             + estimate_chain(chain, 1, sub, room) + sync)
+    costs.update(_rows_gather(shape, r * c * d, c * d))
+    return GemmPlan(shape, r, c, d, 1, bk, bn, mode, costs, swapped=True)
+
+
+def swapped_col_splits(shape: GemmShape, r: int, d: int, tiles: int) -> int:
+    """The most column groups a swapped plan with R=r, D=d can have on ``tiles`` (each of
+    its ``C x D`` slices at least :data:`SWAP_ALIGN` columns and none empty), or 0."""
+    c = min(tiles // (r * d), shape.cols // (SWAP_ALIGN * d))
+    while c >= 1:
+        sub = round_up(-(-shape.cols // (c * d)), SWAP_ALIGN)
+        if -(-shape.cols // sub) == c * d:
+            return c
+        c -= 1
+    return 0
+
+
 def a_exchange_words(shape: GemmShape, a_words: int, col_splits: int) -> int:
     """The busiest tile's receive cycles for its A block of ``a_words`` words: half of
     them when the exchange is paired and the block's C replicas, side by side from an even
@@ -260,19 +329,24 @@ def resident_bytes(plan: GemmPlan) -> int:
     s = plan.shape
     if not s.b_resident:
         return 0
-    rows = -(-plan.depth_block // plan.row_splits) if plan.streamed else plan.depth_block
-    weight = rows * round_up(plan.col_block * s.a_itemsize, WORD)
+    if plan.swapped:  # the block transposed: a row of depth a column
+        weight = plan.col_block * round_up(plan.depth_block * s.a_itemsize, WORD)
+    else:
+        rows = -(-plan.depth_block // plan.row_splits) if plan.streamed else plan.depth_block
+        weight = rows * round_up(plan.col_block * s.a_itemsize, WORD)
     bias = round_up(plan.col_block * 2, WORD) if s.has_bias else 0
     return weight + bias
 
 
 def interleaved_transient_bytes(plan: GemmPlan) -> int:
     """The transient bytes that must sit in interleaved memory (``lowering.gemm_stage``
-    places them there): an activation B operand, the partial sums and the F16 operand
-    copies."""
+    places them there): an activation B operand (a swapped plan's row), the partial sums
+    and the F16 operand copies."""
     s = plan.shape
     gathered = plan.streamed or not s.b_resident
     b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD) if gathered else 0
+    if plan.swapped:
+        b = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
     partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
     scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
     return b + partial + scratch
@@ -281,13 +355,13 @@ def interleaved_transient_bytes(plan: GemmPlan) -> int:
 def transient_bytes(plan: GemmPlan) -> int:
     """Bytes a tile holds only while the stage runs (operands, partials, result)."""
     s = plan.shape
-    a = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
-    received = (plan.depth_splits - 1) * plan.sub_rows * plan.col_block * partial_itemsize(
-        plan.mode)
+    # a swapped plan's row is its AMP weights, counted in interleaved memory
+    a = 0 if plan.swapped else plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
+    rows, cols = plan.slice_shape
+    received = (plan.depth_splits - 1) * rows * cols * partial_itemsize(plan.mode)
     # every chunk's output stays until the next stage reads it (and is copied into whole rows
     # when a softmax reads it and the blocks are not whole rows)
-    out = plan.waves * plan.row_chunks * plan.sub_rows * round_up(
-        plan.col_block * s.out_itemsize, WORD)
+    out = plan.waves * plan.row_chunks * rows * round_up(cols * s.out_itemsize, WORD)
     if partials_are_result(plan.depth_splits, plan.mode, [list(c) for c in s.chain],
                            s.has_bias):  # the partials are read in place: one copy a chunk
         out -= plan.row_block * plan.col_block * partial_itemsize(plan.mode)
@@ -375,6 +449,7 @@ def gemm_search(
                                      gemm_mode, streamed=True)
                 if streamed is not None and plan_tile_bytes(streamed) <= budget:
                     _keep_best(plans, streamed)
+                _keep_swapped(plans, shape, r, d, tiles, gemm_mode, budget)
             # row chunks (module docstring): one weight copy (R1), the rows in turn
             c = min(tiles // d, col_groups)
             col_block = round_up(-(-shape.cols // c), p("amp_out_columns"))
@@ -396,7 +471,8 @@ def gemm_search(
     ranked = sorted(
         plans.values(),
         key=lambda plan: (plan.estimated_cycles, plan.tiles_used, plan.row_splits,
-                          plan.depth_splits, plan.mode, plan.row_chunks, plan.streamed),
+                          plan.depth_splits, plan.mode, plan.row_chunks, plan.streamed,
+                          plan.swapped),
     )
     return ranked[:keep], pareto(ranked)
 
@@ -418,10 +494,22 @@ def in_waves(plan: GemmPlan, waves: int) -> GemmPlan:
                    costs={key: value * waves for key, value in plan.costs.items()})
 
 
+def _keep_swapped(plans: dict[tuple, GemmPlan], shape: GemmShape, r: int, d: int, tiles: int,
+                  mode: str, budget: int) -> None:
+    """Keep the swapped plan with R=r, D=d and the most column groups, where there is one
+    and it fits ``budget``."""
+    if r != shape.rows or r > SWAP_ROWS:
+        return
+    c = swapped_col_splits(shape, r, d, tiles)
+    plan = cost_plan(shape, r, c, d, mode=mode, swapped=True) if c else None
+    if plan is not None and plan_tile_bytes(plan) <= budget:
+        _keep_best(plans, plan)
+
+
 def _keep_best(plans: dict[tuple, GemmPlan], plan: GemmPlan) -> None:
     """Keep the cheaper (then smaller) of two plans with the same blocks and mode."""
     key = (plan.row_block, plan.depth_block, plan.col_block, plan.mode, plan.row_chunks,
-           plan.streamed)
+           plan.streamed, plan.swapped)
     best = plans.get(key)
     if best is None or (plan.estimated_cycles, plan.tiles_used) < (
         best.estimated_cycles,
