@@ -140,6 +140,7 @@ class LoweringBase:
         self.grid_cursor = 0
         self.grid_starts: dict[int, int] = {}  # stage index -> its grid's first tile
         self.row_cursor = target.tiles - 2
+        self.cache_turns: dict[int, int] = {}  # cache stage -> its turn (``lowering.cache``)
         states = state_writes(graph)
         for value in graph.values:  # a state is declared as such: resident, written in place
             role = "state" if value.id in states else value.role

@@ -43,11 +43,15 @@ def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int
                        f"holder tiles than the chip's {tiles}")
 
 
-def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int) -> np.ndarray:
+def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int,
+                  between: bool = False) -> np.ndarray:
     """``[batch, position blocks, kv heads]`` holder tiles, spread evenly over the chip (at
-    most ``tiles`` of them: :func:`cache_blocking`)."""
+    most ``tiles`` of them: :func:`cache_blocking`); ``between``: half a stride on, so
+    that where the holders are at least two tiles apart, a layer's second cache (its
+    values) sits on tiles of its own and its writes run beside the keys' writes."""
     count = batch * blocks * kv_heads
-    spread = (np.arange(count, dtype=np.int64) * tiles) // count
+    spread = (np.arange(count, dtype=np.int64) * tiles + (tiles // 2 if between else 0)
+              ) // count
     return spread.astype(np.int32).reshape(batch, blocks, kv_heads)
 
 
@@ -81,7 +85,8 @@ class CacheLowering(LoweringBase):
         if self.spread and batch * heads <= tiles - ROW_BAND:  # below a decode step's rows
             tiles -= ROW_BAND
         block = cache_blocking(batch, positions, heads, tiles)
-        holders = cache_holders(batch, positions // block, heads, tiles)
+        turn = self.cache_turns.setdefault(stage.index, len(self.cache_turns))
+        holders = cache_holders(batch, positions // block, heads, tiles, turn % 2 == 1)
         layout = BlockLayout(state.rows, state.cols, state.precision, block, width,
                              holders.reshape(-1, heads, 1))
         buffer = self._host_weight(state_id, layout, MemoryClass.STANDARD)
