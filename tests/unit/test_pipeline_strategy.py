@@ -588,13 +588,13 @@ def test_a_language_models_last_chip_can_take_half_a_layer_less():
     workload = get_workload("smollm2-135m")
     options = CompileOptions(chips=2, strategy="pipeline")
     found = {}
-    for vocab in (262144, 4096):
+    for vocab in (524288, 4096):
         params = workload.resolve({"vocab": vocab, "dim": 64, "hidden": 96, "layers": 4,
                                    "heads": 4, "kv_heads": 2, "tokens": 1, "context": 64,
                                    "batch": 2, "precision": "f16"})
         graph, tensors = workload.build(params)
         ranked = choose_groups(workload, params, graph, tensors, options, (1,))
         found[vocab] = [(tuple(g.layers for g in c.groups), c.slowest) for c in ranked]
-    (lighter, first), (whole, second) = found[262144]
+    (lighter, first), (whole, second) = found[524288]
     assert (lighter, whole) == ((2.5, 1.5), (2, 2)) and first < second
     assert [cut for cut, _ in found[4096]] == [(2, 2)]
