@@ -158,3 +158,12 @@ def test_siblings_side_by_side_hold_one_weight_block_a_tile() -> None:
     assert fit_plans([gate, up], [[], []], budget, [11, 11], apart) == ([gate, up], 0)
     with pytest.raises(DoesNotFit):
         fit_plans([gate, up], [[], []], budget, [11, 11])
+
+
+def test_two_rows_search_swapped_plans_with_depth_splits() -> None:
+    """At two rows a plain plan's row block of one cannot split the depth, a swapped plan
+    (a row a row group) can: the search takes it where it is fastest."""
+    shape = GemmShape(0, 2, 2048, 5632, 1, True)
+    best, _ = gemm_search(shape, IPU21.with_tiles(736), keep=1, mode="fp8")
+    assert best[0].swapped and best[0].row_splits == 2 and best[0].depth_splits > 1
+    assert best[0].estimated_cycles <= cost_plan(shape, 2, 11, 32, swapped=True).estimated_cycles

@@ -97,10 +97,25 @@ def validate_records(manifest: Any) -> None:
             _count(loop.get(name), f"layer_loop.{name}")
 
 
-def check_gemm_modes(manifest: dict[str, Any], matmuls: set[int]) -> None:
+def check_gemm_modes(manifest: dict[str, Any], depths: dict[int, int]) -> None:
     """Every operation ``gemm_modes`` names is a matmul of the workload the package says it
-    was compiled from (``matmuls``: the ids of its matmul and head_matmul operations); run
-    after :func:`validate_records`.  The save-tensors file indexes the graph by these ids."""
-    for op in manifest.get("gemm_modes", {}):
-        if int(op) not in matmuls:
-            raise _fail(f"gemm_modes[{op!r}]", "names no matmul of the package's workload")
+    was compiled from (``depths``: the depth each of its matmul and head_matmul operations
+    sums over, by id), and its record describes a reduce the host reference can follow:
+    each depth tile finishes an equal share of a block's rows (of its columns, swapped) and
+    owns a depth block of its own.  Run after :func:`validate_records`.  The save-tensors
+    file indexes the graph by these ids."""
+    for op, mode in manifest.get("gemm_modes", {}).items():
+        where = f"gemm_modes[{op!r}]"
+        if int(op) not in depths:
+            raise _fail(where, "names no matmul of the package's workload")
+        splits = int(mode.get("depth_splits", 1))
+        blocks = -(-depths[int(op)] // int(mode["depth_block"]))
+        if splits > blocks:
+            raise _fail(f"{where}.depth_splits", f"{splits} depth tiles for {blocks} depth "
+                        "blocks")
+        shared = [("col_block", int(mode["col_block"]))] if mode.get("swapped") else [
+            (f"row_chunks[{i}][2]", int(chunk[2]))
+            for i, chunk in enumerate(mode.get("row_chunks", []))]
+        for name, block in shared:
+            if block % splits:
+                raise _fail(f"{where}.{name}", f"{block} is not {splits} equal shares")

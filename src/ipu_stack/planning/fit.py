@@ -228,7 +228,7 @@ def fit_plans(
         if best_cycles is None or cycles < best_cycles:
             best, best_cycles = choice, cycles
     if best is None:
-        weights, transient = _leanest(plans, fronts, caps, repeats)
+        weights, transient = _leanest(plans, fronts, caps, repeats, sharing)
         transient = max(transient, budget.row_bytes)
         if weights + transient <= budget.bytes:  # the tile has room; interleaved memory not
             raise CompileError(
@@ -247,20 +247,20 @@ def fit_plans(
 
 
 def _leanest(plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], caps: list[int],
-             repeats: list[int]) -> tuple[int, int]:
+             repeats: list[int], sharing: SideBySide) -> tuple[int, int]:
     """The smallest ``weights + transient`` over every cap on the transient bytes: what
-    the leanest choice of plans would need (weights counted once per layer)."""
+    the leanest choice of plans would need (weights counted once per layer, siblings side
+    by side as ``sharing`` counts them)."""
     best = (1 << 62, 0)
     for cap in caps:
-        weights = 0
-        for plan, front, n in zip(plans, fronts, repeats, strict=True):
-            if plan is None:
-                continue
-            allowed = [resident_bytes(p) for p in [plan, *front] if transient_bytes(p) <= cap]
-            if not allowed:
+        leanest: list[GemmPlan | None] = []
+        for plan, front in zip(plans, fronts, strict=True):
+            allowed = [p for p in [plan, *front] if p and transient_bytes(p) <= cap]
+            if plan is not None and not allowed:
                 break
-            weights += n * min(allowed)
+            leanest.append(min(allowed, key=resident_bytes) if allowed else None)
         else:
+            weights = sharing.weights(leanest, repeats)
             if weights + cap < sum(best):
                 best = (weights, cap)
     return best

@@ -430,6 +430,8 @@ def gemm_search(
         max_depth = -(-shape.depth // step)
         for d in range(1, min(max_depth, tiles) + 1):
             for r in range(1, min(shape.rows, tiles // d) + 1):
+                # a row a row group (its own blocks, whatever a plain plan makes of them)
+                _keep_swapped(plans, shape, r, d, tiles, gemm_mode, budget)
                 c = min(tiles // (r * d), col_groups)
                 if c < 1:
                     continue
@@ -449,7 +451,6 @@ def gemm_search(
                                      gemm_mode, streamed=True)
                 if streamed is not None and plan_tile_bytes(streamed) <= budget:
                     _keep_best(plans, streamed)
-                _keep_swapped(plans, shape, r, d, tiles, gemm_mode, budget)
             # row chunks (module docstring): one weight copy (R1), the rows in turn
             c = min(tiles // d, col_groups)
             col_block = round_up(-(-shape.cols // c), p("amp_out_columns"))

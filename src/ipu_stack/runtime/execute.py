@@ -23,7 +23,7 @@ import numpy as np
 from ipu_stack.contract import check_metadata, from_manifest
 from ipu_stack.contract.system import SystemProgram
 from ipu_stack.device import SimulatedIpu
-from ipu_stack.ir.graph import Graph
+from ipu_stack.ir.graph import Graph, head_geometry
 from ipu_stack.package import Package
 from ipu_stack.package.records import check_gemm_modes, validate_records
 from ipu_stack.runtime.groups import load_groups, read_system
@@ -152,6 +152,18 @@ def save_tensors(folder: str | Path, graph: Graph, tensors: Any, outcome: Outcom
     dump("outputs.npz", outputs, False)
 
 
+def gemm_depths(graph: Graph) -> dict[int, int]:
+    """The depth each matmul and head_matmul operation of ``graph`` sums over, by id."""
+    depths = {}
+    for op in graph.operations:
+        if op.kind == "matmul":
+            depths[op.id] = int(graph.value(op.inputs[0]).type.shape[-1])
+        elif op.kind == "head_matmul":
+            geo = head_geometry(op.attrs, graph.value(op.inputs[1]).type)
+            depths[op.id] = geo.head_dim if op.attrs["mode"] == "qk" else geo.kv_tokens
+    return depths
+
+
 def rebuild_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, Any]:
     """The workload a package was compiled from, rebuilt and checked against the program."""
     check_metadata(package.manifest)
@@ -169,8 +181,7 @@ def rebuild_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, Any]
         graph, tensors = workload.build(params)
     if len(system.groups) > 1:
         return workload, params, graph, tensors
-    check_gemm_modes(package.manifest, {op.id for op in graph.operations
-                                        if op.kind in ("matmul", "head_matmul")})
+    check_gemm_modes(package.manifest, gemm_depths(graph))
     recorded = package.manifest["tensors"]
     for value in graph.values:
         entry = recorded.get(value.name)
