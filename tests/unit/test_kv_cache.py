@@ -282,6 +282,18 @@ def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypat
            "step reason=\"does not fit: the prompt's pass, for this test\"" in err
 
 
+def test_a_decode_step_streams_over_pipeline_groups(tmp_path) -> None:
+    """``bench`` streams a decode step's calls through two groups on one chip: each call
+    varies its token ids and keeps the first call's mask, slots and angles, and passes."""
+    code, out, err = cli(["bench", "smollm2-135m", "--vocab", "50", "--dim", "16", "--hidden",
+                          "24", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                          "--context", "6", "--tokens", "1", "--strategy", "pipeline",
+                          "--groups", "2", "--out", str(tmp_path), "--json"])
+    record = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and record["numericalTest"] == "PASS", err
+    assert record["pipelineGroups"] == 2 and record["images"] == record["imagesPassed"] > 1
+
+
 def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
     """With two chips and a batch they divide, generate runs a micro-batch on each by
     default: one group a chip, the caches in two ranges, every call checked."""

@@ -216,13 +216,15 @@ def time_steps(run: StreamRun) -> None:
 def stream_images(workload: Any, params: dict[str, Any], graph: Graph,
                   tensors: Mapping[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
     """``count`` images as the graph's inputs: the workload's own first, then the workload's
-    stream (``Workload.stream_input``), or else the first image's rows in a seeded random
-    order (the same values, so exactly representable in the input's precision)."""
+    stream (``Workload.stream_input``: the inputs it varies, a decode step's token ids, with
+    the first image's others: its mask, slots and angles), or else the first image's rows in
+    a seeded random order (the same values, so exactly representable in the input's
+    precision)."""
     first = {v.name: np.asarray(tensors[v.name]) for v in graph.by_role("input")}
     images = [first]
     for index in range(1, count):
         if getattr(workload, "stream_input", None) is not None:
-            images.append(workload.stream_input(params, graph, index))
+            images.append({**first, **workload.stream_input(params, graph, index)})
             continue
         rng = np.random.default_rng(index)
         shuffled = {}
