@@ -343,10 +343,12 @@ def interleaved_transient_bytes(plan: GemmPlan) -> int:
     places them there): an activation B operand (a swapped plan's row), the partial sums
     and the F16 operand copies."""
     s = plan.shape
-    gathered = plan.streamed or not s.b_resident
-    b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD) if gathered else 0
-    if plan.swapped:
+    if plan.swapped:  # its row, loaded as the AMP's weights
         b = plan.row_block * round_up(plan.depth_block * s.a_itemsize, WORD)
+    elif plan.streamed or not s.b_resident:  # B's blocks gathered each run
+        b = plan.depth_block * round_up(plan.col_block * s.a_itemsize, WORD)
+    else:
+        b = 0
     partial = plan.row_block * plan.col_block * partial_itemsize(plan.mode)
     scratch = 2 * cast_elements(s, plan.mode, plan.row_block, plan.depth_block, plan.col_block)
     return b + partial + scratch
