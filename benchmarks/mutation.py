@@ -103,7 +103,7 @@ MUTATIONS: list[tuple[str, str, str, str, str]] = [
      "                busiest = int(np.argmin(busy)) if busy.size else 0",
      "superstep timed by the least busy tile"),
     ("sim-exchange-sync", "device/simulator.py",
-     "                report.cycles += cycles + sync", "                report.cycles += cycles",
+     "            report.cycles += cycles + sync", "            report.cycles += cycles",
      "no sync after exchange phases"),
     ("sim-weight-class", "device/simulator.py",
      "int(row[work.weights]) + self.base >= self.target.interleaved_base)",

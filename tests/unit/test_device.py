@@ -119,20 +119,21 @@ def test_gemm_program_runs_with_exchange_and_counts_cycles(
         np.testing.assert_array_equal(fp8.decode(PA.kind)[raw] * 2.0**PA.scale_exponent, a)
     # cycles, recounted by hand: one pass over 12 rows, weights where the package put them
     # (the reference's 294 + passes x (4 x rows + 160 interleaved / 266 standard)); the
-    # exchange is 96 words from event 0 + the measured 237 per phase; a 90-cycle sync each
+    # exchange is 96 words from event 0 + the measured 237 per phase, after a 90-cycle sync
+    # (the compute set has none of its own)
     gemm = 294 + 4 * ROWS + weight_load
     assert report.compute_cycles == gemm
     assert report.exchange_cycles == OUT_WORDS + 237
-    assert report.sync_cycles == 180
-    assert report.cycles == gemm + OUT_WORDS + 237 + 180
+    assert report.sync_cycles == 90
+    assert report.cycles == gemm + OUT_WORDS + 237 + 90
     assert (report.supersteps, report.phases) == (2, 1)
     written = 2 * ROWS * DEPTH + 2 * DEPTH * COLS
     assert report.host_bytes == written + ROWS * COLS * 2  # and the F16 result read back
     assert report.host_cycles == -(-report.host_bytes * 1500 // 32000)  # 32 GB/s at 1.5 GHz
     assert report.breakdown == {"gemm": gemm}
-    assert report.tile_busy[10] == gemm + 180
-    assert report.tile_busy[11] == gemm + OUT_WORDS + 180  # its send port was busy too
-    assert report.tile_busy[20] == OUT_WORDS + 180
+    assert report.tile_busy[10] == gemm + 90
+    assert report.tile_busy[11] == gemm + OUT_WORDS + 90  # its send port was busy too
+    assert report.tile_busy[20] == OUT_WORDS + 90
 
 
 def test_host_write_read_round_trip_with_replicas_and_ragged_blocks(ipu: SimulatedIpu) -> None:

@@ -57,18 +57,19 @@ def test_cost_plan_rejects_empty_splits_and_rounds_blocks() -> None:
     assert plan is not None
     assert (plan.row_block, plan.depth_block, plan.col_block) == (4, 32, 16)
     assert plan.describe() == "R3xC2xD2 blocks 4x32x16 mode=fp8"
-    # A exchange: 4 rows x 32 FP8 bytes = 32 words, plus the measured 237 per phase
-    assert plan.costs["a_exchange"] == 32 + 237
-    # reduce exchange: (D-1) x sub rows 2 x 16 columns of FP16 partials = 16 words, plus 237
-    assert plan.costs["reduce_exchange"] == 1 * 2 * 16 * 2 // 4 + 237
-    # the GEMM: 294 + 1 pass x (4 x 4 rows + 160), plus a 90-cycle sync
-    assert plan.costs["gemm"] == 294 + 4 * 4 + 160 + 90
+    # A exchange: the sync before it (90), 4 rows x 32 FP8 bytes = 32 words, plus the
+    # measured 237 per phase
+    assert plan.costs["a_exchange"] == 90 + 32 + 237
+    # reduce exchange: (D-1) x sub rows 2 x 16 columns of FP16 partials = 16 words
+    assert plan.costs["reduce_exchange"] == 90 + 1 * 2 * 16 * 2 // 4 + 237
+    # the GEMM: 294 + 1 pass x (4 x 4 rows + 160), no sync of its own
+    assert plan.costs["gemm"] == 294 + 4 * 4 + 160
     f16 = cost_plan(shape, 3, 2, 2, IPU21, "f16")
     assert f16 is not None and f16.depth_block == 32  # two F16 passes of 16
     # F16 mode on FP8 data: 2 passes, plus the vendor's Cast1D of 4 x 32 + 32 x 16 = 640
     # elements: 107 a worker, 26 vectors of 4 at 1 cycle, remainder 3 (two bits set)
-    assert f16.costs["gemm"] == 294 + 2 * (4 * 4 + 160) + 12 + 6 * (37 + 26 + 2 + 4) + 90
-    assert f16.costs["reduce_exchange"] == 1 * 2 * 16 * 4 // 4 + 237  # F32 partials
+    assert f16.costs["gemm"] == 294 + 2 * (4 * 4 + 160) + 12 + 6 * (37 + 26 + 2 + 4)
+    assert f16.costs["reduce_exchange"] == 90 + 1 * 2 * 16 * 4 // 4 + 237  # F32 partials
 
 
 def test_more_tiles_make_a_big_gemm_cheaper_than_one_tile() -> None:
@@ -174,7 +175,8 @@ def test_an_activation_b_is_gathered_once_per_stage_and_costed() -> None:
 
     keys = GemmShape(0, 729, 72, 729, 1, True, b_resident=False)
     plan = cost_plan(keys, 10, 1, 1, IPU21)
-    assert plan.costs["b_exchange"] == 96 * 736 // 4 + p("exchange_phase")  # 72 -> 96 deep
+    assert plan.costs["b_exchange"] == (p("sync") + 96 * 736 // 4  # 72 -> 96 deep
+                                        + p("exchange_phase"))
     chunked = cost_plan(keys, 10, 1, 1, IPU21, chunks=3)
     assert chunked.costs["b_exchange"] == plan.costs["b_exchange"]
     assert chunked.costs["a_exchange"] > plan.costs["a_exchange"]  # A pays a phase a chunk
@@ -211,7 +213,7 @@ def test_a_key_split_scores_plan_pays_the_softmax_gather_and_its_copy() -> None:
     split = cost_plan(scores, 5, 6, 1, IPU21)
     whole = cost_plan(scores, 10, 1, 1, IPU21)
     rows = -(-729 // 30)  # the 30 tiles' share of the rows, 1 460 bytes each (729 F16, padded)
-    assert split.costs["rows_exchange"] == rows * 1460 // 4 + 237
+    assert split.costs["rows_exchange"] == 90 + rows * 1460 // 4 + 237
     assert "rows_exchange" not in whole.costs
     plain = cost_plan(replace(scores, rows_read_in_place=False), 5, 6, 1, IPU21)
     assert transient_bytes(split) - transient_bytes(plain) == rows * 1460
@@ -229,11 +231,11 @@ def test_a_paired_gather_is_priced_at_half_its_words_only_when_replicas_fill_pai
     paired = replace(shape, pair_lanes=2)
     words = 147 * 512 // 4  # R7 x D3: blocks 147 x 512 FP8 bytes
     even = cost_plan(paired, 7, 70, 3, IPU21)
-    assert even is not None and even.costs["a_exchange"] == -(-words // 2) + 237
+    assert even is not None and even.costs["a_exchange"] == 90 + -(-words // 2) + 237
     plain = cost_plan(shape, 7, 70, 3, IPU21)
-    assert plain is not None and plain.costs["a_exchange"] == words + 237
+    assert plain is not None and plain.costs["a_exchange"] == 90 + words + 237
     odd = cost_plan(paired, 7, 35, 3, IPU21)
-    assert odd is not None and odd.costs["a_exchange"] == words + 237
+    assert odd is not None and odd.costs["a_exchange"] == 90 + words + 237
     # nothing else of the plan changes
     assert {k: v for k, v in even.costs.items() if k != "a_exchange"} == \
         {k: v for k, v in plain.costs.items() if k != "a_exchange"}
@@ -249,7 +251,7 @@ def test_paired_gathers_change_what_the_planner_prefers() -> None:
     assert paired.estimated_cycles < plain.estimated_cycles
     assert paired.col_splits % 2 == 0
     words = paired.row_block * paired.depth_block // 4
-    assert paired.costs["a_exchange"] == -(-words // 2) + 237
+    assert paired.costs["a_exchange"] == 90 + -(-words // 2) + 237
 
 
 @pytest.mark.parametrize("cols", [576, 100, 16])

@@ -56,10 +56,10 @@ def test_a_swapped_plan_is_priced_by_hand() -> None:
     assert plan is not None and plan.swapped
     assert (plan.row_block, plan.depth_block, plan.col_block, plan.slice_shape) == (
         1, 64, 256, (1, 8))
-    # the AMP: 294 + 2 depth passes x (256 rows x 4 + 160), then the sync
-    assert plan.costs["gemm"] == 294 + 2 * (4 * 256 + 160) + 90
-    assert plan.costs["a_exchange"] == 237 + 64 // 4  # a 64-byte row slice
-    assert plan.costs["reduce_exchange"] == 237 + 31 * 8 * 2 // 4  # 31 FP16 slices of 8
+    # the AMP: 294 + 2 depth passes x (256 rows x 4 + 160); the syncs go with the phases
+    assert plan.costs["gemm"] == 294 + 2 * (4 * 256 + 160)
+    assert plan.costs["a_exchange"] == 90 + 237 + 64 // 4  # a 64-byte row slice
+    assert plan.costs["reduce_exchange"] == 90 + 237 + 31 * 8 * 2 // 4  # 31 FP16 slices of 8
     assert resident_bytes(plan) == 256 * 64  # the block, transposed
     # only the row (64 bytes) and the partial row (256 FP16) sit in interleaved memory
     assert interleaved_transient_bytes(plan) == 64 + 256 * 2

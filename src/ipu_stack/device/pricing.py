@@ -162,7 +162,7 @@ def _normalised(chunk: int, rows: int) -> int:
 
 def _rms_split_part(kind: str, c: dict) -> int:
     """A tile's share of an RMS norm split by columns as it ran: calls of up to three rows
-    on NormCE's split loops over the tile's ``cols``, a sync apart; the sums' call gathers
+    on NormCE's split loops over the tile's ``cols``, one after another; the sums' call gathers
     the partial sums of its blocks and merges them, the scaling call merges every block's
     sums and normalises its columns."""
     eight_lanes = c["width"] % 8 == 0 and c["width"] >= 576
@@ -173,7 +173,7 @@ def _rms_split_part(kind: str, c: dict) -> int:
         chunk = _worker_chunk(c["cols"], rows, eight_lanes)
         bundles = p(f"normce_merge_{rows}") + further * p("normce_block") + (
             _partial_sums(chunk, eight_lanes) if kind == "rms_sums" else _normalised(chunk, rows))
-        cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if first else 0)
+        cycles += 6 * bundles + p("normce_split_supervisor")
     return cycles
 
 
@@ -242,10 +242,9 @@ def price_work(work: Work, weights_interleaved: bool = True) -> int:
         call = {1: "fill_byte_call", 2: "fill_half_call"}.get(c["itemsize"], "fill_float_call")
         share = cdiv(c["elements"], 6) * c["itemsize"]
         return 6 * (p(call) + share // p("fill_bytes_per_cycle"))
-    if kind in ("normce", "normce_rms"):  # its compute sets, a sync between two
+    if kind in ("normce", "normce_rms"):  # its compute sets one after another
         calls = [("rows", n) for n in c["row_calls"]] + [("split", n) for n in c["split_calls"]]
-        cycles = sum(_normce_call(k, n, c["width"]) for k, n in calls) + \
-            p("sync") * max(len(calls) - 1, 0)
+        cycles = sum(_normce_call(k, n, c["width"]) for k, n in calls)
         if kind == "normce":
             return cycles
         rows = sum(c["row_calls"]) + sum(c["split_calls"])  # each block's lanes added in

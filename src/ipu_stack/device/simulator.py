@@ -11,10 +11,12 @@ valid); then the device executes typed steps and times what it executed:
   reports the work it did (AMP passes and rows, per-worker element counts, ...), and
   ``device.pricing.price_work`` turns that work into cycles, with the AMP weight price taken
   from where the weights really sit (interleaved or standard memory); the superstep takes the
-  busiest tile, plus a sync;
+  busiest tile (no sync: a tile's compute reads only its own memory, so the next compute set
+  starts without waiting for the others);
 * exchange: one compiled gather/scatter of words (all reads before any write); cycles come
   from the phase's chunks, issued by ``device.pricing`` as send instructions of at most 64
-  words on aligned events, plus the measured per-phase cost, plus a sync;
+  words on aligned events, plus the measured per-phase cost, plus the sync before it (the
+  phase's schedule assumes every tile starts it together);
 * host streams: bytes over the 32 GB/s link, reported as host cycles beside the device's;
 * a loop step runs its body once per layer: each operand or send that names a per-layer
   weight is moved, on pass ``k``, to layer ``k``'s copy through the slot's address table
@@ -198,12 +200,11 @@ class SimulatedIpu:
                 report.breakdown[work_kind] = (report.breakdown.get(work_kind, 0)
                                                + int(cycles[busiest]))
             report.tile_busy += busy
-            report.cycles += (int(busy[busiest]) if busy.size else 0) + sync
-            report.superstep_cycles.append((int(busy[busiest]) if busy.size else 0) + sync)
+            report.cycles += int(busy[busiest]) if busy.size else 0
+            report.superstep_cycles.append(int(busy[busiest]) if busy.size else 0)
             report.superstep_kinds.append("compute")
-            report.sync_cycles += sync
             report.supersteps += 1
-            record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), sync, busy
+            record.cycles, record.sync, record.tile_cycles = int(busy[busiest]), 0, busy
             record.busiest_tile = busiest
             record.by_kind = {k: int(v[busiest]) for k, v in by_kind.items()}
             if trace is not None:

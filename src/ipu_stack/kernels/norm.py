@@ -173,11 +173,9 @@ def normce_call_cycles(kind: str, rows: int, width: int) -> int:
 
 
 def normce_cycles(rows: int, width: int) -> int:
-    """``NormCE`` over a tile's ``rows`` rows of ``width``: its compute sets, a sync
-    between two of them."""
-    calls = normce_calls(rows)
-    return sum(normce_call_cycles(kind, n, width) for kind, n in calls) + \
-        p("sync") * max(len(calls) - 1, 0)
+    """``NormCE`` over a tile's ``rows`` rows of ``width``: its compute sets one after
+    another (no exchange between them, so no sync)."""
+    return sum(normce_call_cycles(kind, n, width) for kind, n in normce_calls(rows))
 
 
 def rms_block_cycles(rows: int, width: int) -> int:
@@ -190,7 +188,7 @@ def rms_block_cycles(rows: int, width: int) -> int:
 def rms_part_cycles(part: str, rows: int, cols: int, width: int) -> int:
     """One tile's share of an RMS norm split by columns (``cols`` of a ``width``-wide row,
     whole blocks of it), as ``NormCE``'s split kernel runs a row over its workers, in calls
-    of at most three rows a sync apart: ``part`` ``"sums"`` gathers the blocks' sums of
+    of at most three rows one after another: ``part`` ``"sums"`` gathers the blocks' sums of
     squares (the split kernel's partial sums and merge); ``"scale"`` adds every block's
     sum, takes the inverse root and scales the columns (the merge and the normalise)."""
     aligned = interleaved(width)
@@ -202,5 +200,5 @@ def rms_part_cycles(part: str, rows: int, cols: int, width: int) -> int:
         chunk = split_chunk(cols, count, aligned)
         bundles = p(f"normce_merge_{count}") + further * p("normce_block") + (
             _split_stats(chunk, aligned) if part == "sums" else _split_normalise(chunk, count))
-        cycles += 6 * bundles + p("normce_split_supervisor") + (p("sync") if start else 0)
+        cycles += 6 * bundles + p("normce_split_supervisor")
     return cycles

@@ -23,7 +23,7 @@ from ipu_stack.planning.costs import estimate_exchange_phase, kernel_cost
 from ipu_stack.planning.gemm import GemmPlan, GemmShape
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage
-from ipu_stack.target import Target, timing
+from ipu_stack.target import Target
 from ipu_stack.util.log import Progress
 
 
@@ -97,8 +97,8 @@ def to_transfers(step: Exchange, target: Target) -> Transfers:
 
 def row_stage_cycles(program: Program, target: Target) -> int:
     """The analytical cost of row and copy compute sets: the busiest tile (the calls a tile
-    runs one after another, so their costs add) plus a sync, as many times as each runs (a
-    loop body's once per layer)."""
+    runs one after another, so their costs add), as many times as each runs (a loop body's
+    once per layer); the sync belongs to the exchange phase that follows."""
     total = 0
     times = program.repeats()
     for _, index, step in program.steps():
@@ -106,7 +106,7 @@ def row_stage_cycles(program: Program, target: Target) -> int:
             continue
         families = {call.instance.family for call in step.calls}
         if families & {"row", "copy"}:
-            total += int(times[index]) * (busiest_tile_cycles(step) + timing.p("sync"))
+            total += int(times[index]) * busiest_tile_cycles(step)
     return total
 
 
@@ -124,16 +124,15 @@ def busiest_tile_cycles(step: ComputeSet) -> int:
 def step_prices(program: Program, schedules: dict[int, Schedule],
                 target: Target) -> dict[int, tuple[str, int]]:
     """Every compute set and exchange phase of ``program`` priced once, by global step
-    index: ``("compute", busiest tile + sync)`` or ``("exchange", scheduled horizon + the
-    measured phase cost + sync)`` (``schedule_program`` schedules every phase)."""
-    sync = timing.p("sync")
+    index: ``("compute", busiest tile)`` or ``("exchange", the sync before it + scheduled
+    horizon + the measured phase cost)`` (``schedule_program`` schedules every phase)."""
     prices: dict[int, tuple[str, int]] = {}
     for _, index, step in program.steps():
         if isinstance(step, ComputeSet):
-            prices[index] = ("compute", busiest_tile_cycles(step) + sync)
+            prices[index] = ("compute", busiest_tile_cycles(step))
         elif isinstance(step, Exchange):
             horizon, _ = instruction_horizon(schedules[index], to_transfers(step, target))
-            prices[index] = ("exchange", estimate_exchange_phase(horizon) + sync)
+            prices[index] = ("exchange", estimate_exchange_phase(horizon))
     return prices
 
 

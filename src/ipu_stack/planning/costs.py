@@ -177,8 +177,9 @@ def estimate_copy(nbytes: int) -> int:
 
 
 def estimate_exchange_phase(horizon: int) -> int:
-    """One exchange phase: its (instruction-level) horizon plus the measured phase cost."""
-    return int(horizon) + p("exchange_phase")
+    """One exchange phase: the sync before it, its (instruction-level) horizon and the
+    measured phase cost."""
+    return p("sync") + int(horizon) + p("exchange_phase")
 
 
 def estimate_link_phase(nbytes: int, clock_hz: float) -> int:

@@ -6,7 +6,7 @@ FP8 mode, F32 in the F16 mode (after an FP8 -> F16 cast when the operands are FP
 D > 1 the partials are reduce-scattered: tile ``(r, c, d)`` finishes rows
 ``[d * br/D, (d+1) * br/D)`` of its block.  The analytical cost adds, for the busiest tile,
 the A exchange (receive words), the GEMM kernel, the reduction exchange and the epilogue
-kernel, each phase with the measured phase cost and each compute set with its sync
+kernel, each phase with the sync before it and the measured phase cost
 (``target.timing``).  Both modes are searched when the operands are FP8; the planner
 keeps whichever is cheaper (``mode`` forces one).
 
@@ -228,12 +228,11 @@ def cost_plan(
     bn = round_up(-(-shape.cols // c), p("amp_out_columns"))
     if (r - 1) * br >= shape.rows or (d - 1) * bk >= shape.depth or (c - 1) * bn >= shape.cols:
         return None
-    sync = p("sync")
     a_words = br * round_up(bk * shape.a_itemsize, WORD) // WORD
     costs = {
         "a_exchange": estimate_exchange_phase(a_exchange_words(shape, a_words, c)),
         "gemm": estimate_gemm(br, bk, bn, fp8_mode,
-                              cast_elements=cast_elements(shape, mode, br, bk, bn)) + sync,
+                              cast_elements=cast_elements(shape, mode, br, bk, bn)),
     }
     if not shape.b_resident:  # an activation B (attention's k, v): a phase of its own
         costs["b_exchange"] = estimate_exchange_phase(
@@ -249,7 +248,7 @@ def cost_plan(
         # a full block is dense: the lowering lays partials and result bn columns apart
         costs["epilogue"] = (estimate_reduce(sub * bn, d, f32_partials=not fp8_mode,
                                              dense=True)
-                             + estimate_chain(chain, sub, bn, room) + sync)
+                             + estimate_chain(chain, sub, bn, room))
     costs.update(_rows_gather(shape, r * c * d, c))
     return GemmPlan(shape, r, c, d, br, bk, bn, mode, costs)
 
@@ -270,12 +269,12 @@ def _cost_swapped(shape: GemmShape, r: int, c: int, d: int, mode: str) -> GemmPl
     sub = round_up(-(-shape.cols // (c * d)), SWAP_ALIGN)
     if (d - 1) * bk >= shape.depth or -(-shape.cols // sub) != c * d:
         return None
-    bn, sync, item = sub * d, p("sync"), partial_itemsize(mode)
+    bn, item = sub * d, partial_itemsize(mode)
     a_words = round_up(bk * shape.a_itemsize, WORD) // WORD
     costs = {
         "a_exchange": estimate_exchange_phase(a_exchange_words(shape, a_words, c)),
         "gemm": estimate_gemm(bn, bk, 1, fp8_mode,
-                              cast_elements=cast_elements(shape, mode, 1, bk, bn)) + sync,
+                              cast_elements=cast_elements(shape, mode, 1, bk, bn)),
     }
     if d > 1:
         costs["reduce_exchange"] = estimate_exchange_phase((d - 1) * sub * item // WORD)
@@ -283,7 +282,7 @@ def _cost_swapped(shape: GemmShape, r: int, c: int, d: int, mode: str) -> GemmPl
     if not partials_are_result(d, mode, chain, shape.has_bias):
         room = (d - 1) * sub * item // 2 if shape.has_bias else 0
         costs["epilogue"] = (estimate_reduce(sub, d, f32_partials=not fp8_mode, dense=True)
-                             + estimate_chain(chain, 1, sub, room) + sync)
+                             + estimate_chain(chain, 1, sub, room))
     costs.update(_rows_gather(shape, r * c * d, c * d))
     return GemmPlan(shape, r, c, d, 1, bk, bn, mode, costs, swapped=True)
 

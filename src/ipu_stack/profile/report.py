@@ -41,7 +41,7 @@ def _table(headers: list[str], rows: list[list[object]], ident: str) -> str:
 def _bar_title(step: Step, number: int, clock_hz: float) -> str:
     us = f" ({step.cycles / clock_hz * 1e6:.3f} us)" if clock_hz > 0 else ""
     return (f"superstep {number}: {html.escape(step.label)} ({html.escape(step.name)}), "
-            f"{step.kind}, {step.cycles} cycles{us}; then {step.sync} cycles sync")
+            f"{step.kind}, {step.cycles} cycles{us}; with {step.sync} cycles of sync")
 
 
 def _bar_label(text: str, x: float, y: float, width: float) -> str:
@@ -87,7 +87,7 @@ def superstep_chart(profile: Profile, width: int = CHART_WIDTH, height: int = 19
         parts.append(_bar_label(step.label, x_of(step.start), y + h / 2 + 4, bar_w))
         parts.append(f'<rect class="sync" x="{x_of(step.start + step.cycles):.2f}" y="{y:.1f}" '
                      f'width="{max(plot_w * step.sync / total, 0.2):.2f}" height="{h:.1f}" '
-                     f'fill="{COLOURS["sync"]}"><title>sync after superstep '
+                     f'fill="{COLOURS["sync"]}"><title>the sync of superstep '
                      f"{numbers[id(step)]}: {step.sync} cycles</title></rect>")
     parts += _cycle_axis(profile, left, plot_w, top + plot_h, height - 6, x_of)
     for kind, y in lanes.items():

@@ -66,7 +66,7 @@ from ipu_stack.planning.groups import (
     tower_loop,
 )
 from ipu_stack.planning.stages import find_stages
-from ipu_stack.target import Target, get_target, timing
+from ipu_stack.target import Target, get_target
 from ipu_stack.target.links import get_system
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
@@ -331,7 +331,7 @@ def _handoff(groups: list[LayerGroup], compiled: dict[int, CompileResult],
     schedule = schedule_exchange(transfers, phase=k)
     horizon, _ = instruction_horizon(schedule, transfers)
     return Handoff(k, k + 1, sender.output_name, nbytes, route, transfers, schedule,
-                   estimate_exchange_phase(horizon) + timing.p("sync"))
+                   estimate_exchange_phase(horizon))
 
 
 def _write_system_package(workload: Workload, params: dict[str, Any], out_dir: Path,
