@@ -104,7 +104,7 @@ MUTATIONS: list[tuple[str, str, str, str, str]] = [
      "superstep timed by the least busy tile"),
     ("sim-exchange-sync", "device/simulator.py",
      "            report.cycles += cycles + sync", "            report.cycles += cycles",
-     "no sync after exchange phases"),
+     "no sync before exchange phases"),
     ("sim-weight-class", "device/simulator.py",
      "int(row[work.weights]) + self.base >= self.target.interleaved_base)",
      "int(row[work.weights]) + self.base >= 0)", "simulator thinks all weights interleaved"),

@@ -128,6 +128,7 @@ def test_untraded_or_retried_plans_are_not_planned_again(tmp_path, cache_dir, in
     assert len(_lines(info_logs, "placed storage")) == 3
 
 
+@pytest.mark.slow  # tests/reliability/test_determinism.py keeps packages' bytes in the default run
 def test_the_replanned_package_is_deterministic(tmp_path, cache_dir):
     one = _compile(tmp_path, cache_dir, "one", support_reserve=TIGHT)
     two = _compile(tmp_path, cache_dir, "two", support_reserve=TIGHT)

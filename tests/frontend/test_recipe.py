@@ -34,7 +34,7 @@ def fragile_vit(layer: int, factor: float = 60.0, step: float = 0.03) -> torch.n
     return model
 
 
-@pytest.mark.parametrize("layer", [0, 2])
+@pytest.mark.parametrize("layer", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_recipe_keeps_exactly_the_fragile_layer(layer: int, tmp_path: Path, cache_dir: Path,
                                                      lock_path: Path, capsys) -> None:
     path = tmp_path / "fragile.pt2"

@@ -60,8 +60,10 @@ def test_swin_for_classification_passes_against_torch(tmp_path, capsys) -> None:
     assert record["numericalTest"] == "PASS" and record["referenceSource"] == "torch"
 
 
-@pytest.mark.parametrize("precision, labels", [("f16", 0), ("fp8", 0), ("f16", 5),
-                                               ("fp8", 5)])
+# the other precision of each model runs the same import path: with -m slow
+@pytest.mark.parametrize("precision, labels", [
+    pytest.param("f16", 0, marks=pytest.mark.slow), ("fp8", 0), ("f16", 5),
+    pytest.param("fp8", 5, marks=pytest.mark.slow)])
 def test_the_builtin_runs_the_imported_program(tmp_path, capsys, precision: str, labels: int
                                                ) -> None:
     """SwinModel, and with ``--labels`` SwinForImageClassification (ByteMLPerf's model)."""

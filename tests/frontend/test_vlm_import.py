@@ -26,7 +26,7 @@ from ipu_stack.testing.models import (  # noqa: E402
 from tests.helpers import cli, one_error_line  # noqa: E402
 
 
-@pytest.mark.parametrize("precision", ["f16", "fp8"])
+@pytest.mark.parametrize("precision", [pytest.param("f16", marks=pytest.mark.slow), "fp8"])
 def test_smolvlm_image_part_passes_in_the_builtins_cycles(tmp_path, capsys, precision: str
                                                           ) -> None:
     torch.manual_seed(0)
@@ -178,6 +178,7 @@ def test_a_step_taking_embeddings_puts_the_image_rows_first(smolvlm_files) -> No
     np.testing.assert_array_equal(arrays[step.position_index], np.arange(4))
 
 
+@pytest.mark.slow  # an error path that needs the exported files: -m slow
 def test_an_image_program_needs_a_step_taking_embeddings(smolvlm_files, tmp_path) -> None:
     code, _, err = cli(["generate", "smollm2-135m", "--image-program",
                         str(smolvlm_files / "image.pt2")])

@@ -155,7 +155,8 @@ class Call(ByValue):
 
 @dataclass(frozen=True, eq=False)
 class Compute(ByValue):
-    """A compute superstep: every call runs, then the tiles sync."""
+    """A compute superstep: every call runs; the tiles sync only before an exchange phase
+    (a compute set reads its own tile's memory, so the next one needs no barrier)."""
 
     name: str
     calls: tuple[Call, ...]

@@ -1,16 +1,18 @@
 """How the chip runs tile groups side by side: their supersteps merged into the chip's, and a
 chip's step timed from what its groups executed.
 
-All tiles of a chip sync together, and a superstep is a compute phase or an exchange phase
-for every tile at once.  Groups that run different programs at the same time (the layer
-groups of a pipeline step) therefore share supersteps: a merged superstep holds at most one
-superstep of each group, all of the same kind, and lasts as long as the longest of them; a
-group with nothing of that kind to do waits.  Which supersteps share is the compiler's
-choice; :func:`merge` takes the one with the fewest cycles for each pair of sequences (an
-alignment by dynamic programming, like an edit distance whose match costs the longer of the
-two and whose gap costs the superstep alone), folding the groups in one at a time.
-Identical programs align superstep for superstep; a first group's stem lines up beside the
-other groups' input steps, and its layer loop with theirs.
+All tiles of a chip sync together before each exchange phase, and a superstep is a compute
+phase or an exchange phase for every tile at once. Groups that run different programs at the
+same time (the layer groups of a pipeline step) therefore share supersteps: a merged
+superstep holds at most one superstep of each group, all of the same kind, and lasts as long
+as the longest of them; a group with nothing of that kind to do waits. Between two syncs a
+group's compute sets need not wait for the others', so a merged compute superstep is an
+upper bound there. Which supersteps share is the compiler's choice; :func:`merge` takes the
+one with the fewest cycles for each pair of sequences (an alignment by dynamic programming,
+like an edit distance whose match costs the longer of the two and whose gap costs the
+superstep alone), folding the groups in one at a time. Identical programs align superstep
+for superstep; a first group's stem lines up beside the other groups' input steps, and its
+layer loop with theirs.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ def decode_step(graph: Graph, plans: list[tuple[Stage, GemmPlan | None]]) -> boo
     """Whether the program is a decode step: it writes a KV cache (state kept on the device
     from call to call) and every GEMM stage multiplies at most ``FEW_ROWS`` rows a group (a
     row a sequence; a prompt's pass that short is lowered alike).  Such a step runs once a
-    generated token; its supersteps are mostly syncs and the fixed costs of exchange phases,
-    so its independent stages are lowered to run side by side (``LoweringBase.spread``,
+    generated token; its supersteps are mostly the fixed costs of exchange phases and their
+    syncs, so its independent stages are lowered to run side by side (``LoweringBase.spread``,
     ``lowering.fuse``).  A longer prompt's pass and the towers are bound by their GEMMs, and
     keep one stage after another."""
     gemms = [plan for _, plan in plans if plan is not None]

@@ -2,9 +2,10 @@
 phases one phase.
 
 Why: the lowering emits each stage's steps one after another, and each step is a
-superstep of the chip: a sync (``sync`` in the price table) and, for an exchange phase, the
-measured cost of a phase besides its horizon.  Where the rows are few (a decode step: one
-row a sequence) those fixed costs are most of a stage's time, and stages that do not depend
+superstep of the chip: a compute set at its busiest tile, an exchange phase at the sync
+before it (``sync`` in the price table) and the measured cost of a phase besides its
+horizon.  Where the rows are few (a decode step: one row a sequence) those fixed costs are
+most of a stage's time, and stages that do not depend
 on each other (a layer's q, k and v projections, its gate and up projections, the two cache
 writes) pay them once each.  Here every step moves to the earliest superstep of its kind
 after the steps it depends on, and joins the step there: a compute set's calls run beside

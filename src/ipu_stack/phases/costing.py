@@ -167,8 +167,8 @@ def refined_estimate(
     target: Target, repeats: list[int] | None = None,
 ) -> dict[str, int]:
     """The compiler's cost of a lowered program (:func:`step_prices`, each step as many
-    times as it runs): every compute set at its busiest tile's kernel closed forms plus a
-    sync, every exchange phase at its scheduled horizon, so ``cycles`` is the sum of
+    times as it runs): every compute set at its busiest tile's kernel closed forms, every
+    exchange phase at the sync before it and its scheduled horizon, so ``cycles`` is the sum of
     :func:`superstep_estimates`.  ``analytical_cycles``: the stage plans' own closed forms
     (``repeats``: how many times each planned stage runs), which the search ranks plans by;
     a grouped GEMM's plan prices its block where the program runs one call a head, so the

@@ -84,11 +84,11 @@ PRICES: dict[str, Fact] = {
     "send_alignment_events": Fact(
         2, f"{_CODE}: sendpicp is a two-word instruction that starts 8-byte aligned; a send "
         "on an odd event is shifted one event later"),
-    "sync": Fact(90, f"{_VENDOR} syncCycles = 90, the sync before an exchange phase: "
-                     "'we also sync prior to each exchange' (lib/popnn/CTCLossPlan.cpp:349; "
-                     "lib/popops/reduction/ReductionPlan.cpp:110-179 counts one a phase). "
-                     "A compute set followed by another needs none: compute reads only its "
-                     "own tile"),
+    "sync": Fact(90, f"{_VENDOR} syncCycles = 90, the sync before an exchange phase "
+                     "(lib/popops/reduction/ReductionPlan.cpp:110-179 counts one a phase). "
+                     "Two compute sets with no exchange between them take 'a local tile sync "
+                     "... rather than a full IPU sync' (lib/popops/reduction/"
+                     "ReductionConnection.hpp:282-284): none is charged"),
     "host_bytes_per_second": Fact(32e9, "C600 datasheet: PCIe Gen4 x16, 32 GB/s"),
     # IPU-Links between neighbouring C600 cards (target.links has the system's facts).
     "link_bytes_per_second": Fact(
