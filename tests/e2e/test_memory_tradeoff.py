@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ipu_stack.cli import main
 from tests.helpers import bench
 
 MLP4 = ["--tokens", "64", "--blocks", "4"]
 
 
+@pytest.mark.slow  # tests/e2e/test_profile.py makes the same two runs and checks the trade
 def test_lower_memory_proportion_trades_cycles_for_bytes(tmp_path, cache_dir, lock_path):
     """Four stacked MLPs keep eight weight blocks resident: at 10 % of tile memory the fastest
     plans do not fit the planner's budget, so it moves stages to leaner, slower plans."""
