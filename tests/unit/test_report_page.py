@@ -37,18 +37,19 @@ def _step(index: int, name: str, kind: str, start: int, cycles: int, sync: int,
 
 
 def _profile(extra_steps: int = 0) -> Profile:
-    """40 tiles; ``alpha`` (compute, 100 cycles): tiles 0-15 busy throughout, 16-31 half,
-    32-39 a quarter; a host write; ``beta`` (exchange, 200 cycles): tile 0 busy throughout,
-    tile 39 reports 400 (capped at the superstep's 200), the rest idle."""
-    steps = [_step(0, "alpha", "compute", 0, 100, 10,
+    """40 tiles; ``alpha`` (compute, 100 cycles, no sync): tiles 0-15 busy throughout, 16-31
+    half, 32-39 a quarter; a host write; ``beta`` (exchange, 200 cycles after its 20-cycle
+    sync): tile 0 busy throughout, tile 39 reports 400 (capped at the superstep's 200), the
+    rest idle."""
+    steps = [_step(0, "alpha", "compute", 0, 100, 0,
                    {range(0, 16): 100, range(16, 32): 50, range(32, 40): 25}),
-             Step(1, "write x", "host_write", 110, 0, 0, None),
-             _step(2, "beta", "exchange", 110, 200, 20, {range(0, 1): 200, range(39, 40): 400})]
-    start = 330
+             Step(1, "write x", "host_write", 100, 0, 0, None),
+             _step(2, "beta", "exchange", 120, 200, 20, {range(0, 1): 200, range(39, 40): 400})]
+    start = 320
     for i in range(extra_steps):
         steps.append(_step(3 + i, f"gamma{i}", "compute", start, 50, 0, {range(0, 40): 50}))
         start += 50
-    return Profile("synthetic", "ipu", 40, 1.5e9, start, 100, 200, 30, 0, 0, steps)
+    return Profile("synthetic", "ipu", 40, 1.5e9, start, 100, 200, 20, 0, 0, steps)
 
 
 def _svg(page: str, ident: str) -> ET.Element:
@@ -89,7 +90,7 @@ def test_superstep_chart_has_a_cycles_axis_microseconds_legend_and_titles() -> N
     scale = (xs[1] - xs[0]) / step
     bars = [r for r in svg.iter(f"{SVG}rect") if r.get("class") == "bar"]
     assert [float(r.get("x")) for r in bars] == pytest.approx(
-        [xs[0], xs[0] + 110 * scale], abs=0.02)
+        [xs[0], xs[0] + 120 * scale], abs=0.02)
     assert float(bars[0].get("width")) == pytest.approx(100 * scale, abs=0.02)
     # the second row of tick labels is microseconds at 1.5 GHz
     us = ["".join(g.find(f"{SVG}text[@class='tick-us']").itertext()) for _, g in ticks]
@@ -116,7 +117,7 @@ def test_heat_bins_bin_tiles_by_sixteen_with_a_partial_last_bin() -> None:
     assert bins.values[:, 1] == pytest.approx([1 / 16, 0.0, 1 / 8])
     assert bins.tile_labels == ["tiles 0-15", "tiles 16-31", "tiles 32-39"]
     assert bins.step_labels == ["superstep 0: alpha", "superstep 1: beta"]
-    assert bins.cycle_edges == [0, 110, 330]  # each column as long as its supersteps run
+    assert bins.cycle_edges == [0, 100, 320]  # each column as long as its supersteps run
     assert heat_bytes(bins.values).tolist() == [[255, 16], [128, 0], [64, 32]]
 
 
@@ -124,7 +125,7 @@ def test_heat_bins_bin_supersteps_past_the_column_limit_weighting_by_length() ->
     bins = heat_bins(_profile(extra_steps=3), max_columns=2)  # 5 supersteps, 3 a column
     assert bins.step_edges == [0, 3, 5]
     assert bins.step_labels == ["supersteps 0-2: alpha .. gamma0", "supersteps 3-4: gamma1 .. gamma2"]
-    assert bins.cycle_edges == [0, 380, 480]  # gamma0-2 start at 330, 380, 430
+    assert bins.cycle_edges == [0, 370, 470]  # gamma0-2 start at 320, 370, 420
     # column 0: (alpha 100 + beta 200 + gamma0 50) cycles; tiles 0-15 busy 100 + 200/16 + 50
     assert bins.values[:, 0] == pytest.approx([(1600 + 200 + 800) / (16 * 350),
                                                (800 + 0 + 800) / (16 * 350),
@@ -154,7 +155,7 @@ def test_heat_map_axes_scale_and_data() -> None:
     assert base64.b64decode(data["cells"]) == bytes([255, 16, 128, 0, 64, 32])
     assert data["stepLabels"] == ["superstep 0: alpha", "superstep 1: beta"]
     assert data["tileEdges"] == [0, 16, 32, 40] and data["supersteps"] == 2
-    assert data["cycleEdges"] == [0, 110, 330] and data["cycles"] == 330
+    assert data["cycleEdges"] == [0, 100, 320] and data["cycles"] == 320
     assert '<canvas id="heat-map"' in block and 'id="heat-hover"' in block
 
 
@@ -241,17 +242,18 @@ def test_the_heat_map_draws_columns_as_wide_as_their_cycles_in_chromium(tmp_path
     from tests.chromium import rendered_dom
 
     page = tmp_path / "report.html"
-    # read back painted pixels of the tiles 0-15 row: alpha (cycles 0-110) is fully busy
-    # there, beta (110-330) one tile in 16; the boundary sits at 110/330 of 1100 px
+    # read back painted pixels of the tiles 0-15 row: alpha (cycles 0-100) is fully busy
+    # there, beta (100-320, its sync first) one tile in 16; the boundary sits at 100/320 of
+    # 1100 px
     probe = """<script>
       var canvas = document.getElementById("heat-map"), ctx = canvas.getContext("2d");
-      var shade = [350, 380, 1000].map(function (x) { return ctx.getImageData(x, 0, 1, 1).data[0]; });
+      var shade = [300, 380, 1000].map(function (x) { return ctx.getImageData(x, 0, 1, 1).data[0]; });
       document.body.setAttribute("data-shade", shade.join(","));
     </script>"""
     page.write_text(report_html(_profile()).replace("</body>", probe + "</body>"))
     dom = rendered_dom(tmp_path, page.as_uri())
     shade = [int(v) for v in re.search(r'data-shade="([\d,]+)"', dom).group(1).split(",")]
-    assert shade[0] == 8  # the full colour #08306b's red at x=350 (alpha)
+    assert shade[0] == 8  # the full colour #08306b's red at x=300 (alpha)
     assert shade[1] > 200 and shade[2] == shade[1]  # beta's light shade from x=380 to the end
 
 

@@ -29,7 +29,9 @@ VERSION = 1
 @dataclass
 class Step:
     """One superstep (or host stream) of the profile; ``start`` in cycles from the run's
-    start (host streams sit between supersteps and take no device time)."""
+    start (host streams sit between supersteps and take no device time).  An exchange
+    phase's ``sync`` comes just before its ``start`` (the tiles sync, then exchange); a
+    compute set has none."""
 
     index: int
     name: str
@@ -55,6 +57,11 @@ class Step:
     def length(self) -> int:
         """Device cycles the superstep takes, its sync included."""
         return self.cycles + self.sync
+
+    @property
+    def begin(self) -> int:
+        """Where the superstep begins on the run's timeline: its sync, if it has one."""
+        return self.start - self.sync
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "tile_cycles"}
@@ -134,7 +141,7 @@ def build_profile(records: list[StepRecord], totals: dict[str, int], workload: s
     steps, now = [], 0
     for number, record in enumerate(records):
         name = record.name if record.layer is None else f"{record.name} (layer {record.layer})"
-        steps.append(Step(record.index, name, record.kind, now, record.cycles,
+        steps.append(Step(record.index, name, record.kind, now + record.sync, record.cycles,
                           record.sync, record.tile_cycles, record.busiest_tile,
                           dict(record.by_kind), list(record.calls), list(record.busiest_work),
                           dict(record.exchange), dict(record.host),

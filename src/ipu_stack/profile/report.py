@@ -41,7 +41,7 @@ def _table(headers: list[str], rows: list[list[object]], ident: str) -> str:
 def _bar_title(step: Step, number: int, clock_hz: float) -> str:
     us = f" ({step.cycles / clock_hz * 1e6:.3f} us)" if clock_hz > 0 else ""
     return (f"superstep {number}: {html.escape(step.label)} ({html.escape(step.name)}), "
-            f"{step.kind}, {step.cycles} cycles{us}; with {step.sync} cycles of sync")
+            f"{step.kind}, {step.cycles} cycles{us}; after {step.sync} cycles of sync")
 
 
 def _bar_label(text: str, x: float, y: float, width: float) -> str:
@@ -85,9 +85,9 @@ def superstep_chart(profile: Profile, width: int = CHART_WIDTH, height: int = 19
                      f'height="{h:.1f}" fill="{COLOURS[step.kind]}"><title>'
                      f"{_bar_title(step, numbers[id(step)], profile.clock_hz)}</title></rect>")
         parts.append(_bar_label(step.label, x_of(step.start), y + h / 2 + 4, bar_w))
-        parts.append(f'<rect class="sync" x="{x_of(step.start + step.cycles):.2f}" y="{y:.1f}" '
+        parts.append(f'<rect class="sync" x="{x_of(step.begin):.2f}" y="{y:.1f}" '
                      f'width="{max(plot_w * step.sync / total, 0.2):.2f}" height="{h:.1f}" '
-                     f'fill="{COLOURS["sync"]}"><title>the sync of superstep '
+                     f'fill="{COLOURS["sync"]}"><title>the sync before superstep '
                      f"{numbers[id(step)]}: {step.sync} cycles</title></rect>")
     parts += _cycle_axis(profile, left, plot_w, top + plot_h, height - 6, x_of)
     for kind, y in lanes.items():
@@ -165,8 +165,8 @@ def heat_bins(profile: Profile, tile_bin: int = 16, max_columns: int = 300) -> H
                    for a, b in zip(step_edges, step_edges[1:], strict=False)]
     tile_labels = [f"tiles {a}-{b - 1}" if b - a > 1 else f"tile {a}"
                    for a, b in zip(tile_edges, tile_edges[1:], strict=False)]
-    cycle_edges = [steps[a].start for a in step_edges[:-1]] + (
-        [steps[-1].start + steps[-1].length] if steps else [0])
+    cycle_edges = [steps[a].begin for a in step_edges[:-1]] + (
+        [steps[-1].start + steps[-1].cycles] if steps else [0])
     return HeatBins(values.T, tile_edges, step_edges, step_labels, tile_labels, cycle_edges)
 
 

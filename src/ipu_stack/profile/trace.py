@@ -62,7 +62,7 @@ class _Tracks:
             self.slice(pid, tid, name, step.start + offset, cycles, step.kind, **args)
             at = offset + cycles
         self.slice(pid, tid, "idle", step.start + at, step.cycles - at, "idle")
-        self.slice(pid, tid, "sync", step.start + step.cycles, step.sync, "sync")
+        self.slice(pid, tid, "sync", step.begin, step.sync, "sync")
 
 
 def sample_tiles(profile: Profile, count: int = 6) -> dict[int, str]:
@@ -138,7 +138,7 @@ def trace(profile: Profile, sample: int = 6) -> dict[str, Any]:
         tracks.slice(PROGRAM, 1, step.label, step.start, step.cycles, step.kind,
                      superstep=numbers[id(step)], program_step=step.name,
                      busiest_tile=step.busiest_tile)
-        tracks.slice(PROGRAM, 1, "sync", step.start + step.cycles, step.sync, "sync")
+        tracks.slice(PROGRAM, 1, "sync", step.begin, step.sync, "sync")
         active = int(np.count_nonzero(step.tile_cycles)) if step.tile_cycles is not None else 0
         tracks.events.append({"name": "active tiles", "ph": "C", "pid": PROGRAM,
                               "ts": round(step.start * tracks.scale, 4),
@@ -188,7 +188,7 @@ def system_trace(chips: list[Profile], labels: list[str], link_cycles: int) -> d
             tracks.slice(pid, 1, step.label, step.start, step.cycles, step.kind,
                          superstep=numbers[id(step)], program_step=step.name,
                          busiest_tile=step.busiest_tile)
-            tracks.slice(pid, 1, "sync", step.start + step.cycles, step.sync, "sync")
+            tracks.slice(pid, 1, "sync", step.begin, step.sync, "sync")
             _group_segments(tracks, pid, 2, groups, step)
         tracks.slice(pid, 1, "waiting for the slowest card", profile.cycles,
                      end - profile.cycles, "idle")
