@@ -19,12 +19,12 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "pe-vision": ("", 11.5, 23.4, 40),
     "siglip2-giant": (" --chips 2", 14.0, 315.0, 548),
     "pe-giant": (" --chips 4", 53.9, 150.0, 416),
-    "clip-text": (" --batch 4", 4.59, 7.65, 15),
-    "bert-base": (" --batch 8", 11.78, 17.72, 45),
+    "clip-text": (" --batch 4", 8.75, 16.83, 31),
+    "bert-base": (" --batch 8", 33.4, 84.18, 131),
     "roberta-base": (" --batch 10 --images 4", 17.46, 141.8, 164),
-    "smollm2-135m": ("", 3.06, 4.85, 14),
+    "smollm2-135m": ("", 9.32, 12.87, 29),
     "tinyllama-1.1b": (" --chips 2", 19.84, 44.11, 73),
-    "smolvlm-256m": (" --part vision", 5.88, 14.12, 24),
+    "smolvlm-256m": (" --part vision", 14.93, 34.78, 61),
     "swin-l": (" --batch 2", 159.6, 33.0, 205),
 }
 
