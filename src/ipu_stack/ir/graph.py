@@ -186,6 +186,14 @@ class HeadGeometry:
     def kv_head(self, head: int) -> int:
         return head // (self.heads // self.kv_heads)
 
+    def product(self, mode: str) -> tuple[int, int, int]:
+        """``(rows, depth, cols)`` of one image's and head's product: ``qk`` the queries
+        by the keys over the head's width, ``pv`` the probabilities by the values over the
+        keys."""
+        if mode == "qk":
+            return self.tokens, self.head_dim, self.kv_tokens
+        return self.tokens, self.kv_tokens, self.head_dim
+
 
 def head_geometry(attrs: dict[str, Any], keys: TensorType) -> HeadGeometry:
     """The geometry of a ``head_matmul`` whose key/value operand is ``keys``

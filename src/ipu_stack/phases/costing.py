@@ -37,10 +37,7 @@ def stage_shape(graph: Graph, stage: GemmStage, pair_lanes: int = 1) -> GemmShap
     if stage.kind == "head_matmul":
         geo = head_geometry(stage.attrs, b)
         groups = geo.batch * geo.heads
-        if stage.attrs["mode"] == "qk":
-            rows, depth, cols = geo.tokens, geo.head_dim, geo.kv_tokens
-        else:
-            rows, depth, cols = geo.tokens, geo.kv_tokens, geo.head_dim
+        rows, depth, cols = geo.product(stage.attrs["mode"])
     return GemmShape(
         op=stage.index,
         rows=rows,

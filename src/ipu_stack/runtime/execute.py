@@ -160,7 +160,7 @@ def gemm_depths(graph: Graph) -> dict[int, int]:
             depths[op.id] = int(graph.value(op.inputs[0]).type.shape[-1])
         elif op.kind == "head_matmul":
             geo = head_geometry(op.attrs, graph.value(op.inputs[1]).type)
-            depths[op.id] = geo.head_dim if op.attrs["mode"] == "qk" else geo.kv_tokens
+            depths[op.id] = geo.product(op.attrs["mode"])[1]
     return depths
 
 
