@@ -71,8 +71,11 @@ def test_the_table_is_split_by_whole_words_of_columns_then_by_rows() -> None:
     assert lookup_block(100, 4, 1472) == 1 and lookup_block(64, 1, 1472) == 4
     # CLIP's 49,408 rows: three row groups of 16,470 fill 1,152 of the 1,472 tiles
     assert lookup_groups(49408, 308, 384, 1472) == (3, 16470)
-    holders = lookup_holders(3, 384, 1472)
+    holders = lookup_holders(3, 384, np.arange(1472))
     assert holders.shape == (3, 384) and len(set(holders.ravel().tolist())) == 1152
+    # a decode step's holders stay off the 16 tiles its row lands on next
+    spared = lookup_holders(1, 1024, np.arange(1456))
+    assert len(set(spared.ravel().tolist())) == 1024 and spared.max() < 1456
     assert lookup_groups(130, 40, 35, 1472) == (33, 4)  # the last group holds 2 rows
     assert lookup_groups(49408, 2, 384, 1472) == (2, 24704)  # no more groups than ids
     assert lookup_groups(5000, 77, 1024, 1472) == (1, 5000)

@@ -332,10 +332,14 @@ class LoweringBase:
                       (pieces[0].layout, pieces[0].buffer), (layout, buffer), layout.pitch)
         return buffer
 
-    def land_inputs(self) -> None:
+    def land_inputs(self, in_rows: frozenset[int] = frozenset()) -> None:
+        """Every input written by the host where it lands: whole rows spread over the
+        tiles, the ids on the last tile, and the inputs of ``in_rows`` in ``row_layout``."""
         for value in self.graph.by_role("input"):
             rows, cols, precision = self._matrix(value.id)
             layout = landing_layout(rows, cols, precision, self.target)
+            if value.id in in_rows:
+                layout = self.row_layout(rows, cols, precision)
             if precision.is_integer:  # ids: whole on one tile, broadcast from there in one
                 layout = BlockLayout(rows, cols, precision, rows, cols,  # send a reader
                                      np.full((1, 1, 1), self.target.tiles - 1, np.int32))

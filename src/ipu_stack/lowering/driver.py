@@ -71,7 +71,10 @@ def lower(
     lowering.lean = replicated_parameter_bytes(graph, plans, loop) > REPLICA_BUDGET
     lowering.multicast_gathers = multicast_gathers
     lowering.spread = fuse and decode_step(graph, plans)
-    lowering.land_inputs()
+    # a layer loop's carried input (a pipeline group's hand-off) lands where its passes
+    # carry it: no landing exchange, and no tile copies its own block across
+    lowering.land_inputs(frozenset({loop.carried_in}) if loop is not None and lowering.spread
+                         else frozenset())
     looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
     runs = {run[0]: run for run in sibling_runs([stage for stage, _ in plans])}

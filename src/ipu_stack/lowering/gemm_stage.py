@@ -36,6 +36,7 @@ from ipu_stack.lowering.base import (
     Piece,
     group_calls,
 )
+from ipu_stack.lowering.own_pieces import Cell, OperandNeed, Rect, held_blocks, keep_off_own_pieces
 from ipu_stack.lowering.program import Call, ComputeSet
 from ipu_stack.lowering.transfers import TransferBuilder
 from ipu_stack.planning.gemm import GemmPlan
@@ -124,7 +125,8 @@ class GemmLowering(LoweringBase):
         pieces."""
         suffix = (f".w{wave}" if plan.waves > 1 else "") + (
             f".c{row0}" if plan.row_chunks > 1 else "")
-        grid = self._gemm_grid(stage, chunk, row0, suffix, (wave, plan.wave_groups))
+        single = plan.waves == 1 and plan.row_chunks == 1 and not plan.streamed
+        grid = self._gemm_grid(stage, chunk, row0, suffix, (wave, plan.wave_groups), single)
         a_buf, b_buf = self._gemm_operands(grid, shared)
         p_buf = self._gemm_partials(grid, a_buf, b_buf)
         if partials_are_result(chunk.depth_splits, chunk.mode, stage.chain,
@@ -158,18 +160,17 @@ class GemmLowering(LoweringBase):
                 for grid in gg.grids]
 
     def _gemm_grid(self, stage: GemmStage, plan: GemmPlan, row0: int = 0,
-                   suffix: str = "", wave: tuple[int, int] = (0, 0)) -> _GemmGrid:
+                   suffix: str = "", wave: tuple[int, int] = (0, 0),
+                   single: bool = False) -> _GemmGrid:
         """Which tile holds which (row, column, depth) block, per head group, and the
         operands' block layouts (``row0``: the first row of a row chunk, ``suffix`` its
-        buffers' name, ``wave``: the wave and its groups, where the groups run in waves)."""
-        g = self.graph
-        a_prec = g.value(stage.a).type.precision
-        b_prec = g.value(stage.b).type.precision
-        m, k, n = plan.shape.rows, plan.shape.depth, plan.shape.cols
+        buffers' name, ``wave``: the wave and its groups, where the groups run in waves;
+        ``single``: the stage's one chunk and wave, whose tiles may trade cells to stay
+        off the operand pieces they hold, ``lowering.own_pieces``)."""
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
-        br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
+        bn = plan.col_block
         transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
-        groups = stage_groups(g, stage, plan, row0, *wave)
+        groups = stage_groups(self.graph, stage, plan, row0, *wave)
         if self.paired:
             # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
             # tiles and its broadcasts reach whole tile pairs (two-lane transfers)
@@ -186,18 +187,59 @@ class GemmLowering(LoweringBase):
         if all_tiles.max() >= self.target.tiles:
             raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
         name = f"stage{stage.index}{suffix}"
+        a_layouts, b_layouts = self._operand_layouts(stage, plan, grids)
+        if single and self.spread:  # a decode step's; chunks and waves share weight blocks
+            grids = keep_off_own_pieces(grids, self._operand_needs(
+                stage, groups, a_layouts[0], b_layouts[0], set(all_tiles.tolist())),
+                self.paired)
+            all_tiles = np.concatenate([grid.ravel() for grid in grids])
+            a_layouts, b_layouts = self._operand_layouts(stage, plan, grids)
+        partial_prec = F16 if plan.mode == "fp8" else F32
+        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
+        return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
+                         transposed, partial_prec, bn * partial_prec.itemsize, cols_valid)
+
+    def _operand_layouts(self, stage: GemmStage, plan: GemmPlan, grids: list[np.ndarray]
+                         ) -> tuple[list[BlockLayout], list[BlockLayout]]:
+        """A's blocks ``(r, d)`` replicated over the column blocks and B's ``(d, c)`` (a
+        ``qk`` product's keys ``(c, d)``) over the row blocks, one layout a head group."""
+        g = self.graph
+        a_prec = g.value(stage.a).type.precision
+        b_prec = g.value(stage.b).type.precision
+        m, k, n = plan.shape.rows, plan.shape.depth, plan.shape.cols
+        br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
-        if transposed:
+        if stage.kind == "head_matmul" and stage.attrs["mode"] == "qk":
             b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
                          for grid in grids]
         else:  # a swapped plan's AMP streams the weight block's columns: stored transposed
             b_layouts = [BlockLayout(k, n, b_prec, bk, bn, grid.transpose(2, 1, 0).copy(),
                                      plan.swapped) for grid in grids]
-        partial_prec = F16 if plan.mode == "fp8" else F32
-        cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
-        return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
-                         transposed, partial_prec, bn * partial_prec.itemsize, cols_valid)
+        return a_layouts, b_layouts
+
+    def _operand_needs(self, stage: GemmStage, groups: list[Group], a_layout: BlockLayout,
+                       b_layout: BlockLayout, tiles: set[int]) -> list[OperandNeed]:
+        """What the grid's ``tiles`` already hold of A and of an activation B, and which
+        block each cell ``(group, r, c, d)`` reads (``lowering.own_pieces``)."""
+        qk = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+
+        def a_need(cell: Cell) -> Rect:
+            g, r, _, d = cell
+            r0, r1, c0, c1 = a_layout.block_extent(r, d)
+            (ro, co) = groups[g].a_origin
+            return r0 + ro, r1 + ro, c0 + co, c1 + co
+
+        def b_need(cell: Cell) -> Rect:
+            g, _, c, d = cell
+            r0, r1, c0, c1 = b_layout.block_extent(*((c, d) if qk else (d, c)))
+            (ro, co) = groups[g].b_origin
+            return r0 + ro, r1 + ro, c0 + co, c1 + co
+
+        needs = [OperandNeed(held_blocks(self.where.get(stage.a, []), tiles), a_need)]
+        if self.graph.value(stage.b).role != "weight" and stage.b in self.where:
+            needs.append(OperandNeed(held_blocks(self.where[stage.b], tiles), b_need))
+        return needs
 
     def _gemm_operands(self, gg: _GemmGrid, shared: dict[str, int]) -> tuple[int, int]:
         """A's and B's blocks gathered onto the grid; their buffers.  B's buffer is made by

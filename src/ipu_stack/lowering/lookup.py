@@ -44,11 +44,11 @@ def lookup_groups(vocab: int, count: int, column_blocks: int, tiles: int) -> tup
     return -(-vocab // rows), rows
 
 
-def lookup_holders(groups: int, column_blocks: int, tiles: int) -> np.ndarray:
-    """The holder tile of each (row group, column block), spread evenly over the chip."""
-    spread = (np.arange(groups * column_blocks, dtype=np.int64) * tiles) // (
+def lookup_holders(groups: int, column_blocks: int, tiles: np.ndarray) -> np.ndarray:
+    """The holder tile of each (row group, column block), spread evenly over ``tiles``."""
+    spread = (np.arange(groups * column_blocks, dtype=np.int64) * len(tiles)) // (
         groups * column_blocks)
-    return spread.astype(np.int32).reshape(groups, column_blocks)
+    return tiles[spread].astype(np.int32).reshape(groups, column_blocks)
 
 
 class LookupLowering(LoweringBase):
@@ -63,10 +63,14 @@ class LookupLowering(LoweringBase):
         if g.value(stage.out).type.precision != precision:
             raise CompileError(f"{self._name(stage.out)}: a lookup copies the table's "
                                f"{precision} rows; it cannot store {g.value(stage.out).type}")
-        block = lookup_block(width, precision.itemsize, self.target.tiles)
+        candidates = np.arange(self.target.tiles, dtype=np.int64)
+        if self.spread:  # off the tiles its rows land on next: a tile cannot send to itself
+            candidates = np.setdiff1d(candidates, self.row_layout(
+                count, width, precision).tiles.ravel())
+        block = lookup_block(width, precision.itemsize, len(candidates))
         columns = -(-width // block)
-        groups, rows = lookup_groups(vocab, count, columns, self.target.tiles)
-        holders = lookup_holders(groups, columns, self.target.tiles)
+        groups, rows = lookup_groups(vocab, count, columns, len(candidates))
+        holders = lookup_holders(groups, columns, candidates)
         table = BlockLayout(vocab, width, precision, rows, block, holders[:, :, None])
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.ids")
