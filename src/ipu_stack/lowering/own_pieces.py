@@ -13,12 +13,12 @@ broadcast still reaches whole pairs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from ipu_stack.ir.layout import BlockLayout
+from ipu_stack.lowering.base import Piece
 
 Rect = tuple[int, int, int, int]  # rows [r0, r1), columns [c0, c1) of a tensor
 Cell = tuple[int, int, int, int]  # (group, row block, column block, depth block)
@@ -32,13 +32,12 @@ class OperandNeed:
     need: Callable[[Cell], Rect]
 
 
-def held_blocks(pieces: list, tiles: set[int]) -> dict[int, list[Rect]]:
-    """The blocks of a value (its ``Piece`` list) that ``tiles`` hold, in tensor
-    coordinates."""
+def held_blocks(pieces: list[Piece], tiles: set[int]) -> dict[int, list[Rect]]:
+    """The blocks of a value (its pieces) that ``tiles`` hold, in tensor coordinates."""
     held: dict[int, list[Rect]] = {}
     wanted = np.fromiter(sorted(tiles), dtype=np.int64)
     for piece in pieces:
-        layout: BlockLayout = piece.layout
+        layout = piece.layout
         hits = np.isin(layout.tiles, wanted)
         for i, j, k in zip(*np.nonzero(hits), strict=True):
             r0, r1, c0, c1 = layout.block_extent(int(i), int(j))
@@ -110,7 +109,7 @@ def keep_off_own_pieces(grids: list[np.ndarray], operands: list[OperandNeed],
     return swapped
 
 
-def _nearest(i: int, n: int):
+def _nearest(i: int, n: int) -> Iterator[int]:
     """Indices other than ``i`` in ``range(n)``, nearest first (ties: the later one)."""
     for step in range(1, n):
         if i + step < n:
