@@ -1,7 +1,7 @@
 """popops MultiSlice on fake tile memory: each id's row of the tile's column block copied to
 the output, an id outside the table skipped and its row left as it was; the price the device
 gives what ran and the planner's closed form against the vendor's formula by hand; the table
-split by columns over the tiles."""
+split by columns over the tiles; MultiUpdate's rows written at their slots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from ipu_stack.device.pricing import price_work
 from ipu_stack.kernels.base import KernelInstance
-from ipu_stack.kernels.slice import multislice_params
+from ipu_stack.kernels.slice import FEW_TILES, MULTIUPDATE, multislice_params, multiupdate_params
 from ipu_stack.lowering.lookup import lookup_block, lookup_groups, lookup_holders
 from ipu_stack.planning.costs import estimate_multislice, kernel_cost
 from ipu_stack.target.timing import Work
@@ -102,3 +102,32 @@ def test_a_row_group_zeroes_the_ids_it_does_not_hold() -> None:
     assert price_work(Work("fill", {"elements": 3600, "itemsize": 4})) == 6 * (23 + 300)
     assert price_work(Work("fill", {"elements": 3600, "itemsize": 1})) == 6 * (39 + 75)
     assert price_work(Work("fill", {"elements": 3600, "itemsize": 2})) == 6 * (26 + 150)
+
+
+def test_a_cache_write_on_few_tiles_writes_what_the_batched_call_does() -> None:
+    """MultiUpdate a tile at a time (a call on ``FEW_TILES`` tiles or fewer) and batched over
+    twelve tiles write the same bytes as a numpy model: each source row at its slot less
+    the tile's first row, where the tile holds that row, a slot outside skipped."""
+    tiles, offsets, held, first = 12, 3, 5, 10
+    params = multiupdate_params(offsets, held, 12, 2, 16, 16, first_row=first)
+    rng = np.random.default_rng(5)
+    mem = rng.integers(0, 256, (tiles, 512), dtype=np.uint8)
+    slots = rng.integers(first - 2, first + held + 2, (tiles, offsets)).astype(np.uint32)
+    mem[:, 0:4 * offsets] = slots.view(np.uint8)
+    expected = mem.copy()
+    for tile in range(tiles):
+        for k, slot in enumerate(slots[tile].tolist()):
+            if 0 <= slot - first < held:
+                at = 256 + (slot - first) * 16
+                expected[tile, at:at + 12] = mem[tile, 64 + 16 * k:64 + 16 * k + 12]
+    batched, few = mem.copy(), mem.copy()
+    everything = np.arange(tiles)
+    (work,) = MULTIUPDATE.run(params, batched, everything, [0, 64, 256])
+    assert len(everything) > FEW_TILES
+    mosts = [MULTIUPDATE.run(params, few, everything[i:i + 4], [0, 64, 256])[0]
+             for i in range(0, tiles, 4)]
+    assert np.array_equal(batched, expected) and np.array_equal(few, expected)
+    in_range = ((slots.astype(np.int64) - first >= 0) & (slots - first < held)).sum(axis=1)
+    assert work.counts["in_range"] == in_range.max()
+    assert [w.counts["in_range"] for w in mosts] == [in_range[i:i + 4].max()
+                                                     for i in range(0, tiles, 4)]

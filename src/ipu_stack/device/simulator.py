@@ -49,6 +49,7 @@ from ipu_stack.contract import (
     verify_program,
 )
 from ipu_stack.contract.program import (
+    Call,
     call_addresses,
     exchange_sources,
     execution_order,
@@ -62,6 +63,7 @@ from ipu_stack.ir.values import StoredTensor
 from ipu_stack.kernels.base import KernelInstance, read_rows
 from ipu_stack.package import Package
 from ipu_stack.target import Target, timing
+from ipu_stack.target.timing import Work
 from ipu_stack.util.errors import DeviceFault, PackageError
 from ipu_stack.util.heap import zeroed_pages
 from ipu_stack.util.log import event
@@ -306,31 +308,40 @@ class SimulatedIpu:
         busy = np.zeros(self.target.tiles, dtype=np.int64)
         by_kind: dict[str, np.ndarray] = {}
         assert self.program is not None
-        for call in step.calls:
-            kernel = self.program.kernels[call.kernel]
-            tiles = call.tiles
-            addresses = call_addresses(call, self.tables, layer) - self.base
-            if self.written is not None:
-                self._poison_groups(kernel, tiles, addresses, step.name)
-            # one batch for the whole call: tiles differ in addresses, not in parameters
-            with np.errstate(all="ignore"):  # overflow saturates: the check reports it
-                works = kernel.impl.run(kernel.params, self.memory, tiles,
-                                        [addresses[:, k] for k in range(addresses.shape[1])])
-            # the AMP's weight price depends on where each tile's weights sit
-            placements = [np.ones(len(tiles), dtype=bool) if work.weights < 0 else (
-                addresses[:, work.weights] + self.base >= self.target.interleaved_base)
-                for work in works]
-            for work, interleaved in zip(works, placements, strict=True):
-                kind = _work_class(work.kind)
-                if kind not in by_kind:
-                    by_kind[kind] = np.zeros_like(busy)
-                for placed, members in _placed_groups(tiles, interleaved):
-                    cycles = pricing.price_work(work, placed)
-                    busy[members] += cycles
-                    by_kind[kind][members] += cycles
-            if trace is not None:
-                _trace_call(trace, kernel, tiles, works, placements)
+        with np.errstate(all="ignore"):  # overflow saturates: the check reports it
+            for call in step.calls:
+                works, placements = self._run_call(call, step.name, layer)
+                for work, interleaved in zip(works, placements, strict=True):
+                    kind = _work_class(work.kind)
+                    if kind not in by_kind:
+                        by_kind[kind] = np.zeros_like(busy)
+                    groups = ((True, call.tiles),) if interleaved is None else \
+                        _placed_groups(call.tiles, interleaved)
+                    for placed, members in groups:
+                        cycles = pricing.price_work(work, placed)
+                        busy[members] += cycles
+                        by_kind[kind][members] += cycles
+                if trace is not None:
+                    _trace_call(trace, self.program.kernels[call.kernel], call.tiles, works, [
+                        np.ones(len(call.tiles), dtype=bool) if placed is None else placed
+                        for placed in placements])
         return busy, by_kind
+
+    def _run_call(self, call: Call, step: str, layer: int
+                  ) -> tuple[list[Work], list[np.ndarray | None]]:
+        """One call's kernel over all its tiles at once (tiles differ in addresses, not in
+        parameters): what it did, and for AMP work where each tile's weights sit (the
+        price depends on it; None for work it does not touch)."""
+        assert self.program is not None
+        kernel = self.program.kernels[call.kernel]
+        addresses = call_addresses(call, self.tables, layer) - self.base
+        if self.written is not None:
+            self._poison_groups(kernel, call.tiles, addresses, step)
+        works = kernel.impl.run(kernel.params, self.memory, call.tiles,
+                                [addresses[:, k] for k in range(addresses.shape[1])])
+        return works, [None if work.weights < 0 else (
+            addresses[:, work.weights] + self.base >= self.target.interleaved_base)
+            for work in works]
 
     def _poison_groups(self, kernel: KernelInstance, tiles: np.ndarray, addresses: np.ndarray,
                        step: str) -> None:

@@ -133,9 +133,39 @@ def _update_name(p: dict[str, Any]) -> str:
     return f"multiupdate_n{p['offsets']}_v{p['rows']}{first}_b{p['region_bytes']}"
 
 
+# a call on at most this many tiles runs a tile at a time: a cache split by positions makes
+# one call a holder group (a few tiles) for every block of positions, and the batched
+# gathers' fixed costs dwarf a few tiles' work
+FEW_TILES = 8
+
+
+def _update_few(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
+                addresses: list[int]) -> int:
+    """:func:`_update_run` a tile at a time (``FEW_TILES``); the most offsets a tile held."""
+    n, region, first = p["offsets"], p["region_bytes"], p.get("first_row", 0)
+    most = 0
+    starts = [per_tile(a, tiles).tolist() for a in addresses]
+    for tile, slots_at, rows_at, table_at in zip(tiles.tolist(), *starts, strict=True):
+        slots = mem[tile, slots_at:slots_at + 4 * n].view("<u4").astype(np.int64) - first
+        held = 0
+        for number, slot in enumerate(slots.tolist()):
+            if 0 <= slot < p["rows"]:  # the vertex's unsigned compare after the subtract
+                source = rows_at + number * p["src_pitch"]
+                target = table_at + slot * p["table_pitch"]
+                mem[tile, target:target + region] = mem[tile, source:source + region]
+                held += 1
+        most = max(most, held)
+    return most
+
+
 def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
                 addresses: list[int]) -> list[Work]:
     tiles = np.asarray(tiles, dtype=np.int64)
+    elements = -(-p["region_bytes"] // p["itemsize"])
+    if len(tiles) <= FEW_TILES:
+        in_range = _update_few(p, mem, tiles, addresses)
+        return [Work("multiupdate", {"offsets": p["offsets"], "in_range": in_range,
+                                     "elements": elements, "itemsize": p["itemsize"]})]
     slots_at, rows_at, table_at = (per_tile(a, tiles) for a in addresses)
     n, region = p["offsets"], p["region_bytes"]
     span = np.arange(region, dtype=np.int64)
@@ -143,7 +173,6 @@ def _update_run(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
                                                    p.get("first_row", 0), p["rows"])
     _copy_rows(mem, tiles[which], rows_at[which, None] + number[:, None] * p["src_pitch"] + span,
                table_at[which, None] + slots[:, None] * p["table_pitch"] + span)
-    elements = -(-region // p["itemsize"])
     return [Work("multiupdate", {"offsets": n, "in_range": in_range, "elements": elements,
                                  "itemsize": p["itemsize"]})]
 
