@@ -61,6 +61,11 @@ class Group:
     tile_base: int
 
 
+def keys_transposed(stage: GemmStage) -> bool:
+    """A ``qk`` product reads its B (the keys) transposed: ``[cols, depth]`` blocks."""
+    return stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+
+
 def stage_groups(graph: Graph, stage: GemmStage, plan: GemmPlan, row0: int = 0,
                  wave: int = 0, per_wave: int = 0) -> list[Group]:
     """The groups of a GEMM stage (one for ``matmul``, batch x heads for ``head_matmul``),
@@ -169,7 +174,7 @@ class GemmLowering(LoweringBase):
         off the operand pieces they hold, ``lowering.own_pieces``)."""
         r_n, c_n, d_n = plan.row_splits, plan.col_splits, plan.depth_splits
         bn = plan.col_block
-        transposed = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+        transposed = keys_transposed(stage)
         groups = stage_groups(self.graph, stage, plan, row0, *wave)
         if self.paired:
             # paired tiles: column blocks innermost, so A's replicas (over c) are adjacent
@@ -187,13 +192,13 @@ class GemmLowering(LoweringBase):
         if all_tiles.max() >= self.target.tiles:
             raise CompileError(f"stage {stage.index} needs {all_tiles.max() + 1} tiles")
         name = f"stage{stage.index}{suffix}"
-        a_layouts, b_layouts = self._operand_layouts(stage, plan, grids)
         if single and self.spread:  # a decode step's; chunks and waves share weight blocks
+            # a block's extent does not depend on its tile: one group's layouts tell them
+            (a_blocks,), (b_blocks,) = self._operand_layouts(stage, plan, grids[:1])
             grids = keep_off_own_pieces(grids, self._operand_needs(
-                stage, groups, a_layouts[0], b_layouts[0], set(all_tiles.tolist())),
-                self.paired)
+                stage, groups, a_blocks, b_blocks, set(all_tiles.tolist())), self.paired)
             all_tiles = np.concatenate([grid.ravel() for grid in grids])
-            a_layouts, b_layouts = self._operand_layouts(stage, plan, grids)
+        a_layouts, b_layouts = self._operand_layouts(stage, plan, grids)
         partial_prec = F16 if plan.mode == "fp8" else F32
         cols_valid = (b_layouts[0].valid_rows() if transposed else b_layouts[0].valid_cols())
         return _GemmGrid(stage, plan, name, groups, grids, all_tiles, a_layouts, b_layouts,
@@ -210,7 +215,7 @@ class GemmLowering(LoweringBase):
         br, bk, bn = plan.row_block, plan.depth_block, plan.col_block
         a_layouts = [BlockLayout(m, k, a_prec, br, bk, grid.transpose(0, 2, 1).copy())
                      for grid in grids]
-        if stage.kind == "head_matmul" and stage.attrs["mode"] == "qk":
+        if keys_transposed(stage):
             b_layouts = [BlockLayout(n, k, b_prec, bn, bk, grid.transpose(1, 2, 0).copy())
                          for grid in grids]
         else:  # a swapped plan's AMP streams the weight block's columns: stored transposed
@@ -222,7 +227,7 @@ class GemmLowering(LoweringBase):
                        b_layout: BlockLayout, tiles: set[int]) -> list[OperandNeed]:
         """What the grid's ``tiles`` already hold of A and of an activation B, and which
         block each cell ``(group, r, c, d)`` reads (``lowering.own_pieces``)."""
-        qk = stage.kind == "head_matmul" and stage.attrs["mode"] == "qk"
+        qk = keys_transposed(stage)
 
         def a_need(cell: Cell) -> Rect:
             g, r, _, d = cell
