@@ -17,6 +17,7 @@ from ipu_stack.generation import Compiled, Generation, generation_fields, run_ge
 from ipu_stack.generation.command import GenerateRequest, micro_batches
 from ipu_stack.ir.graph import state_writes
 from ipu_stack.ir.interpret import evaluate_float64, write_rows
+from ipu_stack.ir.rope_pairs import pair_order
 from ipu_stack.pipeline import CompileOptions
 from ipu_stack.runtime.execute import RunSettings
 from ipu_stack.runtime.session import load_package
@@ -38,6 +39,19 @@ def _step(overrides: dict | None = None):
     return params, graph, dict(tensors)
 
 
+def rotate_half_order(tensors: dict, params: dict) -> dict:
+    """The q and k projections as Llama defines them: the step's graph holds their columns
+    with each rotation pair side by side (``ir.rope_pairs``), undone here."""
+    d = params["dim"] // params["heads"]
+    out = dict(tensors)
+    for name in [n for n in tensors if n.endswith((".attn.q.w", ".attn.k.w"))]:
+        held = np.asarray(tensors[name])
+        order = (np.arange(held.shape[-1] // d)[:, None] * d + pair_order(d)).reshape(-1)
+        out[name] = np.empty_like(held)
+        out[name][:, order] = held
+    return out
+
+
 def test_decode_steps_are_llama_forward_over_the_prompt() -> None:
     """Each step's logits (float64, the cache carried from step to step) equal the numpy
     forward pass's logits at that position: the cache rows, the mask of later positions,
@@ -53,7 +67,8 @@ def test_decode_steps_are_llama_forward_over_the_prompt() -> None:
         logits.append(values["logits"].reshape(batch, -1))
         for name, state in written.items():
             tensors[state] = values[name]
-    whole = llama_forward({**tensors, "ids": prompt.reshape(batch, positions, 1)},
+    whole = llama_forward({**rotate_half_order(tensors, params),
+                           "ids": prompt.reshape(batch, positions, 1)},
                           {**params, "tokens": positions})
     stepped = np.stack(logits, axis=1)
     assert np.abs(stepped - whole).max() < 1e-6 * np.abs(whole).max()

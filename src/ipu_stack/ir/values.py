@@ -204,6 +204,16 @@ class DeferredTensors(MutableMapping):
     def __setitem__(self, name: str, value: Any) -> None:
         self._items[name] = value
 
+    def then(self, name: str, change: Callable[[Any], Any]) -> None:
+        """``change`` applied to a value when it is made (at once when it already is), so a
+        rewrite of the graph's weights does not make them at compile time."""
+        value = self._items[name]
+        if isinstance(value, _Deferred):
+            make = value.make
+            self._items[name] = _Deferred(lambda: change(make()))
+        else:
+            self._items[name] = change(value)
+
     def __delitem__(self, name: str) -> None:
         del self._items[name]
 
@@ -245,3 +255,20 @@ class DeferredTensors(MutableMapping):
         for (name, _), value in zip(pending, made, strict=True):
             self._items[name] = value
         return len(pending)
+
+
+def reorder_columns(tensors: MutableMapping[str, Any], name: str, order: np.ndarray) -> None:
+    """Tensor ``name``'s last axis reordered in place in ``tensors`` (column ``j`` becomes
+    old column ``order[j]``), as it is held: storage codes stay codes, a weight not made yet
+    is reordered when it is made."""
+    def reorder(value: Any) -> Any:
+        if isinstance(value, StoredTensor):
+            return StoredTensor(value.precision, np.ascontiguousarray(value.stored[..., order]))
+        return np.ascontiguousarray(np.asarray(value)[..., order])
+
+    if isinstance(tensors, DeferredTensors):
+        tensors.then(name, reorder)
+    elif isinstance(tensors, CompactValues):
+        tensors.hold(name, reorder(tensors.held(name)))
+    else:
+        tensors[name] = reorder(tensors[name])

@@ -43,16 +43,16 @@ def cache_blocking(batch: int, positions: int, kv_heads: int, tiles: int) -> int
                        f"holder tiles than the chip's {tiles}")
 
 
-def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: int,
+def cache_holders(batch: int, blocks: int, kv_heads: int, tiles: np.ndarray,
                   between: bool = False) -> np.ndarray:
-    """``[batch, position blocks, kv heads]`` holder tiles, spread evenly over the chip (at
-    most ``tiles`` of them: :func:`cache_blocking`); ``between``: half a stride on, so
+    """``[batch, position blocks, kv heads]`` holder tiles, spread evenly over ``tiles``
+    (at most one holder a tile: :func:`cache_blocking`); ``between``: half a stride on, so
     that where the holders are at least two tiles apart, a layer's second cache (its
     values) sits on tiles of its own and its writes run beside the keys' writes."""
     count = batch * blocks * kv_heads
-    spread = (np.arange(count, dtype=np.int64) * tiles + (tiles // 2 if between else 0)
-              ) // count
-    return spread.astype(np.int32).reshape(batch, blocks, kv_heads)
+    spread = (np.arange(count, dtype=np.int64) * len(tiles)
+              + (len(tiles) // 2 if between else 0)) // count
+    return tiles[spread].astype(np.int32).reshape(batch, blocks, kv_heads)
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,12 @@ class CacheLowering(LoweringBase):
     """The cache-write stages of a :class:`~ipu_stack.lowering.lower.Lowering` (module
     docstring)."""
 
-    def _cache(self, stage: RowStage, state_id: int) -> CacheBlocks:
+    def _cache(self, stage: RowStage, state_id: int, avoid: np.ndarray | None = None
+               ) -> CacheBlocks:
         """The stage's cache blocks, its buffer written by the host in ``initialize``
-        (positions and heads that divide the state: the graph's rule)."""
+        (positions and heads that divide the state: the graph's rule); no holder on the
+        tiles of ``avoid`` (those holding the rows written: a tile cannot send to itself,
+        so a holder there would copy its rows across in a superstep of its own)."""
         state = self.graph.value(state_id).type
         heads = int(stage.attrs.get("kv_heads", 1))
         positions = int(stage.attrs["positions"])
@@ -84,9 +87,12 @@ class CacheLowering(LoweringBase):
         tiles = self.target.tiles
         if self.spread and batch * heads <= tiles - ROW_BAND:  # below a decode step's rows
             tiles -= ROW_BAND
-        block = cache_blocking(batch, positions, heads, tiles)
+        candidates = np.arange(tiles, dtype=np.int32)
+        if avoid is not None and batch * heads <= tiles - len(avoid):
+            candidates = np.setdiff1d(candidates, avoid)
+        block = cache_blocking(batch, positions, heads, len(candidates))
         turn = self.cache_turns.setdefault(stage.index, len(self.cache_turns))
-        holders = cache_holders(batch, positions // block, heads, tiles, turn % 2 == 1)
+        holders = cache_holders(batch, positions // block, heads, candidates, turn % 2 == 1)
         layout = BlockLayout(state.rows, state.cols, state.precision, block, width,
                              holders.reshape(-1, heads, 1))
         buffer = self._host_weight(state_id, layout, MemoryClass.STANDARD)
@@ -98,7 +104,8 @@ class CacheLowering(LoweringBase):
         sequence (module docstring)."""
         g = self.graph
         state_id, rows_id, slots_id = stage.inputs
-        cache = self._cache(stage, state_id)
+        cache = self._cache(stage, state_id, np.unique(np.concatenate(
+            [piece.layout.used_tiles() for piece in self.where[rows_id]])))
         rows, precision = g.value(rows_id).type, cache.layout.precision
         written = rows.rows // cache.batch  # rows each sequence writes in one call
         holders, blocks = cache.holders, cache.positions // cache.block

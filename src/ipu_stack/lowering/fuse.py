@@ -123,9 +123,42 @@ def fuse_steps(steps: list[Step], window: int = 0) -> list[Step]:
     return [merged(s) for s in out]
 
 
+HOIST_BYTES = 1024
+"""The most a tile's destination buffer of a phase moved before a loop may hold: it is
+then held for the whole loop, not shared with the body's other buffers."""
+
+
+def loop_invariant(body: list[Step], loop: Loop, nbytes: dict[int, int]
+                   ) -> tuple[list[Step], list[Step]]:
+    """The body's exchange phases that move the same bytes on every pass, and the rest.
+
+    A phase is invariant when nothing in the body writes what it reads and it reads no
+    per-layer weight (a loop's slot, which each pass redirects), and nothing else in the
+    body writes what it writes or reads it before it: moved before the loop it runs once,
+    not once a layer, and every pass reads what it left (a decode step's RoPE angles, the
+    same for every layer).  Only small ones move (``HOIST_BYTES`` a tile, ``nbytes`` of
+    each buffer)."""
+    access = [step_access(step) for step in body]
+    written = [w for _, w in access]
+    slots = {slot.buffers[0] for slot in loop.slots}
+    invariant, rest = [], []
+    for position, step in enumerate(body):
+        reads, writes = access[position]
+        others = set().union(*(w for i, w in enumerate(written) if i != position))
+        read_before = set().union(*(r for r, _ in access[:position]))
+        if isinstance(step, Exchange) and not reads & (others | writes | slots) \
+                and not writes & (others | read_before) \
+                and all(nbytes[b] <= HOIST_BYTES for b in writes):
+            invariant.append(step)
+        else:
+            rest.append(step)
+    return invariant, rest
+
+
 def fuse_supersteps(program: Program, window: int = 0) -> int:
-    """Fuse ``program``'s run steps in place (the loop's body on its own; ``window`` as
-    :func:`fuse_steps` takes it); returns how many steps the run program has fewer."""
+    """Fuse ``program``'s run steps in place (the loop's body on its own, its invariant
+    phases moved before it: :func:`loop_invariant`; ``window`` as :func:`fuse_steps`
+    takes it); returns how many steps the run program has fewer."""
     before = len(program.run)
     found = program.loop()
     if found is None:
@@ -134,9 +167,11 @@ def fuse_supersteps(program: Program, window: int = 0) -> int:
         index = found[0] - len(program.initialize)
         loop = program.run[index]
         assert isinstance(loop, Loop)
-        body = fuse_steps(program.run[index + 1:index + 1 + loop.length], window)
+        hoisted, body = loop_invariant(program.run[index + 1:index + 1 + loop.length], loop,
+                                       {b.id: b.nbytes for b in program.buffers})
+        body = fuse_steps(body, window)
         after = program.run[index + 1 + loop.length:]
-        program.run = (fuse_steps(program.run[:index], window) + [loop] + body
+        program.run = (fuse_steps(program.run[:index] + hoisted, window) + [loop] + body
                        + fuse_steps(after, window))
         loop.length = len(body)
     return before - len(program.run)

@@ -203,9 +203,53 @@ class RowLowering(LoweringBase):
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]
         return True
 
+    def rope_in_place(self, stage: RowStage) -> bool:
+        """RoPE on few rows run in the column blocks where its GEMM left them, each block
+        with its own pairs' angles: with interleaved pairs (``ir.rope_pairs``) a block
+        inside one head holds whole pairs, so no head is gathered first.  False when the
+        stage or the layout is not so."""
+        if stage.kind != "rope" or stage.attrs.get("pairs") == "halves" or \
+                not self.spread or not self._column_blocks(stage.inputs[0]):
+            return False
+        rows, cols, out_prec = self._matrix(stage.out)
+        g = self.graph
+        x_id = stage.inputs[0]
+        head = int(stage.attrs["head_dim"])
+        if rows > FEW_ROWS:
+            return False
+        lay = self.where[x_id][0].layout
+        block = lay.col_block
+        x_prec = g.value(x_id).type.precision
+        aux_prec = g.value(stage.inputs[1]).type.precision
+        if block % 2 or head % block or cols % block or any(
+                width * p.itemsize % 4 for width, p in (
+                    (block, x_prec), (block, out_prec), (block // 2, aux_prec))):
+            return False
+        per_head = head // block
+        # the angles of block j of every head: replicas over the heads' tiles
+        tiles = lay.tiles[:, :, 0].reshape(lay.grid[0], cols // head, per_head)
+        table = BlockLayout(rows, head // 2, aux_prec, lay.row_block, block // 2,
+                            tiles.transpose(0, 2, 1).copy())
+        name = f"stage{stage.index}"
+        builder = TransferBuilder(f"{name}.angles")
+        aux = self._angles(builder, stage, table, name)
+        self.emit_exchange(builder)
+        out = BlockLayout(rows, cols, out_prec, lay.row_block, block, lay.tiles)
+        out_buf = self.result_buffer(stage.out, out)
+        compute = ComputeSet(f"{name}.rope")
+        valid = np.repeat(lay.valid_rows(), lay.grid[1])
+        _add_row_calls(compute, lay.tiles[:, :, 0].ravel()[valid > 0], valid[valid > 0],
+                       lambda count: row_params("rope", count, block, x_prec, lay.pitch,
+                                                out_prec, out.pitch, aux_prec, table.pitch,
+                                                head_dim=block),
+                       [self.where[x_id][0].buffer, *aux, out_buf])
+        self.program.run.append(compute)
+        self.where[stage.out] = [Piece(0, 0, out, out_buf)]
+        return True
+
     def row_stage(self, stage: RowStage) -> None:
         if self.softmax_in_place(stage) or self.elementwise_in_place(stage) or \
-                self.rope_by_heads(stage):
+                self.rope_in_place(stage) or self.rope_by_heads(stage):
             return
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)

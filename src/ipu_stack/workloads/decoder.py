@@ -33,6 +33,7 @@ import numpy as np
 
 from ipu_stack.ir.graph import POSITION_GRAIN, Graph, choose_on_device
 from ipu_stack.ir.precision import F16, F32, I32, Precision
+from ipu_stack.ir.rope_pairs import interleave_rope_pairs
 from ipu_stack.ir.types import TensorType
 from ipu_stack.util.errors import UsageError
 from ipu_stack.workloads.base import CHOOSE, Parameter, Workload, register, rng_for
@@ -380,6 +381,7 @@ def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, n
         built = calibrated_build(params, kind, _build)
     if params.get("choose") == "device":  # the greedy token chosen where the logits lie
         choose_on_device(built[0])
+    interleave_rope_pairs(*built)  # q's and k's rotation pairs side by side (ir.rope_pairs)
     return built
 
 
