@@ -3,9 +3,11 @@ one-line errors for unsupported operations and bad files."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import zipfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +241,95 @@ def test_sweep_of_a_program_is_refused_in_one_line(tiny: Path, tmp_path: Path, c
                  str(tmp_path / "s")])
     err = capsys.readouterr().err
     assert code == 2 and len(_error_lines(err)) == 1 and "sweep takes a builtin" in err
+
+
+class _Touch:
+    """Pickles to a call that creates ``marker``: proof of unpickling if it ever runs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _rewritten(tiny: Path, path: Path, change) -> None:
+    """``tiny`` copied to ``path`` member by member, ``change(name, body)`` giving each
+    member's new body (None: left out) and ``change(None, archive)`` adding members."""
+    with zipfile.ZipFile(tiny) as src, zipfile.ZipFile(path, "w") as dst:
+        for item in src.infolist():
+            body = change(item.filename, src.read(item))
+            if body is not None:
+                dst.writestr(item, body)
+        change(None, dst)
+
+
+@pytest.mark.parametrize("attack", ["pickled-weight", "custom-object", "legacy-weights",
+                                    "deflate-bomb", "repeated-member"])
+def test_an_archive_that_could_run_code_or_explode_is_refused_unread(
+        tiny: Path, tmp_path: Path, capsys, attack: str) -> None:
+    """A ``.pt2`` is hostile input: a payload torch would unpickle (a weight stored with
+    ``use_pickle``, a custom object, a legacy weights file) is refused before torch reads
+    the archive, so the pickle never runs; a member that inflates hugely or is listed twice
+    (a zip bomb) is refused from the central directory."""
+    path, marker = tmp_path / "bad.pt2", tmp_path / "unpickled"
+
+    def change(name, body):
+        if name is None:
+            if attack == "legacy-weights":
+                body.writestr("tiny/data/weights/model.pt", b"legacy")
+            elif attack == "deflate-bomb":
+                body.writestr(zipfile.ZipInfo("tiny/extra/zeros"), bytes(64 << 20),
+                              compress_type=zipfile.ZIP_DEFLATED)
+            elif attack == "repeated-member":
+                body.writestr("tiny/extra/note", b"first")
+                body.writestr("tiny/extra/note", b"again")
+            return None
+        if name.endswith("weights/model_weights_config.json") and attack in (
+                "pickled-weight", "custom-object"):
+            config = json.loads(body)
+            key = next(iter(config["config"]))
+            if attack == "pickled-weight":
+                config["config"][key]["use_pickle"] = True
+            else:
+                config["config"][key]["path_name"] = "custom_obj_0"
+            return json.dumps(config).encode()
+        if name.endswith("weights/weight_0") and attack == "pickled-weight":
+            buffer = io.BytesIO()
+            torch.save(_Touch(marker), buffer)
+            return buffer.getvalue()
+        return body
+
+    with pytest.warns(UserWarning) if attack == "repeated-member" else nullcontext():
+        _rewritten(tiny, path, change)
+    code = main(["--quiet", "ops", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1 and "Traceback" not in err, err
+    expected = {"pickled-weight": "is stored as a pickle (weight_0)",
+                "custom-object": "is stored as a pickle (custom_obj_0)",
+                "legacy-weights": "holds data/weights/model.pt, which torch would unpickle",
+                "deflate-bomb": "archive member tiny/extra/zeros inflates",
+                "repeated-member": "archive member tiny/extra/note repeats or overlaps"}[attack]
+    assert expected in err, err
+    assert not marker.exists()
+
+
+def test_an_inputs_file_is_bounded_by_the_programs_inputs(tiny: Path, tmp_path: Path,
+                                                          capsys) -> None:
+    """An ``.npz`` is read only when every member is an array and all of them declare no
+    more than the program's inputs could take (as float64): a 12 MB array for a 3 KB input
+    is refused from its header, unread."""
+    pixels = np.zeros((1, 3, 16, 16), np.float32)
+    with zipfile.ZipFile(tmp_path / "junk.npz", "w") as archive:
+        buffer = io.BytesIO()
+        np.save(buffer, pixels)
+        archive.writestr("pixels.npy", buffer.getvalue())
+        archive.writestr("junk", b"not an array")
+    np.savez(tmp_path / "big.npz", pixels=np.zeros((1, 3, 16, 16 << 20 >> 8), np.float32))
+    for name, expected in (("junk", "member 'junk' is not an array (.npy)"),
+                           ("big", "its arrays declare 12,582,912 bytes, more than the "
+                                   "1,054,720 its program's inputs can take")):
+        code = main(["--quiet", "compile", str(tiny), "--inputs", str(tmp_path / f"{name}.npz"),
+                     "-o", str(tmp_path / "c")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.strip() == f"error: --inputs {tmp_path / name}.npz: {expected}"

@@ -169,7 +169,7 @@ def test_a_files_program_is_let_go_once_imported_and_loaded_again(tmp_path, monk
 
 
 def _inputs(program) -> np.ndarray:
-    from ipu_stack.frontend.workload import random_inputs
+    from ipu_stack.frontend.user_inputs import random_inputs
 
     return random_inputs(program, 0)[0]
 

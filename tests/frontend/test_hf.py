@@ -72,7 +72,7 @@ def test_a_causal_lm_with_grouped_query_attention_passes_against_torch(tmp_path,
     and the causal forward pass, RoPE, RMS norm, SwiGLU and the tied LM head PASS against
     torch at F16 and FP8."""
     from ipu_stack.cli import main
-    from ipu_stack.frontend.workload import call_arguments, user_input_values
+    from ipu_stack.frontend.user_inputs import call_arguments, user_input_values
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(

@@ -335,3 +335,66 @@ def test_a_symbolic_sequence_length_is_sized_by_tokens(tmp_path: Path, cache_dir
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == ("error: --tokens 12: the model's inputs have no symbolic "
                                  "dimension to size (x [2, 8, 32])")
+
+
+def _reshape_model(shape: list[int]) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])
+    target = numpy_helper.from_array(np.array(shape, np.int64), "shape")
+    return graph_model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="/r")], [x], [y],
+                       [target])
+
+
+def _gather_model(index: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])
+    table = numpy_helper.from_array(np.ones((16, 16), np.float32), "table")
+    at = numpy_helper.from_array(np.array([index], np.int64), "at")
+    nodes = [helper.make_node("Gather", ["table", "at"], ["row"], name="/g", axis=0),
+             helper.make_node("Add", ["x", "row"], ["y"], name="/add")]
+    return graph_model(nodes, [x], [y], [table, at])
+
+
+NODE_FAILURES = {
+    "two-inferred-dims": (lambda: _reshape_model([-1, -1]),
+                          "error: ONNX node /r (Reshape) cannot be computed: only one dimension "
+                          "can be inferred"),
+    "index-past-the-table": (lambda: _gather_model(2**40),
+                             "error: ONNX node /g (Gather) cannot be computed: index out of "
+                             "range in self"),
+    "negative-input-dim": (lambda: linear_relu_with_input([-1, 4, 8]),
+                           "error: graph input x has a negative dimension -1 ([-1, 4, 8])"),
+    "string-weight": (lambda: string_weight(),
+                      "holds object values, not numbers"),
+}
+
+
+def linear_relu_with_input(dims: list[int]) -> onnx.ModelProto:
+    model = linear_relu()
+    shape = model.graph.input[0].type.tensor_type.shape
+    for dim, size in zip(shape.dim, dims, strict=True):
+        dim.dim_value = size
+    return model
+
+
+def string_weight() -> onnx.ModelProto:
+    model = linear_relu()
+    model.graph.initializer[0].CopyFrom(helper.make_tensor("fc.weight", TensorProto.STRING,
+                                                           [1], [b"text"]))
+    return model
+
+
+@pytest.mark.parametrize("case", sorted(NODE_FAILURES))
+def test_a_node_or_input_the_model_cannot_compute_is_one_line(tmp_path: Path, capsys,
+                                                              case: str) -> None:
+    """Values no operator can take (a Reshape inferring two dimensions, an index past its
+    table), a negative input dimension or a weight of strings: one line naming the node or
+    the tensor, before anything is allocated from them."""
+    make, expected = NODE_FAILURES[case]
+    path = tmp_path / f"{case}.onnx"
+    onnx.save(make(), str(path))
+    code = main(["--quiet", "ops", str(path)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert expected in lines[0], lines[0]

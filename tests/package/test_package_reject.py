@@ -355,3 +355,18 @@ def test_random_bit_flips(tmp_path: Path, sample_bytes: bytes, pkg: Any) -> None
             assert package.arrays[name].dtype == array.dtype
             np.testing.assert_array_equal(package.arrays[name], array)
     assert rejected > 150
+
+
+@pytest.mark.parametrize(("bound", "member"), [("MAX_HEADER_BYTES", "header.json"),
+                                               ("MAX_MANIFEST_BYTES", "manifest.json")])
+def test_a_json_member_above_its_bound_is_not_inflated(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sample_bytes: bytes, pkg: Any,
+        bound: str, member: str) -> None:
+    """The JSON members are read whole: one larger than its bound (a whitespace bomb that
+    deflates under the ratio limit) is refused from the ZIP directory's size or the
+    header's, before it is inflated. The bounds are lowered here to a real package's."""
+    from ipu_stack.package import reader
+
+    monkeypatch.setattr(reader, bound, 64)
+    path = pkg.write(tmp_path, sample_bytes)
+    rejects(path, f"{member} is [0-9]+ bytes \\(at most 64\\)")

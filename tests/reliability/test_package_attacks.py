@@ -312,3 +312,44 @@ def _read(original: bytes, arena: Path):
     source = arena / "source.ipuexe"
     source.write_bytes(original)
     return read_package(source)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"dim": 12288, "hidden": 12288},
+     "package does not match its workload: its parameters make "
+     "siglip-mlp-fp8-b1-t16-d12288-h12288-n1, not siglip-mlp-fp8-b1-t16-d64-h64-n1"),
+    ({"blocks": 10**6}, "package names a workload this build cannot make: siglip-mlp does not "
+     "fit"),
+], ids=["other-widths", "a-million-layers"])
+def test_a_packages_parameters_are_checked_before_its_workload_is_built(
+        arena: Path, original: bytes, edit: dict, message: str) -> None:
+    """Parameters a package records are hostile input: named (the identifier they make)
+    and sized (the footprint) before anything is built from them, so a small file cannot
+    make ``run`` build a model of a million layers or gigabytes of weights."""
+    path = arena / "pkg" / "model.ipuexe"
+    source = _read(original, arena)
+
+    def change(manifest, arrays):
+        manifest["workload"]["params"].update(edit)
+        if "blocks" in edit:  # the identifier follows, so the footprint is what refuses
+            manifest["workload"]["identifier"] = manifest["workload"]["identifier"].replace(
+                "-n1", f"-n{edit['blocks']}")
+    assert refused(arena, craft(source, change, path), "run").startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"model": "/etc/passwd", "sha256": "0" * 64}, "which is not a .pt2 or .onnx file"),
+    ({"model": "/tmp/model.pt2"}, "records no sha256 of it"),
+], ids=["not-a-model-file", "no-sha256"])
+def test_a_package_opens_no_file_but_a_model_it_hashed(arena: Path, original: bytes,
+                                                       params: dict, message: str) -> None:
+    """A package that says it was imported names its model file: only a ``.pt2`` or
+    ``.onnx`` with its sha256 is opened, so no other file of the host is read on its say."""
+    path = arena / "pkg" / "model.ipuexe"
+    source = _read(original, arena)
+
+    def change(manifest, arrays):
+        manifest["workload"]["name"] = "torch-export"
+        manifest["workload"]["params"] = params
+    line = refused(arena, craft(source, change, path), "run")
+    assert message in line and line.startswith("error: package names a workload"), line

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ipu_stack.target import get_target
 from ipu_stack.util.errors import UsageError
 from ipu_stack.util.files import NotRegularFile, open_regular
+
+MOST_INPUT_ELEMENTS = get_target("ipu21").tiles * get_target("ipu21").tile_bytes
+"""An input's most elements: at a byte each (FP8) a chip's memory; a larger one cannot run."""
 
 MOST_INPUT_BYTES = 1 << 34
 """The most bytes an inputs file's arrays may declare in all (16 GiB): far above any input a
@@ -42,18 +46,27 @@ def _declared_bytes(archive: zipfile.ZipFile, member: str, where: str) -> int:
     return int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
 
 
-def read_input_arrays(path: str | Path, option: str = "--inputs") -> dict[str, np.ndarray]:
-    """The arrays of the ``.npz`` at ``path`` by name, each numeric and finite."""
+def read_input_arrays(path: str | Path, option: str = "--inputs",
+                      most_bytes: int = MOST_INPUT_BYTES) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` at ``path`` by name, each numeric and finite, declaring
+    at most ``most_bytes`` in all (a program's inputs as float64, where the caller knows
+    them), every member an array."""
     where = f"{option} {path}"
     try:
         with open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
-            members = [m for m in archive.namelist() if m.endswith(".npy")]
+            members = archive.namelist()
             if not members:
                 raise UsageError(f"{where}: holds no arrays (an .npz from numpy.savez)")
+            other = next((m for m in members if not m.endswith(".npy")), None)
+            if other is not None:
+                raise UsageError(f"{where}: member {other[:80]!r} is not an array (.npy)")
             declared = sum(_declared_bytes(archive, m, where) for m in members)
             if declared > MOST_INPUT_BYTES:
                 raise UsageError(f"{where}: its arrays declare {declared / 2**30:.1f} GiB, more "
                                  f"than the {MOST_INPUT_BYTES >> 30} GiB an inputs file may hold")
+            if declared > most_bytes:
+                raise UsageError(f"{where}: its arrays declare {declared:,} bytes, more than "
+                                 f"the {most_bytes:,} its program's inputs can take")
             handle.seek(0)
             with np.load(handle, allow_pickle=False) as data:
                 arrays = {name: data[name] for name in data.files}

@@ -15,8 +15,9 @@ from typing import Any
 
 from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, where
 from ipu_stack.frontend.ops import HANDLERS
+from ipu_stack.frontend.user_inputs import random_inputs
 from ipu_stack.frontend.walk import Importer
-from ipu_stack.frontend.workload import random_inputs, specialize
+from ipu_stack.frontend.workload import specialize
 from ipu_stack.util.errors import CompileError
 
 

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 import zipfile
@@ -23,6 +24,16 @@ from ipu_stack.util.errors import CompileError, UsageError
 
 LOG = logging.getLogger("ipu_stack.frontend")
 SUPPORTED_TORCH = ("2.13",)  # the torch.export schema this importer was written against
+
+# Bounds on a .pt2 archive, checked from its central directory before any member is read:
+# the most that 8 linked chips' 7.2 GB could hold twice over, a member count far above any
+# export's (a 30-layer model has a few hundred), and the deflate ratio real JSON members
+# reach (torch stores tensors uncompressed)
+MOST_ARCHIVE_BYTES = 16 << 30
+MOST_MEMBERS = 100_000
+MOST_RATIO = 200
+MOST_JSON_BYTES = 512 << 20
+PICKLE_FREE = ("weight_", "tensor_")  # payload names of raw tensor bytes (not pickles)
 
 
 def require_torch() -> Any:
@@ -80,6 +91,7 @@ def load_program(path: str | Path) -> Any:
         raise UsageError(f"{path}: not a torch.export .pt2 archive (truncated or another format)")
     try:
         with zipfile.ZipFile(path) as archive:
+            vet_archive(path, archive)
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise UsageError(f"{path}: damaged .pt2 archive ({exc})") from None
@@ -90,6 +102,8 @@ def load_program(path: str | Path) -> Any:
     quiet = logging.getLogger("torch.export")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # torch logs a traceback per failure; we say it in one line
+    forced = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # every torch.load inside: tensors only
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # torch raises many types for one cause: an unreadable archive
@@ -103,10 +117,70 @@ def load_program(path: str | Path) -> Any:
         raise UsageError(f"{path}: torch.export.load failed: {detail[:200]}") from None
     finally:
         quiet.setLevel(level)
+        if forced is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = forced
     if not isinstance(program, torch.export.ExportedProgram):
         raise UsageError(f"{path}: holds a {type(program).__name__}, not an ExportedProgram")
     _restore_stack_traces(program, path)
     return program
+
+
+def vet_archive(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse, in one line, an archive that could exhaust memory or run code before a byte
+    of it is inflated: more members or bytes than any model (``MOST_*``), members that
+    repeat or overlap (a bomb that inflates one payload many times), a member inflating
+    more than ``MOST_RATIO`` times its stored size, and any payload torch would unpickle
+    (a weight or constant with ``use_pickle``, a custom or opaque object, a legacy weights
+    file, an AOTInductor package).  torch's own loads then read tensors only."""
+    infos = archive.infolist()
+    if len(infos) > MOST_MEMBERS:
+        raise UsageError(f"{path}: {len(infos)} archive members, more than any model's "
+                         f"({MOST_MEMBERS})")
+    offsets: set[int] = set()
+    names: set[str] = set()
+    for info in infos:
+        if info.header_offset in offsets or info.filename in names:
+            raise UsageError(f"{path}: archive member {info.filename} repeats or overlaps "
+                             "another (a zip bomb)")
+        offsets.add(info.header_offset)
+        names.add(info.filename)
+        if info.compress_type != zipfile.ZIP_STORED and \
+                info.file_size > MOST_RATIO * max(info.compress_size, 1):
+            raise UsageError(f"{path}: archive member {info.filename} inflates "
+                             f"{info.file_size // max(info.compress_size, 1)} times (a zip bomb)")
+        if info.filename.endswith(".json") and info.file_size > MOST_JSON_BYTES:
+            raise UsageError(f"{path}: archive member {info.filename} is {info.file_size} "
+                             f"bytes of JSON (at most {MOST_JSON_BYTES})")
+    total = sum(info.file_size for info in infos)
+    if total > MOST_ARCHIVE_BYTES:
+        raise UsageError(f"{path}: {total} bytes inflated, more than any model's "
+                         f"({MOST_ARCHIVE_BYTES})")
+    _refuse_pickles(path, archive, sorted(names))
+
+
+def _refuse_pickles(path: Path, archive: zipfile.ZipFile, names: list[str]) -> None:
+    """The payload configs name only raw tensors (module ``vet_archive``)."""
+    for name in names:
+        inner = name.split("/", 1)[-1]
+        if inner.startswith("data/aotinductor/") or (
+                inner.startswith("data/weights/") and inner.endswith(".pt")):
+            raise UsageError(f"{path}: holds {inner}, which torch would unpickle; ipu-stack "
+                             "reads no pickle (re-export with torch.export.save)")
+        if not (inner.startswith(("data/weights/", "data/constants/"))
+                and inner.endswith("config.json")):
+            continue
+        try:
+            entries = json.loads(archive.read(name)).get("config", {})
+            payloads = [(str(key), bool(meta.get("use_pickle")), str(meta.get("path_name")))
+                        for key, meta in entries.items()]
+        except (ValueError, RecursionError, AttributeError) as exc:
+            raise UsageError(f"{path}: unreadable {inner} ({type(exc).__name__})") from None
+        for key, pickled, payload in payloads:
+            if pickled or not payload.startswith(PICKLE_FREE):
+                raise UsageError(f"{path}: {key} is stored as a pickle ({payload}); ipu-stack "
+                                 "reads no pickle (tensors only)")
 
 
 def _restore_stack_traces(program: Any, path: Path) -> None:
@@ -131,7 +205,7 @@ def _archive_nodes(path: Path) -> list[dict[str, Any]]:
             names = [n for n in archive.namelist() if "/models/" in n and n.endswith(".json")]
             model = json.loads(archive.read(names[0])) if names else {}
         return list(model["graph_module"]["graph"]["nodes"])
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError, RecursionError):
         return []
 
 
@@ -191,7 +265,8 @@ def _resolves(torch: Any, parts: list[str]) -> bool:
 def _safe_versions(path: Path) -> tuple[str | None, str | None]:
     try:
         return _recorded_versions(path)
-    except (zipfile.BadZipFile, OSError, UnicodeError, ValueError, AttributeError):
+    except (zipfile.BadZipFile, OSError, UnicodeError, ValueError, AttributeError,
+            RecursionError):
         return None, None
 
 

@@ -154,6 +154,9 @@ def tensor_array(path: Path, tensor: Any, region: tuple[Path, int, int] | None) 
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
         array = np.fromfile(target, dtype=dtype, count=length // dtype.itemsize,
                             offset=offset).reshape(tuple(tensor.dims))
+    if array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
+        raise UsageError(f"{path}: tensor {tensor.name!r} holds {array.dtype} values, not "
+                         "numbers")
     if array.dtype.kind == "f" and array.dtype != np.float32 or array.dtype.name == "bfloat16":
         array = array.astype(np.float32)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -296,6 +299,9 @@ def concrete_shape(spec: GraphInput, batch: int, tokens: int) -> tuple[int, ...]
         if isinstance(dim, int) and axis == 0 and batch not in (0, dim):
             raise UsageError(f"--batch {batch}: graph input {spec.name} has a fixed batch of "
                              f"{dim} (export it with a symbolic first dimension)")
+        if isinstance(dim, int) and dim < 0:
+            raise UsageError(f"graph input {spec.name} has a negative dimension {dim} "
+                             f"({list(spec.dims)})")
         if isinstance(dim, int):
             shape.append(dim)
         elif axis == 0:

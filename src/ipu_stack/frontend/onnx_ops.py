@@ -506,3 +506,53 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
     "Mod": _mod, "Pad": _pad, "GlobalAveragePool": _global_average_pool,
 }
 """Every ONNX operator (default domain) the importer reads."""
+
+
+# The calls of the idioms ``onnx_program.rewrite_idioms`` recognises in a file's nodes.
+def _swap_last_call(call: NodeCall) -> Any:
+    """``k.transpose(-2, -1)`` when the final shape is ``k``'s with its last two axes
+    swapped; otherwise the three operations as written (a patch grid's reshape)."""
+    x, first, shape = call.inputs[0], call.ints(1, "shape"), call.ints(2, "shape")
+    expected = [*x.shape[:-2], x.shape[-1], x.shape[-2]]
+    if len(shape) == len(expected) and first[-2:] == [x.shape[-2], x.shape[-1]] and \
+            [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=True)] == expected:
+        return x.transpose(-2, -1)
+    return x.reshape(first).permute(0, 2, 1).reshape(shape)
+
+
+def _unflatten_call(call: NodeCall) -> Any:
+    x, shape = call.inputs[0], call.ints(1, "shape")
+    if len(shape) != x.dim() + 1 or list(shape[:-2]) != list(x.shape[:-1]) or \
+            shape[-2] * shape[-1] != x.shape[-1]:
+        return x.reshape(shape)  # not a split of the last axis: the reshape as written
+    return x.unflatten(-1, (shape[-2], shape[-1]))
+
+
+def _safe_softmax(call: NodeCall) -> Any:
+    return call.torch.ops.aten._safe_softmax(call.inputs[0], int(call.attrs.get("axis", -1)))
+
+
+def _pick_rows(call: NodeCall) -> Any:
+    """``x[arange(B), argmax(ids, -1)]``, where the file's arange column (or, on the
+    flattened rows, ``arange(B) * T``) is checked."""
+    t, data, rows, ids = call.torch, call.inputs[0], call.consts[1], call.inputs[2]
+    batch = data.shape[0]
+    step = data.shape[1] if call.attrs.get("flat") else 1
+    if rows is None or not np.array_equal(rows.reshape(-1), np.arange(batch) * step):
+        raise CompileError("a row gather whose offsets are not arange(batch) x tokens")
+    return data[t.arange(batch), t.argmax(ids, -1)]
+
+
+def _linear_call(call: NodeCall) -> Any:
+    """``linear`` where ``W [in, out]`` and ``b [out]``; otherwise the two operations as
+    written (a broadcast bias, a batched weight)."""
+    x, weight, bias = call.inputs
+    if weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[1]:
+        return call.torch.nn.functional.linear(x, weight.t(), bias)
+    return call.torch.matmul(x, weight) + bias
+
+
+IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
+          "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
+          "Unflatten": _unflatten_call,
+          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": roll_idiom}

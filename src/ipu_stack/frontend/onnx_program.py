@@ -37,7 +37,7 @@ import numpy as np
 
 from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
-from ipu_stack.frontend.onnx_ops import TRANSLATIONS, NodeCall, constant_of, roll_idiom
+from ipu_stack.frontend.onnx_ops import IDIOMS, TRANSLATIONS, NodeCall, constant_of
 from ipu_stack.frontend.sizing import check_made
 from ipu_stack.util.errors import CompileError
 
@@ -263,17 +263,6 @@ def _swap_last(node: Node, producer: dict[str, Node], readers: dict[str, list[No
                                                  node.inputs[1]]
 
 
-def _swap_last_call(call: NodeCall) -> Any:
-    """``k.transpose(-2, -1)`` when the final shape is ``k``'s with its last two axes
-    swapped; otherwise the three operations as written (a patch grid's reshape)."""
-    x, first, shape = call.inputs[0], call.ints(1, "shape"), call.ints(2, "shape")
-    expected = [*x.shape[:-2], x.shape[-1], x.shape[-2]]
-    if len(shape) == len(expected) and first[-2:] == [x.shape[-2], x.shape[-1]] and \
-            [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=True)] == expected:
-        return x.transpose(-2, -1)
-    return x.reshape(first).permute(0, 2, 1).reshape(shape)
-
-
 def _packed_split(node: Node, readers: dict[str, list[Node]]) -> None:
     """``Unsqueeze(Reshape(x, [..., k, E]), 0)``: ``nn.MultiheadAttention``'s packed key and
     value projection, ``unflatten(-1, (k, E)).unsqueeze(0)`` in torch (checked when traced:
@@ -281,14 +270,6 @@ def _packed_split(node: Node, readers: dict[str, list[Node]]) -> None:
     users = readers.get(node.outputs[0], [])
     if node.op_type == "Reshape" and len(users) == 1 and users[0].op_type == "Unsqueeze":
         node.op_type = "Unflatten"
-
-
-def _unflatten_call(call: NodeCall) -> Any:
-    x, shape = call.inputs[0], call.ints(1, "shape")
-    if len(shape) != x.dim() + 1 or list(shape[:-2]) != list(x.shape[:-1]) or \
-            shape[-2] * shape[-1] != x.shape[-1]:
-        return x.reshape(shape)  # not a split of the last axis: the reshape as written
-    return x.unflatten(-1, (shape[-2], shape[-1]))
 
 
 def _rsqrt(node: Node, producer: dict[str, Node]) -> None:
@@ -376,39 +357,15 @@ def _argmax_source(producer: dict[str, Node], name: str) -> str | None:
     return node.inputs[0]
 
 
-def _safe_softmax(call: NodeCall) -> Any:
-    return call.torch.ops.aten._safe_softmax(call.inputs[0], int(call.attrs.get("axis", -1)))
-
-
-def _pick_rows(call: NodeCall) -> Any:
-    """``x[arange(B), argmax(ids, -1)]``, where the file's arange column (or, on the
-    flattened rows, ``arange(B) * T``) is checked."""
-    t, data, rows, ids = call.torch, call.inputs[0], call.consts[1], call.inputs[2]
-    batch = data.shape[0]
-    step = data.shape[1] if call.attrs.get("flat") else 1
-    if rows is None or not np.array_equal(rows.reshape(-1), np.arange(batch) * step):
-        raise CompileError("a row gather whose offsets are not arange(batch) x tokens")
-    return data[t.arange(batch), t.argmax(ids, -1)]
-
-
-def _linear_call(call: NodeCall) -> Any:
-    """``linear`` where ``W [in, out]`` and ``b [out]``; otherwise the two operations as
-    written (a broadcast bias, a batched weight)."""
-    x, weight, bias = call.inputs
-    if weight.dim() == 2 and bias.dim() == 1 and bias.shape[0] == weight.shape[1]:
-        return call.torch.nn.functional.linear(x, weight.t(), bias)
-    return call.torch.matmul(x, weight) + bias
-
-
-IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
-          "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
-          "Unflatten": _unflatten_call,
-          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": roll_idiom}
+class NodeFailed(CompileError):
+    """A translation that raised while computing a node: an attribute or a value the
+    operator cannot take (a Range of step 0, an index out of its table)."""
 
 
 def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, np.ndarray]
              ) -> tuple[Any, ...]:
-    """One node's outputs, computed by its translation."""
+    """One node's outputs, computed by its translation (a failure: one line naming the
+    node, :class:`NodeFailed`)."""
     fn = IDIOMS.get(node.op_type) or TRANSLATIONS[node.op_type]
     call = NodeCall(torch, node.op_type, [values.get(i) if i else None for i in node.inputs],
                     [consts.get(i) for i in node.inputs], node.attrs)
@@ -416,6 +373,10 @@ def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, n
         result = fn(call)
     except CompileError as exc:
         raise CompileError(f"ONNX node {node.name} ({node.op_type}): {exc}") from None
+    except (RuntimeError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise NodeFailed(f"ONNX node {node.name} ({node.op_type}) cannot be computed: "
+                         f"{detail[:160]}") from None
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
@@ -468,7 +429,7 @@ def _meta_outputs(torch: Any, node: Node, constants: dict[str, np.ndarray]) -> t
     try:
         with torch.device("meta"):  # what the translation makes (torch.full) too
             return run_node(torch, node, meta, constants)
-    except (NotImplementedError, RuntimeError, TypeError, ValueError):
+    except NodeFailed:
         return ()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.input_file import read_input_arrays
+from ipu_stack.frontend.input_file import MOST_INPUT_ELEMENTS, read_input_arrays
 from ipu_stack.frontend.listing import list_operations
 from ipu_stack.frontend.onnx_file import (
     GraphInput,
@@ -28,11 +28,10 @@ from ipu_stack.frontend.onnx_file import (
     onnxruntime_session,
 )
 from ipu_stack.frontend.onnx_ops import TRANSLATIONS
-from ipu_stack.frontend.onnx_program import export_onnx, node_scope, operator_kind
+from ipu_stack.frontend.onnx_program import NodeFailed, export_onnx, node_scope, operator_kind
 from ipu_stack.frontend.options import program_parameters
 from ipu_stack.frontend.workload import ImportedWorkload, Reference, make_workload
 from ipu_stack.ir.names import name_layer
-from ipu_stack.target import get_target
 from ipu_stack.util.errors import IpuStackError, UsageError
 from ipu_stack.workloads.base import Parameter
 
@@ -47,10 +46,6 @@ def onnx_parameters() -> tuple[Parameter, ...]:
                  for p in program_parameters())
     return (*base, Parameter("tokens", int, 0, "size of the file's other symbolic "
                                                "dimensions (sequence length)", minimum=0))
-
-
-MOST_INPUT_ELEMENTS = get_target("ipu21").tiles * get_target("ipu21").tile_bytes
-"""An input's most elements: at a byte each (FP8) a chip's memory; a larger one cannot run."""
 
 
 def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
@@ -97,12 +92,14 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     def sized(params: dict[str, Any]) -> Any:
         shapes = shapes_from_file(specs, params["inputs"]) if params.get("inputs") else {}
         feeds = example_feeds(specs, params["batch"], params.get("tokens", 0), shapes)
+        at = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
         try:
             return export_onnx(model, path, feeds)
+        except NodeFailed as exc:  # a node's values at these sizes
+            raise UsageError(f"{path.name} does not run at {at}: {exc}") from None
         except IpuStackError:
             raise
         except Exception as exc:  # torch's trace of the graph at these sizes failed
-            at = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UsageError(f"{path.name} does not run at {at}: {first}") from exc
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,13 +28,9 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend.convert import (
-    TRANSPARENT,
     Converted,
-    op_name,
     role,
-    user_input_nodes,
 )
-from ipu_stack.frontend.input_file import read_input_arrays
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.onnx_file import onnx_sha256
@@ -49,13 +46,21 @@ from ipu_stack.frontend.step import (
     torch_greedy,
     torch_token_fields,
 )
+from ipu_stack.frontend.user_inputs import (
+    call_arguments,
+    input_shapes,
+    inputs_from_file,
+    random_inputs,
+    user_input_values,
+)
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.ir.graph import Graph, choose_on_device
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.ir.names import layer_set
+from ipu_stack.ir.rope_pairs import interleave_rope_pairs
 from ipu_stack.util.errors import CompileError, UsageError
 from ipu_stack.util.log import event
-from ipu_stack.workloads.base import Parameter, Workload, choose_suffix, rng_for
+from ipu_stack.workloads.base import Parameter, Workload, choose_suffix
 from ipu_stack.workloads.transformer import attention_precision, attention_suffix
 
 LOG = logging.getLogger("ipu_stack.frontend")
@@ -85,55 +90,6 @@ class Imported:
 def _export(module: Any, example_inputs: tuple[Any, ...]) -> Any:
     torch = require_torch()
     return torch.export.export(module.eval(), tuple(example_inputs))
-
-
-CONSTANT_TYPES = (bool, int, float, str, type(None))
-
-
-def user_input_values(program: Any) -> list[tuple[str, Any]]:
-    """(name, value) of each user input as the export saw it: a fake tensor, or the constant
-    ``torch.export`` fixed (``use_cache=False``).  A constant is specialised: the program
-    runs with that value; an input of any other kind is refused in one line."""
-    out = []
-    for node in user_input_nodes(program):
-        value = node.meta.get("val")
-        if not hasattr(value, "shape") and not isinstance(value, CONSTANT_TYPES):
-            raise UsageError(f"program input {node.name} is a {type(value).__name__}, "
-                             "neither a tensor nor a constant the export fixed")
-        out.append((node.name, value))
-    return out
-
-
-def call_arguments(program: Any, arrays: list[np.ndarray]) -> tuple[tuple, dict]:
-    """The positional and keyword arguments to call the program's module with: ``arrays``
-    for its tensor inputs, in order, and the constants it was exported with."""
-    torch = require_torch()
-    from torch.utils import _pytree
-
-    tensors = iter([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
-    examples = getattr(program, "example_inputs", None)
-    if examples is None:  # the placeholders say which inputs are ids
-        return tuple(next(tensors).to(torch.int64 if integer else torch.float32)
-                     for integer in integer_inputs(program)), {}
-    leaves, spec = _pytree.tree_flatten(examples)
-    filled = [next(tensors).to(leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
-              for leaf in leaves]
-    args, kwargs = _pytree.tree_unflatten(filled, spec)
-    return tuple(args), dict(kwargs)
-
-
-def input_shapes(program: Any) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of each tensor user input of the program (static: see
-    :func:`specialize`); constants the export fixed are not inputs here."""
-    out = []
-    for name, value in user_input_values(program):
-        if not hasattr(value, "shape"):
-            continue
-        if not all(isinstance(s, int) for s in value.shape):
-            raise UsageError(f"program input {name} has a dynamic shape "
-                             f"{list(value.shape)}: specialize it first")
-        out.append((name, tuple(int(s) for s in value.shape)))
-    return out
 
 
 def _example_shapes(program: Any) -> list[tuple[int, ...]]:
@@ -197,75 +153,6 @@ def _reexport(program: Any, arrays: list[np.ndarray], refusal: str,
     except Exception as exc:  # torch reports a failed guard in many exception types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"{refusal}: {first[:120]}") from None
-
-
-def integer_inputs(program: Any) -> list[bool]:
-    """Whether each tensor user input is integer (ids a lookup reads), in order."""
-    return [not getattr(value, "dtype", None).is_floating_point
-            for _, value in user_input_values(program) if hasattr(value, "shape")]
-
-
-def smallest_table_rows(program: Any, name: str) -> int:
-    """The fewest rows of the tables an integer input's ids are looked up in (through
-    views), so that random ids index every one of them; refused when no lookup reads it."""
-    start = next(n for n in program.graph.nodes if n.name == name)
-    frontier, rows = [start], []
-    while frontier:
-        node = frontier.pop()
-        for user in node.users:
-            kind = op_name(user.target)
-            if kind == "aten.embedding" and len(user.args) > 1 and user.args[1] is node:
-                rows.append(int(user.args[0].meta["val"].shape[0]))
-            elif kind in TRANSPARENT:
-                frontier.append(user)
-    if not rows:
-        raise UsageError(f"program input {name} is an integer tensor that no lookup "
-                         "(aten.embedding) reads")
-    return min(rows)
-
-
-def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
-    """Standard-normal inputs of the exported shapes, one generator per input name; an
-    integer input gets ids within the tables it is looked up in."""
-    out = []
-    positions = position_inputs(program)
-    for (name, shape), integer in zip(input_shapes(program), integer_inputs(program),
-                                      strict=True):
-        rng = rng_for(seed, name)
-        if name in positions:  # a static cache's step: the first positions
-            out.append(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
-            continue
-        out.append(rng.integers(0, smallest_table_rows(program, name), shape).astype(np.float32)
-                   if integer else rng.standard_normal(shape).astype(np.float32))
-    return out
-
-
-def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
-    """Inputs from an ``.npz``: by input name, else ``arr_0, arr_1, ...`` in order."""
-    data = read_input_arrays(path)
-    arrays, used = [], set()
-    integer = integer_inputs(program)
-    shapes = input_shapes(program)
-    for index, (name, shape) in enumerate(shapes):
-        key = name if name in data else f"arr_{index}"
-        used.add(key)
-        if key not in data:
-            raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data)})")
-        array = np.asarray(data[key], dtype=np.float32)
-        if array.shape != shape:
-            raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "
-                             f"exported for {list(shape)}")
-        if integer[index] and array.size:
-            rows = smallest_table_rows(program, name)
-            if array.min() < 0 or array.max() >= rows or (array % 1).any():
-                raise UsageError(f"--inputs {path}: {name} holds ids outside [0, {rows}) or "
-                                 f"not whole ({array.min():g} to {array.max():g})")
-        arrays.append(array)
-    unread = sorted(set(data) - used)
-    if unread:  # a misspelt name would otherwise leave its input random, without a word
-        raise UsageError(f"--inputs {path}: {unread[0]} is not an input of the program (its "
-                         f"inputs: {', '.join(name for name, _ in shapes)})")
-    return arrays
 
 
 def torch_outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -541,6 +428,7 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
         holder[id(imported.graph)] = imported
         if params.get("choose") == "device":  # the torch outputs stay the logits' reference
             choose_on_device(imported.graph)
+        interleave_rope_pairs(imported.graph, imported.tensors)  # as the builtin decoders
         # the exact float32 weights served the conversion check; the compile and the run
         # read the device's tensors and torch's outputs (half a gigabyte for CLIP's text)
         imported.converted.exact.clear()
@@ -585,8 +473,16 @@ def imported_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any
 
 
 def recorded_file(params: dict[str, Any]) -> Path:
-    """The model file a package recorded, checked to be the same (same sha256)."""
+    """The model file a package recorded, checked to be the same (same sha256).  A package
+    is hostile input: it may name only a ``.pt2`` or ``.onnx`` file, with its sha256, so
+    no other file of the host is opened or hashed on its say."""
     path = Path(str(params.get("model", "")))
+    if path.suffix not in (".pt2", ".onnx"):
+        raise UsageError(f"the package names {path} as its model file, which is not a .pt2 "
+                         "or .onnx file")
+    if not re.fullmatch(r"[0-9a-f]{64}", str(params.get("sha256") or "")):
+        raise UsageError(f"the package names {path} as its model file but records no sha256 "
+                         "of it")
     if not path.is_file():
         raise UsageError(f"the package was compiled from {path}, which is no longer there")
     inputs = params.get("inputs")

@@ -36,6 +36,12 @@ RATIO_CHECK_MIN_BYTES = 1 << 20
 MAX_NAME_CHARS = 1024
 MAX_TEXT_CHARS = 256  # target and compiler_version: they end up in one-line messages
 MAX_NPY_HEADER_BYTES = 1 << 16
+# The JSON members, read whole before their contents are checked: a header lists a
+# package's members (2 MB for the largest compiled, a 1,000-label Swin-L), a manifest its
+# tensors and records (about 1 MB); each bound is far above any package's and far below
+# what an inflated bomb of whitespace would take
+MAX_HEADER_BYTES = 64 << 20
+MAX_MANIFEST_BYTES = 256 << 20
 
 # Allowed dtypes: header name -> canonical little-endian numpy dtype.
 ALLOWED_DTYPES: dict[str, np.dtype[Any]] = {

@@ -35,6 +35,8 @@ from .format import (
     HEADER_MEMBER,
     MANIFEST_MEMBER,
     MAX_COMPRESSION_RATIO,
+    MAX_HEADER_BYTES,
+    MAX_MANIFEST_BYTES,
     MAX_NPY_HEADER_BYTES,
     RATIO_CHECK_MIN_BYTES,
     Package,
@@ -282,6 +284,9 @@ class _Reader:
     def _read_header(self) -> dict[str, Any]:
         if HEADER_MEMBER not in self.infos:
             self.corrupt(f"member {HEADER_MEMBER} is missing")
+        if self.infos[HEADER_MEMBER].file_size > MAX_HEADER_BYTES:
+            self.corrupt(f"{HEADER_MEMBER} is {self.infos[HEADER_MEMBER].file_size} bytes "
+                         f"(at most {MAX_HEADER_BYTES})")
         header = self._parse_json(HEADER_MEMBER, self._bounded_read(self.infos[HEADER_MEMBER]))
         if not isinstance(header, dict):
             self.corrupt(f"{HEADER_MEMBER} is not a JSON object")
@@ -365,6 +370,9 @@ class _Reader:
             self.corrupt(f"{member} is not valid JSON ({str(exc)[:80]})")
 
     def _read_manifest(self, entry: dict[str, Any]) -> dict[str, Any]:
+        if entry.get("bytes", 0) > MAX_MANIFEST_BYTES:
+            self.corrupt(f"{MANIFEST_MEMBER} is {entry['bytes']} bytes (at most "
+                         f"{MAX_MANIFEST_BYTES})")
         manifest = self._parse_json(MANIFEST_MEMBER, self._read_member(MANIFEST_MEMBER, entry))
         if not isinstance(manifest, dict):
             self.corrupt(f"{MANIFEST_MEMBER} is not a JSON object")

@@ -38,11 +38,12 @@ from ipu_stack.runtime.stream import (
 from ipu_stack.runtime.stream import stream_images as make_images
 from ipu_stack.target import get_target
 from ipu_stack.util.cache import default_cache_dir
-from ipu_stack.util.errors import PackageError, UsageError
+from ipu_stack.util.errors import CompileError, PackageError, UsageError
 from ipu_stack.util.files import write_atomic
 from ipu_stack.verdict.tolerance import compare
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.calibration import cache_folder
+from ipu_stack.workloads.footprint import check_fits
 
 
 @dataclass
@@ -175,7 +176,12 @@ def rebuild_workload(package: Package) -> tuple[Any, dict[str, Any], Graph, Any]
     try:
         workload = recorded_workload(info)
         params = workload.resolve(dict(info["params"]))
-    except UsageError as exc:
+        # named and sized before it is built: a package's parameters are hostile input too
+        if workload.identifier(params) != info["identifier"]:
+            raise PackageError(f"package does not match its workload: its parameters make "
+                               f"{workload.identifier(params)}, not {info['identifier']}")
+        check_fits(workload, params, package.target, max(len(system.groups), 1))
+    except (UsageError, CompileError) as exc:
         raise PackageError(f"package names a workload this build cannot make: {exc}") from None
     with cache_folder(default_cache_dir()):
         graph, tensors = workload.build(params)
