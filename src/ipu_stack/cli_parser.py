@@ -228,15 +228,16 @@ def _add_profile_commands(sub: Any) -> None:
     p.add_argument("--device", metavar="NAME",
                    help="run a package on the shared simulated device NAME (default: private)")
     p.add_argument("--lock", default=None, help=argparse.SUPPRESS)
-    p = sub.add_parser("ops", help="list every operation of a torch program (MODEL.pt2), "
-                       "supported or not")
+    p = sub.add_parser("ops", help="list every operation of a model file (MODEL.pt2 or "
+                       "MODEL.onnx), supported or not")
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tokens", type=int, default=0, metavar="N",
                    help="an ONNX model's symbolic sequence length, to trace it at")
 
     p = sub.add_parser("exchange", help="schedule or verify exchange instances")
-    esub = p.add_subparsers(dest="exchange_command", required=True)
+    esub = p.add_subparsers(dest="exchange_command", required=True,
+                            metavar="{schedule,verify}")
     p.commands = esub.choices
     q = esub.add_parser("schedule")
     q.add_argument("instance")

@@ -54,7 +54,7 @@ def test_empty_phase() -> None:
     [
         ([0], [[0]], [1], "source among its destinations"),
         ([0], [[1, 1]], [1], "duplicate destination"),
-        ([0], [[1]], [0], "words must be >= 1"),
+        ([0], [[1]], [0], "words must be between 1 and"),
         ([0, 9], [[1], [2]], [1, 1], "invalid transfer 1: source tile out of range"),
         ([0], [[]], [1], "no destination"),
     ],

@@ -23,6 +23,7 @@ from ipu_stack.exchange import (
 )
 from ipu_stack.exchange import model as model_module
 from ipu_stack.exchange.families import gemm_operands, random_multicast
+from ipu_stack.exchange.model import MAX_WORDS
 
 Chunk = tuple[int, int, int]
 
@@ -34,7 +35,7 @@ def _reference_validate(t: Transfers) -> str | None:
         d, s, w = dst[offsets[i] : offsets[i + 1]], int(t.src[i]), int(t.words[i])
         for bad, text in (
             (not 0 <= s < t.tiles, "source tile out of range"),
-            (w < 1, "words must be >= 1"),
+            (not 1 <= w <= MAX_WORDS, f"words must be between 1 and {MAX_WORDS}"),
             (not d, "no destination"),
             (any(not 0 <= x < t.tiles for x in d), "destination tile out of range"),
             (s in d, "source among its destinations"),
@@ -274,7 +275,10 @@ def _validate_message(t: Transfers) -> str | None:
         ([[4], [0, 1]], [1, 2], [1, 1], "invalid transfer 0: destination tile out of range"),
         # a later duplicate loses to an earlier bad word count, an earlier one wins
         ([[1], [2, 2], [3]], [0, 0, 0], [1, 1, 0], "invalid transfer 1: duplicate destination"),
-        ([[1], [2, 2], [3]], [0, 0, 0], [0, 1, 1], "invalid transfer 0: words must be >= 1"),
+        ([[1], [2, 2], [3]], [0, 0, 0], [0, 1, 1],
+         f"invalid transfer 0: words must be between 1 and {MAX_WORDS}"),
+        ([[1], [2]], [0, 0], [1, MAX_WORDS + 1],  # more than a tile holds
+         f"invalid transfer 1: words must be between 1 and {MAX_WORDS}"),
         ([[], [2, 2]], [0, 0], [1, 1], "invalid transfer 0: no destination"),
         # both in the sort: the first transfer wins, not the first tile
         ([[1, 1], [2, 2]], [0, 0], [1, 1], "invalid transfer 0: duplicate destination"),

@@ -333,3 +333,16 @@ def test_an_inputs_file_is_bounded_by_the_programs_inputs(tiny: Path, tmp_path: 
                      "-o", str(tmp_path / "c")])
         err = capsys.readouterr().err
         assert code == 2 and err.strip() == f"error: --inputs {tmp_path / name}.npz: {expected}"
+
+
+def test_inputs_the_model_itself_overflows_are_one_line(tiny: Path, tmp_path: Path,
+                                                        capsys) -> None:
+    """Inputs for which torch's own float32 output is not finite leave nothing to compare
+    with: said so, not blamed on the importer."""
+    np.savez(tmp_path / "huge.npz", pixels=np.full((1, 3, 16, 16), 1e30, np.float32))
+    code = main(["--quiet", "compile", str(tiny), "--inputs", str(tmp_path / "huge.npz"),
+                 "-o", str(tmp_path / "c")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: torch's own output ") and err.endswith(
+        "holds NaN or infinite values for these inputs: give inputs the model computes in "
+        "float32"), err

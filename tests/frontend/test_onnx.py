@@ -335,6 +335,14 @@ def test_a_symbolic_sequence_length_is_sized_by_tokens(tmp_path: Path, cache_dir
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == ("error: --tokens 12: the model's inputs have no symbolic "
                                  "dimension to size (x [2, 8, 32])")
+    # an inputs file sizes the symbolic dimensions, but may not contradict --batch/--tokens
+    np.savez(tmp_path / "x.npz", x=np.zeros((4, 12, 32), np.float32))
+    for option, value, axis in (("--batch", "3", "batch"), ("--tokens", "16", "seq")):
+        code = main(["--quiet", "compile", str(model), "--inputs", str(tmp_path / "x.npz"),
+                     option, value, "-o", str(tmp_path / "out")])
+        assert code == 2 and capsys.readouterr().err.strip() == (
+            f"error: --inputs: x is [4, 12, 32], not {value} along '{axis}' as {option} "
+            f"{value} asks")
 
 
 def _reshape_model(shape: list[int]) -> onnx.ModelProto:

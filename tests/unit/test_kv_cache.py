@@ -190,6 +190,13 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],
      "--micro-batches 3 does not divide the batch of 2"),
     (["generate", "smollm2-135m", "--micro-batches", "0"], "--micro-batches must be at least 1"),
+    # at once, before the image program's calibration
+    (["generate", "smolvlm-256m", "--prompt-tokens", "8", "--new-tokens", "2", "--part",
+      "vision"], "generate runs smolvlm-256m's decoder; --part vision is its image program "
+     "alone (ipu-stack bench smolvlm-256m --part vision)"),
+    # the cache, not the weights (0.2 GB), is what does not fit
+    (["generate", "smollm2-135m", "--prompt-tokens", "16", "--new-tokens", "1000000"],
+     "its weights and KV cache (the cache 23.04 GB) alone take at least 23.23 GB"),
 ])
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)

@@ -22,6 +22,9 @@ from ipu_stack.util.errors import IpuStackError
 # the most tiles an instance may name: arrays a tile long are sized from it before any
 # transfer is read (an IPU has 1,472; this leaves room for any machine of linked chips)
 MAX_TILES = 1 << 20
+# the most words one transfer may move: a tile's whole memory (624 KiB, 159,744 words) with
+# room to spare; a schedule's event arrays grow with the words sent
+MAX_WORDS = 1 << 20
 
 
 class ExchangeError(IpuStackError):
@@ -166,8 +169,10 @@ def _bad_source(t: Transfers, limit: int) -> int:
 
 
 def _bad_words(t: Transfers, limit: int) -> int:
-    """``words < 1``: an empty transfer occupies no cycle, so no schedule can place it."""
-    return _first_flag(t.words[:limit] < 1, limit)
+    """``words < 1``: an empty transfer occupies no cycle, so no schedule can place it;
+    above ``MAX_WORDS``: more than a tile holds."""
+    words = t.words[:limit]
+    return _first_flag((words < 1) | (words > MAX_WORDS), limit)
 
 
 def _no_destination(t: Transfers, limit: int) -> int:
@@ -232,7 +237,7 @@ def _first_duplicate_list(dst: np.ndarray, fan: np.ndarray, tiles: int) -> int:
 
 _VALIDITY_CHECKS: tuple[tuple[Callable[[Transfers, int], int], str], ...] = (
     (_bad_source, "source tile out of range"),
-    (_bad_words, "words must be >= 1"),
+    (_bad_words, f"words must be between 1 and {MAX_WORDS}"),
     (_no_destination, "no destination"),
     (_bad_destination, "destination tile out of range"),
     (_self_send, "source among its destinations"),

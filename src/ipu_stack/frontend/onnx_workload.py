@@ -57,6 +57,12 @@ def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
         raise UsageError(f"--tokens {tokens}: the model's inputs have no symbolic dimension "
                          "to size (" + ", ".join(f"{s.name} {list(s.dims)}" for s in specs)
                          + ")")
+    for spec in specs:  # an inputs file's sizes agree with --batch and --tokens where given
+        for axis, dim in enumerate(spec.dims if spec.name in shapes else ()):
+            asked, option = (batch, "--batch") if axis == 0 else (tokens, "--tokens")
+            if isinstance(dim, str) and asked and shapes[spec.name][axis] != asked:
+                raise UsageError(f"--inputs: {spec.name} is {list(shapes[spec.name])}, not "
+                                 f"{asked} along {dim!r} as {option} {asked} asks")
     sized = {s.name: shapes.get(s.name) or concrete_shape(s, batch, tokens) for s in specs}
     for name, shape in sized.items():  # before a byte is allocated: a chip holds each input
         if math.prod(shape) > MOST_INPUT_ELEMENTS:

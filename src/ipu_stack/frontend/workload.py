@@ -252,6 +252,10 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
                            f"has {len(converted.outputs)} outputs")
     laid_out = {spec.name: spec.to_ir(outputs[spec.index]).astype(np.float32)
                 for spec in converted.outputs}
+    broken = next((n for n, v in laid_out.items() if not np.isfinite(v).all()), None)
+    if broken is not None:  # the inputs overflow the model itself: nothing to compare with
+        raise UsageError(f"{reference.source}'s own output {broken} holds NaN or infinite "
+                         "values for these inputs: give inputs the model computes in float32")
     error = conversion_error(converted, laid_out)
     if not error <= CONVERSION_LIMIT:
         raise CompileError(f"conversion check failed: the imported graph in float64 differs from "

@@ -125,6 +125,10 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     # the next token chosen on the device unless --choose host says otherwise
     workload, params = resolve({"tokens": 1, "context": context, "batch": batch,
                                 "choose": request.choose or "device"})
+    if params.get("part", "decoder") != "decoder":  # before anything is compiled
+        raise UsageError(f"generate runs {workload.name}'s decoder; --part {params['part']} "
+                         f"is its image program alone (ipu-stack bench {workload.name} --part "
+                         f"{params['part']})")
     return DecodePlan(workload, params, micro, groups,
                       request.prompt_by_steps or request.prompt_tokens < 2)
 

@@ -68,14 +68,16 @@ def one_pass_layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps:
     lanes = 8 if width % 8 == 0 and width >= 576 else 4
     xf = np.asarray(x, np.float32)
     inv_width = np.float32(1) / np.float32(width)
-    mean_h = (_lane_sums(xf, lanes) * inv_width).astype(np.float16)
-    mean_f = mean_h.astype(np.float32)
-    power = _lane_sums(xf * xf, lanes) * inv_width
-    var = np.maximum(power - mean_f * mean_f, np.float32(0)) + np.float32(eps)
-    inverse = (np.float32(1) / np.sqrt(var)).astype(np.float16)
-    out = (xf.astype(np.float16) - mean_h[..., None]) * inverse[..., None]
-    out = out * np.asarray(gamma).astype(np.float16)
-    return (out + np.asarray(beta).astype(np.float16)).astype(np.float32)
+    # a row past F16's range overflows on the device too: its infinities are the answer
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean_h = (_lane_sums(xf, lanes) * inv_width).astype(np.float16)
+        mean_f = mean_h.astype(np.float32)
+        power = _lane_sums(xf * xf, lanes) * inv_width
+        var = np.maximum(power - mean_f * mean_f, np.float32(0)) + np.float32(eps)
+        inverse = (np.float32(1) / np.sqrt(var)).astype(np.float16)
+        out = (xf.astype(np.float16) - mean_h[..., None]) * inverse[..., None]
+        out = out * np.asarray(gamma).astype(np.float16)
+        return (out + np.asarray(beta).astype(np.float16)).astype(np.float32)
 
 
 def one_pass_rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:

@@ -36,6 +36,9 @@ class Footprint:
     # it is: its host references hold it whole (``VALUE_BYTES``)
     value_bytes: int = 0
     value_what: str = ""
+    # of ``weight_bytes``, a decode step's KV cache (named apart: it grows with the context
+    # and the batch, the weights do not)
+    cache_bytes: int = 0
 
 
 VALUE_BYTES = 2 ** 30
@@ -150,11 +153,19 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
         if footprint.layers > 1 and 0 < fit < footprint.layers:
             hint += (f"; or --{footprint.layer_parameter} {fit} at most on "
                      f"{chips if chips > 1 else 'one'} chip{'s' if chips > 1 else ''}")
-        raise CompileError(f"{name} does not fit: its weights alone take at least "
+        raise CompileError(f"{name} does not fit: its {_held(footprint)} alone take at least "
                          f"{_gb(footprint.weight_bytes)} and {where}{hint}")
-    raise CompileError(f"{name} does not fit: its weights ({_gb(footprint.weight_bytes)}) and "
+    raise CompileError(f"{name} does not fit: its {_held(footprint)} "
+                     f"({_gb(footprint.weight_bytes)}) and "
                      f"{footprint.activation_what} ({_gb(footprint.activation_bytes)}) take "
                      f"at least {_gb(need)} and {where}")
+
+
+def _held(footprint: Footprint) -> str:
+    """What ``weight_bytes`` counts, in words: the weights, and a decode step's KV cache."""
+    if not footprint.cache_bytes:
+        return "weights"
+    return f"weights and KV cache (the cache {_gb(footprint.cache_bytes)})"
 
 
 def least_chips(footprint: Footprint, target: str) -> int:
