@@ -168,9 +168,17 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _out_folder(args: argparse.Namespace, name: str) -> Path:
-    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write."""
-    return Path(args.out) if args.out else check_output_folder("--out (default)",
-                                                               Path("artifacts") / name)
+    """``--out``, or ``artifacts/NAME`` checked as a folder the command may write; NAME
+    with the chip count and a strategy other than the default, so packages of the same
+    workload built another way do not overwrite each other."""
+    if args.out:
+        return Path(args.out)
+    chips = getattr(args, "chips", 1) or 1
+    strategy = getattr(args, "strategy", None)
+    name += f"-c{chips}" if chips > 1 else ""
+    name += f"-{strategy}" if strategy and strategy != ("pipeline" if chips > 1 else
+                                                          "layers") else ""
+    return check_output_folder("--out (default)", Path("artifacts") / name)
 
 
 def _settings(args: argparse.Namespace) -> RunSettings:

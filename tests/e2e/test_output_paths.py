@@ -79,6 +79,14 @@ def test_default_bench_folder_is_checked_too(tmp_path: Path,
     line = one_error_line(code, err)
     assert line.startswith("error: --out (default) artifacts/siglip-mlp-")
     assert line.endswith("cannot create it, artifacts is not a folder")
+    # another chip count or strategy: a folder of its own, not the one-chip package's
+    for extra, suffix in ((["--chips", "2"], "-n2-c2"), (["--strategy", "pipeline"],
+                                                         "-n2-pipeline")):
+        code, _, err = cli(["--quiet", "bench", "siglip-vision", "--layers", "2", "--image",
+                            "112", *extra])
+        line = one_error_line(code, err)
+        assert line.startswith("error: --out (default) artifacts/siglip-vision-") and \
+            line.split(":")[1].endswith(suffix), line
 
 
 def test_a_run_line_has_no_fields_without_a_value(tmp_path: Path,
