@@ -236,8 +236,7 @@ def _add_profile_commands(sub: Any) -> None:
                    help="an ONNX model's symbolic sequence length, to trace it at")
 
     p = sub.add_parser("exchange", help="schedule or verify exchange instances")
-    esub = p.add_subparsers(dest="exchange_command", required=True,
-                            metavar="{schedule,verify}")
+    esub = p.add_subparsers(dest="exchange_command", required=True)
     p.commands = esub.choices
     q = esub.add_parser("schedule")
     q.add_argument("instance")

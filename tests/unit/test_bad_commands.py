@@ -64,6 +64,7 @@ BAD = [
     (["compile", "siglip-mlp", "-o", "{text}"], "exists and is not a folder"),
     (["bench", "siglip-mlp", "--save-tensors", "{text}"], "exists and is not a folder"),
     (["exchange", "schedul", "x"], "unknown command 'schedul'; did you mean 'schedule'?"),
+    (["exchange"], "exchange: missing a command (`ipu-stack exchange --help` shows usage)"),
     (["bench", "siglip-vision", "--layers", "100000"], "siglip-vision does not fit"),
     # options that contradict each other: neither is dropped without a word
     (["bench", "siglip-mlp", "--groups", "2"], "--groups 2 is the pipeline strategy's: give "

@@ -81,5 +81,6 @@ class OneLineParser(argparse.ArgumentParser):
                     f"{first!r}{hint}")
         if found := _REQUIRED.fullmatch(message):
             usage = " ".join(["ipu-stack", *command.split(), "--help"])
-            return f"{where}missing {found.group(1)} (`{usage}` shows usage)"
+            missing = "a command" if found.group(1).endswith("_command") else found.group(1)
+            return f"{where}missing {missing} (`{usage}` shows usage)"
         return f"{where}{message}"
