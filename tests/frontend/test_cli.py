@@ -253,6 +253,17 @@ class _Touch:
         return (Path.touch, (self.marker,))
 
 
+def _overlap(path: Path) -> None:
+    """Point the central directory's ``tiny/extra/inner`` into ``tiny/extra/outer``'s data
+    (the entry's local header offset moved back by 2,048 bytes)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        inner = archive.getinfo("tiny/extra/inner")
+    at = data.rfind(b"PK\x01\x02", 0, data.rfind(b"tiny/extra/inner"))
+    data[at + 42:at + 46] = (inner.header_offset - 2048).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
 def _rewritten(tiny: Path, path: Path, change) -> None:
     """``tiny`` copied to ``path`` member by member, ``change(name, body)`` giving each
     member's new body (None: left out) and ``change(None, archive)`` adding members."""
@@ -265,7 +276,7 @@ def _rewritten(tiny: Path, path: Path, change) -> None:
 
 
 @pytest.mark.parametrize("attack", ["pickled-weight", "custom-object", "legacy-weights",
-                                    "deflate-bomb", "repeated-member"])
+                                    "deflate-bomb", "repeated-member", "overlapping-member"])
 def test_an_archive_that_could_run_code_or_explode_is_refused_unread(
         tiny: Path, tmp_path: Path, capsys, attack: str) -> None:
     """A ``.pt2`` is hostile input: a payload torch would unpickle (a weight stored with
@@ -281,6 +292,9 @@ def test_an_archive_that_could_run_code_or_explode_is_refused_unread(
             elif attack == "deflate-bomb":
                 body.writestr(zipfile.ZipInfo("tiny/extra/zeros"), bytes(64 << 20),
                               compress_type=zipfile.ZIP_DEFLATED)
+            elif attack == "overlapping-member":
+                body.writestr("tiny/extra/outer", bytes(4096))
+                body.writestr("tiny/extra/inner", b"inside")
             elif attack == "repeated-member":
                 body.writestr("tiny/extra/note", b"first")
                 body.writestr("tiny/extra/note", b"again")
@@ -302,6 +316,8 @@ def test_an_archive_that_could_run_code_or_explode_is_refused_unread(
 
     with pytest.warns(UserWarning) if attack == "repeated-member" else nullcontext():
         _rewritten(tiny, path, change)
+    if attack == "overlapping-member":  # a second directory entry inside the first's data
+        _overlap(path)
     code = main(["--quiet", "ops", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and len(_error_lines(err)) == 1 and "Traceback" not in err, err
@@ -309,7 +325,8 @@ def test_an_archive_that_could_run_code_or_explode_is_refused_unread(
                 "custom-object": "is stored as a pickle (custom_obj_0)",
                 "legacy-weights": "holds data/weights/model.pt, which torch would unpickle",
                 "deflate-bomb": "archive member tiny/extra/zeros inflates",
-                "repeated-member": "archive member tiny/extra/note repeats or overlaps"}[attack]
+                "repeated-member": "archive member tiny/extra/note repeats or overlaps",
+                "overlapping-member": "overlaps tiny/extra/inner (a zip bomb)"}[attack]
     assert expected in err, err
     assert not marker.exists()
 

@@ -167,11 +167,12 @@ def test_only_phases_that_move_the_same_bytes_every_pass_leave_the_loop() -> Non
     """Buffers: 0 before the loop, 9 a per-layer weight; a reads 0 (invariant), b reads
     what c writes, c reads what a writes (a pass's order), d reads the slot, e writes what
     c writes, f writes what r read before it (and nothing else writes), g reads 0 into a
-    buffer too large to hold across the loop."""
+    buffer too large to hold across the loop, w writes the per-layer weight."""
     body = [_phase("b", 3, 4), _phase("a", 0, 2), _phase("c", 2, 3), _phase("d", 9, 5),
-            _phase("e", 0, 3), _phase("r", 7, 8), _phase("f", 0, 7), _phase("g", 0, 6)]
+            _phase("e", 0, 3), _phase("r", 7, 8), _phase("f", 0, 7), _phase("g", 0, 6),
+            _phase("w", 0, 9)]
     loop = Loop("layers", 2, len(body), [Slot([9, 19])])
     sizes = {b: 64 for b in range(20)} | {6: HOIST_BYTES + 4}
     hoisted, rest = loop_invariant(body, loop, sizes)
     assert [s.name for s in hoisted] == ["a"]
-    assert [s.name for s in rest] == ["b", "c", "d", "e", "r", "f", "g"]
+    assert [s.name for s in rest] == ["b", "c", "d", "e", "r", "f", "g", "w"]

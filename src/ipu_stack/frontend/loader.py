@@ -153,6 +153,12 @@ def vet_archive(path: Path, archive: zipfile.ZipFile) -> None:
         if info.filename.endswith(".json") and info.file_size > MOST_JSON_BYTES:
             raise UsageError(f"{path}: archive member {info.filename} is {info.file_size} "
                              f"bytes of JSON (at most {MOST_JSON_BYTES})")
+    ordered = sorted(infos, key=lambda info: info.header_offset)
+    for info, after in zip(ordered, ordered[1:], strict=False):  # no data shared either
+        end = info.header_offset + 30 + len(info.filename.encode()) + info.compress_size
+        if end > after.header_offset:
+            raise UsageError(f"{path}: archive member {info.filename} overlaps "
+                             f"{after.filename} (a zip bomb)")
     total = sum(info.file_size for info in infos)
     if total > MOST_ARCHIVE_BYTES:
         raise UsageError(f"{path}: {total} bytes inflated, more than any model's "

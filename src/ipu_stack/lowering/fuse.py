@@ -133,11 +133,11 @@ def loop_invariant(body: list[Step], loop: Loop, nbytes: dict[int, int]
     """The body's exchange phases that move the same bytes on every pass, and the rest.
 
     A phase is invariant when nothing in the body writes what it reads and it reads no
-    per-layer weight (a loop's slot, which each pass redirects), and nothing else in the
-    body writes what it writes or reads it before it: moved before the loop it runs once,
-    not once a layer, and every pass reads what it left (a decode step's RoPE angles, the
-    same for every layer).  Only small ones move (``HOIST_BYTES`` a tile, ``nbytes`` of
-    each buffer)."""
+    per-layer weight (a loop's slot, which each pass redirects) nor writes one, and nothing
+    else in the body writes what it writes or reads it before it: moved before the loop it
+    runs once, not once a layer, and every pass reads what it left (a decode step's RoPE
+    angles, the same for every layer).  Only small ones move (``HOIST_BYTES`` a tile,
+    ``nbytes`` of each buffer)."""
     access = [step_access(step) for step in body]
     written = [w for _, w in access]
     slots = {slot.buffers[0] for slot in loop.slots}
@@ -147,7 +147,7 @@ def loop_invariant(body: list[Step], loop: Loop, nbytes: dict[int, int]
         others = set().union(*(w for i, w in enumerate(written) if i != position))
         read_before = set().union(*(r for r, _ in access[:position]))
         if isinstance(step, Exchange) and not reads & (others | writes | slots) \
-                and not writes & (others | read_before) \
+                and not writes & (others | read_before | slots) \
                 and all(nbytes[b] <= HOIST_BYTES for b in writes):
             invariant.append(step)
         else:
