@@ -156,11 +156,15 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
     start = time.perf_counter()
     chip = options.machine()
     memory = chip.tiles * (chip.memory_end - chip.memory_base)
-    weights = _weight_bytes(workload, params, options)
     tried: dict[int, str] = {}
+    # a builtin's weights from its parameters alone (its footprint: no graph built, no FP8
+    # calibration before a count it cannot fit is refused); an imported program's from its
+    # graph's types
+    weights = workload.footprint(params).weight_bytes if workload.footprint is not None \
+        else _weight_bytes(workload, params, options)
     for chips in range(1, limit + 1):
         if weights > chips * memory:
-            reason = (f"the weights alone take {weights} bytes; {chips} chip(s) hold "
+            reason = (f"the weights alone take at least {weights} bytes; {chips} chip(s) hold "
                       f"{chips * memory}")
         elif chips == 1:
             reason = _fits(workload, params, replace(options, strategy="layers", chips=1))

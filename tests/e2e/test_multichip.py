@@ -257,3 +257,22 @@ def test_each_chips_hand_off_reaches_the_host_side_as_the_chip_finishes(tmp_path
     run = run_stream(load_package(result.package), result.graph, result.tensors, images)
     assert run.passed and left == [0, 0]
     assert all(len(v.stages) > 4 * 10 for v in run.verdicts)  # four layers' stages judged
+
+
+def test_capacity_refuses_chip_counts_before_building_the_model(monkeypatch, cache_dir):
+    """Counts whose memory cannot hold pe-giant's weights, and a pipeline the footprint
+    refuses, are answered from the parameters alone: the model is never built (its FP8
+    calibration took about four minutes before the answer)."""
+    from dataclasses import replace
+
+    from ipu_stack.workloads.base import REGISTRY
+
+    def built(params):
+        raise AssertionError("the workload was built")
+    monkeypatch.setitem(REGISTRY, "pe-giant", replace(REGISTRY["pe-giant"], build=built))
+    code, out, err = cli(["capacity", "pe-giant", "--max-chips", "2", "--json",
+                          "--cache-dir", str(cache_dir)])
+    record = json.loads(out)
+    assert code == 2 and record["minimumChips"] == 0, err
+    assert record["tried"]["1"].startswith("the weights alone take at least 1")
+    assert "does not fit" in record["tried"]["2"]
