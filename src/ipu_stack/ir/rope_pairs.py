@@ -19,6 +19,7 @@ caches are handed from one to the other).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import MutableMapping
 from dataclasses import replace
 from typing import Any
@@ -40,29 +41,28 @@ def pair_order(head_dim: int) -> np.ndarray:
     return np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)
 
 
-def _weight(graph: Graph, value_id: int) -> str | None:
-    """The name of ``value_id`` when it is a weight, else None."""
-    value = graph.value(value_id)
-    return value.name if value.role == "weight" else None
+def _weight(graph: Graph, value_id: int) -> int | None:
+    """``value_id`` when it is a weight, else None."""
+    return value_id if graph.value(value_id).role == "weight" else None
 
 
-def _projection(graph: Graph, rope: Operation) -> list[str] | None:
+def _projection(graph: Graph, rope: Operation) -> list[int] | None:
     """The weights whose columns the rope's input comes from (a matmul's, and a bias
     added to it), when the input is that projection's alone; else None."""
     x = rope.inputs[0]
     if len(graph.consumers(x)) != 1:
         return None
     op = graph.producer(x)
-    names: list[str] = []
+    found: list[int] = []
     if op is not None and op.kind == "bias_add":
         bias = _weight(graph, op.inputs[1])
         if bias is None or len(graph.consumers(op.inputs[0])) != 1:
             return None
-        names.append(bias)
+        found.append(bias)
         op = graph.producer(op.inputs[0])
     if op is None or op.kind != "matmul" or (w := _weight(graph, op.inputs[1])) is None:
         return None
-    return [w, *names]
+    return [w, *found]
 
 
 def _rope_behind(graph: Graph, value_id: int, as_key: bool) -> Operation | None:
@@ -113,7 +113,7 @@ def interleave_rope_pairs(graph: Graph, tensors: MutableMapping[str, Any]) -> in
     if not any(op.kind in _KEY_CARRIERS for op in graph.operations):
         return 0  # no cache: a prompt's pass alone, whose rows are whole anyway
     ropes: dict[int, Operation] = {}
-    weights: dict[str, int] = {}
+    weights: dict[int, int] = {}  # weight value -> the head width its columns are in
     for q, k in _pairs(graph):
         sources = [_projection(graph, q), _projection(graph, k)]
         if any(s is None for s in sources) or q.attrs["head_dim"] != k.attrs["head_dim"]:
@@ -122,21 +122,20 @@ def interleave_rope_pairs(graph: Graph, tensors: MutableMapping[str, Any]) -> in
                 and _uses_end_in_products(graph, k.outputs[0], 1)):
             continue
         # the keys' cache holds them in the new order too (its initial bytes included)
-        states = [graph.value(op.inputs[0]).name for op in graph.consumers(k.outputs[0])
+        states = [op.inputs[0] for op in graph.consumers(k.outputs[0])
                   if op.kind in _KEY_CARRIERS]
-        for rope, names in zip((q, k), (sources[0], [*(sources[1] or ()), *states]),
+        for rope, found in zip((q, k), (sources[0], [*(sources[1] or ()), *states]),
                                strict=True):
             ropes[rope.id] = rope
-            weights.update((name, int(rope.attrs["head_dim"])) for name in names or ())
-    used = {name: sum(graph.value(i).name == name for op in graph.operations for i in op.inputs)
-            for name in weights}
-    if any(count != 1 for count in used.values()):
+            weights.update((value, int(rope.attrs["head_dim"])) for value in found or ())
+    reads = Counter(i for op in graph.operations for i in op.inputs)
+    if any(reads[value] != 1 for value in weights):
         return 0  # a projection's weight read elsewhere would see the new order
-    for name, head_dim in weights.items():
-        cols = graph.value(next(v.id for v in graph.values if v.name == name)).type.shape[-1]
+    for value, head_dim in weights.items():
+        cols = graph.value(value).type.shape[-1]
         order = (np.arange(cols // head_dim)[:, None] * head_dim + pair_order(head_dim)
                  ).reshape(-1)
-        reorder_columns(tensors, name, order)
+        reorder_columns(tensors, graph.value(value).name, order)
     for index, op in enumerate(graph.operations):
         if op.id in ropes:
             attrs = {k: v for k, v in op.attrs.items() if k != "pairs"}

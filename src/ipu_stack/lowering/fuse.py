@@ -26,6 +26,7 @@ steps run once a pass), and so are the steps before and after it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,19 +140,17 @@ def loop_invariant(body: list[Step], loop: Loop, nbytes: dict[int, int]
     angles, the same for every layer).  Only small ones move (``HOIST_BYTES`` a tile,
     ``nbytes`` of each buffer)."""
     access = [step_access(step) for step in body]
-    written = [w for _, w in access]
+    writers = Counter(b for _, writes in access for b in writes)
     slots = {slot.buffers[0] for slot in loop.slots}
-    invariant, rest = [], []
-    for position, step in enumerate(body):
-        reads, writes = access[position]
-        others = set().union(*(w for i, w in enumerate(written) if i != position))
-        read_before = set().union(*(r for r, _ in access[:position]))
-        if isinstance(step, Exchange) and not reads & (others | writes | slots) \
-                and not writes & (others | read_before | slots) \
-                and all(nbytes[b] <= HOIST_BYTES for b in writes):
+    invariant, rest, read_before = [], [], set()
+    for step, (reads, writes) in zip(body, access, strict=True):
+        if isinstance(step, Exchange) and not reads & (writers.keys() | slots) \
+                and not writes & (read_before | slots) \
+                and all(writers[b] == 1 and nbytes[b] <= HOIST_BYTES for b in writes):
             invariant.append(step)
         else:
             rest.append(step)
+        read_before |= reads
     return invariant, rest
 
 
