@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
-from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.errors import CompileError, UsageError, first_line
 
 LOG = logging.getLogger("ipu_stack.frontend")
 SUPPORTED_TORCH = ("2.13",)  # the torch.export schema this importer was written against
@@ -109,7 +109,7 @@ def load_program(path: str | Path) -> Any:
     except Exception as exc:  # torch raises many types for one cause: an unreadable archive
         _raise_unknown_operator(path, torch)
         saved_by, schema = _safe_versions(path)
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = first_line(exc)
         if schema is not None and schema != _schema_version(torch):
             raise UsageError(f"{path}: exported by torch {saved_by} (schema {schema}); this is "
                              f"torch {torch.__version__} (schema {_schema_version(torch)}), "

@@ -39,7 +39,7 @@ from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.onnx_file import OnnxModel, require_onnx
 from ipu_stack.frontend.onnx_ops import IDIOMS, TRANSLATIONS, NodeCall, constant_of
 from ipu_stack.frontend.sizing import check_made
-from ipu_stack.util.errors import CompileError
+from ipu_stack.util.errors import CompileError, first_line
 
 MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
 
@@ -374,7 +374,7 @@ def run_node(torch: Any, node: Node, values: dict[str, Any], consts: dict[str, n
     except CompileError as exc:
         raise CompileError(f"ONNX node {node.name} ({node.op_type}): {exc}") from None
     except (RuntimeError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        detail = first_line(exc)
         raise NodeFailed(f"ONNX node {node.name} ({node.op_type}) cannot be computed: "
                          f"{detail[:160]}") from None
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)

@@ -32,7 +32,7 @@ from ipu_stack.frontend.onnx_program import NodeFailed, export_onnx, node_scope,
 from ipu_stack.frontend.options import program_parameters
 from ipu_stack.frontend.workload import ImportedWorkload, Reference, make_workload
 from ipu_stack.ir.names import name_layer
-from ipu_stack.util.errors import IpuStackError, UsageError
+from ipu_stack.util.errors import IpuStackError, UsageError, first_line
 from ipu_stack.workloads.base import Parameter
 
 
@@ -106,7 +106,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
         except IpuStackError:
             raise
         except Exception as exc:  # torch's trace of the graph at these sizes failed
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             raise UsageError(f"{path.name} does not run at {at}: {first}") from exc
 
     def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -58,7 +58,7 @@ from ipu_stack.ir.graph import Graph, choose_on_device
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.ir.names import layer_set
 from ipu_stack.ir.rope_pairs import interleave_rope_pairs
-from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.errors import CompileError, UsageError, first_line
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, choose_suffix
 from ipu_stack.workloads.transformer import attention_precision, attention_suffix
@@ -151,7 +151,7 @@ def _reexport(program: Any, arrays: list[np.ndarray], refusal: str,
     try:
         return torch.export.export(change(quiet_module(program)), args, kwargs=kwargs)
     except Exception as exc:  # torch reports a failed guard in many exception types
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise UsageError(f"{refusal}: {first[:120]}") from None
 
 

@@ -7,6 +7,12 @@ CLI prints ``error: <message>`` and exits 2 (usage/compile), or as the subclass 
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of a foreign exception's message (its type's name when it has none):
+    what a one-line error quotes of a library's multi-line report."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 class IpuStackError(Exception):
     """Base of every error the CLI reports as one line."""
 
