@@ -21,6 +21,7 @@ from typing import Any
 
 from ipu_stack.frontend.convert import module_label, source_label, unsupported_message
 from ipu_stack.util.errors import CompileError, UsageError, first_line
+from ipu_stack.util.files import overlapping_member
 
 LOG = logging.getLogger("ipu_stack.frontend")
 SUPPORTED_TORCH = ("2.13",)  # the torch.export schema this importer was written against
@@ -138,13 +139,11 @@ def vet_archive(path: Path, archive: zipfile.ZipFile) -> None:
     if len(infos) > MOST_MEMBERS:
         raise UsageError(f"{path}: {len(infos)} archive members, more than any model's "
                          f"({MOST_MEMBERS})")
-    offsets: set[int] = set()
     names: set[str] = set()
     for info in infos:
-        if info.header_offset in offsets or info.filename in names:
+        if info.filename in names:
             raise UsageError(f"{path}: archive member {info.filename} repeats or overlaps "
                              "another (a zip bomb)")
-        offsets.add(info.header_offset)
         names.add(info.filename)
         if info.compress_type != zipfile.ZIP_STORED and \
                 info.file_size > MOST_RATIO * max(info.compress_size, 1):
@@ -153,12 +152,9 @@ def vet_archive(path: Path, archive: zipfile.ZipFile) -> None:
         if info.filename.endswith(".json") and info.file_size > MOST_JSON_BYTES:
             raise UsageError(f"{path}: archive member {info.filename} is {info.file_size} "
                              f"bytes of JSON (at most {MOST_JSON_BYTES})")
-    ordered = sorted(infos, key=lambda info: info.header_offset)
-    for info, after in zip(ordered, ordered[1:], strict=False):  # no data shared either
-        end = info.header_offset + 30 + len(info.filename.encode()) + info.compress_size
-        if end > after.header_offset:
-            raise UsageError(f"{path}: archive member {info.filename} overlaps "
-                             f"{after.filename} (a zip bomb)")
+    if (found := overlapping_member(archive)) is not None:  # no data shared either
+        raise UsageError(f"{path}: archive member {found[0].filename} overlaps {found[1]} "
+                         "(a zip bomb)")
     total = sum(info.file_size for info in infos)
     if total > MOST_ARCHIVE_BYTES:
         raise UsageError(f"{path}: {total} bytes inflated, more than any model's "

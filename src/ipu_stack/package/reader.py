@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ipu_stack.util.errors import PackageError
-from ipu_stack.util.files import open_regular
+from ipu_stack.util.files import ZIP_LOCAL_HEADER_BYTES, open_regular, overlapping_member
 from ipu_stack.util.log import event
 
 from .format import (
@@ -52,7 +52,6 @@ _HEADER_KEYS = {"format", "format_version", "target", "compiler_version", "membe
 _MANIFEST_ENTRY_KEYS = {"sha256", "bytes"}
 _ARRAY_ENTRY_KEYS = {"sha256", "bytes", "dtype", "shape"}
 _DRIVE = re.compile(r"[A-Za-z]:")
-_LOCAL_HEADER_BYTES = 30  # fixed part of a ZIP local file header
 
 
 def read_package(
@@ -220,9 +219,9 @@ class _Reader:
         legitimately differ); any difference refuses the package, naming the field.
         """
         at = info.header_offset
-        fields = struct.unpack("<4sHHHHHIIIHH", self.data[at : at + _LOCAL_HEADER_BYTES])
+        fields = struct.unpack("<4sHHHHHIIIHH", self.data[at : at + ZIP_LOCAL_HEADER_BYTES])
         signature, _, flags, method, _, _, crc, packed, size, name_length, extra_length = fields
-        name = self.data[at + _LOCAL_HEADER_BYTES : at + _LOCAL_HEADER_BYTES + name_length]
+        name = self.data[at + ZIP_LOCAL_HEADER_BYTES : at + ZIP_LOCAL_HEADER_BYTES + name_length]
         member = quote(info.filename)
         expected = {
             "signature": (signature, b"PK\x03\x04"),
@@ -242,16 +241,9 @@ class _Reader:
 
     def _check_layout(self, archive: zipfile.ZipFile) -> None:
         """Member data must not overlap: overlapping entries are how small files expand hugely."""
-        end_of_data = getattr(archive, "start_dir", len(self.data))
-        ordered = sorted(self.infos.values(), key=lambda item: item.header_offset)
-        for index, info in enumerate(ordered):
-            start = info.header_offset
-            minimal_end = (
-                start + _LOCAL_HEADER_BYTES + len(info.filename.encode()) + info.compress_size
-            )
-            limit = ordered[index + 1].header_offset if index + 1 < len(ordered) else end_of_data
-            if start < 0 or minimal_end > limit:
-                self.corrupt(f"member {quote(info.filename)} overlaps other data or runs past it")
+        found = overlapping_member(archive)
+        if found is not None:
+            self.corrupt(f"member {quote(found[0].filename)} overlaps other data or runs past it")
 
     def _read_member(self, member: str, entry: dict[str, Any]) -> bytes:
         """Bounded read of one member, checked against the header's size and SHA-256."""

@@ -6,6 +6,10 @@ temporary file is created with mode ``0o666`` so the kernel applies the umask (a
 ACL) exactly as it would for ``open(path, "w")``: ``tempfile.mkstemp`` would create it 0600,
 and a profile or report handed to a colleague or served by a web server would be unreadable.
 
+A ZIP archive read from a user (a package, a ``.pt2``) is vetted from its central directory
+first: ``overlapping_member`` finds entries whose data would run into the next entry's,
+how a small file inflates one payload many times.
+
 Input paths are opened without blocking and checked with ``fstat`` before a byte is read, so a
 device (``/dev/zero``), a FIFO or a folder is refused at once instead of read until memory runs
 out or blocked on forever.  Output paths are checked before any work starts, so a bad ``-o``
@@ -18,6 +22,7 @@ import errno
 import os
 import secrets
 import stat
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -166,3 +171,22 @@ def check_output_file(option: str, value: str | os.PathLike[str]) -> Path:
     if problem is not None:
         raise UsageError(f"{option} {os.fspath(value)}: its folder {path.parent}: {problem}")
     return path
+
+
+ZIP_LOCAL_HEADER_BYTES = 30  # the fixed part of a ZIP local file header
+
+
+def overlapping_member(archive: zipfile.ZipFile) -> tuple[zipfile.ZipInfo, str] | None:
+    """The first entry (in file order) whose local header and data, at their least, run
+    past the next entry's header or into the central directory, with what it runs into;
+    None when no entry does."""
+    ordered = sorted(archive.infolist(), key=lambda info: info.header_offset)
+    end_of_data = getattr(archive, "start_dir", None)
+    for index, info in enumerate(ordered):
+        end = (info.header_offset + ZIP_LOCAL_HEADER_BYTES + len(info.filename.encode())
+               + info.compress_size)
+        after = ordered[index + 1] if index + 1 < len(ordered) else None
+        limit = after.header_offset if after is not None else end_of_data
+        if info.header_offset < 0 or (limit is not None and end > limit):
+            return info, after.filename if after is not None else "the central directory"
+    return None
