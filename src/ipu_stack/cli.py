@@ -312,6 +312,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     key = RECORD_KEYS[parameter]
     if args.json:
         print(json.dumps(record))
+    elif not record[key]:  # not even the least size compiles: a compile error, said as one
+        print(f"error: {one_line(record['reason'])}", file=sys.stderr)
     else:
         print(log.format_fields({key: record[key], "reason": record["reason"],
                                  "fullestTile": record["fullestTile"] or None,
@@ -360,8 +362,9 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
     if not path.exists():
         raise UsageError(f"{path} not found (profile takes a profile's folder, its "
                          "profile.json, or a package to run)")
-    if path.is_dir():
-        path = path / "profile.json"
+    if path.is_dir():  # a profile's folder, or the folder `compile -o` wrote
+        path = path / "profile.json" if (path / "profile.json").exists() else \
+            package_file(str(path))
     if path.suffix == ".json":
         return load_profile(path)
     workload, params, graph, tensors = _rebuilt(path)

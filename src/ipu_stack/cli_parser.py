@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import lru_cache
 from typing import Any
 
 from ipu_stack import __version__
@@ -118,7 +119,11 @@ GLOBAL_FLAGS = ((("--debug",), "tracebacks and debug logs"),
                 (("--quiet",), "warnings and errors only (the default)"))
 
 
+@lru_cache(maxsize=1)
 def build_parser() -> OneLineParser:
+    """The command line's parser, built once a process: it is the same for every call (its
+    hundreds of options take ~30 ms to add, which every in-process ``main`` paid again);
+    parsing leaves it as it was."""
     parser = OneLineParser(prog="ipu-stack", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
     for flag, help_text in GLOBAL_FLAGS:

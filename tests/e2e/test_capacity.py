@@ -81,3 +81,13 @@ def test_nothing_that_fits_is_a_compile_error(monkeypatch, capsys):
     record = json.loads(capsys.readouterr().out)
     assert code == 2 and record["maximumBatch"] == 0
     assert record["reason"] == "batch=1: stage 0 does not fit"
+
+
+def test_nothing_that_fits_is_one_error_line(monkeypatch, capsys):
+    """Without --json a search where nothing compiles ends like any compile error: one
+    ``error:`` line on stderr naming the reason, nothing on stdout."""
+    monkeypatch.setattr(capacity, "_fits", lambda *_, **__: "stage 0 does not fit")
+    code = main(["--quiet", "capacity", "siglip-mlp", "--max-batch", "4"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip() == "error: batch=1: stage 0 does not fit"

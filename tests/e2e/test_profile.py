@@ -153,6 +153,9 @@ def test_profile_command_summarises_and_compares(profiled, tmp_path, cache_dir, 
     text = capsys.readouterr().out
     assert f"{record['cycles']} cycles" in text and "longest supersteps:" in text
     assert "exchange phases (horizon / lower bound):" in text
+    # the folder `bench --out` wrote holds a package and no profile: profile runs it
+    assert main(["profile", str(folder / "pkg")]) == 0
+    assert f"{record['cycles']} cycles" in capsys.readouterr().out
     # the same workload planned for less memory: four stacked MLPs keep eight weight blocks
     # resident, so at 10 % of tile memory the fastest plans do not fit the planner's budget
     # and it moves stages to leaner, slower plans, named step by step

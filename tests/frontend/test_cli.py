@@ -190,6 +190,13 @@ def test_bench_with_inputs_file(tiny: Path, tmp_path: Path, cache_dir: Path, loc
     assert code == 2 and capsys.readouterr().err.strip() == (
         f"error: --inputs {tmp_path / 'extra.npz'}: pixel is not an input of the program (its "
         "inputs: pixels)")
+    # integer pixels for a floating-point input (uint8 from an image decoder): one line
+    np.savez(tmp_path / "ints.npz", pixels=(pixels > 0).astype(np.uint8))
+    code = main(["--quiet", "compile", str(tiny), "--inputs", str(tmp_path / "ints.npz"), "-o",
+                 str(tmp_path / "c")])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        f"error: --inputs {tmp_path / 'ints.npz'}: pixels holds uint8 values and the program "
+        "takes floating point there (cast the array if meant)")
 
 
 def test_an_imported_tower_over_two_chips(tmp_path: Path, cache_dir: Path, capsys) -> None:

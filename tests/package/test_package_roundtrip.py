@@ -56,6 +56,22 @@ def test_round_trip(tmp_path: Path, sample_kwargs: dict[str, Any]) -> None:
     assert package.arrays["weights"].flags.c_contiguous
 
 
+
+def test_the_writers_headers_are_read_without_numpys_parser(
+        tmp_path: Path, sample_kwargs: dict[str, Any], monkeypatch) -> None:
+    """A member whose ``.npy`` header is the writer's own, byte for byte, is read without
+    numpy's header parser (its ``literal_eval`` is most of a package's read time); any other
+    header still goes through it (test_package_reject)."""
+    path = tmp_path / "model.ipuexe"
+    write_package(path, **sample_kwargs)
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("numpy's header parser ran on a header the writer made")
+
+    monkeypatch.setattr(np.lib.format, "read_array_header_1_0", refuse)
+    assert_same_arrays(read_package(path).arrays, sample_kwargs["arrays"])
+
+
 def test_layout_matches_the_documented_format(sample_bytes: bytes) -> None:
     with zipfile.ZipFile(io.BytesIO(sample_bytes)) as archive:
         names = archive.namelist()

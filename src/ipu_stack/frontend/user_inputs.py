@@ -124,6 +124,9 @@ def inputs_from_file(program: Any, path: str | Path) -> list[np.ndarray]:
         used.add(key)
         if key not in data:
             raise UsageError(f"--inputs {path}: no array {name!r} (has {', '.join(data)})")
+        if not integer[index] and data[key].dtype.kind in "biu":  # ids, or a mask, by mistake
+            raise UsageError(f"--inputs {path}: {name} holds {data[key].dtype} values and the "
+                             "program takes floating point there (cast the array if meant)")
         array = np.asarray(data[key], dtype=np.float32)
         if array.shape != shape:
             raise UsageError(f"--inputs {path}: {name} is {list(array.shape)}, the program was "

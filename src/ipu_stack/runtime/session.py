@@ -87,10 +87,15 @@ def refuse_group_program(package: Package, path: Path) -> None:
                      + (f" {whole}" if whole.is_file() else ""))
 
 
+# the stored weights above which a run gives the compile's leftovers back to the OS: their
+# float32 copies, freed, are then hundreds of MB; below it the heap is reused as it is
+RELEASE_AFTER_BYTES = 64 << 20
+
+
 def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
     """Every weight a run needs, made and held as its storage codes (every reader takes
     them through ``np.asarray``); what the compile and the float32 weights left behind is
-    given back."""
+    given back where the weights are large enough for it to matter."""
     keep_freed_memory()
     if isinstance(tensors, DeferredTensors) and tensors.pending:
         # a compile made none of the weights' values; the run needs them all, made on
@@ -99,6 +104,7 @@ def hold_weights(graph: Graph, tensors: Mapping[str, np.ndarray]) -> None:
         made = tensors.make_all(os.cpu_count() or 1, weight_storer(graph))
         event(LOG, "made weight values", tensors=made,
               elapsed_ms=int((time.perf_counter() - started) * 1000))
-    event(LOG, "holding weights in their stored precisions",
-          bytes=compact_weights(graph, tensors))
-    release_freed_memory()
+    held = compact_weights(graph, tensors)
+    event(LOG, "holding weights in their stored precisions", bytes=held)
+    if held >= RELEASE_AFTER_BYTES:  # a full collection takes ~0.1 s beside torch's objects
+        release_freed_memory()
