@@ -370,3 +370,23 @@ def test_inputs_the_model_itself_overflows_are_one_line(tiny: Path, tmp_path: Pa
     assert code == 2 and err.startswith("error: torch's own output ") and err.endswith(
         "holds NaN or infinite values for these inputs: give inputs the model computes in "
         "float32"), err
+
+
+class Repeats(torch.nn.Module):
+    """A small input repeated past a chip: 2 GiB of values from 64 bytes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.repeat(1, 1 << 27, 1)
+
+
+def test_a_value_past_a_chip_is_refused_before_it_is_made(tmp_path: Path, capsys) -> None:
+    """A value no chip can hold (here an intermediate 2**31 elements, from a 16-element
+    input) is refused from the export's shapes, before the listing or the import makes it
+    (a [1, 50M, 16] input took 10 GB to list its operations)."""
+    path = tmp_path / "repeats.pt2"
+    torch.export.save(export(Repeats(), torch.zeros(1, 1, 16)), str(path))
+    for command in (["ops", str(path)], ["compile", str(path), "-o", str(tmp_path / "c")]):
+        code = main(["--quiet", *command])
+        assert code == 2 and capsys.readouterr().err.strip() == (
+            "error: repeat would be [1, 134217728, 16]: more elements than a chip's memory "
+            "holds (940,572,672 bytes)")

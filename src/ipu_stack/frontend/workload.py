@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from ipu_stack.frontend.convert import (
     Converted,
     role,
 )
+from ipu_stack.frontend.input_file import MOST_INPUT_ELEMENTS
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.onnx_file import onnx_sha256
@@ -51,6 +53,7 @@ from ipu_stack.frontend.user_inputs import (
     input_shapes,
     inputs_from_file,
     random_inputs,
+    refuse_values_past_a_chip,
     user_input_values,
 )
 from ipu_stack.frontend.walk import Importer
@@ -113,14 +116,22 @@ def specialize(program: Any, batch: int) -> Any:
     shapes = _example_shapes(program)
     exported = shapes[0][0] if shapes and shapes[0] else 1
     if not has_dynamic_shape(program) and batch in (0, exported):
+        refuse_values_past_a_chip(program)
         return program
     size = batch or exported
     refusal = (f"batch {size}: the program's dynamic batch dimension does not take it" if
                has_dynamic_shape(program) else f"batch {size}: the program was exported for "
                f"batch {exported} without a dynamic batch dimension (export with "
                "dynamic_shapes={input: {0: Dim('batch')}})")
-    return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
-                     refusal)
+    for shape in shapes:  # before the examples are made
+        if math.prod((size, *shape[1:])) > MOST_INPUT_ELEMENTS:
+            raise UsageError(f"batch {size}: an input would be {[size, *shape[1:]]}, more "
+                             f"elements than a chip's memory holds ({MOST_INPUT_ELEMENTS:,} "
+                             "bytes)")
+    sized = _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
+                      refusal)
+    refuse_values_past_a_chip(sized)
+    return sized
 
 
 def has_dynamic_shape(program: Any) -> bool:
