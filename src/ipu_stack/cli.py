@@ -441,7 +441,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
         raise UsageError("--tokens sizes an ONNX model's symbolic sequence length; a .pt2 "
                          "program is listed at its export's shapes")
     else:
-        rows = list_operations(load_program(args.model))
+        rows = list_operations(load_program(args.model), Path(args.model).name)
     print(format_operations(rows, as_json=args.json))
     return 0
 

@@ -372,21 +372,28 @@ def test_inputs_the_model_itself_overflows_are_one_line(tiny: Path, tmp_path: Pa
         "float32"), err
 
 
-class Repeats(torch.nn.Module):
-    """A small input repeated past a chip: 2 GiB of values from 64 bytes."""
+
+class Widens(torch.nn.Module):
+    """A small input made 2 GiB wide by one product (a 4 MB weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 1 << 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.repeat(1, 1 << 27, 1)
+        return self.fc(x)
 
 
-def test_a_value_past_a_chip_is_refused_before_it_is_made(tmp_path: Path, capsys) -> None:
-    """A value no chip can hold (here an intermediate 2**31 elements, from a 16-element
-    input) is refused from the export's shapes, before the listing or the import makes it
-    (a [1, 50M, 16] input took 10 GB to list its operations)."""
-    path = tmp_path / "repeats.pt2"
-    torch.export.save(export(Repeats(), torch.zeros(1, 1, 16)), str(path))
-    for command in (["ops", str(path)], ["compile", str(path), "-o", str(tmp_path / "c")]):
-        code = main(["--quiet", *command])
-        assert code == 2 and capsys.readouterr().err.strip() == (
-            "error: repeat would be [1, 134217728, 16]: more elements than a chip's memory "
-            "holds (940,572,672 bytes)")
+def test_a_value_past_the_bound_is_refused_before_it_is_made(tmp_path: Path, capsys) -> None:
+    """A value of over 1 GiB (here a product's result, from a 0.5 MB input) is refused from
+    the export's shapes, before the listing or the import makes it (a ``[1, 50M, 16]``
+    input took 10 GB to list its operations)."""
+    path = tmp_path / "widens.pt2"
+    torch.export.save(export(Widens(), torch.zeros(1, 1 << 13, 16)), str(path))
+    code = main(["--quiet", "ops", str(path)])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        "error: widens.pt2: aten.linear linear's result takes 2.0 GiB, over the bound of "
+        "1.0 GiB for one value")
+    code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1 and "widens.pt2" in err, err

@@ -406,3 +406,19 @@ def test_a_node_or_input_the_model_cannot_compute_is_one_line(tmp_path: Path, ca
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expected in lines[0], lines[0]
+
+
+
+def test_a_value_past_the_bound_is_refused_before_it_is_made(tmp_path: Path, capsys) -> None:
+    """An ONNX MatMul whose result takes 2 GiB (a 0.5 MB input, a 4 MB weight): ``ops``
+    refuses it from the traced shapes in one line, before the listing makes it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1 << 13, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1 << 13, 1 << 16])
+    weight = numpy_helper.from_array(np.zeros((16, 1 << 16), np.float32), "w")
+    path = tmp_path / "wide.onnx"
+    onnx.save(graph_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="/mm")],
+                          [x], [y], [weight]), str(path))
+    code = main(["--quiet", "ops", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: wide.onnx: ") and err.endswith(
+        "takes 2.0 GiB, over the bound of 1.0 GiB for one value"), err

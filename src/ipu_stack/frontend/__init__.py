@@ -53,7 +53,7 @@ def make_workload(*args: Any, **kwargs: Any) -> Any:
     return run(*args, **kwargs)
 
 
-def list_operations(program: Any) -> Any:
+def list_operations(program: Any, label: str = "the program") -> Any:
     from ipu_stack.frontend.listing import list_operations as run
 
-    return run(program)
+    return run(program, label)

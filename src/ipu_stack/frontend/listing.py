@@ -15,15 +15,20 @@ from typing import Any
 
 from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, where
 from ipu_stack.frontend.ops import HANDLERS
+from ipu_stack.frontend.sizing import program_footprint
 from ipu_stack.frontend.user_inputs import random_inputs
 from ipu_stack.frontend.walk import Importer
 from ipu_stack.frontend.workload import specialize
 from ipu_stack.util.errors import CompileError
+from ipu_stack.workloads.footprint import check_value
 
 
-def list_operations(program: Any) -> list[dict[str, Any]]:
-    """One row per call in the program: target, module, source, status, supported."""
+def list_operations(program: Any, label: str = "the program") -> list[dict[str, Any]]:
+    """One row per call in the program: target, module, source, status, supported.  A
+    value the host's conversion would hold past the bound for one is refused first, in one
+    line naming ``label`` (the file)."""
     program = specialize(program, 0)
+    check_value(label, program_footprint(program, "f16"))
     converter = Importer(program, random_inputs(program, 0), "f16", {}, "listing")
     failure: tuple[Any, str] | None = None
     try:

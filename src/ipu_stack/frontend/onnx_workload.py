@@ -138,7 +138,7 @@ def list_onnx_operations(path: str | Path, tokens: int = 0) -> list[dict[str, An
     if not missing:
         program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, tokens))
         onnx_names = {n.name: n.meta.get("onnx_node") for n in program.graph.nodes}
-        for row in list_operations(program):
+        for row in list_operations(program, path.name):
             per_node.setdefault(onnx_names.get(row["node"]) or "", []).append(row)
     rows = []
     for index, proto in enumerate(protos):

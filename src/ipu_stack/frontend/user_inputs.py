@@ -35,20 +35,6 @@ def user_input_values(program: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def refuse_values_past_a_chip(program: Any) -> None:
-    """Refuse, before a value is made, a program one of whose values (an input, a weight,
-    an intermediate) has more elements than a chip holds at a byte each: no strategy splits
-    one value over chips, so it cannot run, and the import would first hold it in float32,
-    several times over (a ``[1, 50M, 16]`` input took 10 GB to list its operations)."""
-    for node in program.graph.nodes:
-        shape = getattr(node.meta.get("val"), "shape", None)
-        if shape is None or not all(isinstance(size, int) for size in shape):
-            continue
-        if math.prod(shape) > MOST_INPUT_ELEMENTS:
-            raise UsageError(f"{node.name} would be {list(shape)}: more elements than a "
-                             f"chip's memory holds ({MOST_INPUT_ELEMENTS:,} bytes)")
-
-
 def call_arguments(program: Any, arrays: list[np.ndarray]) -> tuple[tuple, dict]:
     """The positional and keyword arguments to call the program's module with: ``arrays``
     for its tensor inputs, in order, and the constants it was exported with."""

@@ -53,7 +53,6 @@ from ipu_stack.frontend.user_inputs import (
     input_shapes,
     inputs_from_file,
     random_inputs,
-    refuse_values_past_a_chip,
     user_input_values,
 )
 from ipu_stack.frontend.walk import Importer
@@ -116,7 +115,6 @@ def specialize(program: Any, batch: int) -> Any:
     shapes = _example_shapes(program)
     exported = shapes[0][0] if shapes and shapes[0] else 1
     if not has_dynamic_shape(program) and batch in (0, exported):
-        refuse_values_past_a_chip(program)
         return program
     size = batch or exported
     refusal = (f"batch {size}: the program's dynamic batch dimension does not take it" if
@@ -128,10 +126,8 @@ def specialize(program: Any, batch: int) -> Any:
             raise UsageError(f"batch {size}: an input would be {[size, *shape[1:]]}, more "
                              f"elements than a chip's memory holds ({MOST_INPUT_ELEMENTS:,} "
                              "bytes)")
-    sized = _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
-                      refusal)
-    refuse_values_past_a_chip(sized)
-    return sized
+    return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
+                     refusal)
 
 
 def has_dynamic_shape(program: Any) -> bool:

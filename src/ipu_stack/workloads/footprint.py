@@ -128,6 +128,16 @@ def workload_label(workload: Any, params: dict[str, Any]) -> str:
     return Path(params["model"]).name if params.get("model") else workload.name
 
 
+def check_value(name: str, footprint: Footprint) -> None:
+    """Refuse, in one line, a workload one of whose values takes over ``VALUE_BYTES``: the
+    host's references would hold it whole (a listing of operations too, which makes every
+    value once)."""
+    if footprint.value_bytes > VALUE_BYTES:
+        raise CompileError(f"{name}: {footprint.value_what} takes "
+                           f"{gib(footprint.value_bytes)}, over the bound of "
+                           f"{gib(VALUE_BYTES)} for one value")
+
+
 def check_footprint(name: str, footprint: Footprint, target: str, chips: int) -> None:
     """Refuse, in one line, a workload whose least memory exceeds ``chips`` chips', naming
     what fills it and the size or chip count that could fit."""
@@ -135,10 +145,7 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
     held = chips * chip
     need = footprint.weight_bytes + footprint.activation_bytes
     if need <= held:
-        if footprint.value_bytes > VALUE_BYTES:
-            raise CompileError(f"{name}: {footprint.value_what} takes "
-                               f"{gib(footprint.value_bytes)}, over the bound of "
-                               f"{gib(VALUE_BYTES)} for one value")
+        check_value(name, footprint)
         return
     where = (f"{chips} chips of {target} hold {_gb(held)}" if chips > 1
              else f"one chip of {target} holds {_gb(held)}")
