@@ -45,6 +45,8 @@ BAD = [
     (["profile", "{missing}"], "not found (profile takes a profile's folder, its profile.json, "
                                "or a package to run)"),
     (["run", "{folder}"], "is a folder with no model.ipuexe in it"),
+    (["profile", "{folder}"], "is a folder with neither a profile.json (`bench --profile DIR` "
+                              "writes one) nor a package (model.ipuexe)"),
     (["inspect", "{text}"], "is corrupt: not a ZIP archive"),
     (["capacity", "siglip-mlp"], "one of the arguments --max-batch --max-blocks --max-layers "
                                  "--max-context --max-chips is required"),
