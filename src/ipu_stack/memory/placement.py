@@ -124,50 +124,83 @@ is what places siglip-vision's 9 groups of 162 tiles: the other two left an 8 KB
 buffer of the last layer without a hole on tile 159 at every memory share tried."""
 
 
+@dataclass(frozen=True)
+class BufferTable:
+    """Every buffer's first-fit operands as columns indexed by buffer id, and its rank in
+    each of ``PLACEMENT_ORDERS``, made once a program: a tile signature's buffers are then
+    put in an order by their ranks (each order ends in the id, so the ranks of a subset
+    sort it as sorting the subset would) and their columns taken by index, where building
+    them buffer by buffer for every signature took a quarter of a tower's compile."""
+
+    columns: np.ndarray  # [7, buffers]: bytes, first, last, alignment, start, below, end
+    ranks: np.ndarray  # [orders, buffers]
+
+    @classmethod
+    def of(cls, buffers: list[Buffer], target: Target) -> BufferTable:
+        """The table of ``buffers``, indexed by their positions (a program's: its ids)."""
+        ranges = [target.class_range(b.memory_class) for b in buffers]
+        columns = np.array([
+            [b.nbytes for b in buffers], [b.first for b in buffers], [b.last for b in buffers],
+            [target.alignment(b.memory_class) for b in buffers], [lo for lo, _ in ranges],
+            [target.interleaved_base if b.memory_class is MemoryClass.STANDARD else -1
+             for b in buffers], [hi for _, hi in ranges]], dtype=np.int64).reshape(7, -1)
+        ranks = np.empty((len(PLACEMENT_ORDERS), len(buffers)), dtype=np.int64)
+        for row, key in enumerate(PLACEMENT_ORDERS):
+            ranks[row, sorted(range(len(buffers)), key=lambda i, k=key: k(buffers[i]))] = \
+                np.arange(len(buffers))
+        return cls(columns, ranks)
+
+
 def place_signature(
-    buffers: list[Buffer], support: int, target: Target, tile: int
+    buffers: list[Buffer], support: int, target: Target, tile: int,
+    table: BufferTable | None = None,
 ) -> tuple[dict[int, int], PlacementError | None]:
     """Addresses for one tile signature, and the first failure (naming the tile), if any.
 
     A buffer that does not fit is left unplaced and the rest are still placed, so the
     reports written after a failure show as much of the tile as possible.  The first fit
     runs as one compiled loop (:func:`_fit_all`): a tower's tiles hold hundreds of buffers,
-    and a Python scan per buffer was the compile's largest cost.
+    and a Python scan per buffer was the compile's largest cost.  ``table``: the program's
+    :class:`BufferTable` (made here for ``buffers`` alone when not given).
     """
     base = target.memory_base
     support_range = (base, base + support)
     by_id = {b.id: b for b in buffers}
+    if table is None:  # by their positions in ``buffers``
+        table, ids = BufferTable.of(buffers, target), np.arange(len(buffers))
+    else:
+        ids = np.array([b.id for b in buffers], dtype=np.int64)
+    return _place_ordered(buffers, table, ids, support_range, target, tile, by_id, support)
 
-    def column(values: list[int]) -> np.ndarray:
-        return np.array(values, dtype=np.int64).reshape(-1)
 
-    def fit(order: list[Buffer]) -> np.ndarray:
-        ranges = [target.class_range(b.memory_class) for b in order]
-        return _fit_all(
-            column([b.nbytes for b in order]), column([b.first for b in order]),
-            column([b.last for b in order]),
-            column([target.alignment(b.memory_class) for b in order]),
-            column([lo for lo, _ in ranges]),
-            column([target.interleaved_base if b.memory_class is MemoryClass.STANDARD else -1
-                    for b in order]), column([hi for _, hi in ranges]),
-            support_range[0], support_range[1])
+def _place_ordered(buffers: list[Buffer], table: BufferTable, ids: np.ndarray,
+                   support_range: tuple[int, int], target: Target, tile: int,
+                   by_id: dict[int, Buffer], support: int
+                   ) -> tuple[dict[int, int], PlacementError | None]:
+    """:func:`place_signature`'s fit in each order until one places every buffer, and the
+    failure of the first where none does; ``ids`` index ``table`` for ``buffers``."""
+    def fit(order: np.ndarray) -> np.ndarray:
+        c = table.columns[:, ids[order]]
+        return _fit_all(c[0], c[1], c[2], c[3], c[4], c[5], c[6], support_range[0],
+                        support_range[1])
 
-    order = sorted(buffers, key=PLACEMENT_ORDERS[0])
+    order = np.argsort(table.ranks[0, ids])
     addresses = fit(order)
-    for key in PLACEMENT_ORDERS[1:]:  # a failure names what the first order left out
+    for rank in table.ranks[1:]:  # a failure names what the first order left out
         if (addresses >= 0).all():
             break
-        other = sorted(buffers, key=key)
+        other = np.argsort(rank[ids])
         placed_other = fit(other)
         if (placed_other >= 0).all():
             order, addresses = other, placed_other
-    placed = {b.id: (int(a), int(a) + b.nbytes) for b, a in zip(order, addresses, strict=True)
+    ordered = [buffers[i] for i in order]
+    placed = {b.id: (int(a), int(a) + b.nbytes) for b, a in zip(ordered, addresses, strict=True)
               if a >= 0}
     failure: PlacementError | None = None
     if (addresses < 0).any():  # the first that did not fit, named with what was live
         missing = int(np.argmax(addresses < 0))
-        buffer = order[missing]
-        before = {b.id: placed[b.id] for b in order[:missing] if b.id in placed}
+        buffer = ordered[missing]
+        before = {b.id: placed[b.id] for b in ordered[:missing] if b.id in placed}
         taken = [support_range] + [
             before[other] for other in before if _overlaps(by_id[other], buffer)]
         class_start, class_end = target.class_range(buffer.memory_class)
@@ -179,7 +212,7 @@ def place_signature(
         )
         failure.tile = tile
         failure.interleaved = buffer.memory_class is MemoryClass.INTERLEAVED
-        failure.shortfall = _unplaced_peak([b for b, a in zip(order, addresses, strict=True)
+        failure.shortfall = _unplaced_peak([b for b, a in zip(ordered, addresses, strict=True)
                                             if a < 0])
     return {bid: lo for bid, (lo, _) in placed.items()}, failure
 
@@ -218,41 +251,62 @@ def _details(
 
 
 def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -> Placement:
-    """Place every buffer on every tile that holds it."""
+    """Place every buffer on every tile that holds it: once for each distinct signature
+    (the buffers a tile holds and its support bytes), in the order numpy's sorted unique
+    rows give them."""
     tiles = target.tiles
     member = np.zeros((tiles, len(program.buffers)), dtype=bool)
     for buffer in program.buffers:
         member[buffer.tiles, buffer.id] = True
-    signature = np.concatenate([member.astype(np.int64), support_bytes[:, None]], axis=1)
-    unique, first_tile, inverse = np.unique(signature, axis=0, return_index=True,
-                                            return_inverse=True)
-    inverse = inverse.ravel()
+    unique, first_tile, inverse = _signatures(member, support_bytes)
+    table = BufferTable.of(program.buffers, target)
+    nbytes, first, last = table.columns[0], table.columns[1], table.columns[2]
     addresses = np.full((len(program.buffers), tiles), -1, dtype=np.int64)
-    steps = len(program.initialize) + len(program.run)
+    steps = max(len(program.initialize) + len(program.run), 1)
     peak = np.zeros(tiles, dtype=np.int64)
     peak_step = np.zeros(tiles, dtype=np.int64)
     first_failure: PlacementError | None = None
-    for index, row in enumerate(unique):
-        present = [program.buffers[i] for i in np.flatnonzero(row[:-1])]
-        tile = int(first_tile[index])
-        chosen, failure = place_signature(present, int(row[-1]), target, tile)
+    for index, tile in enumerate(first_tile):
+        ids = np.flatnonzero(member[tile])
+        support = int(support_bytes[tile])
+        chosen, failure = place_signature([program.buffers[i] for i in ids], support, target,
+                                          int(tile), table)
         if failure is not None:
             if first_failure is None:
                 first_failure = failure
             first_failure.shortfall = max(first_failure.shortfall, failure.shortfall)
         members = np.flatnonzero(inverse == index)
-        for bid, address in chosen.items():
-            addresses[bid, members] = address
-        live = np.zeros(max(steps, 1), dtype=np.int64)
-        for b in present:
-            live[b.first : b.last + 1] += b.nbytes
-        peak[members] = int(row[-1]) + int(live.max())
+        if chosen:
+            placed = np.fromiter(chosen, dtype=np.int64, count=len(chosen))
+            addresses[placed[:, None], members[None, :]] = np.fromiter(
+                chosen.values(), dtype=np.int64, count=len(chosen))[:, None]
+        change = np.zeros(steps + 1, dtype=np.int64)  # bytes live at each step
+        used = ids[(first[ids] >= 0) & (first[ids] < steps)]  # a buffer no step touches: none
+        np.add.at(change, first[used], nbytes[used])
+        np.add.at(change, np.minimum(last[used] + 1, steps), -nbytes[used])
+        live = np.cumsum(change[:steps])
+        peak[members] = support + int(live.max())
         peak_step[members] = int(live.argmax())
     placement = Placement(addresses, support_bytes.astype(np.int64), peak, peak_step)
     if first_failure is not None:
         first_failure.placement = placement  # the partial placement, for the reports
         raise first_failure
     return placement
+
+
+def _signatures(member: np.ndarray, support_bytes: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct rows of ``member`` beside each tile's support bytes, as
+    ``np.unique(rows, axis=0)`` orders them: (rows, each one's first tile, each tile's row).
+    Each row is packed into bytes whose order is the rows' (bits first to last, then the
+    support bytes big-endian), so numpy sorts one short string a tile instead of a row of
+    an int64 a buffer (a tower's program has tens of thousands)."""
+    packed = np.packbits(member, axis=1)
+    support = np.asarray(support_bytes, dtype=">u8").reshape(-1, 1).view(np.uint8)
+    rows = np.ascontiguousarray(np.concatenate([packed, support], axis=1))
+    keys = rows.view(np.dtype((np.void, rows.shape[1]))).ravel()
+    unique, first_tile, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return unique, first_tile, inverse.ravel()
 
 
 def fragmentation(placement: Placement, program: Program, target: Target) -> dict[str, float]:
