@@ -258,7 +258,7 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
     member = np.zeros((tiles, len(program.buffers)), dtype=bool)
     for buffer in program.buffers:
         member[buffer.tiles, buffer.id] = True
-    unique, first_tile, inverse = _signatures(member, support_bytes)
+    _, first_tile, inverse = _signatures(member, support_bytes)
     table = BufferTable.of(program.buffers, target)
     nbytes, first, last = table.columns[0], table.columns[1], table.columns[2]
     addresses = np.full((len(program.buffers), tiles), -1, dtype=np.int64)
