@@ -363,11 +363,11 @@ def _load_profile_or_run(path: Path, lock: Path | None) -> Profile:
         raise UsageError(f"{path} not found (profile takes a profile's folder, its "
                          "profile.json, or a package to run)")
     if path.is_dir():  # a profile's folder, or the folder `compile -o` wrote
-        if not (path / "profile.json").exists() and not (path / "model.ipuexe").exists():
+        held = [f for f in (path / "profile.json", path / "model.ipuexe") if f.exists()]
+        if not held:
             raise UsageError(f"{path} is a folder with neither a profile.json (`bench "
                              "--profile DIR` writes one) nor a package (model.ipuexe)")
-        path = path / "profile.json" if (path / "profile.json").exists() else \
-            path / "model.ipuexe"
+        path = held[0]
     if path.suffix == ".json":
         return load_profile(path)
     workload, params, graph, tensors = _rebuilt(path)

@@ -233,6 +233,15 @@ def test_capacity_of_a_dynamic_batch_program(tmp_path: Path, cache_dir: Path, ca
     record = json.loads(capsys.readouterr().out)
     assert record["maximumBatch"] == 3 and record["tried"] == {"1": "fits", "2": "fits",
                                                                 "3": "fits"}
+    # a batch whose input no chip holds is refused before its example arrays are made
+    wide = tmp_path / "wide.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4096, 8), (torch.randn(2, 4096),),
+                                          dynamic_shapes=({0: batch},)), str(wide))
+    code = main(["--quiet", "compile", str(wide), "--batch", "1000000", "-o",
+                 str(tmp_path / "c")])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        "error: batch 1000000: an input would be [1000000, 4096]: more elements than a "
+        "chip's memory holds (940,572,672 bytes)")
 
 
 def test_capacity_of_a_static_program_says_why_not(tiny: Path, capsys) -> None:

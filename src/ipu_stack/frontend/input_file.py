@@ -10,6 +10,7 @@ check that blames the importer.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 
@@ -25,6 +26,14 @@ MOST_INPUT_ELEMENTS = get_target("ipu21").tiles * get_target("ipu21").tile_bytes
 MOST_INPUT_BYTES = 1 << 34
 """The most bytes an inputs file's arrays may declare in all (16 GiB): far above any input a
 chip's 0.9 GB can take, far below what a host can hold."""
+
+
+def refuse_past_a_chip(what: str, shape: tuple[int, ...]) -> None:
+    """Refuse ``what`` of ``shape``, before a byte of it is allocated, where it has more
+    elements than a chip holds at a byte each."""
+    if math.prod(shape) > MOST_INPUT_ELEMENTS:
+        raise UsageError(f"{what} would be {list(shape)}: more elements than a chip's memory "
+                         f"holds ({MOST_INPUT_ELEMENTS:,} bytes)")
 
 
 def _declared_bytes(archive: zipfile.ZipFile, member: str, where: str) -> int:

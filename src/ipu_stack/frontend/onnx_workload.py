@@ -9,14 +9,13 @@ other from ``--tokens``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.input_file import MOST_INPUT_ELEMENTS, read_input_arrays
+from ipu_stack.frontend.input_file import read_input_arrays, refuse_past_a_chip
 from ipu_stack.frontend.listing import list_operations
 from ipu_stack.frontend.onnx_file import (
     GraphInput,
@@ -65,9 +64,7 @@ def example_feeds(specs: list[GraphInput], batch: int, tokens: int,
                                  f"{asked} along {dim!r} as {option} {asked} asks")
     sized = {s.name: shapes.get(s.name) or concrete_shape(s, batch, tokens) for s in specs}
     for name, shape in sized.items():  # before a byte is allocated: a chip holds each input
-        if math.prod(shape) > MOST_INPUT_ELEMENTS:
-            raise UsageError(f"graph input {name} would be {list(shape)}: more elements than a "
-                             f"chip's memory holds ({MOST_INPUT_ELEMENTS:,} bytes)")
+        refuse_past_a_chip(f"graph input {name}", shape)
     return {s.name: np.zeros(sized[s.name], s.dtype) for s in specs}
 
 

@@ -5,14 +5,13 @@ array is read)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ipu_stack.frontend.convert import TRANSPARENT, op_name, user_input_nodes
-from ipu_stack.frontend.input_file import MOST_INPUT_ELEMENTS, read_input_arrays
+from ipu_stack.frontend.input_file import read_input_arrays, refuse_past_a_chip
 from ipu_stack.frontend.loader import require_torch
 from ipu_stack.frontend.ops_cache import position_inputs
 from ipu_stack.util.errors import UsageError
@@ -99,9 +98,7 @@ def random_inputs(program: Any, seed: int) -> list[np.ndarray]:
     positions = position_inputs(program)
     for (name, shape), integer in zip(input_shapes(program), integer_inputs(program),
                                       strict=True):
-        if math.prod(shape) > MOST_INPUT_ELEMENTS:  # before a byte is allocated
-            raise UsageError(f"input {name} would be {list(shape)}: more elements than a "
-                             f"chip's memory holds ({MOST_INPUT_ELEMENTS:,} bytes)")
+        refuse_past_a_chip(f"input {name}", shape)
         rng = rng_for(seed, name)
         if name in positions:  # a static cache's step: the first positions
             out.append(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))

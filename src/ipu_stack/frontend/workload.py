@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import re
 import warnings
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from ipu_stack.frontend.convert import (
     Converted,
     role,
 )
-from ipu_stack.frontend.input_file import MOST_INPUT_ELEMENTS
+from ipu_stack.frontend.input_file import refuse_past_a_chip
 from ipu_stack.frontend.loader import file_sha256, load_program, require_torch
 from ipu_stack.frontend.names import IMPORTED
 from ipu_stack.frontend.onnx_file import onnx_sha256
@@ -122,10 +121,7 @@ def specialize(program: Any, batch: int) -> Any:
                f"batch {exported} without a dynamic batch dimension (export with "
                "dynamic_shapes={input: {0: Dim('batch')}})")
     for shape in shapes:  # before the examples are made
-        if math.prod((size, *shape[1:])) > MOST_INPUT_ELEMENTS:
-            raise UsageError(f"batch {size}: an input would be {[size, *shape[1:]]}, more "
-                             f"elements than a chip's memory holds ({MOST_INPUT_ELEMENTS:,} "
-                             "bytes)")
+        refuse_past_a_chip(f"batch {size}: an input", (size, *shape[1:]))
     return _reexport(program, [np.zeros((size, *shape[1:]), np.float32) for shape in shapes],
                      refusal)
 

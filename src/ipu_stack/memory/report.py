@@ -27,7 +27,7 @@ import numpy as np
 from ipu_stack.ir.names import Part, step_label
 from ipu_stack.lowering.program import ComputeSet, Exchange, Loop, Program, Step
 from ipu_stack.memory.page import PAGE_BODY, PAGE_CSS, PAGE_JS
-from ipu_stack.memory.placement import Placement
+from ipu_stack.memory.placement import Placement, distinct_rows
 from ipu_stack.target import MemoryClass, Target
 from ipu_stack.util.files import write_text_atomic
 from ipu_stack.util.html import inert_json, standalone_page
@@ -212,17 +212,8 @@ def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of ``rows`` (tiles first) and each tile's index into them."""
     if rows.shape[1] == 0:
         return rows[:1], np.zeros(len(rows), dtype=np.int64)
-    # by each row's bytes: numpy's unique along an axis sorts the rows as opaque records,
-    # ~15 ms for a chip's tiles, paid by every compile's report
-    rows = np.ascontiguousarray(rows)
-    first: dict[bytes, int] = {}
-    seen = np.array([first.setdefault(row.tobytes(), tile) for tile, row in enumerate(rows)])
-    firsts = np.unique(seen)
-    unique = rows[firsts]
-    order = np.lexsort(unique.T[::-1])  # the rows in order, as np.unique gives them
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return unique[order], rank[np.searchsorted(firsts, seen)]
+    first, inverse = distinct_rows(rows)
+    return rows[first], inverse
 
 
 def placement_data(
