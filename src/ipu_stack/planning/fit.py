@@ -140,26 +140,49 @@ def need(plans: list[GemmPlan | None], repeats: list[int] | None = None) -> int:
             + max(transient_bytes(p) for p, _ in chosen))
 
 
+class PlanSizes:
+    """Each candidate plan's bytes by ``id``, and each stage's candidates fastest first,
+    counted once for every cap the fitter tries (a Swin-L tower has 137 stages and 1,929
+    candidates; a fit moves one stage at a time, so its sums are updated, not recounted)."""
+
+    def __init__(self, plans: list[GemmPlan | None], fronts: list[list[GemmPlan]]) -> None:
+        every = [p for front, plan in zip(fronts, plans, strict=True)
+                 for p in ([plan] if plan else []) + front]
+        self.transient = {id(p): transient_bytes(p) for p in every}
+        self.resident = {id(p): resident_bytes(p) for p in every}
+        # what a plan keeps in interleaved memory (``SideBySide.weights(interleaved=True)``)
+        self.interleaved = {id(p): 0 if p.streamed or p.swapped else self.resident[id(p)]
+                            for p in every}
+        self.interleaved_transient = {id(p): interleaved_transient_bytes(p) for p in every}
+        self.fastest_first = [
+            sorted([plan, *front], key=lambda p: (p.estimated_cycles, -self.resident[id(p)]))
+            if plan else [] for plan, front in zip(plans, fronts, strict=True)]
+
+
+def _lean_options(stage: int, cap: int, sizes: PlanSizes) -> list[GemmPlan]:
+    """A stage's plans within ``cap``, fastest first, each leaner than the one before."""
+    lean: list[GemmPlan] = []
+    for p in sizes.fastest_first[stage]:  # strictly decreasing resident bytes as cycles grow
+        if sizes.transient[id(p)] <= cap and (
+                not lean or sizes.resident[id(p)] < sizes.resident[id(lean[-1])]):
+            lean.append(p)
+    return lean
+
+
 def _fit_under_cap(
-    plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], cap: int, budget: MemoryBudget,
-    repeats: list[int], transient: dict[int, int], sharing: SideBySide,
+    plans: list[GemmPlan | None], cap: int, budget: MemoryBudget, repeats: list[int],
+    sizes: PlanSizes, sharing: SideBySide,
 ) -> list[GemmPlan | None] | None:
     """Fastest choice with every transient <= cap, the resident sum within what the cap
-    leaves of ``budget`` and within interleaved memory, greedily.  ``transient``: each
-    plan's transient bytes by ``id`` (the fitter tries every cap: counted once)."""
+    leaves of ``budget`` and within interleaved memory, greedily."""
     options: list[list[GemmPlan]] = []
     current: list[GemmPlan | None] = []
-    for plan, front in zip(plans, fronts, strict=True):
+    for stage, plan in enumerate(plans):
         if plan is None:
             options.append([])
             current.append(None)
             continue
-        allowed = [p for p in [plan, *front] if transient[id(p)] <= cap]
-        allowed.sort(key=lambda p: (p.estimated_cycles, -resident_bytes(p)))
-        lean: list[GemmPlan] = []
-        for p in allowed:  # strictly decreasing resident bytes as cycles grow
-            if not lean or resident_bytes(p) < resident_bytes(lean[-1]):
-                lean.append(p)
+        lean = _lean_options(stage, cap, sizes)
         if not lean:
             return None
         options.append(lean)
@@ -173,7 +196,7 @@ def _fit_under_cap(
         k = position[index]
         if k + 1 < len(options[index]):
             here, there = options[index][k], options[index][k + 1]
-            saved = resident_bytes(here) - resident_bytes(there)
+            saved = sizes.resident[id(here)] - sizes.resident[id(there)]
             ratio = max(there.estimated_cycles - here.estimated_cycles, 0) / saved
             # per byte of the whole program: cycles and weights both repeat with the body
             heapq.heappush(heap, (ratio, index, k))
@@ -182,18 +205,27 @@ def _fit_under_cap(
         if plan is not None:
             push(index)
     limit = budget.bytes - max(cap, budget.row_bytes)
-    interleaved = _interleaved_limit(budget, current)
-    while total > limit or held > interleaved:
+    largest = max((sizes.interleaved_transient[id(p)] for p in current if p), default=0)
+    while total > limit or held > budget.interleaved - largest:
         if not heap:
             return None
         _, index, k = heapq.heappop(heap)
         if position[index] != k:
             continue
         position[index] = k + 1
-        current[index] = options[index][k + 1]
-        total = sharing.weights(current, repeats)
-        interleaved = _interleaved_limit(budget, current)
-        held = _interleaved_resident(current, repeats, sharing)
+        old, new = current[index], options[index][k + 1]
+        assert old is not None
+        current[index] = new
+        if sharing.runs:  # a run's siblings share tiles or not as their spans say
+            total = sharing.weights(current, repeats)
+            held = _interleaved_resident(current, repeats, sharing)
+        else:
+            total += repeats[index] * (sizes.resident[id(new)] - sizes.resident[id(old)])
+            held += repeats[index] * (sizes.interleaved[id(new)] - sizes.interleaved[id(old)])
+        if sizes.interleaved_transient[id(old)] == largest:  # the largest may have left
+            largest = max(sizes.interleaved_transient[id(p)] for p in current if p)
+        else:
+            largest = max(largest, sizes.interleaved_transient[id(new)])
         push(index)
     return current
 
@@ -213,22 +245,21 @@ def fit_plans(
     if planned_bytes(plans, repeats, budget.row_bytes, sharing) <= budget.bytes and \
             _interleaved_resident(plans, repeats, sharing) <= _interleaved_limit(budget, plans):
         return list(plans), 0
-    transient = {id(p): transient_bytes(p) for front, plan in zip(fronts, plans, strict=True)
-                 for p in ([plan] if plan else []) + front}
-    caps = sorted(set(transient.values()))
+    sizes = PlanSizes(plans, fronts)
+    caps = sorted(set(sizes.transient.values()))
     best: list[GemmPlan | None] | None = None
     best_cycles = None
     for cap in caps:
         if cap >= budget.bytes:
             break
-        choice = _fit_under_cap(plans, fronts, cap, budget, repeats, transient, sharing)
+        choice = _fit_under_cap(plans, cap, budget, repeats, sizes, sharing)
         if choice is None:
             continue
         cycles = planned_cycles(choice, repeats)
         if best_cycles is None or cycles < best_cycles:
             best, best_cycles = choice, cycles
     if best is None:
-        weights, transient = _leanest(plans, fronts, caps, repeats, sharing)
+        weights, transient = _leanest(plans, fronts, caps, repeats, sizes, sharing)
         transient = max(transient, budget.row_bytes)
         if weights + transient <= budget.bytes:  # the tile has room; interleaved memory not
             raise CompileError(
@@ -247,7 +278,7 @@ def fit_plans(
 
 
 def _leanest(plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], caps: list[int],
-             repeats: list[int], sharing: SideBySide) -> tuple[int, int]:
+             repeats: list[int], sizes: PlanSizes, sharing: SideBySide) -> tuple[int, int]:
     """The smallest ``weights + transient`` over every cap on the transient bytes: what
     the leanest choice of plans would need (weights counted once per layer, siblings side
     by side as ``sharing`` counts them)."""
@@ -255,10 +286,11 @@ def _leanest(plans: list[GemmPlan | None], fronts: list[list[GemmPlan]], caps: l
     for cap in caps:
         leanest: list[GemmPlan | None] = []
         for plan, front in zip(plans, fronts, strict=True):
-            allowed = [p for p in [plan, *front] if p and transient_bytes(p) <= cap]
+            allowed = [p for p in [plan, *front] if p and sizes.transient[id(p)] <= cap]
             if plan is not None and not allowed:
                 break
-            leanest.append(min(allowed, key=resident_bytes) if allowed else None)
+            leanest.append(min(allowed, key=lambda p: sizes.resident[id(p)])
+                           if allowed else None)
         else:
             weights = sharing.weights(leanest, repeats)
             if weights + cap < sum(best):
