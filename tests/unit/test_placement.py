@@ -341,3 +341,47 @@ def test_attempts_try_the_leanest_plans_when_less_memory_leaves_none() -> None:
     placed_elsewhere.after(failure, build)
     with pytest.raises(DoesNotFit):
         placed_elsewhere.after(DoesNotFit("no plan", 400_000), build)
+
+
+def first_fit(buffers: list, support_end: int) -> dict[int, int]:
+    """A plain first fit, largest first: each buffer at the lowest aligned address of its
+    class (standard below the interleaved base where it can) clear of the support range
+    and of every placed buffer live at the same time."""
+    placed: dict[int, int] = {}
+    for b in sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.id)):
+        taken = sorted([(BASE, support_end)] + [
+            (placed[o.id], placed[o.id] + o.nbytes) for o in buffers
+            if o.id in placed and o.first <= b.last and b.first <= o.last])
+        align = IPU21.alignment(b.memory_class)
+        start, end = IPU21.class_range(b.memory_class)
+        windows = [(start, INTERLEAVED), (start, end)] if b.memory_class is STD else [(start, end)]
+        for low, high in windows:
+            cursor, at = low, None
+            for lo, hi in [*taken, (high, high)]:
+                candidate = -(-cursor // align) * align
+                if lo > cursor and candidate + b.nbytes <= min(lo, high):
+                    at = candidate
+                    break
+                cursor = max(cursor, hi)
+            if at is not None:
+                placed[b.id] = at
+                break
+    return placed
+
+
+def test_addresses_are_a_plain_first_fit_of_a_crowded_tile() -> None:
+    rng = np.random.default_rng(7)
+    specs = []
+    for _ in range(300):  # lifetimes that overlap in many ways: holes of every size
+        first = int(rng.integers(0, 200))
+        size = int(rng.integers(1, 4000)) if rng.random() < 0.9 else int(rng.integers(1, 40000))
+        specs.append(([3], size, ILV if rng.random() < 0.3 else STD, first,
+                      first + int(rng.integers(0, 40))))
+    program = program_with(specs)
+    support = np.zeros(IPU21.tiles, dtype=np.int64)
+    support[3] = 12345 * 8
+    placement = place_storage(program, support, IPU21)
+    expected = first_fit(program.buffers, BASE + int(support[3]))
+    assert len(expected) == len(program.buffers)  # the largest-first order places them all
+    assert {b.id: int(placement.addresses[b.id, 3]) for b in program.buffers} == expected
+    check_invariants(program, placement, support)
