@@ -12,6 +12,7 @@ checks that nothing of a group compiles again afterwards)."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -59,7 +60,8 @@ def warm_up_xdist_worker() -> None:
     """Under pytest-xdist with two workers or more, this worker's share of the compiling;
     elsewhere (one process, ``-n 0``) nothing: the loops compile where first used."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
     if not worker.startswith("gw") or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
         return
-    warm_up(int(worker[2:]), Path(tempfile.gettempdir()) / f"ipu-stack-warmup-{run}")
+    # one folder of locks a checkout, whatever the run: a lock outlives no process
+    checkout = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+    warm_up(int(worker[2:]), Path(tempfile.gettempdir()) / f"ipu-stack-numba-locks-{checkout}")
