@@ -18,7 +18,7 @@ from ipu_stack.ir.layout import BlockLayout
 from ipu_stack.ir.precision import F16
 from ipu_stack.kernels.base import KernelInstance
 from ipu_stack.kernels.copy import copy_params
-from ipu_stack.lowering.driver import lower
+from ipu_stack.lowering.driver import lower, lower_windows
 from ipu_stack.lowering.fuse import fuse_steps, fuse_supersteps
 from ipu_stack.lowering.lower import Lowering
 from ipu_stack.lowering.program import Call, ComputeSet, Exchange, HostRead, Loop
@@ -362,24 +362,51 @@ def test_the_unfused_lowering_is_kept_where_its_schedule_is_cheaper(tmp_path, mo
                                                                     caplog) -> None:
     """Every finalist of a tower is lowered fused and unfused; the cheaper estimate wins
     and the package's options say which (here the fused one is made to cost more)."""
-    lowered_with: list[int] = []
-    real_lower, real_estimate = compile_stages.lower, compile_stages.refined_estimate
+    lowered_with: list[tuple[int, ...]] = []
+    real_lower, real_estimate = compile_stages.lower_windows, compile_stages.refined_estimate
 
-    def lowering(*args, window: int = 0, **kwargs):
-        program = real_lower(*args, window=window, **kwargs)
-        lowered_with.append(window)
-        program.fused_for_this_test = window
-        return program
+    def lowering(*args):
+        programs = real_lower(*args)
+        lowered_with.append(args[-1])
+        for window, program in zip(args[-1], programs, strict=True):
+            program.fused_for_this_test = window
+        return programs
 
     def estimating(plans, program, *rest):
         estimate = dict(real_estimate(plans, program, *rest))
         estimate["cycles"] += 10**6 if program.fused_for_this_test else 0
         return estimate
 
-    monkeypatch.setattr(compile_stages, "lower", lowering)
+    monkeypatch.setattr(compile_stages, "lower_windows", lowering)
     monkeypatch.setattr(compile_stages, "refined_estimate", estimating)
     _, options = _compile_refusing(tmp_path, monkeypatch, caplog, lambda o: None,
                                    "siglip-layer", TOWER)
-    assert lowered_with[:2] == [8, 0] and options["fuse_window"] == 0
+    assert lowered_with[0] == (8, 0) and options["fuse_window"] == 0
     assert "selected physically scheduled operator-plan finalist selected=0 fuse_window=0" \
         in caplog.text
+
+
+def test_one_lowering_fused_for_each_window_equals_a_lowering_for_each() -> None:
+    """The compile lowers a tower once and fuses a copy for each window it weighs: each
+    program is the one a lowering of its own gives, steps, loop and lifetimes, and fusing
+    the copy leaves the other as it was."""
+    workload = get_workload("siglip-layer")
+    graph, _ = workload.build(workload.resolve({"tokens": 17, "dim": 64, "heads": 4,
+                                                "hidden": 96, "blocks": 3}))
+    stages = find_stages(graph)
+    loop = find_layer_loop(graph, stages)
+    assert loop is not None
+    stages = loop.compact(stages)
+    staged = list(zip(stages, [gemm_candidates(stage_shape(graph, s), IPU21)[0]
+                               if isinstance(s, GemmStage) else None for s in stages],
+                      strict=True))
+
+    def shape(program) -> tuple:
+        return ([(type(s).__name__, getattr(s, "name", None), getattr(s, "length", None))
+                 for s in program.run],
+                [(b.first, b.last) for b in program.buffers])
+
+    together = lower_windows(graph, staged, IPU21, False, loop, True, False, (3, 0))
+    apart = [lower(graph, staged, IPU21, loop=loop, window=window) for window in (3, 0)]
+    assert [shape(p) for p in together] == [shape(p) for p in apart]
+    assert len(together[0].run) < len(together[1].run)  # the window fused steps

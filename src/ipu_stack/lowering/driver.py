@@ -7,12 +7,14 @@ once.  Kept apart from both so that ``loop`` can build on ``lower`` without a cy
 
 from __future__ import annotations
 
+import dataclasses
+
 from ipu_stack.ir.graph import Graph, state_writes
 from ipu_stack.lowering.base import FEW_ROWS, REPLICA_BUDGET
 from ipu_stack.lowering.fuse import fuse_supersteps
 from ipu_stack.lowering.loop import LoopLowering
 from ipu_stack.lowering.lower import Lowering
-from ipu_stack.lowering.program import Program
+from ipu_stack.lowering.program import Loop, Program
 from ipu_stack.planning.gemm import GemmPlan
 from ipu_stack.planning.repeat import LayerLoop
 from ipu_stack.planning.stages import GemmStage, Stage, sibling_runs
@@ -67,6 +69,20 @@ def lower(
     any other program's steps are fused within ``window`` supersteps (0: not at all).
     With ``multicast_gathers``, an all-gather among many tiles stays multicasts
     (``lowering.gemm_stage.MULTICAST_GATHER_PEERS``): fewer exchange-table entries."""
+    return lower_windows(graph, plans, target, paired, loop, fuse, multicast_gathers,
+                         (window,))[0]
+
+
+def lower_windows(
+    graph: Graph, plans: list[tuple[Stage, GemmPlan | None]], target: Target, paired: bool,
+    loop: LayerLoop | None, fuse: bool, multicast_gathers: bool, windows: tuple[int, ...],
+) -> list[Program]:
+    """:func:`lower`'s program for each fusion window of ``windows``, lowered once.
+
+    Why: the compile weighs a program fused with its neighbours against the same program
+    unfused, and the two differ only in the fusion pass at the end; lowering was a third
+    of a Swin-L compile, half of it lowering the same stages again.  Each window but the
+    last fuses a copy (:func:`fork`), the last the lowered program itself."""
     lowering = Lowering(graph, target, paired)
     lowering.lean = replicated_parameter_bytes(graph, plans, loop) > REPLICA_BUDGET
     lowering.multicast_gathers = multicast_gathers
@@ -75,6 +91,39 @@ def lower(
     # carry it: no landing exchange, and no tile copies its own block across
     lowering.land_inputs(frozenset({loop.carried_in}) if loop is not None and lowering.spread
                          else frozenset())
+    _lower_stages(lowering, graph, plans, loop)
+    lowering.read_outputs()
+    programs = []
+    for position, window in enumerate(windows):
+        program = lowering.program if position == len(windows) - 1 else fork(lowering.program)
+        if lowering.spread:
+            fuse_supersteps(program)
+        elif fuse and window:
+            fuse_supersteps(program, window)
+        program.compute_lifetimes()
+        end = len(program.initialize) + len(program.run) - 1
+        for step in program.initialize:
+            program.buffers[step.buffer].last = end  # weights stay resident across runs
+        programs.append(program)
+    return programs
+
+
+def fork(program: Program) -> Program:
+    """A copy of ``program`` that fusion and lifetimes may change without changing it:
+    its own step lists, loop step and buffers (whose lifetimes are set); the steps
+    themselves are shared, since fusion makes new steps rather than changing old ones."""
+    return Program(
+        buffers=[dataclasses.replace(buffer) for buffer in program.buffers],
+        initialize=list(program.initialize),
+        run=[dataclasses.replace(step) if isinstance(step, Loop) else step
+             for step in program.run],
+        tensors=dict(program.tensors))
+
+
+def _lower_stages(lowering: Lowering, graph: Graph, plans: list[tuple[Stage, GemmPlan | None]],
+                  loop: LayerLoop | None) -> None:
+    """Each stage in order onto ``lowering``, the layer loop's body once, with a probe read
+    of every stage result that is not a graph output."""
     looping = LoopLowering(lowering, loop) if loop is not None else None
     checkpoints = 0
     runs = {run[0]: run for run in sibling_runs([stage for stage, _ in plans])}
@@ -103,14 +152,3 @@ def lower(
             checkpoints += 1
         if looping is not None and position == looping.loop.start + looping.loop.length - 1:
             checkpoints = looping.end(checkpoints)
-    lowering.read_outputs()
-    program = lowering.program
-    if lowering.spread:
-        fuse_supersteps(program)
-    elif fuse and window:
-        fuse_supersteps(program, window)
-    program.compute_lifetimes()
-    end = len(program.initialize) + len(program.run) - 1
-    for step in program.initialize:
-        program.buffers[step.buffer].last = end  # weights stay resident across runs
-    return program

@@ -22,7 +22,7 @@ from ipu_stack.contract import to_manifest
 from ipu_stack.exchange import table_bytes
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.names import Part, refuse_absent_layers
-from ipu_stack.lowering.driver import decode_step, lower
+from ipu_stack.lowering.driver import decode_step, lower_windows
 from ipu_stack.lowering.program import Exchange
 from ipu_stack.memory.categories import describe, tile_categories
 from ipu_stack.memory.placement import Placement, fragmentation, place_storage
@@ -269,10 +269,10 @@ def lower_and_schedule_finalists(build: Build) -> Fields:
         if options.fuse_window and options.fuse_supersteps and not decode_step(build.graph,
                                                                                   staged):
             windows.append(0)
-        for window in windows:
-            program = lower(build.graph, staged, build.target, paired=options.paired_exchange,
-                            loop=build.loop, fuse=options.fuse_supersteps,
-                            multicast_gathers=options.lean_table_rows > 0, window=window)
+        programs = lower_windows(build.graph, staged, build.target, options.paired_exchange,
+                                 build.loop, options.fuse_supersteps,
+                                 options.lean_table_rows > 0, tuple(windows))
+        for window, program in zip(windows, programs, strict=True):
             schedules = schedule_program(program, build.target, memo, options.paired_exchange)
             phases += len(schedules)
             estimate = refined_estimate(plans, program, schedules, build.target, repeats(build))
