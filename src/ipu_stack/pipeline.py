@@ -353,6 +353,7 @@ class Tries:
         attempt = Attempts(options, options.memory_proportion, self.floor,
                            usable_bytes(options.machine(), options.support_reserve),
                            leanest_wanted=leanest)
+        unplaced: PlacementError | None = None  # the last program that did not place
         while True:
             build = Build(self.workload, self.params, self.out_dir,
                           dataclasses.replace(attempt.options,
@@ -362,10 +363,14 @@ class Tries:
                 planned = plan(build, dump)
                 return build, planned, lower_and_place(build, dump), attempt
             except CompileError as failure:
+                if isinstance(failure, PlacementError):
+                    unplaced = failure
                 try:
                     attempt.after(failure, build)  # the next try's options, or raises
                 except CompileError as last:
                     attempt.failure = last
+                    if unplaced is not None and unplaced.write_reports is not None:
+                        unplaced.write_reports()  # why the last that did not place failed
                     return None, None, None, attempt
 
     def leaner(self, options: CompileOptions, first: Tried, dump: Path | None) -> Tried:

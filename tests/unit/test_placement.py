@@ -385,3 +385,33 @@ def test_addresses_are_a_plain_first_fit_of_a_crowded_tile() -> None:
     assert len(expected) == len(program.buffers)  # the largest-first order places them all
     assert {b.id: int(placement.addresses[b.id, 3]) for b in program.buffers} == expected
     check_invariants(program, placement, support)
+
+
+def test_a_compile_that_never_places_writes_its_failure_reports_once(tmp_path, monkeypatch
+                                                                      ) -> None:
+    """Every try places on tiles with 1 KB free beside their support, so the compile fails; the
+    memory reports of what did not place are written once, when no try is left, and the
+    page names the failure (a tower's page takes seconds: the tries before are not)."""
+    from tests.helpers import cli, one_error_line, small
+
+    import ipu_stack.phases.stages as stages_module
+
+    real_place, real_page = stages_module.place_storage, stages_module.write_placement_html
+    pages: list[str] = []
+
+    def crowded(program, support, target):  # support memory takes all but 1 KB a tile
+        return real_place(program, np.maximum(support, target.memory_end - target.memory_base
+                                              - 1024), target)
+
+    def page(path, *args, title: str, **kwargs) -> None:
+        pages.append(title)
+        real_page(path, *args, title=title, **kwargs)
+
+    monkeypatch.setattr(stages_module, "place_storage", crowded)
+    monkeypatch.setattr(stages_module, "write_placement_html", page)
+    code, _, err = cli(["-v", "compile", "siglip-layer", *small("siglip-layer"), "-o",
+                        str(tmp_path / "pkg"), "--cache-dir", str(tmp_path / "cache")])
+    assert "placement failed: tile" in one_error_line(code, err)
+    assert err.count("planning again with less memory") >= 2
+    assert len(pages) == 1 and "(failed: placement failed: tile" in pages[0]
+    assert "scope=failed" in err and (tmp_path / "pkg" / "memory" / "placement.html").is_file()

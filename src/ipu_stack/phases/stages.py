@@ -9,6 +9,7 @@ finished`` line.  Only ``ipu_stack.pipeline`` orders and runs them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -327,8 +328,8 @@ def size_support_memory(build: Build) -> Fields:
 
 
 def place_buffers(build: Build) -> Fields:
-    """Addresses for every buffer by liveness and memory class; on failure the reports are
-    still written, so the user can see why it does not fit."""
+    """Addresses for every buffer by liveness and memory class; on failure the failure
+    carries the writing of its reports (:func:`write_failure_reports`)."""
     program, target = build.program, build.target
     assert program is not None
     try:
@@ -342,16 +343,7 @@ def place_buffers(build: Build) -> Fields:
             failure.args = (f"{failure} (tile {failure.tile} holds {describe(filled)} bytes)",)
             build.filled = filled
         if isinstance(failure.placement, Placement):
-            write_memory_profile(build.reports / "memory-profile.json", program,
-                                 failure.placement, target, scope="failed",
-                                 filled=None if failure.tile is None else (failure.tile,
-                                                                          build.filled),
-                                 tables=None if failure.tile is None else (
-                                     failure.tile, tables_by_phase(build, failure.tile)))
-            write_placement_html(build.reports / "placement.html", program, failure.placement,
-                                 build.support, target,
-                                 title=f"{_title(build)} (failed: {failure})",
-                                 parts=_parts(build))
+            failure.write_reports = functools.partial(write_failure_reports, build, failure)
         raise
     build.waste = fragmentation(build.placement, program, target)
     build.filled = tile_categories(program, build.placement, build.support,
@@ -360,6 +352,22 @@ def place_buffers(build: Build) -> Fields:
           peak_bytes=int(build.placement.peak_bytes.max()),
           **{f"fragmentation_{k}": v for k, v in build.waste.items()})
     return {}
+
+
+def write_failure_reports(build: Build, failure: PlacementError) -> None:
+    """The memory profile and placement page of a program that did not place, so the user
+    can see why it does not fit; written when the compile has no try left (a retry that
+    places writes its own), since a tower's page takes seconds and most failures are
+    retried."""
+    assert build.program is not None and isinstance(failure.placement, Placement)
+    tile = failure.tile
+    write_memory_profile(build.reports / "memory-profile.json", build.program,
+                         failure.placement, build.target, scope="failed",
+                         filled=None if tile is None else (tile, build.filled),
+                         tables=None if tile is None else (tile, tables_by_phase(build, tile)))
+    write_placement_html(build.reports / "placement.html", build.program, failure.placement,
+                         build.support, build.target,
+                         title=f"{_title(build)} (failed: {failure})", parts=_parts(build))
 
 
 def tables_by_phase(build: Build, tile: int, most: int = TABLE_PHASES) -> list[list]:

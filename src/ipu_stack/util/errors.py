@@ -6,6 +6,8 @@ CLI prints ``error: <message>`` and exits 2 (usage/compile), or as the subclass 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of a foreign exception's message (its type's name when it has none):
@@ -40,6 +42,9 @@ class PlacementError(CompileError):
         self.shortfall: int = 0
         self.planned_bytes: int = 0  # the planner's estimate for the plans that failed
         self.interleaved = False  # the buffer that found no place wanted interleaved memory
+        # writes the memory reports of the failed program: called once the compile has no
+        # try left (``pipeline.Tries``), not at every failed try
+        self.write_reports: Callable[[], None] | None = None
 
 
 class PackageError(IpuStackError):
