@@ -25,7 +25,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "smollm2-135m": ("", 9.32, 12.87, 29),
     "tinyllama-1.1b": (" --chips 2", 19.84, 44.11, 73),
     "smolvlm-256m": (" --part vision", 14.93, 34.78, 61),
-    "swin-l": (" --batch 2", 352.2, 75.5, 478),
+    "swin-l": (" --batch 2", 273.9, 75.6, 399),
 }
 
 
