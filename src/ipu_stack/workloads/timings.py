@@ -15,7 +15,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "siglip-attention": ("", 10.3, 2.4, None),
     "siglip-layer": ("", 14.8, 4.0, None),
     "pe-block": ("", 8.1, 2.2, None),
-    "siglip-vision": ("", 36.2, 48.3, 95),
+    "siglip-vision": ("", 38.0, 80.4, 185),
     "pe-vision": ("", 11.5, 23.4, 40),
     "siglip2-giant": (" --chips 2", 14.0, 315.0, 548),
     "pe-giant": (" --chips 4", 53.9, 150.0, 416),
