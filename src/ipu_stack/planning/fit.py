@@ -81,9 +81,10 @@ class SideBySide:
         those the AMP loads from interleaved memory)."""
         def held(index: int) -> int:
             plan = plans[index]
-            if plan is None or interleaved and (plan.streamed or plan.swapped):
+            if plan is None:
                 return 0
-            return repeats[index] * resident_bytes(plan)
+            return repeats[index] * (interleaved_resident_bytes(plan) if interleaved
+                                     else resident_bytes(plan))
 
         in_runs = {index for run in self.runs for index in run}
         total = sum(held(index) for index in range(len(plans)) if index not in in_runs)
@@ -92,6 +93,13 @@ class SideBySide:
             parts = [held(index) for index in run]
             total += max(parts) if spans <= self.tiles else sum(parts)
         return total
+
+
+def interleaved_resident_bytes(plan: GemmPlan) -> int:
+    """The resident bytes of ``plan`` that sit in interleaved memory, where the AMP reads
+    them: none for a streamed plan (only the exchange reads its weights) or a swapped one
+    (they stream through the workers), whose weights sit in standard memory."""
+    return 0 if plan.streamed or plan.swapped else resident_bytes(plan)
 
 
 def usable_bytes(target: Target, reserve: int = SUPPORT_RESERVE) -> int:
@@ -110,9 +118,8 @@ def planned_bytes(plans: list[GemmPlan | None], repeats: list[int], row_bytes: i
 
 def _interleaved_resident(plans: list[GemmPlan | None], repeats: list[int],
                           sharing: SideBySide) -> int:
-    """The resident weights that must sit in interleaved memory, where the AMP reads them:
-    a streamed plan's are only read by the exchange and a swapped plan's stream through
-    the workers: both sit in standard memory."""
+    """The resident weights of ``plans`` that must sit in interleaved memory
+    (:func:`interleaved_resident_bytes`), siblings counted as ``sharing`` says."""
     return sharing.weights(plans, repeats, interleaved=True)
 
 
@@ -150,9 +157,7 @@ class PlanSizes:
                  for p in ([plan] if plan else []) + front]
         self.transient = {id(p): transient_bytes(p) for p in every}
         self.resident = {id(p): resident_bytes(p) for p in every}
-        # what a plan keeps in interleaved memory (``SideBySide.weights(interleaved=True)``)
-        self.interleaved = {id(p): 0 if p.streamed or p.swapped else self.resident[id(p)]
-                            for p in every}
+        self.interleaved = {id(p): interleaved_resident_bytes(p) for p in every}
         self.interleaved_transient = {id(p): interleaved_transient_bytes(p) for p in every}
         self.fastest_first = [
             sorted([plan, *front], key=lambda p: (p.estimated_cycles, -self.resident[id(p)]))
