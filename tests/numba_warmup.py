@@ -24,7 +24,14 @@ from ipu_stack.exchange.families import random_multicast, random_unicast
 from ipu_stack.exchange.model import endpoint_lower_bound
 from ipu_stack.exchange.multicast import schedule_multicast
 from ipu_stack.exchange.unicast import schedule_unicast
-from ipu_stack.ir.rounding import decode_f16, decode_float64, decode_fp8, encode_f16, encode_fp8, round_f16
+from ipu_stack.ir.rounding import (
+    decode_f16,
+    decode_float64,
+    decode_fp8,
+    encode_f16,
+    encode_fp8,
+    round_f16,
+)
 
 
 def compile_multicast() -> None:

@@ -266,9 +266,9 @@ def place_storage(program: Program, support_bytes: np.ndarray, target: Target) -
     for buffer in program.buffers:
         member[buffer.tiles, buffer.id] = True
     # a tile's signature: the buffers it holds (bits, in id order) and its support bytes
-    support = np.asarray(support_bytes, dtype=">u8").reshape(-1, 1).view(np.uint8)
-    first_tile, inverse = distinct_rows(np.concatenate([np.packbits(member, axis=1), support],
-                                                       axis=1))
+    support_key = np.asarray(support_bytes, dtype=">u8").reshape(-1, 1).view(np.uint8)
+    first_tile, inverse = distinct_rows(np.concatenate([np.packbits(member, axis=1),
+                                                        support_key], axis=1))
     table = BufferTable.of(program.buffers, target)
     nbytes, first, last = table.columns[0], table.columns[1], table.columns[2]
     addresses = np.full((len(program.buffers), tiles), -1, dtype=np.int64)
