@@ -16,7 +16,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "siglip-layer": ("", 14.8, 4.0, None),
     "pe-block": ("", 8.1, 2.2, None),
     "siglip-vision": ("", 38.0, 80.4, 185),
-    "pe-vision": ("", 11.5, 23.4, 40),
+    "pe-vision": ("", 33.6, 47.6, 98),
     "siglip2-giant": (" --chips 2", 14.0, 315.0, 548),
     "pe-giant": (" --chips 4", 53.9, 150.0, 416),
     "clip-text": (" --batch 4", 8.75, 16.83, 31),
