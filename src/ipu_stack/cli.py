@@ -40,6 +40,7 @@ from ipu_stack.target.links import get_system
 from ipu_stack.util import log
 from ipu_stack.util.errors import IpuStackError, PlacementError, UsageError
 from ipu_stack.util.files import check_output_file, check_output_folder
+from ipu_stack.util.termination import Terminated, terminate_unwinds
 from ipu_stack.verdict.judge import DIAGNOSTICS_LOG
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.footprint import footprint_line
@@ -125,8 +126,11 @@ def _refuse_conflicts(args: argparse.Namespace) -> None:
     if getattr(args, "attention", None) == "fp8" and getattr(args, "precision", None) == "f16":
         raise UsageError("--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: "
                          "it takes --precision fp8")
+    if args.command == "generate" and args.diagnostics:
+        raise UsageError("--diagnostics logs one program's stages: bench the decode step "
+                         "with it (bench WORKLOAD --context N --tokens 1 --diagnostics)")
     groups = getattr(args, "groups", None)
-    if groups is not None and args.command != "generate":
+    if groups is not None:
         if groups < 1:
             raise UsageError(f"--groups must be at least 1, got {groups} (leave it out for "
                              "the planner to choose)")
@@ -508,9 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     np.seterr(over="ignore", invalid="ignore")
     log.note_first_compile()
     try:
-        _refuse_conflicts(args)
-        _check_outputs(args)
-        return COMMANDS[args.command](args)
+        with terminate_unwinds():
+            _refuse_conflicts(args)
+            _check_outputs(args)
+            return COMMANDS[args.command](args)
     except IpuStackError as exc:
         if isinstance(exc, PlacementError) and exc.details:
             LOG.debug("placement failure details: %s", exc.details)
@@ -518,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("error: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -15,18 +15,22 @@ from ipu_stack.util.arguments import OneLineParser
 from ipu_stack.workloads import REGISTRY
 
 
-def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+def _add_workload_options(parser: argparse.ArgumentParser, first: str | None = None) -> None:
+    """The workload and the compile's options; ``first``: the workload whose meaning of a
+    shared parameter its help gives."""
     parser.add_argument("workload", help="builtin workload (see `ipu-stack workloads`) or a "
                         "torch.export program MODEL.pt2 (docs/frontend.md) or an ONNX file MODEL.onnx "
                         "(docs/onnx.md)")
-    _add_parameters(parser)
+    _add_parameters(parser, first)
     parser.add_argument("--inputs", default=None, metavar="FILE.npz",
                         help="MODEL.pt2 or MODEL.onnx only: the program's inputs (default: random "
                         "from --seed)")
     parser.add_argument("--target", default="ipu21", choices=("ipu21",),
                         help="the IPU to compile for: ipu21, the C600's (the device the "
                         "simulator is; a package names its target and runs only there)")
-    parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--finalists", type=int, default=3,
+                        help="operator-plan sets the planner keeps; each is lowered and "
+                        "scheduled, the fastest kept (default 3)")
     parser.add_argument("--memory-proportion", type=float, default=1.0,
                         help="share of tile memory the planner may plan for (0-1]")
     parser.add_argument("--diagnostics", action="store_true",
@@ -60,7 +64,7 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "default over several chips): consecutive layers on tile groups, "
                         "images streamed through them; auto: the higher images/s that fits")
     parser.add_argument("--chips", type=int, default=1,
-                        help="C600 cards joined by IPU-Links in a line (1-8): the tower's "
+                        help="C600 cards joined by IPU-Links in a line (1-8): the model's "
                         "layers are pipelined over all of them")
     parser.add_argument("--groups", type=int, default=None,
                         help="pipeline strategy: this many tile groups on each chip (with "
@@ -73,9 +77,10 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
                         "identical layers as one loop body")
 
 
-def _add_parameters(parser: argparse.ArgumentParser) -> None:
-    """``--batch``, ``--keep-f16``, ...: every workload parameter, dashed as a flag."""
-    for name, (kind, help_text) in sorted(workload_parameters().items()):
+def _add_parameters(parser: argparse.ArgumentParser, first: str | None = None) -> None:
+    """``--batch``, ``--keep-f16``, ...: every workload parameter, dashed as a flag, helped
+    as workload ``first`` means it where it takes it."""
+    for name, (kind, help_text) in sorted(workload_parameters(first).items()):
         flag = f"--{name.replace('_', '-')}"
         if kind is bool:
             parser.add_argument(flag, dest=name, action="store_true", default=None,
@@ -157,7 +162,7 @@ def _add_model_commands(sub: Any) -> None:
     p = sub.add_parser("generate", help="greedy generation with a decoder's KV cache on the "
                        "device (a builtin decoder or VLM, or MODEL.pt2: a step exported with a "
                        "static cache): the prompt's pass, then NEW tokens, every call checked")
-    _add_workload_options(p)
+    _add_workload_options(p, first="smollm2-135m")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens a sequence "
                    "(random ids, seeded; default 16)")
     p.add_argument("--new-tokens", type=int, default=8, help="tokens to generate (default 8)")
@@ -253,10 +258,13 @@ def _add_profile_commands(sub: Any) -> None:
     q.add_argument("schedule")
 
 
-def workload_parameters() -> dict[str, tuple[type, str]]:
-    """Every parameter any builtin workload takes: name -> (type, help)."""
+def workload_parameters(first: str | None = None) -> dict[str, tuple[type, str]]:
+    """Every parameter any builtin workload takes: name -> (type, help), the help of
+    workload ``first`` where it takes the parameter (``generate``'s ``--batch`` counts
+    sequences, not a tower's images)."""
     found: dict[str, tuple[type, str]] = {}
-    for workload in REGISTRY.values():
+    ordered = sorted(REGISTRY.values(), key=lambda workload: workload.name != first)
+    for workload in ordered:
         for p in workload.parameters:
             found.setdefault(p.name, (p.kind, p.help))
     return found

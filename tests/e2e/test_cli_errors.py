@@ -159,3 +159,30 @@ def test_profile_folder_that_is_a_file_is_refused_before_work(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err.strip() == f"error: --profile {taken}: exists and is not a folder"
     assert not (tmp_path / "pkg").exists()  # refused before compiling
+
+
+def test_sigterm_unwinds_and_leaves_no_temporary_folder(tmp_path):
+    """``timeout`` or ``kill`` during a capacity search: the command says so in one line,
+    exits 143, and its folder of trial packages goes with it (Python's default for SIGTERM
+    ends the process without leaving a ``with`` block)."""
+    import os
+    import signal
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "ipu_stack.cli", "capacity", "smollm2-135m", "--layers", "2",
+         "--max-context", "1000000", "--cache-dir", str(tmp_path / "cache")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("ipu-stack-capacity-*")):
+            assert command.poll() is None and time.monotonic() < deadline, \
+                "the search ended or never made its folder"
+            time.sleep(0.05)
+        command.send_signal(signal.SIGTERM)
+        _, err = command.communicate(timeout=120)
+    finally:
+        command.kill()
+    assert command.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "error: terminated"
+    assert not list(tmp_path.glob("ipu-stack-capacity-*"))

@@ -190,6 +190,12 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--batch", "2", "--micro-batches", "3"],
      "--micro-batches 3 does not divide the batch of 2"),
     (["generate", "smollm2-135m", "--micro-batches", "0"], "--micro-batches must be at least 1"),
+    # options generate would otherwise drop without a word
+    (["generate", "smollm2-135m", "--groups", "2"], "--groups 2 is the pipeline strategy's"),
+    (["generate", "smollm2-135m", "--groups", "0"], "--groups must be at least 1, got 0"),
+    (["generate", "smollm2-135m", "--diagnostics"], "--diagnostics logs one program's stages: "
+     "bench the decode step with it"),
+    (["generate", "smollm2-135m", "--eps", "0"], "--eps must be a finite number above 0"),
     # at once, before the image program's calibration
     (["generate", "smolvlm-256m", "--prompt-tokens", "8", "--new-tokens", "2", "--part",
       "vision"], "generate runs smolvlm-256m's decoder; --part vision is its image program "
@@ -300,6 +306,8 @@ def test_a_prompt_pass_that_does_not_fit_goes_a_token_a_step(tmp_path, monkeypat
     record = json.loads(out)
     assert code == 0 and record["numericalTest"] == "PASS", err
     assert record["prefill"] == "a token a step" and record["newTokens"] == 2
+    # the positions a sequence's cache holds: 4 used, one block of 32
+    assert record["context"] == 32
     assert "WARNING ipu_stack.generation: the prompt's pass does not fit: the prompt goes a token a " \
            "step reason=\"does not fit: the prompt's pass, for this test\"" in err
 
@@ -331,6 +339,7 @@ def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
     assert (record["strategy"], record["promptStrategy"]) == ("pipeline", "pipeline")
     assert record["periodCycles"] < record["decodeCycles"] < 2 * record["periodCycles"]
     assert record["workload"].endswith("-b1-t1-c64-v50-d16-h4-kv2-f24-n2-argmax")
+    assert record["context"] == 32  # a sequence's range of the program's 64 positions
 
 
 def test_the_device_chooses_the_hosts_tokens_and_sends_ids_not_logits(tmp_path) -> None:

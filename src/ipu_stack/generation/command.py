@@ -250,6 +250,8 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
               # prompt's pass's (none where the prompt goes a token a step)
               "strategy": result.strategy, "pipelineGroups": max(1, len(result.groups)),
               "promptStrategy": None if prompt_pass is None else prompt_pass.strategy}
+    if params.get("context"):  # the positions a sequence's cache holds, whole blocks
+        fields["context"] = -(-params["context"] // (POSITION_GRAIN * micro)) * POSITION_GRAIN
     record = generation_fields(run, fields)
     if torch_image is not None:
         record["imageTokens"] = torch_image.shape[1]

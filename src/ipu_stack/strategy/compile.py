@@ -231,7 +231,8 @@ def compile_pipeline(workload: Workload, params: dict[str, Any], out_dir: Path,
             continue
         result.timings["compile"] = time.perf_counter() - start
         return result
-    raise PipelineError("no pipeline grouping compiles: " + "; ".join(failures))
+    # cuts of the same count that fail alike are said once
+    raise PipelineError("no pipeline grouping compiles: " + "; ".join(dict.fromkeys(failures)))
 
 
 def _compile_groups(workload: Workload, params: dict[str, Any], out_dir: Path,

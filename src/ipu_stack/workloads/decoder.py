@@ -62,7 +62,7 @@ def decoder_parameters() -> tuple[Parameter, ...]:
         Parameter("kv_heads", int, 3, "key/value heads (grouped-query attention)"),
         Parameter("hidden", int, 1536, "SwiGLU hidden dimension"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None),
+        Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None, positive=True),
         Parameter("theta", float, 100000.0, "RoPE base", minimum=None, positive=True),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         CHOOSE,

@@ -183,7 +183,7 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("stage_heads", str, "6,12,24,48", "attention heads of each stage"),
         Parameter("mlp_ratio", int, 4, "MLP hidden width over the stage's width"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None),
+        Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None, positive=True),
         Parameter("tables", str, "auto", "a shifted block's bias and mask: summed, or split "
                   "(the mask a block a window); auto: split at f16", choices=("auto", "summed",
                                                                              "split")),

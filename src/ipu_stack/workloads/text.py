@@ -61,7 +61,7 @@ def _parameters() -> tuple[Parameter, ...]:
         Parameter("heads", int, 12, "attention heads"),
         Parameter("hidden", int, 3072, "MLP hidden dimension"),
         Parameter("precision", str, "f16", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None),
+        Parameter("eps", float, 1e-5, "layer norm epsilon", minimum=None, positive=True),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         ATTENTION_OPTION("f16"), KEEP_F16,
     )

@@ -65,7 +65,7 @@ def _common(tokens: int, dim: int, heads: int, hidden: int, eps: float) -> tuple
         Parameter("hidden", int, hidden, "MLP hidden dimension"),
         Parameter("blocks", int, 1, "stacked layers"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
+        Parameter("eps", float, eps, "layer norm epsilon", minimum=None, positive=True),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
     )
 

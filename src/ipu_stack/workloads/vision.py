@@ -55,7 +55,7 @@ def _parameters(image: int, layers: int, dim: int, heads: int, hidden: int, eps:
         Parameter("heads", int, heads, "attention heads"),
         Parameter("hidden", int, hidden, "MLP hidden dimension"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
-        Parameter("eps", float, eps, "layer norm epsilon", minimum=None),
+        Parameter("eps", float, eps, "layer norm epsilon", minimum=None, positive=True),
         Parameter("seed", int, 0, "seed of inputs and weights", minimum=0, maximum=None),
         GELU_OPTION(gelu),
         ATTENTION_OPTION("fp8"), KEEP_F16,
