@@ -86,7 +86,7 @@ BAD = [
     # values a decoder cannot take, and option names as the parser spells them
     (["generate", "smollm2-135m", "--theta", "0"], "--theta must be a finite number above 0, "
                                                    "got 0.0"),
-    (["generate", "smollm2-135m", "--eps", "nan"], "--eps must be a finite number, 0 or more, "
+    (["generate", "smollm2-135m", "--eps", "nan"], "--eps must be a finite number above 0, "
                                                    "got nan"),
     (["generate", "smollm2-135m", "--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
     (["capacity", "smollm2-135m", "--max-context", "2000000"],
