@@ -5,8 +5,11 @@ split by columns over the tiles; MultiUpdate's rows written at their slots."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from tests.helpers import cli
 
 from ipu_stack.device.pricing import price_work
 from ipu_stack.kernels.base import KernelInstance
@@ -79,6 +82,22 @@ def test_the_table_is_split_by_whole_words_of_columns_then_by_rows() -> None:
     assert lookup_groups(130, 40, 35, 1472) == (33, 4)  # the last group holds 2 rows
     assert lookup_groups(49408, 2, 384, 1472) == (2, 24704)  # no more groups than ids
     assert lookup_groups(5000, 77, 1024, 1472) == (1, 5000)
+    # one id (a decode step at batch 1): SmolLM2's 49,152 rows stay one group (196,608 bytes
+    # a holder), a 262,144-row vocabulary takes four so no holder keeps over 256 KB
+    assert lookup_groups(49152, 1, 144, 1472, 4) == (1, 49152)
+    assert lookup_groups(262144, 1, 32, 1472, 4) == (4, 65536)
+    assert lookup_groups(262144, 1, 1472, 1472, 4) == (1, 262144)  # no tiles to spare
+
+
+def test_a_decode_step_with_a_gemma_sized_vocabulary_compiles_and_passes(tmp_path) -> None:
+    """A 262,144-token table 64 wide held by one row group at one id a step needed 1 MB on
+    each of its 32 holders and did not place; in row groups it does, and the step passes."""
+    code, out, err = cli(["bench", "smollm2-135m", "--layers", "2", "--dim", "64", "--hidden",
+                          "128", "--heads", "4", "--kv-heads", "2", "--vocab", "262144",
+                          "--context", "16", "--tokens", "1", "--out", str(tmp_path), "--json"])
+    record = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and record["numericalTest"] == "PASS", err
+    assert record["cycles"] == record["estimatedCycles"] and record["peakTileBytes"] < 638976
 
 
 def test_a_row_group_zeroes_the_ids_it_does_not_hold() -> None:

@@ -3,7 +3,8 @@
 The table is split by columns over the tiles (a word-aligned block of columns each) and,
 where the chip has tiles to spare, by rows too: ``G`` row groups of ``C`` column blocks on
 ``G x C`` holders, so a 49,408-row vocabulary costs each of 1,152 tiles 66 KB rather than
-each of 384 tiles 198 KB. The ids, landed whole on one tile, are broadcast to every holder
+each of 384 tiles 198 KB; however few the ids, enough row groups that no holder keeps more
+than ``HOLDER_MOST_BYTES`` of the table. The ids, landed whole on one tile, are broadcast to every holder
 (one static send). Each holder runs popops ``MultiSlice`` over its rows: with one row group
 that is the result (the vendor's unplanned ``createSliceableTensor`` split); with several,
 each zeroes its candidate rows first (popops Fill) and writes the ids it holds, and the row
@@ -36,10 +37,19 @@ def lookup_block(width: int, itemsize: int, tiles: int) -> int:
     return round_up(max(-(-width // tiles), 1), per_word)
 
 
-def lookup_groups(vocab: int, count: int, column_blocks: int, tiles: int) -> tuple[int, int]:
+HOLDER_MOST_BYTES = 256 << 10  # the most of a table one holder keeps (41 % of a tile)
+
+
+def lookup_groups(vocab: int, count: int, column_blocks: int, tiles: int,
+                  block_bytes: int = 0) -> tuple[int, int]:
     """``(row groups, rows a group)``: as many groups as the tiles left by the column blocks
-    allow, no more than the ids (each group finishes a share of them) or the rows."""
-    groups = max(1, min(tiles // column_blocks, count, vocab))
+    allow, no more than the ids (each group finishes a share of them) or the rows; and at
+    least as many as keep a holder's rows of ``block_bytes`` each (its column block) within
+    ``HOLDER_MOST_BYTES``, however few the ids: a decode step's one id a sequence would
+    otherwise leave a Gemma-sized vocabulary's table on one row group, 1 MB a holder."""
+    spare = max(1, tiles // column_blocks)
+    needed = -(-vocab * block_bytes // HOLDER_MOST_BYTES)
+    groups = max(1, min(spare, max(count, needed), vocab))
     rows = -(-vocab // groups)
     return -(-vocab // rows), rows
 
@@ -69,7 +79,8 @@ class LookupLowering(LoweringBase):
                 count, width, precision).tiles.ravel())
         block = lookup_block(width, precision.itemsize, len(candidates))
         columns = -(-width // block)
-        groups, rows = lookup_groups(vocab, count, columns, len(candidates))
+        groups, rows = lookup_groups(vocab, count, columns, len(candidates),
+                                     block * precision.itemsize)
         holders = lookup_holders(groups, columns, candidates)
         table = BlockLayout(vocab, width, precision, rows, block, holders[:, :, None])
         name = f"stage{stage.index}"
