@@ -4,8 +4,8 @@ The table is split by columns over the tiles (a word-aligned block of columns ea
 where the chip has tiles to spare, by rows too: ``G`` row groups of ``C`` column blocks on
 ``G x C`` holders, so a 49,408-row vocabulary costs each of 1,152 tiles 66 KB rather than
 each of 384 tiles 198 KB; however few the ids, enough row groups that no holder keeps more
-than ``HOLDER_MOST_BYTES`` of the table. The ids, landed whole on one tile, are broadcast to every holder
-(one static send). Each holder runs popops ``MultiSlice`` over its rows: with one row group
+than ``HOLDER_MOST_BYTES`` of the table. The ids, landed whole on one tile, are broadcast to
+every holder (one static send). Each holder runs popops ``MultiSlice`` over its rows: with one row group
 that is the result (the vendor's unplanned ``createSliceableTensor`` split); with several,
 each zeroes its candidate rows first (popops Fill) and writes the ids it holds, and the row
 groups' candidates are summed by a reduce-scatter and a reduce, as the vendor combines
