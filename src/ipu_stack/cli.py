@@ -126,6 +126,10 @@ def _refuse_conflicts(args: argparse.Namespace) -> None:
     if getattr(args, "attention", None) == "fp8" and getattr(args, "precision", None) == "f16":
         raise UsageError("--attention fp8 runs attention's products in FP8 beside FP8 GEMMs: "
                          "it takes --precision fp8")
+    if args.command == "generate" and args.inputs and not args.image_program:
+        raise UsageError("generate's --inputs are an image program's pixels (with "
+                         "--image-program); a decoder's ids are the prompt's (--prompt-tokens, "
+                         "random from --seed)")
     if args.command == "generate" and args.diagnostics:
         raise UsageError("--diagnostics logs one program's stages: bench the decode step "
                          "with it (bench WORKLOAD --context N --tokens 1 --diagnostics)")

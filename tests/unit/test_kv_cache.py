@@ -196,6 +196,8 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--diagnostics"], "--diagnostics logs one program's stages: "
      "bench the decode step with it"),
     (["generate", "smollm2-135m", "--eps", "0"], "--eps must be a finite number above 0"),
+    (["generate", "smollm2-135m", "--inputs", "ids.npz"], "generate's --inputs are an image "
+     "program's pixels (with --image-program)"),
     # at once, before the image program's calibration
     (["generate", "smolvlm-256m", "--prompt-tokens", "8", "--new-tokens", "2", "--part",
       "vision"], "generate runs smolvlm-256m's decoder; --part vision is its image program "
