@@ -345,11 +345,13 @@ class Tries:
     body_hints: tuple[str, ...]
     floor: float
 
-    def place(self, options: CompileOptions, dump: Path | None, leanest: bool = True) -> Tried:
+    def place(self, options: CompileOptions, dump: Path | None, leanest: bool = True,
+              reports: bool = True) -> Tried:
         """Plan, lower and place with ``options``, trying again as :class:`Attempts` says
         when the plans do not place; where nothing is left to try, no build and the
         attempts with their last failure (``leanest``: whether the leanest plans are
-        tried where less memory leaves no plan)."""
+        tried where less memory leaves no plan; ``reports``: whether the last program that
+        did not place then writes its memory reports)."""
         attempt = Attempts(options, options.memory_proportion, self.floor,
                            usable_bytes(options.machine(), options.support_reserve),
                            leanest_wanted=leanest)
@@ -369,7 +371,7 @@ class Tries:
                     attempt.after(failure, build)  # the next try's options, or raises
                 except CompileError as last:
                     attempt.failure = last
-                    if unplaced is not None and unplaced.write_reports is not None:
+                    if reports and unplaced is not None and unplaced.write_reports is not None:
                         unplaced.write_reports()  # why the last that did not place failed
                     return None, None, None, attempt
 
@@ -389,8 +391,10 @@ class Tries:
                 lean_col_block(stage_shape(graph, stage), LEAN_TABLE_ROWS)
                 for stage in find_stages(graph) if isinstance(stage, GemmStage)):
             return first  # no GEMM whose column blocks the lean plans would widen
+        # its failure never writes the reports: the first chain's program is emitted (and
+        # writes its own) or its failure is the one raised (and wrote them)
         lean = self.place(dataclasses.replace(options, lean_table_rows=LEAN_TABLE_ROWS), None,
-                          leanest=first[2] is None)
+                          leanest=first[2] is None, reports=False)
         _, _, placed, _ = first
         _, _, lean_placed, lean_attempt = lean
         if lean_placed is None:

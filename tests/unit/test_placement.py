@@ -262,14 +262,18 @@ def test_a_compile_whose_plans_did_not_place_keeps_the_faster_of_two_chains(monk
     for first, lean, kept in [(100, 90, 90), (100, 110, 100), (None, 120, 120),
                               (100, None, 100)]:
         tries = Tries(workload, params, Path("."), None, {"graph": tall}, (), 0.45)
-        monkeypatch.setattr(tries, "place", lambda options, dump, leanest, lean=lean:
-                            asked.append((options.lean_table_rows, leanest)) or chain(lean))
+        monkeypatch.setattr(tries, "place", lambda options, dump, leanest, reports, lean=lean:
+                            asked.append((options.lean_table_rows, leanest, reports))
+                            or chain(lean))
         assert tries.leaner(CompileOptions(), chain(first), None)[2].estimate["cycles"] == kept
-    # the leanest plans (the slowest) are tried only where the first chain placed nothing
-    assert asked == [(LEAN_TABLE_ROWS, False), (LEAN_TABLE_ROWS, False), (LEAN_TABLE_ROWS, True),
-                     (LEAN_TABLE_ROWS, False)]
+    # the leanest plans (the slowest) are tried only where the first chain placed nothing;
+    # the second chain never writes failure reports (the first chain's program or failure
+    # is the one the compile reports)
+    assert asked == [(LEAN_TABLE_ROWS, False, False), (LEAN_TABLE_ROWS, False, False),
+                     (LEAN_TABLE_ROWS, True, False), (LEAN_TABLE_ROWS, False, False)]
     tries = Tries(workload, params, Path("."), None, {"graph": short}, (), 0.45)
-    monkeypatch.setattr(tries, "place", lambda options, dump, leanest: pytest.fail("again"))
+    monkeypatch.setattr(tries, "place", lambda options, dump, leanest, reports:
+                        pytest.fail("again"))
     first = chain(100)
     assert tries.leaner(CompileOptions(), first, None) is first
 
@@ -411,7 +415,10 @@ def test_a_compile_that_never_places_writes_its_failure_reports_once(tmp_path, m
     monkeypatch.setattr(stages_module, "write_placement_html", page)
     code, _, err = cli(["-v", "compile", "siglip-layer", *small("siglip-layer"), "-o",
                         str(tmp_path / "pkg"), "--cache-dir", str(tmp_path / "cache")])
-    assert "placement failed: tile" in one_error_line(code, err)
+    line = one_error_line(code, err)
+    assert "placement failed: tile" in line
     assert err.count("planning again with less memory") >= 2
     assert len(pages) == 1 and "(failed: placement failed: tile" in pages[0]
+    # the page is of the failure the compile raises
+    assert line.split("placement failed: ")[1].split(" (")[0] in pages[0]
     assert "scope=failed" in err and (tmp_path / "pkg" / "memory" / "placement.html").is_file()
