@@ -181,6 +181,14 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
     (["generate", "smollm2-135m", "--prompt-tokens", "2000000", "--new-tokens", "4"],
      "--prompt-tokens 2000000 and --new-tokens 4 fill 2000003 positions; a cache holds at "
      "most 1048576"),
+    # the model's trained positions, before anything is built
+    (["generate", "smollm2-135m", "--prompt-tokens", "128", "--new-tokens", "9000"],
+     "--prompt-tokens 128 and --new-tokens 9000 fill 9127 positions, past smollm2-135m's "
+     "8192 (its configuration's max_position_embeddings)"),
+    (["generate", "tinyllama-1.1b", "--context", "4096"], "--context 4096 holds more than "
+     "tinyllama-1.1b's 2048"),
+    (["generate", "smolvlm-256m", "--prompt-tokens", "8100", "--new-tokens", "30"],
+     "fill 8193 positions, past smolvlm-256m's 8192"),
     (["generate", "smollm2-135m", "--tokens", "4"], "generate feeds one token a step"),
     # the one line is the reason, not a warning blaming the argmax before it
     (["generate", "smollm2-135m", "--layers", "2", "--prompt-tokens", "8", "--new-tokens",
@@ -203,8 +211,9 @@ def test_a_slot_read_outside_the_loop_slots_is_refused(small_generation) -> None
       "vision"], "generate runs smolvlm-256m's decoder; --part vision is its image program "
      "alone (ipu-stack bench smolvlm-256m --part vision)"),
     # the cache, not the weights (0.2 GB), is what does not fit
-    (["generate", "smollm2-135m", "--prompt-tokens", "16", "--new-tokens", "1000000"],
-     "its weights and KV cache (the cache 23.04 GB) alone take at least 23.23 GB"),
+    (["generate", "smollm2-135m", "--prompt-tokens", "16", "--new-tokens", "8000",
+      "--batch", "1000"],
+     "its weights and KV cache (the cache 185.06 GB) alone take at least 185.25 GB"),
 ])
 def test_generate_refuses_in_one_line(argv, message) -> None:
     code, _, err = cli(argv)

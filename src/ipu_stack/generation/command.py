@@ -117,6 +117,12 @@ def decode_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if context < needed:
         raise UsageError(f"--context {context} holds fewer than the {needed} positions "
                          "the prompt and the new tokens fill")
+    if workload.positions is not None and max(needed, context) > workload.positions:
+        asked = f"--context {context} holds more than" if context > needed else (
+            f"--prompt-tokens {request.prompt_tokens} and --new-tokens {request.new_tokens} "
+            f"fill {needed} positions, past")
+        raise UsageError(f"{asked} {workload.name}'s {workload.positions} (its "
+                         "configuration's max_position_embeddings)")
     micro, groups = micro_batches(request, workload.vision is not None)
     batch = request.batch
     if micro > 1:  # one program for a micro-batch, each its own cache range

@@ -69,6 +69,9 @@ class Workload:
     # with the token id they hold
     vision: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     image_prompt: Callable[[dict[str, Any]], tuple[int, int]] | None = None
+    # a language model's trained positions (its configuration's max_position_embeddings):
+    # ``generate`` fills no more of them
+    positions: int | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.parameters}

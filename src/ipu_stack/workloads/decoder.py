@@ -417,7 +417,7 @@ def _stream(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.nd
                              params["vocab"])}
 
 
-def _register(kind: str, description: str, **defaults: Any) -> None:
+def _register(kind: str, description: str, positions: int, **defaults: Any) -> None:
     parameters = tuple(replace(q, default=defaults.get(q.name, q.default))
                        for q in decoder_parameters())
     register(Workload(
@@ -425,14 +425,15 @@ def _register(kind: str, description: str, **defaults: Any) -> None:
         build=lambda params: build_decoder(kind, params),
         identifier=sequence_identifier(kind), benchmark_fields=sequence_fields(kind, False),
         stream_input=_stream, footprint=decoder_footprint, step_inputs=step_inputs,
-        prompt_inputs=prompt_inputs))
+        prompt_inputs=prompt_inputs, positions=positions))
 
 
 _register("smollm2-135m", "SmolLM2-135M (Llama family): the prompt's pass, token ids in, "
           "logits out, or with --context S --tokens 1 a decode step over a KV cache "
           "(ipu-stack generate); 30 layers of width 576, grouped-query attention (9 / 3 "
-          "heads), RoPE, SwiGLU")
+          "heads), RoPE, SwiGLU", positions=8192)
 _register("tinyllama-1.1b", "TinyLlama-1.1B, as smollm2-135m: 22 layers of width 2048, "
           "grouped-query attention (32 / 4 heads), SwiGLU 5632, a 32,000-row table; two chips "
           "(--chips 2)",
-          vocab=32000, layers=22, dim=2048, heads=32, kv_heads=4, hidden=5632, theta=10000.0)
+          positions=2048, vocab=32000, layers=22, dim=2048, heads=32, kv_heads=4, hidden=5632,
+          theta=10000.0)

@@ -169,4 +169,4 @@ register(Workload(
     "the tower and connector alone)",
     parameters=_parameters(), build=build_vlm, identifier=_identifier,
     benchmark_fields=_fields, footprint=_footprint, step_inputs=step_inputs, prompt_inputs=prompt_inputs,
-    vision=vision_params, image_prompt=image_prompt))
+    vision=vision_params, image_prompt=image_prompt, positions=8192))
