@@ -84,6 +84,15 @@ def test_a_size_above_the_ceiling_names_it(capsys) -> None:
      "error: pe-giant does not fit: its weights alone take at least 1.85 GB and one chip of "
      "ipu21 holds 0.94 GB; it needs at least 3 chips (--chips 3); or --layers 24 at most on "
      "one chip"),
+    # more chips cannot help where one layer, or the token table, is more than a chip holds
+    (["smollm2-135m", "--vocab", "1048576", "--chips", "2", "--context", "16", "--tokens", "1"],
+     "error: smollm2-135m does not fit: its token table (F16) takes at least 1.21 GB alone "
+     "and one chip of ipu21 holds 0.94 GB (a pipeline over chips keeps each layer and table "
+     "on one chip)"),
+    (["siglip-mlp", "--dim", "30000", "--hidden", "30000", "--chips", "4", "--blocks", "2"],
+     "error: siglip-mlp does not fit: one block's weights take at least 1.80 GB alone and "
+     "one chip of ipu21 holds 0.94 GB (a pipeline over chips keeps each block and table on "
+     "one chip)"),
     (["siglip-mlp", "--batch", "100000", "--strategy", "pipeline"],
      "error: siglip-mlp does not fit: its weights (9.9 MB) and fc1's input and output "
      "(397.74 GB) take at least 397.75 GB and one chip of ipu21 holds 0.94 GB"),

@@ -409,7 +409,8 @@ def decoder_footprint(params: dict[str, Any]) -> Footprint:
                   (scores, "one layer's attention scores"),
                   (mlp, "the SwiGLU products' input and output"))
     return Footprint(p["layers"] * per_layer + tables, largest[0], largest[1], p["layers"],
-                     "layers", per_layer, cache_bytes=p["layers"] * held if p["context"] else 0)
+                     "layers", per_layer, cache_bytes=p["layers"] * held if p["context"] else 0,
+                     part_bytes=vocab * dim * 2, part_what="its token table (F16)")
 
 
 def _stream(params: dict[str, Any], graph: Graph, index: int) -> dict[str, np.ndarray]:

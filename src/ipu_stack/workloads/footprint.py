@@ -39,6 +39,10 @@ class Footprint:
     # of ``weight_bytes``, a decode step's KV cache (named apart: it grows with the context
     # and the batch, the weights do not)
     cache_bytes: int = 0
+    # of ``weight_bytes``, the largest weight outside the layers (a token table), which a
+    # pipeline over chips cannot split either: it stays on one chip, as a layer does
+    part_bytes: int = 0
+    part_what: str = ""
 
 
 VALUE_BYTES = 2 ** 30
@@ -144,6 +148,8 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
     chip = chip_bytes(get_target(target))
     held = chips * chip
     need = footprint.weight_bytes + footprint.activation_bytes
+    if chips > 1:
+        check_parts(name, footprint, target, chip)
     if need <= held:
         check_value(name, footprint)
         return
@@ -166,6 +172,19 @@ def check_footprint(name: str, footprint: Footprint, target: str, chips: int) ->
                      f"({_gb(footprint.weight_bytes)}) and "
                      f"{footprint.activation_what} ({_gb(footprint.activation_bytes)}) take "
                      f"at least {_gb(need)} and {where}")
+
+
+def check_parts(name: str, footprint: Footprint, target: str, chip: int) -> None:
+    """Refuse, in one line, a workload whose one layer or table alone is more than one chip
+    holds: a pipeline over several chips puts each on one chip, so more chips cannot help."""
+    unit = "block" if footprint.layer_parameter == "blocks" else "layer"
+    layer = (footprint.layer_weight_bytes, f"one {unit}'s weights"
+             + (" and KV cache take" if footprint.cache_bytes else " take"))
+    size, what = max(layer, (footprint.part_bytes, f"{footprint.part_what} takes"))
+    if size > chip:
+        raise CompileError(f"{name} does not fit: {what} at least {_gb(size)} alone and one "
+                           f"chip of {target} holds {_gb(chip)} (a pipeline over chips keeps "
+                           f"each {unit} and table on one chip)")
 
 
 def _held(footprint: Footprint) -> str:
