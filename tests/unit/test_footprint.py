@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import one_error_line
 
 from ipu_stack.cli import main
+from ipu_stack.util.errors import CompileError
 from ipu_stack.workloads import REGISTRY, get_workload
 from ipu_stack.workloads.base import LARGEST_SIZE
 from ipu_stack.workloads.timings import MEASURED, timing_line
@@ -118,6 +119,17 @@ def test_a_model_that_fits_its_least_memory_is_not_refused() -> None:
     for name, chips in (("siglip2-giant", 2), ("pe-giant", 4)):
         workload = get_workload(name)
         check_fits(workload, workload.defaults(), "ipu21", chips)
+
+
+def test_an_imported_programs_weights_are_not_taken_for_one_layer() -> None:
+    """An import's footprint knows no layers: 1.5 GB over two chips may still be cut."""
+    from ipu_stack.workloads.footprint import Footprint, check_footprint
+
+    whole = Footprint(1_500_000_000, 10, "a product's operands", 1, "", 1_500_000_000)
+    check_footprint("model.pt2", whole, "ipu21", 2)
+    with pytest.raises(CompileError, match="one layer's weights take at least 1.50 GB alone"):
+        check_footprint("tower", dataclasses.replace(whole, layer_parameter="layers"),
+                        "ipu21", 2)
 
 
 def test_the_listing_names_each_workloads_weights_and_least_chips(capsys) -> None:

@@ -178,8 +178,10 @@ def check_parts(name: str, footprint: Footprint, target: str, chip: int) -> None
     """Refuse, in one line, a workload whose one layer or table alone is more than one chip
     holds: a pipeline over several chips puts each on one chip, so more chips cannot help."""
     unit = "block" if footprint.layer_parameter == "blocks" else "layer"
-    layer = (footprint.layer_weight_bytes, f"one {unit}'s weights"
-             + (" and KV cache take" if footprint.cache_bytes else " take"))
+    # an imported program's footprint does not know its layers (its one "layer" is all)
+    layer = (footprint.layer_weight_bytes if footprint.layer_parameter else 0,
+             f"one {unit}'s weights" + (" and KV cache take" if footprint.cache_bytes
+                                        else " take"))
     size, what = max(layer, (footprint.part_bytes, f"{footprint.part_what} takes"))
     if size > chip:
         raise CompileError(f"{name} does not fit: {what} at least {_gb(size)} alone and one "
