@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ipu_stack.frontend.loader import file_sha256, refuse_unless_file
-from ipu_stack.util.errors import UsageError
+from ipu_stack.util.errors import UsageError, first_line
 
 MIN_OPSET = 17
 MAX_FILE_BYTES = 2**31 - 1  # protobuf's own limit on one message
@@ -323,13 +323,25 @@ def onnxruntime_session(path: Path) -> Any:
         raise UsageError("the reference of an ONNX model is onnxruntime: "
                          "pip install 'ipu-stack[onnx]'") from None
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # its errors reach the user as one line, below
     # one run per import: no arena or planned pattern kept after it (the CLIP text encoder
     # at batch 40 peaked 0.26 GB higher with them)
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    try:
+        return onnxruntime.InferenceSession(str(path), options,
+                                            providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own checks of the graph: its types, attributes
+        raise UsageError(f"{path.name}: onnxruntime, the reference, cannot load it: "
+                         f"{first_line(exc)}") from exc
 
 
-def onnxruntime_outputs(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return [np.asarray(o, np.float32) for o in session.run(None, feeds)]
+def onnxruntime_outputs(session: Any, feeds: dict[str, np.ndarray], name: str
+                        ) -> list[np.ndarray]:
+    """The reference's outputs as float32; onnxruntime's failure on these inputs (an index
+    out of range) in one line naming the file."""
+    try:
+        return [np.asarray(o, np.float32) for o in session.run(None, feeds)]
+    except Exception as exc:
+        raise UsageError(f"{name}: onnxruntime, the reference, fails on it: "
+                         f"{first_line(exc)}") from exc

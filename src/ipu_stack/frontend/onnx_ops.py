@@ -240,6 +240,11 @@ def _gather(call: NodeCall) -> Any:
     t, data, indices = call.torch, call.inputs[0], call.inputs[1]
     axis = int(call.attrs.get("axis", 0)) % data.dim()
     const = call.consts[1]
+    size = data.shape[axis]
+    if const is not None and const.size and not (-size <= const.min() and const.max() < size):
+        wrong = const[(const < -size) | (const >= size)].reshape(-1)[0]
+        raise CompileError(f"index {wrong} is outside axis {axis} of size {size} (ONNX "
+                           f"allows {-size} to {size - 1})")
     if const is not None and const.ndim == 0:  # one position: a select
         return data.select(axis, int(const) % data.shape[axis])
     if call.consts[0] is not None and call.consts[1] is None and axis == 0 and data.dim() == 2:
@@ -509,15 +514,32 @@ TRANSLATIONS: dict[str, Callable[[NodeCall], Any]] = {
 
 
 # The calls of the idioms ``onnx_program.rewrite_idioms`` recognises in a file's nodes.
+def _reshaped(shape: list[int], source: list[int]) -> list[int]:
+    """The shape ONNX's ``Reshape`` (``allowzero`` 0) gives ``source``: a 0 copies the
+    source's axis, a -1 takes what the others leave."""
+    dims = [source[axis] if size == 0 else size for axis, size in enumerate(shape)]
+    if -1 in dims:
+        known = int(np.prod([d for d in dims if d != -1]))
+        dims[dims.index(-1)] = int(np.prod(source)) // max(known, 1)
+    return dims
+
+
 def _swap_last_call(call: NodeCall) -> Any:
     """``k.transpose(-2, -1)`` when the final shape is ``k``'s with its last two axes
-    swapped; otherwise the three operations as written (a patch grid's reshape)."""
+    swapped, its leading axes merged or split as the final shape has them (grouped-query
+    attention's repeated key heads ``[B, kv, n, T, d]`` end as ``[B, kv n, d, T]``);
+    otherwise the three operations as written (a patch grid's reshape)."""
     x, first, shape = call.inputs[0], call.ints(1, "shape"), call.ints(2, "shape")
-    expected = [*x.shape[:-2], x.shape[-1], x.shape[-2]]
-    if len(shape) == len(expected) and first[-2:] == [x.shape[-2], x.shape[-1]] and \
-            [e if s in (0, -1) else s for s, e in zip(shape, expected, strict=True)] == expected:
-        return x.transpose(-2, -1)
-    return x.reshape(first).permute(0, 2, 1).reshape(shape)
+    source = [int(d) for d in x.shape]
+    flat = _reshaped(first, source)
+    if len(flat) == 3 and flat[1:] == source[-2:]:
+        final = _reshaped(shape, [flat[0], flat[2], flat[1]])
+        lead = final[:-2]
+        if final[-2:] == source[:-3:-1] and int(np.prod(lead)) == flat[0]:
+            rows = x if lead == source[:-2] else x.reshape(*lead, *source[-2:])
+            return rows.transpose(-2, -1)
+    turned = x.reshape(flat).permute(0, 2, 1)
+    return turned.reshape(_reshaped(shape, [int(d) for d in turned.shape]))
 
 
 def _unflatten_call(call: NodeCall) -> Any:
@@ -554,5 +576,6 @@ def _linear_call(call: NodeCall) -> Any:
 
 IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linear_call,
           "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
+          "Silu": lambda call: call.torch.nn.functional.silu(call.inputs[0]),
           "Unflatten": _unflatten_call,
           "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": roll_idiom}

@@ -131,6 +131,8 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
             _tanh_gelu(node, producer, readers, small)
         elif node.op_type == "Reciprocal":
             _rsqrt(node, producer)
+        elif node.op_type == "Mul":
+            _silu(node, producer)
         elif node.op_type == "Reshape":
             _swap_last(node, producer, readers)
             _packed_split(node, readers)
@@ -272,6 +274,16 @@ def _packed_split(node: Node, readers: dict[str, list[Node]]) -> None:
         node.op_type = "Unflatten"
 
 
+def _silu(node: Node, producer: dict[str, Node]) -> None:
+    """``Mul(x, Sigmoid(x))``: torch.onnx's spelling of ``silu`` (opset 18 has no SiLU), so
+    SwiGLU's ``silu(gate) * up`` reads as the one operation it is."""
+    for x, other in (node.inputs, reversed(node.inputs)):
+        sigmoid = producer.get(other)
+        if sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.inputs == [x]:
+            node.op_type, node.inputs = "Silu", [x]
+            return
+
+
 def _rsqrt(node: Node, producer: dict[str, Node]) -> None:
     """``Reciprocal(Sqrt(x))``: torch's ``rsqrt`` (an RMS norm's statistics)."""
     root = producer.get(node.inputs[0])
@@ -326,7 +338,8 @@ def _slice_bounds(node: Node | None, small: dict[str, np.ndarray]
     if node is None or node.op_type != "Slice" or len(node.inputs) < 4:
         return None
     found = [small.get(name) for name in node.inputs[1:]]
-    if any(f is None or f.size != 1 for f in found) or (len(found) > 3 and int(found[3]) != 1):
+    if any(f is None or f.size != 1 for f in found) or (
+            len(found) > 3 and int(found[3].reshape(-1)[0]) != 1):
         return None
     start, end, axis = (int(f.reshape(-1)[0]) for f in found[:3])
     return node.inputs[0], start, end, axis

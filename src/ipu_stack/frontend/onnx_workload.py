@@ -86,6 +86,20 @@ def shapes_from_file(specs: list[GraphInput], path: str) -> dict[str, tuple[int,
     return shapes
 
 
+def trace_file(model: Any, path: Path, feeds: dict[str, np.ndarray]) -> Any:
+    """The file's graph traced into a torch program at the shapes of ``feeds``; where a
+    node's values or torch's trace fail at them, one line naming the shapes."""
+    at = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+    try:
+        return export_onnx(model, path, feeds)
+    except NodeFailed as exc:  # a node's values at these sizes
+        raise UsageError(f"{path.name} does not run at {at}: {exc}") from None
+    except IpuStackError:
+        raise
+    except Exception as exc:  # torch's trace of the graph at these sizes failed
+        raise UsageError(f"{path.name} does not run at {at}: {first_line(exc)}") from exc
+
+
 def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     """The workload of an ``.onnx`` file and its base parameters (absolute path, sha256)."""
     path = Path(path).resolve()
@@ -94,17 +108,8 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
 
     def sized(params: dict[str, Any]) -> Any:
         shapes = shapes_from_file(specs, params["inputs"]) if params.get("inputs") else {}
-        feeds = example_feeds(specs, params["batch"], params.get("tokens", 0), shapes)
-        at = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
-        try:
-            return export_onnx(model, path, feeds)
-        except NodeFailed as exc:  # a node's values at these sizes
-            raise UsageError(f"{path.name} does not run at {at}: {exc}") from None
-        except IpuStackError:
-            raise
-        except Exception as exc:  # torch's trace of the graph at these sizes failed
-            first = first_line(exc)
-            raise UsageError(f"{path.name} does not run at {at}: {first}") from exc
+        return trace_file(model, path, example_feeds(specs, params["batch"],
+                                                 params.get("tokens", 0), shapes))
 
     def outputs(program: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """onnxruntime's outputs, from a session opened for the call: one held through the
@@ -112,7 +117,7 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
         them, where opening one again takes seconds."""
         feeds = {s.name: np.asarray(a).astype(s.dtype) for s, a in zip(specs, inputs,
                                                                         strict=True)}
-        return onnxruntime_outputs(onnxruntime_session(path), feeds)
+        return onnxruntime_outputs(onnxruntime_session(path), feeds, path.name)
 
     digest = onnx_sha256(path, model.proto)
     gemms = tuple((node.name, name_layer(node_scope(node))) for node in model.graph.node
@@ -133,7 +138,7 @@ def list_onnx_operations(path: str | Path, tokens: int = 0) -> list[dict[str, An
     missing = {operator_kind(p) for p in protos} - set(TRANSLATIONS)
     per_node: dict[str, list[dict[str, Any]]] = {}
     if not missing:
-        program = export_onnx(model, path, example_feeds(graph_inputs(model), 0, tokens))
+        program = trace_file(model, path, example_feeds(graph_inputs(model), 0, tokens))
         onnx_names = {n.name: n.meta.get("onnx_node") for n in program.graph.nodes}
         for row in list_operations(program, path.name):
             per_node.setdefault(onnx_names.get(row["node"]) or "", []).append(row)

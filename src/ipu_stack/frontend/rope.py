@@ -275,8 +275,10 @@ def materialize(conv: Any, node: Any, value: Pairs,
     if not _rotation(m) or (host is not None and not _rotation(host(conv.probe_user()).m)):
         return None  # at the example's positions, and a call's later ones
     base = value.base
+    gain = 1.0 if host is not None else _gain(cos, sin)
+    cos, sin = cos / gain, sin / gain
     if np.all(cos == 1.0) and np.all(sin == 0.0) and host is None:
-        return base
+        return base.with_(factor=base.factor * gain)
     batch = base.dims[0]
     tables = []
     for index, label in enumerate(("cos", "sin")):
@@ -292,7 +294,18 @@ def materialize(conv: Any, node: Any, value: Pairs,
     layout = {"pairs": "halves"} if value.layout == "halves" else {}  # interleaved: default
     out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1], **layout)
     conv.rewrites.append(f"{node.name}: rotary embedding recognised as rope ({name})")
-    return base.with_(value=out)
+    return base.with_(value=out, factor=base.factor * gain)
+
+
+def _gain(cos: np.ndarray, sin: np.ndarray) -> float:
+    """The one scale of a rotation scaled alike at every pair and token (torch.onnx's
+    attention scales the rotated query by the root of its softmax scale), else 1: the
+    rotation keeps its tables, and the scale stays a lazy factor a softmax folds."""
+    norms = cos.astype(np.float64) ** 2 + sin.astype(np.float64) ** 2
+    square = float(norms.mean()) if norms.size else 1.0
+    if abs(square - 1.0) < 1e-3 or not np.allclose(norms, square, rtol=1e-5, atol=0.0):
+        return 1.0
+    return float(np.float32(np.sqrt(square)))  # the float32 constant torch multiplied by
 
 
 def _rotation(m: np.ndarray) -> bool:
