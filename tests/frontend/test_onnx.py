@@ -426,6 +426,20 @@ def test_what_onnxruntime_refuses_is_one_line(tmp_path: Path, capsys) -> None:
                                "it: [ONNXRuntimeError]"), lines[0]
 
 
+def test_an_fp16_file_is_checked_at_its_own_precision(tmp_path: Path, cache_dir: Path,
+                                                      lock_path: Path, capsys) -> None:
+    """onnxruntime runs an FP16 file in FP16: its rounding (here 2.9e-4 relative RMS) is
+    over float32's bound of 1e-4, not an import error."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 4])
+    path = tmp_path / "half.onnx"
+    onnx.save(graph_model([helper.make_node("Sigmoid", ["x"], ["y"], name="/s")], [x], [y]),
+              str(path))
+    record = bench(path, tmp_path, cache_dir, lock_path, capsys)
+    assert record["numericalTest"] == "PASS"
+    assert 1e-4 < record["conversionError"] < 1e-2
+
+
 def test_a_value_past_the_bound_is_refused_before_it_is_made(tmp_path: Path, capsys) -> None:
     """An ONNX MatMul whose result takes 2 GiB (a 0.5 MB input, a 4 MB weight): ``ops``
     refuses it from the traced shapes in one line, before the listing makes it."""

@@ -345,6 +345,21 @@ def test_gelu_new_with_its_half_product_first_is_read_as_gelu() -> None:
     np.testing.assert_allclose(ours, onnxruntime(model, ours), rtol=1e-5, atol=1e-5)
 
 
+def test_an_fp16_files_exact_gelu_is_read_as_gelu() -> None:
+    """The same in an FP16 file: its constants are FP16's roundings (sqrt 2 is 1.4140625)."""
+    x16 = X.astype(np.float16) / 8
+    scalars = {"root2": 2 ** 0.5, "one": 1.0, "half": 0.5}
+    arrays = {"x": x16, **{k: np.array(v, dtype=np.float16) for k, v in scalars.items()}}
+    nodes = [helper.make_node("Div", ["x", "root2"], ["a"]),
+             helper.make_node("Erf", ["a"], ["b"]),
+             helper.make_node("Add", ["b", "one"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["d"]), node("Mul", ["d", "half"])]
+    model = model_of(nodes, arrays)
+    ours, kinds = translated(model)
+    assert kinds[-1] == "Gelu"
+    np.testing.assert_allclose(ours, onnxruntime(model, ours), rtol=2e-3, atol=1e-3)
+
+
 def _counted_positions(exclusive: int, reverse: int, fmod: int) -> onnx.ModelProto:
     """Token ids [1, 12] looked up, plus positions counted from them on the host: the ids
     that are not padding (``Not(Equal)``), their running count (``CumSum``, either way,

@@ -314,6 +314,21 @@ def concrete_shape(spec: GraphInput, batch: int, tokens: int) -> tuple[int, ...]
     return tuple(shape)
 
 
+HALF_TYPES = {10: "float16", 16: "bfloat16"}  # TensorProto's FLOAT16 and BFLOAT16
+
+
+def float_kinds(proto: Any) -> frozenset[str]:
+    """The half-precision types the file computes in (its weights, inputs, outputs, values
+    or casts), as onnxruntime runs it: the conversion check's bound loosens for them."""
+    graph = proto.graph
+    types = {t.data_type for t in graph.initializer}
+    types |= {v.type.tensor_type.elem_type
+              for v in (*graph.input, *graph.output, *graph.value_info)}
+    types |= {int(a.i) for n in graph.node if n.op_type == "Cast" for a in n.attribute
+              if a.name == "to"}
+    return frozenset(HALF_TYPES[t] for t in types if t in HALF_TYPES)
+
+
 def onnxruntime_session(path: Path) -> Any:
     """onnxruntime on the CPU, the reference of an ONNX program, reading the file (and its
     external data, which ``load_onnx`` checked) itself."""

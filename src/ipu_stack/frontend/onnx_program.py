@@ -167,9 +167,13 @@ def rewrite_idioms(nodes: list[Node], initializers: dict[str, tuple[int, ...]],
 
 
 def _is_constant(small: dict[str, np.ndarray], name: str, value: float) -> bool:
+    """Whether ``name`` is the one constant ``value``, as its own type rounds it (an FP16
+    file's sqrt 2 is 1.4140625)."""
     found = small.get(name)
-    return found is not None and found.size == 1 and abs(float(found.reshape(-1)[0]) - value) \
-        <= 1e-6 * abs(value)
+    if found is None or found.size != 1:
+        return False
+    rounding = float(np.finfo(found.dtype).eps) if found.dtype.kind == "f" else 0.0
+    return abs(float(found.reshape(-1)[0]) - value) <= max(1e-6, rounding) * abs(value)
 
 
 def _other(node: Node, value: str) -> str:

@@ -20,6 +20,7 @@ from ipu_stack.frontend.listing import list_operations
 from ipu_stack.frontend.onnx_file import (
     GraphInput,
     concrete_shape,
+    float_kinds,
     graph_inputs,
     load_onnx,
     onnx_sha256,
@@ -123,7 +124,8 @@ def onnx_workload(path: str | Path) -> tuple[ImportedWorkload, dict[str, Any]]:
     gemms = tuple((node.name, name_layer(node_scope(node))) for node in model.graph.node
                   if node.op_type in ("MatMul", "Gemm"))
     workload = make_workload(None, path.stem, str(path), digest, sized=sized,
-                             reference=Reference("onnxruntime", outputs),
+                             reference=Reference("onnxruntime", outputs,
+                                                 float_kinds(model.proto)),
                              parameters=onnx_parameters(), source_gemms=gemms)
     return workload, {"model": str(path), "sha256": digest}
 
