@@ -293,7 +293,7 @@ def cmd_fp8_recipe(args: argparse.Namespace) -> int:
     runs = (record["allF16"], record["allFp8"], record["recipe"])  # all-F16 may not fit
     return 0 if record["found"] and all(r["numericalTest"] in ("PASS", "NOT RUN")
                                         for r in runs) and record["recipe"]["numericalTest"] \
-        == "PASS" else 1
+        == "PASS" and record["deviceWithinBound"] is not False else 1
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

@@ -50,9 +50,24 @@ def test_the_recipe_keeps_exactly_the_fragile_layer(layer: int, tmp_path: Path, 
     # the device agrees with the host's search: FP8 outside the bound, the recipe inside
     assert record["allFp8"]["deviceError"] > 0.1 >= record["recipe"]["deviceError"]
     assert record["allF16"]["deviceError"] < record["recipe"]["deviceError"]
+    assert record["deviceWithinBound"] is True
     assert record["recipe"]["gemmModes"] == "f16,fp8"
     assert f"--num_of_layers_keep_fp16 1 --fp8_skip_op_names layer{layer}." in \
         record["poprtOptions"]
+
+
+def test_a_recipe_the_device_finds_over_the_bound_says_so() -> None:
+    from ipu_stack.recipe.measure import format_recipe
+
+    run = {"numericalTest": "PASS", "cycles": 10, "qpsWithHost": 1.0, "gemmModes": "fp8"}
+    record = {"workload": "m", "keepF16": "0", "keptLayers": 1, "layers": 2, "found": True,
+              "allFp8HostError": 0.05, "hostError": 0.0266, "maxError": 0.03,
+              "evaluations": 2, "searchSeconds": 1.0, "deviceWithinBound": False,
+              "poprtOptions": "--precision fp8",
+              "allF16": {**run, "deviceError": 0.001}, "allFp8": {**run, "deviceError": 0.05},
+              "recipe": {**run, "deviceError": 0.03028}}
+    assert "  the recipe's device error 0.03028 is over the bound 0.03 (the host's search " \
+        "read 0.0266): tighten --max-error or keep more layers" in format_recipe(record)
 
 
 def test_an_accurate_model_keeps_nothing(tmp_path: Path, cache_dir: Path, lock_path: Path,

@@ -4,6 +4,7 @@ error against the float64 model."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from ipu_stack.recipe.search import Recipe, poprt_options, recipe_fields, relati
 from ipu_stack.runtime.execute import RunSettings, run_any
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.util.errors import CompileError, UsageError
+from ipu_stack.util.log import event
+
+LOG = logging.getLogger("ipu_stack.recipe")
 
 RUN_FIELDS = ("numericalTest", "cycles", "qpsWithHost", "imagesPerSecond", "gemmModes",
               "noiseRatio", "peakTileBytes")
@@ -80,8 +84,14 @@ def run_recipe(workload: Any, params: dict[str, Any], max_error: float, out: Pat
         gemms = list(workload.source_gemms)
     for fields in measured.values():
         fields.pop("gemms", None)
+    device = measured["recipe"].get("deviceError")
+    within = None if device is None else bool(device <= max_error)
+    if within is False:
+        event(LOG, "the recipe's device error is over the bound", level=logging.WARNING,
+              deviceError=device, hostError=float(f"{recipe.error:.4g}"), maxError=max_error)
     return {"workload": workload.identifier(params), **recipe_fields(recipe),
-            "poprtOptions": poprt_options(recipe, gemms), **measured}
+            "deviceWithinBound": within, "poprtOptions": poprt_options(recipe, gemms),
+            **measured}
 
 
 def format_recipe(record: dict[str, Any]) -> str:
@@ -103,5 +113,9 @@ def format_recipe(record: dict[str, Any]) -> str:
         lines.append(f"  {name:<8} {run['numericalTest']} cycles={run['cycles']} "
                      f"qpsWithHost={run['qpsWithHost']} deviceError={run['deviceError']:.4g} "
                      f"gemmModes={run['gemmModes']}")
+    if record.get("deviceWithinBound") is False:
+        lines.append(f"  the recipe's device error {record['recipe']['deviceError']:.4g} is "
+                     f"over the bound {record['maxError']:g} (the host's search read "
+                     f"{record['hostError']:.4g}): tighten --max-error or keep more layers")
     lines.append(f"  PopRT: {record['poprtOptions']}")
     return "\n".join(lines)
