@@ -43,6 +43,7 @@ from ipu_stack.util.files import check_output_file, check_output_folder
 from ipu_stack.util.termination import Terminated, terminate_unwinds
 from ipu_stack.verdict.judge import DIAGNOSTICS_LOG
 from ipu_stack.workloads import REGISTRY, get_workload
+from ipu_stack.workloads.base import LARGEST_SIZE
 from ipu_stack.workloads.footprint import footprint_line
 from ipu_stack.workloads.timings import timing_line
 
@@ -447,6 +448,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
         if args.tokens < 0:
             raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
+        if args.tokens > LARGEST_SIZE:  # as bench and compile bound it
+            raise UsageError(f"--tokens must be at most {LARGEST_SIZE} (no size on a tile of "
+                             f"624 KiB can be larger), got {args.tokens}")
         rows = list_onnx_operations(args.model, args.tokens)
     elif args.tokens:
         raise UsageError("--tokens sizes an ONNX model's symbolic sequence length; a .pt2 "

@@ -129,7 +129,10 @@ def build_parser() -> OneLineParser:
     """The command line's parser, built once a process: it is the same for every call (its
     hundreds of options take ~30 ms to add, which every in-process ``main`` paid again);
     parsing leaves it as it was."""
-    parser = OneLineParser(prog="ipu-stack", description=__doc__)
+    parser = OneLineParser(prog="ipu-stack", description=(
+        "Compile transformers for the Graphcore C600 (ipu21), run them on a simulated IPU "
+        "that counts cycles, and check every output against a host reference. "
+        "`ipu-stack COMMAND --help` for a command's options."))
     parser.add_argument("--version", action="version", version=f"ipu-stack {__version__}")
     for flag, help_text in GLOBAL_FLAGS:
         parser.add_argument(*flag, action="store_true", help=help_text)
@@ -240,7 +243,8 @@ def _add_profile_commands(sub: Any) -> None:
     p.add_argument("--lock", default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("ops", help="list every operation of a model file (MODEL.pt2 or "
                        "MODEL.onnx), supported or not")
-    p.add_argument("model")
+    p.add_argument("model", metavar="MODEL", help="a torch.export program (MODEL.pt2) or an "
+                   "ONNX model (MODEL.onnx)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--tokens", type=int, default=0, metavar="N",
                    help="an ONNX model's symbolic sequence length, to trace it at")

@@ -30,6 +30,7 @@ def _error(capsys, argv: list[str]) -> tuple[int, str]:
         (["compile", "siglip-mlp", "--dim", "-3", "-o", "X"], "--dim must be at least 1"),
         (["compile", "siglip-mlp", "--finalists", "0", "-o", "X"], "--finalists must be"),
         (["compile", "siglip-mlp", "--target", "ipu9", "-o", "X"], "unknown --target 'ipu9'"),
+        (["ops", "missing.onnx", "--tokens", "2000000"], "--tokens must be at most 1048576"),
     ],
 )
 def test_usage_errors(tmp_path, capsys, argv, message):

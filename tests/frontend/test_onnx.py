@@ -375,6 +375,11 @@ NODE_FAILURES = {
                            "error: graph input x has a negative dimension -1 ([-1, 4, 8])"),
     "string-weight": (lambda: string_weight(),
                       "holds object values, not numbers"),
+    "string-input": (lambda: graph_model(
+        [helper.make_node("Identity", ["x"], ["y"], name="/i")],
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [2])]),
+        "error: graph input 'x' has element type STRING, not a float, integer or bool tensor"),
 }
 
 

@@ -270,6 +270,14 @@ def check_order(path: Path, graph: Any) -> None:
             raise UsageError(f"{path}: graph output {output.name!r} is defined nowhere")
 
 
+def type_name(elem_type: int) -> str:
+    """TensorProto's name of an element type (``STRING``), or its number if it has none."""
+    try:
+        return str(require_onnx().TensorProto.DataType.Name(elem_type))
+    except ValueError:
+        return str(elem_type)
+
+
 def graph_inputs(model: Any) -> list[GraphInput]:
     """The inputs the user feeds (graph inputs that are not initializers)."""
     weights = {t.name for t in model.graph.initializer}
@@ -280,8 +288,9 @@ def graph_inputs(model: Any) -> list[GraphInput]:
         kind = value.type.tensor_type
         dtype = INPUT_DTYPES.get(kind.elem_type)
         if dtype is None:
-            raise UsageError(f"graph input {value.name!r} has element type {kind.elem_type}, "
-                             "not a float or integer tensor")
+            name = type_name(kind.elem_type)
+            raise UsageError(f"graph input {value.name!r} has element type {name}, not a "
+                             "float, integer or bool tensor")
         dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                      for d in kind.shape.dim)
         if len(dims) > MAX_RANK:
