@@ -57,3 +57,11 @@ def test_an_array_declaring_terabytes_is_refused_from_its_header(tmp_path):
                          + header.getvalue()[8:] + b"\x00" * 64)
     assert refusal(path) == (f"--inputs {path}: its arrays declare 4096.0 GiB, more than the "
                              f"{MOST_INPUT_BYTES >> 30} GiB an inputs file may hold")
+
+
+def test_a_save_tensors_file_is_not_taken_for_inputs(tmp_path):
+    """What ``--save-tensors`` writes holds every value of the graph and its precisions."""
+    path = tmp_path / "inputs_weights.npz"
+    np.savez(path, x=np.zeros((2, 4), np.float32), __precisions__=np.array("{}"))
+    with pytest.raises(UsageError, match="a --save-tensors file .* not a program's inputs"):
+        read_input_arrays(path)

@@ -66,6 +66,10 @@ def read_input_arrays(path: str | Path, option: str = "--inputs",
             members = archive.namelist()
             if not members:
                 raise UsageError(f"{where}: holds no arrays (an .npz from numpy.savez)")
+            if "__precisions__.npy" in members:
+                raise UsageError(f"{where}: a --save-tensors file (the graph's values as the "
+                                 "device holds them, weights too), not a program's inputs: "
+                                 "give an .npz of the model's inputs by name")
             other = next((m for m in members if not m.endswith(".npy")), None)
             if other is not None:
                 raise UsageError(f"{where}: member {other[:80]!r} is not an array (.npy)")
