@@ -189,6 +189,8 @@ HOSTILE = {
     "text": "not an ONNX model",
     "outside-folder": "outside the model's folder",
     "past-end": "reads past the end",
+    "data-a-folder": "external data 'weights' of tensor 'fc.weight' is not a regular file",
+    "negative-offset": "has a negative external offset -8",
     "huge-tensor": "over the bound of 2^32",
     "cycle": "defined by a later node",
     "old-opset": "opset 13; the importer reads opset 17",
@@ -207,6 +209,11 @@ def test_hostile_files_are_refused_in_one_line(tmp_path: Path, capsys, damage: s
         external(model, "../secret.bin", 0, 256)
     elif damage == "past-end":
         external(model, "weights.bin", 0, 256)
+    elif damage == "data-a-folder":
+        (folder / "weights").mkdir()
+        external(model, "weights", 0, 256)
+    elif damage == "negative-offset":
+        external(model, "weights.bin", -8, 256)
     elif damage == "huge-tensor":
         tensor = model.graph.initializer[0]
         tensor.ClearField("raw_data")

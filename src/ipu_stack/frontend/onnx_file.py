@@ -230,8 +230,9 @@ def external_region(path: Path, tensor: Any) -> tuple[Path, int, int]:
         raise UsageError(f"{path}: tensor {tensor.name!r} points at external data "
                          f"{location!r}, outside the model's folder")
     if not target.is_file():
+        what = "is missing" if not target.exists() else "is not a regular file"
         raise UsageError(f"{path}: external data {location!r} of tensor {tensor.name!r} "
-                         "is missing")
+                         f"{what}")
     try:
         offset = int(entries.get("offset", "0"))
         needed = element_count(path, tensor.name, tensor.dims) * itemsize(path, tensor)
@@ -239,7 +240,10 @@ def external_region(path: Path, tensor: Any) -> tuple[Path, int, int]:
     except ValueError:
         raise UsageError(f"{path}: tensor {tensor.name!r} has a malformed external offset "
                          "or length") from None
-    if offset < 0 or length != needed:
+    if offset < 0:
+        raise UsageError(f"{path}: tensor {tensor.name!r} has a negative external offset "
+                         f"{offset:,}")
+    if length != needed:
         raise UsageError(f"{path}: tensor {tensor.name!r} declares {length:,} external bytes "
                          f"at offset {offset:,}; its shape needs {needed:,}")
     if offset + length > target.stat().st_size:
