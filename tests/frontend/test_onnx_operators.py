@@ -345,6 +345,43 @@ def test_gelu_new_with_its_half_product_first_is_read_as_gelu() -> None:
     np.testing.assert_allclose(ours, onnxruntime(model, ours), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_a_written_out_rms_norm_imports_whatever_its_scalars_shape(shape, tmp_path) -> None:
+    """``x * 1/sqrt(mean(x^2) + eps)``, its 2 and eps as ``()`` or ``[1]`` (exporters write
+    either): one ``rms_norm`` operation both ways."""
+    from ipu_stack.frontend.onnx_file import load_onnx
+    from ipu_stack.frontend.onnx_program import export_onnx
+    from ipu_stack.frontend.workload import import_program
+
+    scalars = {k: np.array(v, np.float32).reshape(shape) for k, v in (("two", 2.0),
+                                                                       ("eps", 1e-6))}
+    weights = {**scalars, "w": np.eye(8, dtype=np.float32), "axes": np.array([-1])}
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]),
+             helper.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1),
+             helper.make_node("Add", ["m", "eps"], ["a"]),
+             helper.make_node("Sqrt", ["a"], ["s"]),
+             helper.make_node("Reciprocal", ["s"], ["r"]),
+             helper.make_node("Mul", ["x", "r"], ["n"]), node("MatMul", ["n", "w"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8])
+    graph = helper.make_graph(nodes, "g", [x], [y], [numpy_helper.from_array(v, k)
+                                                     for k, v in weights.items()])
+    path = tmp_path / "rms.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    program = export_onnx(load_onnx(path), path, {"x": np.zeros((2, 4, 8), np.float32)})
+    rows = np.random.default_rng(1).standard_normal((2, 4, 8)).astype(np.float32)
+    imported = import_program(program, precision="f16", inputs=[rows])
+    assert [op.kind for op in imported.converted.graph.operations] == ["rms_norm", "matmul"]
+
+
+def test_two_scalar_constants_fold_to_a_tensor() -> None:
+    """``a / b`` of two ``()`` constants is a value with a shape (a number had none)."""
+    model = model_of([node("Div", ["a", "b"])], {"a": np.array(3.0, np.float32),
+                                                  "b": np.array(2.0, np.float32)})
+    ours, _ = translated(model)
+    np.testing.assert_array_equal(ours, onnxruntime(model, ours))
+
+
 def test_an_fp16_files_exact_gelu_is_read_as_gelu() -> None:
     """The same in an FP16 file: its constants are FP16's roundings (sqrt 2 is 1.4140625)."""
     x16 = X.astype(np.float16) / 8

@@ -54,9 +54,15 @@ class NodeCall:
 
     def operand(self, index: int) -> Any:
         """The input as a Python number when it is a one-element constant (a scalar factor
-        the importer folds), else the tensor."""
+        the importer folds), else the tensor.  Exporters write scalars as ``[1]`` too: one
+        of those is a number where the other operands are tensors of at least its rank, so
+        that the result's shape is the same either way."""
         const = self.consts[index]
-        if const is not None and const.size == 1 and np.ndim(const) == 0:
+        if const is None or const.size != 1:
+            return self.inputs[index]
+        ranks = [x.dim() for i, x in enumerate(self.inputs) if i != index and hasattr(
+            x, "dim") and (self.consts[i] is None or self.consts[i].size != 1)]
+        if np.ndim(const) == 0 or (ranks and np.ndim(const) <= min(ranks)):
             return const.item()
         return self.inputs[index]
 
@@ -79,7 +85,8 @@ def _div(call: NodeCall) -> Any:
     a, b = call.operand(0), call.operand(1)
     if _is_integer(a) and _is_integer(b):
         return call.torch.div(call.torch.as_tensor(a), b, rounding_mode="trunc")
-    return a / b
+    out = a / b  # two scalars give a Python number
+    return out if hasattr(out, "dim") else call.torch.as_tensor(out)
 
 
 def _unary(name: str) -> Callable[[NodeCall], Any]:
@@ -578,4 +585,4 @@ IDIOMS = {"SafeSoftmax": _safe_softmax, "PickRows": _pick_rows, "Linear": _linea
           "Rsqrt": lambda call: call.torch.rsqrt(call.inputs[0]), "SwapLast": _swap_last_call,
           "Silu": lambda call: call.torch.nn.functional.silu(call.inputs[0]),
           "Unflatten": _unflatten_call,
-          "NotEqual": lambda call: call.operand(0) != call.operand(1), "Roll": roll_idiom}
+          "NotEqual": _binary(operator.ne), "Roll": roll_idiom}
