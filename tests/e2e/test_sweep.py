@@ -4,6 +4,7 @@ not fit, the summary, the page in headless Chromium, and the Ray engine when Ray
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,3 +133,25 @@ def test_ray_engine_gives_the_same_results(tmp_path, cache_dir, local_sweep) -> 
     assert _sweep(out, cache_dir, "--engine", "ray") == 0
     records = read_results(out / "results.jsonl")
     assert _comparable(records) == _comparable(read_results(local_sweep / "results.jsonl"))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe\n{}\n", "results.jsonl:1: not a sweep record"),
+    (b"[" * 100000 + b"]" * 100000 + b"\n{}\n", "results.jsonl:1: not a sweep record"),
+])
+def test_a_results_file_that_is_not_records_is_one_line(tmp_path, content, message) -> None:
+    """Bytes that are not UTF-8 or JSON nested past the parser's depth, not a traceback."""
+    from ipu_stack.util.errors import UsageError
+
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=message):
+        read_results(path)
+
+
+def test_a_results_file_that_is_a_fifo_is_refused_unread(tmp_path) -> None:
+    from ipu_stack.util.errors import UsageError
+
+    os.mkfifo(tmp_path / "results.jsonl")
+    with pytest.raises(UsageError, match="results.jsonl: not a regular file"):
+        read_results(tmp_path / "results.jsonl")

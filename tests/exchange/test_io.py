@@ -76,6 +76,12 @@ def test_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ('{"tiles": 4000000000, "transfers": [{"src": 0, "dst": [1], "words": 1}]}',
          "tiles must be between 1 and 1048576, got 4000000000"),
         ('{"tiles": 0, "transfers": []}', "tiles must be between 1 and 1048576, got 0"),
+        # past the arrays' int64, and nested past the parser's recursion
+        ('{"tiles": 4, "transfers": [{"src": 0, "dst": [1], "words": 100000000000000000000}]}',
+         "transfer 0 words is out of range, got 100000000000000000000"),
+        ('{"tiles": 4, "transfers": [{"src": 0, "dst": [-100000000000000000000], '
+         '"words": 1}]}', "transfer 0 dst is out of range"),
+        ("[" * 100000 + "]" * 100000, "malformed instance JSON .*: nested too deeply"),
     ],
 )
 def test_malformed_instance(tmp_path: Path, text: str, message: str) -> None:
@@ -89,6 +95,10 @@ def test_malformed_schedule(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text('{"horizon": 1, "lower_bound": 1, "kind": "x", "chunks": [{"start": 0}]}')
     with pytest.raises(ExchangeError, match="chunk 0 is missing field 'transfer'"):
+        load_schedule(path)
+    path.write_text('{"horizon": 1, "lower_bound": 1, "kind": "x", "chunks": [{"start": '
+                    '100000000000000000000, "transfer": 0, "words": 1, "offset": 0}]}')
+    with pytest.raises(ExchangeError, match="chunk 0 start is out of range"):
         load_schedule(path)
     with pytest.raises(ExchangeError, match="cannot read schedule"):
         load_schedule(tmp_path / "missing.json")

@@ -37,11 +37,19 @@ def _read_json(path: PathLike, what: str) -> Any:
         raise ExchangeError(f"cannot read {what} {os.fspath(path)}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ExchangeError(f"malformed {what} JSON in {os.fspath(path)}: {exc}") from None
+    except RecursionError:  # arrays nested thousands deep: no instance or schedule is
+        raise ExchangeError(f"malformed {what} JSON in {os.fspath(path)}: nested too "
+                            "deeply") from None
+
+
+INT64 = 1 << 63  # the arrays' integers: a larger one is no tile, size or cycle of a phase
 
 
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ExchangeError(f"{where} must be an integer, got {json.dumps(value)[:40]}")
+    if not -INT64 <= value < INT64:
+        raise ExchangeError(f"{where} is out of range, got {str(value)[:40]}")
     return value
 
 

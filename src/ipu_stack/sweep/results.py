@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ipu_stack.util.errors import UsageError
-from ipu_stack.util.files import write_text_atomic
+from ipu_stack.util.files import NotRegularFile, open_regular, write_text_atomic
 from ipu_stack.util.html import inert_json, nice_domain, standalone_page, tick_label
 
 Record = dict[str, Any]
@@ -29,13 +29,19 @@ def read_results(path: Path) -> list[Record]:
     if not path.exists():
         return []
     records = []
-    lines = path.read_text().splitlines()
+    try:
+        with open_regular(path) as handle:  # never a FIFO or device: refused unread
+            lines = handle.read().splitlines()
+    except NotRegularFile:
+        raise UsageError(f"{path}: not a regular file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = json.loads(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if number == len(lines):  # the last line of a killed sweep
                 continue
             raise UsageError(f"{path}:{number}: not a sweep record") from None
