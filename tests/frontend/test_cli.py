@@ -94,7 +94,8 @@ def test_ops_text_summary(tiny: Path, capsys) -> None:
     assert any("aten.conv2d" in line and line.startswith("yes") for line in out)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "text", "foreign-zip", "newer-schema"])
+@pytest.mark.parametrize("damage", ["truncated", "text", "foreign-zip", "newer-schema",
+                                    "torch-save"])
 def test_bad_files_are_one_line_exit_2(tiny: Path, tmp_path: Path, capsys, damage: str) -> None:
     path = tmp_path / "bad.pt2"
     data = tiny.read_bytes()
@@ -105,6 +106,8 @@ def test_bad_files_are_one_line_exit_2(tiny: Path, tmp_path: Path, capsys, damag
     elif damage == "foreign-zip":
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("readme.txt", "a zip, but not an exported program")
+    elif damage == "torch-save":  # a state dict saved under the name a user expects
+        torch.save({"weight": torch.zeros(2)}, str(path))
     else:  # an export from a newer torch: its schema version is one this torch cannot read
         with zipfile.ZipFile(tiny) as src, zipfile.ZipFile(path, "w") as dst:
             for item in src.infolist():
@@ -122,7 +125,8 @@ def test_bad_files_are_one_line_exit_2(tiny: Path, tmp_path: Path, capsys, damag
     expected = {"truncated": "not a torch.export .pt2 archive",
                 "text": "not a torch.export .pt2 archive",
                 "foreign-zip": "torch.export.load failed",
-                "newer-schema": "exported by torch 9.9.0 (schema 99.0)"}[damage]
+                "newer-schema": "exported by torch 9.9.0 (schema 99.0)",
+                "torch-save": "a torch.save file (a pickle), not a torch.export program"}[damage]
     assert expected in err
 
 
