@@ -302,8 +302,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise UsageError("give --max-chips or --chips, not both (--max-chips searches the "
                          "chip count)")
     if args.max_context is not None:  # the decode step's cache: one token a sequence
-        if is_program_path(args.workload) or "context" not in {
-                p.name for p in get_workload(args.workload).parameters}:
+        if is_program_path(args.workload):
+            raise UsageError(f"--max-context searches a builtin decoder's KV cache; "
+                             f"{args.workload}'s cache is the length it was exported with "
+                             "(export it again with another max_cache_len)")
+        if "context" not in {p.name for p in get_workload(args.workload).parameters}:
             raise UsageError(f"--max-context searches a builtin decoder's KV cache; "
                              f"{args.workload} has none to search")
         if args.tokens not in (None, 1):

@@ -57,6 +57,8 @@ BAD = [
      "give --max-chips or --chips, not both"),
     (["capacity", "siglip-mlp", "--tokens", "16", "--max-context", "64"],
      "--max-context searches a builtin decoder's KV cache; siglip-mlp has none to search"),
+    (["capacity", "step.pt2", "--max-context", "64"], "step.pt2's cache is the length it was "
+     "exported with (export it again with another max_cache_len)"),
     (["bench", "siglip-mlp", "--images", "0"], "--images must be at least 1"),
     (["bench", "siglip-mlp", "--memory-proportion", "2"], "--memory-proportion must be in (0, 1]"),
     (["bench", "siglip-mlp", "--finalists", "0"], "--finalists must be at least 1"),
