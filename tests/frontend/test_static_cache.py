@@ -6,6 +6,7 @@ PyTorch's own greedy tokens."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -50,6 +51,19 @@ def step_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("step") / "llama_step.pt2"
     torch.export.save(_step_program(), str(path))
     return path
+
+
+def test_attention_in_fp8_over_an_f16_cache_says_what_ran(step_file, caplog) -> None:
+    """``--attention fp8`` cannot move a product whose keys or values are the F16 cache:
+    the record's ``attention`` says F16 and a warning says why, not ``fp8``."""
+    workload, params = imported_workload(step_file)
+    resolved = workload.resolve({**params, "precision": "fp8", "attention": "fp8"})
+    with caplog.at_level(logging.WARNING, logger="ipu_stack.frontend"):
+        graph, _ = workload.build(resolved)
+    products = [op for op in graph.operations if op.kind == "head_matmul"]
+    assert products and workload.benchmark_fields(resolved)["attention"] == "f16"
+    assert any("--attention fp8 keeps attention products in F16" in r.getMessage()
+               and f"kept={len(products)}" in r.getMessage() for r in caplog.records)
 
 
 def test_the_host_computes_slots_mask_and_angles_for_each_position(step_file) -> None:

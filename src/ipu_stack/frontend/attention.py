@@ -4,6 +4,7 @@ and the ``--attention fp8`` pass the walk runs on the finished graph."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +16,10 @@ from ipu_stack.frontend.rules import to_numpy
 from ipu_stack.ir.graph import Graph
 from ipu_stack.ir.precision import F16
 from ipu_stack.ir.types import TensorType
+from ipu_stack.util.log import event
 from ipu_stack.workloads.swin import split_tables
+
+LOG = logging.getLogger("ipu_stack.frontend")
 
 
 def additive_mask(conv: Converter, node: Any, mask: Any, dims: tuple[int, ...]
@@ -152,7 +156,23 @@ def attention_operands_in_fp8(conv: Converter) -> int:
         conv.rewrites.append(f"{graph.value(op.outputs[0]).name}: attention operands "
                              f"{', '.join(v.name for v in movable)} stored in FP8")
         converted += 1
+    products = sum(op.kind == "head_matmul" for op in graph.operations)
+    if converted < products:
+        event(LOG, "--attention fp8 keeps attention products in F16", level=logging.WARNING,
+              kept=products - converted, products=products,
+              why="an operand is not an FP8-storable value read only by attention (a KV "
+              "cache holds F16)")
     return converted
+
+
+def attention_ran_in(graph: Graph) -> str:
+    """What the attention products of an imported graph run in, for its record: ``f16``,
+    ``fp8``, or ``fp8 (k of n products)`` where ``--attention fp8`` could move only some."""
+    products = [op for op in graph.operations if op.kind == "head_matmul"]
+    fp8 = sum(all(graph.value(i).type.precision.is_fp8 for i in op.inputs) for op in products)
+    if fp8 == 0 or not products:
+        return "f16"
+    return "fp8" if fp8 == len(products) else f"fp8 ({fp8} of {len(products)} products)"
 
 
 def _writes_fp8_for_attention_only(graph: Graph, value_id: int) -> bool:

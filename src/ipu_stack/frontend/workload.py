@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ipu_stack.frontend.attention import attention_ran_in
 from ipu_stack.frontend.convert import (
     Converted,
     role,
@@ -471,7 +472,8 @@ def make_workload(program: Any, label: str, path: str = "", sha256: str = "", *,
                 "batch": shapes[0][1][0] if shapes and shapes[0][1] else 1,
                 "inputShapes": ";".join("x".join(map(str, s)) for _, s in shapes),
                 "conversionError": None if last is None else float(f"{last.conversion_error:.3g}"),
-                "attention": attention_precision(params)}
+                "attention": attention_precision(params) if last is None
+                else attention_ran_in(last.converted.graph)}
 
     kind = "ONNX model" if reference.source == "onnxruntime" else "torch.export program"
     return ImportedWorkload(
