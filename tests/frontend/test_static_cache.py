@@ -193,6 +193,34 @@ class _PositionScaled(torch.nn.Module):
         return h * cache_position.float()
 
 
+class _StopsEarly(torch.nn.Module):
+    """A step whose walk stops at an operation with no rule, before its mask arithmetic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, CONTEXT, 8), persistent=False)
+        self.proj = torch.nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor, cache_position: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                ...]:
+        h = torch.nn.functional.hardswish(self.proj(x))
+        self.cache.index_copy_(2, cache_position, h.view(1, 1, 2, 8).transpose(1, 2))
+        return h, torch.arange(CONTEXT) <= cache_position
+
+
+def test_ops_after_the_stop_counts_position_arithmetic_as_the_hosts() -> None:
+    """Past the first unsupported call, arithmetic on the positions alone is still the
+    host's (as a step that imports lists it), not a second unsupported operation."""
+    from ipu_stack.frontend.listing import list_operations
+
+    program = torch.export.export(_StopsEarly().eval(), (torch.randn(1, 1, 16),
+                                                         torch.tensor([0])))
+    rows = list_operations(program)
+    assert [r["target"] for r in rows if not r["supported"]] == ["aten.hardswish.default"]
+    assert [r["status"] for r in rows if r["target"] == "aten.le.Tensor"] == [
+        "host (position arithmetic, not reached)"]
+
+
 def test_position_arithmetic_on_the_device_and_odd_caches_are_refused(tmp_path, capsys
                                                                       ) -> None:
     """One line each: the position used as a device operand; a cache whose length is not

@@ -15,6 +15,7 @@ from typing import Any
 
 from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, where
 from ipu_stack.frontend.ops import HANDLERS
+from ipu_stack.frontend.ops_cache import position_inputs
 from ipu_stack.frontend.sizing import program_footprint
 from ipu_stack.frontend.user_inputs import random_inputs
 from ipu_stack.frontend.walk import Importer
@@ -38,6 +39,7 @@ def list_operations(program: Any, label: str = "the program") -> list[dict[str, 
     rows = []
     reached = True
     live = converter.live_nodes()
+    positions = set(position_inputs(program))  # a cache step's: the host's arithmetic
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
@@ -56,6 +58,8 @@ def list_operations(program: Any, label: str = "the program") -> list[dict[str, 
             status, supported = "folded (constant)", True
         elif op_name(node.target) in HANDLERS:
             status, supported = "rule exists (not reached)", True
+        elif positions and (read := _inputs_read(program, node)) and read <= positions:
+            status, supported = "host (position arithmetic, not reached)", True
         else:
             status, supported = "unsupported: no rule", False
         rows.append({"target": str(node.target), "node": node.name, "module": module,
@@ -70,18 +74,23 @@ def _is_state(program: Any, node: Any) -> bool:
 
 
 def _depends_on_input(program: Any, node: Any) -> bool:
+    return bool(_inputs_read(program, node))
+
+
+def _inputs_read(program: Any, node: Any) -> set[str]:
+    """The program's user inputs ``node``'s value depends on, by name."""
     inputs = {s.arg.name for s in program.graph_signature.input_specs
               if s.kind.name == "USER_INPUT"}
-    seen, stack = set(), [node]
+    seen, stack, found = set(), [node], set()
     while stack:
         current = stack.pop()
         if current.op == "placeholder" and current.name in inputs:
-            return True
+            found.add(current.name)
         for n in current.all_input_nodes:
             if n not in seen:
                 seen.add(n)
                 stack.append(n)
-    return False
+    return found
 
 
 def format_operations(rows: list[dict[str, Any]], as_json: bool = False) -> str:
