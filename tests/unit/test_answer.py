@@ -23,6 +23,9 @@ def test_a_layers_run_reads_in_a_few_lines() -> None:
     assert lines[0] == "PASS  siglip-mlp-fp8-b1 (batch 1)"
     assert lines[1] == "  86,295 cycles = 57.5 us for the run (the compiler estimated 86,295)"
     assert lines[2] == "  17,382 images/s (7,339 with host transfers)"
+    # a token model's batch is of sequences
+    assert answer_lines({**LAYERS, "vocabulary": 49152}, "bench")[2] == \
+        "  17,382 sequences/s (7,339 with host transfers)"
     assert lines[3] == "  88.92 % of the FP16 peak, 44.46 % of the AMP roofline of its precisions"
     # the kinds of work, largest first, as shares of the cycles; totals are not kinds
     assert lines[4] == "  time goes to: GEMM 62 %, exchange 21 %, reduce 8 %, GELU 5 %"

@@ -74,11 +74,13 @@ def answer_lines(record: dict[str, Any], command: str) -> list[str]:
                  f"(the compiler estimated {figure(estimate or 0)})")
     with_host = record.get("qpsWithHost")
     host = f" ({figure(with_host)} with host transfers)" if with_host else ""
-    lines.append(f"  {figure(rate)} images/s{host}")
+    # a token model's run takes a batch of sequences (its record counts their vocabulary)
+    item, one = ("sequence", "a sequence") if "vocabulary" in record else ("image", "an image")
+    lines.append(f"  {figure(rate)} {item}s/s{host}")
     if stream:
         lines.append(f"  {record.get('pipelineGroups')} groups; latency "
-                     f"{figure(record.get('latencyMicroseconds', 0.0))} us an image; "
-                     f"{record.get('imagesPassed')}/{record.get('images')} images pass")
+                     f"{figure(record.get('latencyMicroseconds', 0.0))} us {one}; "
+                     f"{record.get('imagesPassed')}/{record.get('images')} {item}s pass")
     peak = [f"{record['efficiencyPercent']} % of the FP16 peak"] \
         if "efficiencyPercent" in record else []
     if record.get("rooflinePercent"):
