@@ -32,7 +32,8 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                   **config):
     torch.manual_seed(0)
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[family]
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+               "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[family]
     model = classes[1](classes[0](**SHAPE, **config))
     module = static_cache_step(model, context)
     if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
@@ -122,7 +123,10 @@ def test_generate_a_static_cache_step_matches_torch_and_the_builtins_cycles(
     ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 16}}),  # Llama 3's RoPE
-], ids=["qwen2", "llama3-rope"])
+    # one q, k, v product sliced by columns, one gate and up product chunked, and the
+    # rotary part of each head (all of it) cut out and concatenated with the empty rest
+    ("phi3", {"pad_token_id": 0}),
+], ids=["qwen2", "llama3-rope", "phi3"])
 def test_other_llama_family_steps_generate_as_torch_does(family, config, tmp_path, capsys
                                                         ) -> None:
     """Generation PASS with PyTorch's tokens, and each call's RoPE tables at position 9 those

@@ -73,6 +73,10 @@ def is_fused_user(user: Any, rank: int) -> bool:
     if kind in ("aten.chunk", "aten.split", "aten.split_with_sizes"):
         dim = user.args[2] if len(user.args) > 2 else user.kwargs.get("dim", 0)
         return int(dim) % rank == rank - 1
+    if kind == "aten.slice":  # Phi-3's ``qkv[..., :q]``, ``qkv[..., q:q + kv]``, ...
+        dim = user.args[1] if len(user.args) > 1 else 0
+        step = user.args[4] if len(user.args) > 4 else 1
+        return int(dim) % rank == rank - 1 and step == 1
     return False
 
 
@@ -131,4 +135,18 @@ def part(conv: Any, node: Any, value: Split, index: int) -> Act | None:
             act = forms.permute(act, arg)
         if act is None:
             return None
+    return act
+
+
+def columns(conv: Any, node: Any, value: Fused, start: int, stop: int) -> Act:
+    """Columns ``start:stop`` of a fused projection (a slice of its last axis): their own
+    GEMM, the weight's and bias's columns sliced."""
+    span = slice(start, stop)
+    bias = None if value.bias is None else value.bias[span]
+    act = emit_linear(conv, value.node, value.x, value.weight[:, span],
+                      f"{value.key}[{start}:{stop}]", bias,
+                      None if value.bias_key is None else f"{value.bias_key}[{start}:{stop}]",
+                      f".cols{start}")
+    conv.rewrites.append(f"{value.node.name}: fused projection columns {start}:{stop} as "
+                         "their own GEMM")
     return act

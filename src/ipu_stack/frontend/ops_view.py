@@ -307,6 +307,14 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
            step: int = 1) -> Any:
     if isinstance(x, Act) and x.order is not None and dim % len(x.shape) == len(x.shape) - 1:
         x = conv.in_order(x, node)  # a slice of the columns reads the rows in order
+    if 0 in tuple(node.meta["val"].shape):  # Phi-3's ``q[..., rotary_dim:]`` at a full
+        return EmptySlice(tuple(node.meta["val"].shape))  # rotary: nothing, for a ``cat``
+    if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1 and step == 1:
+        cols = x.shape[-1]
+        first = 0 if start is None else (start + cols if start < 0 else min(start, cols))
+        stop = cols if end is None else min(end + cols if end < 0 else end, cols)
+        if 0 <= first < stop:
+            return fused.columns(conv, node, x, first, stop)
     part = _rope_half(x, dim, start, end, step)
     if part is not None:
         return part
@@ -431,6 +439,9 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
     hold the conv bias; adding ``constant - bias`` there is the concatenation.  Parts of a
     rotary embedding (the two halves of ``rotate_half``, token windows) are concatenated
     symbolically (``frontend/rope.py``)."""
+    parts = [p for p in parts if not isinstance(p, EmptySlice)]  # they add nothing
+    if len(parts) == 1:
+        return parts[0]
     if any(isinstance(p, (rope.Pairs, rope.PairPart)) for p in parts):
         rank = len(parts[0].shape)
         last = dim % rank == rank - 1
@@ -472,6 +483,13 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
                          "patch rows plus a corrected addend")
     return Act(act.value, (b, logical, d), addend=forms.open_gap(addend, act.gap).reshape(-1, d),
                origin=conv.name(node), gap=act.gap, bias=act.bias)
+
+
+@dataclass(frozen=True)
+class EmptySlice:
+    """A slice holding no element (``shape`` has a 0): a concatenation drops it."""
+
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
