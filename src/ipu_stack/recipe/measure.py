@@ -11,7 +11,7 @@ from typing import Any
 from ipu_stack.ir.interpret import evaluate_float64
 from ipu_stack.ir.names import name_layer
 from ipu_stack.pipeline import CompileOptions
-from ipu_stack.recipe.search import Recipe, poprt_options, recipe_fields, relative_error, search
+from ipu_stack.recipe.search import Recipe, outputs_error, poprt_options, recipe_fields, search
 from ipu_stack.runtime.execute import RunSettings, run_any
 from ipu_stack.strategy import compile_strategy
 from ipu_stack.util.errors import CompileError, UsageError
@@ -31,8 +31,7 @@ def device_error(outcome: Any, graph: Any, tensors: Any) -> float:
     """The device's outputs against the float64 model of the graph it ran."""
     outputs = [v.name for v in graph.by_role("output")]
     ideal = evaluate_float64(graph, tensors, keep=set(outputs))
-    got = outcome.result.outputs
-    return max(relative_error(got[n], ideal[n]) for n in outputs)
+    return outputs_error(outcome.result.outputs, ideal, outputs)
 
 
 def measure(workload: Any, params: dict[str, Any], out: Path, options: CompileOptions,
