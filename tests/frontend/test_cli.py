@@ -410,3 +410,26 @@ def test_a_value_past_the_bound_is_refused_before_it_is_made(tmp_path: Path, cap
     code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert code == 2 and len(_error_lines(err)) == 1 and "widens.pt2" in err, err
+
+
+class _Masked(torch.nn.Module):
+    """A layer that reads an integer mask no lookup reads (a prefill's attention_mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * attention_mask[..., None].float()
+
+
+def test_an_integer_input_that_is_not_ids_is_one_line_saying_what_to_export(tmp_path: Path,
+                                                                          capsys) -> None:
+    path = tmp_path / "masked.pt2"
+    torch.export.save(torch.export.export(_Masked().eval(), (
+        torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.long))), str(path))
+    code = main(["--quiet", "ops", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(_error_lines(err)) == 1, err
+    assert "program input attention_mask is an integer tensor that no lookup" in err
+    assert "export without it (an attention_mask: the model builds its causal mask" in err

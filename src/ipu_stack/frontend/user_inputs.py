@@ -87,7 +87,9 @@ def smallest_table_rows(program: Any, name: str) -> int:
                 frontier.append(user)
     if not rows:
         raise UsageError(f"program input {name} is an integer tensor that no lookup "
-                         "(aten.embedding) reads")
+                         "(aten.embedding) reads: an integer input must be token ids, or a "
+                         "cache step's positions; export without it (an attention_mask: the "
+                         "model builds its causal mask itself)")
     return min(rows)
 
 
