@@ -103,3 +103,17 @@ def test_a_generation_reads_as_tokens_and_their_times() -> None:
     assert "895 us a token = 1,117 tokens/s (1,338,363 cycles a decode step)" in lines[2]
     assert "1 differ (1 ties)" in lines[3] and "KV cache 3.7 MB" in lines[4]
     assert not any("images/s" in line for line in lines)
+
+
+def test_a_model_files_generation_says_how_pytorchs_tokens_compare() -> None:
+    record = {"numericalTest": "PASS", "workload": "step", "batch": 1, "promptTokens": 8,
+              "prefill": "a token a step", "ttftMicroseconds": 10.0, "tokensDiffering": 0,
+              "torchTokenMatch": False, "torchFirstDifferingStep": 3,
+              "torchMarginThere": 0.0108}
+    lines = generation_answer(record)
+    assert "  PyTorch's own tokens: differ from step 3 (its logits' margin there 0.0108)" \
+        in lines
+    lines = generation_answer({**record, "torchTokenMatch": True})
+    assert "  PyTorch's own tokens: all equal" in lines
+    assert not any("PyTorch" in line for line in generation_answer(
+        {k: v for k, v in record.items() if not k.startswith("torch")}))

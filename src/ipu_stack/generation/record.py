@@ -143,6 +143,11 @@ def generation_answer(record: dict[str, Any]) -> list[str]:
     differ, ties = record.get("tokensDiffering", 0), record.get("tokensTied", 0)
     lines.append(f"  tokens: {'all equal' if not differ else f'{differ} differ ({ties} ties)'}"
                  " against the device-precision reference's choices")
+    if record.get("torchTokenMatch") is not None:  # a model file: PyTorch's own greedy run
+        lines.append("  PyTorch's own tokens: " + (
+            "all equal" if record["torchTokenMatch"] else
+            f"differ from step {record.get('torchFirstDifferingStep')} (its logits' margin "
+            f"there {record.get('torchMarginThere') or 0.0:.3g})"))
     cache = record.get("kvCacheBytes", 0)
     size = f"{cache / 1e6:.1f} MB" if cache >= 100_000 else f"{cache / 1e3:.1f} KB"
     lines.append(f"  KV cache {size}; the fullest tile holds "
