@@ -64,14 +64,18 @@ def test_the_connector_is_one_product_of_the_shuffled_rows() -> None:
     assert image_prompt(params) == (4, 49190)  # SmolVLM's <image>
 
 
-def test_a_small_vlm_generates_on_the_device(tmp_path) -> None:
+@pytest.mark.parametrize("chips", [1, 2])
+def test_a_small_vlm_generates_on_the_device(tmp_path, chips) -> None:
     """The image program, the prompt's pass over the image's row and the text, then decode
     steps: every call PASS, the tokens the reference's, the time to the first token counting
-    the image program."""
+    the image program.  Over two chips the decoder is pipelined and the image program stays
+    one program on the first chip."""
     code, out, err = cli(["--quiet", "generate", "smolvlm-256m", *SMALL, "--prompt-tokens",
-                          "4", "--new-tokens", "3", "--json", "--out", str(tmp_path)])
-    record = json.loads(out)
+                          "4", "--new-tokens", "3", "--json", "--out", str(tmp_path),
+                          "--chips", str(chips)])
+    record = json.loads(out) if code == 0 else {}
     assert code == 0 and record["numericalTest"] == "PASS", (record, err)
+    assert record["chips"] == chips
     assert record["imageTokens"] == 1 and record["promptTokens"] == 5
     assert record["tokensMatch"] and len(record["generated"]) == 3
     clock = 1.5e9
@@ -90,3 +94,11 @@ def test_the_vision_parts_footprint_is_a_lower_bound_of_its_graph() -> None:
     graph, _ = workload.build(params)
     weights = sum(v.type.nbytes for v in graph.by_role("weight") if len(v.type.shape) == 2)
     assert 0.9 * weights <= workload.footprint(params).weight_bytes <= weights
+
+
+def test_image_programs_of_other_depths_are_named_apart() -> None:
+    """Their packages go to folders named by the identifier: one must not replace another."""
+    workload = get_workload("smolvlm-256m")
+    names = {workload.identifier(workload.resolve({"part": "vision", "vision_layers": n}))
+             for n in (1, 2)}
+    assert len(names) == 2

@@ -221,7 +221,7 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
         prompt = np.concatenate([np.full((params["batch"], count), token), prompt], axis=1)
     image, torch_image = None, None
     if request.image is not None:  # a model file's VLM: its image program's file
-        image, torch_image = _image_program(request, params, _dump_in(options, "vision"),
+        image, torch_image = _image_program(request, params, _image_options(options),
                                             out / "vision", plan.image_inputs)
         if torch_image.shape[-1] != step.table.shape[1]:
             raise UsageError(f"{request.image}'s rows are {torch_image.shape[-1]} wide; the "
@@ -240,7 +240,7 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
                                                   image_rows > 0, request.choose)
     if workload.vision is not None:  # a VLM's tower and connector
         looked = compile_strategy(workload, workload.vision(params), out / "vision",
-                                  _dump_in(options, "vision"), in_flight=1)
+                                  _image_options(options), in_flight=1)
         image = Compiled(looked.package, looked.graph, looked.tensors)
     generation = Generation(prompt, request.new_tokens,
                             lambda tokens, position, first: workload.step_inputs(
@@ -273,6 +273,13 @@ def _dump_in(options: CompileOptions, program: str) -> CompileOptions:
     if not options.dump_stages:
         return options
     return dataclasses.replace(options, dump_stages=str(Path(options.dump_stages) / program))
+
+
+def _image_options(options: CompileOptions) -> CompileOptions:
+    """A VLM's image program's options: one program on the first chip, whatever the
+    decoder's chips or strategy (it runs once, before the prompt's pass, as one call)."""
+    return dataclasses.replace(_dump_in(options, "vision"), chips=1, strategy="layers",
+                               groups=0)
 
 
 def _image_program(request: GenerateRequest, params: dict[str, Any], options: CompileOptions,

@@ -146,7 +146,7 @@ def _identifier(params: dict[str, Any]) -> str:
     if params["part"] == "vision":
         return (f"smolvlm-256m-vision-{params['precision']}-b{params['batch']}-i"
                 f"{params['image']}-p{params['patch']}-s{params['shuffle']}"
-                f"{attention_suffix(params, 'f16')}")
+                f"-n{params['vision_layers']}{attention_suffix(params, 'f16')}")
     return sequence_identifier("smolvlm-256m")(params)
 
 
