@@ -177,8 +177,8 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
         if not reason:
             why = f"chips={chips - 1}: {tried[chips - 1]}" if chips > 1 else "one chip fits"
             return CapacityResult("chips", chips, why, tried, time.perf_counter() - start)
-    return CapacityResult("chips", 0, f"does not fit {limit} chips: {tried[limit]}", tried,
-                          time.perf_counter() - start)
+    return CapacityResult("chips", 0, f"does not fit {limit} chip{'s' if limit > 1 else ''}: "
+                          f"{tried[limit]}", tried, time.perf_counter() - start)
 
 
 def capacity_options(options: CompileOptions) -> CompileOptions:
