@@ -43,6 +43,7 @@ class CapacityResult:
     tried: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
     fullest: dict[int, str] = field(default_factory=dict)  # each size that fits: its fullest tile
+    refused: int = 0  # sizes refused from the weights alone, without a compile
 
 
 def fullest_tile(path: Path) -> str:
@@ -157,6 +158,7 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
     chip = options.machine()
     memory = chip.tiles * (chip.memory_end - chip.memory_base)
     tried: dict[int, str] = {}
+    fullest: dict[int, str] = {}
     # a builtin's weights from its parameters alone (its footprint: no graph built, no FP8
     # calibration before a count it cannot fit is refused); an imported program's from its
     # graph's types
@@ -167,18 +169,27 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
             reason = (f"the weights alone take at least {weights} bytes; {chips} chip(s) hold "
                       f"{chips * memory}")
         elif chips == 1:
-            reason = _fits(workload, params, replace(options, strategy="layers", chips=1))
+            reason = _fits(workload, params, replace(options, strategy="layers", chips=1),
+                           fullest=fullest, size=chips)
         else:
             reason = _fits(workload, params, replace(options, strategy="pipeline", chips=chips),
-                           compile_pipeline)
+                           compile_pipeline, fullest=fullest, size=chips)
         tried[chips] = reason or "fits"
         event(LOG, "capacity probe", parameter="chips", size=chips, fits=not reason,
               reason=reason or None)
         if not reason:
             why = f"chips={chips - 1}: {tried[chips - 1]}" if chips > 1 else "one chip fits"
-            return CapacityResult("chips", chips, why, tried, time.perf_counter() - start)
+            return CapacityResult("chips", chips, why, tried, time.perf_counter() - start,
+                                  fullest, _refused(weights, memory, chips))
     return CapacityResult("chips", 0, f"does not fit {limit} chip{'s' if limit > 1 else ''}: "
-                          f"{tried[limit]}", tried, time.perf_counter() - start)
+                          f"{tried[limit]}", tried, time.perf_counter() - start, fullest,
+                          _refused(weights, memory, limit))
+
+
+def _refused(weights: int, memory: int, up_to: int) -> int:
+    """The chip counts up to ``up_to`` refused without a compile: their memory cannot hold
+    the weights once."""
+    return sum(weights > chips * memory for chips in range(1, up_to + 1))
 
 
 def capacity_options(options: CompileOptions) -> CompileOptions:
@@ -205,7 +216,7 @@ def capacity_record(workload: Workload, params: dict[str, Any], options: Compile
         result = probe_capacity(workload, params, parameter, limit, options)
     return {RECORD_KEYS[parameter]: result.maximum, "workload": workload.name,
             "reason": result.reason, "fullestTile": result.fullest.get(result.maximum),
-            "compiles": len(result.tried), "seconds": round(result.seconds, 1),
+            "compiles": len(result.tried) - result.refused, "seconds": round(result.seconds, 1),
             "tried": {str(k): v for k, v in sorted(result.tried.items())}}
 
 

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 
 import numpy as np
@@ -181,6 +182,8 @@ def test_capacity_finds_the_fewest_chips(cache_dir):
     assert code == 0, err
     record = json.loads(out)
     assert record["minimumChips"] == 1 and record["tried"] == {"1": "fits"}
+    assert record["compiles"] == 1
+    assert re.fullmatch(r"\d+ bytes: weights \d+, .*", record["fullestTile"]), record
 
 
 def test_sweep_takes_chips_as_an_axis(tmp_path, cache_dir):
@@ -276,3 +279,4 @@ def test_capacity_refuses_chip_counts_before_building_the_model(monkeypatch, cac
     assert code == 2 and record["minimumChips"] == 0, err
     assert record["tried"]["1"].startswith("the weights alone take at least 1")
     assert "does not fit" in record["tried"]["2"]
+    assert record["compiles"] == 1  # one chip was refused from the weights alone
