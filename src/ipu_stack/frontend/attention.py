@@ -160,8 +160,8 @@ def attention_operands_in_fp8(conv: Converter) -> int:
     if converted < products:
         event(LOG, "--attention fp8 keeps attention products in F16", level=logging.WARNING,
               kept=products - converted, products=products,
-              why="an operand is not an FP8-storable value read only by attention (a KV "
-              "cache holds F16)")
+              why="an operand is not an FP8-storable value read only by attention (an F16 "
+              "KV cache, a constant query, a value read elsewhere)")
     return converted
 
 
