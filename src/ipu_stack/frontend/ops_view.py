@@ -307,8 +307,9 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
            step: int = 1) -> Any:
     if isinstance(x, Act) and x.order is not None and dim % len(x.shape) == len(x.shape) - 1:
         x = conv.in_order(x, node)  # a slice of the columns reads the rows in order
-    if 0 in tuple(node.meta["val"].shape):  # Phi-3's ``q[..., rotary_dim:]`` at a full
-        return EmptySlice(tuple(node.meta["val"].shape))  # rotary: nothing, for a ``cat``
+    sliced = tuple(getattr(node.meta.get("val"), "shape", ()))
+    if 0 in sliced:  # Phi-3's ``q[..., rotary_dim:]`` at a full rotary: nothing, for a ``cat``
+        return EmptySlice(sliced)
     if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1 and step == 1:
         cols = x.shape[-1]
         first = 0 if start is None else (start + cols if start < 0 else min(start, cols))
