@@ -159,6 +159,7 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
     memory = chip.tiles * (chip.memory_end - chip.memory_base)
     tried: dict[int, str] = {}
     fullest: dict[int, str] = {}
+    refused = 0  # chip counts refused from the weights alone, without a compile
     # a builtin's weights from its parameters alone (its footprint: no graph built, no FP8
     # calibration before a count it cannot fit is refused); an imported program's from its
     # graph's types
@@ -166,6 +167,7 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
         else _weight_bytes(workload, params, options)
     for chips in range(1, limit + 1):
         if weights > chips * memory:
+            refused += 1
             reason = (f"the weights alone take at least {weights} bytes; {chips} chip(s) hold "
                       f"{chips * memory}")
         elif chips == 1:
@@ -180,16 +182,10 @@ def probe_chips(workload: Workload, params: dict[str, Any], limit: int,
         if not reason:
             why = f"chips={chips - 1}: {tried[chips - 1]}" if chips > 1 else "one chip fits"
             return CapacityResult("chips", chips, why, tried, time.perf_counter() - start,
-                                  fullest, _refused(weights, memory, chips))
+                                  fullest, refused)
     return CapacityResult("chips", 0, f"does not fit {limit} chip{'s' if limit > 1 else ''}: "
                           f"{tried[limit]}", tried, time.perf_counter() - start, fullest,
-                          _refused(weights, memory, limit))
-
-
-def _refused(weights: int, memory: int, up_to: int) -> int:
-    """The chip counts up to ``up_to`` refused without a compile: their memory cannot hold
-    the weights once."""
-    return sum(weights > chips * memory for chips in range(1, up_to + 1))
+                          refused)
 
 
 def capacity_options(options: CompileOptions) -> CompileOptions:

@@ -54,7 +54,7 @@ def list_operations(program: Any, label: str = "the program") -> list[dict[str, 
             folded = node not in converter.dynamic
             status, supported = ("folded (constant)" if folded else "mapped"), True
         elif all(n not in converter.dynamic and n.op != "placeholder" or _is_state(program, n)
-                 for n in node.all_input_nodes) and not _depends_on_input(program, node):
+                 for n in node.all_input_nodes) and not _inputs_read(program, node):
             status, supported = "folded (constant)", True
         elif op_name(node.target) in HANDLERS:
             status, supported = "rule exists (not reached)", True
@@ -71,10 +71,6 @@ def _is_state(program: Any, node: Any) -> bool:
     users = {s.arg.name for s in program.graph_signature.input_specs
              if s.kind.name != "USER_INPUT"}
     return node.op == "placeholder" and node.name in users
-
-
-def _depends_on_input(program: Any, node: Any) -> bool:
-    return bool(_inputs_read(program, node))
 
 
 def _inputs_read(program: Any, node: Any) -> set[str]:

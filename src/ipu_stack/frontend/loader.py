@@ -92,12 +92,6 @@ def load_program(path: str | Path) -> Any:
         raise UsageError(f"{path}: not a torch.export .pt2 archive (truncated or another format)")
     try:
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            if not any("/models/" in n for n in names) and any(
-                    n.endswith("data.pkl") for n in names):
-                raise UsageError(f"{path}: a torch.save file (a pickle), not a torch.export "
-                                 "program; export the model with torch.export.export and "
-                                 "save it with torch.export.save")
             vet_archive(path, archive)
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
@@ -170,6 +164,10 @@ def vet_archive(path: Path, archive: zipfile.ZipFile) -> None:
 
 def _refuse_pickles(path: Path, archive: zipfile.ZipFile, names: list[str]) -> None:
     """The payload configs name only raw tensors (module ``vet_archive``)."""
+    if not any("/models/" in n for n in names) and any(n.endswith("data.pkl") for n in names):
+        raise UsageError(f"{path}: a torch.save file (a pickle), not a torch.export program; "
+                         "export the model with torch.export.export and save it with "
+                         "torch.export.save")
     for name in names:
         inner = name.split("/", 1)[-1]
         if inner.startswith("data/aotinductor/") or (

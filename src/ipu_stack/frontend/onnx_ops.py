@@ -67,10 +67,15 @@ class NodeCall:
         return self.inputs[index]
 
 
+def _tensor(call: NodeCall, out: Any) -> Any:
+    """``out`` as a tensor: an operation on two scalar operands gives a Python number,
+    which the fold cannot size."""
+    return out if hasattr(out, "dim") else call.torch.as_tensor(out)
+
+
 def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[NodeCall], Any]:
     def run(call: NodeCall) -> Any:
-        out = fn(call.operand(0), call.operand(1))  # two scalars give a Python number
-        return out if hasattr(out, "dim") else call.torch.as_tensor(out)
+        return _tensor(call, fn(call.operand(0), call.operand(1)))
     return run
 
 
@@ -85,8 +90,7 @@ def _div(call: NodeCall) -> Any:
     a, b = call.operand(0), call.operand(1)
     if _is_integer(a) and _is_integer(b):
         return call.torch.div(call.torch.as_tensor(a), b, rounding_mode="trunc")
-    out = a / b  # two scalars give a Python number
-    return out if hasattr(out, "dim") else call.torch.as_tensor(out)
+    return _tensor(call, a / b)
 
 
 def _unary(name: str) -> Callable[[NodeCall], Any]:
@@ -253,11 +257,11 @@ def _gather(call: NodeCall) -> Any:
         raise CompileError(f"index {wrong} is outside axis {axis} of size {size} (ONNX "
                            f"allows {-size} to {size - 1})")
     if const is not None and const.ndim == 0:  # one position: a select
-        return data.select(axis, int(const) % data.shape[axis])
+        return data.select(axis, int(const) % size)
     if call.consts[0] is not None and call.consts[1] is None and axis == 0 and data.dim() == 2:
         return t.nn.functional.embedding(indices.long(), data)  # a token table
     if const is not None:
-        flat = t.as_tensor(np.where(const < 0, const + data.shape[axis], const).reshape(-1))
+        flat = t.as_tensor(np.where(const < 0, const + size, const).reshape(-1))
         picked = data.index_select(axis, flat)
         return picked.reshape(*data.shape[:axis], *const.shape, *data.shape[axis + 1:])
     return t.index_select(data, axis, indices.reshape(-1).long()).reshape(

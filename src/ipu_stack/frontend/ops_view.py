@@ -311,9 +311,7 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
     if 0 in sliced:  # Phi-3's ``q[..., rotary_dim:]`` at a full rotary: nothing, for a ``cat``
         return EmptySlice(sliced)
     if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1 and step == 1:
-        cols = x.shape[-1]
-        first = 0 if start is None else (start + cols if start < 0 else min(start, cols))
-        stop = cols if end is None else min(end + cols if end < 0 else end, cols)
+        first, stop = _bounds(start, end, x.shape[-1])
         if 0 <= first < stop:
             return fused.columns(conv, node, x, first, stop)
     part = _rope_half(x, dim, start, end, step)
@@ -322,20 +320,14 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
     act = activation(conv, node, conv.settle(node, x))
     last = dim % len(act.shape) == len(act.shape) - 1
     if order.keeps_rows(act, not last) and (act.order is not None or step != 1):
-        size = act.shape[dim]
-        first = 0 if start is None else (start + size if start < 0 else start)
-        stop = size if end is None else min(end + size if end < 0 else end, size)
+        first, stop = _bounds(start, end, act.shape[dim])
         return order.strided(act, dim % len(act.shape), first, stop, step)
     act = conv.in_order(act, node)
     if act.gap[1] and dim % len(act.shape) == 1 and step == 1:
-        size = act.shape[1]
-        first = 0 if start is None else (start + size if start < 0 else start)
-        last = size if end is None else min(end + size if end < 0 else end, size)
-        return GapSlice(act, first, last)
+        return GapSlice(act, *_bounds(start, end, act.shape[1]))
     dim %= len(act.shape)
     size = act.shape[dim]
-    start = 0 if start is None else (start + size if start < 0 else start)
-    end = size if end is None else min(end + size if end < 0 else end, size)
+    start, end = _bounds(start, end, size)
     if (start, end, step) == (0, size, 1):
         return act
     if act.form == "rows" and len(act.shape) == 3 and dim == 1 and end - start == 1:
@@ -345,6 +337,13 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
             user is not None and op_name(user.target) == "aten.mean"):
         return TokenWindow(act, start, end)  # x[:, a:b].mean(1): a mean over those tokens
     raise unsupported(node, "a slice that keeps part of an activation")
+
+
+def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
+    """A slice's ``start:end`` of an axis of ``size`` as torch reads them: ``None`` the
+    axis's ends, a negative bound from the end, the end clamped to the axis."""
+    first = 0 if start is None else (start + size if start < 0 else start)
+    return first, size if end is None else min(end + size if end < 0 else end, size)
 
 
 def _rope_half(x: Any, dim: int, start: Any, end: Any, step: int) -> Any:
