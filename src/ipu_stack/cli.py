@@ -22,6 +22,7 @@ from ipu_stack.device import device_lock
 from ipu_stack.frontend import is_onnx_path, is_program_path
 from ipu_stack.generation import GenerateRequest, decode_plan, generate, generation_answer
 from ipu_stack.pipeline import CompileOptions
+from ipu_stack.planning.groups import refuse_one_group
 from ipu_stack.profile import Profile, format_compare, format_summary, load_profile
 from ipu_stack.profile.capture import profile_of_outcome, write_run_profile
 from ipu_stack.runtime.answer import answer_lines
@@ -142,6 +143,7 @@ def _refuse_conflicts(args: argparse.Namespace) -> None:
         if _strategy(args) != "pipeline":
             raise UsageError(f"--groups {groups} is the pipeline strategy's: give --strategy "
                              "pipeline (or --chips above 1)")
+        refuse_one_group(groups, args.chips)
 
 
 def _print_record(record: dict[str, Any], as_json: bool, command: str = "bench",
@@ -461,7 +463,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
     else:
         rows = list_operations(load_program(args.model), Path(args.model).name)
     print(format_operations(rows, as_json=args.json))
-    return 0
+    # a script checking a model before it compiles reads the answer from the exit status
+    return 1 if any(not row["supported"] for row in rows) else 0
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:

@@ -141,9 +141,13 @@ def test_the_layers_strategy_streams_micro_batches(tmp_path, cache_dir):
 
 
 def test_auto_falls_back_to_layers_with_the_reason(tmp_path, cache_dir):
+    """And an engine asked for a run that has no chips to spread is said to go unused."""
     result = bench("siglip-mlp", "--tokens", "17", "--dim", "64", "--hidden", "96",
-                   "--strategy", "auto", folder=tmp_path, cache_dir=cache_dir)
+                   "--strategy", "auto", "--engine", "local", folder=tmp_path,
+                   cache_dir=cache_dir)
     assert result.record["numericalTest"] == "PASS"
+    assert "WARNING ipu_stack.runtime: --engine has no chips to spread: one program and one " \
+           "image run in this process engine=local" in result.stderr
     assert "strategy chosen strategy=layers reason=\"no pipeline: " in result.stderr
     assert "has no repeated layers" in result.stderr
 

@@ -78,7 +78,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 def test_ops_lists_every_operation(tmp_path: Path, capsys) -> None:
     path = tmp_path / "twisted.pt2"
     torch.export.save(export(Twisted(), torch.randn(1, 8, 32)), str(path))
-    assert main(["ops", str(path), "--json"]) == 0
+    assert main(["ops", str(path), "--json"]) == 1  # one unsupported: exit 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["target"], r["supported"]) for r in rows] == [
         ("aten.linear.default", True), ("ipu_stack_test.twist.default", False),

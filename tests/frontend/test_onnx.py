@@ -153,7 +153,7 @@ def test_an_unsupported_node_is_one_line_naming_it(tmp_path: Path, capsys) -> No
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "aten.relu" in lines[0] and "/act/Relu" in lines[0], err
-    assert main(["ops", str(path)]) == 0
+    assert main(["ops", str(path)]) == 1  # an unsupported node: exit 1 after the listing
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("yes MatMul") and out[1].startswith("NO  Relu")
     assert out[-1] == "operations=2 supported=1 unsupported=1"
@@ -165,7 +165,7 @@ def test_an_operator_without_translation_is_named(tmp_path: Path, capsys) -> Non
     model.opset_import.append(helper.make_opsetid("com.example", 1))
     path = tmp_path / "twist.onnx"
     onnx.save(model, str(path))
-    assert main(["ops", str(path)]) == 0
+    assert main(["ops", str(path)]) == 1
     out = capsys.readouterr().out
     assert "NO  com.example.Twist" in out and "no translation of this ONNX operator" in out
     code = main(["--quiet", "compile", str(path), "-o", str(tmp_path / "out")])

@@ -73,6 +73,9 @@ BAD = [
     # options that contradict each other: neither is dropped without a word
     (["bench", "siglip-mlp", "--groups", "2"], "--groups 2 is the pipeline strategy's: give "
                                                "--strategy pipeline (or --chips above 1)"),
+    (["bench", "siglip-mlp", "--strategy", "pipeline", "--groups", "1"],
+     "a pipeline of one group on one chip is the layers strategy: give --groups 2 or more, "
+     "or --strategy layers"),
     (["bench", "siglip-mlp", "--strategy", "pipeline", "--groups", "0"],
      "--groups must be at least 1, got 0"),
     (["bench", "siglip-mlp", "--json", "--record"], "give --json or --record, not both"),

@@ -79,3 +79,7 @@ def test_groups_a_chip_the_planner_tries():
         group_counts(3, 4)
     with pytest.raises(PipelineError, match=r"into 12 groups \(3 on each of 4 chips\)"):
         group_counts(8, 4, groups=3)
+    with pytest.raises(PipelineError, match="a pipeline of one group on one chip is the "
+                                            "layers strategy"):
+        group_counts(27, 1, groups=1)
+    assert group_counts(27, 2, groups=1) == (1,)  # one group a chip over two chips pipelines

@@ -293,6 +293,14 @@ def groupings(graph: Graph, stages: list[Stage], layers: int, chips: int,
     return found
 
 
+def refuse_one_group(groups: int, chips: int) -> None:
+    """One group on one chip would run as the layers strategy while the user asked for a
+    pipeline: refused, so that the record never names another strategy than the one asked."""
+    if groups * chips == 1:
+        raise PipelineError("a pipeline of one group on one chip is the layers strategy: "
+                            "give --groups 2 or more, or --strategy layers")
+
+
 def group_counts(layers: int, chips: int, groups: int | None = None,
                  most: int | None = None) -> tuple[int, ...]:
     """The groups a chip the planner tries: ``groups`` when asked, else ``GROUP_COUNTS``
@@ -300,6 +308,7 @@ def group_counts(layers: int, chips: int, groups: int | None = None,
     ``most`` (the images a run streams: a steady step needs one in each group of a chip),
     no more than that many."""
     if groups:
+        refuse_one_group(groups, chips)
         if groups * chips > layers:
             raise PipelineError(f"cannot cut {layers} layers into {groups * chips} groups"
                                 + (f" ({groups} on each of {chips} chips)" if chips > 1
@@ -319,4 +328,5 @@ def group_counts(layers: int, chips: int, groups: int | None = None,
 
 __all__ = ["GROUP_COUNTS", "LayerGroup", "PipelineError", "chip_group_layers", "crossing_values",
            "group_counts", "group_layers", "group_tiles", "groupings", "half_layer_bounds",
-           "layer_range", "mid_layer_cuts", "split_at_stages", "split_tower", "tower_loop"]
+           "layer_range", "mid_layer_cuts", "refuse_one_group", "split_at_stages", "split_tower",
+           "tower_loop"]

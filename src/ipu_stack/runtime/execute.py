@@ -13,6 +13,7 @@ package was compiled from (``ipu-stack run PACKAGE``), checked against the packa
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,13 @@ from ipu_stack.target import get_target
 from ipu_stack.util.cache import default_cache_dir
 from ipu_stack.util.errors import CompileError, PackageError, UsageError
 from ipu_stack.util.files import write_atomic
+from ipu_stack.util.log import event
 from ipu_stack.verdict.tolerance import compare
 from ipu_stack.workloads import get_workload
 from ipu_stack.workloads.calibration import cache_folder
 from ipu_stack.workloads.footprint import check_fits
+
+LOG = logging.getLogger("ipu_stack.runtime")
 
 
 @dataclass
@@ -84,6 +88,9 @@ def run_any(path: Path, graph: Graph, tensors: Any, workload: Any, params: dict[
     model = getattr(workload, "reference", None)
     fields = workload.benchmark_fields(params)
     if len(system.groups) == 1 and count == 1:
+        if settings.engine not in (None, "inprocess"):
+            event(LOG, "--engine has no chips to spread: one program and one image run in "
+                  "this process", level=logging.WARNING, engine=settings.engine)
         result = run_package(package, graph, tensors, settings.lock_path, wait=settings.wait,
                              poison=settings.poison, record=settings.record, model=model)
         record = run_record(result, package, system, graph, fields, path, compile_seconds)

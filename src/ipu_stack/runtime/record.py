@@ -254,7 +254,8 @@ def chip_fields(run: StreamRun, manifest: dict[str, Any]) -> dict[str, Any]:
         "linkSharePercent": round(100 * link / max(run.steady_cycles, 1), 2),
         "estimatedLinkCycles": max(manifest["estimate"].get("link_cycles", []), default=0),
         "chipHostBytes": run.chip_host_bytes(0),
-        "workerPeakBytes": run.worker_peak_bytes,
+        # in this process every chip runs in the one process: there are no workers
+        **({} if run.engine == "inprocess" else {"workerPeakBytes": run.worker_peak_bytes}),
     }
 
 
