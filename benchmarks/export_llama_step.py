@@ -1,9 +1,11 @@
 """Export a decoder step with a static KV cache, as a user hands one to ``ipu-stack generate``.
 
 Usage: ``python benchmarks/export_llama_step.py OUT.pt2 [--layers 30] [--context 160]
-[--dynamic]``
+[--dynamic] [--gpt2]``
 (needs the ``[torch]`` extra and transformers).  The model is ``LlamaForCausalLM`` at
-SmolLM2-135M's configuration (random weights, seed 0), exported one token a step through
+SmolLM2-135M's configuration, or with ``--gpt2`` ``GPT2LMHeadModel`` at GPT-2 small's (124M:
+12 layers unless ``--layers`` says otherwise, a learned position embedding of 1024 rows)
+(random weights, seed 0), exported one token a step through
 ``transformers.integrations.executorch`` with a cache of ``--context`` positions (with
 ``--dynamic``, any number of tokens a step: the prompt's pass from the same file); the builtin
 ``smollm2-135m --context N --tokens 1`` is the same step (docs/language-models.md).
@@ -19,7 +21,8 @@ SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
            "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True}
 
 
-def export_step(out: Path, layers: int, context: int, dynamic: bool = False) -> None:
+def export_step(out: Path, layers: int, context: int, dynamic: bool = False,
+                gpt2: bool = False) -> None:
     """Write the step program to ``out`` (``torch.export.save``)."""
     import torch
     import transformers
@@ -27,8 +30,12 @@ def export_step(out: Path, layers: int, context: int, dynamic: bool = False) -> 
     from ipu_stack.testing.models import static_cache_step
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(num_hidden_layers=layers, **SMOLLM2)
-    step = static_cache_step(transformers.LlamaForCausalLM(config), context)
+    if gpt2:  # GPT-2 small's configuration is transformers' default
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=layers))
+    else:
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(num_hidden_layers=layers, **SMOLLM2))
+    step = static_cache_step(model, context)
     if dynamic:  # any prompt length: the prompt's pass from the same file
         tokens = torch.export.Dim("tokens", min=1, max=context - 1)
         program = step.export(input_ids=torch.zeros((1, 4), dtype=torch.long),
@@ -44,12 +51,16 @@ def export_step(out: Path, layers: int, context: int, dynamic: bool = False) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="decoder layers (default: 30, or GPT-2 small's 12)")
     parser.add_argument("--context", type=int, default=160)
     parser.add_argument("--dynamic", action="store_true",
                         help="a dynamic sequence length (the prompt's pass from the same file)")
+    parser.add_argument("--gpt2", action="store_true",
+                        help="GPT2LMHeadModel at GPT-2 small's widths instead of SmolLM2's Llama")
     args = parser.parse_args(argv)
-    export_step(args.out, args.layers, args.context, args.dynamic)
+    layers = args.layers or (12 if args.gpt2 else 30)
+    export_step(args.out, layers, args.context, args.dynamic, args.gpt2)
     return 0
 
 

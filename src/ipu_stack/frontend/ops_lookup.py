@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import Converter, unsupported
+from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act, HostIds, UserInput
 from ipu_stack.frontend.rules import activation, is_tensor, rule, to_numpy
-from ipu_stack.ir.precision import F16
+from ipu_stack.ir.precision import F16, I32
 from ipu_stack.util.errors import UsageError
 
 
@@ -53,6 +53,41 @@ def _host_ids(conv: Converter, node: Any, ids: HostIds, rows: int) -> int:
     conv.rewrites.append(f"{node.name}: ids computed from {ids.name} on the host (host "
                          "preprocessing), looked up on the device")
     return conv.host_input(name, shape, make)
+
+
+def reads_positions(node: Any, host_nodes: set[Any]) -> bool:
+    """Whether ``node`` looks a constant table up at ids from the host's position arithmetic
+    (GPT-2's learned position embedding in a cache step, ``wpe(cache_position)``)."""
+    return op_name(node.target) == "aten.embedding" and len(node.args) > 1 \
+        and node.args[1] in host_nodes and node.args[0] not in host_nodes
+
+
+def position_lookup(conv: Converter, node: Any, weight: Any) -> Act:
+    """A table looked up at positions the host computes before each call: the ids are a
+    per-call input, the lookup popops MultiSlice on the device as a token lookup is (the
+    table stays on the device; a row computed on the host would send a row, not an id)."""
+    if not is_tensor(weight) or len(weight.shape) != 2:
+        raise unsupported(node, "a lookup table that is not a constant [rows, width] tensor")
+    index_node, name = node.args[1], conv.name(node, ".ids")
+    shape = tuple(int(s) for s in index_node.meta["val"].shape)
+    table = to_numpy(weight)
+    rows = table.shape[0]
+
+    def make(arrays: list[np.ndarray]) -> np.ndarray:
+        values = np.asarray(conv.replay(index_node, arrays), np.int64)
+        if values.size and (values.min() < 0 or values.max() >= rows):
+            raise UsageError(f"{name}: positions {values.min()} to {values.max()} are outside "
+                             f"the {rows}-row table {node.args[0].name} (the model's largest "
+                             "position)")
+        return values.reshape(*shape, 1).astype(np.float32)
+
+    table_id = conv.weight(conv.const_key(weight, conv.name(node, ".table")), table,
+                           matrix=False)
+    ids = conv.per_call_input(name, make, I32)
+    conv.rewrites.append(f"{node.name}: {node.args[0].name} looked up on the device at the "
+                         "positions the host computes before each call")
+    out = conv.b.op("embedding", [ids, table_id], F16, conv.name(node))
+    return Act(out, (*shape, table.shape[1]))
 
 
 def host_ids(x: Any) -> HostIds | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import InputSpec
+from ipu_stack.frontend.convert import InputSpec, op_name
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.util.errors import UsageError
 
@@ -40,6 +40,7 @@ class CacheStep:
     position_index: int
     table: np.ndarray | None = field(default=None, compare=False, repr=False)
     lookup_rows: int = 0  # the rows of the table its ids index (0: none found)
+    position_rows: int = 0  # the rows of a table looked up at its positions (0: none)
 
     def check_batch(self, batch: int) -> None:
         """Refuse a ``--batch`` other than the export's: a static cache holds its batch."""
@@ -66,7 +67,34 @@ def cache_step(program: Any, shapes: list[tuple[str, tuple[int, ...]]]) -> Cache
     if getattr(cache, "ndim", 0) != 4 or getattr(logits, "ndim", 0) < 2:
         return None  # not a step's cache and logits: generate refuses it in one line
     return CacheStep(int(ids[0]), int(ids[1]), int(cache.shape[2]), int(logits.shape[-1]),
-                     index, table, int(tables[0].shape[0]) if len(tables) == 1 else 0)
+                     index, table, int(tables[0].shape[0]) if len(tables) == 1 else 0,
+                     position_table_rows(program, positions[0]))
+
+
+def position_table_rows(program: Any, positions: str) -> int:
+    """The rows of the smallest table the step looks up at positions computed from its
+    ``positions`` input (GPT-2's learned position embedding): the positions it can take
+    (0: it has none)."""
+    rows = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and op_name(node.target) == "aten.embedding" \
+                and len(node.args) > 1 and _reads(node.args[1], positions):
+            rows.append(int(node.args[0].meta["val"].shape[0]))
+    return min(rows, default=0)
+
+
+def _reads(node: Any, name: str) -> bool:
+    """Whether ``node`` is computed from the placeholder ``name``."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current.op == "placeholder" and current.name == name:
+            return True
+        for source in current.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return False
 
 
 def token_tables(program: Any) -> list[Any]:

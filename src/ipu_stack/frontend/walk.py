@@ -31,6 +31,7 @@ from ipu_stack.frontend.forms import Act, UserInput
 from ipu_stack.frontend.linear import emit_linear
 from ipu_stack.frontend.ops import HANDLERS
 from ipu_stack.frontend.ops_cache import CACHE_WRITES, position_inputs
+from ipu_stack.frontend.ops_lookup import position_lookup, reads_positions
 from ipu_stack.frontend.sizing import check_made, recorded_bytes
 from ipu_stack.util.errors import CompileError
 
@@ -84,6 +85,10 @@ class Importer(Converter):
                     continue  # dead: no output depends on it (e.g. unused attention weights)
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
+                if reads_positions(node, self.host_nodes):  # ids from the host, table here
+                    self.dynamic.add(node)
+                    self.env[node] = position_lookup(self, node, args[0])
+                    continue
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):
                     size = recorded_bytes(node, views=False)  # folded here: bounded first
                     made += size
@@ -185,13 +190,14 @@ class Importer(Converter):
 
     def _check_host_use(self, node: Any, kind: str) -> None:
         """A device operation may read the host's position arithmetic only as a cache
-        write's positions, an attention mask, or RoPE tables (a product on a query or key
-        whose result stays symbolic until it is one ``rope``)."""
+        write's positions, an attention mask, RoPE tables (a product on a query or key
+        whose result stays symbolic until it is one ``rope``), or a lookup's ids (the walk
+        makes those before this check: ``position_lookup``)."""
         reads = [a for a in node.all_input_nodes if a in self.host_nodes]
         if reads and kind not in HOST_READERS:
             raise unsupported(node, f"a value computed from the position input "
                               f"({reads[0].name}) used on the device other than as cache "
-                              "positions, an attention mask or RoPE tables")
+                              "positions, an attention mask, RoPE tables or a table's ids")
         symbolic = kind in PAIR_AWARE and any(
             a in self.host_touched and isinstance(self.env.get(a), (rope.Pairs, rope.PairPart))
             for a in node.all_input_nodes)

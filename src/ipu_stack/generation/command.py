@@ -184,6 +184,9 @@ def _program_plan(request: GenerateRequest, resolve: Resolve) -> DecodePlan:
     if request.positions > step.context:
         raise UsageError(f"the prompt and the new tokens fill {request.positions} positions; "
                          f"the exported cache holds {step.context}")
+    if step.position_rows and request.positions > step.position_rows:
+        raise UsageError(f"the prompt and the new tokens fill {request.positions} positions; "
+                         f"{request.model}'s position table holds {step.position_rows}")
     step.check_batch(params["batch"])
     if request.micro_batches not in (None, 1):
         raise UsageError("a model file's step is exported for one batch and one cache: give "
