@@ -465,3 +465,24 @@ def test_a_value_past_the_bound_is_refused_before_it_is_made(tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: wide.onnx: ") and err.endswith(
         "takes 2.0 GiB, over the bound of 1.0 GiB for one value"), err
+
+
+def test_nodes_without_a_call_say_whether_they_folded_or_which_node_took_them(
+        tmp_path: Path, capsys) -> None:
+    """A weight scaled by a constant folds; SiLU written as ``x * sigmoid(x)`` is one call,
+    held by its Mul, so the Sigmoid names the Mul that absorbed it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])
+    w = numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    nodes = [helper.make_node("Mul", ["w", "two"], ["w2"], name="/scale"),
+             helper.make_node("MatMul", ["x", "w2"], ["h"], name="/fc"),
+             helper.make_node("Sigmoid", ["h"], ["s"], name="/act/Sigmoid"),
+             helper.make_node("Mul", ["h", "s"], ["y"], name="/act/Mul")]
+    path = tmp_path / "silu.onnx"
+    onnx.save(graph_model(nodes, [x], [y], [w, two]), str(path))
+    assert main(["ops", str(path), "--json"]) == 0
+    rows = {r["node"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["/scale"]["status"] == "folded (constant)"
+    assert rows["/act/Sigmoid"]["status"] == "absorbed into /act/Mul (Mul)"
+    assert rows["/fc"]["status"] == rows["/act/Mul"]["status"] == "mapped"

@@ -145,8 +145,10 @@ def list_onnx_operations(path: str | Path, tokens: int = 0) -> list[dict[str, An
         for row in list_operations(program, path.name):
             per_node.setdefault(onnx_names.get(row["node"]) or "", []).append(row)
     rows = []
+    names = [proto.name or f"{proto.op_type}_{index}" for index, proto in enumerate(protos)]
+    untraced = untraced_statuses(model, names, set(per_node))
     for index, proto in enumerate(protos):
-        name, kind = proto.name or f"{proto.op_type}_{index}", operator_kind(proto)
+        name, kind = names[index], operator_kind(proto)
         traced = per_node.get(name, [])
         bad = next((r for r in traced if not r["supported"]), None)
         if kind in missing:
@@ -158,8 +160,47 @@ def list_onnx_operations(path: str | Path, tokens: int = 0) -> list[dict[str, An
         elif traced:
             status, supported = ", ".join(sorted({r["status"] for r in traced})), True
         else:
-            status, supported = "folded (constant), or absorbed into a later node", True
+            status, supported = untraced[index], True
         rows.append({"target": kind, "node": name, "module": node_scope(proto) or "<top>",
                      "source": f"{path.name}:{index + 1}", "supported": supported,
                      "status": status})
     return rows
+
+
+def untraced_statuses(model: Any, names: list[str], traced: set[str]) -> list[str]:
+    """What became of each node that left no call in the traced program: ``folded
+    (constant)`` where every input is an initializer, a shape or another folded node's output,
+    else ``absorbed into NAME (OP)``: the first later node reading it (through other
+    absorbed ones) that did leave calls, as an idiom's nodes (GELU written out, a
+    reshape before attention) become the one operation their last node's call holds."""
+    protos = list(model.graph.node)
+    constant = {i.name for i in model.graph.initializer}
+    readers: dict[str, list[int]] = {}
+    for index, proto in enumerate(protos):
+        for value in proto.input:
+            readers.setdefault(value, []).append(index)
+        # a shape is fixed at the run's sizes: what is computed from it folds
+        if proto.op_type in ("Shape", "Size") or all(not value or value in constant
+                                                     for value in proto.input):
+            constant.update(proto.output)
+    statuses = []
+    for index, proto in enumerate(protos):
+        if all(value in constant for value in proto.output):
+            statuses.append("folded (constant)")
+            continue
+        seen, frontier, found = set(), [index], None
+        while frontier and found is None:
+            current = min(frontier)  # the earliest reader first: the graph is in order
+            frontier.remove(current)
+            for value in protos[current].output:
+                for reader in readers.get(value, []):
+                    if reader in seen:
+                        continue
+                    seen.add(reader)
+                    if names[reader] in traced:
+                        found = reader if found is None else min(found, reader)
+                    else:
+                        frontier.append(reader)
+        statuses.append("absorbed into a later node" if found is None else
+                        f"absorbed into {names[found]} ({protos[found].op_type})")
+    return statuses
