@@ -353,6 +353,23 @@ def test_generate_over_two_chips_runs_a_micro_batch_a_chip(tmp_path) -> None:
     assert record["context"] == 32  # a sequence's range of the program's 64 positions
 
 
+def test_micro_batches_on_one_program_are_said_to_run_one_after_another(tmp_path) -> None:
+    """On one chip without a pipeline, ``--micro-batches 2`` runs both halves of the batch
+    through the one program a step: PASS, a step twice a call, and one warning saying so."""
+    sizes = ["--vocab", "50", "--dim", "16", "--hidden", "24", "--layers", "2", "--heads", "4",
+             "--kv-heads", "2", "--precision", "f16", "--batch", "2"]
+    code, out, err = cli(["generate", "smollm2-135m", *sizes, "--micro-batches", "2",
+                          "--prompt-tokens", "3", "--new-tokens", "2", "--out", str(tmp_path),
+                          "--json"])
+    record = json.loads(out)
+    assert code == 0 and record["numericalTest"] == "PASS" and record["tokensMatch"], err
+    assert (record["pipelineGroups"], record["microBatches"]) == (1, 2)
+    # a step is a call of each micro-batch: twice one call's cycles (at 1.5 GHz), and more
+    assert record["tpotMicroseconds"] >= 2 * record["decodeCycles"] / 1500
+    assert "WARNING ipu_stack.generation: --micro-batches has no pipeline to fill: the " \
+           "micro-batches run one after another on the one program" in err
+
+
 def test_the_device_chooses_the_hosts_tokens_and_sends_ids_not_logits(tmp_path) -> None:
     """``--choose device`` (generate's default) and ``--choose host`` generate the same
     tokens, each the host reference's; on the device the logits stay on the chip (an
