@@ -87,6 +87,7 @@ def position_lookup(conv: Converter, node: Any, weight: Any) -> Act:
     conv.rewrites.append(f"{node.name}: {node.args[0].name} looked up on the device at the "
                          "positions the host computes before each call")
     out = conv.b.op("embedding", [ids, table_id], F16, conv.name(node))
+    conv.dynamic.add(node)  # a device value: what reads it is mapped, not folded
     return Act(out, (*shape, table.shape[1]))
 
 

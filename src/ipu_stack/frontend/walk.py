@@ -86,7 +86,6 @@ class Importer(Converter):
                 args = _map(node.args, self.env)
                 kwargs = _map(node.kwargs, self.env)
                 if reads_positions(node, self.host_nodes):  # ids from the host, table here
-                    self.dynamic.add(node)
                     self.env[node] = position_lookup(self, node, args[0])
                     continue
                 if not any(self._is_dynamic(a) for a in node.all_input_nodes):

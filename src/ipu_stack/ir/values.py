@@ -249,9 +249,11 @@ class DeferredTensors(MutableMapping):
             value = item[1]()
             return value if store is None else store(item[0], value)
 
-        with ThreadPoolExecutor(max_workers=max(1, threads),
-                                thread_name_prefix="weights") as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="weights")
+        try:
             made = list(pool.map(make, pending))
+        finally:  # interrupted (Ctrl-C, SIGTERM): the values not started are not made
+            pool.shutdown(wait=True, cancel_futures=True)
         for (name, _), value in zip(pending, made, strict=True):
             self._items[name] = value
         return len(pending)
