@@ -33,7 +33,10 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
     torch.manual_seed(0)
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-               "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[family]
+               "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+               "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+               "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+               "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM)}[family]
     model = classes[1](classes[0](**SHAPE, **config))
     module = static_cache_step(model, context)
     if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
@@ -126,7 +129,11 @@ def test_generate_a_static_cache_step_matches_torch_and_the_builtins_cycles(
     # one q, k, v product sliced by columns, one gate and up product chunked, and the
     # rotary part of each head (all of it) cut out and concatenated with the empty rest
     ("phi3", {"pad_token_id": 0}),
-], ids=["qwen2", "llama3-rope", "phi3"])
+    ("mistral", {}),
+    # the embedding scaled by the width's root, norms of (1 + weight), a GELU-tanh gate
+    ("gemma", {"head_dim": 16}),
+    ("olmo", {}),  # layer norms without a scale or shift
+], ids=["qwen2", "llama3-rope", "phi3", "mistral", "gemma", "olmo"])
 def test_other_llama_family_steps_generate_as_torch_does(family, config, tmp_path, capsys
                                                         ) -> None:
     """Generation PASS with PyTorch's tokens, and each call's RoPE tables at position 9 those
@@ -243,3 +250,22 @@ def test_position_arithmetic_on_the_device_and_odd_caches_are_refused(tmp_path, 
     code = main(["--quiet", "generate", str(plain), "--prompt-tokens", "2", "--new-tokens", "2"])
     assert "not a decoder step with a static KV cache" in one_error_line(
         code, capsys.readouterr().err)
+
+
+def test_a_per_head_norm_of_q_and_k_is_refused_in_one_line(tmp_path, capsys) -> None:
+    """Qwen3's RMS norm of each head of q and k (QK-norm; OLMo 2 and Gemma 3 have it too)
+    normalises a heads-form value by rows of the head's width: not built, said in one line
+    naming the module, and ``ops`` exits 1 on it."""
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SHAPE, head_dim=16))
+    program = static_cache_step(model, CONTEXT).export(
+        input_ids=torch.zeros((1, 1), dtype=torch.long), cache_position=torch.tensor([0]))
+    path = tmp_path / "qwen3.pt2"
+    torch.export.save(program, str(path))
+    assert main(["ops", str(path)]) == 1
+    capsys.readouterr()
+    code = main(["--quiet", "generate", str(path), "--prompt-tokens", "2", "--new-tokens", "2",
+                 "--out", str(tmp_path / "out")])
+    line = one_error_line(code, capsys.readouterr().err)
+    assert "self_attn.q_norm (Qwen3RMSNorm)" in line and "a row operation on a heads-form " \
+        "value" in line, line
