@@ -79,7 +79,9 @@ def position_table_rows(program: Any, positions: str) -> int:
     for node in program.graph.nodes:
         if node.op == "call_function" and op_name(node.target) == "aten.embedding" \
                 and len(node.args) > 1 and _reads(node.args[1], positions):
-            rows.append(int(node.args[0].meta["val"].shape[0]))
+            table = getattr(node.args[0], "meta", {}).get("val")
+            if getattr(table, "ndim", 0) == 2:  # else the import refuses it in one line
+                rows.append(int(table.shape[0]))
     return min(rows, default=0)
 
 

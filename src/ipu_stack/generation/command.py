@@ -217,9 +217,10 @@ def generate(plan: DecodePlan, request: GenerateRequest, options: CompileOptions
     started = time.perf_counter()  # every program's compile: the step, the pass, the image
     result = compile_choosing(workload, params, out, options, request.choose, micro)
     if micro > 1 and len(result.groups) < 2:
-        log.event(LOG, "--micro-batches has no pipeline to fill: the micro-batches run one after "
-              "another on the one program, each step a call of each (give --chips, or "
-              "--strategy pipeline --groups G)", level=logging.WARNING, microBatches=micro)
+        log.event(LOG, "--micro-batches has no pipeline to fill: the micro-batches run one "
+                  "after another on the one program, each step a call of each (give --chips, "
+                  "or --strategy pipeline --groups G)", level=logging.WARNING,
+                  microBatches=micro)
     step = getattr(workload, "step", None)  # an imported step: its vocabulary
     prompt = prompt_tokens(params["seed"], params["batch"] * micro, request.prompt_tokens,
                            params["vocab"] if step is None else step.vocab)
