@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
+
+RESEND_SECONDS = 0.05  # a signal Python ignored is sent again after this
 
 
 class Terminated(KeyboardInterrupt):
@@ -37,8 +41,22 @@ def terminate_unwinds() -> Iterator[None]:
             return
         raise Terminated()
 
+    def on_unraisable(unraisable: Any) -> None:
+        """The signal arrived where Python ignores what is raised (an at-fork hook such as
+        logging's ``_releaseLock``, a ``__del__``): the command would go on as if it had never
+        come.  Sent again from another thread a moment later, it raises in the main thread's
+        ordinary code (sent from here, it would raise in this hook, ignored again)."""
+        if isinstance(unraisable.exc_value, Terminated) and os.getpid() == owner:
+            again = threading.Timer(RESEND_SECONDS, os.kill, (owner, signal.SIGTERM))
+            again.daemon = True
+            again.start()
+            return
+        previous_hook(unraisable)
+
     previous = signal.signal(signal.SIGTERM, on_terminate)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, on_unraisable
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
