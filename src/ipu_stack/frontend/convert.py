@@ -76,6 +76,21 @@ def user_input_nodes(program: Any) -> list[Any]:
             if spec.kind.name == "USER_INPUT"]
 
 
+def user_inputs_read(program: Any, node: Any) -> set[str]:
+    """The program's user inputs ``node``'s value depends on, by name."""
+    inputs = {n.name for n in user_input_nodes(program)}
+    seen, stack, found = set(), [node], set()
+    while stack:
+        current = stack.pop()
+        if current.op == "placeholder" and current.name in inputs:
+            found.add(current.name)
+        for source in current.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return found
+
+
 def weight_role(name: str) -> str:
     """A parameter's name with its layer index starred (``encoder.layers.*.mlp.fc1.weight``),
     and without a slice suffix: one FP8 exponent per role, so identical layers stay

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, where
+from ipu_stack.frontend.convert import SIDE_EFFECTS, op_name, user_inputs_read, where
 from ipu_stack.frontend.ops import HANDLERS
 from ipu_stack.frontend.ops_cache import position_inputs
 from ipu_stack.frontend.sizing import program_footprint
@@ -54,11 +54,11 @@ def list_operations(program: Any, label: str = "the program") -> list[dict[str, 
             folded = node not in converter.dynamic
             status, supported = ("folded (constant)" if folded else "mapped"), True
         elif all(n not in converter.dynamic and n.op != "placeholder" or _is_state(program, n)
-                 for n in node.all_input_nodes) and not _inputs_read(program, node):
+                 for n in node.all_input_nodes) and not user_inputs_read(program, node):
             status, supported = "folded (constant)", True
         elif op_name(node.target) in HANDLERS:
             status, supported = "rule exists (not reached)", True
-        elif positions and (read := _inputs_read(program, node)) and read <= positions:
+        elif positions and (read := user_inputs_read(program, node)) and read <= positions:
             status, supported = "host (position arithmetic, not reached)", True
         else:
             status, supported = "unsupported: no rule", False
@@ -71,22 +71,6 @@ def _is_state(program: Any, node: Any) -> bool:
     users = {s.arg.name for s in program.graph_signature.input_specs
              if s.kind.name != "USER_INPUT"}
     return node.op == "placeholder" and node.name in users
-
-
-def _inputs_read(program: Any, node: Any) -> set[str]:
-    """The program's user inputs ``node``'s value depends on, by name."""
-    inputs = {s.arg.name for s in program.graph_signature.input_specs
-              if s.kind.name == "USER_INPUT"}
-    seen, stack, found = set(), [node], set()
-    while stack:
-        current = stack.pop()
-        if current.op == "placeholder" and current.name in inputs:
-            found.add(current.name)
-        for n in current.all_input_nodes:
-            if n not in seen:
-                seen.add(n)
-                stack.append(n)
-    return found
 
 
 def format_operations(rows: list[dict[str, Any]], as_json: bool = False) -> str:

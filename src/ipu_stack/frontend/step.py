@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.frontend.convert import InputSpec, op_name
+from ipu_stack.frontend.convert import InputSpec, op_name, user_inputs_read
 from ipu_stack.frontend.ops_cache import cache_buffers, position_inputs
 from ipu_stack.util.errors import UsageError
 
@@ -78,25 +78,11 @@ def position_table_rows(program: Any, positions: str) -> int:
     rows = []
     for node in program.graph.nodes:
         if node.op == "call_function" and op_name(node.target) == "aten.embedding" \
-                and len(node.args) > 1 and _reads(node.args[1], positions):
+                and len(node.args) > 1 and positions in user_inputs_read(program, node.args[1]):
             table = getattr(node.args[0], "meta", {}).get("val")
             if getattr(table, "ndim", 0) == 2:  # else the import refuses it in one line
                 rows.append(int(table.shape[0]))
     return min(rows, default=0)
-
-
-def _reads(node: Any, name: str) -> bool:
-    """Whether ``node`` is computed from the placeholder ``name``."""
-    seen, stack = set(), [node]
-    while stack:
-        current = stack.pop()
-        if current.op == "placeholder" and current.name == name:
-            return True
-        for source in current.all_input_nodes:
-            if source not in seen:
-                seen.add(source)
-                stack.append(source)
-    return False
 
 
 def token_tables(program: Any) -> list[Any]:
