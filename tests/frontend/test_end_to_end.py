@@ -20,7 +20,7 @@ from ipu_stack.pipeline import CompileOptions, compile_workload  # noqa: E402
 from ipu_stack.runtime.execute import run_package  # noqa: E402
 from ipu_stack.runtime.groups import read_system  # noqa: E402
 from ipu_stack.runtime.record import run_record  # noqa: E402
-from ipu_stack.util.errors import CompileError  # noqa: E402
+from ipu_stack.util.errors import ConversionError  # noqa: E402
 from tests.frontend.models import TinyVit, export  # noqa: E402
 
 
@@ -200,7 +200,7 @@ def test_a_small_qk_error_is_caught_by_the_conversion_check(monkeypatch) -> None
         return result
 
     monkeypatch.setattr(walk_module.Importer, "run", skewed)
-    with pytest.raises(CompileError, match="conversion check failed"):
+    with pytest.raises(ConversionError, match="conversion check failed"):
         import_program(program, precision="f16")
 
 

@@ -22,7 +22,7 @@ from ipu_stack.runtime.execute import run_package  # noqa: E402
 from ipu_stack.runtime.groups import read_system  # noqa: E402
 from ipu_stack.runtime.record import run_record  # noqa: E402
 from ipu_stack.runtime.session import load_package  # noqa: E402
-from ipu_stack.util.errors import CompileError  # noqa: E402
+from ipu_stack.util.errors import ConversionError  # noqa: E402
 
 WIDTH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              patch_size=16, image_size=64)
@@ -128,7 +128,7 @@ def test_a_transposed_bias_table_is_caught_by_the_conversion_check(monkeypatch) 
 
     monkeypatch.setattr(attention_module, "additive_mask", transposed)
     monkeypatch.setattr("ipu_stack.frontend.ops_gemm.additive_mask", transposed)
-    with pytest.raises(CompileError, match="conversion check failed"):
+    with pytest.raises(ConversionError, match="conversion check failed"):
         import_program(program, precision="f16")
 
 

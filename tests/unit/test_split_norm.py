@@ -136,3 +136,49 @@ def test_a_decode_step_splits_its_wide_rows_by_columns(tmp_path, monkeypatch) ->
         runs[split] = run.record["cycles"], np.load(folder / "tensors" / "outputs.npz")["logits"]
     assert runs[3][0] < runs[0][0] - 8000
     np.testing.assert_array_equal(runs[3][1], runs[0][1])
+
+
+def test_a_row_of_heads_is_normalised_head_by_head() -> None:
+    """Qwen3's QK-norm: each 64-wide head of a 256-wide row normalised on its own (``group``),
+    one head's scale for every head.  The device kernel, the host reference at device
+    precision and the scalar model of NormCE's loops over rows of one head give the same
+    halves; the planner and the device price it as that many 64-wide rows; a group that
+    does not divide the row is refused before anything runs."""
+    from ipu_stack.device.pricing import price_work
+    from ipu_stack.testing.reference import rms_norm_normce
+    from ipu_stack.util.errors import CompileError
+
+    rows, head, heads = 3, 64, 4
+    cols = head * heads
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((rows, cols)) * np.array([0.2, 1, 4, 9]).repeat(head)
+         ).astype(np.float16)  # heads of different scales: one row-wide norm would not do
+    one_head = (1 + 0.1 * rng.standard_normal(head)).astype(np.float16)
+    gamma = np.tile(one_head, heads)
+    mem = np.zeros((1, 8000), dtype=np.uint8)
+    mem[0, :x.size * 2] = x.view(np.uint8).ravel()
+    mem[0, 2000:2000 + cols * 2] = gamma.view(np.uint8)
+    params = row_params("rms_norm", rows, cols, F16, cols * 2, F16, cols * 2, F16, cols * 2,
+                        eps=EPS, group=head)
+    work = _run(params, mem, np.array([0]), [0, 2000, -1, 4000])
+    device = mem[0, 4000:4000 + x.size * 2].view(np.float16).reshape(rows, cols)
+    b = GraphBuilder("qk_norm")
+    xi = b.input("x", TensorType((rows, cols), F16))
+    g = b.weight("g", TensorType((cols,), F16))
+    b.output(b.op("rms_norm", [xi, g], F16, "out", eps=EPS, group=head))
+    reference = evaluate(b.build(), {"x": x.astype(np.float32), "g": gamma.astype(np.float32)})
+    model = rms_norm_normce(x.reshape(-1, head), one_head, EPS).reshape(rows, cols)
+    np.testing.assert_array_equal(device.astype(np.float32), reference["out"])
+    np.testing.assert_array_equal(device.astype(np.float64), model)
+    assert work[0].kind == "normce_rms" and work[0].counts["width"] == head
+    heads_as_rows = row_params("rms_norm", rows * heads, head, F16, head * 2, F16, head * 2,
+                               F16, head * 2, eps=EPS)
+    assert price_work(work[0]) == kernel_cost(KernelInstance("row", params)) == \
+        kernel_cost(KernelInstance("row", heads_as_rows))
+    with pytest.raises(ValueError, match="group 48 does not divide its 256 columns"):
+        _run({**params, "group": 48}, mem, np.array([0]), [0, 2000, -1, 4000])
+    b = GraphBuilder("bad")
+    xi = b.input("x", TensorType((rows, cols), F16))
+    g = b.weight("g", TensorType((cols,), F16))
+    with pytest.raises(CompileError, match="group 48 does not divide its 256 columns"):
+        b.op("rms_norm", [xi, g], F16, "out", eps=EPS, group=48)

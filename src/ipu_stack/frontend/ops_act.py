@@ -13,7 +13,14 @@ from ipu_stack.frontend import patterns
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act
 from ipu_stack.frontend.patterns import Pending
-from ipu_stack.frontend.rules import activation, is_tensor, out_precision, row_activation, rule, to_numpy
+from ipu_stack.frontend.rules import (
+    activation,
+    is_tensor,
+    norm_activation,
+    out_precision,
+    rule,
+    to_numpy,
+)
 
 
 @rule("aten.sigmoid")
@@ -62,7 +69,7 @@ def _rsqrt(conv: Converter, node: Any, x: Any) -> Pending:
 @rule("aten.rms_norm")
 def _rms_norm(conv: Converter, node: Any, x: Any, shape: Any, weight: Any = None,
               eps: float | None = None) -> Act:
-    act = row_activation(conv, node, x)
+    act, group = norm_activation(conv, node, x)
     cols = act.shape[-1]
     if list(shape) != [cols]:
         raise unsupported(node, "RMS norm over more than the last dimension")
@@ -70,8 +77,12 @@ def _rms_norm(conv: Converter, node: Any, x: Any, shape: Any, weight: Any = None
         raise unsupported(node, "RMS norm with a computed scale")
     name = conv.name(node)
     gamma = to_numpy(weight) if weight is not None else np.ones(cols, np.float32)
-    g = conv.weight(conv.const_key(weight, f"{name}.weight"), gamma, False)
+    # a heads-form value's scale is one head's, held for every head side by side
+    gamma = np.tile(gamma, conv.b.graph.value(act.value).type.cols // cols)
+    g = conv.weight(f"{name}.weight" if group else conv.const_key(weight, f"{name}.weight"),
+                    gamma, False)
     # torch's default eps is float32's machine epsilon
     eps = float(np.finfo(np.float32).eps) if eps is None else float(eps)
-    value = conv.b.op("rms_norm", [act.value, g], out_precision(conv, node, name), name, eps=eps)
+    value = conv.b.op("rms_norm", [act.value, g], out_precision(conv, node, name), name, eps=eps,
+                      **({} if group is None else {"group": group}))
     return act.with_(value=value, linear=None)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ipu_stack.frontend.convert import Converter, op_name, unsupported
 from ipu_stack.frontend.forms import Act
-from ipu_stack.frontend.rules import out_precision, row_activation
+from ipu_stack.frontend.rules import norm_activation, out_precision, row_activation
 from ipu_stack.ir.precision import F16
 
 QUICK_GELU_BETA = 1.702  # quick_gelu(x) = x * sigmoid(1.702 x) (OpenAI CLIP)
@@ -189,13 +189,13 @@ def multiply(conv: Converter, node: Any, x: Any, y: Any) -> Act:
         conv.rewrites.append(f"{node.name}: silu(a) * b as one swiglu operation")
         return gate.with_(value=value, linear=None, norm_scale=None)
     if isinstance(x, Pending) and x.stage == "inverse_rms":
-        act = row_activation(conv, node, y)
+        act, group = norm_activation(conv, node, y)
         name = conv.name(node)
-        cols = act.shape[-1]
+        cols = conv.b.graph.value(act.value).type.cols
         key = f"{name}.weight"
         gamma = conv.weight(key, np.ones(cols, np.float32), False)
         value = conv.b.op("rms_norm", [act.value, gamma], out_precision(conv, node, name), name,
-                          eps=float(x.eps))
+                          eps=float(x.eps), **({} if group is None else {"group": group}))
         conv.rewrites.append(f"{node.name}: x * rsqrt(mean(x^2) + eps) as one rms_norm")
         return act.with_(value=value, linear=None, norm_scale=conv.b.graph.value(gamma).name)
     if isinstance(x, Pending) or isinstance(y, Pending):
@@ -226,6 +226,7 @@ def fold_norm_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) -> 
     """``rms_norm(x) * gamma`` with ``gamma`` per channel: folded into the norm's scale."""
     key = act.norm_scale
     value_id, raw, kind = conv.weights[key]  # type: ignore[index]
-    conv.weights[key] = (value_id, raw * scale.astype(np.float32), kind)  # type: ignore[index]
+    scale = np.tile(scale.astype(np.float32), raw.size // scale.size)  # a head's, every head
+    conv.weights[key] = (value_id, raw * scale, kind)  # type: ignore[index]
     conv.rewrites.append(f"{node.name}: per-channel scale folded into {key}")
     return act.with_(norm_scale=None)

@@ -77,6 +77,16 @@ def row_activation(conv: Converter, node: Any, x: Any) -> Act:
     return act
 
 
+def norm_activation(conv: Converter, node: Any, x: Any) -> tuple[Act, int | None]:
+    """An RMS norm's input and the width it normalises: ``None`` for whole rows, or the head
+    width of a heads-form value (``[B, T, H, d]`` or ``[B, H, T, d]``, its heads side by side
+    in each row: Qwen3's and Gemma 3's norm of each head of q and k)."""
+    act = conv.plain(activation(conv, node, x), node)
+    if act.form in ("heads", "heads_major") and act.shape[-1] == act.dims[3]:
+        return act, act.dims[3]
+    return row_activation(conv, node, act), None
+
+
 def out_precision(conv: Converter, node: Any, name: str) -> Precision:
     """FP8 when every use is a GEMM's A operand (the builtins' policy), else F16."""
     return conv.act_precision(name) if conv.fp8 and conv.gemm_only(node) and \

@@ -60,7 +60,7 @@ from ipu_stack.ir.graph import Graph, choose_on_device
 from ipu_stack.ir.interpret import evaluate_float64, fit_scales
 from ipu_stack.ir.names import layer_set
 from ipu_stack.ir.rope_pairs import interleave_rope_pairs
-from ipu_stack.util.errors import CompileError, UsageError, first_line
+from ipu_stack.util.errors import CompileError, ConversionError, UsageError, first_line
 from ipu_stack.util.log import event
 from ipu_stack.workloads.base import Parameter, Workload, choose_suffix
 from ipu_stack.workloads.transformer import attention_precision, attention_suffix
@@ -277,7 +277,7 @@ def import_program(program: Any, example_inputs: tuple[Any, ...] | None = None, 
     error = conversion_error(converted, laid_out)
     limit = conversion_limit(program, reference.kinds)
     if not error <= limit:
-        raise CompileError(f"conversion check failed: the imported graph in float64 differs from "
+        raise ConversionError(f"conversion check failed: the imported graph in float64 differs from "
                            f"{reference.source} by {error:.3g} relative RMS (limit "
                            f"{limit:g}): an operation imported wrongly (please report "
                            "it with the model), or the reference's precision losing what "

@@ -85,6 +85,9 @@ def _rms_norm_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int
         raise CompileError(f"rms_norm scale must be [{x.cols}]")
     if float(attrs.get("eps", 0)) <= 0:
         raise CompileError("rms_norm needs a positive eps")
+    group = attrs.get("group", x.cols)
+    if not isinstance(group, int) or group <= 0 or x.cols % group:
+        raise CompileError(f"rms_norm group {group!r} does not divide its {x.cols} columns")
     return x.shape
 
 

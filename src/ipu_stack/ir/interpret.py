@@ -24,7 +24,7 @@ import numpy as np
 from scipy import special
 
 from ipu_stack.ir.graph import Graph, Operation, head_geometry, table_maps, table_row_index
-from ipu_stack.ir.one_pass import one_pass_layer_norm, one_pass_rms_norm, runs_normce
+from ipu_stack.ir.one_pass import by_groups, one_pass_layer_norm, one_pass_rms_norm, runs_normce
 from ipu_stack.ir.precision import F32, Precision, fit_scale_exponent
 from ipu_stack.ir.rounding import add_in_owner_order, f32_matmul, fp16_blocked_matmul
 from ipu_stack.ir.types import TensorType
@@ -332,14 +332,11 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         return (x - mean) / np.sqrt(var + dtype(op.attrs["eps"])) * ins[1] + ins[2]
-    if op.kind == "rms_norm" and normce and dtype is np.float32:
-        return one_pass_rms_norm(ins[0], ins[1], float(op.attrs["eps"]))
     if op.kind == "rms_norm":
-        x = ins[0].astype(dtype, copy=False)
-        mean_square = (x * x).mean(axis=-1, keepdims=True)
-        # the device's form: the row's inverse root, then two products (kernels/rowwise.py)
-        inverse = (1.0 / np.sqrt(mean_square + dtype(op.attrs["eps"]))).astype(dtype)
-        return x * inverse * ins[1]
+        group = int(op.attrs.get("group", ins[0].shape[-1]))
+        norm = one_pass_rms_norm if normce and dtype is np.float32 else _rms_norm
+        return by_groups(norm, ins[0].astype(dtype, copy=False), ins[1], group,
+                         float(op.attrs["eps"]))
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
         return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
@@ -357,6 +354,14 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
     if op.kind == "argmax":  # the first largest value's column, as the device keeps it
         return np.argmax(ins[0], axis=-1)[..., None].astype(dtype)
     raise ValueError(f"reference has no rule for {op.kind}")
+
+
+def _rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """An RMS norm at ``x``'s precision in the device's form: the row's inverse root, then
+    two products (``kernels/rowwise.py``)."""
+    mean_square = (x * x).mean(axis=-1, keepdims=True)
+    inverse = (1.0 / np.sqrt(mean_square + x.dtype.type(eps))).astype(x.dtype)
+    return x * inverse * gamma
 
 
 def evaluate_operations(graph: Graph, operations: list[int], known: dict[int, np.ndarray],

@@ -9,6 +9,9 @@ does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ipu_stack.ir.graph import Graph, Operation
@@ -20,9 +23,22 @@ def runs_normce(graph: Graph, op: Operation) -> bool:
     an epsilon whose ``1 / sqrt(eps)`` an F16 holds; ``kernels/norm.py``)."""
     if op.kind not in ("layer_norm", "rms_norm"):
         return False
-    width = graph.value(op.inputs[0]).type.shape[-1]
+    width = int(op.attrs.get("group", graph.value(op.inputs[0]).type.shape[-1]))
     return all(graph.value(i).type.precision.kind == "F16" for i in op.inputs) and \
         width % 4 == 0 and width < 8192 and float(op.attrs["eps"]) * 65504.0**2 >= 1.0
+
+
+def by_groups(norm: Callable[..., np.ndarray], x: np.ndarray, gamma: np.ndarray, group: int,
+              *args: Any) -> np.ndarray:
+    """``norm`` of each run of ``group`` columns of ``x``'s rows on its own, ``gamma`` (the
+    scale of every column) split alike: a per-head RMS norm (Qwen3's QK-norm) of heads that
+    lie side by side in a row, run as rows of one head's width."""
+    cols = x.shape[-1]
+    if group == cols:
+        return norm(x, gamma, *args)
+    heads = x.reshape(*x.shape[:-1], cols // group, group)
+    scale = np.asarray(gamma).reshape(*np.shape(gamma)[:-1], cols // group, group)
+    return norm(heads, scale, *args).reshape(x.shape)
 
 
 # the narrowest RMS norm row summed in blocks, and so split by columns at a decode step

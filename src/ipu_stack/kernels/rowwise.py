@@ -4,7 +4,8 @@ tile's block of rows.
 
 Operands: ``[x, aux0, aux1, out]``; what the aux operands are depends on ``op``:
 ``layer_norm``: scale and shift rows (``[cols]``, replicated on every tile); ``rms_norm``:
-the scale row; ``add``, ``mul``: the second operand, ``swiglu``: the up projection ``b`` of
+the scale row (with ``group``, each run of that many columns is normalised on its own: a
+row of heads, Qwen3's QK-norm); ``add``, ``mul``: the second operand, ``swiglu``: the up projection ``b`` of
 ``silu(x) * b``, ``biased_softmax``: the additive bias or mask table (same block shape as
 ``x``); ``rope``: cos and sin tables
 (``[rows, head_dim / 2]``, in the same row blocks); ``softmax`` / ``chain``: none (a bias
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_stack.ir.one_pass import rms_blocks
+from ipu_stack.ir.one_pass import by_groups, rms_blocks
 from ipu_stack.ir.precision import F32, Precision
 from ipu_stack.kernels.base import (
     KernelFamily,
@@ -60,7 +61,20 @@ def _normce(p: dict[str, Any]) -> bool:
     if p["op"] not in ("layer_norm", "rms_norm"):
         return False
     aux = None if p.get("aux") is None else Precision.from_json(p["aux"])
-    return normce_applies(Precision.from_json(p["x"]), aux, int(p["cols"]), float(p["eps"]))
+    return normce_applies(Precision.from_json(p["x"]), aux, norm_group(p), float(p["eps"]))
+
+
+def norm_group(p: dict[str, Any]) -> int:
+    """The width an RMS norm normalises: the row's, or one head's when the row holds several
+    heads side by side (``group``; Qwen3's QK-norm), checked to divide the block's columns
+    before anything runs (a package's parameters are hostile)."""
+    cols = int(p["cols"])
+    group = p.get("group", cols)
+    if p["op"] != "rms_norm" and group != cols:
+        raise ValueError(f"{p['op']} takes no group")
+    if not isinstance(group, int) or group <= 0 or cols % group:
+        raise ValueError(f"rms_norm group {group!r} does not divide its {cols} columns")
+    return group
 
 
 def _out_cast(p: dict[str, Any]) -> bool:
@@ -78,13 +92,15 @@ def _work(p: dict[str, Any], block: tuple[int, ...]) -> list[Work]:
     if op == "chain":
         return chain_work(p["chain"], rows, cols)
     if _normce(p):
-        calls = normce_calls(rows)
+        width = norm_group(p)  # a row of heads normalised a head at a time: rows of its width
+        calls = normce_calls(rows * (cols // width))
         kind = "normce" if op == "layer_norm" else "normce_rms"
         work = [Work(kind, {"row_calls": [n for k, n in calls if k == "rows"],
                             "split_calls": [n for k, n in calls if k == "split"],
-                            "width": cols, "blocks": rms_blocks(cols)})]
+                            "width": width, "blocks": rms_blocks(width)})]
     elif op in ("layer_norm", "rms_norm"):
-        work = [Work(op, {"row_widths": [cols] * rows})]
+        width = norm_group(p)
+        work = [Work(op, {"row_widths": [width] * (rows * (cols // width))})]
     elif op in ("rms_sums", "rms_scale"):
         blocks, here = _rms_blocks(p)
         work = [Work(op, {"rows": rows, "cols": cols, "width": int(p["width"]), "blocks": blocks,
@@ -124,6 +140,12 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
     return out.reshape(shape).astype(np.float32)
 
 
+def _plain_rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """An RMS norm off NormCE's loops: the row's inverse root in FP32, then two products."""
+    inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps))
+    return x * inverse.astype(np.float32) * gamma
+
+
 CHUNK_BYTES = 1 << 20  # float32 bytes of x per chunk of tiles: its temporaries stay in L2
 
 
@@ -151,9 +173,10 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         mean = x.mean(axis=-1, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
         result = (x - mean) / np.sqrt(var + np.float32(p["eps"])) * gamma + beta
-    elif op == "rms_norm" and _normce(p):
+    elif op == "rms_norm":
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
-        result = normce_rms_norm(x, gamma, p["eps"])
+        result = by_groups(normce_rms_norm if _normce(p) else _plain_rms_norm, x, gamma,
+                           norm_group(p), p["eps"])
     elif op == "rms_sums":  # the blocks' sums a row, written block-major in FP32
         sums = rms_partials(x, int(p["width"])).transpose(0, 2, 1)
         write_rows(mem, tiles, out_addr, p["out_pitch"],
@@ -163,11 +186,6 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
         sums = read_values(mem, tiles, aux1, rms_blocks(int(p["width"])), rows, 4 * rows, F32)
         result = rms_scale(x, gamma, sums.transpose(0, 2, 1), int(p["width"]), p["eps"])
-    elif op == "rms_norm":
-        gamma = _matrix(mem, tiles, aux0, 1, cols, p["aux_pitch"], p["aux"])
-        inverse = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True)
-                                + np.float32(p["eps"]))
-        result = x * inverse.astype(np.float32) * gamma
     elif op in ("mul", "swiglu"):
         y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
         result = (activation(x, "silu") if op == "swiglu" else x) * y
@@ -219,6 +237,7 @@ WITH_AUX = ("layer_norm", "rms_norm", "rms_scale", "add", "mul", "swiglu", "bias
 def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
     if p["op"] in WITH_AUX and p.get("aux") is None:
         raise ValueError(f"{p['op']} has no aux operand's precision")
+    norm_group(p)
     x = Precision.from_json(p["x"])
     out = Precision.from_json(p["out"])
     rows, cols = p["rows"], p["cols"]

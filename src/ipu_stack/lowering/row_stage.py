@@ -206,10 +206,10 @@ class RowLowering(LoweringBase):
     def rope_in_place(self, stage: RowStage) -> bool:
         """RoPE on few rows run in the column blocks where its GEMM left them, each block
         with its own pairs' angles: with interleaved pairs (``ir.rope_pairs``) a block
-        inside one head holds whole pairs, so no head is gathered first.  False when the
-        stage or the layout is not so."""
-        if stage.kind != "rope" or stage.attrs.get("pairs") == "halves" or \
-                not self.spread or not self._column_blocks(stage.inputs[0]):
+        inside one head holds whole pairs, so no head is gathered first; rotate-half pairs
+        where each block is one head (a per-head norm's, ``_heads_layout``).  False when
+        the stage or the layout is not so."""
+        if stage.kind != "rope" or not self.spread or not self._column_blocks(stage.inputs[0]):
             return False
         rows, cols, out_prec = self._matrix(stage.out)
         g = self.graph
@@ -219,6 +219,9 @@ class RowLowering(LoweringBase):
             return False
         lay = self.where[x_id][0].layout
         block = lay.col_block
+        halves = stage.attrs.get("pairs") == "halves"
+        if halves and block != head:  # rotate-half pairs lie in one block only a head wide
+            return False
         x_prec = g.value(x_id).type.precision
         aux_prec = g.value(stage.inputs[1]).type.precision
         if block % 2 or head % block or cols % block or any(
@@ -241,7 +244,8 @@ class RowLowering(LoweringBase):
         _add_row_calls(compute, lay.tiles[:, :, 0].ravel()[valid > 0], valid[valid > 0],
                        lambda count: row_params("rope", count, block, x_prec, lay.pitch,
                                                 out_prec, out.pitch, aux_prec, table.pitch,
-                                                head_dim=block),
+                                                head_dim=block,
+                                                **({"pairs": "halves"} if halves else {})),
                        [self.where[x_id][0].buffer, *aux, out_buf])
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]
@@ -254,8 +258,9 @@ class RowLowering(LoweringBase):
         g = self.graph
         rows, cols, out_prec = self._matrix(stage.out)
         x_prec = g.value(stage.inputs[0]).type.precision
-        base = self.row_layout(rows, cols, x_prec) if self._by_columns(stage) else \
-            landing_layout(rows, cols, x_prec, self.target)
+        base = self._heads_layout(stage) or (
+            self.row_layout(rows, cols, x_prec) if self._by_columns(stage) else
+            landing_layout(rows, cols, x_prec, self.target))
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.rows")
         x_buf = self._in_row_layout(builder, stage.inputs[0], base, name)
@@ -268,6 +273,8 @@ class RowLowering(LoweringBase):
             params = [self._row_param(builder, i, shared, stage.index) for i in stage.inputs[1:]]
             aux = [*params, -1][:2]
             aux_pitch, extra = shared.pitch, {"eps": float(stage.attrs["eps"])}
+            if "group" in stage.attrs:  # heads side by side, each normalised on its own
+                extra["group"] = int(stage.attrs["group"])
         elif op in ("add", "mul", "swiglu", "biased_softmax"):
             aux_prec = g.value(stage.inputs[1]).type.precision
             layout = BlockLayout(rows, cols, aux_prec, base.row_block, base.col_block,
@@ -307,7 +314,7 @@ class RowLowering(LoweringBase):
         out_buf = self._carried_buffer(stage.out, out_layout, stage.inputs, stage.kind)
         if out_buf < 0:
             out_buf = self.result_buffer(stage.out, out_layout)
-        if op == "rms_norm" and base.col_block < cols:
+        if op == "rms_norm" and base.col_block < cols and "group" not in stage.attrs:
             aux[1], op, extra = self._rms_sums(name, base, x_buf), "rms_scale", {
                 **extra, "width": cols}
         compute = ComputeSet(f"{name}.{stage.kind}")
@@ -319,6 +326,23 @@ class RowLowering(LoweringBase):
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out_layout, out_buf)]
 
+    def _heads_layout(self, stage: RowStage) -> BlockLayout | None:
+        """A norm of each head of a decode step's few rows (Qwen3's QK-norm): a head a tile,
+        below the previous row stage's tiles, so the q and k norms run side by side and the
+        RoPE after them turns each head where it lies (``rope_in_place``); None otherwise
+        (whole rows, each tile normalising its rows' heads in turn)."""
+        rows, cols, out_prec = self._matrix(stage.out)
+        if stage.kind != "rms_norm" or "group" not in stage.attrs or not self.spread or \
+                rows > FEW_ROWS:
+            return None
+        head = int(stage.attrs["group"])
+        x_prec = self.graph.value(stage.inputs[0]).type.precision
+        if any(head * p.itemsize % 4 for p in (x_prec, out_prec)):
+            return None
+        heads = cols // head
+        grid = (self.next_row_tile(heads) - np.arange(heads, dtype=np.int32)).reshape(1, -1, 1)
+        return BlockLayout(rows, cols, x_prec, rows, head, grid)
+
     def _by_columns(self, stage: RowStage) -> bool:
         """Whether the stage may run split by columns (``LoweringBase.row_layout``): an
         elementwise stage, or an RMS norm on NormCE's loops, whose sums of squares the
@@ -327,6 +351,8 @@ class RowLowering(LoweringBase):
             return False
         if stage.kind != "rms_norm":
             return True
+        if "group" in stage.attrs:  # a row of heads: whole rows, each head's sum on its tile
+            return False
         x, scale = (self.graph.value(i).type.precision for i in stage.inputs[:2])
         return normce_applies(x, scale, self.graph.value(stage.out).type.cols,
                               float(stage.attrs["eps"]))

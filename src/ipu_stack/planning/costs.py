@@ -233,11 +233,13 @@ def _row(params: dict[str, Any]) -> int:
     if rows * cols == 0:
         return 0
     aux = params.get("aux")
+    width = int(params.get("group", cols))  # a row of heads: rows of one head's width
     if op in ("layer_norm", "rms_norm") and normce_applies(Precision.from_json(params["x"]),
                                              None if aux is None else Precision.from_json(aux),
-                                             cols, float(params["eps"])):
+                                             width, float(params["eps"])):
+        heads = rows * (cols // width)
         cycles = normce_cycles(rows, cols) if op == "layer_norm" else int(
-            (normce_cycles(rows, cols) + rms_block_cycles(rows, cols))
+            (normce_cycles(heads, width) + rms_block_cycles(heads, width))
             * float(PRICES["rms_norm_normce_fraction"].value))
     elif op in ("rms_sums", "rms_scale"):
         cycles = int(rms_part_cycles("sums" if op == "rms_sums" else "scale", rows, cols,
@@ -246,7 +248,7 @@ def _row(params: dict[str, Any]) -> int:
     elif op == "layer_norm":
         cycles = estimate_layer_norm(rows, cols)
     elif op == "rms_norm":
-        cycles = estimate_rms_norm(rows, cols)
+        cycles = estimate_rms_norm(rows * (cols // width), width)
     elif op in ("mul", "swiglu"):
         cycles = estimate_activation(rows * cols, op)
     elif op == "softmax":

@@ -47,6 +47,12 @@ class PlacementError(CompileError):
         self.write_reports: Callable[[], None] | None = None
 
 
+class ConversionError(IpuStackError):
+    """An imported graph computes other values than the model's own framework: an import
+    defect.  Not a :class:`CompileError`, so no fallback that tries another plan when one
+    does not fit (a prompt's pass, a capacity search) takes it for a size problem."""
+
+
 class PackageError(IpuStackError):
     """A package file is missing, corrupt, from another version or target, or malicious."""
 
