@@ -257,10 +257,11 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     whole-row form too): one ``rms_norm`` a head wide over the heads side by side.  Weights
     of a larger spread than transformers' default make the tokens differ step to step, and
     the dynamic export's prompt pass (whose conversion check against PyTorch sees q and k
-    mixed over six positions) runs whole; every token is PyTorch's."""
+    mixed over six positions) runs whole; every token is PyTorch's, and the decode step
+    takes the cycles of the builtin ``qwen3-0.6b`` of the same shape."""
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        **SHAPE, head_dim=16, initializer_range=0.2))
+        **SHAPE, head_dim=32, initializer_range=0.2))  # heads wider than 64 / 4
     tokens = torch.export.Dim("tokens", min=1, max=CONTEXT - 1)
     program = static_cache_step(model, CONTEXT).export(
         input_ids=torch.zeros((1, 4), dtype=torch.long), cache_position=torch.arange(4),
@@ -278,4 +279,9 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     workload, params = imported_workload(path)
     graph, _ = workload.build(workload.resolve({**params, "precision": "f16"}))
     norms = [op for op in graph.operations if op.kind == "rms_norm" and "group" in op.attrs]
-    assert len(norms) == 4 and {op.attrs["group"] for op in norms} == {16}
+    assert len(norms) == 4 and {op.attrs["group"] for op in norms} == {32}
+    code = main(["--quiet", "bench", "qwen3-0.6b", *BUILTIN[1:], "--head-dim", "32",
+                 "--context", str(CONTEXT), "--tokens", "1", "--precision", "f16",
+                 "--choose", "device", "--json", "--out", str(tmp_path / "builtin")])
+    builtin = json.loads(capsys.readouterr().out)  # the builtin of the same shape
+    assert code == 0 and builtin["cycles"] == record["decodeCycles"], builtin

@@ -60,6 +60,10 @@ def decoder_parameters() -> tuple[Parameter, ...]:
         Parameter("dim", int, 576, "model dimension"),
         Parameter("heads", int, 9, "query heads"),
         Parameter("kv_heads", int, 3, "key/value heads (grouped-query attention)"),
+        Parameter("head_dim", int, 0, "width of a head (0: --dim over --heads; Qwen3's are "
+                  "wider)", minimum=0),
+        Parameter("qk_norm", str, "none", "an RMS norm of each head of q and k before RoPE "
+                  "(Qwen3's)", choices=("none", "heads")),
         Parameter("hidden", int, 1536, "SwiGLU hidden dimension"),
         Parameter("precision", str, "fp8", "GEMM inputs/weights precision", choices=("fp8", "f16")),
         Parameter("eps", float, 1e-5, "RMS norm epsilon", minimum=None, positive=True),
@@ -68,6 +72,11 @@ def decoder_parameters() -> tuple[Parameter, ...]:
         CHOOSE,
         ATTENTION_OPTION("f16"), KEEP_F16,
     )
+
+
+def head_width(params: dict[str, Any]) -> int:
+    """A head's width: ``--head-dim``, or the model's width over its heads."""
+    return int(params.get("head_dim") or params["dim"] // params["heads"])
 
 
 def rope_1d_tables(batch: int, tokens: int, head_dim: int, theta: float
@@ -107,7 +116,8 @@ class DecoderLayers:
     def __init__(self, builder: LayerBuilder) -> None:
         self.builder, self.b, self.p = builder, builder.b, builder.p
         p = self.p
-        self.head_dim = p["dim"] // p["heads"]
+        self.head_dim = head_width(p)
+        self.width = p["heads"] * self.head_dim  # q's and the context's (Qwen3: not dim)
         self.repeats = p["heads"] // p["kv_heads"]
         self.mask: int | None = None  # the causal mask, one table every layer reads
 
@@ -131,6 +141,16 @@ class DecoderLayers:
         return self.gemm_input(self.b.op("rms_norm", [x, gamma], F16, f"{name}.out",
                                          eps=self.p["eps"]), f"{name}.fp8")
 
+    def head_norm(self, x: int, name: str, heads: int) -> int:
+        """Qwen3's RMS norm of each head of q or k (``--qk-norm heads``): one head's scale
+        for every head, as the importer maps ``q_norm`` and ``k_norm``."""
+        if self.p["qk_norm"] != "heads":
+            return x
+        d = self.head_dim
+        one_head = rng_for(self.p["seed"], f"{name}.gamma").normal(1.0, 0.1, d)
+        gamma = self.constant(f"{name}.gamma", np.tile(one_head, heads), F16)
+        return self.b.op("rms_norm", [x, gamma], F16, f"{name}.out", eps=self.p["eps"], group=d)
+
     def gemm_input(self, value: int, name: str) -> int:
         """``value`` cast to FP8 where the products run FP8, as the importer casts them."""
         builder = self.builder
@@ -142,10 +162,7 @@ class DecoderLayers:
 
     def attention(self, h: int, prefix: str, tables: tuple[int, int]) -> int:
         p, b, d = self.p, self.b, self.head_dim
-        kv = p["kv_heads"] * d
-        q = self.linear(h, p["dim"], p["dim"], f"{prefix}.q")
-        k = self.linear(h, p["dim"], kv, f"{prefix}.k")
-        v = self.linear(h, p["dim"], kv, f"{prefix}.v")
+        q, k, v = self.projections(h, prefix)
         select = head_selection(p["kv_heads"], self.repeats, d)
         cos, sin = tables
         if p["context"]:  # the keys turned before they are repeated, and both kept
@@ -166,8 +183,19 @@ class DecoderLayers:
                      scale=1.0 / float(np.sqrt(d)))
         context = b.op("head_matmul", [probs, v], F16, f"{prefix}.context", mode="pv",
                        heads=p["heads"], tokens=p["tokens"])
-        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
+        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), self.width,
                            p["dim"], f"{prefix}.o")
+
+    def projections(self, h: int, prefix: str) -> tuple[int, int, int]:
+        """q, k and v of the layer's normalised rows (q and k each normalised a head at a
+        time with ``--qk-norm heads``), in the importer's order."""
+        p = self.p
+        kv = p["kv_heads"] * self.head_dim
+        q = self.head_norm(self.linear(h, p["dim"], self.width, f"{prefix}.q"),
+                           f"{prefix}.q_norm", p["heads"])
+        k = self.head_norm(self.linear(h, p["dim"], kv, f"{prefix}.k"), f"{prefix}.k_norm",
+                           p["kv_heads"])
+        return q, k, self.linear(h, p["dim"], kv, f"{prefix}.v")
 
     def cache_state(self, prefix: str, name: str) -> int:
         """The layer's key or value cache (``[batch x context, kv heads x head width]``,
@@ -188,10 +216,8 @@ class DecoderLayers:
         """One new token's attention: its key and value rows written into the layer's cache
         at the step's slots, then its query against every cached position."""
         p, b, d = self.p, self.b, self.head_dim
-        kv, positions = p["kv_heads"] * d, cache_positions(p)
-        q = self.linear(h, p["dim"], p["dim"], f"{prefix}.q")
-        k = self.linear(h, p["dim"], kv, f"{prefix}.k")
-        v = self.linear(h, p["dim"], kv, f"{prefix}.v")
+        positions = cache_positions(p)
+        q, k, v = self.projections(h, prefix)
         q = b.op("rope", [q, step.cos, step.sin], F16, f"{prefix}.q.rope", head_dim=d,
                  pairs="halves")
         k = b.op("rope", [k, step.cos, step.sin], F16, f"{prefix}.k.rope", head_dim=d,
@@ -210,7 +236,7 @@ class DecoderLayers:
                      scale=1.0 / float(np.sqrt(d)))
         context = b.op("head_matmul", [probs, cached[1]], F16, f"{prefix}.context",
                        mode="pv", **heads)
-        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), p["dim"],
+        return self.linear(self.gemm_input(context, f"{prefix}.context.fp8"), self.width,
                            p["dim"], f"{prefix}.o")
 
     def layer(self, x: int, index: int, tables: tuple[int, int] | StepValues) -> int:
@@ -327,7 +353,7 @@ def step_inputs(params: dict[str, Any], tokens: np.ndarray, position: int, first
         batch, 1, 1)
     seen = np.arange(positions) - first
     row = np.where((seen < 0) | (seen > position), -np.inf, 0.0).astype(np.float32)
-    head_dim = params["dim"] // heads
+    head_dim = head_width(params)
     inverse = 1.0 / params["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = np.tile(position * inverse, (batch, 1))
     return {"ids": ids, "slots": slots, "mask": np.tile(row, (batch * heads, 1)),
@@ -360,10 +386,12 @@ def _build_step(builder: LayerBuilder, seed: int) -> None:
 def build_decoder(kind: str, params: dict[str, Any]) -> tuple[Graph, dict[str, np.ndarray]]:
     """The prefill graph and tensors, FP8 scales fitted per role on a calibration prompt;
     with ``context``, the decode step, calibrated on the model's prompt pass."""
-    if params["dim"] % params["heads"] or params["heads"] % params["kv_heads"]:
-        raise UsageError(f"--heads {params['heads']} must divide --dim {params['dim']} and be "
-                         f"a multiple of --kv-heads {params['kv_heads']}")
-    if (params["dim"] // params["heads"]) % 2:
+    if (params["dim"] % params["heads"] and not params["head_dim"]) or \
+            params["heads"] % params["kv_heads"]:
+        raise UsageError(f"--heads {params['heads']} must divide --dim {params['dim']} (or "
+                         f"give --head-dim) and be a multiple of --kv-heads "
+                         f"{params['kv_heads']}")
+    if head_width(params) % 2:
         raise UsageError("the head dimension must be even (RoPE rotates pairs)")
     if params["context"] and params["tokens"] > params["context"]:
         raise UsageError(f"--tokens {params['tokens']} do not fit a KV cache of --context "
@@ -393,14 +421,14 @@ def decoder_footprint(params: dict[str, Any]) -> Footprint:
     p = params
     weight = 1 if p["precision"] == "fp8" else 2
     rows, dim, hidden, vocab = p["batch"] * p["tokens"], p["dim"], p["hidden"], p["vocab"]
-    head_dim = dim // max(p["heads"], 1)
-    kv = p["kv_heads"] * head_dim
+    head_dim = head_width(p) if p["heads"] else 0
+    kv, width = p["kv_heads"] * head_dim, p["heads"] * head_dim
     keys = cache_positions(p) or p["tokens"]
     scores = p["batch"] * p["heads"] * p["tokens"] * keys * 2
     # the prompt's pass: the selection matrices, and one causal mask the layers share; a
     # step: its KV cache
     held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * dim * 2
-    per_layer = (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden) * weight + held
+    per_layer = (2 * dim * width + 2 * dim * kv + 3 * dim * hidden) * weight + held
     tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4 + (
         0 if p["context"] else scores)
     logits = rows * (vocab * 2 + dim * weight)
@@ -438,3 +466,8 @@ _register("tinyllama-1.1b", "TinyLlama-1.1B, as smollm2-135m: 22 layers of width
           "(--chips 2)",
           positions=2048, vocab=32000, layers=22, dim=2048, heads=32, kv_heads=4, hidden=5632,
           theta=10000.0)
+_register("qwen3-0.6b", "Qwen3-0.6B, as smollm2-135m with an RMS norm of each head of q and "
+          "k: 28 layers of width 1024, 16 / 8 heads of 128, SwiGLU 3072, a 151,936-row table; "
+          "two chips (--chips 2)",
+          positions=40960, vocab=151936, layers=28, dim=1024, heads=16, kv_heads=8,
+          head_dim=128, qk_norm="heads", hidden=3072, theta=1000000.0, eps=1e-6)
