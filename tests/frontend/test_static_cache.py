@@ -36,7 +36,9 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
                "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
                "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
-               "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM)}[family]
+               "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM),
+               "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+               "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[family]
     model = classes[1](classes[0](**SHAPE, **config))
     module = static_cache_step(model, context)
     if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
@@ -285,3 +287,22 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
                  "--choose", "device", "--json", "--out", str(tmp_path / "builtin")])
     builtin = json.loads(capsys.readouterr().out)  # the builtin of the same shape
     assert code == 0 and builtin["cycles"] == record["decodeCycles"], builtin
+
+
+@pytest.mark.parametrize("family, config", [
+    ("olmo2", {}),  # q_norm and k_norm over the whole of q and of k, before the heads split
+    # a norm of each head after the heads are transposed, the queries scaled by a constant
+    # of their own, every layer's window of 3 positions (the host's mask arithmetic)
+    ("gemma3", {"head_dim": 16, "sliding_window": 3, "initializer_range": 0.05}),
+], ids=["olmo2", "gemma3-window"])
+def test_other_q_and_k_norms_generate_as_torch_does(family, config, tmp_path, capsys) -> None:
+    """OLMo 2's and Gemma 3's norms of q and k: PASS, every token PyTorch's, the prompt's
+    pass whole (its conversion check sees q and k over six positions)."""
+    path = tmp_path / "step.pt2"
+    torch.export.save(_step_program(family=family, dynamic=True, **config), str(path))
+    code = main(["--quiet", "generate", str(path), "--prompt-tokens", "6", "--new-tokens", "6",
+                 "--precision", "f16", "--json", "--out", str(tmp_path / "out")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["prefill"] == "one pass" and record["tokensMatch"], record
+    assert record["torchTokenMatch"] and len(set(record["generated"])) > 1, record
