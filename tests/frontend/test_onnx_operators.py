@@ -231,21 +231,24 @@ def swin() -> tuple[torch.nn.Module, torch.Tensor]:
     return drawn_vectors(Logits().eval()), torch.randn(1, 3, 32, 32)
 
 
-def causal_lm() -> tuple[torch.nn.Module, torch.Tensor]:
+def causal_lm(family: str = "llama") -> tuple[torch.nn.Module, torch.Tensor]:
     """transformers' ``LlamaForCausalLM`` with grouped-query attention (4 query heads, 2 key
     and value heads), 2 layers at width 64, its logits out: torch.onnx writes ``repeat_kv``
     and the keys' transpose as an expand, a reshape merging the batch with the heads, a
-    transpose and a reshape back, and RoPE's ``rotate_half`` as slices with steps."""
+    transpose and a reshape back, and RoPE's ``rotate_half`` as slices with steps.  Qwen3's
+    (``family``) has heads of 32 and an RMS norm of each head of q and k."""
     torch.manual_seed(3)
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=True)
+    shape = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "max_position_embeddings": 64, "tie_word_embeddings": True}
+    config = transformers.LlamaConfig(**shape) if family == "llama" else \
+        transformers.Qwen3Config(**shape, head_dim=32)
 
     class Logits(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = transformers.LlamaForCausalLM(config)
+            self.model = (transformers.LlamaForCausalLM if family == "llama" else
+                          transformers.Qwen3ForCausalLM)(config)
 
         def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
             return self.model(input_ids=input_ids, use_cache=False).logits
@@ -256,11 +259,11 @@ def causal_lm() -> tuple[torch.nn.Module, torch.Tensor]:
 # RoBERTa and ALBERT are BERT's graph with other position ids and shared layers: -m slow
 @pytest.mark.parametrize("kind", ["bert", pytest.param("roberta", marks=pytest.mark.slow),
                                   pytest.param("albert", marks=pytest.mark.slow), "swin",
-                                  "llama"])
+                                  "llama", "qwen3"])
 def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
         kind: str, tmp_path: Path, cache_dir: Path, lock_path: Path, capsys) -> None:
-    module, example = {"swin": swin, "llama": causal_lm}.get(
-        kind, lambda: question_answering(kind))()
+    module, example = {"swin": swin, "llama": causal_lm, "qwen3": lambda: causal_lm("qwen3")
+                       }.get(kind, lambda: question_answering(kind))()
     name = "pixel_values" if kind == "swin" else "input_ids"
     pt2 = tmp_path / f"{kind}.pt2"
     torch.export.save(torch.export.export(module, (example,)), str(pt2))
@@ -273,7 +276,7 @@ def test_stock_encoder_exports_pass_in_the_cycles_of_the_pt2(
     assert onnx_record["numericalTest"] == "PASS", onnx_record
     assert onnx_record["referenceSource"] == "onnxruntime"
     assert onnx_record["conversionError"] < 1e-5
-    if kind == "llama":  # the file orders the key heads' repeat after the values': its two
+    if kind in ("llama", "qwen3"):  # the file orders the key heads' repeat after the values': its two
         # RoPEs share a superstep on the same tiles (docs/onnx.md)
         assert pt2_record["cycles"] <= onnx_record["cycles"] <= 1.05 * pt2_record["cycles"]
         assert onnx_record["rmsNormCycles"] == pt2_record["rmsNormCycles"]

@@ -18,6 +18,7 @@ pytest.importorskip("transformers.integrations.executorch")
 from ipu_stack.cli import main  # noqa: E402
 from ipu_stack.frontend import import_program, imported_workload  # noqa: E402
 from ipu_stack.testing.models import static_cache_step  # noqa: E402
+from tests.frontend.models import drawn_vectors  # noqa: E402
 from tests.helpers import one_error_line  # noqa: E402
 
 CONTEXT = 32
@@ -40,6 +41,8 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
                "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[family]
     model = classes[1](classes[0](**SHAPE, **config))
+    if family != "llama":  # norm scales and biases away from their init, as trained ones are
+        drawn_vectors(model)
     module = static_cache_step(model, context)
     if dynamic:  # a sequence length of 1 to 31: the prompt's pass from the same file
         tokens = torch.export.Dim("tokens", min=1, max=context - 1)
@@ -262,8 +265,8 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     mixed over six positions) runs whole; every token is PyTorch's, and the decode step
     takes the cycles of the builtin ``qwen3-0.6b`` of the same shape."""
     torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        **SHAPE, head_dim=32, initializer_range=0.2))  # heads wider than 64 / 4
+    model = drawn_vectors(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SHAPE, head_dim=32, initializer_range=0.2)))  # heads wider than 64 / 4
     tokens = torch.export.Dim("tokens", min=1, max=CONTEXT - 1)
     program = static_cache_step(model, CONTEXT).export(
         input_ids=torch.zeros((1, 4), dtype=torch.long), cache_position=torch.arange(4),

@@ -106,6 +106,8 @@ def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
     symbolic = (Act, UserInput, rope.Pairs, rope.PairPart, patterns.Pending)
     if not isinstance(x, symbolic):
         x, y = y, x
+    if isinstance(x, Act) and is_tensor(y) and (folded := _norm_scale(conv, node, x, y)):
+        return folded  # a per-head norm's scale (Qwen3's q_norm) before any RoPE
     if isinstance(x, (rope.Pairs, rope.PairPart)) or (
             isinstance(x, Act) and is_tensor(y) and y.numel() > 1 and rope.start(x) is not None):
         return _mul_pairs(conv, node, x, y)
@@ -120,14 +122,24 @@ def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
     if constant.size == 1:
         return _scale(act, float(constant.reshape(())))
     arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
-    if act.norm_scale is not None and constant.reshape(-1).size == act.shape[-1] and (
-            np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
-        return patterns.fold_norm_scale(conv, node, act, constant.reshape(-1))
     if act.linear is not None and constant.reshape(-1).size == act.shape[-1] and (
             np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
         return _fold_column_scale(conv, node, act, constant.reshape(-1))
     raise unsupported(node, "a product with a tensor that is not a per-channel scale of a "
                       "linear layer's output")
+
+
+def _norm_scale(conv: Converter, node: Any, act: Act, y: Any) -> Act | None:
+    """``rms_norm(x) * gamma`` with ``gamma`` per channel (and the product the scale's only
+    use): folded into the norm's scale; None when the product is not so."""
+    if act.norm_scale is None:
+        return None
+    constant = constant_array(y)
+    arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
+    if constant.size > 1 and constant.reshape(-1).size == act.shape[-1] and (
+            np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
+        return patterns.fold_norm_scale(conv, node, act, constant.reshape(-1))
+    return None
 
 
 def _mul_pairs(conv: Converter, node: Any, x: Any, y: Any) -> Any:
