@@ -39,6 +39,7 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
                "olmo": (transformers.OlmoConfig, transformers.OlmoForCausalLM),
                "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+               "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
                "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[family]
     model = classes[1](classes[0](**SHAPE, **config))
     if family != "llama":  # norm scales and biases away from their init, as trained ones are
@@ -309,3 +310,29 @@ def test_other_q_and_k_norms_generate_as_torch_does(family, config, tmp_path, ca
     assert code == 0 and record["numericalTest"] == "PASS", record
     assert record["prefill"] == "one pass" and record["tokensMatch"], record
     assert record["torchTokenMatch"] and len(set(record["generated"])) > 1, record
+
+
+def test_attention_written_out_over_the_cache_generates_as_torch_does(tmp_path, capsys
+                                                                      ) -> None:
+    """Gemma 2 writes its attention out to cap the scores' logits: ``q @ k^T`` with the
+    cache's keys, ``tanh(s / cap) * cap``, the host's mask added, the softmax, the product
+    with the cache's values; and it caps the final logits too.  Caps small enough to bend
+    the scores and logits, a window of 3 positions on alternate layers (two masks the host
+    computes each call): PASS, the prompt's pass whole (its conversion check against
+    PyTorch over six positions), PyTorch's tokens."""
+    path = tmp_path / "gemma2.pt2"
+    torch.export.save(_step_program(
+        family="gemma2", dynamic=True, head_dim=16, sliding_window=3, initializer_range=0.05,
+        attn_logit_softcapping=0.5, final_logit_softcapping=1.0), str(path))
+    code = main(["--quiet", "generate", str(path), "--prompt-tokens", "6", "--new-tokens", "6",
+                 "--precision", "f16", "--json", "--out", str(tmp_path / "out")])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["numericalTest"] == "PASS", record
+    assert record["prefill"] == "one pass" and record["tokensMatch"], record
+    assert record["torchTokenMatch"], record
+    workload, params = imported_workload(path)
+    graph, _ = workload.build(workload.resolve({**params, "precision": "f16"}))
+    inputs = {v.name for v in graph.values if v.role == "input"}
+    assert {"mask", "mask.1"} <= inputs  # the sliding window's and the whole cache's
+    kinds = [op.kind for op in graph.operations]
+    assert kinds.count("biased_softmax") == 2 and kinds.count("activation") == 3  # tanh caps

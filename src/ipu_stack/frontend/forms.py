@@ -65,6 +65,8 @@ class Act:
     one_query: bool = False  # scores/probs of a single query replicated over the token rows
     norm_scale: str | None = None  # fresh RMS norm output: its scale weight's key (foldable)
     cached: int = 0  # a KV cache read whole: the key/value heads its IR value holds
+    over_cache: int = 0  # scores or probabilities over a KV cache: its key/value heads
+    mask: int | None = None  # scores over a KV cache: the per-call additive mask's value
     # rows form with its rows out of order: logical row ``l`` (leading axes flattened) sits
     # in IR row ``order.rows[l]``; ``None`` is the IR's own order (``frontend/order.py``)
     order: RowIndex | None = field(default=None, compare=False)

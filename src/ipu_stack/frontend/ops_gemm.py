@@ -104,26 +104,67 @@ def _cached_attention(conv: Converter, node: Any, q: Act, k: Act, v: Act, attn_m
     if attn_mask is None:
         probs = conv.b.op("softmax", [scores], F16, f"{name}.probs", scale=float(factor))
     else:
-        def rows(values: Any) -> np.ndarray:
-            if values.dtype == conv.torch.bool:
-                values = np.where(values.numpy(), 0.0, -np.inf)
-            full = np.broadcast_to(to_numpy(values) if is_tensor(values) else values,
-                                   (b, h, t, positions))
-            return np.ascontiguousarray(full, np.float32).reshape(b * h * t, positions)
-        if mask_node in conv.host_nodes:
-            mask = conv.per_call_input("mask", lambda arrays: rows(conv.replay(mask_node,
-                                                                             arrays)), F16)
-        elif is_tensor(attn_mask):
-            mask = conv.weight(f"{name}.probs.bias", rows(attn_mask.detach()), False)
-        else:
-            raise unsupported(node, "attention over a KV cache with a mask computed on the "
-                              "device")
+        mask = cache_mask(conv, node, mask_node, attn_mask, (b, h, t, positions),
+                          f"{name}.probs.bias")
         probs = conv.b.op("biased_softmax", [scores, mask], F16, f"{name}.probs",
                           scale=float(factor))
     context = conv.b.op("head_matmul", [probs, v.value], F16, name, mode="pv", **attrs)
     conv.rewrites.append(f"{node.name}: attention over the KV cache, {h} query heads reading "
                          f"{k.cached} key/value heads")
     return Act(context, q.shape, "heads_major", q.dims, factor=v.factor)
+
+
+def cache_mask(conv: Converter, node: Any, mask_node: Any, values: Any,
+               shape: tuple[int, int, int, int], name: str) -> int:
+    """The additive mask of attention over a KV cache as ``[B H T, positions]`` rows: a
+    per-call input where the host computes it from the positions (its arithmetic replayed
+    before each call), else a constant table (a boolean mask: 0 kept, -inf masked)."""
+    b, h, t, positions = shape
+
+    def rows(mask: Any) -> np.ndarray:
+        if mask.dtype == conv.torch.bool:
+            mask = np.where(mask.numpy(), 0.0, -np.inf)
+        full = np.broadcast_to(to_numpy(mask) if is_tensor(mask) else mask, shape)
+        return np.ascontiguousarray(full, np.float32).reshape(b * h * t, positions)
+    if mask_node in conv.host_nodes:
+        return conv.per_call_input("mask", lambda arrays: rows(conv.replay(mask_node, arrays)),
+                                   F16)
+    if is_tensor(values):
+        return conv.weight(name, rows(values.detach()), False)
+    raise unsupported(node, "attention over a KV cache with a mask computed on the device")
+
+
+def _cached_scores(conv: Converter, node: Any, q: Act, k: Act) -> Act:
+    """``q @ k^T`` of a step's queries against the whole KV cache, written out (Gemma 2's
+    eager attention, which caps the scores' logits before the softmax): each query head
+    reads its key/value head from the cache, as ``scaled_dot_product_attention`` over the
+    cache does; the scores carry the cache's heads to the mask, softmax and context."""
+    q = conv.plain(q, node)
+    b, t, h, d = q.dims
+    positions, heads = k.dims[1], k.dims[2]
+    if q.form != "heads_major" or k.dims[0] != b or k.dims[3] != d or heads != h:
+        raise unsupported(node, "scores over a KV cache with queries that are not [B, H, T, "
+                          "d] views of a projection, or keys not repeated for every head")
+    value = conv.b.op("head_matmul", [q.value, k.value], F16, conv.name(node), mode="qk",
+                      heads=h, tokens=t, kv_heads=k.cached, kv_tokens=positions)
+    conv.rewrites.append(f"{node.name}: scores over the KV cache, {h} query heads reading "
+                         f"{k.cached} key heads")
+    return Act(value, (b, h, t, positions), factor=q.factor * k.factor, attention=(b, h, t),
+               over_cache=k.cached)
+
+
+def _cached_context(conv: Converter, node: Any, probs: Act, v: Act) -> Act:
+    """The probabilities over a KV cache times its values (written out, as the scores)."""
+    b, h, t = probs.attention  # type: ignore[misc]
+    positions = probs.shape[-1]
+    if v.cached != probs.over_cache or v.dims[0] != b or v.dims[1] != positions or \
+            v.dims[2] != h or probs.addend is not None:
+        raise unsupported(node, "attention probabilities and the cache's values disagree")
+    d = v.dims[3]
+    value = conv.b.op("head_matmul", [conv.plain(probs, node).value, v.value], F16,
+                      conv.name(node), mode="pv", heads=h, tokens=t, kv_heads=v.cached,
+                      kv_tokens=positions)
+    return Act(value, (b, h, t, d), "heads_major", (b, t, h, d), factor=v.factor)
 
 
 @rule("aten.mm", "aten.matmul", "aten.bmm")
@@ -134,8 +175,12 @@ def _matmul(conv: Converter, node: Any, x: Any, y: Any) -> Act:
         return _one_query_scores(conv, node, to_numpy(x), y)
     if not (isinstance(x, Act) and isinstance(y, Act)):
         raise unsupported(node, "a matrix product with a constant on the left")
+    if x.form == "heads_major" and y.form == "keys_t" and y.cached:
+        return _cached_scores(conv, node, x, y)
     if x.form == "heads_major" and y.form == "keys_t" and x.dims == y.dims:
         return _scores(conv, node, x, y)
+    if x.form == "rows" and x.attention is not None and x.over_cache:
+        return _cached_context(conv, node, x, y)
     if x.form == "rows" and x.attention is not None and y.form == "heads_major":
         return _context(conv, node, x, y)
     raise unsupported(node, f"product of {x.form} {list(x.shape)} and {y.form} {list(y.shape)}")

@@ -12,6 +12,7 @@ from ipu_stack.frontend import forms, order, patterns, rope
 from ipu_stack.frontend.attention import softmax_op
 from ipu_stack.frontend.convert import Converter, unsupported
 from ipu_stack.frontend.forms import Act, UserInput
+from ipu_stack.frontend.ops_gemm import cache_mask
 from ipu_stack.frontend.ops_lookup import host_arithmetic
 from ipu_stack.frontend.rules import (
     activation,
@@ -34,6 +35,8 @@ def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
         target = str(node.target)
         x, y = (y, x) if "rsub" in target else (x, y)
         return host_arithmetic(node, "sub" if "sub" in target else "add", x, y)
+    if any(a in conv.host_nodes for a in node.all_input_nodes):
+        return _add_cache_mask(conv, node, x, y, alpha)
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
@@ -54,6 +57,22 @@ def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
     if isinstance(y, Act):  # constant + activation (or constant - activation)
         return _add_constant(conv, node, _scale(y, sign * alpha), constant_array(x))
     return _add_constant(conv, node, x, sign * alpha * constant_array(y))
+
+
+def _add_cache_mask(conv: Converter, node: Any, x: Any, y: Any, alpha: float) -> Act:
+    """Scores over a KV cache plus the mask the host computes from the positions (Gemma 2's
+    eager attention): the mask a per-call input the softmax adds (``biased_softmax``)."""
+    scores, mask_node, values = (x, node.args[1], y) if isinstance(x, Act) else \
+        (y, node.args[0], x)
+    if "aten.add" not in str(node.target) or alpha != 1.0 or not isinstance(scores, Act) or \
+            not scores.over_cache or scores.attention is None or scores.mask is not None or \
+            scores.addend is not None or mask_node not in conv.host_nodes:
+        raise unsupported(node, "a value computed from the position input added other than "
+                          "as the mask of scores over a KV cache")
+    b, h, t = scores.attention
+    mask = cache_mask(conv, node, mask_node, values, (b, h, t, scores.shape[-1]),
+                      f"{conv.name(node)}.mask")
+    return scores.with_(mask=mask, linear=None)
 
 
 def _scale(act: Act, factor: float) -> Act:
@@ -223,6 +242,12 @@ def _softmax(conv: Converter, node: Any, x: Any, dim: int = -1, *rest: Any, **kw
         raise unsupported(node, f"softmax of a {act.form}-form value")
     if act.addend is not None and act.attention is None:
         raise unsupported(node, "softmax with an additive constant outside attention")
+    if act.mask is not None:  # scores over a KV cache plus the host's mask
+        if act.addend is not None:
+            raise unsupported(node, "a softmax of scores with both a mask and a constant")
+        value = conv.b.op("biased_softmax", [act.value, act.mask], F16, conv.name(node),
+                          scale=float(act.factor))
+        return act.with_(value=value, factor=1.0, mask=None)
     bias = None if act.addend is None else act.addend.reshape(act.shape)  # factor x + addend
     value = softmax_op(conv, act, float(act.factor), bias, conv.name(node))
     return act.with_(value=value, factor=1.0, addend=None)

@@ -36,7 +36,7 @@ from ipu_stack.frontend.sizing import check_made, recorded_bytes
 from ipu_stack.util.errors import CompileError
 
 # device operations that may read the host's arithmetic on positions (``_check_host_use``)
-HOST_READERS = {*CACHE_WRITES, "aten.scaled_dot_product_attention", "aten.mul"}
+HOST_READERS = {*CACHE_WRITES, "aten.scaled_dot_product_attention", "aten.mul", "aten.add"}
 
 
 class Importer(Converter):
