@@ -331,3 +331,22 @@ def test_attention_written_out_over_the_cache_generates_as_torch_does(tmp_path, 
     assert {"mask", "mask.1"} <= inputs  # the sliding window's and the whole cache's
     kinds = [op.kind for op in graph.operations]
     assert kinds.count("biased_softmax") == 2 and kinds.count("activation") == 3  # tanh caps
+
+
+def test_a_prompt_pass_imported_wrongly_is_an_error_not_a_fallback(tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    """A conversion check that fails for the prompt's pass is an import defect: generate
+    stops with its one line, where a pass that does not fit would go a token a step."""
+    from ipu_stack.frontend import workload as workload_module
+
+    path = tmp_path / "dynamic.pt2"
+    torch.export.save(_step_program(dynamic=True), str(path))
+    checked = workload_module.conversion_error
+
+    def skewed_for_prompts(converted, expected):  # the step (one token) converts as it is
+        ids = next(v for v in converted.graph.values if v.name == "input_ids")
+        return 1.0 if ids.type.shape[1] > 1 else checked(converted, expected)
+    monkeypatch.setattr(workload_module, "conversion_error", skewed_for_prompts)
+    code = main(["--quiet", "generate", str(path), "--prompt-tokens", "6", "--new-tokens", "2",
+                 "--precision", "f16", "--out", str(tmp_path / "out")])
+    assert "conversion check failed" in one_error_line(code, capsys.readouterr().err)
