@@ -38,6 +38,8 @@ SMALL = {
                      "kv_heads": 2, "hidden": 96},
     "tinyllama-1.1b": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
                        "kv_heads": 2, "hidden": 96},
+    "qwen3-0.6b": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
+                   "kv_heads": 2, "head_dim": 32, "hidden": 96},  # q twice the width
     "smolvlm-256m": {"tokens": 16, "vocab": 500, "layers": 2, "dim": 64, "heads": 4,
                      "kv_heads": 2, "hidden": 96, "image": 64},
     "swin-l": {"batch": 2, "image": 32, "window": 4, "dim": 16, "depths": "2,2",

@@ -236,6 +236,52 @@ def test_rope_rotates_pairs_of_each_head() -> None:
     assert (device[:, 0] == xv[:, 0]).all()
 
 
+def test_a_partial_rope_turns_each_heads_first_channels_and_passes_the_rest() -> None:
+    """Phi-2's and StableLM's RoPE: rotate-half pairs ``(i, i + r/2)`` of the first ``r``
+    of each head's 12 channels turned, the other 8 copied bit for bit; the host reference
+    at device precision gives the same halves; a turned width past the head is refused."""
+    from ipu_stack.ir.graph import GraphBuilder
+    from ipu_stack.ir.interpret import evaluate
+    from ipu_stack.ir.types import TensorType
+
+    rng = np.random.default_rng(6)
+    mem = fake_memory()
+    head_dim, heads, rotary = 12, 2, 4
+    cols, half = head_dim * heads, rotary // 2
+    x = random_stored(rng, F16, (2, ROWS, cols))
+    angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
+    addresses = [32, 600, 900, 1500]
+    put(mem, addresses[0], x_pitch, x)
+    put(mem, addresses[1], table_pitch, cos)
+    put(mem, addresses[2], table_pitch, sin)
+    params = row_params("rope", ROWS, cols, F16, x_pitch, F16, out_pitch, F32, table_pitch,
+                        head_dim=head_dim, pairs="halves", rotary=rotary)
+    device = run_and_read(params, mem, addresses, F16)
+    xv = values_of(x, F16)
+    c, s = cos.astype(np.float64), sin.astype(np.float64)
+    exact = xv.copy()
+    for h in range(heads):
+        for i in range(half):
+            a, b = h * head_dim + i, h * head_dim + i + half
+            exact[..., a] = xv[..., a] * c[..., i] - xv[..., b] * s[..., i]
+            exact[..., b] = xv[..., a] * s[..., i] + xv[..., b] * c[..., i]
+    assert_rounds(device, exact, F16)
+    passed = [h * head_dim + k for h in range(heads) for k in range(rotary, head_dim)]
+    assert (device[..., passed] == xv[..., passed]).all()
+    b = GraphBuilder("partial")
+    xi = b.input("x", TensorType((ROWS, cols), F16))
+    tables = [b.input(n, TensorType((ROWS, half), F32)) for n in ("cos", "sin")]
+    b.output(b.op("rope", [xi, *tables], F16, "out", head_dim=head_dim, pairs="halves",
+                  rotary=rotary))
+    reference = evaluate(b.build(), {"x": xv[0].astype(np.float32), "cos": cos[0],
+                                     "sin": sin[0]})["out"]
+    np.testing.assert_array_equal(device[0].astype(np.float32), reference)
+    with pytest.raises(ValueError, match="cannot turn 14 channels of heads of 12"):
+        KernelInstance("row", {**params, "rotary": 14}).impl.accesses({**params, "rotary": 14})
+
+
 # ---------------------------------------------------------------------------------- chains
 def gelu_erf(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))

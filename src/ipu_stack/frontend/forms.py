@@ -67,6 +67,9 @@ class Act:
     cached: int = 0  # a KV cache read whole: the key/value heads its IR value holds
     over_cache: int = 0  # scores or probabilities over a KV cache: its key/value heads
     mask: int | None = None  # scores over a KV cache: the per-call additive mask's value
+    # heads forms: the first ``shape[-1]`` channels of each head of a value whose heads
+    # are this wide (a partial RoPE's turned part, ``frontend/rope.py``); 0: whole heads
+    rotary_of: int = 0
     # rows form with its rows out of order: logical row ``l`` (leading axes flattened) sits
     # in IR row ``order.rows[l]``; ``None`` is the IR's own order (``frontend/order.py``)
     order: RowIndex | None = field(default=None, compare=False)

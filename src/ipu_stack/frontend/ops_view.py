@@ -315,6 +315,9 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
         if 0 <= first < stop:
             return fused.columns(conv, node, x, first, stop)
     part = _rope_half(x, dim, start, end, step)
+    if part is None and isinstance(x, Act) and dim % len(x.shape) == len(x.shape) - 1 and \
+            step == 1:  # a partial RoPE's turned or passed channels
+        part = rope.rotary_part(x, *_bounds(start, end, x.shape[-1]))
     if part is not None:
         return part
     act = activation(conv, node, conv.settle(node, x))
@@ -442,6 +445,8 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
     parts = [p for p in parts if not isinstance(p, EmptySlice)]  # they add nothing
     if len(parts) == 1:
         return parts[0]
+    if any(isinstance(p, rope.RotaryRest) for p in parts):
+        return _join_rotary(conv, node, list(parts), dim)
     if any(isinstance(p, (rope.Pairs, rope.PairPart)) for p in parts):
         rank = len(parts[0].shape)
         last = dim % rank == rank - 1
@@ -483,6 +488,24 @@ def _cat(conv: Converter, node: Any, parts: Any, dim: int = 0) -> Any:
                          "patch rows plus a corrected addend")
     return Act(act.value, (b, logical, d), addend=forms.open_gap(addend, act.gap).reshape(-1, d),
                origin=conv.name(node), gap=act.gap, bias=act.bias)
+
+
+def _join_rotary(conv: Converter, node: Any, parts: list[Any], dim: int) -> Act:
+    """``cat([rope(q[..., :r]), q[..., r:]], -1)``: the partial rope's output, which holds
+    the passed channels of the same query or key as they were."""
+    turned, rest = conv.settle(node, parts[0]), parts[-1]
+    made = conv.b.graph.producer(turned.value) if isinstance(turned, Act) else None
+    joined = None
+    if len(parts) == 2 and isinstance(rest, rope.RotaryRest) and dim % 4 == 3 and (
+            turned.value == rest.act.value or (made is not None and made.kind == "rope" and
+                                                made.inputs[0] == rest.act.value)) and \
+            turned.factor == rest.act.factor and turned.addend is None and \
+            rest.act.addend is None:
+        joined = rope.join_rotary(turned, rest)
+    if joined is None:
+        raise unsupported(node, "concatenating a query's or key's channels other than its "
+                          "turned part and then the rest (a partial RoPE)")
+    return joined
 
 
 @dataclass(frozen=True)

@@ -292,9 +292,50 @@ def materialize(conv: Any, node: Any, value: Pairs,
     plain = base.with_(factor=1.0)
     name = f"{conv.b.graph.value(plain.value).name}.rope"  # one per query/key, not per user
     layout = {"pairs": "halves"} if value.layout == "halves" else {}  # interleaved: default
-    out = conv.b.op("rope", [plain.value, *tables], F16, name, head_dim=2 * m.shape[1], **layout)
+    if base.rotary_of:  # the first channels of each head turned, the rest passed through
+        layout = {**layout, "rotary": 2 * m.shape[1]}
+    out = conv.b.op("rope", [plain.value, *tables], F16, name,
+                    head_dim=base.rotary_of or 2 * m.shape[1], **layout)
     conv.rewrites.append(f"{node.name}: rotary embedding recognised as rope ({name})")
     return base.with_(value=out, factor=base.factor * gain)
+
+
+@dataclass(frozen=True)
+class RotaryRest:
+    """``q[..., r:]`` of a query or key in heads form: the channels a partial RoPE passes
+    through (Phi-2, StableLM), waiting for the concatenation after ``q[..., :r]`` turned."""
+
+    act: Act
+    start: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.act.shape[:-1], self.act.shape[-1] - self.start)
+
+
+def rotary_part(act: Any, first: int, last: int) -> Act | RotaryRest | None:
+    """``act[..., first:last]`` of a query or key in heads form as a partial RoPE reads it:
+    the leading channels it turns (an :class:`Act` narrowed to them, ``rotary_of`` the
+    head's width, which :func:`start` and the pairs' algebra then read as a narrower
+    head) or the channels it passes through; None when the slice is neither."""
+    if not isinstance(act, Act) or act.rotary_of or start(act) is None:
+        return None
+    width = act.shape[-1]
+    if first == 0 and 0 < last < width and last % 2 == 0:
+        return act.with_(shape=(*act.shape[:-1], last), rotary_of=width)
+    if 0 < first < width and last == width and first % 2 == 0:
+        return RotaryRest(act, first)
+    return None
+
+
+def join_rotary(turned: Act, rest: RotaryRest) -> Act | None:
+    """``cat([turned part, passed part], -1)`` of one query or key: the rope's output holds
+    every channel of each head (it passes the rest through), so the whole head is it."""
+    if not turned.rotary_of or turned.rotary_of != rest.act.shape[-1] or \
+            turned.shape[-1] != rest.start or turned.dims != rest.act.dims or \
+            turned.shape[:-1] != rest.act.shape[:-1]:
+        return None
+    return turned.with_(shape=rest.act.shape, rotary_of=0)
 
 
 def _gain(cos: np.ndarray, sin: np.ndarray) -> float:

@@ -61,6 +61,9 @@ def activation(conv: Converter, node: Any, value: Any) -> Act:
         return conv.user_act(value, node)
     if not isinstance(value, Act):
         raise unsupported(node, "expected an activation")
+    if value.rotary_of:
+        raise unsupported(node, "the turned channels of a query or key used other than by "
+                          "its partial RoPE")
     if value.form == "column" and op_name(node.target) not in TRANSPARENT:
         raise unsupported(node, f"a squeezed {list(value.shape)} value used other than as an "
                                 "output or viewed back")

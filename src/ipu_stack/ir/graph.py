@@ -156,8 +156,12 @@ def _rope_rule(inputs: list[TensorType], attrs: dict[str, Any]) -> tuple[int, ..
         raise CompileError(f"rope head_dim {head_dim} does not divide {x.cols} into pairs")
     if attrs.get("pairs", "interleaved") not in ("interleaved", "halves"):
         raise CompileError(f"rope pairs {attrs.get('pairs')!r} is not interleaved or halves")
-    if cos.shape != (x.rows, head_dim // 2) or sin.shape != cos.shape:
-        raise CompileError(f"rope tables must be [{x.rows}, {head_dim // 2}]")
+    rotary = attrs.get("rotary", head_dim)  # the leading channels of each head turned
+    if not isinstance(rotary, int) or rotary <= 0 or rotary % 2 or rotary > head_dim:
+        raise CompileError(f"rope rotary {rotary!r} is not an even width within a head of "
+                           f"{head_dim}")
+    if cos.shape != (x.rows, rotary // 2) or sin.shape != cos.shape:
+        raise CompileError(f"rope tables must be [{x.rows}, {rotary // 2}]")
     return x.shape
 
 

@@ -184,9 +184,17 @@ def write_rows(state: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.nda
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
-          halves: bool = False) -> np.ndarray:
-    """Rotate channel pairs of every head: ``(2i, 2i+1)``, or ``(i, i + d/2)`` (halves)."""
+          halves: bool = False, rotary: int | None = None) -> np.ndarray:
+    """Rotate channel pairs of every head: ``(2i, 2i+1)``, or ``(i, i + d/2)`` (halves);
+    with ``rotary`` below the head's width, only its first ``rotary`` channels (Phi-2's,
+    StableLM's partial RoPE), the rest passed through."""
     rows, cols = x.shape
+    if rotary is not None and rotary < head_dim:
+        heads = x.reshape(rows, cols // head_dim, head_dim).copy()
+        turned = heads[..., :rotary].reshape(rows, -1)
+        heads[..., :rotary] = _rope(turned, cos, sin, rotary, halves).reshape(
+            rows, cols // head_dim, rotary)
+        return heads.reshape(rows, cols)
     heads = x.reshape(rows, cols // head_dim, head_dim)
     c, s = cos[:, None, :], sin[:, None, :]
     if halves:
@@ -339,7 +347,8 @@ def _apply(op: Operation, ins: list[np.ndarray], dtype: type,
                          float(op.attrs["eps"]))
     if op.kind == "rope":
         x, cos, sin = (v.astype(dtype, copy=False) for v in ins)
-        return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves")
+        return _rope(x, cos, sin, int(op.attrs["head_dim"]), op.attrs.get("pairs") == "halves",
+                     op.attrs.get("rotary"))
     if op.kind == "embedding":
         return lookup_rows(ins[0], ins[1]).astype(dtype, copy=False)
     if op.kind == "gather_rows":

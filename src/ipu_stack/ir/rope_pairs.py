@@ -72,8 +72,9 @@ def _rope_behind(graph: Graph, value_id: int, as_key: bool) -> Operation | None:
     while as_key and op is not None and (op.kind in _KEY_CARRIERS or (
             op.kind == "matmul" and _weight(graph, op.inputs[1]) is not None)):
         op = graph.producer(op.inputs[1] if op.kind in _KEY_CARRIERS else op.inputs[0])
-    if op is None or op.kind != "rope" or op.attrs.get("pairs") != "halves":
-        return None
+    if op is None or op.kind != "rope" or op.attrs.get("pairs") != "halves" or \
+            op.attrs.get("rotary", op.attrs["head_dim"]) != op.attrs["head_dim"]:
+        return None  # (a part of each head turned keeps its pairs: not rewritten)
     return op
 
 

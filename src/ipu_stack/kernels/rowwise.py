@@ -122,10 +122,17 @@ def _matrix(mem, tiles, address, rows, cols, pitch, precision_json) -> np.ndarra
 
 
 def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
-                halves: bool = False) -> np.ndarray:
+                halves: bool = False, rotary: int | None = None) -> np.ndarray:
     """Rotate pairs ``(2i, 2i+1)`` of every head by the row's angles (``[..., rows, d/2]``);
-    with ``halves``, pairs ``(i, i + d/2)`` (Llama-style ``rotate_half``)."""
+    with ``halves``, pairs ``(i, i + d/2)`` (Llama-style ``rotate_half``); with ``rotary``
+    below ``head_dim``, only each head's first ``rotary`` channels, the rest copied."""
     shape = x.shape
+    if rotary is not None and rotary < head_dim:
+        heads = x.reshape(*shape[:-1], shape[-1] // head_dim, head_dim).astype(np.float32)
+        turned = heads[..., :rotary].reshape(*shape[:-1], -1)
+        heads[..., :rotary] = rope_rotate(turned, cos, sin, rotary, halves).reshape(
+            heads[..., :rotary].shape)
+        return heads.reshape(shape)
     if halves:
         heads = x.reshape(*shape[:-1], shape[-1] // head_dim, 2, head_dim // 2)
         c, s = cos[..., None, :], sin[..., None, :]
@@ -203,10 +210,11 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         y = _matrix(mem, tiles, aux0, rows, cols, p["aux_pitch"], p["aux"])
         result = x + y
     elif op == "rope":
-        half = p["head_dim"] // 2
+        half = _rotary(p) // 2
         cos = _matrix(mem, tiles, aux0, rows, half, p["aux_pitch"], p["aux"])
         sin = _matrix(mem, tiles, aux1, rows, half, p["aux_pitch"], p["aux"])
-        result = rope_rotate(x, cos, sin, p["head_dim"], p.get("pairs") == "halves")
+        result = rope_rotate(x, cos, sin, p["head_dim"], p.get("pairs") == "halves",
+                             _rotary(p))
     elif op == "chain":
         bias = None
         if p.get("aux") is not None:
@@ -216,6 +224,18 @@ def _run_chunk(p: dict[str, Any], mem: np.ndarray, tiles: np.ndarray,
         raise ValueError(f"unknown row operation {op!r}")
     out = Precision.from_json(p["out"])
     write_rows(mem, tiles, out_addr, p["out_pitch"], out.quantize(result).view(np.uint8))
+
+
+def _rotary(p: dict[str, Any]) -> int:
+    """The channels of each head a rope turns (all of them unless ``rotary`` says fewer),
+    checked against the head before anything runs."""
+    head = p.get("head_dim")
+    rotary = p.get("rotary", head)
+    if not isinstance(head, int) or head <= 0 or int(p["cols"]) % head or \
+            not isinstance(rotary, int) or rotary <= 0 or rotary % 2 or rotary > head:
+        raise ValueError(f"rope of {p['cols']} columns cannot turn {rotary!r} channels of "
+                         f"heads of {head!r}")
+    return rotary
 
 
 def _rms_blocks(p: dict[str, Any]) -> tuple[int, int]:
@@ -253,7 +273,7 @@ def _accesses(p: dict[str, Any]) -> list[tuple[int, int, bool]]:
         if p["op"] in ("layer_norm", "rms_norm", "rms_scale", "chain"):
             extent = cols * item
         elif p["op"] == "rope":
-            extent = (rows - 1) * p["aux_pitch"] + p["head_dim"] // 2 * item
+            extent = (rows - 1) * p["aux_pitch"] + _rotary(p) // 2 * item
         else:
             extent = (rows - 1) * p["aux_pitch"] + cols * item
         result.append((1, extent, False))
@@ -278,7 +298,7 @@ def _regions(p: dict[str, Any]) -> list[Region]:
         if p["op"] in ("layer_norm", "rms_norm", "rms_scale", "chain"):
             shape = (1, cols * item)
         elif p["op"] == "rope":
-            shape = (rows, p["head_dim"] // 2 * item)
+            shape = (rows, _rotary(p) // 2 * item)
         else:
             shape = (rows, cols * item)
         result.append(Region(1, 0, shape[0], shape[1], p["aux_pitch"], False))

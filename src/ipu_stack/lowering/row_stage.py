@@ -47,6 +47,15 @@ def _parameter_layout(base: BlockLayout, precision: Precision) -> BlockLayout:
     return BlockLayout(1, base.cols, precision, 1, base.cols, base.tiles.reshape(1, 1, -1).copy())
 
 
+def _rope_extra(stage: RowStage) -> dict[str, Any]:
+    """A rope stage's kernel parameters: its head width, its pairs where they are the
+    rotate-half ones, its turned channels where they are fewer than the head's."""
+    head = int(stage.attrs["head_dim"])
+    rotary = int(stage.attrs.get("rotary", head))
+    return {"head_dim": head, **({"pairs": "halves"} if stage.attrs.get("pairs") == "halves"
+                                 else {}), **({"rotary": rotary} if rotary < head else {})}
+
+
 class RowLowering(LoweringBase):
     """The row stages of a :class:`~ipu_stack.lowering.lower.Lowering` (module docstring)."""
 
@@ -172,8 +181,9 @@ class RowLowering(LoweringBase):
         head = int(stage.attrs["head_dim"])
         x_prec = g.value(stage.inputs[0]).type.precision
         aux_prec = g.value(stage.inputs[1]).type.precision
+        half = _rope_extra(stage).get("rotary", head) // 2
         if any(width * p.itemsize % 4 for width, p in (
-                (head, x_prec), (head, out_prec), (head // 2, aux_prec))):
+                (head, x_prec), (head, out_prec), (half, aux_prec))):
             return False
         heads = cols // head
         # below the last tile, where the rows and the angles land: a tile cannot send to
@@ -184,15 +194,13 @@ class RowLowering(LoweringBase):
         builder = TransferBuilder(f"{name}.heads")
         x = BlockLayout(rows, cols, x_prec, rows, head, grid)
         x_buf = self._in_row_layout(builder, stage.inputs[0], x, f"{name}.heads")
-        table = BlockLayout(rows, head // 2, aux_prec, rows, head // 2, grid.reshape(1, 1, -1))
+        table = BlockLayout(rows, half, aux_prec, rows, half, grid.reshape(1, 1, -1))
         aux = self._angles(builder, stage, table, name)
         self.emit_exchange(builder)
         out = BlockLayout(rows, cols, out_prec, rows, head, grid)
         out_buf = self.result_buffer(stage.out, out)
-        extra = {"head_dim": head, **({"pairs": "halves"} if stage.attrs.get("pairs") ==
-                                      "halves" else {})}
         params = row_params("rope", rows, head, x_prec, x.pitch, out_prec, out.pitch, aux_prec,
-                            table.pitch, **extra)
+                            table.pitch, **_rope_extra(stage))
         tiles = np.sort(grid.ravel())
         zero = np.zeros(heads, dtype=np.int64)
         compute = ComputeSet(f"{name}.rope")
@@ -220,8 +228,8 @@ class RowLowering(LoweringBase):
         lay = self.where[x_id][0].layout
         block = lay.col_block
         halves = stage.attrs.get("pairs") == "halves"
-        if halves and block != head:  # rotate-half pairs lie in one block only a head wide
-            return False
+        if (halves or "rotary" in stage.attrs) and block != head:  # rotate-half pairs, or
+            return False  # a part of the head turned, lie in one block only a head wide
         x_prec = g.value(x_id).type.precision
         aux_prec = g.value(stage.inputs[1]).type.precision
         if block % 2 or head % block or cols % block or any(
@@ -229,9 +237,10 @@ class RowLowering(LoweringBase):
                     (block, x_prec), (block, out_prec), (block // 2, aux_prec))):
             return False
         per_head = head // block
+        rotary = int(stage.attrs.get("rotary", head))
         # the angles of block j of every head: replicas over the heads' tiles
         tiles = lay.tiles[:, :, 0].reshape(lay.grid[0], cols // head, per_head)
-        table = BlockLayout(rows, head // 2, aux_prec, lay.row_block, block // 2,
+        table = BlockLayout(rows, rotary // 2, aux_prec, lay.row_block, rotary // per_head // 2,
                             tiles.transpose(0, 2, 1).copy())
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.angles")
@@ -244,8 +253,7 @@ class RowLowering(LoweringBase):
         _add_row_calls(compute, lay.tiles[:, :, 0].ravel()[valid > 0], valid[valid > 0],
                        lambda count: row_params("rope", count, block, x_prec, lay.pitch,
                                                 out_prec, out.pitch, aux_prec, table.pitch,
-                                                head_dim=block,
-                                                **({"pairs": "halves"} if halves else {})),
+                                                **{**_rope_extra(stage), "head_dim": block}),
                        [self.where[x_id][0].buffer, *aux, out_buf])
         self.program.run.append(compute)
         self.where[stage.out] = [Piece(0, 0, out, out_buf)]
@@ -289,12 +297,11 @@ class RowLowering(LoweringBase):
                 extra = {"tables": 2}
         elif op == "rope":
             aux_prec = g.value(stage.inputs[1]).type.precision
-            half = int(stage.attrs["head_dim"]) // 2
+            extra = _rope_extra(stage)
+            half = extra.get("rotary", extra["head_dim"]) // 2
             table = BlockLayout(rows, half, aux_prec, base.row_block, half, base.tiles)
             aux = self._angles(builder, stage, table, name)
-            aux_pitch, extra = table.pitch, {"head_dim": int(stage.attrs["head_dim"])}
-            if stage.attrs.get("pairs") == "halves":
-                extra["pairs"] = "halves"
+            aux_pitch = table.pitch
         elif op == "softmax":
             extra = {"scale": float(stage.attrs.get("scale", 1.0))}
         else:

@@ -427,7 +427,7 @@ def decoder_footprint(params: dict[str, Any]) -> Footprint:
     scores = p["batch"] * p["heads"] * p["tokens"] * keys * 2
     # the prompt's pass: the selection matrices, and one causal mask the layers share; a
     # step: its KV cache
-    held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * dim * 2
+    held = 2 * p["batch"] * keys * kv * 2 if p["context"] else 2 * kv * width * 2
     per_layer = (2 * dim * width + 2 * dim * kv + 3 * dim * hidden) * weight + held
     tables = vocab * dim * 2 + dim * vocab * weight + 2 * rows * (head_dim // 2) * 4 + (
         0 if p["context"] else scores)

@@ -24,6 +24,7 @@ MEASURED: dict[str, tuple[str, float, float, float | None]] = {
     "roberta-base": (" --batch 10 --images 4", 17.46, 141.8, 164),
     "smollm2-135m": ("", 9.32, 12.87, 29),
     "tinyllama-1.1b": (" --chips 2", 19.84, 44.11, 73),
+    "qwen3-0.6b": (" --chips 2 --context 160 --tokens 1", 11.67, 28.61, 43),
     "smolvlm-256m": (" --part vision", 14.93, 34.78, 61),
     "swin-l": (" --batch 2", 273.9, 75.6, 399),
 }
