@@ -196,3 +196,40 @@ def test_single_operations_pass_on_the_device(tmp_path: Path, cache_dir: Path,
     record = _bench(program, "fp8", tmp_path, cache_dir, lock_path)
     assert record["numericalTest"] == "PASS", record
     assert record["activationCycles"] > 0 and record["rmsNormCycles"] > 0
+
+
+class WrittenNorms(torch.nn.Module):
+    """Layer norms as users write them: Cohere's (``x - mean`` made twice, ``rsqrt``, the
+    scale after), ConvNeXt's (``x - mean`` made once and read twice, ``/ sqrt``, a scale and
+    a shift), and an RMS norm divided by its root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+        self.w1, self.w2, self.w3 = (torch.nn.Parameter(1 + 0.1 * torch.randn(32))
+                                     for _ in range(3))
+        self.shift = torch.nn.Parameter(0.1 * torch.randn(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        variance = (x - mean).pow(2).mean(-1, keepdim=True)
+        h = self.w1 * ((x - mean) * torch.rsqrt(variance + 1e-5))
+        h = self.a(h)
+        centred = h - h.mean(-1, keepdim=True)
+        h = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-6)
+        h = self.b(self.w2 * h + self.shift)
+        return self.w3 * (h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_norms_written_out_import_as_one_operation_each(tmp_path: Path, cache_dir: Path,
+                                                         lock_path: Path) -> None:
+    """Each written-out norm is one ``layer_norm`` or ``rms_norm`` (its scale folded in),
+    the import within float64 of PyTorch, and the program PASSes on the device."""
+    torch.manual_seed(23)
+    program = torch.export.export(WrittenNorms().eval(), (torch.randn(2, 8, 32) * 3 + 1,))
+    imported = import_program(program, precision="f16")
+    assert imported.conversion_error < 1e-5
+    kinds = _kinds(imported.graph)
+    assert kinds["layer_norm"] == 2 and kinds["rms_norm"] == 1 and "scale" not in kinds
+    record = _bench(program, "f16", tmp_path, cache_dir, lock_path)
+    assert record["numericalTest"] == "PASS", record

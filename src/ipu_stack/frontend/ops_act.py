@@ -49,6 +49,8 @@ def _silu(conv: Converter, node: Any, x: Any, inplace: bool = False) -> Act | Pe
 
 @rule("aten.pow")
 def _pow(conv: Converter, node: Any, x: Any, exponent: Any) -> Act | Pending:
+    if isinstance(x, Pending) and x.stage == "centred":  # a layer norm's (checked ahead)
+        return Pending("square", x.act, node.args[0], centred=True)
     act = activation(conv, node, x)
     if exponent == 3 and (last := patterns.gelu_tanh_chain(node)) is not None:
         return Pending("gelu", act, node.args[0], last=last)
@@ -59,10 +61,12 @@ def _pow(conv: Converter, node: Any, x: Any, exponent: Any) -> Act | Pending:
     return patterns.multiply(conv, node, act, act)
 
 
-@rule("aten.rsqrt")
+@rule("aten.rsqrt", "aten.sqrt")
 def _rsqrt(conv: Converter, node: Any, x: Any) -> Pending:
+    """A norm's root of its statistics: ``rsqrt`` for a product, ``sqrt`` for a division
+    (``rms_chain`` checked which ahead)."""
     if not isinstance(x, Pending):
-        raise unsupported(node, "rsqrt of an activation (only an RMS norm's statistics)")
+        raise unsupported(node, "a root of an activation (only a norm's statistics)")
     return patterns.advance(node, x, "inverse_rms")
 
 

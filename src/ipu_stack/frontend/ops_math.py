@@ -37,6 +37,8 @@ def _add(conv: Converter, node: Any, x: Any, y: Any, alpha: float = 1.0) -> Any:
         return host_arithmetic(node, "sub" if "sub" in target else "add", x, y)
     if any(a in conv.host_nodes for a in node.all_input_nodes):
         return _add_cache_mask(conv, node, x, y, alpha)
+    if isinstance(y, patterns.Centring) and "aten.sub" in str(node.target) and alpha == 1.0:
+        return patterns.Pending("centred", y.act, node)  # x - mean(x) (checked ahead)
     sign = -1.0 if "sub" in str(node.target) else 1.0
     if "rsub" in str(node.target):
         x, y = y, x
@@ -190,6 +192,8 @@ def _fold_column_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) 
 
 @rule("aten.div")
 def _div(conv: Converter, node: Any, x: Any, y: Any, rounding_mode: Any = None) -> Act:
+    if isinstance(y, patterns.Pending) and y.stage == "inverse_rms":  # x / sqrt(var + eps)
+        return patterns.multiply(conv, node, x, y)
     act = activation(conv, node, x)
     if isinstance(y, (Act, UserInput)) or rounding_mode is not None:
         raise unsupported(node, "division by an activation, or rounding division")

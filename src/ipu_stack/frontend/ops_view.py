@@ -395,6 +395,8 @@ def _mean(conv: Converter, node: Any, x: Any, dims: Any = None, keepdim: bool = 
           dtype: Any = None) -> Act:
     if isinstance(x, patterns.Pending):  # an RMS norm's mean of squares (checked ahead)
         return patterns.advance(node, x, "mean_square")
+    if isinstance(x, (Act, UserInput)) and patterns.centring(node):  # a layer norm written out
+        return patterns.Centring(activation(conv, node, x))
     if isinstance(x, TokenWindow):
         if [d % 3 for d in (dims or [])] != [1]:
             raise unsupported(node, "a mean of a token slice over anything but its tokens")

@@ -1,5 +1,6 @@
 """Multi-node patterns completed across several ATen rules: RMS norm written out
-(``x * rsqrt(mean(x^2, -1) + eps)``), gated activations (``x * sigmoid(1.702 x)``,
+(``x * rsqrt(mean(x^2, -1) + eps)``), layer norm written out as the same on ``x - mean(x)``
+(Cohere's, and user-written ones), gated activations (``x * sigmoid(1.702 x)``,
 ``silu(a) * b``) and products of two activations.
 
 A rule that starts a pattern checks the FX graph ahead of it (every step has one user and
@@ -12,7 +13,7 @@ deviates from the pattern is converted node by node instead (``mul`` of two acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,15 @@ class Pending:
     eps: float = 0.0
     function: str = ""
     last: Any = None  # the node that ends the pattern (``gelu``: its final product)
+    centred: bool = False  # the statistics of ``x - mean(x)``: a layer norm's
+
+
+@dataclass(frozen=True)
+class Centring:
+    """``mean(x, -1, keepdim=True)`` whose every use is ``x - mean`` of a layer norm
+    written out (:func:`centring` checked it): the subtractions are ``centred`` pendings."""
+
+    act: Act
 
 
 def only_user(node: Any) -> Any | None:
@@ -62,8 +72,8 @@ def _through(node: Any) -> Any:
 
 
 def rms_chain(square: Any) -> tuple[float, Any] | None:
-    """``(eps, final mul)`` when ``square`` (``x^2``) starts ``x * rsqrt(mean(x^2, -1,
-    keepdim) + eps)``, else None."""
+    """``(eps, final product)`` when ``square`` (``x^2``) starts ``x * rsqrt(mean(x^2, -1,
+    keepdim) + eps)`` (or ``x / sqrt(...)``), else None."""
     mean = only_user(square)
     if mean is None or op_name(mean.target) != "aten.mean":
         return None
@@ -76,16 +86,48 @@ def rms_chain(square: Any) -> tuple[float, Any] | None:
         return None
     eps = _scalar(add.args[1])
     rsqrt = only_user(add)
-    if eps is None or eps <= 0 or rsqrt is None or op_name(rsqrt.target) != "aten.rsqrt":
+    root = None if rsqrt is None else op_name(rsqrt.target)
+    if eps is None or eps <= 0 or root not in ("aten.rsqrt", "aten.sqrt"):
         return None
     mul = only_user(rsqrt)
     source = _through(square.args[0])
-    if mul is None or op_name(mul.target) != "aten.mul":
+    if mul is None or op_name(mul.target) != ("aten.mul" if root == "aten.rsqrt" else
+                                              "aten.div") or (
+            root == "aten.sqrt" and mul.args[1] is not rsqrt):
         return None
     other = mul.args[0] if mul.args[1] is rsqrt else mul.args[1]
-    if not hasattr(other, "target") or _through(other) is not source:
+    if not hasattr(other, "target") or not _same_value(_through(other), source):
         return None
     return eps, mul
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether FX nodes ``a`` and ``b`` compute the same value: one node, or ``x - m``
+    written twice (a layer norm that centres its input once for the variance and once for
+    the result)."""
+    return a is b or (op_name(a.target) == op_name(b.target) == "aten.sub" and
+                      a.args[:2] == b.args[:2])
+
+
+def centring(mean: Any) -> bool:
+    """Whether FX ``mean`` (of ``x`` over its last axis, kept) starts a layer norm written
+    out: its every use ``x - mean`` with one use each, one of them squared into
+    :func:`rms_chain` whose final product takes another (or the same) of them."""
+    x = mean.args[0]
+    dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+    keep = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    rank = len(getattr(x, "meta", {}).get("val", ()).shape) if hasattr(x, "meta") else 0
+    if not keep or list(dims or []) not in ([-1], [rank - 1]):
+        return False
+    subs = list(mean.users)
+    if not subs or any(op_name(u.target) != "aten.sub" or u.args[:2] != (x, mean)
+                       for u in subs):
+        return False
+    readers = {r for u in subs for r in u.users}
+    squares = [r for r in readers if op_name(r.target) == "aten.pow" and r.args[1] == 2]
+    chain = rms_chain(squares[0]) if len(squares) == 1 else None
+    # the centred value read by the square and the final product alone, once or twice made
+    return chain is not None and readers == {squares[0], chain[1]}
 
 
 GELU_TANH = (("aten.mul", 0.044715), ("aten.add", None), ("aten.mul", (2 / np.pi) ** 0.5),
@@ -176,7 +218,7 @@ def emit_activation(conv: Converter, node: Any, act: Act, function: str) -> Act:
 
 def multiply(conv: Converter, node: Any, x: Any, y: Any) -> Act:
     """``x * y`` where one operand is a :class:`Pending` or both are activations."""
-    if isinstance(y, Pending) and not isinstance(x, Pending):
+    if isinstance(y, Pending) and (not isinstance(x, Pending) or y.stage == "inverse_rms"):
         x, y = y, x
     if isinstance(x, Pending) and x.stage == "gate":
         if x.function == "quick_gelu":
@@ -188,6 +230,8 @@ def multiply(conv: Converter, node: Any, x: Any, y: Any) -> Act:
         value = conv.b.op("swiglu", [gate.value, up.value], out_precision(conv, node, name), name)
         conv.rewrites.append(f"{node.name}: silu(a) * b as one swiglu operation")
         return gate.with_(value=value, linear=None, norm_scale=None)
+    if isinstance(x, Pending) and x.stage == "inverse_rms" and x.centred:
+        return _layer_norm(conv, node, x, y)
     if isinstance(x, Pending) and x.stage == "inverse_rms":
         act, group = norm_activation(conv, node, y)
         name = conv.name(node)
@@ -206,6 +250,23 @@ def multiply(conv: Converter, node: Any, x: Any, y: Any) -> Act:
     return a.with_(value=value, linear=None, norm_scale=None)
 
 
+def _layer_norm(conv: Converter, node: Any, stats: Pending, centred: Any) -> Act:
+    """``(x - mean) * rsqrt(mean((x - mean)^2) + eps)``: one ``layer_norm``, scale ones and
+    shift zeros, its scale foldable as an RMS norm's is."""
+    if not isinstance(centred, Pending) or centred.stage != "centred" or \
+            centred.act.value != stats.act.value:
+        raise unsupported(node, "a partly matched layer norm")
+    act = row_activation(conv, node, centred.act)
+    name = conv.name(node)
+    cols = act.shape[-1]
+    gamma = conv.weight(f"{name}.weight", np.ones(cols, np.float32), False)
+    beta = conv.weight(f"{name}.bias", np.zeros(cols, np.float32), False)
+    value = conv.b.op("layer_norm", [act.value, gamma, beta], out_precision(conv, node, name),
+                      name, eps=float(stats.eps))
+    conv.rewrites.append(f"{node.name}: (x - mean) * rsqrt(var + eps) as one layer_norm")
+    return act.with_(value=value, linear=None, norm_scale=conv.b.graph.value(gamma).name)
+
+
 def _same_layout(node: Any, a: Act, b: Act) -> None:
     if a.shape != b.shape or a.form != b.form or a.dims != b.dims:
         raise unsupported(node, f"product of {a.form} {list(a.shape)} and {b.form} "
@@ -219,7 +280,7 @@ def advance(node: Any, pending: Pending, stage: str, eps: float = 0.0) -> Pendin
     if order[stage] != pending.stage:
         raise unsupported(node, f"an RMS norm's statistics out of order ({pending.stage} "
                           f"then {stage})")
-    return Pending(stage, pending.act, pending.source, eps or pending.eps)
+    return replace(pending, stage=stage, eps=eps or pending.eps)
 
 
 def fold_norm_scale(conv: Converter, node: Any, act: Act, scale: np.ndarray) -> Act:
