@@ -42,6 +42,7 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
                "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM),
                "phi": (transformers.PhiConfig, transformers.PhiForCausalLM),
+               "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM),
                "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
                "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
                "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
@@ -301,11 +302,14 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     # Phi's attention and MLP side by side off one layer norm, biases everywhere
     ("stablelm", {"partial_rotary_factor": 0.25}),
     ("phi", {"partial_rotary_factor": 0.25}),
+    # a layer norm written out with its mean, RoPE on q[..., ::2] and q[..., 1::2]
+    ("cohere", {}),
 ], ids=["olmo2", "gemma3-window", "granite", "smollm3-nope", "stablelm-partial-rope",
-        "phi-partial-rope"])
+        "phi-partial-rope", "cohere"])
 def test_more_families_generate_as_torch_does(family, config, tmp_path, capsys) -> None:
     """OLMo 2's and Gemma 3's norms of q and k, Granite's scalings, SmolLM3's layers without
-    RoPE, StableLM's and Phi's RoPE over part of each head: PASS, every token PyTorch's, the
+    RoPE, StableLM's and Phi's RoPE over part of each head, Cohere's layer norm written out
+    and interleaved RoPE: PASS, every token PyTorch's, the
     prompt's pass whole (its conversion check sees q and k over six positions)."""
     path = tmp_path / "step.pt2"
     torch.export.save(_step_program(family=family, dynamic=True, **config), str(path))

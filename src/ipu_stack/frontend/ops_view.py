@@ -351,13 +351,19 @@ def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
 
 def _rope_half(x: Any, dim: int, start: Any, end: Any, step: int) -> Any:
     """``q[..., :d/2]`` or ``q[..., d/2:]`` of a query/key (``rotate_half``): one half of
-    its channel pairs in the split-halves layout, or None when the slice is not that."""
+    its channel pairs in the split-halves layout; ``q[..., ::2]`` or ``q[..., 1::2]``
+    (Cohere's interleaved ``rotate_half``): one component of its interleaved pairs; None
+    when the slice is neither."""
     value = x if isinstance(x, rope.Pairs) else rope.start(x) if isinstance(x, Act) else None
-    if value is None or dim % len(value.shape) != len(value.shape) - 1 or step != 1:
+    if value is None or dim % len(value.shape) != len(value.shape) - 1 or step not in (1, 2):
         return None
     d = value.shape[-1]
     first = 0 if start is None else (start + d if start < 0 else start)
     last = d if end is None else min(end + d if end < 0 else end, d)
+    if step == 2:
+        pairs = rope.view(value, (*value.shape[:-1], d // 2, 2)) if first in (0, 1) and \
+            last >= d - 1 and d % 2 == 0 else None
+        return None if pairs is None else rope.component(pairs, first)
     if (first, last) not in ((0, d // 2), (d // 2, d)):
         return None
     return rope.half(value, 0 if first == 0 else 1)
