@@ -42,12 +42,13 @@ def _step_program(context: int = CONTEXT, family: str = "llama", dynamic: bool =
                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
                "stablelm": (transformers.StableLmConfig, transformers.StableLmForCausalLM),
                "phi": (transformers.PhiConfig, transformers.PhiForCausalLM),
+               "neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM),
                "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM),
                "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
                "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
                "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
                "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[family]
-    model = classes[1](classes[0](**SHAPE, **config))
+    model = classes[1](classes[0](**{**SHAPE, **config}))
     if family != "llama":  # norm scales and biases away from their init, as trained ones are
         drawn_vectors(model)
     module = static_cache_step(model, context)
@@ -304,19 +305,22 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     ("phi", {"partial_rotary_factor": 0.25}),
     # a layer norm written out with its mean, RoPE on q[..., ::2] and q[..., 1::2]
     ("cohere", {}),
+    # one q, k and v product, each head's three side by side (chunked), a partial RoPE
+    ("neox", {"rotary_pct": 0.25, "num_key_value_heads": 4}),  # (no grouped heads)
 ], ids=["olmo2", "gemma3-window", "granite", "smollm3-nope", "stablelm-partial-rope",
-        "phi-partial-rope", "cohere"])
+        "phi-partial-rope", "cohere", "gpt-neox"])
 def test_more_families_generate_as_torch_does(family, config, tmp_path, capsys) -> None:
     """OLMo 2's and Gemma 3's norms of q and k, Granite's scalings, SmolLM3's layers without
     RoPE, StableLM's and Phi's RoPE over part of each head, Cohere's layer norm written out
-    and interleaved RoPE: PASS, every token PyTorch's, the
+    and interleaved RoPE, GPT-NeoX's q, k and v chunked out of each head: PASS, every token PyTorch's, the
     prompt's pass whole (its conversion check sees q and k over six positions)."""
     path = tmp_path / "step.pt2"
     torch.export.save(_step_program(family=family, dynamic=True, **config), str(path))
     record = _generated_in_one_pass(path, tmp_path, capsys)
     # (the others' random weights repeat one token: the conversion check of the prompt's
     # pass against PyTorch is what checks their logits)
-    assert family not in ("olmo2", "gemma3") or len(set(record["generated"])) > 1, record
+    assert family not in ("olmo2", "gemma3") or len(set(record["generated"])) > 1, \
+        record
 
 
 def _generated_in_one_pass(path, tmp_path, capsys) -> dict:

@@ -14,7 +14,7 @@ value used whole is emitted as the full GEMM, so the look-ahead can never change
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Any
 
@@ -49,6 +49,9 @@ class Split:
     axis: int
     shape: tuple[int, ...]
     ops: tuple[tuple[str, tuple[int, ...]], ...]
+    # the parts side by side in the last axis of each head (GPT-NeoX's ``view(B, T, H, 3d)``
+    # then ``chunk(3, -1)``): the width of a part there; 0 where ``axis`` is their own axis
+    within_heads: int = 0
 
     @property
     def part_cols(self) -> int:
@@ -64,7 +67,7 @@ def is_fused_user(user: Any, rank: int) -> bool:
         return len(sizes) == 2 and 1 < int(sizes[0]) <= 4
     if kind in ("aten.view", "aten.reshape"):
         shape = user.args[1] if len(user.args) > 1 else ()
-        if len(shape) == rank + 2:
+        if len(shape) == rank + 2 or (len(shape) == rank + 1 and chunked_heads(user)):
             return True
         # the leading axes viewed back (GPT-2's Conv1D: ``addmm`` of the rows, then
         # ``view(B, T, 3E)``), every user of that splitting it
@@ -78,6 +81,42 @@ def is_fused_user(user: Any, rank: int) -> bool:
         step = user.args[4] if len(user.args) > 4 else 1
         return int(dim) % rank == rank - 1 and step == 1
     return False
+
+
+def chunked_heads(view: Any) -> int:
+    """For FX ``view`` (a projection's rows as ``[B, T, H, k d]``): ``k`` when its every use,
+    through transposes that keep the last axis, is ``chunk(k, -1)``; else 0."""
+    found: set[int] = set()
+    stack = [view]
+    while stack:
+        for user in stack.pop().users:
+            kind = op_name(user.target)
+            if kind == "aten.transpose" and -1 not in [a % 4 - 4 for a in user.args[1:3]]:
+                stack.append(user)
+            elif kind == "aten.chunk" and len(user.args) > 2 and int(user.args[2]) in (-1, 3):
+                found.add(int(user.args[1]))
+            else:
+                return 0
+    return found.pop() if len(found) == 1 else 0
+
+
+def heads_view(value: Fused, shape: tuple[int, ...], groups: int) -> Split | None:
+    """``value`` viewed as ``[B, T, H, groups x d]`` (GPT-NeoX's fused q, k and v, a head's
+    three side by side): the weight's columns reordered so each part's are one run, as a
+    :class:`Split` whose parts are selected by ``chunk(groups, -1)``."""
+    cols = value.shape[-1]
+    heads, width = shape[-2], shape[-1]
+    if len(shape) != 4 or heads * width != cols or width % groups:
+        return None
+    d = width // groups
+    order = np.arange(cols).reshape(heads, groups, d).transpose(1, 0, 2).reshape(-1)
+    reordered = Fused(value.x, value.weight[:, order],
+                      None if value.bias is None else value.bias[order],
+                      f"{value.key}.heads{groups}",
+                      None if value.bias_key is None else f"{value.bias_key}.heads{groups}",
+                      value.shape, value.node)
+    return Split(reordered, groups, 3, tuple(shape), (("view", (*shape[:-1], d)),),
+                 within_heads=d)
 
 
 def leading_view(node: Any) -> bool:
@@ -107,9 +146,14 @@ def view(value: Fused | Split, shape: tuple[int, ...]) -> Split | None:
     return None
 
 
-def permute(value: Split, perm: tuple[int, ...]) -> Split:
+def permute(value: Split, perm: tuple[int, ...]) -> Split | None:
     n = len(value.shape)
     perm = tuple(p % n for p in perm)
+    if value.within_heads:  # the parts stay in the last axis, which must stay last
+        if perm[-1] != n - 1:
+            return None
+        shape = tuple(value.shape[p] for p in perm)
+        return replace(value, shape=shape, ops=(*value.ops, ("permute", perm)))
     axis = perm.index(value.axis)
     inner = tuple(p - (p > value.axis) for p in perm if p != value.axis)
     shape = tuple(value.shape[p] for p in perm)

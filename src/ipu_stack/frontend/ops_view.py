@@ -57,6 +57,9 @@ def _view(conv: Converter, node: Any, x: Any, shape: tuple[int, ...]) -> Any:
     if isinstance(x, UserInput) and not node.meta["val"].dtype.is_floating_point:
         # ids viewed before their lookup (CLIP's ``input_ids.view(-1, T)``): still ids
         return UserInput(x.index, x.name, forms.resolve_shape(shape, prod(x.shape)))
+    if isinstance(x, fused.Fused) and (groups := fused.chunked_heads(node)) and (
+            split := fused.heads_view(x, forms.resolve_shape(shape, prod(x.shape)), groups)):
+        return split  # GPT-NeoX's q, k and v side by side in each head
     if isinstance(x, fused.Fused) and (resolved := forms.resolve_shape(
             shape, prod(x.shape)))[-1] == x.shape[-1]:  # its rows under other leading axes
         rows = _view(conv, node, x.x, (*resolved[:-1], x.x.shape[-1]))  # (GPT-2's Conv1D)
@@ -150,6 +153,9 @@ def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[
         windows = rope.token_windows(x, [int(s) for s in size])
         if windows is not None:
             return windows
+    if isinstance(x, fused.Split) and x.within_heads and dim % len(x.shape) == 3 and \
+            "chunk" in str(node.target) and int(size) == x.groups:
+        return [_part(conv, node, x, i) for i in range(x.groups)]
     if isinstance(x, fused.Fused) and dim % len(x.shape) == len(x.shape) - 1:
         cols = x.shape[-1]
         if "chunk" in str(node.target):
@@ -243,7 +249,11 @@ def _transpose(conv: Converter, node: Any, x: Any, a: int, b: int) -> Any:
 @rule("aten.permute")
 def _permute(conv: Converter, node: Any, x: Any, perm: Any) -> Any:
     if isinstance(x, fused.Split):
-        return fused.permute(x, tuple(int(p) for p in perm))
+        permuted = fused.permute(x, tuple(int(p) for p in perm))
+        if permuted is None:
+            raise unsupported(node, "a permute of a fused projection's heads that moves the "
+                              "channels of its parts")
+        return permuted
     act = activation(conv, node, conv.settle(node, x))
     perm = tuple(int(p) % len(act.shape) for p in perm)
     kept = perm[-1] == len(act.shape) - 1
