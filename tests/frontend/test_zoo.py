@@ -233,3 +233,26 @@ def test_norms_written_out_import_as_one_operation_each(tmp_path: Path, cache_di
     assert kinds["layer_norm"] == 2 and kinds["rms_norm"] == 1 and "scale" not in kinds
     record = _bench(program, "f16", tmp_path, cache_dir, lock_path)
     assert record["numericalTest"] == "PASS", record
+
+
+class UnequalParts(torch.nn.Module):
+    """One projection split into unequal parts (queries and fewer keys and values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.o, self.kv = (torch.nn.Linear(32, 64), torch.nn.Linear(32, 32),
+                                     torch.nn.Linear(16, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).split([32, 16, 16], -1)
+        return self.o(q) + self.kv(k) - self.kv(v)
+
+
+def test_a_projection_split_into_unequal_parts_is_one_gemm_a_part() -> None:
+    torch.manual_seed(24)
+    program = torch.export.export(UnequalParts().eval(), (torch.randn(2, 8, 32),))
+    imported = import_program(program, precision="f16")
+    assert imported.conversion_error < 1e-5
+    gemms = [op for op in imported.graph.operations if op.kind == "matmul"]
+    assert sorted(imported.graph.value(op.inputs[1]).type.shape[-1] for op in gemms) == \
+        [16, 16, 32, 32, 32, 32]  # the three parts' own columns, then o and kv twice
