@@ -20,6 +20,8 @@ from tests.unit.test_rowwise import (
     fake_memory,
     pitch_for,
     put,
+    rope_case,
+    rotate_half_exact,
     round64,
     run_and_read,
     values_of,
@@ -167,29 +169,8 @@ def test_activation_prices_are_the_popops_supervisor_estimates() -> None:
 
 # ---------------------------------------------------------------------------------- row kernels
 def test_rope_in_split_halves_rotates_channel_i_with_i_plus_half() -> None:
-    rng = np.random.default_rng(15)
-    mem = fake_memory()
-    head_dim, heads = 8, 3
-    cols, half = head_dim * heads, head_dim // 2
-    x = random_stored(rng, F16, (2, ROWS, cols))
-    angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
-    addresses = [32, 600, 900, 1500]
-    put(mem, addresses[0], x_pitch, x)
-    put(mem, addresses[1], table_pitch, cos)
-    put(mem, addresses[2], table_pitch, sin)
-    params = row_params("rope", ROWS, cols, F16, x_pitch, F16, out_pitch, F32, table_pitch,
-                        head_dim=head_dim, pairs="halves")
-    device = run_and_read(params, mem, addresses, F16)
-    xv, c, s = values_of(x, F16), cos.astype(np.float64), sin.astype(np.float64)
-    exact = np.empty_like(xv)
-    for h in range(heads):
-        for i in range(half):
-            a, b = h * head_dim + i, h * head_dim + i + half
-            exact[..., a] = xv[..., a] * c[..., i] - xv[..., b] * s[..., i]
-            exact[..., b] = xv[..., a] * s[..., i] + xv[..., b] * c[..., i]
-    assert_rounds(device, exact, F16)
+    xv, cos, sin, device, _ = rope_case(15, 8, 3, pairs="halves")
+    assert_rounds(device, rotate_half_exact(xv, cos, sin, 8, 8), F16)
 
 
 def test_biased_softmax_adds_its_table_row_by_row() -> None:

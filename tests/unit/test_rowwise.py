@@ -206,14 +206,18 @@ def test_add_pairs_rows_with_their_own_pitches() -> None:
 
 
 # ---------------------------------------------------------------------------------- rope
-def test_rope_rotates_pairs_of_each_head() -> None:
-    rng = np.random.default_rng(4)
+def rope_case(seed: int, head_dim: int, heads: int, turned: int | None = None,
+              still_row: bool = False, **extra) -> tuple:
+    """A rope kernel run on random F16 rows of ``heads`` heads (``turned`` channels of each
+    with angles, ``still_row``: row 0's angles zero): ``(x, cos, sin, device, params)``, the
+    values as float64 or float32 arrays."""
+    rng = np.random.default_rng(seed)
     mem = fake_memory()
-    head_dim, heads = 8, 3
-    cols, half = head_dim * heads, head_dim // 2
+    cols, half = head_dim * heads, (turned or head_dim) // 2
     x = random_stored(rng, F16, (2, ROWS, cols))
     angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
-    angles[:, 0] = 0.0  # an unrotated row (a CLS token) must come back unchanged
+    if still_row:
+        angles[:, 0] = 0.0
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
     addresses = [32, 600, 900, 1500]
@@ -221,10 +225,29 @@ def test_rope_rotates_pairs_of_each_head() -> None:
     put(mem, addresses[1], table_pitch, cos)
     put(mem, addresses[2], table_pitch, sin)
     params = row_params("rope", ROWS, cols, F16, x_pitch, F16, out_pitch, F32, table_pitch,
-                        head_dim=head_dim)
+                        head_dim=head_dim, **extra)
     device = run_and_read(params, mem, addresses, F16)
+    return values_of(x, F16), cos, sin, device, params
 
-    xv = values_of(x, F16)
+
+def rotate_half_exact(xv: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int,
+                      turned: int) -> np.ndarray:
+    """In float64: pairs ``(i, i + turned/2)`` of each head's first ``turned`` channels
+    rotated by the row's angles, the rest as they were."""
+    c, s = cos.astype(np.float64), sin.astype(np.float64)
+    exact, half = xv.astype(np.float64), turned // 2
+    for h in range(xv.shape[-1] // head_dim):
+        for i in range(half):
+            a, b = h * head_dim + i, h * head_dim + i + half
+            exact[..., a] = xv[..., a] * c[..., i] - xv[..., b] * s[..., i]
+            exact[..., b] = xv[..., a] * s[..., i] + xv[..., b] * c[..., i]
+    return exact
+
+
+def test_rope_rotates_pairs_of_each_head() -> None:
+    head_dim, heads, half = 8, 3, 4
+    # an unrotated row (a CLS token) must come back unchanged
+    xv, cos, sin, device, _ = rope_case(4, head_dim, heads, still_row=True)
     c, s = cos.astype(np.float64), sin.astype(np.float64)
     exact = np.empty_like(xv)
     for h in range(heads):
@@ -244,30 +267,11 @@ def test_a_partial_rope_turns_each_heads_first_channels_and_passes_the_rest() ->
     from ipu_stack.ir.interpret import evaluate
     from ipu_stack.ir.types import TensorType
 
-    rng = np.random.default_rng(6)
-    mem = fake_memory()
     head_dim, heads, rotary = 12, 2, 4
     cols, half = head_dim * heads, rotary // 2
-    x = random_stored(rng, F16, (2, ROWS, cols))
-    angles = rng.uniform(-np.pi, np.pi, (2, ROWS, half))
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    x_pitch, table_pitch, out_pitch = pitch_for(cols, F16, 0), pitch_for(half, F32, 8), 64
-    addresses = [32, 600, 900, 1500]
-    put(mem, addresses[0], x_pitch, x)
-    put(mem, addresses[1], table_pitch, cos)
-    put(mem, addresses[2], table_pitch, sin)
-    params = row_params("rope", ROWS, cols, F16, x_pitch, F16, out_pitch, F32, table_pitch,
-                        head_dim=head_dim, pairs="halves", rotary=rotary)
-    device = run_and_read(params, mem, addresses, F16)
-    xv = values_of(x, F16)
-    c, s = cos.astype(np.float64), sin.astype(np.float64)
-    exact = xv.copy()
-    for h in range(heads):
-        for i in range(half):
-            a, b = h * head_dim + i, h * head_dim + i + half
-            exact[..., a] = xv[..., a] * c[..., i] - xv[..., b] * s[..., i]
-            exact[..., b] = xv[..., a] * s[..., i] + xv[..., b] * c[..., i]
-    assert_rounds(device, exact, F16)
+    xv, cos, sin, device, params = rope_case(6, head_dim, heads, rotary, pairs="halves",
+                                             rotary=rotary)
+    assert_rounds(device, rotate_half_exact(xv, cos, sin, head_dim, rotary), F16)
     passed = [h * head_dim + k for h in range(heads) for k in range(rotary, head_dim)]
     assert (device[..., passed] == xv[..., passed]).all()
     b = GraphBuilder("partial")
