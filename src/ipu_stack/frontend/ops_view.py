@@ -169,7 +169,7 @@ def _chunk(conv: Converter, node: Any, x: Any, size: Any, dim: int = 0) -> list[
             if split is not None:
                 return [_part(conv, node, split, i) for i in range(groups)]
         if not isinstance(size, int) and sum(int(s) for s in size) == cols:
-            # unequal parts (Falcon's queries and its one key and value head): each a GEMM
+            # unequal parts (the queries, then fewer key and value heads): each a GEMM
             edges = np.cumsum([0, *(int(s) for s in size)])
             return [fused.columns(conv, node, x, int(a), int(b))
                     for a, b in zip(edges[:-1], edges[1:], strict=True)]
