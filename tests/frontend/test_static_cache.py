@@ -303,12 +303,14 @@ def test_a_per_head_norm_of_q_and_k_generates_as_torch_does(tmp_path, capsys) ->
     # Phi's attention and MLP side by side off one layer norm, biases everywhere
     ("stablelm", {"partial_rotary_factor": 0.25}),
     ("phi", {"partial_rotary_factor": 0.25}),
+    # half of each head turned (Phi-1.5's): told from rotate_half's halves by their uses
+    ("phi", {"partial_rotary_factor": 0.5}),
     # a layer norm written out with its mean, RoPE on q[..., ::2] and q[..., 1::2]
     ("cohere", {}),
     # one q, k and v product, each head's three side by side (chunked), a partial RoPE
     ("neox", {"rotary_pct": 0.25, "num_key_value_heads": 4}),  # (no grouped heads)
 ], ids=["olmo2", "gemma3-window", "granite", "smollm3-nope", "stablelm-partial-rope",
-        "phi-partial-rope", "cohere", "gpt-neox"])
+        "phi-partial-rope", "phi-half-rope", "cohere", "gpt-neox"])
 def test_more_families_generate_as_torch_does(family, config, tmp_path, capsys) -> None:
     """OLMo 2's and Gemma 3's norms of q and k, Granite's scalings, SmolLM3's layers without
     RoPE, StableLM's and Phi's RoPE over part of each head, Cohere's layer norm written out

@@ -329,7 +329,7 @@ def _slice(conv: Converter, node: Any, x: Any, dim: int = 0, start: Any = None, 
         first, stop = _bounds(start, end, x.shape[-1])
         if 0 <= first < stop:
             return fused.columns(conv, node, x, first, stop)
-    part = _rope_half(x, dim, start, end, step)
+    part = None if _partial_half(node) else _rope_half(x, dim, start, end, step)
     if part is None and isinstance(x, Act) and dim % len(x.shape) == len(x.shape) - 1 and \
             step == 1:  # a partial RoPE's turned or passed channels
         part = rope.rotary_part(x, *_bounds(start, end, x.shape[-1]))
@@ -362,6 +362,20 @@ def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
     axis's ends, a negative bound from the end, the end clamped to the axis."""
     first = 0 if start is None else (start + size if start < 0 else start)
     return first, size if end is None else min(end + size if end < 0 else end, size)
+
+
+def _partial_half(node: Any) -> bool:
+    """Whether FX slice ``node`` (a half of a query's or key's channels) is a partial RoPE's
+    part rather than ``rotate_half``'s: ``rotate_half`` negates its second half and
+    concatenates its first, while a partial RoPE turns its first half (products, slices)
+    and concatenates its second after the turned one."""
+    users = [op_name(u.target) for u in node.users]
+    first = node.args[2] if len(node.args) > 2 else 0
+    if not users or (node.args[4] if len(node.args) > 4 else 1) != 1:
+        return False  # (a strided slice is one component of interleaved pairs)
+    if first in (0, None):
+        return any(u not in ("aten.cat", "aten.neg") for u in users)
+    return all(u == "aten.cat" for u in users)
 
 
 def _rope_half(x: Any, dim: int, start: Any, end: Any, step: int) -> Any:
