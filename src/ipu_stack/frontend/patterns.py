@@ -111,8 +111,8 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def centring(mean: Any) -> bool:
     """Whether FX ``mean`` (of ``x`` over its last axis, kept) starts a layer norm written
-    out: its every use ``x - mean`` with one use each, one of them squared into
-    :func:`rms_chain` whose final product takes another (or the same) of them."""
+    out: its every use ``x - mean``, made once or twice, read only by one square that starts
+    :func:`rms_chain` and by that chain's final product."""
     x = mean.args[0]
     dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
     keep = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
