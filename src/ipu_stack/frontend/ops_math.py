@@ -142,9 +142,7 @@ def _mul(conv: Converter, node: Any, x: Any, y: Any) -> Any:
     constant = constant_array(y)
     if constant.size == 1:
         return _scale(act, float(constant.reshape(())))
-    arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
-    if act.linear is not None and constant.reshape(-1).size == act.shape[-1] and (
-            np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
+    if act.linear is not None and _per_channel(conv, node, act, constant):
         return _fold_column_scale(conv, node, act, constant.reshape(-1))
     raise unsupported(node, "a product with a tensor that is not a per-channel scale of a "
                       "linear layer's output")
@@ -156,11 +154,17 @@ def _norm_scale(conv: Converter, node: Any, act: Act, y: Any) -> Act | None:
     if act.norm_scale is None:
         return None
     constant = constant_array(y)
-    arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
-    if constant.size > 1 and constant.reshape(-1).size == act.shape[-1] and (
-            np.broadcast_shapes(constant.shape, act.shape) == act.shape) and len(arg.users) == 1:
+    if constant.size > 1 and _per_channel(conv, node, act, constant):
         return patterns.fold_norm_scale(conv, node, act, constant.reshape(-1))
     return None
+
+
+def _per_channel(conv: Converter, node: Any, act: Act, constant: np.ndarray) -> bool:
+    """Whether ``constant`` holds one value a channel of ``act`` (broadcast over the rest)
+    and the product is its only use, so folding it into a weight changes nothing else."""
+    arg = node.args[0] if node.args[0] in conv.dynamic else node.args[1]
+    return constant.reshape(-1).size == act.shape[-1] and np.broadcast_shapes(
+        constant.shape, act.shape) == act.shape and len(arg.users) == 1
 
 
 def _mul_pairs(conv: Converter, node: Any, x: Any, y: Any) -> Any:

@@ -181,15 +181,13 @@ class RowLowering(LoweringBase):
         head = int(stage.attrs["head_dim"])
         x_prec = g.value(stage.inputs[0]).type.precision
         aux_prec = g.value(stage.inputs[1]).type.precision
-        half = _rope_extra(stage).get("rotary", head) // 2
+        extra = _rope_extra(stage)
+        half = extra.get("rotary", head) // 2
         if any(width * p.itemsize % 4 for width, p in (
                 (head, x_prec), (head, out_prec), (half, aux_prec))):
             return False
         heads = cols // head
-        # below the last tile, where the rows and the angles land: a tile cannot send to
-        # itself, so a head there would cost an on-tile copy superstep
-        first = self.next_row_tile(heads) if self.spread else self.target.tiles - 2
-        grid = (first - np.arange(heads, dtype=np.int32)).reshape(1, heads, 1)
+        grid = self._head_tiles(heads)
         name = f"stage{stage.index}"
         builder = TransferBuilder(f"{name}.heads")
         x = BlockLayout(rows, cols, x_prec, rows, head, grid)
@@ -200,7 +198,7 @@ class RowLowering(LoweringBase):
         out = BlockLayout(rows, cols, out_prec, rows, head, grid)
         out_buf = self.result_buffer(stage.out, out)
         params = row_params("rope", rows, head, x_prec, x.pitch, out_prec, out.pitch, aux_prec,
-                            table.pitch, **_rope_extra(stage))
+                            table.pitch, **extra)
         tiles = np.sort(grid.ravel())
         zero = np.zeros(heads, dtype=np.int64)
         compute = ComputeSet(f"{name}.rope")
@@ -346,9 +344,14 @@ class RowLowering(LoweringBase):
         x_prec = self.graph.value(stage.inputs[0]).type.precision
         if any(head * p.itemsize % 4 for p in (x_prec, out_prec)):
             return None
-        heads = cols // head
-        grid = (self.next_row_tile(heads) - np.arange(heads, dtype=np.int32)).reshape(1, -1, 1)
-        return BlockLayout(rows, cols, x_prec, rows, head, grid)
+        return BlockLayout(rows, cols, x_prec, rows, head, self._head_tiles(cols // head))
+
+    def _head_tiles(self, heads: int) -> np.ndarray:
+        """A stage's grid of one head a tile (``[1, heads, 1]``), counted down below the
+        previous such stage's, or below the last tile where few rows and the angles land: a
+        tile cannot send to itself, so a head there would cost an on-tile copy superstep."""
+        first = self.next_row_tile(heads) if self.spread else self.target.tiles - 2
+        return (first - np.arange(heads, dtype=np.int32)).reshape(1, heads, 1)
 
     def _by_columns(self, stage: RowStage) -> bool:
         """Whether the stage may run split by columns (``LoweringBase.row_layout``): an

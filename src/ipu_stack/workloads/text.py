@@ -145,10 +145,8 @@ def sequence_identifier(kind: str) -> Callable[[dict[str, Any]], str]:
     key/value heads are their own parameter, ``-c`` a KV cache's positions)."""
     def make(p: dict[str, Any]) -> str:
         kv = f"-kv{p['kv_heads']}" if "kv_heads" in p else ""
-        if p.get("head_dim"):  # a head's own width (Qwen3's), and its q and k norms
-            kv += f"-hd{p['head_dim']}{'-qk' if p.get('qk_norm') == 'heads' else ''}"
-        elif p.get("qk_norm") == "heads":
-            kv += "-qk"
+        kv += f"-hd{p['head_dim']}" if p.get("head_dim") else ""  # a head's own width (Qwen3)
+        kv += "-qk" if p.get("qk_norm") == "heads" else ""  # its q and k normalised a head
         cache = f"-c{p['context']}" if p.get("context") else ""
         return (f"{kind}-{p['precision']}-b{p['batch']}-t{p['tokens']}{cache}-v{p['vocab']}"
                 f"-d{p['dim']}-h{p['heads']}{kv}-f{p['hidden']}-n{p['layers']}"
